@@ -1,0 +1,213 @@
+//! Types shared by the tracer (user space) and its eBPF programs.
+//!
+//! Everything here is `#[repr(C)]` plain data: the eBPF side writes it into maps and the
+//! ring buffer, user space reads it back byte for byte. Map, program and global names are
+//! constants here so neither side repeats a string.
+#![no_std]
+
+pub mod histogram;
+
+/// The most arguments a USDT probe can carry (SystemTap SDT v3).
+pub const MAX_USDT_ARGS: usize = 12;
+/// Capacity of the per-site argument spec table (one entry per attached probe site).
+pub const MAX_USDT_SITES: u32 = 8192;
+/// How many latencies (begin/end probe pairs) can be measured at once.
+pub const MAX_LATENCIES: u32 = 16;
+/// How many latencies a single probe can end (e.g. `gc__end` ends the GC pause only, but
+/// `gc__stop_the_world` may end one latency while another is still open).
+pub const MAX_LATENCY_ENDS_PER_PROBE: usize = 4;
+
+/// Names of the eBPF maps, exactly as the statics are named in `tracer-ebpf`.
+pub mod map_names {
+    pub const USDT_SPECS: &str = "USDT_SPECS";
+    pub const USDT_EVENTS: &str = "USDT_EVENTS";
+    pub const LATENCY_STARTS: &str = "LATENCY_STARTS";
+    pub const LATENCY_HIST: &str = "LATENCY_HIST";
+    pub const LATENCY_STATS: &str = "LATENCY_STATS";
+    pub const PROBE_HITS: &str = "PROBE_HITS";
+    pub const OFFCPU_STARTS: &str = "OFFCPU_STARTS";
+    pub const OFFCPU_TIME: &str = "OFFCPU_TIME";
+    pub const STACKS: &str = "STACKS";
+    pub const COUNTERS: &str = "COUNTERS";
+}
+
+/// Names of the eBPF programs (their function names in `tracer-ebpf`).
+pub mod program_names {
+    pub const USDT: &str = "usdt_probe";
+    pub const SCHED_SWITCH: &str = "sched_switch";
+}
+
+/// Names of the read-only globals fixed before load.
+pub mod global_names {
+    /// Process (tgid) whose threads are profiled off-CPU; 0 means every process.
+    pub const TARGET_TGID: &str = "TARGET_TGID";
+    /// Off-CPU intervals shorter than this are not recorded.
+    pub const MIN_BLOCK_NS: &str = "MIN_BLOCK_NS";
+    /// Byte offset of `pid` (the thread id) in the kernel's `struct task_struct`.
+    pub const TASK_PID_OFFSET: &str = "TASK_PID_OFFSET";
+}
+
+/// How a USDT argument is located at the probe site.
+pub mod arg_kind {
+    /// A constant from the spec (`$5`).
+    pub const CONST: u8 = 1;
+    /// The value of a register (`%rdi`).
+    pub const REG: u8 = 2;
+    /// Memory at register + displacement (`-16(%rbp)`).
+    pub const REG_DEREF: u8 = 3;
+    /// Memory at base + index * scale + displacement (`-96(%rbp,%rax,8)`).
+    pub const REG_DEREF_INDEXED: u8 = 4;
+}
+
+/// One decoded USDT argument spec: where to read the value and how to widen it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UsdtArg {
+    /// The constant (for `CONST`) or the memory displacement (for the deref kinds).
+    pub val_off: i64,
+    /// One of [`arg_kind`].
+    pub kind: u8,
+    /// Byte offset of the (base) register within `struct pt_regs`.
+    pub reg_off: u8,
+    /// Byte offset of the index register within `struct pt_regs` (indexed kind only).
+    pub idx_reg_off: u8,
+    /// Multiplier of the index register: 1, 2, 4 or 8 (indexed kind only).
+    pub scale: u8,
+    /// Size of the value in bytes: 1, 2, 4 or 8.
+    pub size: u8,
+    /// Non-zero when the value is signed and must be sign-extended.
+    pub signed: u8,
+    pub _pad: [u8; 2],
+}
+
+/// Flags of a [`UsdtSite`].
+pub mod site_flags {
+    /// Send every hit to user space through the ring buffer (`tracer trace`).
+    pub const EMIT_EVENT: u8 = 1;
+    /// The probe begins a latency: remember when each thread hit it.
+    pub const LATENCY_BEGIN: u8 = 2;
+}
+
+/// A latency that a probe ends: the probe that began it and where to account it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LatencyEnd {
+    pub begin_probe_id: u32,
+    pub latency_id: u32,
+}
+
+/// Everything the eBPF program needs to know about one attached probe site. Stored in
+/// `USDT_SPECS` at the index passed as the uprobe's BPF cookie.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UsdtSite {
+    pub args: [UsdtArg; MAX_USDT_ARGS],
+    pub latency_ends: [LatencyEnd; MAX_LATENCY_ENDS_PER_PROBE],
+    /// Index of the probe (provider:name) in user space's probe table; several sites of
+    /// one probe share it.
+    pub probe_id: u32,
+    pub arg_count: u8,
+    /// Bits of [`site_flags`].
+    pub flags: u8,
+    pub latency_end_count: u8,
+    pub _pad: u8,
+}
+
+/// One probe hit, sent through the `USDT_EVENTS` ring buffer.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UsdtEvent {
+    /// `bpf_ktime_get_ns()` (CLOCK_MONOTONIC) at the hit.
+    pub ts_ns: u64,
+    pub pid: u32,
+    pub tid: u32,
+    pub probe_id: u32,
+    pub arg_count: u32,
+    /// Each argument widened to 64 bits (sign-extended when signed).
+    pub args: [u64; MAX_USDT_ARGS],
+}
+
+/// Key of `LATENCY_STARTS`: when a thread hit a begin probe.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct LatencyStartKey {
+    pub tid: u32,
+    pub probe_id: u32,
+}
+
+/// Running totals of one latency, per CPU (summed in user space).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LatencyStats {
+    pub count: u64,
+    pub total_ns: u64,
+    /// Smallest value seen; `u64::MAX` while `count` is 0.
+    pub min_ns: u64,
+    pub max_ns: u64,
+}
+
+/// Value of `OFFCPU_STARTS` (keyed by thread id): the thread left the CPU at `ts_ns` with
+/// these stacks.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OffCpuStart {
+    pub ts_ns: u64,
+    pub tgid: u32,
+    pub user_stack_id: i32,
+    pub kernel_stack_id: i32,
+    pub _pad: u32,
+}
+
+/// Key of `OFFCPU_TIME`: a thread and the stacks where it blocked.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct OffCpuKey {
+    pub tgid: u32,
+    pub tid: u32,
+    /// Id in the `STACKS` map, or a negative errno when the stack could not be taken.
+    pub user_stack_id: i32,
+    pub kernel_stack_id: i32,
+}
+
+/// Value of `OFFCPU_TIME`: total blocked time and how many intervals made it up.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OffCpuTotal {
+    pub total_ns: u64,
+    pub count: u64,
+}
+
+/// Indices of the `COUNTERS` per-CPU array: things the eBPF side could not record, so
+/// user space reports them instead of hiding them.
+pub mod counter {
+    /// Ring buffer full: a `tracer trace` event was lost.
+    pub const EVENTS_LOST: u32 = 0;
+    /// A map was full: a latency start or off-CPU interval was dropped.
+    pub const MAP_FULL: u32 = 1;
+    /// A stack could not be captured (collision in the stack map or a fault).
+    pub const STACK_ERRORS: u32 = 2;
+    /// A latency end without a matching begin on that thread.
+    pub const UNMATCHED_ENDS: u32 = 3;
+    /// An argument could not be read from user memory.
+    pub const ARG_READ_ERRORS: u32 = 4;
+    pub const COUNT: u32 = 5;
+}
+
+/// Maximum frames in a captured stack (the kernel's default perf_event_max_stack).
+pub const MAX_STACK_DEPTH: usize = 127;
+
+#[cfg(feature = "user")]
+mod pod {
+    use super::*;
+    // SAFETY: all of these are #[repr(C)] structs of integers with explicit padding
+    // fields, so every bit pattern is valid and there are no implicit padding bytes.
+    unsafe impl aya::Pod for UsdtArg {}
+    unsafe impl aya::Pod for UsdtSite {}
+    unsafe impl aya::Pod for UsdtEvent {}
+    unsafe impl aya::Pod for LatencyStartKey {}
+    unsafe impl aya::Pod for LatencyStats {}
+    unsafe impl aya::Pod for OffCpuStart {}
+    unsafe impl aya::Pod for OffCpuKey {}
+    unsafe impl aya::Pod for OffCpuTotal {}
+    unsafe impl aya::Pod for LatencyEnd {}
+}
