@@ -1,1 +1,186 @@
+//! Target programs for the tracer's end-to-end tests, and the few helpers they share.
+//!
+//! The targets live in `src/bin/`:
+//! - `gc-demo`: a tiny runtime with a simulated stop-the-world GC, worker threads that sleep
+//!   and contend on a lock, and the `probes` crate's USDT probes; it prints its own ground
+//!   truth (pauses, stop-the-world latencies, time spent sleeping and blocked) as JSON.
+//! - `usdt-args`: USDT probes under provider `tracer_test` whose argument specs cover every
+//!   x86-64 form, with known values, to check decoded arguments one by one.
+//!
+//! Both follow the same protocol so a tracer can attach before the workload starts: they
+//! print `ready pid=<PID>` on stdout (flushed), then, with `--wait-for-signal`, wait for
+//! SIGUSR1; at the end they print one JSON line on stdout and exit 0.
 
+use std::io::{self, Write};
+use std::str::FromStr;
+
+use anyhow::{Context, Result, bail};
+
+/// Prints `ready pid=<PID>` on stdout and, if `wait_for_signal`, blocks until SIGUSR1 arrives.
+///
+/// SIGUSR1 is blocked in the calling thread first, whether or not the program waits, so a
+/// signal sent as soon as the line is read can neither be lost nor kill the process, and
+/// threads spawned afterwards inherit the mask: later SIGUSR1s are harmless. Call it before
+/// spawning any thread.
+pub fn announce_ready(wait_for_signal: bool) -> Result<()> {
+    // SAFETY: `set` is a plain sigset_t initialised by sigemptyset before any other use.
+    let set = unsafe {
+        let mut set = std::mem::zeroed::<libc::sigset_t>();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGUSR1);
+        set
+    };
+    // SAFETY: `set` is a valid signal set; the old mask is not wanted.
+    let rc = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+    if rc != 0 {
+        return Err(io::Error::from_raw_os_error(rc)).context("blocking SIGUSR1");
+    }
+
+    let mut stdout = io::stdout().lock();
+    writeln!(stdout, "ready pid={}", std::process::id())?;
+    stdout.flush()?;
+    drop(stdout);
+
+    if wait_for_signal {
+        loop {
+            let mut sig = 0;
+            // SAFETY: `set` is a valid signal set and `sig` a valid out-pointer.
+            let rc = unsafe { libc::sigwait(&set, &mut sig) };
+            if rc != 0 {
+                return Err(io::Error::from_raw_os_error(rc)).context("waiting for SIGUSR1");
+            }
+            if sig == libc::SIGUSR1 {
+                break;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The kernel thread id of the calling thread.
+pub fn gettid() -> i32 {
+    // SAFETY: gettid has no preconditions and cannot fail.
+    unsafe { libc::gettid() }
+}
+
+/// A hand-rolled parser for `--flag`, `--flag VALUE` and `--flag=VALUE` arguments.
+pub struct Args {
+    args: std::vec::IntoIter<String>,
+    pending_value: Option<String>,
+}
+
+impl Args {
+    /// The arguments of this process, without the program name.
+    pub fn from_env() -> Self {
+        Self::new(std::env::args().skip(1).collect())
+    }
+
+    /// Parses the given arguments (without the program name).
+    pub fn new(args: Vec<String>) -> Self {
+        Self {
+            args: args.into_iter(),
+            pending_value: None,
+        }
+    }
+
+    /// The next flag, with any `=VALUE` part kept for [`Args::value`]; `None` at the end.
+    pub fn next_flag(&mut self) -> Result<Option<String>> {
+        if let Some(value) = self.pending_value.take() {
+            bail!("unexpected value {value:?}");
+        }
+        let Some(arg) = self.args.next() else {
+            return Ok(None);
+        };
+        if !arg.starts_with("--") {
+            bail!("unexpected argument {arg:?}");
+        }
+        match arg.split_once('=') {
+            Some((flag, value)) => {
+                self.pending_value = Some(value.to_owned());
+                Ok(Some(flag.to_owned()))
+            }
+            None => Ok(Some(arg)),
+        }
+    }
+
+    /// The value of `flag`, the flag just returned by [`Args::next_flag`].
+    pub fn value<T>(&mut self, flag: &str) -> Result<T>
+    where
+        T: FromStr,
+        T::Err: std::error::Error + Send + Sync + 'static,
+    {
+        let value = match self.pending_value.take() {
+            Some(value) => value,
+            None => self
+                .args
+                .next()
+                .with_context(|| format!("{flag} needs a value"))?,
+        };
+        value
+            .parse()
+            .with_context(|| format!("invalid value {value:?} for {flag}"))
+    }
+
+    /// Fails if the flag just returned by [`Args::next_flag`] was given a `=VALUE`.
+    pub fn no_value(&mut self, flag: &str) -> Result<()> {
+        match self.pending_value.take() {
+            Some(value) => bail!("{flag} takes no value, got {value:?}"),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Formats numbers as a JSON array: `[1,2,3]`.
+pub fn json_array<T: std::fmt::Display>(values: &[T]) -> String {
+    let items: Vec<String> = values.iter().map(ToString::to_string).collect();
+    format!("[{}]", items.join(","))
+}
+
+/// Writes one line to stdout and flushes it.
+pub fn print_line(line: &str) -> Result<()> {
+    let mut stdout = io::stdout().lock();
+    writeln!(stdout, "{line}")?;
+    stdout.flush()?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(list: &[&str]) -> Args {
+        Args::new(list.iter().map(|s| s.to_string()).collect())
+    }
+
+    #[test]
+    fn parses_separate_and_inline_values() {
+        let mut a = args(&["--gcs", "3", "--pause-ms=7", "--wait-for-signal"]);
+        assert_eq!(a.next_flag().unwrap().as_deref(), Some("--gcs"));
+        assert_eq!(a.value::<u64>("--gcs").unwrap(), 3);
+        assert_eq!(a.next_flag().unwrap().as_deref(), Some("--pause-ms"));
+        assert_eq!(a.value::<u64>("--pause-ms").unwrap(), 7);
+        assert_eq!(a.next_flag().unwrap().as_deref(), Some("--wait-for-signal"));
+        a.no_value("--wait-for-signal").unwrap();
+        assert_eq!(a.next_flag().unwrap(), None);
+    }
+
+    #[test]
+    fn rejects_bad_input() {
+        let mut a = args(&["--gcs"]);
+        a.next_flag().unwrap();
+        assert!(a.value::<u64>("--gcs").is_err());
+        let mut a = args(&["--gcs", "x"]);
+        a.next_flag().unwrap();
+        assert!(a.value::<u64>("--gcs").is_err());
+        assert!(args(&["gcs"]).next_flag().is_err());
+        let mut a = args(&["--wait-for-signal=1"]);
+        a.next_flag().unwrap();
+        assert!(a.no_value("--wait-for-signal").is_err());
+    }
+
+    #[test]
+    fn formats_arrays() {
+        assert_eq!(json_array::<u64>(&[]), "[]");
+        assert_eq!(json_array(&[1u64, 2, 3]), "[1,2,3]");
+    }
+}

@@ -13,9 +13,11 @@ pub const MAX_USDT_ARGS: usize = 12;
 pub const MAX_USDT_SITES: u32 = 8192;
 /// How many latencies (begin/end probe pairs) can be measured at once.
 pub const MAX_LATENCIES: u32 = 16;
-/// How many latencies a single probe can end (e.g. `gc__end` ends the GC pause only, but
-/// `gc__stop_the_world` may end one latency while another is still open).
-pub const MAX_LATENCY_ENDS_PER_PROBE: usize = 4;
+/// How many latencies a single probe can begin or end (`gc__begin` begins both the GC
+/// pause and the stop-the-world latency).
+pub const MAX_LATENCIES_PER_PROBE: usize = 4;
+/// Capacity of the per-probe hit counters (`probe_id` is below this).
+pub const MAX_PROBES: u32 = 1024;
 
 /// Names of the eBPF maps, exactly as the statics are named in `tracer-ebpf`.
 pub mod map_names {
@@ -84,16 +86,6 @@ pub struct UsdtArg {
 pub mod site_flags {
     /// Send every hit to user space through the ring buffer (`tracer trace`).
     pub const EMIT_EVENT: u8 = 1;
-    /// The probe begins a latency: remember when each thread hit it.
-    pub const LATENCY_BEGIN: u8 = 2;
-}
-
-/// A latency that a probe ends: the probe that began it and where to account it.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct LatencyEnd {
-    pub begin_probe_id: u32,
-    pub latency_id: u32,
 }
 
 /// Everything the eBPF program needs to know about one attached probe site. Stored in
@@ -102,15 +94,18 @@ pub struct LatencyEnd {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct UsdtSite {
     pub args: [UsdtArg; MAX_USDT_ARGS],
-    pub latency_ends: [LatencyEnd; MAX_LATENCY_ENDS_PER_PROBE],
+    /// Latencies (indices below [`MAX_LATENCIES`]) this probe starts on the hitting thread.
+    pub latency_begins: [u32; MAX_LATENCIES_PER_PROBE],
+    /// Latencies this probe ends on the hitting thread.
+    pub latency_ends: [u32; MAX_LATENCIES_PER_PROBE],
     /// Index of the probe (provider:name) in user space's probe table; several sites of
-    /// one probe share it.
+    /// one probe share it. Below [`MAX_PROBES`].
     pub probe_id: u32,
     pub arg_count: u8,
     /// Bits of [`site_flags`].
     pub flags: u8,
+    pub latency_begin_count: u8,
     pub latency_end_count: u8,
-    pub _pad: u8,
 }
 
 /// One probe hit, sent through the `USDT_EVENTS` ring buffer.
@@ -127,12 +122,12 @@ pub struct UsdtEvent {
     pub args: [u64; MAX_USDT_ARGS],
 }
 
-/// Key of `LATENCY_STARTS`: when a thread hit a begin probe.
+/// Key of `LATENCY_STARTS`: a latency open on a thread (the value is its start time).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct LatencyStartKey {
     pub tid: u32,
-    pub probe_id: u32,
+    pub latency_id: u32,
 }
 
 /// Running totals of one latency, per CPU (summed in user space).
@@ -209,5 +204,4 @@ mod pod {
     unsafe impl aya::Pod for OffCpuStart {}
     unsafe impl aya::Pod for OffCpuKey {}
     unsafe impl aya::Pod for OffCpuTotal {}
-    unsafe impl aya::Pod for LatencyEnd {}
 }

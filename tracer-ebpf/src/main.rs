@@ -1,2 +1,108 @@
+//! The tracer's eBPF programs. Entry points are thin: they call into `usdt` and `offcpu`,
+//! which aggregate into the maps declared here. Names match `tracer_common::map_names`
+//! and `tracer_common::program_names`.
 #![no_std]
 #![no_main]
+
+mod offcpu;
+mod usdt;
+
+use aya_ebpf::{
+    macros::{btf_tracepoint, map, uprobe},
+    maps::{Array, HashMap, PerCpuArray, RingBuf, StackTrace},
+    programs::{BtfTracePointContext, ProbeContext},
+};
+use tracer_common::{
+    LatencyStartKey, LatencyStats, MAX_LATENCIES, MAX_PROBES, MAX_USDT_SITES, OffCpuKey,
+    OffCpuStart, OffCpuTotal, UsdtSite, counter, histogram,
+};
+
+/// Per-site argument specs and latency roles, indexed by the uprobe's BPF cookie.
+#[map]
+static USDT_SPECS: Array<UsdtSite> = Array::with_max_entries(MAX_USDT_SITES, 0);
+
+/// Probe hits for `tracer trace`. User space may resize it before load.
+#[map]
+static USDT_EVENTS: RingBuf = RingBuf::with_byte_size(1 << 22, 0);
+
+/// Start times of latencies open on a thread.
+#[map]
+static LATENCY_STARTS: HashMap<LatencyStartKey, u64> = HashMap::with_max_entries(16384, 0);
+
+/// Log-linear buckets of every latency: `latency_id * BUCKETS + bucket`.
+#[map]
+static LATENCY_HIST: PerCpuArray<u64> =
+    PerCpuArray::with_max_entries(MAX_LATENCIES * histogram::BUCKETS, 0);
+
+/// Count, total, min and max of every latency.
+#[map]
+static LATENCY_STATS: PerCpuArray<LatencyStats> = PerCpuArray::with_max_entries(MAX_LATENCIES, 0);
+
+/// Hits per probe id, whatever else the probe does.
+#[map]
+static PROBE_HITS: PerCpuArray<u64> = PerCpuArray::with_max_entries(MAX_PROBES, 0);
+
+/// Threads currently off CPU: when they left and where.
+#[map]
+static OFFCPU_STARTS: HashMap<u32, OffCpuStart> = HashMap::with_max_entries(65536, 0);
+
+/// Off-CPU time by thread and stacks.
+#[map]
+static OFFCPU_TIME: HashMap<OffCpuKey, OffCpuTotal> = HashMap::with_max_entries(65536, 0);
+
+/// User and kernel stacks referenced by id.
+#[map]
+static STACKS: StackTrace = StackTrace::with_max_entries(32768, 0);
+
+/// What could not be recorded (see `tracer_common::counter`).
+#[map]
+static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::COUNT, 0);
+
+/// Read-only settings, fixed by user space before load (see `tracer_common::global_names`).
+#[unsafe(no_mangle)]
+static TARGET_TGID: u32 = 0;
+#[unsafe(no_mangle)]
+static MIN_BLOCK_NS: u64 = 0;
+#[unsafe(no_mangle)]
+static TASK_PID_OFFSET: u32 = 0;
+
+/// Reads a global set before load; volatile so the compiler cannot fold the default in.
+#[inline(always)]
+fn setting<T: Copy>(global: &'static T) -> T {
+    // SAFETY: the global is a valid, aligned static; it lives in .rodata and never changes
+    // after load.
+    unsafe { core::ptr::read_volatile(global) }
+}
+
+/// Adds one to a `COUNTERS` slot.
+#[inline(always)]
+fn count(index: u32) {
+    if let Some(slot) = COUNTERS.get_ptr_mut(index) {
+        // SAFETY: per-CPU slot, valid while the program runs; no other writer on this CPU.
+        unsafe { *slot += 1 };
+    }
+}
+
+/// Every USDT site: the cookie says which site fired, the site says what to do.
+#[uprobe]
+pub fn usdt_probe(ctx: ProbeContext) -> u32 {
+    usdt::on_hit(&ctx);
+    0
+}
+
+/// Off-CPU accounting on every context switch.
+#[btf_tracepoint(function = "sched_switch")]
+pub fn sched_switch(ctx: BtfTracePointContext) -> i32 {
+    offcpu::on_switch(&ctx);
+    0
+}
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}
+
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 4] = *b"GPL\0";

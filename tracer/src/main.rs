@@ -1,1 +1,21 @@
-fn main(){}
+//! The `tracer` binary: parse, validate, dispatch; errors become one line and exit 1.
+
+use clap::Parser as _;
+use tracer::{
+    cli::{AttachConfig, Cli, Command},
+    commands,
+};
+
+fn main() {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Attach(args) => AttachConfig::try_from(args)
+            .map_err(anyhow::Error::from)
+            .and_then(commands::attach::run),
+    };
+    if let Err(error) = result {
+        eprintln!("tracer: error: {error:#}");
+        std::process::exit(1);
+    }
+}

@@ -1,1 +1,99 @@
-fn main(){}
+//! Project tasks: `cargo xtask setup | build | demo | test | bench`.
+//!
+//! Everything a fresh machine lacks is installed by `setup`, which every other task runs
+//! first; it caches what it builds so a second run costs nothing.
+
+mod demo;
+mod setup;
+mod test;
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{Context as _, Result, bail};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "xtask", about = "Build, demo and test the tracer")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Install what the eBPF build and the tests need (rust-src, bpf-linker, bpftrace).
+    Setup,
+    /// Set up, then build the tracer (with its eBPF programs) and the target programs.
+    Build,
+    /// Set up, build, trace the demo runtime: GC histogram on stdout, flamegraph in out/demo.
+    Demo,
+    /// Set up, build and run every test, privileged end-to-end tests included.
+    Test,
+}
+
+fn main() -> Result<()> {
+    match Cli::parse().task {
+        Task::Setup => setup::run(),
+        Task::Build => build(),
+        Task::Demo => demo::run(),
+        Task::Test => test::run(),
+    }
+}
+
+/// The workspace root (xtask lives one level below it).
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask is inside the workspace")
+        .to_path_buf()
+}
+
+/// Where release binaries land.
+pub fn release_dir() -> PathBuf {
+    workspace_root().join("target/release")
+}
+
+/// Runs a command in the workspace, failing with its name when it fails.
+pub fn run(cmd: &mut Command) -> Result<()> {
+    cmd.current_dir(workspace_root());
+    let status = cmd
+        .status()
+        .with_context(|| format!("cannot start {cmd:?}"))?;
+    if !status.success() {
+        bail!("{cmd:?} failed ({status})");
+    }
+    Ok(())
+}
+
+/// A cargo command that finds bpf-linker where setup put it.
+pub fn cargo(args: &[&str]) -> Command {
+    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    cmd.args(args);
+    let mut paths = vec![setup::bpf_linker_bin_dir()];
+    paths.extend(std::env::split_paths(
+        &std::env::var_os("PATH").unwrap_or_default(),
+    ));
+    cmd.env(
+        "PATH",
+        std::env::join_paths(paths).expect("PATH entries are valid"),
+    );
+    cmd
+}
+
+/// Set up, then build the tracer and the target programs in release mode.
+pub fn build() -> Result<()> {
+    setup::run()?;
+    eprintln!("xtask: building tracer (with its eBPF programs) and the target programs");
+    run(&mut cargo(&[
+        "build",
+        "--release",
+        "--package",
+        "tracer",
+        "--package",
+        "tests",
+        "--bins",
+    ]))
+}

@@ -1,0 +1,175 @@
+//! `tracer attach` against the demo runtime, whose GCs and blocking are known exactly.
+
+mod common;
+
+use common::*;
+
+const GC_DEMO: &str = env!("CARGO_BIN_EXE_gc-demo");
+
+/// Attaches to a gc-demo run and returns (tracer's JSON report, target's truth, folded).
+fn trace_gc_demo(
+    name: &str,
+    target_args: &[&str],
+) -> (serde_json::Value, serde_json::Value, String) {
+    let dir = out_dir(name);
+    let target = Target::start(GC_DEMO, target_args);
+    let pid = target.pid.to_string();
+    let tracer = Tracer::start(&[
+        "attach",
+        "--pid",
+        &pid,
+        "--format",
+        "json",
+        "-o",
+        dir.to_str().unwrap(),
+    ]);
+    target.release();
+    let truth = target.finish();
+    let (ok, out, err) = tracer.finish();
+    assert!(ok, "tracer failed: {err}");
+    assert!(err.contains("target exited"), "{err}");
+    let report: serde_json::Value =
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    let folded = std::fs::read_to_string(dir.join("offcpu.folded")).unwrap();
+    assert!(
+        std::fs::read_to_string(dir.join("offcpu.svg"))
+            .unwrap()
+            .contains("<svg")
+    );
+    (report, truth, folded)
+}
+
+#[test]
+fn counts_every_gc_and_buckets_the_known_pause() {
+    if !privileged() {
+        return;
+    }
+    let (report, truth, _) = trace_gc_demo(
+        "gc",
+        &["--gcs", "12", "--pause-ms", "20", "--interval-ms", "20"],
+    );
+    assert_eq!(report["gc"]["count"], 12, "{report:#}");
+    let pause = &report["latencies"]["gc_pause"];
+    assert_eq!(pause["count"], 12);
+    assert_eq!(report["latencies"]["gc_stop_the_world"]["count"], 12);
+    assert_eq!(report["latencies"]["gc_mark"]["count"], 12);
+    assert_eq!(report["latencies"]["gc_sweep"]["count"], 12);
+
+    // The tracer's exact min and max agree with the target's own clock (within 2%: the
+    // probes sit just inside the target's timestamps).
+    let truth_pauses: Vec<u64> = truth["pause_ns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .collect();
+    let close = |a: u64, b: u64| (a as f64 - b as f64).abs() <= 0.02 * b as f64;
+    assert!(
+        close(
+            pause["min_ns"].as_u64().unwrap(),
+            *truth_pauses.iter().min().unwrap()
+        ),
+        "{pause:#} vs {truth_pauses:?}"
+    );
+    assert!(
+        close(
+            pause["max_ns"].as_u64().unwrap(),
+            *truth_pauses.iter().max().unwrap()
+        ),
+        "{pause:#} vs {truth_pauses:?}"
+    );
+
+    // Every pause counted in the bucket that holds its true length.
+    for bucket in pause["buckets"].as_array().unwrap() {
+        let (lo, hi, n) = (
+            bucket["min_ns"].as_u64().unwrap(),
+            bucket["max_ns"].as_u64().unwrap(),
+            bucket["count"].as_u64().unwrap(),
+        );
+        let truly_inside = truth_pauses.iter().filter(|&&p| p >= lo && p <= hi).count() as u64;
+        assert!(
+            n.abs_diff(truly_inside) <= 1,
+            "bucket [{lo}, {hi}] has {n}, truth {truly_inside}: {truth_pauses:?}"
+        );
+    }
+    let p50 = pause["p50_ns"].as_u64().unwrap();
+    assert!((20_000_000..=24_000_000).contains(&p50), "p50 {p50}");
+    let hits = report["probes"].as_array().unwrap();
+    let begin = hits
+        .iter()
+        .find(|p| p["probe"].as_str().unwrap().ends_with(":tracer:gc__begin"))
+        .unwrap();
+    assert_eq!(begin["hits"], 12);
+}
+
+#[test]
+fn off_cpu_time_lands_under_the_blocking_functions() {
+    if !privileged() {
+        return;
+    }
+    let (report, truth, folded) = trace_gc_demo(
+        "offcpu",
+        &["--gcs", "10", "--pause-ms", "10", "--interval-ms", "40"],
+    );
+    for (frame, field) in [
+        ("gc_demo::sleep_in_demo_io", "sleep_in_demo_io_ns"),
+        ("gc_demo::wait_for_demo_lock", "wait_for_demo_lock_ns"),
+    ] {
+        let measured_us = folded_weight(&folded, frame);
+        let true_us = truth[field].as_u64().unwrap() / 1000;
+        let error = (measured_us as f64 - true_us as f64).abs() / true_us as f64;
+        assert!(
+            error <= 0.2,
+            "{frame}: tracer {measured_us} us, target {true_us} us\n{folded}"
+        );
+    }
+    // Blocked stacks go down into the kernel's scheduler.
+    assert!(
+        folded
+            .lines()
+            .any(|l| l.contains("gc_demo::sleep_in_demo_io") && l.contains("schedule_[k]")),
+        "{folded}"
+    );
+    assert!(report["offcpu"]["total_ns"].as_u64().unwrap() > 0);
+}
+
+#[test]
+fn no_such_process_is_a_clear_error() {
+    if !privileged() {
+        return;
+    }
+    let out = run_tracer(&["attach", "--pid", "4194304"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no such process: 4194304"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn without_privileges_it_names_what_is_missing() {
+    // Run as an unprivileged user: as root, drop to nobody; otherwise we already are one.
+    let tracer = tracer_bin();
+    // SAFETY: geteuid has no preconditions.
+    let out = if unsafe { libc::geteuid() } == 0 {
+        std::process::Command::new("setpriv")
+            .args([
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                "--inh-caps=-all",
+            ])
+            .arg(&tracer)
+            .args(["attach", "--pid", "1"])
+            .output()
+            .expect("setpriv (util-linux) is needed to drop privileges")
+    } else {
+        run_tracer(&["attach", "--pid", "1"])
+    };
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("CAP_BPF") && err.contains("CAP_PERFMON") && err.contains("root"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+}

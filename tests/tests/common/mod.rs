@@ -1,0 +1,189 @@
+//! The harness shared by the privileged end-to-end tests: find the tracer, start a target
+//! that waits for SIGUSR1, attach, release the target, collect both outputs.
+#![allow(dead_code)]
+
+use std::{
+    io::{BufRead as _, BufReader, Read as _},
+    path::PathBuf,
+    process::{Child, ChildStderr, Command, Stdio},
+    time::Duration,
+};
+
+/// Whether this test can run: root (or the BPF capabilities) is needed to load eBPF.
+/// Outside CI a missing privilege skips the test with the reason printed; under CI=true it
+/// fails, because CI must run every privileged test.
+pub fn privileged() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        return true;
+    }
+    let reason = "not root: loading eBPF programs needs root or CAP_BPF+CAP_PERFMON";
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!("{reason}; CI must run the privileged tests as root");
+    }
+    eprintln!("skipped: {reason}");
+    false
+}
+
+/// The tracer binary: $TRACER_BIN (set by `cargo xtask test`) or the workspace's release
+/// build.
+pub fn tracer_bin() -> PathBuf {
+    if let Some(path) = std::env::var_os("TRACER_BIN") {
+        return path.into();
+    }
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/release/tracer");
+    assert!(
+        path.is_file(),
+        "{} is missing: run `cargo xtask test` (it builds the tracer first)",
+        path.display()
+    );
+    path
+}
+
+/// A target program started with `--wait-for-signal`.
+pub struct Target {
+    pub pid: u32,
+    child: Child,
+}
+
+impl Target {
+    /// Starts `program` and waits for its `ready pid=` line.
+    pub fn start(program: &str, args: &[&str]) -> Target {
+        let mut child = Command::new(program)
+            .args(args)
+            .arg("--wait-for-signal")
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {program}: {e}"));
+        let mut line = String::new();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        stdout.read_line(&mut line).unwrap();
+        let pid = line
+            .trim()
+            .strip_prefix("ready pid=")
+            .unwrap_or_else(|| panic!("{program} said {line:?}"))
+            .parse()
+            .unwrap();
+        child.stdout = Some(stdout.into_inner());
+        Target { pid, child }
+    }
+
+    /// Lets the workload start.
+    pub fn release(&self) {
+        // SAFETY: kill has no memory preconditions; the pid is our child's.
+        assert_eq!(unsafe { libc::kill(self.pid as i32, libc::SIGUSR1) }, 0);
+    }
+
+    /// Waits for the target to finish and returns its ground-truth JSON line.
+    pub fn finish(mut self) -> serde_json::Value {
+        let mut out = String::new();
+        self.child
+            .stdout
+            .take()
+            .unwrap()
+            .read_to_string(&mut out)
+            .unwrap();
+        let status = self.child.wait().unwrap();
+        assert!(status.success(), "target failed: {status}");
+        serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("target printed {out:?}: {e}"))
+    }
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A running `tracer` whose standard error is watched for the attach line.
+pub struct Tracer {
+    child: Child,
+    stderr: BufReader<ChildStderr>,
+    pub early_stderr: String,
+}
+
+impl Tracer {
+    /// Starts `tracer ARGS` and returns once it printed that it attached.
+    pub fn start(args: &[&str]) -> Tracer {
+        let mut child = Command::new(tracer_bin())
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("cannot start tracer");
+        let mut stderr = BufReader::new(child.stderr.take().unwrap());
+        let mut early_stderr = String::new();
+        loop {
+            let mut line = String::new();
+            if stderr.read_line(&mut line).unwrap() == 0 {
+                let out = child.wait_with_output().unwrap();
+                panic!(
+                    "tracer exited before attaching ({}): {early_stderr}{}",
+                    out.status,
+                    String::from_utf8_lossy(&out.stdout)
+                );
+            }
+            early_stderr.push_str(&line);
+            if line.starts_with("Attached") {
+                return Tracer {
+                    child,
+                    stderr,
+                    early_stderr,
+                };
+            }
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Waits for the tracer to exit; returns (success, stdout, all of stderr).
+    pub fn finish(mut self) -> (bool, String, String) {
+        let mut err = self.early_stderr.clone();
+        self.stderr.read_to_string(&mut err).unwrap();
+        let mut out = String::new();
+        self.child
+            .stdout
+            .take()
+            .unwrap()
+            .read_to_string(&mut out)
+            .unwrap();
+        let status = self.child.wait().unwrap();
+        (status.success(), out, err)
+    }
+}
+
+/// Runs the tracer to completion with no target interaction.
+pub fn run_tracer(args: &[&str]) -> std::process::Output {
+    Command::new(tracer_bin())
+        .args(args)
+        .output()
+        .expect("cannot run tracer")
+}
+
+/// A fresh empty directory for a test's output files.
+pub fn out_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("tracer-test-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Sum of the weights of folded lines whose stack contains `frame`.
+pub fn folded_weight(folded: &str, frame: &str) -> u64 {
+    folded
+        .lines()
+        .filter(|line| {
+            line.split(';')
+                .any(|f| f.split(' ').next() == Some(frame) || f == frame)
+        })
+        .filter_map(|line| {
+            line.rsplit_once(' ')
+                .and_then(|(_, w)| w.parse::<u64>().ok())
+        })
+        .sum()
+}
+
+pub const SHORT: Duration = Duration::from_millis(200);

@@ -1,0 +1,103 @@
+//! Off-CPU time: at every `sched_switch`, the thread leaving the CPU (the current one)
+//! records when and where it stopped; the thread arriving gets its blocked time added to
+//! the stacks it left with.
+
+use aya_ebpf::{
+    bindings::BPF_F_USER_STACK,
+    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel},
+    programs::{BtfTracePointContext, tracing::StackIdContext as _},
+};
+use tracer_common::{OffCpuKey, OffCpuStart, OffCpuTotal, counter};
+
+use crate::{
+    MIN_BLOCK_NS, OFFCPU_STARTS, OFFCPU_TIME, STACKS, TARGET_TGID, TASK_PID_OFFSET, count, setting,
+};
+
+#[inline(always)]
+pub fn on_switch(ctx: &BtfTracePointContext) {
+    // sched_switch(bool preempt, struct task_struct *prev, struct task_struct *next, ...)
+    let next: *const u8 = ctx.arg(2);
+    let now = unsafe { bpf_ktime_get_ns() };
+    record_switch_out(ctx, now);
+    account_switch_in(next, now);
+}
+
+/// `prev` is still current here, so its ids and stacks are the current ones.
+#[inline(always)]
+fn record_switch_out(ctx: &BtfTracePointContext, now: u64) {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
+    let tid = pid_tgid as u32;
+    let target = setting(&TARGET_TGID);
+    if tid == 0 || (target != 0 && tgid != target) {
+        return;
+    }
+    let user_stack_id = stack_id(ctx, BPF_F_USER_STACK as u64);
+    let kernel_stack_id = stack_id(ctx, 0);
+    let start = OffCpuStart {
+        ts_ns: now,
+        tgid,
+        user_stack_id,
+        kernel_stack_id,
+        _pad: 0,
+    };
+    if OFFCPU_STARTS.insert(&tid, &start, 0).is_err() {
+        count(counter::MAP_FULL);
+    }
+}
+
+#[inline(always)]
+fn stack_id(ctx: &BtfTracePointContext, flags: u64) -> i32 {
+    match ctx.get_stackid(&STACKS, flags) {
+        Ok(id) => id as i32,
+        Err(err) => {
+            count(counter::STACK_ERRORS);
+            err
+        }
+    }
+}
+
+#[inline(always)]
+fn account_switch_in(next: *const u8, now: u64) {
+    let pid_field = next.wrapping_add(setting(&TASK_PID_OFFSET) as usize) as *const i32;
+    // SAFETY: the helper validates the kernel address; `next` is the task_struct the
+    // tracepoint passed and the offset comes from the running kernel's BTF.
+    let Ok(next_tid) = (unsafe { bpf_probe_read_kernel(pid_field) }) else {
+        return;
+    };
+    let next_tid = next_tid as u32;
+    // SAFETY: the value is copied out before the entry is removed.
+    let Some(start) = (unsafe { OFFCPU_STARTS.get(&next_tid) }).copied() else {
+        return;
+    };
+    let _ = OFFCPU_STARTS.remove(&next_tid);
+    let blocked = now.saturating_sub(start.ts_ns);
+    if blocked < setting(&MIN_BLOCK_NS) {
+        return;
+    }
+    let key = OffCpuKey {
+        tgid: start.tgid,
+        tid: next_tid,
+        user_stack_id: start.user_stack_id,
+        kernel_stack_id: start.kernel_stack_id,
+    };
+    match OFFCPU_TIME.get_ptr_mut(&key) {
+        Some(total) => {
+            // SAFETY: map value pointer valid during the program; the thread is switching
+            // in on this CPU only, so no one else updates this key now.
+            unsafe {
+                (*total).total_ns += blocked;
+                (*total).count += 1;
+            }
+        }
+        None => {
+            let total = OffCpuTotal {
+                total_ns: blocked,
+                count: 1,
+            };
+            if OFFCPU_TIME.insert(&key, &total, 0).is_err() {
+                count(counter::MAP_FULL);
+            }
+        }
+    }
+}

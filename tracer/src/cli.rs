@@ -1,0 +1,197 @@
+//! Command-line parsing in two steps: clap's raw arguments, then a validated config the
+//! rest of the program uses (typed pid, durations, output format).
+
+use std::{num::NonZeroU32, path::PathBuf, time::Duration};
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use thiserror::Error;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "tracer",
+    version,
+    about = "eBPF tracer and wall-clock profiler for language runtimes"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Attach to a running process: GC pause histograms from its USDT probes and an
+    /// off-CPU flamegraph of its threads.
+    Attach(AttachArgs),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Args)]
+pub struct AttachArgs {
+    /// The process to trace.
+    #[arg(long, short)]
+    pub pid: u32,
+    /// Stop after this long (e.g. 10s, 500ms, 2m); otherwise at Ctrl-C or target exit.
+    #[arg(long, short)]
+    pub duration: Option<String>,
+    /// Directory for the flamegraph (SVG) and folded stacks [default: tracer-PID].
+    #[arg(long = "output", short = 'o')]
+    pub output: Option<PathBuf>,
+    /// Ignore off-CPU intervals shorter than this (e.g. 100us).
+    #[arg(long, default_value = "0")]
+    pub min_block: String,
+    /// Measure the latency between two probes of the target, matched per thread
+    /// (PROVIDER:BEGIN,PROVIDER:END). May be repeated.
+    #[arg(long = "latency", value_name = "BEGIN,END")]
+    pub latencies: Vec<String>,
+    /// Put each thread under its own root frame in the flamegraph.
+    #[arg(long)]
+    pub per_thread: bool,
+    /// Report format on standard output.
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    pub format: Format,
+}
+
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum ConfigError {
+    #[error("invalid PID 0")]
+    ZeroPid,
+    #[error("invalid duration {0:?}: expected a number with a unit, like 10s, 500ms, 2m or 100us")]
+    Duration(String),
+    #[error(
+        "invalid --latency {0:?}: expected PROVIDER:BEGIN,PROVIDER:END (e.g. julia:gc__begin,julia:gc__end)"
+    )]
+    Latency(String),
+}
+
+/// A latency asked for on the command line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LatencyRequest {
+    pub provider: String,
+    pub begin: String,
+    pub end: String,
+}
+
+/// `tracer attach`, validated.
+#[derive(Debug, Clone)]
+pub struct AttachConfig {
+    pub pid: NonZeroU32,
+    pub duration: Option<Duration>,
+    pub output_dir: PathBuf,
+    pub min_block: Duration,
+    pub latencies: Vec<LatencyRequest>,
+    pub per_thread: bool,
+    pub format: Format,
+}
+
+impl TryFrom<AttachArgs> for AttachConfig {
+    type Error = ConfigError;
+
+    fn try_from(args: AttachArgs) -> Result<Self, ConfigError> {
+        let pid = NonZeroU32::new(args.pid).ok_or(ConfigError::ZeroPid)?;
+        Ok(Self {
+            pid,
+            duration: args.duration.as_deref().map(parse_duration).transpose()?,
+            output_dir: args
+                .output
+                .unwrap_or_else(|| PathBuf::from(format!("tracer-{pid}"))),
+            min_block: parse_duration(&args.min_block)?,
+            latencies: args
+                .latencies
+                .iter()
+                .map(|l| parse_latency(l))
+                .collect::<Result<_, _>>()?,
+            per_thread: args.per_thread,
+            format: args.format,
+        })
+    }
+}
+
+/// Parses `10s`, `1.5s`, `500ms`, `100us`, `250ns`, `2m`, `1h`; a bare number is seconds.
+pub fn parse_duration(text: &str) -> Result<Duration, ConfigError> {
+    let err = || ConfigError::Duration(text.to_string());
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let value: f64 = number.parse().map_err(|_| err())?;
+    let seconds_per_unit = match unit {
+        "" | "s" => 1.0,
+        "ms" => 1e-3,
+        "us" | "µs" => 1e-6,
+        "ns" => 1e-9,
+        "m" | "min" => 60.0,
+        "h" => 3600.0,
+        _ => return Err(err()),
+    };
+    Duration::try_from_secs_f64(value * seconds_per_unit).map_err(|_| err())
+}
+
+fn parse_latency(text: &str) -> Result<LatencyRequest, ConfigError> {
+    let err = || ConfigError::Latency(text.to_string());
+    let (begin, end) = text.split_once(',').ok_or_else(err)?;
+    let (begin_provider, begin) = begin.trim().split_once(':').ok_or_else(err)?;
+    let (end_provider, end) = end.trim().split_once(':').ok_or_else(err)?;
+    if begin_provider != end_provider
+        || begin.is_empty()
+        || end.is_empty()
+        || begin_provider.is_empty()
+    {
+        return Err(err());
+    }
+    Ok(LatencyRequest {
+        provider: begin_provider.into(),
+        begin: begin.into(),
+        end: end.into(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("10s").unwrap(), Duration::from_secs(10));
+        assert_eq!(parse_duration("10").unwrap(), Duration::from_secs(10));
+        assert_eq!(parse_duration("1.5s").unwrap(), Duration::from_millis(1500));
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("100us").unwrap(), Duration::from_micros(100));
+        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+        for bad in ["", "s", "10x", "-1s", "1.2.3s"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn latencies() {
+        let l = parse_latency("julia:gc__begin,julia:gc__end").unwrap();
+        assert_eq!(
+            (l.provider.as_str(), l.begin.as_str(), l.end.as_str()),
+            ("julia", "gc__begin", "gc__end")
+        );
+        for bad in ["a:b", "a:b,c:d", "a:b,", ":b,:c", "ab,cd"] {
+            assert!(parse_latency(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn attach_config_validates() {
+        let cli = Cli::try_parse_from(["tracer", "attach", "--pid", "0"]).unwrap();
+        let Command::Attach(args) = cli.command;
+        assert_eq!(
+            AttachConfig::try_from(args).unwrap_err(),
+            ConfigError::ZeroPid
+        );
+        let cli = Cli::try_parse_from(["tracer", "attach", "-p", "42", "-d", "3s"]).unwrap();
+        let Command::Attach(args) = cli.command;
+        let config = AttachConfig::try_from(args).unwrap();
+        assert_eq!(config.duration, Some(Duration::from_secs(3)));
+        assert_eq!(config.output_dir, PathBuf::from("tracer-42"));
+    }
+}

@@ -1,0 +1,291 @@
+//! `tracer attach --pid PID`: GC and other latencies from the target's USDT probes, and an
+//! off-CPU profile of its threads, until the duration ends, Ctrl-C, or the target exits.
+
+use std::path::Path;
+
+use anyhow::{Context as _, Result, bail};
+use tracer_common::counter;
+
+use crate::{
+    cli::{AttachConfig, Format},
+    histogram::LatencyHistogram,
+    loader::{Loader, LoaderError, Settings},
+    offcpu::{self, StackSource, ThreadNames},
+    privileges,
+    probe_plan::{ProbePlan, SiteInput},
+    render::flamegraph::{Palette, SvgOptions, write_flamegraph_svg, write_folded},
+    report::{AttachReport, LatencyReport, Losses, ProbeReport},
+    runtimes::{self, LatencyDef},
+    stop::{self, ProcessWatch, StopReason},
+    symbolize::{ProcessMaps, StackSymbolizer},
+    usdt::{self, ProbePattern},
+};
+
+impl StackSource for Loader {
+    fn stack(&self, id: i32) -> Vec<u64> {
+        Loader::stack(self, id).unwrap_or_default()
+    }
+}
+
+pub fn run(config: AttachConfig) -> Result<()> {
+    privileges::check()?;
+    let pid = config.pid.get();
+    let watch = ProcessWatch::new(pid).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => anyhow::anyhow!("no such process: {pid}"),
+        _ => anyhow::Error::new(e).context(format!("cannot watch process {pid}")),
+    })?;
+    let process_name = std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .map(|s| s.trim_end().to_string())
+        .map_err(|_| anyhow::anyhow!("process {pid} exited"))?;
+
+    let scan = usdt::scan_process(pid, &ProbePattern::any())?;
+    for (object, error) in &scan.skipped {
+        log::debug!("skipped {}: {error}", object.path.display());
+    }
+    let sites: Vec<SiteInput> = scan.sites.iter().map(SiteInput::from).collect();
+    let latencies = latencies_for(&sites, &config)?;
+    let plan = ProbePlan::build(&sites, &latencies, false, Some(pid))?;
+
+    let mut maps =
+        ProcessMaps::capture(pid).map_err(|_| anyhow::anyhow!("process {pid} exited"))?;
+    let mut threads = ThreadNames::default();
+    threads.refresh(pid);
+
+    let mut loader = Loader::load(&Settings {
+        target_tgid: Some(pid),
+        min_block: config.min_block,
+        ..Settings::default()
+    })?;
+    for (cookie, planned) in plan.sites.iter().enumerate() {
+        loader.set_usdt_site(cookie as u32, &planned.site)?;
+        loader
+            .attach_usdt(&planned.attachment, cookie as u32)
+            .map_err(|e| gone_or(e, pid))?;
+    }
+    loader.attach_sched_switch()?;
+    let started = stop::monotonic_ns();
+
+    let runtime_names = runtime_names(&plan);
+    eprintln!(
+        "Attached to process {pid} ({process_name}): {} probe sites{}, sched_switch. {}",
+        loader.usdt_link_count(),
+        if runtime_names.is_empty() {
+            " (no known runtime probes found)".into()
+        } else {
+            format!(" of {}", runtime_names.join(", "))
+        },
+        match config.duration {
+            Some(d) => format!("Tracing for {d:?}; Ctrl-C to stop early."),
+            None => "Ctrl-C to stop.".into(),
+        }
+    );
+
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let reason = runtime.block_on(stop::wait(Some(watch), config.duration, || {
+        let _ = maps.refresh();
+        threads.refresh(pid);
+    }))?;
+
+    // Collect first, detach next, so what was measured up to now is what is reported; the
+    // target keeps running untouched from here on.
+    let now = stop::monotonic_ns();
+    if reason != StopReason::TargetExited {
+        let _ = maps.refresh();
+        threads.refresh(pid);
+    }
+    loader.detach_usdt();
+    loader.detach_sched_switch()?;
+    eprintln!("Stopped: {reason}. Detached from process {pid}.");
+
+    let report = collect(
+        &loader,
+        &plan,
+        &config,
+        &maps,
+        &threads,
+        &process_name,
+        reason,
+        now,
+        now - started,
+    )?;
+    match config.format {
+        Format::Text => print!("{}", report.to_text()),
+        Format::Json => println!("{}", serde_json::to_string_pretty(&report.to_json())?),
+    }
+    Ok(())
+}
+
+/// The latencies to measure: every known runtime whose provider the target carries, plus
+/// those asked for with --latency (whose probes must exist).
+fn latencies_for(sites: &[SiteInput], config: &AttachConfig) -> Result<Vec<LatencyDef>> {
+    let mut providers: Vec<&str> = sites.iter().map(|s| s.provider.as_str()).collect();
+    providers.sort_unstable();
+    providers.dedup();
+    let mut defs: Vec<LatencyDef> = providers
+        .iter()
+        .filter_map(|p| runtimes::by_provider(p))
+        .flat_map(|r| r.latency_defs())
+        .collect();
+    for request in &config.latencies {
+        for name in [&request.begin, &request.end] {
+            if !sites
+                .iter()
+                .any(|s| s.provider == request.provider && &s.name == name)
+            {
+                bail!(
+                    "no probe {}:{name} in process {}",
+                    request.provider,
+                    config.pid
+                );
+            }
+        }
+        defs.push(LatencyDef {
+            name: format!("{}_to_{}", request.begin, request.end),
+            provider: request.provider.clone(),
+            begin: request.begin.clone(),
+            end: request.end.clone(),
+        });
+    }
+    Ok(defs)
+}
+
+fn runtime_names(plan: &ProbePlan) -> Vec<&'static str> {
+    let mut names: Vec<_> = plan
+        .probes
+        .iter()
+        .filter_map(|p| runtimes::by_provider(&p.provider))
+        .map(|r| r.name)
+        .collect();
+    names.dedup();
+    names
+}
+
+/// An attach failure caused by the target exiting meanwhile reads as such.
+fn gone_or(error: LoaderError, pid: u32) -> anyhow::Error {
+    if !Path::new(&format!("/proc/{pid}")).exists() {
+        return anyhow::anyhow!("process {pid} exited");
+    }
+    error.into()
+}
+
+#[allow(clippy::too_many_arguments)]
+fn collect(
+    loader: &Loader,
+    plan: &ProbePlan,
+    config: &AttachConfig,
+    maps: &ProcessMaps,
+    threads: &ThreadNames,
+    process_name: &str,
+    reason: StopReason,
+    now: u64,
+    elapsed_ns: u64,
+) -> Result<AttachReport> {
+    let mut latencies = Vec::new();
+    for (id, def) in plan.latencies.iter().enumerate() {
+        let data = loader.latency(id as u32)?;
+        let mut hist = LatencyHistogram::new();
+        for (bucket, &count) in data.buckets.iter().enumerate() {
+            if count > 0 {
+                hist.merge_bucket(bucket as u32, count);
+            }
+        }
+        hist.merge_stats(&data.stats);
+        latencies.push(LatencyReport {
+            def: def.clone(),
+            hist,
+        });
+    }
+    let mut probes = Vec::new();
+    for (id, info) in plan.probes.iter().enumerate() {
+        probes.push(ProbeReport {
+            info: info.clone(),
+            hits: loader.probe_hits(id as u32)?,
+        });
+    }
+
+    let totals = loader.offcpu_totals()?;
+    // Threads still blocked when the target exited will never be woken; only a live
+    // target's pending intervals are real blocked time.
+    let pending = if reason == StopReason::TargetExited {
+        Vec::new()
+    } else {
+        loader.offcpu_pending()?
+    };
+    let mut symbolizer = StackSymbolizer::new();
+    let threads = config.per_thread.then_some(threads);
+    let profile = offcpu::build_profile(
+        &totals,
+        &pending,
+        now,
+        loader,
+        &mut symbolizer,
+        maps,
+        process_name,
+        threads,
+    );
+
+    std::fs::create_dir_all(&config.output_dir).with_context(|| {
+        format!(
+            "cannot create output directory {}",
+            config.output_dir.display()
+        )
+    })?;
+    let folded_path = config.output_dir.join("offcpu.folded");
+    let svg_path = config.output_dir.join("offcpu.svg");
+    write_folded(&profile.folded, &folded_path)
+        .with_context(|| format!("writing {}", folded_path.display()))?;
+    let title = format!("Off-CPU time of {process_name} (pid {})", config.pid);
+    let subtitle = format!(
+        "{:.1} s traced, {} blocked intervals, {:.3} s blocked in all",
+        elapsed_ns as f64 / 1e9,
+        profile.intervals,
+        profile.total_ns as f64 / 1e9
+    );
+    write_flamegraph_svg(
+        &profile.folded,
+        &svg_path,
+        &SvgOptions {
+            title: &title,
+            subtitle: Some(&subtitle),
+            count_name: "us",
+            palette: Palette::OffCpu,
+        },
+    )
+    .with_context(|| format!("writing {}", svg_path.display()))?;
+
+    let counters = loader.counters()?;
+    Ok(AttachReport {
+        pid: config.pid.get(),
+        process_name: process_name.to_string(),
+        stopped_by: reason,
+        elapsed_ns,
+        probes,
+        latencies,
+        offcpu: profile,
+        folded_path,
+        svg_path,
+        losses: Losses {
+            events_lost: counters[counter::EVENTS_LOST as usize],
+            map_full: counters[counter::MAP_FULL as usize],
+            stack_errors: counters[counter::STACK_ERRORS as usize],
+            unmatched_ends: counters[counter::UNMATCHED_ENDS as usize],
+            arg_read_errors: counters[counter::ARG_READ_ERRORS as usize],
+        },
+    })
+}
+
+impl From<&usdt::ProbeSite> for SiteInput {
+    fn from(site: &usdt::ProbeSite) -> Self {
+        SiteInput {
+            path: site.binary.path.clone(),
+            attach_path: site.binary.host_path.clone(),
+            provider: site.note.provider.clone(),
+            name: site.note.name.clone(),
+            file_offset: site.note.file_offset,
+            semaphore_offset: site.note.semaphore_file_offset,
+            args: site.args.clone(),
+        }
+    }
+}

@@ -1,0 +1,3 @@
+//! One module per subcommand: each turns a validated config into a run.
+
+pub mod attach;

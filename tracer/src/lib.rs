@@ -1,0 +1,26 @@
+//! tracer: an eBPF tracer and wall-clock profiler for language runtimes.
+//!
+//! Where each concept lives:
+//! - `usdt`: USDT note parsing, argument specs, probe patterns, process discovery;
+//! - `probe_plan`: which sites to attach and what the kernel does at each;
+//! - `loader` (with `btf`): the only module that talks to aya and the kernel;
+//! - `runtimes`: the runtimes recognised by their probes and what is measured for each;
+//! - `histogram`, `offcpu`: aggregation of what the kernel collected;
+//! - `symbolize`: naming addresses (blazesym);
+//! - `render`, `report`: histograms, flamegraphs and reports;
+//! - `cli`, `commands`, `stop`, `privileges`: the command line and a run's lifecycle.
+
+pub mod btf;
+pub mod cli;
+pub mod commands;
+pub mod histogram;
+pub mod loader;
+pub mod offcpu;
+pub mod privileges;
+pub mod probe_plan;
+pub mod render;
+pub mod report;
+pub mod runtimes;
+pub mod stop;
+pub mod symbolize;
+pub mod usdt;

@@ -1,0 +1,372 @@
+//! The loader: the only module that talks to aya and the kernel's BPF interfaces. It
+//! loads the embedded eBPF object with this run's settings, attaches programs, and reads
+//! the kernel-side aggregates back as plain `tracer_common` values.
+
+mod sys;
+
+use std::{
+    os::fd::{AsFd as _, OwnedFd},
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use aya::{
+    Btf, Ebpf, EbpfLoader,
+    maps::{Array, HashMap, MapData, PerCpuArray, RingBuf, StackTraceMap},
+    programs::{BtfTracePoint, UProbe},
+};
+use thiserror::Error;
+use tracer_common::{
+    LatencyStats, OffCpuKey, OffCpuStart, OffCpuTotal, UsdtSite, counter, global_names, histogram,
+    map_names, program_names,
+};
+
+pub use sys::supports_ref_ctr_offset;
+
+use crate::btf;
+
+/// The eBPF object built from `tracer-ebpf` by build.rs.
+static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tracer-ebpf"));
+
+const KERNEL_BTF: &str = "/sys/kernel/btf/vmlinux";
+
+#[derive(Debug, Error)]
+pub enum LoaderError {
+    #[error("kernel feature missing: {0}")]
+    KernelFeature(String),
+    #[error(transparent)]
+    Btf(#[from] btf::BtfError),
+    #[error("loading the eBPF programs failed: {0}")]
+    Load(#[source] aya::EbpfError),
+    #[error("eBPF program {name}: {source}")]
+    Program {
+        name: &'static str,
+        source: aya::programs::ProgramError,
+    },
+    #[error("eBPF map {name}: {source}")]
+    Map {
+        name: &'static str,
+        source: aya::maps::MapError,
+    },
+    #[error("eBPF object has no map or program named {0}")]
+    Missing(&'static str),
+    #[error("attaching a uprobe to {path} at offset {offset:#x}{}: {source}",
+        pid.map(|p| format!(" in process {p}")).unwrap_or_default())]
+    AttachUprobe {
+        path: PathBuf,
+        offset: u64,
+        pid: Option<u32>,
+        source: std::io::Error,
+    },
+}
+
+type Result<T, E = LoaderError> = std::result::Result<T, E>;
+
+/// Settings fixed before load (the eBPF side reads them as constants).
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Off-CPU accounting only for this process; every process when `None`.
+    pub target_tgid: Option<u32>,
+    /// Off-CPU intervals shorter than this are dropped in the kernel.
+    pub min_block: Duration,
+    /// Size of the event ring buffer (a power of two, multiple of the page size).
+    pub ring_buffer_bytes: u32,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            target_tgid: None,
+            min_block: Duration::ZERO,
+            ring_buffer_bytes: 1 << 22,
+        }
+    }
+}
+
+/// One uprobe at a USDT site.
+#[derive(Debug, Clone)]
+pub struct UsdtAttachment {
+    /// The ELF file as this process can open it (via /proc/PID/root for containers).
+    pub path: PathBuf,
+    /// File offset of the probe instruction.
+    pub offset: u64,
+    /// File offset of the semaphore, when the probe has one.
+    pub semaphore_offset: Option<u64>,
+    /// Only this process, or every process mapping the file.
+    pub pid: Option<u32>,
+}
+
+/// A probe kept alive: dropping it detaches the program and, for semaphore-guarded
+/// probes, makes the kernel decrement the semaphore.
+struct UsdtLink {
+    _link: OwnedFd,
+    _perf_event: OwnedFd,
+}
+
+/// Kernel-side aggregates of one latency, summed over CPUs.
+#[derive(Debug, Clone, Default)]
+pub struct LatencyData {
+    /// Counts per `tracer_common::histogram` bucket.
+    pub buckets: Vec<u64>,
+    pub stats: LatencyStats,
+}
+
+/// The loaded programs and their maps.
+pub struct Loader {
+    ebpf: Ebpf,
+    usdt_links: Vec<UsdtLink>,
+    uprobe_pmu_type: Option<u32>,
+    usdt_loaded: bool,
+}
+
+impl Loader {
+    /// Loads the eBPF object with `settings`. Programs are verified when first attached.
+    pub fn load(settings: &Settings) -> Result<Self> {
+        let task_pid_offset =
+            btf::member_offset_in_file(Path::new(KERNEL_BTF), "task_struct", "pid")?;
+        let target_tgid = settings.target_tgid.unwrap_or(0);
+        let min_block_ns = settings.min_block.as_nanos().min(u64::MAX as u128) as u64;
+        let ebpf = EbpfLoader::new()
+            .override_global(global_names::TARGET_TGID, &target_tgid, true)
+            .override_global(global_names::MIN_BLOCK_NS, &min_block_ns, true)
+            .override_global(global_names::TASK_PID_OFFSET, &task_pid_offset, true)
+            .map_max_entries(map_names::USDT_EVENTS, settings.ring_buffer_bytes)
+            .load(EBPF_OBJECT)
+            .map_err(LoaderError::Load)?;
+        Ok(Self {
+            ebpf,
+            usdt_links: Vec::new(),
+            uprobe_pmu_type: None,
+            usdt_loaded: false,
+        })
+    }
+
+    /// Describes what a USDT site at BPF cookie `cookie` does when hit.
+    pub fn set_usdt_site(&mut self, cookie: u32, site: &UsdtSite) -> Result<()> {
+        let name = map_names::USDT_SPECS;
+        let map = self.ebpf.map_mut(name).ok_or(LoaderError::Missing(name))?;
+        let mut specs: Array<_, UsdtSite> =
+            Array::try_from(map).map_err(|source| LoaderError::Map { name, source })?;
+        specs
+            .set(cookie, site, 0)
+            .map_err(|source| LoaderError::Map { name, source })
+    }
+
+    /// Attaches the USDT program to one site; `cookie` selects its `UsdtSite`.
+    pub fn attach_usdt(&mut self, target: &UsdtAttachment, cookie: u32) -> Result<()> {
+        let pmu_type = match self.uprobe_pmu_type {
+            Some(t) => t,
+            None => {
+                let t = sys::uprobe_pmu_type()
+                    .map_err(|e| LoaderError::KernelFeature(format!("uprobe PMU: {e}")))?;
+                if !sys::supports_ref_ctr_offset() {
+                    return Err(LoaderError::KernelFeature(
+                        "the uprobe PMU cannot count USDT semaphores (ref_ctr_offset)".into(),
+                    ));
+                }
+                self.uprobe_pmu_type = Some(t);
+                t
+            }
+        };
+        let name = program_names::USDT;
+        let program: &mut UProbe = self
+            .ebpf
+            .program_mut(name)
+            .ok_or(LoaderError::Missing(name))?
+            .try_into()
+            .map_err(|source| LoaderError::Program { name, source })?;
+        if !self.usdt_loaded {
+            program
+                .load()
+                .map_err(|source| LoaderError::Program { name, source })?;
+            self.usdt_loaded = true;
+        }
+        let prog_fd = program
+            .fd()
+            .map_err(|source| LoaderError::Program { name, source })?;
+        let attach_error = |source| LoaderError::AttachUprobe {
+            path: target.path.clone(),
+            offset: target.offset,
+            pid: target.pid,
+            source,
+        };
+        let perf_event = sys::open_uprobe(
+            pmu_type,
+            &sys::UprobeTarget {
+                path: &target.path,
+                offset: target.offset,
+                ref_ctr_offset: target.semaphore_offset,
+                pid: target.pid,
+            },
+        )
+        .map_err(attach_error)?;
+        let link = sys::link_perf_event(prog_fd.as_fd(), perf_event.as_fd(), cookie.into())
+            .map_err(attach_error)?;
+        self.usdt_links.push(UsdtLink {
+            _link: link,
+            _perf_event: perf_event,
+        });
+        Ok(())
+    }
+
+    /// How many USDT sites are attached.
+    pub fn usdt_link_count(&self) -> usize {
+        self.usdt_links.len()
+    }
+
+    /// Detaches every USDT probe now (semaphores drop back), keeping the maps readable.
+    pub fn detach_usdt(&mut self) {
+        self.usdt_links.clear();
+    }
+
+    /// Attaches off-CPU accounting to the scheduler's `sched_switch` BTF tracepoint.
+    pub fn attach_sched_switch(&mut self) -> Result<()> {
+        let btf = Btf::from_sys_fs()
+            .map_err(|e| LoaderError::KernelFeature(format!("kernel BTF ({KERNEL_BTF}): {e}")))?;
+        let name = program_names::SCHED_SWITCH;
+        let program: &mut BtfTracePoint = self
+            .ebpf
+            .program_mut(name)
+            .ok_or(LoaderError::Missing(name))?
+            .try_into()
+            .map_err(|source| LoaderError::Program { name, source })?;
+        program
+            .load("sched_switch", &btf)
+            .map_err(|source| LoaderError::Program { name, source })?;
+        program
+            .attach()
+            .map_err(|source| LoaderError::Program { name, source })?;
+        Ok(())
+    }
+
+    /// Detaches the off-CPU program (the maps stay readable).
+    pub fn detach_sched_switch(&mut self) -> Result<()> {
+        let name = program_names::SCHED_SWITCH;
+        let program: &mut BtfTracePoint = self
+            .ebpf
+            .program_mut(name)
+            .ok_or(LoaderError::Missing(name))?
+            .try_into()
+            .map_err(|source| LoaderError::Program { name, source })?;
+        program
+            .unload()
+            .map_err(|source| LoaderError::Program { name, source })
+    }
+
+    fn per_cpu_array<T: aya::Pod>(&self, name: &'static str) -> Result<PerCpuArray<&MapData, T>> {
+        let map = self.ebpf.map(name).ok_or(LoaderError::Missing(name))?;
+        PerCpuArray::try_from(map).map_err(|source| LoaderError::Map { name, source })
+    }
+
+    fn hash_map<K: aya::Pod, V: aya::Pod>(
+        &self,
+        name: &'static str,
+    ) -> Result<HashMap<&MapData, K, V>> {
+        let map = self.ebpf.map(name).ok_or(LoaderError::Missing(name))?;
+        HashMap::try_from(map).map_err(|source| LoaderError::Map { name, source })
+    }
+
+    /// The histogram and totals of latency `latency_id`.
+    pub fn latency(&self, latency_id: u32) -> Result<LatencyData> {
+        let hist = self.per_cpu_array::<u64>(map_names::LATENCY_HIST)?;
+        let stats_map = self.per_cpu_array::<LatencyStats>(map_names::LATENCY_STATS)?;
+        let map_error = |name| move |source| LoaderError::Map { name, source };
+        let mut data = LatencyData {
+            buckets: vec![0; histogram::BUCKETS as usize],
+            ..Default::default()
+        };
+        data.stats.min_ns = u64::MAX;
+        for per_cpu in stats_map
+            .get(&latency_id, 0)
+            .map_err(map_error(map_names::LATENCY_STATS))?
+            .iter()
+        {
+            if per_cpu.count == 0 {
+                continue;
+            }
+            data.stats.count += per_cpu.count;
+            data.stats.total_ns += per_cpu.total_ns;
+            data.stats.min_ns = data.stats.min_ns.min(per_cpu.min_ns);
+            data.stats.max_ns = data.stats.max_ns.max(per_cpu.max_ns);
+        }
+        if data.stats.count == 0 {
+            return Ok(data);
+        }
+        for (bucket, slot) in data.buckets.iter_mut().enumerate() {
+            let index = latency_id * histogram::BUCKETS + bucket as u32;
+            *slot = hist
+                .get(&index, 0)
+                .map_err(map_error(map_names::LATENCY_HIST))?
+                .iter()
+                .sum();
+        }
+        Ok(data)
+    }
+
+    /// How often probe `probe_id` fired.
+    pub fn probe_hits(&self, probe_id: u32) -> Result<u64> {
+        let name = map_names::PROBE_HITS;
+        let hits = self.per_cpu_array::<u64>(name)?;
+        Ok(hits
+            .get(&probe_id, 0)
+            .map_err(|source| LoaderError::Map { name, source })?
+            .iter()
+            .sum())
+    }
+
+    /// The loss counters (`tracer_common::counter`), summed over CPUs.
+    pub fn counters(&self) -> Result<[u64; counter::COUNT as usize]> {
+        let name = map_names::COUNTERS;
+        let map = self.per_cpu_array::<u64>(name)?;
+        let mut out = [0; counter::COUNT as usize];
+        for (i, slot) in out.iter_mut().enumerate() {
+            *slot = map
+                .get(&(i as u32), 0)
+                .map_err(|source| LoaderError::Map { name, source })?
+                .iter()
+                .sum();
+        }
+        Ok(out)
+    }
+
+    /// Off-CPU time accumulated per thread and stacks.
+    pub fn offcpu_totals(&self) -> Result<Vec<(OffCpuKey, OffCpuTotal)>> {
+        let name = map_names::OFFCPU_TIME;
+        let map = self.hash_map::<OffCpuKey, OffCpuTotal>(name)?;
+        map.iter()
+            .collect::<Result<_, _>>()
+            .map_err(|source| LoaderError::Map { name, source })
+    }
+
+    /// Threads that are off CPU right now (their interval has not ended yet).
+    pub fn offcpu_pending(&self) -> Result<Vec<(u32, OffCpuStart)>> {
+        let name = map_names::OFFCPU_STARTS;
+        let map = self.hash_map::<u32, OffCpuStart>(name)?;
+        map.iter()
+            .collect::<Result<_, _>>()
+            .map_err(|source| LoaderError::Map { name, source })
+    }
+
+    /// The instruction pointers of stack `id`, innermost first; empty when `id` is an error.
+    pub fn stack(&self, id: i32) -> Result<Vec<u64>> {
+        if id < 0 {
+            return Ok(Vec::new());
+        }
+        let name = map_names::STACKS;
+        let map = self.ebpf.map(name).ok_or(LoaderError::Missing(name))?;
+        let stacks =
+            StackTraceMap::try_from(map).map_err(|source| LoaderError::Map { name, source })?;
+        match stacks.get(&(id as u32), 0) {
+            Ok(trace) => Ok(trace.frames().iter().map(|f| f.ip).collect()),
+            Err(aya::maps::MapError::KeyNotFound) => Ok(Vec::new()),
+            Err(source) => Err(LoaderError::Map { name, source }),
+        }
+    }
+
+    /// Takes the event ring buffer (for `tracer trace`).
+    pub fn take_events(&mut self) -> Result<RingBuf<MapData>> {
+        let name = map_names::USDT_EVENTS;
+        let map = self.ebpf.take_map(name).ok_or(LoaderError::Missing(name))?;
+        RingBuf::try_from(map).map_err(|source| LoaderError::Map { name, source })
+    }
+}

@@ -1,0 +1,280 @@
+//! Turns discovered USDT sites and the measurements asked for into what the kernel gets:
+//! one `UsdtSite` per attached site (its index is the uprobe's BPF cookie), probe ids for
+//! hit counts and events, and latency ids for begin/end pairs. Pure: no kernel access.
+
+use std::path::PathBuf;
+
+use thiserror::Error;
+use tracer_common::{
+    MAX_LATENCIES, MAX_LATENCIES_PER_PROBE, MAX_PROBES, MAX_USDT_ARGS, MAX_USDT_SITES, UsdtArg,
+    UsdtSite, site_flags,
+};
+
+use crate::{loader::UsdtAttachment, runtimes::LatencyDef};
+
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum PlanError {
+    #[error("too many probe sites ({0}); at most {MAX_USDT_SITES} can be attached at once")]
+    TooManySites(usize),
+    #[error("too many distinct probes ({0}); at most {MAX_PROBES}")]
+    TooManyProbes(usize),
+    #[error("too many latencies ({0}); at most {MAX_LATENCIES}")]
+    TooManyLatencies(usize),
+    #[error("probe {0} takes part in more than {MAX_LATENCIES_PER_PROBE} latencies")]
+    TooManyRoles(String),
+    #[error("probe {probe}: {reason}")]
+    BadArguments { probe: String, reason: String },
+}
+
+/// One probe site found in a binary, ready to attach.
+#[derive(Debug, Clone)]
+pub struct SiteInput {
+    /// The binary as the target sees it (for display: `usdt:PATH:provider:name`).
+    pub path: PathBuf,
+    /// The binary as this process opens it (through /proc/PID/root).
+    pub attach_path: PathBuf,
+    pub provider: String,
+    pub name: String,
+    pub file_offset: u64,
+    pub semaphore_offset: Option<u64>,
+    /// Decoded argument specs, or why they could not be decoded.
+    pub args: Result<Vec<UsdtArg>, String>,
+}
+
+/// A probe (provider:name in one binary); all its sites share its id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProbeInfo {
+    pub path: PathBuf,
+    pub provider: String,
+    pub name: String,
+    pub arg_count: usize,
+    pub site_count: usize,
+}
+
+impl ProbeInfo {
+    /// bpftrace's spelling of the probe.
+    pub fn specifier(&self) -> String {
+        format!(
+            "usdt:{}:{}:{}",
+            self.path.display(),
+            self.provider,
+            self.name
+        )
+    }
+}
+
+/// One site to attach, with what the eBPF program does when it fires.
+#[derive(Debug, Clone)]
+pub struct PlannedSite {
+    pub attachment: UsdtAttachment,
+    pub site: UsdtSite,
+}
+
+/// Everything to attach, indexed the way the kernel side indexes it.
+#[derive(Debug, Default)]
+pub struct ProbePlan {
+    /// Indexed by probe id.
+    pub probes: Vec<ProbeInfo>,
+    /// Indexed by latency id.
+    pub latencies: Vec<LatencyDef>,
+    /// Indexed by BPF cookie.
+    pub sites: Vec<PlannedSite>,
+}
+
+impl ProbePlan {
+    /// Plans `sites` for process `pid` (or every process when `None`). Sites whose probe
+    /// takes part in no latency are attached only when `emit_events` (for `trace`).
+    pub fn build(
+        sites: &[SiteInput],
+        latencies: &[LatencyDef],
+        emit_events: bool,
+        pid: Option<u32>,
+    ) -> Result<Self, PlanError> {
+        if latencies.len() > MAX_LATENCIES as usize {
+            return Err(PlanError::TooManyLatencies(latencies.len()));
+        }
+        let mut plan = ProbePlan {
+            latencies: latencies.to_vec(),
+            ..Default::default()
+        };
+        for input in sites {
+            let roles = |pick: fn(&LatencyDef) -> &str| -> Vec<u32> {
+                latencies
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, l)| l.provider == input.provider && pick(l) == input.name)
+                    .map(|(i, _)| i as u32)
+                    .collect()
+            };
+            let begins = roles(|l| &l.begin);
+            let ends = roles(|l| &l.end);
+            if !emit_events && begins.is_empty() && ends.is_empty() {
+                continue;
+            }
+            let probe_label =
+                || format!("{}:{}:{}", input.path.display(), input.provider, input.name);
+            if begins.len() > MAX_LATENCIES_PER_PROBE || ends.len() > MAX_LATENCIES_PER_PROBE {
+                return Err(PlanError::TooManyRoles(probe_label()));
+            }
+            // Arguments matter only for events; a latency probe with an odd spec still works.
+            let args = match (&input.args, emit_events) {
+                (Ok(args), _) => args.clone(),
+                (Err(reason), true) => {
+                    return Err(PlanError::BadArguments {
+                        probe: probe_label(),
+                        reason: reason.clone(),
+                    });
+                }
+                (Err(_), false) => Vec::new(),
+            };
+            let probe_id = plan.probe_id(input, args.len());
+            let mut site = UsdtSite {
+                probe_id,
+                arg_count: args.len().min(MAX_USDT_ARGS) as u8,
+                flags: if emit_events {
+                    site_flags::EMIT_EVENT
+                } else {
+                    0
+                },
+                latency_begin_count: begins.len() as u8,
+                latency_end_count: ends.len() as u8,
+                ..Default::default()
+            };
+            site.args[..args.len().min(MAX_USDT_ARGS)]
+                .copy_from_slice(&args[..args.len().min(MAX_USDT_ARGS)]);
+            site.latency_begins[..begins.len()].copy_from_slice(&begins);
+            site.latency_ends[..ends.len()].copy_from_slice(&ends);
+            plan.sites.push(PlannedSite {
+                attachment: UsdtAttachment {
+                    path: input.attach_path.clone(),
+                    offset: input.file_offset,
+                    semaphore_offset: input.semaphore_offset,
+                    pid,
+                },
+                site,
+            });
+        }
+        if plan.sites.len() > MAX_USDT_SITES as usize {
+            return Err(PlanError::TooManySites(plan.sites.len()));
+        }
+        if plan.probes.len() > MAX_PROBES as usize {
+            return Err(PlanError::TooManyProbes(plan.probes.len()));
+        }
+        Ok(plan)
+    }
+
+    fn probe_id(&mut self, input: &SiteInput, arg_count: usize) -> u32 {
+        let existing = self.probes.iter().position(|p| {
+            p.path == input.path && p.provider == input.provider && p.name == input.name
+        });
+        let id = existing.unwrap_or_else(|| {
+            self.probes.push(ProbeInfo {
+                path: input.path.clone(),
+                provider: input.provider.clone(),
+                name: input.name.clone(),
+                arg_count,
+                site_count: 0,
+            });
+            self.probes.len() - 1
+        });
+        self.probes[id].site_count += 1;
+        id as u32
+    }
+
+    /// Ids of the probes named `provider:name`, in any binary.
+    pub fn probe_ids(&self, provider: &str, name: &str) -> Vec<u32> {
+        (0..self.probes.len() as u32)
+            .filter(|&i| {
+                let p = &self.probes[i as usize];
+                p.provider == provider && p.name == name
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn site(name: &str, offset: u64) -> SiteInput {
+        SiteInput {
+            path: "/app".into(),
+            attach_path: "/proc/1/root/app".into(),
+            provider: "tracer".into(),
+            name: name.into(),
+            file_offset: offset,
+            semaphore_offset: Some(0x40),
+            args: Ok(vec![UsdtArg {
+                kind: tracer_common::arg_kind::REG,
+                size: 8,
+                ..Default::default()
+            }]),
+        }
+    }
+
+    fn latency(name: &str, begin: &str, end: &str) -> LatencyDef {
+        LatencyDef {
+            name: name.into(),
+            provider: "tracer".into(),
+            begin: begin.into(),
+            end: end.into(),
+        }
+    }
+
+    #[test]
+    fn assigns_latency_roles_per_site() {
+        let sites = [
+            site("gc__begin", 1),
+            site("gc__stop_the_world", 2),
+            site("gc__end", 3),
+            site("gc__end", 4),
+            site("other", 5),
+        ];
+        let lats = [
+            latency("pause", "gc__begin", "gc__end"),
+            latency("stw", "gc__begin", "gc__stop_the_world"),
+        ];
+        let plan = ProbePlan::build(&sites, &lats, false, Some(7)).unwrap();
+        assert_eq!(plan.sites.len(), 4, "the unrelated probe is not attached");
+        let begin = &plan.sites[0].site;
+        assert_eq!(
+            (begin.latency_begin_count, &begin.latency_begins[..2]),
+            (2, &[0, 1][..])
+        );
+        assert_eq!(plan.sites[1].site.latency_ends[..1], [1]);
+        assert_eq!(
+            plan.sites[2].site.probe_id, plan.sites[3].site.probe_id,
+            "two sites, one probe"
+        );
+        assert_eq!(
+            plan.probes[plan.sites[2].site.probe_id as usize].site_count,
+            2
+        );
+        assert_eq!(plan.sites[0].site.flags, 0);
+        assert_eq!(plan.sites[0].attachment.pid, Some(7));
+        assert_eq!(plan.sites[0].attachment.semaphore_offset, Some(0x40));
+    }
+
+    #[test]
+    fn events_attach_every_site_with_args() {
+        let sites = [site("a", 1), site("b", 2)];
+        let plan = ProbePlan::build(&sites, &[], true, None).unwrap();
+        assert_eq!(plan.sites.len(), 2);
+        assert!(
+            plan.sites
+                .iter()
+                .all(|s| s.site.flags & site_flags::EMIT_EVENT != 0 && s.site.arg_count == 1)
+        );
+        assert_eq!(plan.probes[1].specifier(), "usdt:/app:tracer:b");
+    }
+
+    #[test]
+    fn bad_args_fail_only_when_events_need_them() {
+        let mut bad = site("gc__begin", 1);
+        bad.args = Err("bad spec".into());
+        let lats = [latency("pause", "gc__begin", "gc__end")];
+        assert!(ProbePlan::build(std::slice::from_ref(&bad), &lats, false, None).is_ok());
+        let err = ProbePlan::build(&[bad], &[], true, None).unwrap_err();
+        assert!(matches!(err, PlanError::BadArguments { .. }));
+    }
+}

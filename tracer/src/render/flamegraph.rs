@@ -1,0 +1,350 @@
+//! Folded stacks (`frame;frame;frame COUNT`, the plain-text contract of flame graph
+//! tools) and their rendering to an SVG flame graph with inferno.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::io::{self, BufWriter, Write};
+use std::path::Path;
+
+use inferno::flamegraph::{self, color::BasicPalette};
+
+use super::create_output_file;
+
+/// Weighted stacks, keyed by their folded form (root frame first, frames joined by `;`).
+/// Kept sorted so output files are deterministic and inferno needs no re-sort.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FoldedStacks {
+    stacks: BTreeMap<String, u64>,
+}
+
+/// A folded-stacks line that is not `STACK COUNT`.
+#[derive(Debug, thiserror::Error)]
+#[error("line {line}: expected `frame;frame COUNT`, got {text:?}")]
+pub struct ParseFoldedError {
+    pub line: usize,
+    pub text: String,
+}
+
+impl FoldedStacks {
+    /// No stacks.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds `weight` to the stack made of `frames`, root (outermost caller) first.
+    /// Frame names are sanitized so they cannot break the folded format.
+    pub fn add<I>(&mut self, frames: I, weight: u64)
+    where
+        I: IntoIterator,
+        I::Item: AsRef<str>,
+    {
+        let mut key = String::new();
+        for frame in frames {
+            if !key.is_empty() {
+                key.push(';');
+            }
+            push_sanitized(&mut key, frame.as_ref());
+        }
+        if key.is_empty() {
+            // A stack with no frames still carries weight; keep it visible.
+            key.push_str("[unknown]");
+        }
+        let slot = self.stacks.entry(key).or_default();
+        *slot = slot.saturating_add(weight);
+    }
+
+    /// Number of distinct stacks.
+    pub fn len(&self) -> usize {
+        self.stacks.len()
+    }
+
+    /// True when no stack was added.
+    pub fn is_empty(&self) -> bool {
+        self.stacks.is_empty()
+    }
+
+    /// Sum of all weights.
+    pub fn total(&self) -> u64 {
+        self.stacks
+            .values()
+            .fold(0, |sum, &w| sum.saturating_add(w))
+    }
+
+    /// The folded stacks and their weights, sorted by stack.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, u64)> {
+        self.stacks
+            .iter()
+            .map(|(stack, &weight)| (stack.as_str(), weight))
+    }
+
+    /// Parses folded text as written by [`write_folded`] (or by other folded-stack
+    /// tools): one `STACK COUNT` per line; blank lines are skipped.
+    pub fn parse(text: &str) -> Result<Self, ParseFoldedError> {
+        let mut stacks = Self::new();
+        for (index, line) in text.lines().enumerate() {
+            let line = line.trim();
+            if line.is_empty() {
+                continue;
+            }
+            let parsed = line
+                .rsplit_once(' ')
+                .and_then(|(stack, count)| Some((stack.trim_end(), count.parse::<u64>().ok()?)))
+                .filter(|(stack, _)| !stack.is_empty());
+            let Some((stack, weight)) = parsed else {
+                return Err(ParseFoldedError {
+                    line: index + 1,
+                    text: line.to_string(),
+                });
+            };
+            let slot = stacks.stacks.entry(stack.to_string()).or_default();
+            *slot = slot.saturating_add(weight);
+        }
+        Ok(stacks)
+    }
+
+    /// Writes the folded lines, sorted.
+    pub fn write_to(&self, mut out: impl Write) -> io::Result<()> {
+        for (stack, weight) in self.iter() {
+            writeln!(out, "{stack} {weight}")?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for FoldedStacks {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (stack, weight) in self.iter() {
+            writeln!(f, "{stack} {weight}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Appends `frame` to a folded stack: `;` would split the frame and control characters
+/// would split the line, so they are replaced; a frame ending in ` 123` would be read
+/// as a count by flame graph tools, so that space becomes `_`; an empty frame becomes
+/// `[unknown]`.
+fn push_sanitized(out: &mut String, frame: &str) {
+    let frame = frame.trim();
+    if frame.is_empty() {
+        out.push_str("[unknown]");
+        return;
+    }
+    let start = out.len();
+    out.extend(frame.chars().map(|c| match c {
+        ';' => ':',
+        c if c.is_control() => ' ',
+        c => c,
+    }));
+    if let Some(space) = out[start..].rfind(' ') {
+        let tail = &out[start + space + 1..];
+        if !tail.is_empty() && tail.chars().all(|c| c.is_ascii_digit() || c == '.') {
+            out.replace_range(start + space..start + space + 1, "_");
+        }
+    }
+}
+
+/// Writes `stacks` as folded text to `path` (created like every output file, see
+/// [`create_output_file`]).
+pub fn write_folded(stacks: &FoldedStacks, path: &Path) -> io::Result<()> {
+    let mut out = BufWriter::new(create_output_file(path)?);
+    stacks.write_to(&mut out)?;
+    out.flush()
+}
+
+/// Colors of a flame graph.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Palette {
+    /// Red-yellow, the classic CPU flame graph.
+    #[default]
+    OnCpu,
+    /// Blue, the convention for off-CPU (blocked time) flame graphs.
+    OffCpu,
+}
+
+/// How to draw a flame graph.
+#[derive(Clone, Copy, Debug)]
+pub struct SvgOptions<'a> {
+    pub title: &'a str,
+    pub subtitle: Option<&'a str>,
+    /// What the weights count, shown on hover: `"us"`, `"samples"`.
+    pub count_name: &'a str,
+    pub palette: Palette,
+}
+
+/// Writes `stacks` as an SVG flame graph to `path` (created like every output file, see
+/// [`create_output_file`]). An empty profile still yields a valid SVG that says so, so
+/// the output always exists; a warning is logged.
+pub fn write_flamegraph_svg(
+    stacks: &FoldedStacks,
+    path: &Path,
+    options: &SvgOptions<'_>,
+) -> io::Result<()> {
+    let mut out = BufWriter::new(create_output_file(path)?);
+    render_flamegraph_svg(stacks, options, &mut out)?;
+    out.flush()
+}
+
+/// Renders `stacks` as an SVG flame graph into `out`; see [`write_flamegraph_svg`].
+pub fn render_flamegraph_svg(
+    stacks: &FoldedStacks,
+    options: &SvgOptions<'_>,
+    mut out: impl Write,
+) -> io::Result<()> {
+    if stacks.total() == 0 {
+        // inferno writes an error SVG and fails on empty input; say what happened instead.
+        log::warn!("no samples collected for flame graph {:?}", options.title);
+        return write_empty_svg(options.title, &mut out);
+    }
+    let mut opts = flamegraph::Options::default();
+    opts.title = options.title.to_string();
+    opts.subtitle = options.subtitle.map(str::to_string);
+    opts.count_name = options.count_name.to_string();
+    opts.colors = flamegraph::Palette::Basic(match options.palette {
+        Palette::OnCpu => BasicPalette::Hot,
+        Palette::OffCpu => BasicPalette::Io,
+    });
+    // Color by function name so the same function looks the same across runs.
+    opts.hash = true;
+    let lines: Vec<String> = stacks
+        .iter()
+        .map(|(stack, weight)| format!("{stack} {weight}"))
+        .collect();
+    flamegraph::from_lines(&mut opts, lines.iter().map(String::as_str), out)
+}
+
+/// A small valid SVG with the title and "No samples collected".
+fn write_empty_svg(title: &str, out: &mut impl Write) -> io::Result<()> {
+    write!(
+        out,
+        r##"<?xml version="1.0" standalone="no"?>
+<svg version="1.1" width="1200" height="90" viewBox="0 0 1200 90" xmlns="http://www.w3.org/2000/svg">
+<rect x="0" y="0" width="100%" height="100%" fill="#f8f8f8"/>
+<text x="600" y="30" text-anchor="middle" font-family="Verdana" font-size="17">{}</text>
+<text x="600" y="65" text-anchor="middle" font-family="Verdana" font-size="14">No samples collected</text>
+</svg>
+"##,
+        xml_escape(title)
+    )
+}
+
+fn xml_escape(text: &str) -> String {
+    let mut escaped = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => escaped.push_str("&amp;"),
+            '<' => escaped.push_str("&lt;"),
+            '>' => escaped.push_str("&gt;"),
+            '"' => escaped.push_str("&quot;"),
+            '\'' => escaped.push_str("&apos;"),
+            c => escaped.push(c),
+        }
+    }
+    escaped
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> FoldedStacks {
+        let mut stacks = FoldedStacks::new();
+        stacks.add(["main", "run_loop", "epoll_wait"], 700);
+        stacks.add(["main", "gc_collect"], 120);
+        stacks.add(
+            vec![
+                "main".to_string(),
+                "run_loop".to_string(),
+                "epoll_wait".to_string(),
+            ],
+            5,
+        );
+        stacks
+    }
+
+    #[test]
+    fn accumulates_and_sorts() {
+        let stacks = sample();
+        assert_eq!(stacks.len(), 2);
+        assert_eq!(stacks.total(), 825);
+        assert_eq!(
+            stacks.to_string(),
+            "main;gc_collect 120\nmain;run_loop;epoll_wait 705\n"
+        );
+    }
+
+    #[test]
+    fn sanitizes_frames() {
+        let mut stacks = FoldedStacks::new();
+        stacks.add(["a;b", "multi\nline", "", "  padded ", "Thread 12"], 1);
+        stacks.add(Vec::<&str>::new(), 2);
+        let text = stacks.to_string();
+        assert_eq!(
+            text,
+            "[unknown] 2\na:b;multi line;[unknown];padded;Thread_12 1\n"
+        );
+    }
+
+    #[test]
+    fn folded_round_trip_through_a_file() {
+        let stacks = sample();
+        let dir = std::env::temp_dir().join(format!("tracer-folded-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("out.folded");
+        write_folded(&stacks, &path).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(FoldedStacks::parse(&text).unwrap(), stacks);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn parse_rejects_garbage() {
+        let err = FoldedStacks::parse("a;b 3\nno_count_here\n").unwrap_err();
+        assert_eq!(err.line, 2);
+        assert!(FoldedStacks::parse(" 5").is_err());
+        // Frames may contain spaces; only the last field is the count.
+        let parsed = FoldedStacks::parse("main;operator new(unsigned long) 9\n\n").unwrap();
+        assert_eq!(
+            parsed.iter().collect::<Vec<_>>(),
+            [("main;operator new(unsigned long)", 9)]
+        );
+    }
+
+    #[test]
+    fn svg_has_title_and_frames() {
+        let mut svg = Vec::new();
+        let options = SvgOptions {
+            title: "Off-CPU <time>",
+            subtitle: Some("pid 42"),
+            count_name: "us",
+            palette: Palette::OffCpu,
+        };
+        render_flamegraph_svg(&sample(), &options, &mut svg).unwrap();
+        let svg = String::from_utf8(svg).unwrap();
+        assert!(svg.starts_with("<?xml"), "{}", &svg[..100]);
+        assert!(svg.contains("Off-CPU &lt;time&gt;"));
+        assert!(svg.contains("pid 42"));
+        assert!(svg.contains("epoll_wait"));
+        assert!(svg.contains("705 us"), "count name shown with the weight");
+        assert!(svg.trim_end().ends_with("</svg>"));
+    }
+
+    #[test]
+    fn empty_profile_gives_valid_svg() {
+        let dir = std::env::temp_dir().join(format!("tracer-empty-svg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("empty.svg");
+        let options = SvgOptions {
+            title: "Wall & clock",
+            subtitle: None,
+            count_name: "samples",
+            palette: Palette::OnCpu,
+        };
+        write_flamegraph_svg(&FoldedStacks::new(), &path, &options).unwrap();
+        let svg = std::fs::read_to_string(&path).unwrap();
+        assert!(svg.contains("No samples collected"));
+        assert!(svg.contains("Wall &amp; clock"));
+        assert!(svg.trim_end().ends_with("</svg>"));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}

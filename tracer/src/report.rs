@@ -1,0 +1,152 @@
+//! What `tracer attach` found, printed as text (bpftrace-style histograms) or as one JSON
+//! document with every figure.
+
+use std::{fmt::Write as _, path::PathBuf};
+
+use serde_json::{Value, json};
+
+use crate::{
+    histogram::LatencyHistogram,
+    offcpu::OffCpuProfile,
+    probe_plan::ProbeInfo,
+    render::hist::{MICROSECONDS, format_ns, render_latency, summary_json},
+    runtimes::LatencyDef,
+    stop::StopReason,
+};
+
+pub struct ProbeReport {
+    pub info: ProbeInfo,
+    pub hits: u64,
+}
+
+pub struct LatencyReport {
+    pub def: LatencyDef,
+    pub hist: LatencyHistogram,
+}
+
+/// Everything the eBPF side could not record, reported rather than hidden.
+#[derive(Debug, Default)]
+pub struct Losses {
+    pub events_lost: u64,
+    pub map_full: u64,
+    pub stack_errors: u64,
+    pub unmatched_ends: u64,
+    pub arg_read_errors: u64,
+}
+
+pub struct AttachReport {
+    pub pid: u32,
+    pub process_name: String,
+    pub stopped_by: StopReason,
+    pub elapsed_ns: u64,
+    pub probes: Vec<ProbeReport>,
+    pub latencies: Vec<LatencyReport>,
+    pub offcpu: OffCpuProfile,
+    pub folded_path: PathBuf,
+    pub svg_path: PathBuf,
+    pub losses: Losses,
+}
+
+impl AttachReport {
+    fn gc_pause(&self) -> Option<&LatencyReport> {
+        self.latencies.iter().find(|l| l.def.name == "gc_pause")
+    }
+
+    pub fn to_text(&self) -> String {
+        let mut out = String::new();
+        let secs = self.elapsed_ns as f64 / 1e9;
+        let _ = writeln!(
+            out,
+            "Traced process {} ({}) for {secs:.2} s; stopped: {}.",
+            self.pid, self.process_name, self.stopped_by
+        );
+        if let Some(gc) = self.gc_pause() {
+            let share = gc.hist.total_ns() as f64 / self.elapsed_ns.max(1) as f64 * 100.0;
+            let _ = writeln!(
+                out,
+                "GC: {} collections, {} paused in all ({share:.1}% of wall time).",
+                gc.hist.count(),
+                format_ns(gc.hist.total_ns())
+            );
+        }
+        for latency in &self.latencies {
+            if latency.hist.is_empty() {
+                continue;
+            }
+            let _ = writeln!(out);
+            out.push_str(&render_latency(
+                &format!("{}_us", latency.def.name),
+                &latency.hist,
+                MICROSECONDS,
+            ));
+        }
+        let _ = writeln!(
+            out,
+            "\nOff-CPU: {} blocked in {} intervals; flamegraph {} (folded stacks {}).",
+            format_ns(self.offcpu.total_ns),
+            self.offcpu.intervals,
+            self.svg_path.display(),
+            self.folded_path.display()
+        );
+        let l = &self.losses;
+        if l.events_lost
+            + l.map_full
+            + l.stack_errors
+            + l.arg_read_errors
+            + self.offcpu.missing_stacks
+            > 0
+        {
+            let _ = writeln!(
+                out,
+                "Not recorded: {} events lost, {} map-full drops, {} stack capture errors, {} argument read errors.",
+                l.events_lost, l.map_full, l.stack_errors, l.arg_read_errors
+            );
+        }
+        out
+    }
+
+    pub fn to_json(&self) -> Value {
+        let latencies: serde_json::Map<String, Value> = self
+            .latencies
+            .iter()
+            .map(|l| {
+                let mut summary = summary_json(&l.hist);
+                summary["begin"] = json!(format!("{}:{}", l.def.provider, l.def.begin));
+                summary["end"] = json!(format!("{}:{}", l.def.provider, l.def.end));
+                (l.def.name.clone(), summary)
+            })
+            .collect();
+        json!({
+            "pid": self.pid,
+            "process": self.process_name,
+            "stopped_by": self.stopped_by.to_string(),
+            "duration_ns": self.elapsed_ns,
+            "probes": self.probes.iter().map(|p| json!({
+                "probe": p.info.specifier(),
+                "sites": p.info.site_count,
+                "hits": p.hits,
+            })).collect::<Vec<_>>(),
+            "latencies": latencies,
+            "gc": self.gc_pause().map(|gc| json!({
+                "count": gc.hist.count(),
+                "total_pause_ns": gc.hist.total_ns(),
+                "wall_share": gc.hist.total_ns() as f64 / self.elapsed_ns.max(1) as f64,
+            })),
+            "offcpu": {
+                "total_ns": self.offcpu.total_ns,
+                "intervals": self.offcpu.intervals,
+                "stacks": self.offcpu.folded.len(),
+                "missing_stacks": self.offcpu.missing_stacks,
+                "folded": self.folded_path,
+                "svg": self.svg_path,
+            },
+            "lost": {
+                "events_lost": self.losses.events_lost,
+                "map_full": self.losses.map_full,
+                "stack_errors": self.losses.stack_errors,
+                "unmatched_ends": self.losses.unmatched_ends,
+                "arg_read_errors": self.losses.arg_read_errors,
+            },
+        })
+    }
+}

@@ -1,0 +1,116 @@
+//! When a trace ends: after its duration, on Ctrl-C or SIGTERM, or when the target exits.
+
+use std::{
+    fmt, io,
+    os::fd::{FromRawFd as _, OwnedFd},
+    time::Duration,
+};
+
+use tokio::{
+    io::unix::AsyncFd,
+    signal::unix::{SignalKind, signal},
+};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopReason {
+    DurationElapsed,
+    Interrupted,
+    Terminated,
+    TargetExited,
+}
+
+impl fmt::Display for StopReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::DurationElapsed => "duration elapsed",
+            Self::Interrupted => "interrupted (SIGINT)",
+            Self::Terminated => "terminated (SIGTERM)",
+            Self::TargetExited => "target exited",
+        })
+    }
+}
+
+/// A handle that becomes readable when a process exits (a pidfd), so exit is noticed at
+/// once without polling /proc.
+pub struct ProcessWatch {
+    fd: OwnedFd,
+}
+
+impl ProcessWatch {
+    /// Watches `pid`; fails with `NotFound` when there is no such process.
+    pub fn new(pid: u32) -> io::Result<Self> {
+        // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+        if fd < 0 {
+            let err = io::Error::last_os_error();
+            if err.raw_os_error() == Some(libc::ESRCH) {
+                return Err(io::Error::new(
+                    io::ErrorKind::NotFound,
+                    format!("no such process: {pid}"),
+                ));
+            }
+            return Err(err);
+        }
+        // SAFETY: the syscall returned a new fd that nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+        Ok(Self { fd })
+    }
+
+    /// Resolves when the process has exited. Must run inside the tokio runtime.
+    pub async fn exited(self) {
+        // SAFETY: the pidfd is owned by the AsyncFd from here on and stays open until it
+        // is dropped.
+        match unsafe { AsyncFd::register(self.fd) } {
+            Ok(fd) => {
+                let _ = fd.readable().await;
+            }
+            // Without the reactor, never report an exit we did not see.
+            Err(_) => std::future::pending().await,
+        }
+    }
+}
+
+/// Waits for the first reason to stop. `tick` runs about once a second meanwhile (to
+/// refresh what must be captured while the target lives).
+pub async fn wait(
+    target: Option<ProcessWatch>,
+    duration: Option<Duration>,
+    mut tick: impl FnMut(),
+) -> io::Result<StopReason> {
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    let mut terminate = signal(SignalKind::terminate())?;
+    let deadline = async {
+        match duration {
+            Some(d) => tokio::time::sleep(d).await,
+            None => std::future::pending().await,
+        }
+    };
+    let target_exit = async {
+        match target {
+            Some(watch) => watch.exited().await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(deadline, target_exit);
+    let mut ticker = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            _ = &mut deadline => return Ok(StopReason::DurationElapsed),
+            _ = interrupt.recv() => return Ok(StopReason::Interrupted),
+            _ = terminate.recv() => return Ok(StopReason::Terminated),
+            _ = &mut target_exit => return Ok(StopReason::TargetExited),
+            _ = ticker.tick() => tick(),
+        }
+    }
+}
+
+/// CLOCK_MONOTONIC in nanoseconds: the clock of `bpf_ktime_get_ns`.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: ts is a valid timespec to write into.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}

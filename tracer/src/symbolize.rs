@@ -1,0 +1,1167 @@
+//! Naming the addresses of captured stacks.
+//!
+//! The tracer stops when its target exits and only then symbolizes, so nothing here may
+//! need the process to be alive at that point. [`ProcessMaps`] snapshots the executable
+//! mappings while the process lives and opens every mapped file right away, preferably
+//! through `/proc/PID/map_files/` (the exact file even across mount namespaces or after
+//! it was deleted or replaced on disk). The open descriptors keep the files readable
+//! after the process is gone; blazesym reads them through `/proc/self/fd/N`, with each
+//! address given as a file offset, so no process state is consulted.
+//!
+//! JIT-compiled code is named from the runtime's perf map (`/tmp/perf-PID.map`), also
+//! opened early. Kernel addresses are named from `/proc/kallsyms`.
+//!
+//! A frame that cannot be named is shown as `module+0xOFFSET` (the offset in the mapped
+//! file), or `[unknown]` outside any known mapping; frames are never dropped.
+
+use std::collections::{HashMap, HashSet};
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Seek, SeekFrom};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use blazesym::symbolize::source::{Elf, Kernel, Process, Source};
+use blazesym::symbolize::{Input, Sym, Symbolized, Symbolizer};
+use blazesym::{MaybeDefault, Pid};
+
+/// Name of frames that no mapping or symbol source can place.
+pub const UNKNOWN: &str = "[unknown]";
+/// Module of frames named from a JIT perf map.
+const JIT_MODULE: &str = "[jit]";
+const VDSO: &str = "[vdso]";
+
+/// One symbolized stack frame.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Frame {
+    /// Function name (demangled), `module+0xOFFSET`, or [`UNKNOWN`].
+    pub name: String,
+    /// File name of the object (`libc.so.6`), `[vdso]`, `[jit]`; `None` for the kernel
+    /// and for unknown frames.
+    pub module: Option<String>,
+    /// True for a function inlined into the frame that follows it in the stack.
+    pub inlined: bool,
+}
+
+impl Frame {
+    fn unknown() -> Self {
+        Self {
+            name: UNKNOWN.to_string(),
+            module: None,
+            inlined: false,
+        }
+    }
+
+    fn module_offset(module: &str, offset: u64) -> Self {
+        Self {
+            name: format!("{module}+{offset:#x}"),
+            module: Some(module.to_string()),
+            inlined: false,
+        }
+    }
+}
+
+/// One line of `/proc/PID/maps`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MapsEntry {
+    pub start: u64,
+    pub end: u64,
+    pub executable: bool,
+    /// Offset in the file of the mapping's first byte.
+    pub offset: u64,
+    /// `major:minor` of the file's device, as printed.
+    pub dev: String,
+    pub inode: u64,
+    /// File path, `[vdso]`-style name, or empty for anonymous memory. Deleted files end
+    /// in ` (deleted)`.
+    pub path: String,
+}
+
+/// Parses one line of `/proc/PID/maps`; `None` if it is malformed.
+pub fn parse_maps_line(line: &str) -> Option<MapsEntry> {
+    let mut rest = line;
+    let mut field = || {
+        rest = rest.trim_start_matches(' ');
+        let (value, tail) = rest.split_once(' ').unwrap_or((rest, ""));
+        rest = tail;
+        Some(value).filter(|v| !v.is_empty())
+    };
+    let (start, end) = field()?.split_once('-')?;
+    let perms = field()?;
+    let offset = field()?;
+    let dev = field()?.to_string();
+    let inode = field()?.parse().ok()?;
+    Some(MapsEntry {
+        start: u64::from_str_radix(start, 16).ok()?,
+        end: u64::from_str_radix(end, 16).ok()?,
+        executable: perms.as_bytes().get(2) == Some(&b'x'),
+        offset: u64::from_str_radix(offset, 16).ok()?,
+        dev,
+        inode,
+        path: rest.trim_start_matches(' ').to_string(),
+    })
+}
+
+/// The path without the ` (deleted)` the kernel appends, and whether it was there.
+fn strip_deleted(path: &str) -> (&str, bool) {
+    match path.strip_suffix(" (deleted)") {
+        Some(path) => (path, true),
+        None => (path, false),
+    }
+}
+
+/// Where an address lies in a [`ProcessMaps`] snapshot.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Location<'a> {
+    /// In a file mapping: the file's path (as the process saw it), its file name, and
+    /// the address's offset in the file.
+    File {
+        path: &'a str,
+        module: &'a str,
+        file_offset: u64,
+    },
+    /// In the vDSO, at this offset from its start.
+    Vdso { offset: u64 },
+    /// In executable memory without a file: JIT code, or a mapping we do not name.
+    Anonymous,
+    /// In no executable mapping of the snapshot.
+    Unmapped,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Target {
+    /// Index into `ProcessMaps::objects`.
+    Object(usize),
+    Vdso,
+    Anonymous,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Mapping {
+    start: u64,
+    end: u64,
+    offset: u64,
+    target: Target,
+}
+
+#[derive(Debug)]
+struct MappedObject {
+    /// Path as in the maps file, without ` (deleted)`.
+    path: String,
+    /// File name, shown as the frame's module.
+    module: String,
+    dev: String,
+    inode: u64,
+    /// Kept open so the file stays readable after the process exits or it is deleted.
+    file: Option<File>,
+}
+
+impl MappedObject {
+    /// The path blazesym opens: our descriptor, so it is the very file that was mapped.
+    fn symbol_path(&self) -> Option<PathBuf> {
+        let file = self.file.as_ref()?;
+        Some(PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd())))
+    }
+}
+
+/// A snapshot of a process's executable mappings and its JIT perf map, taken while it
+/// runs so its stacks can be symbolized after it exits.
+#[derive(Debug)]
+pub struct ProcessMaps {
+    pid: u32,
+    /// Sorted by start, non-overlapping.
+    mappings: Vec<Mapping>,
+    objects: Vec<MappedObject>,
+    perf_map: PerfMapSource,
+}
+
+impl ProcessMaps {
+    /// Reads `/proc/PID/maps` and opens every executable file mapped by `pid`.
+    pub fn capture(pid: u32) -> io::Result<Self> {
+        let maps = fs::read_to_string(format!("/proc/{pid}/maps"))?;
+        let mut snapshot = Self {
+            pid,
+            mappings: Vec::new(),
+            objects: Vec::new(),
+            perf_map: PerfMapSource::locate(pid),
+        };
+        snapshot.mappings = snapshot.add_entries(maps.lines().filter_map(parse_maps_line));
+        snapshot.perf_map.open_if_missing();
+        Ok(snapshot)
+    }
+
+    /// Re-reads the maps to pick up libraries loaded since (`dlopen`). Mappings that
+    /// disappeared are kept unless new ones cover their addresses, so stacks recorded
+    /// before a `dlclose` still resolve. Fails (leaving the snapshot as it was) once
+    /// the process is gone.
+    pub fn refresh(&mut self) -> io::Result<()> {
+        let maps = fs::read_to_string(format!("/proc/{}/maps", self.pid))?;
+        self.merge_maps(&maps);
+        self.perf_map.open_if_missing();
+        Ok(())
+    }
+
+    /// Replaces the mappings with those of `maps`, keeping old ones nothing new covers.
+    fn merge_maps(&mut self, maps: &str) {
+        let mut mappings = self.add_entries(maps.lines().filter_map(parse_maps_line));
+        let stale: Vec<Mapping> = self
+            .mappings
+            .iter()
+            .filter(|old| !overlaps_any(&mappings, old.start, old.end))
+            .copied()
+            .collect();
+        mappings.extend(stale);
+        mappings.sort_by_key(|m| m.start);
+        self.mappings = mappings;
+    }
+
+    /// The process this snapshot is of.
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// Where `addr` lies in the snapshot.
+    pub fn locate(&self, addr: u64) -> Location<'_> {
+        let Some(mapping) = self.find(addr) else {
+            return Location::Unmapped;
+        };
+        match mapping.target {
+            Target::Object(index) => {
+                let object = &self.objects[index];
+                Location::File {
+                    path: &object.path,
+                    module: &object.module,
+                    file_offset: addr - mapping.start + mapping.offset,
+                }
+            }
+            Target::Vdso => Location::Vdso {
+                offset: addr - mapping.start,
+            },
+            Target::Anonymous => Location::Anonymous,
+        }
+    }
+
+    fn find(&self, addr: u64) -> Option<&Mapping> {
+        let after = self.mappings.partition_point(|m| m.start <= addr);
+        let mapping = self.mappings[..after].last()?;
+        (addr < mapping.end).then_some(mapping)
+    }
+
+    /// Turns executable entries into sorted mappings, opening files not seen before.
+    fn add_entries(&mut self, entries: impl Iterator<Item = MapsEntry>) -> Vec<Mapping> {
+        let mut mappings = Vec::new();
+        for entry in entries.filter(|e| e.executable && e.start < e.end) {
+            let target = if entry.path.starts_with('/') {
+                Target::Object(self.object_index(&entry))
+            } else if entry.path == VDSO {
+                Target::Vdso
+            } else {
+                Target::Anonymous
+            };
+            mappings.push(Mapping {
+                start: entry.start,
+                end: entry.end,
+                offset: entry.offset,
+                target,
+            });
+        }
+        mappings.sort_by_key(|m| m.start);
+        mappings
+    }
+
+    fn object_index(&mut self, entry: &MapsEntry) -> usize {
+        let (path, _) = strip_deleted(&entry.path);
+        let known = self
+            .objects
+            .iter()
+            .position(|o| o.inode == entry.inode && o.dev == entry.dev && o.path == path);
+        if let Some(index) = known {
+            return index;
+        }
+        let module = Path::new(path).file_name().map_or_else(
+            || path.to_string(),
+            |name| name.to_string_lossy().into_owned(),
+        );
+        self.objects.push(MappedObject {
+            path: path.to_string(),
+            module,
+            dev: entry.dev.clone(),
+            inode: entry.inode,
+            file: open_mapped_file(self.pid, entry),
+        });
+        self.objects.len() - 1
+    }
+
+    #[cfg(test)]
+    fn from_maps_text(pid: u32, maps: &str) -> Self {
+        let mut snapshot = Self {
+            pid,
+            mappings: Vec::new(),
+            objects: Vec::new(),
+            perf_map: PerfMapSource::default(),
+        };
+        snapshot.mappings = snapshot.add_entries(maps.lines().filter_map(parse_maps_line));
+        snapshot
+    }
+}
+
+fn overlaps_any(sorted: &[Mapping], start: u64, end: u64) -> bool {
+    let after = sorted.partition_point(|m| m.start < end);
+    sorted[..after].iter().any(|m| m.end > start)
+}
+
+/// Opens the file behind an executable mapping of `pid`.
+fn open_mapped_file(pid: u32, entry: &MapsEntry) -> Option<File> {
+    // Exactly the mapped file, in any mount namespace, even deleted; needs
+    // CAP_SYS_ADMIN (or CAP_CHECKPOINT_RESTORE), which the tracer has as root.
+    let map_file = format!("/proc/{pid}/map_files/{:x}-{:x}", entry.start, entry.end);
+    if let Some(file) = open_regular(Path::new(&map_file)) {
+        return Some(file);
+    }
+    let (path, deleted) = strip_deleted(&entry.path);
+    if deleted {
+        return None;
+    }
+    // The path as the process sees it, in its mount namespace.
+    if let Some(file) = open_regular(Path::new(&format!("/proc/{pid}/root{path}"))) {
+        return Some(file);
+    }
+    // Our own view of the path: only trustworthy if it is the same file.
+    let file = open_regular(Path::new(path))?;
+    (file.metadata().ok()?.ino() == entry.inode).then_some(file)
+}
+
+/// Opens a regular file for reading. `O_NONBLOCK` so a FIFO swapped in cannot hang us;
+/// anything but a regular file is refused, since blazesym reopens it without that flag.
+fn open_regular(path: &Path) -> Option<File> {
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .ok()?;
+    file.metadata().ok()?.is_file().then_some(file)
+}
+
+/// One JIT symbol of a perf map: code in `[start, end)`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct PerfMapEntry {
+    start: u64,
+    end: u64,
+    name: String,
+}
+
+/// A parsed perf map (`START SIZE name` lines, hexadecimal), sorted by start.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PerfMap {
+    entries: Vec<PerfMapEntry>,
+}
+
+/// Parses a JIT perf map. Malformed lines are skipped; when code was compiled again at
+/// the same address, the later line wins.
+pub fn parse_perf_map(text: &str) -> PerfMap {
+    let hex = |s: &str| {
+        let s = s
+            .strip_prefix("0x")
+            .or_else(|| s.strip_prefix("0X"))
+            .unwrap_or(s);
+        u64::from_str_radix(s, 16).ok()
+    };
+    let mut entries: Vec<PerfMapEntry> = text
+        .lines()
+        .filter_map(|line| {
+            let (start, rest) = line.trim_start().split_once(char::is_whitespace)?;
+            let (size, name) = rest.trim_start().split_once(char::is_whitespace)?;
+            let (start, size, name) = (hex(start)?, hex(size)?, name.trim());
+            (size > 0 && !name.is_empty()).then(|| PerfMapEntry {
+                start,
+                end: start.saturating_add(size),
+                name: name.to_string(),
+            })
+        })
+        .collect();
+    // Stable, so entries at the same start stay in file order; keep the last of each.
+    entries.sort_by_key(|e| e.start);
+    let mut deduped: Vec<PerfMapEntry> = Vec::with_capacity(entries.len());
+    for entry in entries {
+        match deduped.last_mut() {
+            Some(last) if last.start == entry.start => *last = entry,
+            _ => deduped.push(entry),
+        }
+    }
+    PerfMap { entries: deduped }
+}
+
+impl PerfMap {
+    /// The symbol whose code holds `addr` (the nearest one starting at or below it).
+    pub fn lookup(&self, addr: u64) -> Option<&str> {
+        let after = self.entries.partition_point(|e| e.start <= addr);
+        let entry = self.entries[..after].last()?;
+        (addr < entry.end).then_some(entry.name.as_str())
+    }
+
+    /// Number of symbols.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// True without symbols.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
+
+/// Where the target's perf map is and, once it exists, an open descriptor to it.
+#[derive(Debug, Default)]
+struct PerfMapSource {
+    file: Option<File>,
+    /// `/tmp/perf-N.map` through the target's root, while the target lives.
+    live_path: Option<PathBuf>,
+    /// The same file through our own /tmp, usable after exit when the target shares our
+    /// mount and pid namespaces.
+    fallback_path: Option<PathBuf>,
+    /// Owner the file must have (besides root): the target's.
+    owner_uid: Option<u32>,
+}
+
+impl PerfMapSource {
+    fn locate(pid: u32) -> Self {
+        // The runtime names the file after its pid as seen in its own pid namespace.
+        let ns_pid = fs::read_to_string(format!("/proc/{pid}/status"))
+            .ok()
+            .and_then(|status| parse_ns_pid(&status))
+            .unwrap_or(pid);
+        let same_mount_ns = match (
+            fs::read_link("/proc/self/ns/mnt"),
+            fs::read_link(format!("/proc/{pid}/ns/mnt")),
+        ) {
+            (Ok(ours), Ok(theirs)) => ours == theirs,
+            _ => false,
+        };
+        Self {
+            file: None,
+            live_path: Some(PathBuf::from(format!(
+                "/proc/{pid}/root/tmp/perf-{ns_pid}.map"
+            ))),
+            fallback_path: (same_mount_ns && ns_pid == pid)
+                .then(|| PathBuf::from(format!("/tmp/perf-{pid}.map"))),
+            owner_uid: fs::metadata(format!("/proc/{pid}")).ok().map(|m| m.uid()),
+        }
+    }
+
+    fn open_if_missing(&mut self) {
+        if self.file.is_none() {
+            self.file = self
+                .live_path
+                .as_deref()
+                .and_then(|path| self.open_checked(path));
+        }
+    }
+
+    /// The perf map through our own /tmp, for when the runtime created it after the
+    /// last capture or refresh and the target is gone.
+    fn open_fallback(&self) -> Option<File> {
+        self.fallback_path
+            .as_deref()
+            .and_then(|path| self.open_checked(path))
+    }
+
+    /// /tmp is world-writable: only trust a regular file, not reached through a
+    /// symlink, owned by root or the target.
+    fn open_checked(&self, path: &Path) -> Option<File> {
+        let file = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(path)
+            .ok()?;
+        let meta = file.metadata().ok()?;
+        let owner_ok = meta.uid() == 0 || Some(meta.uid()) == self.owner_uid;
+        (meta.is_file() && owner_ok).then_some(file)
+    }
+}
+
+/// The innermost pid from the `NSpid:` line of `/proc/PID/status`.
+fn parse_ns_pid(status: &str) -> Option<u32> {
+    let line = status.lines().find_map(|l| l.strip_prefix("NSpid:"))?;
+    line.split_whitespace().last()?.parse().ok()
+}
+
+/// A target's perf map as parsed, with the file size it was parsed at (the runtime
+/// appends, so a new size means new symbols).
+#[derive(Debug, Default)]
+struct CachedPerfMap {
+    /// Opened through the fallback path when the snapshot has no descriptor; tried once.
+    fallback: Option<Option<File>>,
+    parsed_len: Option<u64>,
+    map: PerfMap,
+}
+
+/// Names user and kernel stack addresses. Caches parsed symbol files, so keep one for
+/// the whole report. Not `Send`: blazesym's caches use `Rc`.
+#[derive(Debug)]
+pub struct StackSymbolizer {
+    symbolizer: Symbolizer,
+    perf_maps: HashMap<u32, CachedPerfMap>,
+    /// Objects (device, inode) whose symbols could not be read: warned about once, not
+    /// retried. Not keyed by our fd path: fd numbers are reused.
+    unreadable: HashSet<(String, u64)>,
+    /// Our own vDSO, which is the target's too (one image per kernel).
+    own_vdso: Option<Option<(u64, u64)>>,
+    /// Whether /proc/kallsyms shows real addresses; checked once.
+    kallsyms_usable: Option<bool>,
+    kernel_failed: bool,
+}
+
+impl Default for StackSymbolizer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl StackSymbolizer {
+    /// A symbolizer that demangles Rust and C++ names and expands inlined functions
+    /// where debug information has them.
+    pub fn new() -> Self {
+        let symbolizer = Symbolizer::builder()
+            .enable_demangling(true)
+            .enable_code_info(true)
+            .enable_inlined_fns(true)
+            // Our paths are /proc/self/fd/N, and a number can be reused for another
+            // file after a snapshot is dropped: let blazesym notice the change.
+            .enable_auto_reload(true)
+            .build();
+        Self {
+            symbolizer,
+            perf_maps: HashMap::new(),
+            unreadable: HashSet::new(),
+            own_vdso: None,
+            kallsyms_usable: None,
+            kernel_failed: false,
+        }
+    }
+
+    /// Names a user stack of the process `maps` was captured from.
+    ///
+    /// `addrs` is innermost first, as the kernel records stacks: `addrs[0]` is the
+    /// instruction pointer, the rest are return addresses, which are looked up one byte
+    /// earlier so they land in the call instruction (and its inlining context) rather
+    /// than whatever follows it. A zero address ends the stack (stack maps are
+    /// zero-padded). Inlined functions come as extra frames before the function they
+    /// were inlined into, so the result stays innermost first.
+    pub fn user_frames(&mut self, maps: &ProcessMaps, addrs: &[u64]) -> Vec<Frame> {
+        let addrs = until_zero(addrs);
+        let mut slots: Vec<Vec<Frame>> = vec![Vec::new(); addrs.len()];
+        let mut by_object: HashMap<usize, Vec<(usize, u64)>> = HashMap::new();
+        let mut vdso: Vec<(usize, u64)> = Vec::new();
+        for (slot, &addr) in addrs.iter().enumerate() {
+            let lookup = lookup_addr(slot, addr);
+            match maps
+                .find(lookup)
+                .map(|m| (m.target, lookup - m.start + m.offset))
+            {
+                Some((Target::Object(index), file_offset)) => {
+                    by_object
+                        .entry(index)
+                        .or_default()
+                        .push((slot, file_offset));
+                }
+                Some((Target::Vdso, offset)) => vdso.push((slot, offset)),
+                Some((Target::Anonymous, _)) | None => {}
+            }
+        }
+
+        for (index, wanted) in by_object {
+            let object = &maps.objects[index];
+            let module = object.module.clone();
+            let offsets: Vec<u64> = wanted.iter().map(|&(_, offset)| offset).collect();
+            let symbols = self.symbolize_object(object, &offsets);
+            for ((slot, _), symbol) in wanted.into_iter().zip(symbols) {
+                if let Some(sym) = symbol {
+                    slots[slot] = frames_of(&sym, Some(&module));
+                }
+            }
+        }
+        if !vdso.is_empty() {
+            for ((slot, _), sym) in vdso.iter().zip(self.symbolize_vdso(&vdso)) {
+                if let Some(sym) = sym {
+                    slots[*slot] = frames_of(&sym, Some(VDSO));
+                }
+            }
+        }
+
+        let mut frames = Vec::with_capacity(addrs.len());
+        for (slot, mut named) in slots.into_iter().enumerate() {
+            if named.is_empty() {
+                let addr = addrs[slot];
+                named.push(match self.jit_name(maps, lookup_addr(slot, addr)) {
+                    Some(name) => Frame {
+                        name,
+                        module: Some(JIT_MODULE.to_string()),
+                        inlined: false,
+                    },
+                    None => fallback_frame(maps.locate(addr)),
+                });
+            }
+            frames.append(&mut named);
+        }
+        frames
+    }
+
+    /// Names a kernel stack (innermost first; see [`StackSymbolizer::user_frames`] for
+    /// the conventions) from /proc/kallsyms. Without real addresses there (not root, or
+    /// `kptr_restrict`), every frame is [`UNKNOWN`].
+    pub fn kernel_frames(&mut self, addrs: &[u64]) -> Vec<Frame> {
+        let addrs = until_zero(addrs);
+        let usable = *self.kallsyms_usable.get_or_insert_with(|| {
+            let usable = kallsyms_has_addresses();
+            if !usable {
+                log::warn!("/proc/kallsyms hides kernel addresses; kernel frames stay unnamed");
+            }
+            usable
+        });
+        if !usable || self.kernel_failed || addrs.is_empty() {
+            return vec![Frame::unknown(); addrs.len()];
+        }
+        let lookups: Vec<u64> = addrs
+            .iter()
+            .enumerate()
+            .map(|(i, &a)| lookup_addr(i, a))
+            .collect();
+        // vmlinux images are rarely installed and slow to parse; kallsyms names functions.
+        let source = Source::Kernel(Kernel {
+            kallsyms: MaybeDefault::Default,
+            vmlinux: MaybeDefault::None,
+            debug_syms: false,
+            ..Kernel::default()
+        });
+        match self.symbolizer.symbolize(&source, Input::AbsAddr(&lookups)) {
+            Ok(symbols) => symbols
+                .into_iter()
+                .flat_map(|symbolized| match symbolized {
+                    Symbolized::Sym(sym) => frames_of(&sym, None),
+                    Symbolized::Unknown(_) => vec![Frame::unknown()],
+                })
+                .collect(),
+            Err(err) => {
+                log::warn!("cannot symbolize kernel stacks: {err}");
+                self.kernel_failed = true;
+                vec![Frame::unknown(); addrs.len()]
+            }
+        }
+    }
+
+    /// Symbols for file offsets in one mapped object; `None` where it has none.
+    fn symbolize_object(
+        &mut self,
+        object: &MappedObject,
+        offsets: &[u64],
+    ) -> Vec<Option<Sym<'static>>> {
+        let none = || vec![None; offsets.len()];
+        let key = (object.dev.clone(), object.inode);
+        let Some(path) = object.symbol_path() else {
+            return none();
+        };
+        if self.unreadable.contains(&key) {
+            return none();
+        }
+        let source = Source::Elf(Elf::new(path));
+        match self
+            .symbolizer
+            .symbolize(&source, Input::FileOffset(offsets))
+        {
+            Ok(symbols) => symbols
+                .into_iter()
+                .map(|s| s.into_sym().map(Sym::into_owned))
+                .collect(),
+            Err(err) => {
+                // Not an ELF file (e.g. a JIT's memfd) or unreadable: fall back, once.
+                log::warn!("cannot read symbols of {}: {err}", object.path);
+                self.unreadable.insert(key);
+                none()
+            }
+        }
+    }
+
+    /// Symbols for offsets into the target's vDSO, looked up in ours: the kernel maps
+    /// the same image into every process, so only the base differs.
+    fn symbolize_vdso(&mut self, wanted: &[(usize, u64)]) -> Vec<Option<Sym<'static>>> {
+        let own = *self.own_vdso.get_or_insert_with(|| {
+            let maps = fs::read_to_string("/proc/self/maps").ok()?;
+            maps.lines()
+                .filter_map(parse_maps_line)
+                .find(|e| e.path == VDSO)
+                .map(|e| (e.start, e.end))
+        });
+        let Some((start, end)) = own else {
+            return vec![None; wanted.len()];
+        };
+        let addrs: Vec<u64> = wanted.iter().map(|&(_, offset)| start + offset).collect();
+        if addrs.iter().any(|&a| a >= end) {
+            return vec![None; wanted.len()];
+        }
+        let mut process = Process::new(Pid::Slf);
+        process.map_files = false;
+        process.perf_map = false;
+        match self
+            .symbolizer
+            .symbolize(&Source::Process(process), Input::AbsAddr(&addrs))
+        {
+            Ok(symbols) => symbols
+                .into_iter()
+                .map(|s| s.into_sym().map(Sym::into_owned))
+                .collect(),
+            Err(err) => {
+                log::debug!("cannot symbolize vDSO addresses: {err}");
+                vec![None; wanted.len()]
+            }
+        }
+    }
+
+    /// The JIT symbol at `addr` from the target's perf map, re-read when it grew.
+    fn jit_name(&mut self, maps: &ProcessMaps, addr: u64) -> Option<String> {
+        let CachedPerfMap {
+            fallback,
+            parsed_len,
+            map,
+        } = self.perf_maps.entry(maps.pid).or_default();
+        let file = match &maps.perf_map.file {
+            Some(file) => file,
+            None => fallback
+                .get_or_insert_with(|| maps.perf_map.open_fallback())
+                .as_ref()?,
+        };
+        let len = file.metadata().ok()?.len();
+        if *parsed_len != Some(len) {
+            *map = read_perf_map(file).unwrap_or_default();
+            *parsed_len = Some(len);
+        }
+        map.lookup(addr).map(str::to_string)
+    }
+}
+
+/// Reads a perf map through an already open descriptor, ignoring a last line that the
+/// runtime may still be writing.
+fn read_perf_map(mut file: &File) -> io::Result<PerfMap> {
+    file.seek(SeekFrom::Start(0))?;
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes)?;
+    let complete = bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+    Ok(parse_perf_map(&String::from_utf8_lossy(&bytes[..complete])))
+}
+
+/// The address to look up for frame `index`: return addresses point after the call.
+fn lookup_addr(index: usize, addr: u64) -> u64 {
+    if index == 0 {
+        addr
+    } else {
+        addr.saturating_sub(1)
+    }
+}
+
+fn until_zero(addrs: &[u64]) -> &[u64] {
+    let end = addrs.iter().position(|&a| a == 0).unwrap_or(addrs.len());
+    &addrs[..end]
+}
+
+/// The frames of one symbolized address, innermost first: blazesym lists inlined
+/// calls outermost first, after the function that contains them.
+fn frames_of(sym: &Sym<'_>, module: Option<&str>) -> Vec<Frame> {
+    let frame = |name: &str, inlined| Frame {
+        name: name.to_string(),
+        module: module.map(str::to_string),
+        inlined,
+    };
+    let mut frames: Vec<Frame> = sym
+        .inlined
+        .iter()
+        .rev()
+        .map(|f| frame(&f.name, true))
+        .collect();
+    frames.push(frame(&sym.name, false));
+    frames
+}
+
+/// The frame for an address no symbol source could name.
+fn fallback_frame(location: Location<'_>) -> Frame {
+    match location {
+        Location::File {
+            module,
+            file_offset,
+            ..
+        } => Frame::module_offset(module, file_offset),
+        Location::Vdso { offset } => Frame::module_offset(VDSO, offset),
+        Location::Anonymous | Location::Unmapped => Frame::unknown(),
+    }
+}
+
+/// True when /proc/kallsyms lists real (non-zero) addresses.
+fn kallsyms_has_addresses() -> bool {
+    let Ok(text) = fs::read_to_string("/proc/kallsyms") else {
+        return false;
+    };
+    text.lines()
+        .take(100)
+        .filter_map(|line| line.split_whitespace().next())
+        .any(|addr| u64::from_str_radix(addr, 16).is_ok_and(|a| a != 0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MAPS: &str = "\
+55d0c8a00000-55d0c8a02000 r--p 00000000 fd:01 1234                       /usr/bin/app
+55d0c8a02000-55d0c8a05000 r-xp 00002000 fd:01 1234                       /usr/bin/app
+7f0000000000-7f0000010000 rwxp 00000000 00:00 0 
+7f1000000000-7f1000020000 r-xp 00028000 fd:01 5678                       /opt/lib with space/libfoo.so.1 (deleted)
+7fff00000000-7fff00002000 r-xp 00000000 00:00 0                          [vdso]
+";
+
+    #[test]
+    fn parses_maps_lines() {
+        let entries: Vec<MapsEntry> = MAPS.lines().filter_map(parse_maps_line).collect();
+        assert_eq!(entries.len(), 5);
+        assert_eq!(
+            entries[1],
+            MapsEntry {
+                start: 0x55d0c8a02000,
+                end: 0x55d0c8a05000,
+                executable: true,
+                offset: 0x2000,
+                dev: "fd:01".to_string(),
+                inode: 1234,
+                path: "/usr/bin/app".to_string(),
+            }
+        );
+        assert!(!entries[0].executable);
+        assert_eq!(entries[2].path, "");
+        assert_eq!(entries[3].path, "/opt/lib with space/libfoo.so.1 (deleted)");
+        assert_eq!(parse_maps_line("garbage"), None);
+        assert_eq!(parse_maps_line(""), None);
+    }
+
+    #[test]
+    fn locates_addresses_in_a_snapshot() {
+        let maps = ProcessMaps::from_maps_text(1, MAPS);
+        assert_eq!(
+            maps.locate(0x55d0c8a02010),
+            Location::File {
+                path: "/usr/bin/app",
+                module: "app",
+                file_offset: 0x2010
+            }
+        );
+        assert_eq!(
+            maps.locate(0x7f1000000100),
+            Location::File {
+                path: "/opt/lib with space/libfoo.so.1",
+                module: "libfoo.so.1",
+                file_offset: 0x28100
+            }
+        );
+        assert_eq!(maps.locate(0x7f0000000042), Location::Anonymous);
+        assert_eq!(
+            maps.locate(0x7fff00000123),
+            Location::Vdso { offset: 0x123 }
+        );
+        // Not executable, between mappings, at an end (exclusive), below everything.
+        assert_eq!(maps.locate(0x55d0c8a00010), Location::Unmapped);
+        assert_eq!(maps.locate(0x55d0c8a05000), Location::Unmapped);
+        assert_eq!(maps.locate(0x10), Location::Unmapped);
+        assert_eq!(maps.locate(u64::MAX), Location::Unmapped);
+    }
+
+    #[test]
+    fn unreadable_objects_fall_back_to_module_offset() {
+        // None of these files exist, so nothing can be opened or named.
+        let maps = ProcessMaps::from_maps_text(std::process::id(), MAPS);
+        let mut symbolizer = StackSymbolizer::new();
+        let frames = symbolizer.user_frames(
+            &maps,
+            &[
+                0x7f1000000100,
+                0x55d0c8a02011,
+                0x7f0000000042,
+                0x10,
+                0,
+                0x55d0c8a02011,
+            ],
+        );
+        let names: Vec<&str> = frames.iter().map(|f| f.name.as_str()).collect();
+        // Offsets are of the address itself, not of the adjusted lookup address.
+        assert_eq!(
+            names,
+            ["libfoo.so.1+0x28100", "app+0x2011", UNKNOWN, UNKNOWN]
+        );
+        assert_eq!(frames[0].module.as_deref(), Some("libfoo.so.1"));
+        assert_eq!(frames[2].module, None);
+    }
+
+    #[test]
+    fn refresh_keeps_unloaded_libraries() {
+        let mut maps = ProcessMaps::from_maps_text(1, MAPS);
+        let fresh = "\
+55d0c8a02000-55d0c8a05000 r-xp 00002000 fd:01 1234                       /usr/bin/app
+7f1000010000-7f1000030000 r-xp 00000000 fd:01 9999                       /usr/lib/libnew.so
+";
+        maps.merge_maps(fresh);
+        // The same file keeps its object; libfoo overlaps libnew and is replaced.
+        assert_eq!(maps.objects.len(), 3);
+        assert!(matches!(maps.locate(0x7f1000000100), Location::Unmapped));
+        assert!(matches!(
+            maps.locate(0x7f1000010000),
+            Location::File {
+                module: "libnew.so",
+                ..
+            }
+        ));
+        assert!(matches!(maps.locate(0x7fff00000000), Location::Vdso { .. }));
+    }
+
+    #[test]
+    fn parses_perf_maps() {
+        let map = parse_perf_map(
+            "7f3a4c001000 40 LazyCompile:~foo /app/main.js:1\n\
+             0x7f3a4c002000 0x20 Builtin: ArgumentsAdaptor\n\
+             not a line\n\
+             7f3a4c003000 zz bad size\n\
+             7f3a4c004000 0 empty\n\
+             7f3a4c001000 40 LazyCompile:*foo /app/main.js:1\n",
+        );
+        assert_eq!(map.len(), 2);
+        assert_eq!(
+            map.lookup(0x7f3a4c001000),
+            Some("LazyCompile:*foo /app/main.js:1")
+        );
+        assert_eq!(
+            map.lookup(0x7f3a4c00103f),
+            Some("LazyCompile:*foo /app/main.js:1")
+        );
+        assert_eq!(map.lookup(0x7f3a4c001040), None);
+        assert_eq!(
+            map.lookup(0x7f3a4c002010),
+            Some("Builtin: ArgumentsAdaptor")
+        );
+        assert_eq!(map.lookup(0x7f3a4c000fff), None);
+        assert!(parse_perf_map("").is_empty());
+    }
+
+    #[test]
+    fn names_jit_frames_from_the_perf_map() {
+        let dir = std::env::temp_dir().join(format!("tracer-perfmap-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("perf-1.map");
+        // The last line is incomplete: the runtime is still writing it.
+        fs::write(
+            &path,
+            "7f0000000000 100 jitted_fn\n7f0000000100 100 half_wri",
+        )
+        .unwrap();
+        let mut maps = ProcessMaps::from_maps_text(std::process::id(), MAPS);
+        maps.perf_map = PerfMapSource {
+            fallback_path: Some(path),
+            owner_uid: Some(fs::metadata(&dir).unwrap().uid()),
+            ..Default::default()
+        };
+        let mut symbolizer = StackSymbolizer::new();
+        let frames = symbolizer.user_frames(&maps, &[0x7f0000000042, 0x7f0000000142]);
+        assert_eq!(frames[0].name, "jitted_fn");
+        assert_eq!(frames[0].module.as_deref(), Some(JIT_MODULE));
+        assert_eq!(frames[1].name, UNKNOWN);
+        fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn parses_ns_pid() {
+        let status = "Name:\tjava\nTgid:\t4242\nNSpid:\t4242\t17\nPPid:\t1\n";
+        assert_eq!(parse_ns_pid(status), Some(17));
+        assert_eq!(parse_ns_pid("NSpid:\t99\n"), Some(99));
+        assert_eq!(parse_ns_pid("Name:\tx\n"), None);
+    }
+
+    #[inline(never)]
+    fn symbolization_target(x: u64) -> u64 {
+        std::hint::black_box(x).wrapping_mul(31).rotate_left(7)
+    }
+
+    #[test]
+    fn names_a_function_of_this_binary() {
+        let maps = ProcessMaps::capture(std::process::id()).unwrap();
+        let target = symbolization_target as fn(u64) -> u64 as usize as u64;
+        assert!(symbolization_target(3) != 0);
+        let mut symbolizer = StackSymbolizer::new();
+        // As the leaf, and as a return address inside the function (looked up at -1).
+        let frames = symbolizer.user_frames(&maps, &[target + 1, target + 2]);
+        let outer: Vec<&Frame> = frames.iter().filter(|f| !f.inlined).collect();
+        assert_eq!(outer.len(), 2, "{frames:?}");
+        for frame in outer {
+            assert!(frame.name.ends_with("symbolization_target"), "{frame:?}");
+            assert!(
+                !frame.name.contains("17h"),
+                "demangled without hash: {frame:?}"
+            );
+            let exe = std::env::current_exe().unwrap();
+            assert_eq!(
+                frame.module.as_deref(),
+                exe.file_name().and_then(|n| n.to_str()),
+                "{frame:?}"
+            );
+        }
+    }
+
+    unsafe extern "C" {
+        /// glibc's backtrace(3): the simplest way to get return addresses in a test.
+        fn backtrace(buffer: *mut *mut libc::c_void, size: libc::c_int) -> libc::c_int;
+    }
+
+    #[inline(never)]
+    fn return_addresses() -> Vec<u64> {
+        let mut buffer = [std::ptr::null_mut(); 8];
+        // SAFETY: the buffer holds as many entries as we pass as its size.
+        let depth = unsafe { backtrace(buffer.as_mut_ptr(), buffer.len() as libc::c_int) };
+        buffer[..depth.max(0) as usize]
+            .iter()
+            .map(|&p| p as u64)
+            .collect()
+    }
+
+    #[inline(always)]
+    fn inlined_helper() -> Vec<u64> {
+        std::hint::black_box(return_addresses())
+    }
+
+    #[inline(never)]
+    fn calls_inlined_helper() -> Vec<u64> {
+        std::hint::black_box(inlined_helper())
+    }
+
+    #[test]
+    // Inlining is only recorded in DWARF, which the release profile leaves out.
+    #[cfg_attr(not(debug_assertions), ignore = "needs debug info")]
+    fn expands_inlined_functions() {
+        let stack = calls_inlined_helper();
+        let maps = ProcessMaps::capture(std::process::id()).unwrap();
+        let mut symbolizer = StackSymbolizer::new();
+        let frames = symbolizer.user_frames(&maps, &stack);
+        let names: Vec<(&str, bool)> = frames
+            .iter()
+            .map(|f| (f.name.rsplit("::").next().unwrap(), f.inlined))
+            .collect();
+        let helper = names
+            .iter()
+            .position(|&n| n == ("inlined_helper", true))
+            .unwrap_or_else(|| panic!("no inlined frame in {frames:#?}"));
+        assert_eq!(names[helper + 1], ("calls_inlined_helper", false));
+        assert_eq!(names[helper - 1], ("return_addresses", false));
+    }
+
+    #[test]
+    fn names_this_processs_libc() {
+        let maps = ProcessMaps::capture(std::process::id()).unwrap();
+        let getpid = libc::getpid as unsafe extern "C" fn() -> libc::pid_t as usize as u64;
+        let mut symbolizer = StackSymbolizer::new();
+        let frames = symbolizer.user_frames(&maps, &[getpid]);
+        assert_eq!(frames.len(), 1, "{frames:?}");
+        assert!(frames[0].name.contains("getpid"), "{frames:?}");
+        assert!(
+            frames[0]
+                .module
+                .as_deref()
+                .is_some_and(|m| m.starts_with("libc")),
+            "{frames:?}"
+        );
+    }
+
+    #[test]
+    fn names_vdso_functions() {
+        let maps = ProcessMaps::capture(std::process::id()).unwrap();
+        let Some(vdso) = maps.mappings.iter().find(|m| m.target == Target::Vdso) else {
+            eprintln!("skipped: no vDSO mapped");
+            return;
+        };
+        // Probe the whole image; some of it is code of the exported clock functions.
+        let addrs: Vec<u64> = (vdso.start..vdso.end).step_by(16).collect();
+        let mut symbolizer = StackSymbolizer::new();
+        let frames = symbolizer.user_frames(&maps, &addrs);
+        assert_eq!(frames.len(), addrs.len());
+        assert!(
+            frames.iter().all(|f| f.module.as_deref() == Some(VDSO)),
+            "{frames:?}"
+        );
+        assert!(
+            frames.iter().any(|f| f.name.contains("gettime")),
+            "{frames:?}"
+        );
+        assert!(
+            frames.iter().any(|f| f.name.starts_with("[vdso]+0x")),
+            "{frames:?}"
+        );
+    }
+
+    #[test]
+    fn survives_the_process_exiting() {
+        // A short-lived child: capture its maps, let it exit, then symbolize.
+        let mut child = std::process::Command::new("/bin/sleep")
+            .arg("0.2")
+            .spawn()
+            .unwrap();
+        // Give exec time to replace the forked image.
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let mut maps = ProcessMaps::capture(child.id()).unwrap();
+        let libc_text = fs::read_to_string(format!("/proc/{}/maps", child.id()))
+            .unwrap()
+            .lines()
+            .filter_map(parse_maps_line)
+            .find(|e| e.executable && e.path.contains("libc"))
+            .map(|e| e.start);
+        child.wait().unwrap();
+        assert!(maps.refresh().is_err(), "the process is gone");
+        let Some(libc_text) = libc_text else {
+            eprintln!("skipped: /bin/sleep does not map libc dynamically");
+            return;
+        };
+        let mut symbolizer = StackSymbolizer::new();
+        // Somewhere well inside libc's text: named, or at least libc+offset.
+        let frames = symbolizer.user_frames(&maps, &[libc_text + 0x1000]);
+        assert!(
+            frames[0]
+                .module
+                .as_deref()
+                .is_some_and(|m| m.starts_with("libc")),
+            "{frames:?}"
+        );
+        assert!(
+            !frames[0].name.contains('+'),
+            "named after exit: {frames:?}"
+        );
+    }
+
+    #[test]
+    fn kernel_frames() {
+        let mut symbolizer = StackSymbolizer::new();
+        if !kallsyms_has_addresses() {
+            eprintln!("skipped: /proc/kallsyms hides addresses (not root)");
+            assert_eq!(
+                symbolizer.kernel_frames(&[0xffffffff81000000]),
+                [Frame::unknown()]
+            );
+            return;
+        }
+        let kallsyms = fs::read_to_string("/proc/kallsyms").unwrap();
+        let (addr, name) = kallsyms
+            .lines()
+            .filter_map(|line| {
+                let mut fields = line.split_whitespace();
+                let addr = u64::from_str_radix(fields.next()?, 16).ok()?;
+                let kind = fields.next()?;
+                let name = fields.next()?;
+                (kind.eq_ignore_ascii_case("t") && name == "schedule").then_some((addr, name))
+            })
+            .next()
+            .expect("schedule in kallsyms");
+        let frames = symbolizer.kernel_frames(&[addr + 1, addr + 2, 0, 5]);
+        assert_eq!(frames.len(), 2, "{frames:?}");
+        assert_eq!(frames[0].name, name);
+        assert_eq!(frames[1].name, name);
+        assert_eq!(symbolizer.kernel_frames(&[1]), [Frame::unknown()]);
+    }
+}

@@ -1,0 +1,222 @@
+//! USDT (SystemTap SDT) probe discovery: reading `.note.stapsdt` from ELF files, decoding
+//! the x86-64 argument specs into [`UsdtArg`]s, matching probe names, and finding the
+//! objects a running process has mapped.
+//!
+//! Everything here is plain user-space parsing with no eBPF or root requirement, so it can
+//! be unit-tested and fuzzed; attaching uprobes is the caller's business.
+
+mod notes;
+mod pattern;
+mod process;
+mod spec;
+
+use std::collections::HashSet;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use tracer_common::UsdtArg;
+
+pub use notes::{NoteDesc, UsdtNote, parse_note_desc, read_notes};
+pub use pattern::{Glob, ProbePattern, UsdtSpecifier, parse_specifier};
+pub use process::{MappedObject, MapsEntry, executable, mapped_objects, parse_maps};
+pub use spec::{describe, parse_arg_specs};
+
+/// Everything that can go wrong while discovering or decoding USDT probes.
+#[derive(Debug, thiserror::Error)]
+pub enum UsdtError {
+    /// The file exists but is not an ELF object (a script, a data file, a directory...).
+    #[error("not an ELF file: {}", path.display())]
+    NotElf {
+        /// The file as it was opened.
+        path: PathBuf,
+    },
+    /// The ELF headers themselves are broken, so no note can be trusted.
+    #[error("invalid ELF file {}: {source}", path.display())]
+    BadElf {
+        /// The file as it was opened.
+        path: PathBuf,
+        /// What the ELF reader found wrong.
+        source: object::read::Error,
+    },
+    /// One `stapsdt` note could not be decoded. Fails the whole file, as libbpf does:
+    /// a broken note means the file's notes cannot be trusted.
+    #[error("malformed note in {} at offset {offset:#x}: {reason}", path.display())]
+    MalformedNote {
+        /// The file as it was opened.
+        path: PathBuf,
+        /// File offset of the note's header, for `xxd`/`readelf` follow-up.
+        offset: u64,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// `/proc/PID` does not exist: the process never existed or has exited.
+    #[error("no such process: {0}")]
+    NoSuchProcess(u32),
+    /// An argument spec string from a note could not be decoded.
+    #[error("bad argument spec \"{spec}\": {reason}")]
+    BadArgSpec {
+        /// The whole spec string of the note.
+        spec: String,
+        /// Which argument failed and why.
+        reason: String,
+    },
+    /// A probe pattern or `usdt:` specifier given by the user is not valid.
+    #[error("bad probe specifier \"{spec}\": {reason}")]
+    BadSpecifier {
+        /// The text as the user gave it.
+        spec: String,
+        /// What form was expected.
+        reason: String,
+    },
+    /// Reading a file failed for a reason other than the ones above (permissions, I/O).
+    #[error("cannot read {}: {source}", path.display())]
+    Io {
+        /// The file or `/proc` entry that could not be read.
+        path: PathBuf,
+        /// The underlying error.
+        source: io::Error,
+    },
+}
+
+impl UsdtError {
+    fn io(path: &Path, source: io::Error) -> Self {
+        UsdtError::Io {
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+}
+
+/// One place a probe can be attached: the binary it lives in, its note and its decoded
+/// arguments.
+#[derive(Clone, Debug)]
+pub struct ProbeSite {
+    /// The file holding the note; in path mode `path` and `host_path` are both the path
+    /// the user gave.
+    pub binary: MappedObject,
+    /// The note, with the uprobe and semaphore offsets.
+    pub note: UsdtNote,
+    /// The decoded arguments, or why they could not be decoded. Kept as a `Result` so
+    /// `list` can still show a site whose spec we cannot read, and `attach` can refuse it
+    /// with the reason.
+    pub args: Result<Vec<UsdtArg>, String>,
+}
+
+impl ProbeSite {
+    fn new(binary: MappedObject, note: UsdtNote) -> Self {
+        let args = parse_arg_specs(&note.arg_spec).map_err(|e| e.to_string());
+        ProbeSite { binary, note, args }
+    }
+}
+
+/// The probe sites in one ELF file that match `pattern`, in note order.
+pub fn find_probes_in_file(
+    path: &Path,
+    pattern: &ProbePattern,
+) -> Result<Vec<ProbeSite>, UsdtError> {
+    let binary = MappedObject::from_path(path);
+    sites_in(&binary, pattern)
+}
+
+/// What [`scan_process`] found: the sites, and the mapped objects it had to skip.
+#[derive(Debug, Default)]
+pub struct ProcessScan {
+    /// Matching sites, executable first, then libraries in address order.
+    pub sites: Vec<ProbeSite>,
+    /// Shared libraries that could not be read (vanished, not ELF, broken notes). A
+    /// process maps many objects we do not care about, so one bad library must not hide
+    /// the probes of the others; the caller decides whether to warn.
+    pub skipped: Vec<(MappedObject, UsdtError)>,
+}
+
+/// The probe sites matching `pattern` in a process's executable and in every object it
+/// has mapped executable, each file read once. Fails only if the process is gone or its
+/// executable cannot be read; unreadable libraries are listed in `skipped`.
+pub fn scan_process(pid: u32, pattern: &ProbePattern) -> Result<ProcessScan, UsdtError> {
+    let exe = executable(pid)?;
+    let objects = mapped_objects(pid)?;
+    let mut scan = ProcessScan {
+        sites: sites_in(&exe, pattern)?,
+        skipped: Vec::new(),
+    };
+    let mut seen: HashSet<PathBuf> = HashSet::from([exe.path.clone()]);
+    for object in objects {
+        if !seen.insert(object.path.clone()) {
+            continue;
+        }
+        match sites_in(&object, pattern) {
+            Ok(sites) => scan.sites.extend(sites),
+            Err(e) => scan.skipped.push((object, e)),
+        }
+    }
+    Ok(scan)
+}
+
+/// [`scan_process`] without the list of skipped libraries, for callers that only want
+/// the sites.
+pub fn find_probes_in_process(
+    pid: u32,
+    pattern: &ProbePattern,
+) -> Result<Vec<ProbeSite>, UsdtError> {
+    scan_process(pid, pattern).map(|scan| scan.sites)
+}
+
+fn sites_in(binary: &MappedObject, pattern: &ProbePattern) -> Result<Vec<ProbeSite>, UsdtError> {
+    Ok(read_notes(&binary.host_path)?
+        .into_iter()
+        .filter(|note| pattern.matches(&note.provider, &note.name))
+        .map(|note| ProbeSite::new(binary.clone(), note))
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PYTHON: &str = "/usr/bin/python3.11";
+
+    #[test]
+    fn finds_python_gc_probes_in_file() {
+        if !Path::new(PYTHON).exists() {
+            eprintln!("{PYTHON} not installed; skipping");
+            return;
+        }
+        let pattern: ProbePattern = "python:gc__*".parse().unwrap();
+        let sites = find_probes_in_file(Path::new(PYTHON), &pattern).unwrap();
+        let names: Vec<&str> = sites.iter().map(|s| s.note.name.as_str()).collect();
+        assert!(names.contains(&"gc__start"), "{names:?}");
+        assert!(names.contains(&"gc__done"), "{names:?}");
+        assert!(names.iter().all(|n| n.starts_with("gc__")));
+        let start = sites.iter().find(|s| s.note.name == "gc__start").unwrap();
+        // gc__start(int generation): one signed 32-bit argument.
+        let args = start.args.as_ref().unwrap();
+        assert_eq!(args.len(), 1);
+        assert_eq!((args[0].size, args[0].signed), (4, 1));
+    }
+
+    #[test]
+    fn scans_own_process() {
+        // Our own test binary has no probes, but the scan must read the executable and
+        // every mapped library (libc at least) without failing.
+        let pattern: ProbePattern = "*:*".parse().unwrap();
+        let scan = scan_process(std::process::id(), &pattern).unwrap();
+        let skipped: Vec<String> = scan
+            .skipped
+            .iter()
+            .map(|(object, error)| format!("{}: {error}", object.host_path.display()))
+            .collect();
+        assert!(skipped.is_empty(), "{skipped:?}");
+    }
+
+    #[test]
+    fn missing_process_is_reported() {
+        let pattern: ProbePattern = "*:*".parse().unwrap();
+        // PIDs are capped well below this (pid_max is at most 2^22).
+        let err = find_probes_in_process(u32::MAX - 1, &pattern).unwrap_err();
+        assert!(matches!(err, UsdtError::NoSuchProcess(_)), "{err}");
+        assert_eq!(
+            err.to_string(),
+            format!("no such process: {}", u32::MAX - 1)
+        );
+    }
+}

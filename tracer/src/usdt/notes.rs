@@ -1,0 +1,757 @@
+//! Reading SystemTap SDT notes (`.note.stapsdt`) out of ELF files.
+
+use std::fs::File;
+use std::path::Path;
+
+use object::elf;
+use object::read::elf::{FileHeader, NoteIterator, ProgramHeader, SectionHeader};
+use object::read::{ReadCache, ReadRef};
+use object::{Endian, Endianness, FileKind};
+
+use super::UsdtError;
+
+/// Owner name of SDT notes.
+const NOTE_OWNER: &[u8] = b"stapsdt";
+/// Note type of version-3 SDT notes (three address words); older types have another
+/// layout and are skipped.
+const NT_STAPSDT: u32 = 3;
+const NOTE_SECTION: &[u8] = b".note.stapsdt";
+const BASE_SECTION: &[u8] = b".stapsdt.base";
+
+/// One probe site as recorded in the ELF file, with addresses already adjusted and
+/// converted to the file offsets uprobes want.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UsdtNote {
+    /// The probe's provider, e.g. `python`, `hotspot`, `julia`.
+    pub provider: String,
+    /// The probe's name as in the note, with `__` where DTrace scripts write `-`.
+    pub name: String,
+    /// Virtual address of the probe's nop, adjusted for a moved `.stapsdt.base`.
+    pub pc: u64,
+    /// Offset in the file to attach the uprobe at.
+    pub file_offset: u64,
+    /// Virtual address of the semaphore (adjusted like `pc`); `None` when the probe has
+    /// no semaphore and always fires.
+    pub semaphore: Option<u64>,
+    /// File offset of the 2-byte semaphore counter, which is what the uprobe PMU's
+    /// `ref_ctr_offset` wants. `None` without a semaphore, or when the semaphore lies in
+    /// no file-backed section (then only writing `/proc/PID/mem` can enable it).
+    pub semaphore_file_offset: Option<u64>,
+    /// The raw argument spec, e.g. `-4@%edi 8@-16(%rbp)`; empty for probes without
+    /// arguments.
+    pub arg_spec: String,
+}
+
+/// The fields of one note descriptor exactly as stored, before any adjustment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NoteDesc {
+    /// Link-time address of the probe site.
+    pub pc: u64,
+    /// Link-time address of `.stapsdt.base` when the note was written.
+    pub base: u64,
+    /// Link-time address of the semaphore, 0 when there is none.
+    pub semaphore: u64,
+    /// First string: the provider.
+    pub provider: String,
+    /// Second string: the probe name.
+    pub name: String,
+    /// Third string: the argument spec, possibly empty.
+    pub arg_spec: String,
+}
+
+/// Decodes a version-3 `stapsdt` note descriptor: pc, base and semaphore as address-sized
+/// words (4 bytes in 32-bit ELF, 8 in 64-bit) in the file's byte order, then provider,
+/// name and argument spec as NUL-terminated strings. Bytes after the third NUL (padding)
+/// are ignored. On failure returns why, for the caller to wrap with the file and offset.
+pub fn parse_note_desc(
+    desc: &[u8],
+    is_64: bool,
+    little_endian: bool,
+) -> Result<NoteDesc, &'static str> {
+    let word = if is_64 { 8 } else { 4 };
+    if desc.len() < 3 * word {
+        return Err("descriptor too short for its three address words");
+    }
+    let read_word = |i: usize| {
+        let bytes = &desc[i * word..(i + 1) * word];
+        let mut buf = [0u8; 8];
+        if little_endian {
+            buf[..word].copy_from_slice(bytes);
+            u64::from_le_bytes(buf)
+        } else {
+            buf[8 - word..].copy_from_slice(bytes);
+            u64::from_be_bytes(buf)
+        }
+    };
+    let (pc, base, semaphore) = (read_word(0), read_word(1), read_word(2));
+
+    let mut rest = &desc[3 * word..];
+    let mut next_string = |what: &'static str| -> Result<String, &'static str> {
+        let nul = rest.iter().position(|&b| b == 0).ok_or(what)?;
+        let s = std::str::from_utf8(&rest[..nul]).map_err(|_| "string is not valid UTF-8")?;
+        rest = &rest[nul + 1..];
+        Ok(s.to_owned())
+    };
+    let provider = next_string("provider is not NUL-terminated")?;
+    let name = next_string("probe name is not NUL-terminated")?;
+    let arg_spec = next_string("argument spec is not NUL-terminated")?;
+    if provider.is_empty() || name.is_empty() {
+        return Err("empty provider or probe name");
+    }
+    Ok(NoteDesc {
+        pc,
+        base,
+        semaphore,
+        provider,
+        name,
+        arg_spec,
+    })
+}
+
+/// Reads every version-3 SDT note of an ELF file. A file without `.note.stapsdt` gives
+/// an empty list; whether that is an error is the caller's call.
+///
+/// Only the headers and the few sections needed are read, not the whole file, because
+/// the interesting libraries (libjvm.so) are tens of megabytes.
+pub fn read_notes(path: &Path) -> Result<Vec<UsdtNote>, UsdtError> {
+    let file = File::open(path).map_err(|e| UsdtError::io(path, e))?;
+    let cache = ReadCache::new(file);
+    match FileKind::parse(&cache) {
+        Ok(FileKind::Elf64) => read_elf::<elf::FileHeader64<Endianness>, _>(path, &cache),
+        Ok(FileKind::Elf32) => read_elf::<elf::FileHeader32<Endianness>, _>(path, &cache),
+        // Too short to hold a magic number, another object format, a directory...
+        _ => Err(UsdtError::NotElf {
+            path: path.to_path_buf(),
+        }),
+    }
+}
+
+/// A `PT_LOAD` segment's file-backed part, which is what maps addresses to offsets.
+#[derive(Clone, Copy, Debug)]
+struct LoadSegment {
+    vaddr: u64,
+    offset: u64,
+    filesz: u64,
+}
+
+fn read_elf<'data, Elf, R>(path: &Path, data: R) -> Result<Vec<UsdtNote>, UsdtError>
+where
+    Elf: FileHeader<Endian = Endianness>,
+    R: ReadRef<'data>,
+{
+    let bad_elf = |source| UsdtError::BadElf {
+        path: path.to_path_buf(),
+        source,
+    };
+    let header = Elf::parse(data).map_err(bad_elf)?;
+    let endian = header.endian().map_err(bad_elf)?;
+    let sections = header.sections(endian, data).map_err(bad_elf)?;
+    let segments: Vec<LoadSegment> = header
+        .program_headers(endian, data)
+        .map_err(bad_elf)?
+        .iter()
+        .filter(|ph| ph.p_type(endian) == elf::PT_LOAD)
+        .map(|ph| LoadSegment {
+            vaddr: ph.p_vaddr(endian).into(),
+            offset: ph.p_offset(endian).into(),
+            filesz: ph.p_filesz(endian).into(),
+        })
+        .collect();
+    // Where `.stapsdt.base` really is; notes record where it was when they were written,
+    // and the difference is how far prelink or a later link step moved everything.
+    let actual_base = sections
+        .section_by_name(endian, BASE_SECTION)
+        .map(|(_, s)| s.sh_addr(endian).into());
+    // Sections that hold file bytes at a load address: the semaphore (in `.probes`)
+    // must be in one of them for a file offset to make sense.
+    let alloc_sections: Vec<LoadSegment> = sections
+        .iter()
+        .filter(|s| {
+            let flags: u64 = s.sh_flags(endian).into();
+            flags & u64::from(elf::SHF_ALLOC) != 0 && s.sh_type(endian) != elf::SHT_NOBITS
+        })
+        .map(|s| LoadSegment {
+            vaddr: s.sh_addr(endian).into(),
+            offset: s.sh_offset(endian).into(),
+            filesz: s.sh_size(endian).into(),
+        })
+        .collect();
+
+    let mut notes = Vec::new();
+    for section in sections.iter() {
+        if section.sh_type(endian) != elf::SHT_NOTE
+            || sections.section_name(endian, section) != Ok(NOTE_SECTION)
+        {
+            continue;
+        }
+        let section_offset: u64 = section.sh_offset(endian).into();
+        let malformed = |pos: usize, reason: String| UsdtError::MalformedNote {
+            path: path.to_path_buf(),
+            offset: section_offset + pos as u64,
+            reason,
+        };
+        let section_data = section
+            .data(endian, data)
+            .map_err(|_| malformed(0, "note section extends past the end of the file".into()))?;
+        let align = section.sh_addralign(endian);
+        let align_bytes: u64 = align.into();
+        // `NoteIterator` rounds alignments below 4 up to 4; mirror that to track offsets.
+        let align_bytes = align_bytes.max(4) as usize;
+        let mut iter = NoteIterator::<Elf>::new(endian, align, section_data)
+            .map_err(|e| malformed(0, e.to_string()))?;
+        // Offset within the section of the note being parsed, for error messages.
+        let mut pos = 0usize;
+        loop {
+            let note = match iter.next() {
+                Ok(Some(note)) => note,
+                Ok(None) => break,
+                Err(e) => return Err(malformed(pos, e.to_string())),
+            };
+            let note_pos = pos;
+            let desc = note.desc();
+            // The descriptor is a subslice of the section data, so its address tells
+            // where the next note starts.
+            let desc_end = desc.as_ptr() as usize - section_data.as_ptr() as usize + desc.len();
+            pos = desc_end.next_multiple_of(align_bytes);
+            if note.name() != NOTE_OWNER || note.n_type(endian) != NT_STAPSDT {
+                continue;
+            }
+            let raw = parse_note_desc(desc, header.is_type_64(), endian.is_little_endian())
+                .map_err(|reason| malformed(note_pos, reason.to_owned()))?;
+            let pc = adjust_for_base(raw.pc, raw.base, actual_base);
+            let file_offset = vaddr_to_file_offset(&segments, pc).ok_or_else(|| {
+                malformed(
+                    note_pos,
+                    format!("probe address {pc:#x} is not in any loadable segment"),
+                )
+            })?;
+            let semaphore =
+                (raw.semaphore != 0).then(|| adjust_for_base(raw.semaphore, raw.base, actual_base));
+            let semaphore_file_offset = semaphore.and_then(|addr| {
+                vaddr_to_file_offset(&alloc_sections, addr)
+                    .or_else(|| vaddr_to_file_offset(&segments, addr))
+            });
+            notes.push(UsdtNote {
+                provider: raw.provider,
+                name: raw.name,
+                pc,
+                file_offset,
+                semaphore,
+                semaphore_file_offset,
+                arg_spec: raw.arg_spec,
+            });
+        }
+    }
+    Ok(notes)
+}
+
+/// Moves a link-time address by however far `.stapsdt.base` moved. Without the section,
+/// or with a note that recorded no base, there is nothing to compare against, so the
+/// address is taken as is.
+fn adjust_for_base(addr: u64, note_base: u64, actual_base: Option<u64>) -> u64 {
+    match actual_base {
+        Some(actual) if note_base != 0 && actual != 0 => {
+            addr.wrapping_add(actual.wrapping_sub(note_base))
+        }
+        _ => addr,
+    }
+}
+
+/// The file offset backing `vaddr`, from the first region whose file-backed bytes contain
+/// it. Memory-only tails (`.bss`) have no file offset.
+fn vaddr_to_file_offset(regions: &[LoadSegment], vaddr: u64) -> Option<u64> {
+    regions
+        .iter()
+        .find(|r| vaddr >= r.vaddr && vaddr - r.vaddr < r.filesz)
+        .map(|r| vaddr - r.vaddr + r.offset)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Builds a descriptor the way `sys/sdt.h` lays it out.
+    fn desc(words: [u64; 3], is_64: bool, le: bool, strings: &[&[u8]]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for w in words {
+            match (is_64, le) {
+                (true, true) => out.extend(w.to_le_bytes()),
+                (true, false) => out.extend(w.to_be_bytes()),
+                (false, true) => out.extend((w as u32).to_le_bytes()),
+                (false, false) => out.extend((w as u32).to_be_bytes()),
+            }
+        }
+        for s in strings {
+            out.extend_from_slice(s);
+        }
+        out
+    }
+
+    #[test]
+    fn parses_64_bit_descriptor() {
+        let d = desc(
+            [0x4287f3, 0x8cc5a0, 0xa8426e],
+            true,
+            true,
+            &[b"python\0gc__start\0-4@112(%rsp)\0"],
+        );
+        let n = parse_note_desc(&d, true, true).unwrap();
+        assert_eq!(
+            n,
+            NoteDesc {
+                pc: 0x4287f3,
+                base: 0x8cc5a0,
+                semaphore: 0xa8426e,
+                provider: "python".into(),
+                name: "gc__start".into(),
+                arg_spec: "-4@112(%rsp)".into(),
+            }
+        );
+    }
+
+    #[test]
+    fn parses_32_bit_and_big_endian_descriptors() {
+        let d = desc([0x1000, 0x2000, 0], false, true, &[b"p\0n\0\0"]);
+        let n = parse_note_desc(&d, false, true).unwrap();
+        assert_eq!((n.pc, n.base, n.semaphore), (0x1000, 0x2000, 0));
+        assert_eq!((n.provider.as_str(), n.name.as_str()), ("p", "n"));
+        assert_eq!(n.arg_spec, "");
+
+        let d = desc([0x1000, 0x2000, 0x3000], false, false, &[b"p\0n\0\0"]);
+        let n = parse_note_desc(&d, false, false).unwrap();
+        assert_eq!((n.pc, n.base, n.semaphore), (0x1000, 0x2000, 0x3000));
+
+        let d = desc([0x1000, 0x2000, 0x3000], true, false, &[b"p\0n\0\0"]);
+        let n = parse_note_desc(&d, true, false).unwrap();
+        assert_eq!((n.pc, n.base, n.semaphore), (0x1000, 0x2000, 0x3000));
+    }
+
+    #[test]
+    fn ignores_padding_after_strings() {
+        let d = desc([1, 2, 3], true, true, &[b"p\0n\08@%rdi\0\0\0\0"]);
+        assert_eq!(parse_note_desc(&d, true, true).unwrap().arg_spec, "8@%rdi");
+    }
+
+    #[test]
+    fn rejects_truncated_descriptors() {
+        let d = desc([1, 2, 3], true, true, &[b"p\0n\0\0"]);
+        for len in 0..24 {
+            assert_eq!(
+                parse_note_desc(&d[..len], true, true).unwrap_err(),
+                "descriptor too short for its three address words"
+            );
+        }
+        // 32-bit words are only 12 bytes; 64-bit interpretation of them is too short.
+        let d32 = desc([1, 2, 3], false, true, &[b"p\0n\0\0"]);
+        assert!(parse_note_desc(&d32[..12], true, true).is_err());
+    }
+
+    #[test]
+    fn rejects_missing_nuls() {
+        let cases: [(&[u8], &str); 4] = [
+            (b"", "provider is not NUL-terminated"),
+            (b"python", "provider is not NUL-terminated"),
+            (b"python\0gc", "probe name is not NUL-terminated"),
+            (b"python\0gc\08@%rdi", "argument spec is not NUL-terminated"),
+        ];
+        for (strings, reason) in cases {
+            let d = desc([1, 2, 3], true, true, &[strings]);
+            assert_eq!(parse_note_desc(&d, true, true).unwrap_err(), reason);
+        }
+    }
+
+    #[test]
+    fn rejects_empty_names_and_bad_utf8() {
+        let d = desc([1, 2, 3], true, true, &[b"\0n\0\0"]);
+        assert!(parse_note_desc(&d, true, true).is_err());
+        let d = desc([1, 2, 3], true, true, &[b"p\0\0\0"]);
+        assert!(parse_note_desc(&d, true, true).is_err());
+        let d = desc([1, 2, 3], true, true, &[b"p\xff\0n\0\0"]);
+        assert_eq!(
+            parse_note_desc(&d, true, true).unwrap_err(),
+            "string is not valid UTF-8"
+        );
+    }
+
+    #[test]
+    fn base_adjustment() {
+        // Section moved up by 0x1000 (prelink): pc moves with it.
+        assert_eq!(adjust_for_base(0x4000, 0x8000, Some(0x9000)), 0x5000);
+        // Moved down.
+        assert_eq!(adjust_for_base(0x4000, 0x8000, Some(0x7000)), 0x3000);
+        // Not moved.
+        assert_eq!(adjust_for_base(0x4000, 0x8000, Some(0x8000)), 0x4000);
+        // Nothing to compare with.
+        assert_eq!(adjust_for_base(0x4000, 0x8000, None), 0x4000);
+        assert_eq!(adjust_for_base(0x4000, 0, Some(0x9000)), 0x4000);
+    }
+
+    #[test]
+    fn vaddr_to_offset() {
+        // python3.11's text and data segments.
+        let segs = [
+            LoadSegment {
+                vaddr: 0x41f000,
+                offset: 0x1f000,
+                filesz: 0x2b2289,
+            },
+            LoadSegment {
+                vaddr: 0x945dc8,
+                offset: 0x544dc8,
+                filesz: 0x13e4b0,
+            },
+        ];
+        assert_eq!(vaddr_to_file_offset(&segs, 0x4287f3), Some(0x287f3));
+        assert_eq!(vaddr_to_file_offset(&segs, 0x41f000), Some(0x1f000));
+        assert_eq!(vaddr_to_file_offset(&segs, 0x41f000 + 0x2b2289), None);
+        assert_eq!(vaddr_to_file_offset(&segs, 0x945dc8 + 8), Some(0x544dd0));
+        // Past the file-backed part of the data segment (bss).
+        assert_eq!(vaddr_to_file_offset(&segs, 0x945dc8 + 0x13e4b0), None);
+        assert_eq!(vaddr_to_file_offset(&segs, 0), None);
+        assert_eq!(vaddr_to_file_offset(&segs, u64::MAX), None);
+    }
+
+    #[test]
+    fn non_elf_files_are_not_elf() {
+        let dir = TempDir::new("not-elf");
+        for (name, contents) in [
+            ("empty", &b""[..]),
+            ("script", &b"#!/bin/sh\necho hi\n"[..]),
+            ("short-magic", &b"\x7fEL"[..]),
+        ] {
+            let path = dir.file(name, contents);
+            let err = read_notes(&path).unwrap_err();
+            assert!(matches!(err, UsdtError::NotElf { .. }), "{name}: {err}");
+            assert_eq!(
+                err.to_string(),
+                format!("not an ELF file: {}", path.display())
+            );
+        }
+        // A magic number followed by garbage is ELF, but broken.
+        let path = dir.file("bad-header", b"\x7fELF\x02\x01\x01\0garbage");
+        assert!(matches!(
+            read_notes(&path).unwrap_err(),
+            UsdtError::BadElf { .. } | UsdtError::NotElf { .. }
+        ));
+        // A directory opens but cannot be read.
+        assert!(matches!(
+            read_notes(&dir.0).unwrap_err(),
+            UsdtError::NotElf { .. }
+        ));
+        let missing = read_notes(Path::new("/nonexistent/usdt-test")).unwrap_err();
+        assert!(matches!(missing, UsdtError::Io { .. }), "{missing}");
+    }
+
+    #[test]
+    fn elf_without_notes_gives_empty_list() {
+        // The test binary itself is ELF and carries no SDT notes.
+        let exe = std::env::current_exe().unwrap();
+        assert_eq!(read_notes(&exe).unwrap(), vec![]);
+    }
+
+    /// Encodes one ELF note with 4-byte alignment, as `.note.stapsdt` has.
+    fn note(owner: &[u8], n_type: u32, desc: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        out.extend((owner.len() as u32 + 1).to_le_bytes());
+        out.extend((desc.len() as u32).to_le_bytes());
+        out.extend(n_type.to_le_bytes());
+        out.extend_from_slice(owner);
+        out.push(0);
+        out.resize(out.len().next_multiple_of(4), 0);
+        out.extend_from_slice(desc);
+        out.resize(out.len().next_multiple_of(4), 0);
+        out
+    }
+
+    // Layout of the little ELF files the tests below build: one PT_LOAD segment maps
+    // the file from offset 0 at VADDR, with probe sites in "text" at TEXT_OFF, the
+    // `.stapsdt.base` byte at BASE_OFF and a `.probes` semaphore area at PROBES_OFF.
+    const VADDR: u64 = 0x400000;
+    const TEXT_OFF: u64 = 0x200;
+    const BASE_OFF: u64 = 0x210;
+    const PROBES_OFF: u64 = 0x218;
+    const NOTES_OFF: u64 = 0x220;
+
+    /// Builds a minimal little-endian ELF executable (32- or 64-bit) holding `notes` as
+    /// its `.note.stapsdt` section.
+    fn tiny_elf(is_64: bool, notes: &[u8]) -> Vec<u8> {
+        let word = |buf: &mut Vec<u8>, v: u64| {
+            if is_64 {
+                buf.extend(v.to_le_bytes());
+            } else {
+                buf.extend((v as u32).to_le_bytes());
+            }
+        };
+        let shstrtab = b"\0.stapsdt.base\0.probes\0.note.stapsdt\0.shstrtab\0";
+        let shstr_off = NOTES_OFF + notes.len() as u64;
+        let shdr_off = (shstr_off + shstrtab.len() as u64).next_multiple_of(8);
+        let (ehsize, phentsize, shentsize) = if is_64 { (64, 56, 64) } else { (52, 32, 40) };
+
+        let mut f = vec![0x7f, b'E', b'L', b'F', if is_64 { 2 } else { 1 }, 1, 1];
+        f.resize(16, 0);
+        f.extend(2u16.to_le_bytes()); // ET_EXEC
+        f.extend(if is_64 { 62u16 } else { 3u16 }.to_le_bytes());
+        f.extend(1u32.to_le_bytes());
+        word(&mut f, VADDR + TEXT_OFF); // e_entry
+        word(&mut f, ehsize); // e_phoff: right after this header
+        word(&mut f, shdr_off);
+        f.extend(0u32.to_le_bytes());
+        for v in [ehsize, phentsize, 1, shentsize, 5, 4] {
+            f.extend((v as u16).to_le_bytes());
+        }
+        assert_eq!(f.len() as u64, ehsize);
+
+        // The one PT_LOAD (R+X), covering text, base and probes.
+        let (load_size, flags) = (NOTES_OFF, elf::PF_R | elf::PF_X);
+        f.extend(elf::PT_LOAD.to_le_bytes());
+        if is_64 {
+            f.extend(flags.to_le_bytes());
+        }
+        for v in [0, VADDR, VADDR, load_size, load_size] {
+            word(&mut f, v);
+        }
+        if !is_64 {
+            f.extend(flags.to_le_bytes());
+        }
+        word(&mut f, 0x1000);
+
+        f.resize(TEXT_OFF as usize, 0);
+        f.resize(BASE_OFF as usize, 0x90); // nops
+        f.resize(NOTES_OFF as usize, 0); // base byte and semaphores
+        f.extend_from_slice(notes);
+        f.extend_from_slice(shstrtab);
+        f.resize(shdr_off as usize, 0);
+
+        let alloc = u64::from(elf::SHF_ALLOC);
+        let sections: [(u32, u32, u64, u64, u64, u64, u64); 5] = [
+            (0, elf::SHT_NULL, 0, 0, 0, 0, 0),
+            (
+                1,
+                elf::SHT_PROGBITS,
+                alloc,
+                VADDR + BASE_OFF,
+                BASE_OFF,
+                1,
+                1,
+            ),
+            (
+                15,
+                elf::SHT_PROGBITS,
+                alloc,
+                VADDR + PROBES_OFF,
+                PROBES_OFF,
+                8,
+                2,
+            ),
+            (23, elf::SHT_NOTE, 0, 0, NOTES_OFF, notes.len() as u64, 4),
+            (
+                37,
+                elf::SHT_STRTAB,
+                0,
+                0,
+                shstr_off,
+                shstrtab.len() as u64,
+                1,
+            ),
+        ];
+        for (name, ty, flags, addr, offset, size, align) in sections {
+            f.extend(name.to_le_bytes());
+            f.extend(ty.to_le_bytes());
+            for v in [flags, addr, offset, size] {
+                word(&mut f, v);
+            }
+            f.extend(0u32.to_le_bytes());
+            f.extend(0u32.to_le_bytes());
+            word(&mut f, align);
+            word(&mut f, 0);
+        }
+        f
+    }
+
+    /// A stapsdt note for a probe at text offset `pc_delta`, with semaphore slot
+    /// `sem_slot` (or none), as recorded when `.stapsdt.base` was at `note_base`.
+    fn sdt(is_64: bool, note_base: u64, pc_delta: u64, sem_slot: Option<u64>, s: &[u8]) -> Vec<u8> {
+        let actual_base = VADDR + BASE_OFF;
+        // Addresses as they were at link time, before the base moved to where it is.
+        let linked = |addr: u64| addr.wrapping_sub(actual_base).wrapping_add(note_base);
+        let pc = linked(VADDR + TEXT_OFF + pc_delta);
+        let sem = sem_slot.map_or(0, |slot| linked(VADDR + PROBES_OFF + 2 * slot));
+        note(
+            NOTE_OWNER,
+            NT_STAPSDT,
+            &desc([pc, note_base, sem], is_64, true, &[s]),
+        )
+    }
+
+    /// A scratch directory per test (tests run in parallel), removed when dropped.
+    struct TempDir(std::path::PathBuf);
+
+    impl TempDir {
+        fn new(test: &str) -> Self {
+            let dir =
+                std::env::temp_dir().join(format!("tracer-usdt-{}-{test}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            TempDir(dir)
+        }
+
+        fn file(&self, name: &str, bytes: &[u8]) -> std::path::PathBuf {
+            let path = self.0.join(name);
+            std::fs::write(&path, bytes).unwrap();
+            path
+        }
+    }
+
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    #[test]
+    fn reads_synthetic_elf_64_and_32() {
+        let dir = TempDir::new("synthetic");
+        for is_64 in [true, false] {
+            let base = VADDR + BASE_OFF;
+            let mut notes = sdt(is_64, base, 4, Some(1), b"prov\0first\0-4@%edi\0");
+            // Notes of other owners and older stapsdt types are skipped.
+            notes.extend(note(b"GNU", 3, b"ignored!"));
+            notes.extend(note(NOTE_OWNER, 2, b"old layout"));
+            notes.extend(sdt(is_64, base, 8, None, b"prov\0second\0\0"));
+            let path = dir.file(
+                &format!("tiny{}", if is_64 { 64 } else { 32 }),
+                &tiny_elf(is_64, &notes),
+            );
+            let got = read_notes(&path).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(
+                got,
+                vec![
+                    UsdtNote {
+                        provider: "prov".into(),
+                        name: "first".into(),
+                        pc: VADDR + TEXT_OFF + 4,
+                        file_offset: TEXT_OFF + 4,
+                        semaphore: Some(VADDR + PROBES_OFF + 2),
+                        semaphore_file_offset: Some(PROBES_OFF + 2),
+                        arg_spec: "-4@%edi".into(),
+                    },
+                    UsdtNote {
+                        provider: "prov".into(),
+                        name: "second".into(),
+                        pc: VADDR + TEXT_OFF + 8,
+                        file_offset: TEXT_OFF + 8,
+                        semaphore: None,
+                        semaphore_file_offset: None,
+                        arg_spec: "".into(),
+                    },
+                ],
+                "is_64 = {is_64}"
+            );
+        }
+    }
+
+    #[test]
+    fn synthetic_elf_base_moved() {
+        // The notes were written when .stapsdt.base was 0x3000 lower or 0x100 higher
+        // (prelink moved the file); the reader must move pc and semaphore with it.
+        let dir = TempDir::new("moved");
+        for note_base in [VADDR + BASE_OFF - 0x3000, VADDR + BASE_OFF + 0x100] {
+            let notes = sdt(true, note_base, 6, Some(3), b"p\0moved\08@%rax\0");
+            let path = dir.file("tiny-moved", &tiny_elf(true, &notes));
+            let n = &read_notes(&path).unwrap()[0];
+            assert_eq!((n.pc, n.file_offset), (VADDR + TEXT_OFF + 6, TEXT_OFF + 6));
+            assert_eq!(n.semaphore, Some(VADDR + PROBES_OFF + 6));
+            assert_eq!(n.semaphore_file_offset, Some(PROBES_OFF + 6));
+        }
+    }
+
+    #[test]
+    fn synthetic_elf_malformed_notes() {
+        let base = VADDR + BASE_OFF;
+        let good = sdt(true, base, 0, None, b"p\0ok\0\0");
+        let dir = TempDir::new("malformed");
+
+        // Second note lacks its argument spec's NUL: the error points at that note.
+        let mut notes = good.clone();
+        notes.extend(sdt(true, base, 1, None, b"p\0bad\08@%rdi"));
+        let path = dir.file("tiny-nonul", &tiny_elf(true, &notes));
+        let err = read_notes(&path).unwrap_err();
+        let expected = format!(
+            "malformed note in {} at offset {:#x}: argument spec is not NUL-terminated",
+            path.display(),
+            NOTES_OFF + good.len() as u64
+        );
+        assert_eq!(err.to_string(), expected);
+
+        // A note header claiming more descriptor than the section holds.
+        let mut notes = good.clone();
+        let mut truncated = sdt(true, base, 1, None, b"p\0cut\0\0");
+        truncated.truncate(20);
+        notes.extend(truncated);
+        let path = dir.file("tiny-truncated", &tiny_elf(true, &notes));
+        match read_notes(&path).unwrap_err() {
+            UsdtError::MalformedNote { offset, .. } => {
+                assert_eq!(offset, NOTES_OFF + good.len() as u64)
+            }
+            other => panic!("{other}"),
+        }
+
+        // A probe address outside every loadable segment.
+        let bad_pc = note(
+            NOTE_OWNER,
+            NT_STAPSDT,
+            &desc([0x10, base, 0], true, true, &[b"p\0x\0\0"]),
+        );
+        let path = dir.file("tiny-badpc", &tiny_elf(true, &bad_pc));
+        let err = read_notes(&path).unwrap_err().to_string();
+        assert!(
+            err.ends_with("probe address 0x10 is not in any loadable segment"),
+            "{err}"
+        );
+    }
+
+    /// Checks against `readelf -n /usr/bin/python3.11` and `readelf -S` on the machine
+    /// this was written on (Debian's python3.11, non-PIE): gc__start at 0x4287f3,
+    /// semaphore 0xa8426e in `.probes` (addr 0xa84260, offset 0x683260).
+    #[test]
+    fn reads_python_notes() {
+        let path = Path::new("/usr/bin/python3.11");
+        if !path.exists() {
+            eprintln!("{} not installed; skipping", path.display());
+            return;
+        }
+        let notes = read_notes(path).unwrap();
+        assert!(notes.iter().all(|n| n.provider == "python"));
+        let file_len = std::fs::metadata(path).unwrap().len();
+        let gc_start = notes.iter().find(|n| n.name == "gc__start").unwrap();
+        let sem_off = gc_start
+            .semaphore_file_offset
+            .expect("gc__start has a semaphore");
+        assert!(gc_start.semaphore.is_some());
+        assert!(sem_off + 2 <= file_len);
+        assert!(gc_start.file_offset < file_len);
+        for n in &notes {
+            // Every python probe is semaphore-guarded.
+            assert!(n.semaphore_file_offset.is_some(), "{n:?}");
+        }
+        for name in ["gc__done", "function__entry", "function__return", "line"] {
+            assert!(notes.iter().any(|n| n.name == name), "missing {name}");
+        }
+
+        // The probe site is a nop, and the semaphore a 2-byte counter that is zero in
+        // the file: check the bytes at both offsets.
+        let bytes = std::fs::read(path).unwrap();
+        assert_eq!(
+            bytes[gc_start.file_offset as usize], 0x90,
+            "nop at probe site"
+        );
+        assert_eq!(&bytes[sem_off as usize..sem_off as usize + 2], &[0, 0]);
+
+        if gc_start.pc == 0x4287f3 {
+            // The exact build that was checked against readelf.
+            assert_eq!(gc_start.file_offset, 0x287f3);
+            assert_eq!(gc_start.semaphore, Some(0xa8426e));
+            assert_eq!(sem_off, 0x68326e);
+            assert_eq!(gc_start.arg_spec, "-4@112(%rsp)");
+        }
+    }
+}

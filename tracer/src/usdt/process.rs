@@ -1,0 +1,289 @@
+//! Finding the ELF objects a running process has mapped, through `/proc/PID`.
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+use super::UsdtError;
+
+/// A file a process has mapped, under the two names it has.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct MappedObject {
+    /// The path as the process sees it (in its own mount namespace), for display and for
+    /// matching against user-given paths.
+    pub path: PathBuf,
+    /// A path to the same file that works from the tracer's mount namespace:
+    /// `/proc/PID/root/<path>`, so processes in containers work. Read notes and attach
+    /// uprobes through this one.
+    pub host_path: PathBuf,
+}
+
+impl MappedObject {
+    /// A file named directly by the user (path mode): both names are the same.
+    pub fn from_path(path: &Path) -> Self {
+        MappedObject {
+            path: path.to_path_buf(),
+            host_path: path.to_path_buf(),
+        }
+    }
+
+    /// A file at `path` inside process `pid`'s root directory.
+    pub fn in_process(pid: u32, path: &Path) -> Self {
+        let relative = path.strip_prefix("/").unwrap_or(path);
+        MappedObject {
+            path: path.to_path_buf(),
+            host_path: proc_path(pid, "root").join(relative),
+        }
+    }
+}
+
+/// One line of `/proc/PID/maps`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MapsEntry {
+    /// First address of the mapping.
+    pub start: u64,
+    /// One past its last address.
+    pub end: u64,
+    /// The four permission characters, e.g. `r-xp`.
+    pub perms: String,
+    /// File offset mapped at `start`.
+    pub offset: u64,
+    /// `major:minor` of the device holding the file.
+    pub dev: String,
+    /// Inode of the file, 0 for anonymous memory.
+    pub inode: u64,
+    /// The file name, a pseudo-name like `[vdso]` or `[heap]`, or `None` for anonymous
+    /// memory. A ` (deleted)` suffix is removed and recorded in `deleted`.
+    pub path: Option<String>,
+    /// The file was deleted (or replaced, e.g. by a package upgrade) after mapping, so
+    /// the name no longer leads to the mapped contents.
+    pub deleted: bool,
+}
+
+impl MapsEntry {
+    /// Whether the mapping is executable: only those hold probe sites.
+    pub fn is_executable(&self) -> bool {
+        self.perms.as_bytes().get(2) == Some(&b'x')
+    }
+}
+
+/// Parses the text of `/proc/PID/maps`. Lines that do not parse are skipped rather than
+/// failing the whole read, since the format is the kernel's and we only need a part.
+pub fn parse_maps(text: &str) -> Vec<MapsEntry> {
+    text.lines().filter_map(parse_maps_line).collect()
+}
+
+fn parse_maps_line(line: &str) -> Option<MapsEntry> {
+    // Five space-separated fields, then the path padded with spaces; the path itself may
+    // contain spaces, so it is everything after the padding.
+    let mut rest = line;
+    let mut field = || {
+        let trimmed = rest.trim_start_matches(' ');
+        let end = trimmed.find(' ').unwrap_or(trimmed.len());
+        let (f, r) = trimmed.split_at(end);
+        rest = r;
+        (!f.is_empty()).then_some(f)
+    };
+    let range = field()?;
+    let perms = field()?;
+    let offset = field()?;
+    let dev = field()?;
+    let inode = field()?;
+    let (start, end) = range.split_once('-')?;
+    if perms.len() != 4 {
+        return None;
+    }
+    let mut path = rest.trim_start_matches(' ');
+    let deleted = match path.strip_suffix(" (deleted)") {
+        Some(stripped) => {
+            path = stripped;
+            true
+        }
+        None => false,
+    };
+    Some(MapsEntry {
+        start: u64::from_str_radix(start, 16).ok()?,
+        end: u64::from_str_radix(end, 16).ok()?,
+        perms: perms.to_owned(),
+        offset: u64::from_str_radix(offset, 16).ok()?,
+        dev: dev.to_owned(),
+        inode: inode.parse().ok()?,
+        path: (!path.is_empty()).then(|| path.to_owned()),
+        deleted,
+    })
+}
+
+/// The files a process has mapped executable, each once, in address order: its
+/// executable and shared libraries. Pseudo-mappings (`[vdso]`), anonymous memory (JIT
+/// code) and deleted files are left out, as they have no file to read notes from.
+pub fn mapped_objects(pid: u32) -> Result<Vec<MappedObject>, UsdtError> {
+    let maps_path = proc_path(pid, "maps");
+    let text = std::fs::read_to_string(&maps_path).map_err(|e| proc_error(pid, &maps_path, e))?;
+    Ok(executable_files(&parse_maps(&text))
+        .into_iter()
+        .map(|path| MappedObject::in_process(pid, Path::new(path)))
+        .collect())
+}
+
+/// The distinct file paths of executable, file-backed, still-existing mappings.
+fn executable_files(entries: &[MapsEntry]) -> Vec<&str> {
+    let mut paths: Vec<&str> = Vec::new();
+    for entry in entries {
+        let Some(path) = entry.path.as_deref() else {
+            continue;
+        };
+        if entry.is_executable()
+            && !entry.deleted
+            && path.starts_with('/')
+            && !paths.contains(&path)
+        {
+            paths.push(path);
+        }
+    }
+    paths
+}
+
+/// The process's main executable, from `/proc/PID/exe`. If the file was deleted or
+/// replaced since the process started, `host_path` is `/proc/PID/exe` itself, which
+/// still leads to the running contents.
+pub fn executable(pid: u32) -> Result<MappedObject, UsdtError> {
+    let exe = proc_path(pid, "exe");
+    let target = std::fs::read_link(&exe).map_err(|e| proc_error(pid, &exe, e))?;
+    let text = target.to_string_lossy();
+    if let Some(original) = text.strip_suffix(" (deleted)") {
+        return Ok(MappedObject {
+            path: PathBuf::from(original),
+            host_path: exe,
+        });
+    }
+    Ok(MappedObject::in_process(pid, &target))
+}
+
+fn proc_path(pid: u32, entry: &str) -> PathBuf {
+    PathBuf::from(format!("/proc/{pid}/{entry}"))
+}
+
+/// Tells "the process is gone" apart from other failures (permissions, a kernel thread
+/// without an executable): a missing file under `/proc/PID` only means the former if
+/// `/proc/PID` itself is missing.
+fn proc_error(pid: u32, path: &Path, error: io::Error) -> UsdtError {
+    let gone = matches!(error.raw_os_error(), Some(libc::ESRCH))
+        || (error.kind() == io::ErrorKind::NotFound && !proc_path(pid, "").exists());
+    if gone {
+        UsdtError::NoSuchProcess(pid)
+    } else {
+        UsdtError::io(path, error)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MAPS: &str = "\
+00400000-0041f000 r--p 00000000 08:01 1234                               /usr/bin/python3.11
+0041f000-006d2000 r-xp 0001f000 08:01 1234                               /usr/bin/python3.11
+006d2000-00945000 r--p 002d2000 08:01 1234                               /usr/bin/python3.11
+00945000-00a86000 rw-p 00544000 08:01 1234                               /usr/bin/python3.11
+01b3e000-01c2f000 rw-p 00000000 00:00 0                                  [heap]
+7f1c5c000000-7f1c5c021000 rw-p 00000000 00:00 0 
+7f1c60a28000-7f1c60bbd000 r-xp 00028000 08:01 5678                       /usr/lib/x86_64-linux-gnu/libc.so.6
+7f1c60c00000-7f1c60c01000 r-xp 00000000 08:01 91                         /tmp/old lib.so (deleted)
+7f1c60c10000-7f1c60c11000 r-xp 00000000 08:01 92                         /opt/my libs/libprobe.so
+7f1c60c20000-7f1c60c21000 r-xp 00001000 08:01 5678                       /usr/lib/x86_64-linux-gnu/libc.so.6
+7f1c60c30000-7f1c60c31000 rwxp 00000000 00:00 0                          
+7f1c60c40000-7f1c60c41000 r-xs 00000000 00:05 77                         /memfd:jit (deleted)
+7ffd8a1f1000-7ffd8a1f3000 r-xp 00000000 00:00 0                          [vdso]
+ffffffffff600000-ffffffffff601000 --xp 00000000 00:00 0                  [vsyscall]
+not a maps line
+";
+
+    #[test]
+    fn parses_maps_lines() {
+        let entries = parse_maps(MAPS);
+        assert_eq!(entries.len(), 14, "the garbage line is skipped");
+        assert_eq!(
+            entries[1],
+            MapsEntry {
+                start: 0x41f000,
+                end: 0x6d2000,
+                perms: "r-xp".into(),
+                offset: 0x1f000,
+                dev: "08:01".into(),
+                inode: 1234,
+                path: Some("/usr/bin/python3.11".into()),
+                deleted: false,
+            }
+        );
+        assert!(entries[1].is_executable());
+        assert!(!entries[0].is_executable());
+        assert_eq!(entries[4].path.as_deref(), Some("[heap]"));
+        assert_eq!(entries[5].path, None, "anonymous mapping");
+        assert_eq!(entries[7].path.as_deref(), Some("/tmp/old lib.so"));
+        assert!(entries[7].deleted);
+        assert_eq!(entries[8].path.as_deref(), Some("/opt/my libs/libprobe.so"));
+        assert_eq!(entries[13].end, 0xffffffffff601000);
+    }
+
+    #[test]
+    fn keeps_executable_files_once() {
+        let entries = parse_maps(MAPS);
+        assert_eq!(
+            executable_files(&entries),
+            vec![
+                "/usr/bin/python3.11",
+                "/usr/lib/x86_64-linux-gnu/libc.so.6",
+                "/opt/my libs/libprobe.so",
+            ]
+        );
+    }
+
+    #[test]
+    fn maps_malformed_lines_are_skipped() {
+        for line in [
+            "",
+            "00400000 r-xp 0 08:01 1 /x",
+            "zz-00400000 r-xp 0 08:01 1 /x",
+            "00400000-00500000 r-x 0 08:01 1 /x",
+            "00400000-00500000 r-xp 0 08:01",
+            "00400000-00500000 r-xp 0 08:01 abc /x",
+        ] {
+            assert_eq!(parse_maps(line), vec![], "{line:?}");
+        }
+    }
+
+    #[test]
+    fn host_paths_go_through_proc_root() {
+        let o = MappedObject::in_process(42, Path::new("/usr/lib/libjvm.so"));
+        assert_eq!(o.path, Path::new("/usr/lib/libjvm.so"));
+        assert_eq!(o.host_path, Path::new("/proc/42/root/usr/lib/libjvm.so"));
+        let o = MappedObject::from_path(Path::new("./a.out"));
+        assert_eq!(o.host_path, Path::new("./a.out"));
+    }
+
+    #[test]
+    fn own_process() {
+        let pid = std::process::id();
+        let exe = executable(pid).unwrap();
+        assert_eq!(exe.path, std::env::current_exe().unwrap());
+        assert!(exe.host_path.starts_with(format!("/proc/{pid}/")));
+        let objects = mapped_objects(pid).unwrap();
+        assert!(objects.iter().any(|o| o.path == exe.path), "{objects:?}");
+        assert!(
+            objects.iter().any(|o| o
+                .path
+                .file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("libc"))),
+            "{objects:?}"
+        );
+        for o in &objects {
+            assert!(o.host_path.exists(), "{}", o.host_path.display());
+        }
+    }
+
+    #[test]
+    fn missing_process() {
+        let pid = u32::MAX - 1;
+        assert!(matches!(executable(pid), Err(UsdtError::NoSuchProcess(p)) if p == pid));
+        assert!(matches!(mapped_objects(pid), Err(UsdtError::NoSuchProcess(p)) if p == pid));
+    }
+}

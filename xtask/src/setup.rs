@@ -1,0 +1,153 @@
+//! Installs what a fresh machine lacks for the eBPF build and the tests, idempotently.
+
+use std::{
+    path::PathBuf,
+    process::{Command, Stdio},
+};
+
+use anyhow::{Context as _, Result, bail};
+
+const BPF_LINKER_VERSION: &str = "0.13.0";
+/// The LLVM major of the nightly toolchain; bpf-linker must link the same one.
+const LLVM_FEATURE: &str = "llvm-22";
+
+fn cache_dir() -> PathBuf {
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| "/root".into());
+    home.join(".cache/tracer/bpf-linker")
+}
+
+/// Where bpf-linker is installed (tracer's build script looks here too).
+pub fn bpf_linker_bin_dir() -> PathBuf {
+    cache_dir().join("bin")
+}
+
+fn output(cmd: &mut Command) -> Result<String> {
+    let out = cmd
+        .stderr(Stdio::inherit())
+        .output()
+        .with_context(|| format!("cannot run {cmd:?}"))?;
+    if !out.status.success() {
+        bail!("{cmd:?} failed ({})", out.status);
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+pub fn run() -> Result<()> {
+    ensure_nightly_rust_src()?;
+    ensure_bpf_linker()?;
+    ensure_test_tools()?;
+    Ok(())
+}
+
+fn ensure_nightly_rust_src() -> Result<()> {
+    let installed = output(Command::new("rustup").args(["component", "list", "--toolchain", "nightly", "--installed"]))
+        .context("the preinstalled `nightly` toolchain is required for the eBPF build (rustup toolchain list)")?;
+    if installed.lines().any(|l| l.starts_with("rust-src")) {
+        return Ok(());
+    }
+    eprintln!(
+        "xtask setup: adding rust-src to the nightly toolchain (needed by -Z build-std=core)"
+    );
+    crate::run(Command::new("rustup").args([
+        "component",
+        "add",
+        "rust-src",
+        "--toolchain",
+        "nightly",
+    ]))
+}
+
+fn ensure_bpf_linker() -> Result<()> {
+    let linker = bpf_linker_bin_dir().join("bpf-linker");
+    if linker.is_file()
+        && Command::new(&linker)
+            .arg("--version")
+            .stdout(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    {
+        return Ok(());
+    }
+    // No LLVM development package of the nightly's LLVM major exists on this distribution,
+    // so bpf-linker links the libLLVM that ships inside the nightly toolchain itself.
+    let sysroot = output(Command::new("rustc").args(["+nightly", "--print", "sysroot"]))?;
+    let nightly_lib = PathBuf::from(sysroot.trim()).join("lib");
+    let libllvm = std::fs::read_dir(&nightly_lib)
+        .with_context(|| format!("cannot read {}", nightly_lib.display()))?
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("libLLVM.so."))
+        })
+        .with_context(|| {
+            format!(
+                "no libLLVM.so.* in {}: is the nightly toolchain complete?",
+                nightly_lib.display()
+            )
+        })?;
+    let llvm_prefix = cache_dir().join("llvm");
+    std::fs::create_dir_all(llvm_prefix.join("lib"))?;
+    let link = llvm_prefix.join("lib/libLLVM.so");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(&libllvm, &link)?;
+    eprintln!(
+        "xtask setup: building bpf-linker {BPF_LINKER_VERSION} against {} (about 2 minutes, once)",
+        libllvm.display()
+    );
+    let status = Command::new("cargo")
+        .args([
+            "install",
+            "bpf-linker",
+            "--version",
+            BPF_LINKER_VERSION,
+            "--no-default-features",
+            "--features",
+            LLVM_FEATURE,
+            "--root",
+        ])
+        .arg(cache_dir())
+        .env("LLVM_PREFIX", &llvm_prefix)
+        .status()?;
+    if !status.success() {
+        bail!(
+            "building bpf-linker failed: it needs the nightly toolchain's LLVM ({}) to be LLVM 22; \
+             check `rustc +nightly -vV` and that {} exists",
+            libllvm.display(),
+            LLVM_FEATURE
+        );
+    }
+    Ok(())
+}
+
+fn have(program: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {program}")])
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// bpftrace is the reference the comparison tests check us against.
+fn ensure_test_tools() -> Result<()> {
+    let missing: Vec<&str> = [("bpftrace", "bpftrace")]
+        .into_iter()
+        .filter(|(bin, _)| !have(bin))
+        .map(|(_, pkg)| pkg)
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    eprintln!("xtask setup: installing {} with apt-get", missing.join(" "));
+    crate::run(Command::new("apt-get").args(["update", "-q"]))?;
+    crate::run(
+        Command::new("apt-get")
+            .args(["install", "-y", "-q"])
+            .args(&missing)
+            .env("DEBIAN_FRONTEND", "noninteractive"),
+    )
+    .context("installing test tools failed (apt-get needs root)")
+}
