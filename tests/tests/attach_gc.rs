@@ -92,8 +92,15 @@ fn counts_every_gc_and_buckets_the_known_pause() {
             "bucket [{lo}, {hi}] has {n}, truth {truly_inside}: {truth_pauses:?}"
         );
     }
-    let p50 = pause["p50_ns"].as_u64().unwrap();
-    assert!((20_000_000..=24_000_000).contains(&p50), "p50 {p50}");
+    // The median within one log-linear bucket (12.5%) of the target's own median.
+    let mut sorted = truth_pauses.clone();
+    sorted.sort_unstable();
+    let true_median = sorted[sorted.len() / 2] as f64;
+    let p50 = pause["p50_ns"].as_u64().unwrap() as f64;
+    assert!(
+        (p50 - true_median).abs() <= 0.125 * true_median,
+        "p50 {p50} vs median {true_median}"
+    );
     let hits = report["probes"].as_array().unwrap();
     let begin = hits
         .iter()

@@ -22,6 +22,42 @@ pub enum Command {
     /// Attach to a running process: GC pause histograms from its USDT probes and an
     /// off-CPU flamegraph of its threads.
     Attach(AttachArgs),
+    /// List the USDT probes of a file or a running process (with its shared libraries).
+    List(ListArgs),
+    /// Print every hit of USDT probes with its decoded arguments.
+    Trace(TraceArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    /// List the probes of this process: its executable and every mapped library.
+    #[arg(long, short)]
+    pub pid: Option<u32>,
+    /// Show every site with its address, semaphore and argument specs.
+    #[arg(long, short)]
+    pub verbose: bool,
+    /// A file, a probe pattern (`python:gc__*`, with --pid) or `usdt:PATH:PROVIDER:NAME`.
+    pub target: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct TraceArgs {
+    /// Only hits in this process (its probes are searched in every object it maps).
+    #[arg(long, short)]
+    pub pid: Option<u32>,
+    /// Output format: one line per event, or one JSON object per line.
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    pub format: Format,
+    /// Stop after this long (e.g. 10s).
+    #[arg(long, short)]
+    pub duration: Option<String>,
+    /// Probes as bpftrace writes them: usdt:PATH:PROVIDER:NAME (wildcards allowed; with
+    /// --pid the path may be `*` or a library name).
+    #[arg(required = true, value_name = "PROBE")]
+    pub probes: Vec<String>,
+    /// A command to start and trace from its first instruction.
+    #[arg(last = true, value_name = "CMD")]
+    pub command: Vec<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -60,6 +96,8 @@ pub struct AttachArgs {
 pub enum ConfigError {
     #[error("invalid PID 0")]
     ZeroPid,
+    #[error("--pid and a command after -- cannot be used together")]
+    PidAndCommand,
     #[error("invalid duration {0:?}: expected a number with a unit, like 10s, 500ms, 2m or 100us")]
     Duration(String),
     #[error(
@@ -92,7 +130,7 @@ impl TryFrom<AttachArgs> for AttachConfig {
     type Error = ConfigError;
 
     fn try_from(args: AttachArgs) -> Result<Self, ConfigError> {
-        let pid = NonZeroU32::new(args.pid).ok_or(ConfigError::ZeroPid)?;
+        let pid = nonzero_pid(args.pid)?;
         Ok(Self {
             pid,
             duration: args.duration.as_deref().map(parse_duration).transpose()?,
@@ -109,6 +147,57 @@ impl TryFrom<AttachArgs> for AttachConfig {
             format: args.format,
         })
     }
+}
+
+/// `tracer list`, validated.
+#[derive(Debug, Clone)]
+pub struct ListConfig {
+    pub pid: Option<NonZeroU32>,
+    pub verbose: bool,
+    pub target: Option<String>,
+}
+
+impl TryFrom<ListArgs> for ListConfig {
+    type Error = ConfigError;
+
+    fn try_from(args: ListArgs) -> Result<Self, ConfigError> {
+        Ok(Self {
+            pid: args.pid.map(nonzero_pid).transpose()?,
+            verbose: args.verbose,
+            target: args.target,
+        })
+    }
+}
+
+/// `tracer trace`, validated.
+#[derive(Debug, Clone)]
+pub struct TraceConfig {
+    pub pid: Option<NonZeroU32>,
+    pub format: Format,
+    pub duration: Option<Duration>,
+    pub probes: Vec<String>,
+    pub command: Option<Vec<String>>,
+}
+
+impl TryFrom<TraceArgs> for TraceConfig {
+    type Error = ConfigError;
+
+    fn try_from(args: TraceArgs) -> Result<Self, ConfigError> {
+        if args.pid.is_some() && !args.command.is_empty() {
+            return Err(ConfigError::PidAndCommand);
+        }
+        Ok(Self {
+            pid: args.pid.map(nonzero_pid).transpose()?,
+            format: args.format,
+            duration: args.duration.as_deref().map(parse_duration).transpose()?,
+            probes: args.probes,
+            command: (!args.command.is_empty()).then_some(args.command),
+        })
+    }
+}
+
+fn nonzero_pid(pid: u32) -> Result<NonZeroU32, ConfigError> {
+    NonZeroU32::new(pid).ok_or(ConfigError::ZeroPid)
 }
 
 /// Parses `10s`, `1.5s`, `500ms`, `100us`, `250ns`, `2m`, `1h`; a bare number is seconds.
@@ -193,5 +282,30 @@ mod tests {
         let config = AttachConfig::try_from(args).unwrap();
         assert_eq!(config.duration, Some(Duration::from_secs(3)));
         assert_eq!(config.output_dir, PathBuf::from("tracer-42"));
+    }
+
+    #[test]
+    fn trace_takes_probes_and_a_command() {
+        let cli =
+            Cli::try_parse_from(["tracer", "trace", "usdt:./a:p:n", "--", "./a", "-x"]).unwrap();
+        let Command::Trace(args) = cli.command else {
+            panic!()
+        };
+        let config = TraceConfig::try_from(args).unwrap();
+        assert_eq!(config.probes, ["usdt:./a:p:n"]);
+        assert_eq!(config.command.unwrap(), ["./a", "-x"]);
+        let cli =
+            Cli::try_parse_from(["tracer", "trace", "-p", "1", "usdt:*:p:n", "--", "ls"]).unwrap();
+        let Command::Trace(args) = cli.command else {
+            panic!()
+        };
+        assert_eq!(
+            TraceConfig::try_from(args).unwrap_err(),
+            ConfigError::PidAndCommand
+        );
+        assert!(
+            Cli::try_parse_from(["tracer", "trace"]).is_err(),
+            "a probe is required"
+        );
     }
 }

@@ -14,6 +14,7 @@ pub mod btf;
 pub mod cli;
 pub mod commands;
 pub mod histogram;
+pub mod launch;
 pub mod loader;
 pub mod offcpu;
 pub mod privileges;

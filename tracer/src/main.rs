@@ -2,7 +2,7 @@
 
 use clap::Parser as _;
 use tracer::{
-    cli::{AttachConfig, Cli, Command},
+    cli::{AttachConfig, Cli, Command, ListConfig, TraceConfig},
     commands,
 };
 
@@ -13,6 +13,12 @@ fn main() {
         Command::Attach(args) => AttachConfig::try_from(args)
             .map_err(anyhow::Error::from)
             .and_then(commands::attach::run),
+        Command::List(args) => ListConfig::try_from(args)
+            .map_err(anyhow::Error::from)
+            .and_then(commands::list::run),
+        Command::Trace(args) => TraceConfig::try_from(args)
+            .map_err(anyhow::Error::from)
+            .and_then(commands::trace::run),
     };
     if let Err(error) = result {
         eprintln!("tracer: error: {error:#}");

@@ -70,12 +70,12 @@ impl ProcessWatch {
     }
 }
 
-/// Waits for the first reason to stop. `tick` runs about once a second meanwhile (to
-/// refresh what must be captured while the target lives).
-pub async fn wait(
+/// Runs `work` until the first reason to stop; `work` should not finish on its own (if it
+/// fails, its error is returned).
+pub async fn run_until_stopped(
     target: Option<ProcessWatch>,
     duration: Option<Duration>,
-    mut tick: impl FnMut(),
+    work: impl Future<Output = io::Result<()>>,
 ) -> io::Result<StopReason> {
     let mut interrupt = signal(SignalKind::interrupt())?;
     let mut terminate = signal(SignalKind::terminate())?;
@@ -91,16 +91,22 @@ pub async fn wait(
             None => std::future::pending().await,
         }
     };
-    tokio::pin!(deadline, target_exit);
+    tokio::select! {
+        _ = deadline => Ok(StopReason::DurationElapsed),
+        _ = interrupt.recv() => Ok(StopReason::Interrupted),
+        _ = terminate.recv() => Ok(StopReason::Terminated),
+        _ = target_exit => Ok(StopReason::TargetExited),
+        result = work => result.map(|()| StopReason::TargetExited),
+    }
+}
+
+/// Calls `tick` about once a second, forever: for what must be captured while the target
+/// lives (its memory maps, its thread names).
+pub async fn every_second(mut tick: impl FnMut()) -> io::Result<()> {
     let mut ticker = tokio::time::interval(Duration::from_secs(1));
     loop {
-        tokio::select! {
-            _ = &mut deadline => return Ok(StopReason::DurationElapsed),
-            _ = interrupt.recv() => return Ok(StopReason::Interrupted),
-            _ = terminate.recv() => return Ok(StopReason::Terminated),
-            _ = &mut target_exit => return Ok(StopReason::TargetExited),
-            _ = ticker.tick() => tick(),
-        }
+        ticker.tick().await;
+        tick();
     }
 }
 

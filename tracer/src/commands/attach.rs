@@ -83,10 +83,14 @@ pub fn run(config: AttachConfig) -> Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let reason = runtime.block_on(stop::wait(Some(watch), config.duration, || {
-        let _ = maps.refresh();
-        threads.refresh(pid);
-    }))?;
+    let reason = runtime.block_on(stop::run_until_stopped(
+        Some(watch),
+        config.duration,
+        stop::every_second(|| {
+            let _ = maps.refresh();
+            threads.refresh(pid);
+        }),
+    ))?;
 
     // Collect first, detach next, so what was measured up to now is what is reported; the
     // target keeps running untouched from here on.

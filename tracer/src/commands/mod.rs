@@ -1,3 +1,5 @@
 //! One module per subcommand: each turns a validated config into a run.
 
 pub mod attach;
+pub mod list;
+pub mod trace;

@@ -8,6 +8,7 @@
 mod notes;
 mod pattern;
 mod process;
+mod resolve;
 mod spec;
 
 use std::collections::HashSet;
@@ -19,6 +20,7 @@ use tracer_common::UsdtArg;
 pub use notes::{NoteDesc, UsdtNote, parse_note_desc, read_notes};
 pub use pattern::{Glob, ProbePattern, UsdtSpecifier, parse_specifier};
 pub use process::{MappedObject, MapsEntry, executable, mapped_objects, parse_maps};
+pub use resolve::{Scope, resolve};
 pub use spec::{describe, parse_arg_specs};
 
 /// Everything that can go wrong while discovering or decoding USDT probes.
@@ -68,6 +70,9 @@ pub enum UsdtError {
         /// What form was expected.
         reason: String,
     },
+    /// No probe matched what the user asked for.
+    #[error("no probes match {wanted} in {place}")]
+    NoProbes { wanted: String, place: String },
     /// Reading a file failed for a reason other than the ones above (permissions, I/O).
     #[error("cannot read {}: {source}", path.display())]
     Io {
@@ -162,9 +167,13 @@ pub fn find_probes_in_process(
 }
 
 fn sites_in(binary: &MappedObject, pattern: &ProbePattern) -> Result<Vec<ProbeSite>, UsdtError> {
+    // Some binaries carry the same note twice (libjvm.so's hotspot:gc__begin); one uprobe
+    // per address, or every hit would count twice.
+    let mut seen = HashSet::new();
     Ok(read_notes(&binary.host_path)?
         .into_iter()
         .filter(|note| pattern.matches(&note.provider, &note.name))
+        .filter(|note| seen.insert(note.file_offset))
         .map(|note| ProbeSite::new(binary.clone(), note))
         .collect())
 }

@@ -114,6 +114,14 @@ pub fn parse_note_desc(
 /// Only the headers and the few sections needed are read, not the whole file, because
 /// the interesting libraries (libjvm.so) are tens of megabytes.
 pub fn read_notes(path: &Path) -> Result<Vec<UsdtNote>, UsdtError> {
+    // Checked before opening: opening a FIFO would block, and a directory opens fine
+    // but cannot be read.
+    let metadata = std::fs::metadata(path).map_err(|e| UsdtError::io(path, e))?;
+    if !metadata.is_file() {
+        return Err(UsdtError::NotElf {
+            path: path.to_path_buf(),
+        });
+    }
     let file = File::open(path).map_err(|e| UsdtError::io(path, e))?;
     let cache = ReadCache::new(file);
     match FileKind::parse(&cache) {
@@ -433,9 +441,18 @@ mod tests {
             read_notes(&path).unwrap_err(),
             UsdtError::BadElf { .. } | UsdtError::NotElf { .. }
         ));
-        // A directory opens but cannot be read.
+        // Neither a directory nor a FIFO is an ELF file (and opening the FIFO must not
+        // block waiting for a writer).
         assert!(matches!(
             read_notes(&dir.0).unwrap_err(),
+            UsdtError::NotElf { .. }
+        ));
+        let fifo = dir.0.join("fifo");
+        let c_path = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: c_path is a valid NUL-terminated string for the duration of the call.
+        assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
+        assert!(matches!(
+            read_notes(&fifo).unwrap_err(),
             UsdtError::NotElf { .. }
         ));
         let missing = read_notes(Path::new("/nonexistent/usdt-test")).unwrap_err();

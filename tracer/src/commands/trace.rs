@@ -1,0 +1,218 @@
+//! `tracer trace PROBE... [-- CMD]`: one line per probe hit with its decoded arguments.
+
+use std::io::{BufWriter, Write as _};
+
+use anyhow::{Result, bail};
+use aya::maps::{MapData, RingBuf};
+use serde_json::json;
+use tokio::io::{Interest, unix::AsyncFd};
+use tracer_common::{UsdtEvent, counter};
+
+use crate::{
+    cli::{Format, TraceConfig},
+    launch::PausedChild,
+    loader::{Loader, Settings},
+    privileges,
+    probe_plan::{ProbePlan, SiteInput},
+    stop::{self, ProcessWatch},
+    usdt::{self, Scope},
+};
+
+pub fn run(config: TraceConfig) -> Result<()> {
+    privileges::check()?;
+    let specs = config
+        .probes
+        .iter()
+        .map(|p| usdt::parse_specifier(p))
+        .collect::<Result<Vec<_>, _>>()?;
+    // Fork before any other thread exists; the child waits until the probes are attached.
+    let mut child = match &config.command {
+        Some(argv) => Some(PausedChild::spawn(argv)?),
+        None => None,
+    };
+    let (scope, pid) = match (config.pid, &child) {
+        (Some(pid), _) => (Scope::Process(pid.get()), Some(pid.get())),
+        (None, Some(child)) => (
+            Scope::Files {
+                exe: Some(&child.exe),
+            },
+            Some(child.pid),
+        ),
+        (None, None) => (Scope::Files { exe: None }, None),
+    };
+    let watch = match pid {
+        Some(pid) => {
+            Some(ProcessWatch::new(pid).map_err(|_| anyhow::anyhow!("no such process: {pid}"))?)
+        }
+        None => None,
+    };
+    let sites = usdt::resolve(&specs, scope)?;
+    let inputs: Vec<SiteInput> = sites.iter().map(SiteInput::from).collect();
+    let plan = ProbePlan::build(&inputs, &[], true, pid)?;
+    let signed: Vec<Vec<bool>> = probe_signedness(&plan);
+
+    let mut loader = Loader::load(&Settings {
+        target_tgid: pid,
+        ..Settings::default()
+    })?;
+    for (cookie, planned) in plan.sites.iter().enumerate() {
+        loader.set_usdt_site(cookie as u32, &planned.site)?;
+        loader.attach_usdt(&planned.attachment, cookie as u32)?;
+    }
+    let events = loader.take_events()?;
+    eprintln!(
+        "Attached {} probes ({} sites){}. Ctrl-C to stop.",
+        plan.probes.len(),
+        loader.usdt_link_count(),
+        match pid {
+            Some(pid) => format!(" in process {pid}"),
+            None => " in every process running them".into(),
+        }
+    );
+    if let Some(child) = child.as_mut() {
+        child.resume()?;
+    }
+
+    let names: Vec<String> = plan.probes.iter().map(|p| p.specifier()).collect();
+    let mut printer = EventPrinter {
+        format: config.format,
+        names,
+        signed,
+        started_ns: stop::monotonic_ns(),
+        count: 0,
+    };
+    if config.format == Format::Text {
+        println!("{:>12} {:>7} {:>7} PROBE ARGS", "TIME(s)", "PID", "TID");
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let (reason, events) = runtime.block_on(async {
+        // SAFETY: the ring buffer owns its map fd, which stays open (and the same) until the
+        // AsyncFd gives the ring buffer back.
+        let mut events = unsafe { AsyncFd::register_with_interest(events, Interest::READABLE) }
+            .map_err(|e| std::io::Error::other(e.to_string()))?;
+        let reason =
+            stop::run_until_stopped(watch, config.duration, pump(&mut events, &mut printer))
+                .await?;
+        Ok::<_, std::io::Error>((reason, events.into_inner()))
+    })?;
+    loader.detach_usdt();
+    let mut events = events;
+    printer.drain(&mut events)?;
+
+    let lost = loader.counters()?[counter::EVENTS_LOST as usize];
+    let exit = child.as_ref().and_then(|c| c.wait());
+    eprintln!(
+        "Stopped: {reason}. {} events{}{}.",
+        printer.count,
+        if lost > 0 {
+            format!(", {lost} LOST (ring buffer full; raise --ring-buffer)")
+        } else {
+            ", none lost".into()
+        },
+        exit.map(|code| format!("; command exited with {code}"))
+            .unwrap_or_default()
+    );
+    if lost > 0 {
+        bail!("{lost} events were lost");
+    }
+    Ok(())
+}
+
+/// Whether each argument of each probe is signed, from its first site's spec.
+fn probe_signedness(plan: &ProbePlan) -> Vec<Vec<bool>> {
+    let mut signed = vec![Vec::new(); plan.probes.len()];
+    for planned in &plan.sites {
+        let slot = &mut signed[planned.site.probe_id as usize];
+        if slot.is_empty() {
+            *slot = planned.site.args[..planned.site.arg_count as usize]
+                .iter()
+                .map(|a| a.signed != 0)
+                .collect();
+        }
+    }
+    signed
+}
+
+async fn pump(
+    events: &mut AsyncFd<RingBuf<MapData>>,
+    printer: &mut EventPrinter,
+) -> std::io::Result<()> {
+    loop {
+        let mut guard = events.readable_mut().await?;
+        // Clear before draining: the kernel only wakes a reader that has caught up, so a
+        // wakeup arriving during the drain must not be cleared afterwards.
+        guard.clear_ready();
+        printer.drain(guard.get_inner_mut())?;
+    }
+}
+
+struct EventPrinter {
+    format: Format,
+    names: Vec<String>,
+    signed: Vec<Vec<bool>>,
+    started_ns: u64,
+    count: u64,
+}
+
+impl EventPrinter {
+    /// Prints every event waiting in the ring buffer.
+    fn drain(&mut self, ring: &mut RingBuf<MapData>) -> std::io::Result<()> {
+        let stdout = std::io::stdout();
+        let mut out = BufWriter::new(stdout.lock());
+        while let Some(item) = ring.next() {
+            if item.len() < std::mem::size_of::<UsdtEvent>() {
+                continue;
+            }
+            // SAFETY: the kernel wrote a whole UsdtEvent (checked length); read_unaligned
+            // copes with the ring buffer's 8-byte alignment guarantee either way.
+            let event: UsdtEvent = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
+            self.print(&mut out, &event)?;
+            self.count += 1;
+        }
+        out.flush()
+    }
+
+    fn print(&self, out: &mut impl std::io::Write, event: &UsdtEvent) -> std::io::Result<()> {
+        let id = event.probe_id as usize;
+        let name = self.names.get(id).map(String::as_str).unwrap_or("?");
+        let signs = self.signed.get(id).map(Vec::as_slice).unwrap_or(&[]);
+        let args = &event.args[..(event.arg_count as usize).min(event.args.len())];
+        match self.format {
+            Format::Json => {
+                let values: Vec<serde_json::Value> = args
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &v)| {
+                        if signs.get(i) == Some(&true) {
+                            json!(v as i64)
+                        } else {
+                            json!(v)
+                        }
+                    })
+                    .collect();
+                let line = json!({
+                    "time_ns": event.ts_ns,
+                    "pid": event.pid,
+                    "tid": event.tid,
+                    "probe": name,
+                    "args": values,
+                });
+                writeln!(out, "{line}")
+            }
+            Format::Text => {
+                let secs = event.ts_ns.saturating_sub(self.started_ns) as f64 / 1e9;
+                write!(out, "{secs:>12.6} {:>7} {:>7} {name}", event.pid, event.tid)?;
+                for (i, &v) in args.iter().enumerate() {
+                    if signs.get(i) == Some(&true) {
+                        write!(out, " {}", v as i64)?;
+                    } else {
+                        write!(out, " {v}")?;
+                    }
+                }
+                writeln!(out)
+            }
+        }
+    }
+}
