@@ -404,3 +404,44 @@ fn bad_input_gets_a_clear_error() {
         assert!(String::from_utf8_lossy(&out.stderr).contains("no probes match"));
     }
 }
+
+#[test]
+fn count_mode_counts_every_hit_in_the_kernel() {
+    if !privileged() {
+        return;
+    }
+    let out = run_tracer(&[
+        "trace",
+        "--count",
+        "--format",
+        "json",
+        &format!("usdt:{USDT_ARGS}:tracer_test:*"),
+        "--",
+        USDT_ARGS,
+        "--loops",
+        "250",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let counts: serde_json::Value = stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|v| {
+            v.as_object()
+                .is_some_and(|o| o.keys().any(|k| k.starts_with("usdt:")))
+        })
+        .unwrap_or_else(|| panic!("{stdout}"));
+    let count = |name: &str| {
+        counts[format!("usdt:{USDT_ARGS}:tracer_test:{name}")]
+            .as_u64()
+            .unwrap()
+    };
+    assert_eq!(count("regs"), 250);
+    assert_eq!(count("noargs"), 250);
+    assert_eq!(count("multi"), 750, "three sites, one probe");
+    assert_eq!(count("guarded"), 250);
+}

@@ -51,6 +51,10 @@ pub struct TraceArgs {
     /// Stop after this long (e.g. 10s).
     #[arg(long, short)]
     pub duration: Option<String>,
+    /// Count hits per probe in the kernel and print the counts at the end, instead of
+    /// one line per hit.
+    #[arg(long, short)]
+    pub count: bool,
     /// Probes as bpftrace writes them: usdt:PATH:PROVIDER:NAME (wildcards allowed; with
     /// --pid the path may be `*` or a library name).
     #[arg(required = true, value_name = "PROBE")]
@@ -175,6 +179,7 @@ pub struct TraceConfig {
     pub pid: Option<NonZeroU32>,
     pub format: Format,
     pub duration: Option<Duration>,
+    pub count: bool,
     pub probes: Vec<String>,
     pub command: Option<Vec<String>>,
 }
@@ -190,6 +195,7 @@ impl TryFrom<TraceArgs> for TraceConfig {
             pid: args.pid.map(nonzero_pid).transpose()?,
             format: args.format,
             duration: args.duration.as_deref().map(parse_duration).transpose()?,
+            count: args.count,
             probes: args.probes,
             command: (!args.command.is_empty()).then_some(args.command),
         })

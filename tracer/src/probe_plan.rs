@@ -63,6 +63,17 @@ impl ProbeInfo {
     }
 }
 
+/// What to do at sites beyond the latencies they take part in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SiteMode {
+    /// Attach only sites that begin or end a latency (`attach`).
+    LatenciesOnly,
+    /// Attach every site and count its hits (`trace --count`).
+    Count,
+    /// Attach every site and send each hit with its arguments (`trace`).
+    Events,
+}
+
 /// One site to attach, with what the eBPF program does when it fires.
 #[derive(Debug, Clone)]
 pub struct PlannedSite {
@@ -82,12 +93,12 @@ pub struct ProbePlan {
 }
 
 impl ProbePlan {
-    /// Plans `sites` for process `pid` (or every process when `None`). Sites whose probe
-    /// takes part in no latency are attached only when `emit_events` (for `trace`).
+    /// Plans `sites` for process `pid` (or every process when `None`); `mode` says which
+    /// sites beyond the latencies' are attached and whether hits become events.
     pub fn build(
         sites: &[SiteInput],
         latencies: &[LatencyDef],
-        emit_events: bool,
+        mode: SiteMode,
         pid: Option<u32>,
     ) -> Result<Self, PlanError> {
         if latencies.len() > MAX_LATENCIES as usize {
@@ -108,7 +119,8 @@ impl ProbePlan {
             };
             let begins = roles(|l| &l.begin);
             let ends = roles(|l| &l.end);
-            if !emit_events && begins.is_empty() && ends.is_empty() {
+            let emit_events = mode == SiteMode::Events;
+            if mode == SiteMode::LatenciesOnly && begins.is_empty() && ends.is_empty() {
                 continue;
             }
             let probe_label =
@@ -234,7 +246,7 @@ mod tests {
             latency("pause", "gc__begin", "gc__end"),
             latency("stw", "gc__begin", "gc__stop_the_world"),
         ];
-        let plan = ProbePlan::build(&sites, &lats, false, Some(7)).unwrap();
+        let plan = ProbePlan::build(&sites, &lats, SiteMode::LatenciesOnly, Some(7)).unwrap();
         assert_eq!(plan.sites.len(), 4, "the unrelated probe is not attached");
         let begin = &plan.sites[0].site;
         assert_eq!(
@@ -258,7 +270,7 @@ mod tests {
     #[test]
     fn events_attach_every_site_with_args() {
         let sites = [site("a", 1), site("b", 2)];
-        let plan = ProbePlan::build(&sites, &[], true, None).unwrap();
+        let plan = ProbePlan::build(&sites, &[], SiteMode::Events, None).unwrap();
         assert_eq!(plan.sites.len(), 2);
         assert!(
             plan.sites
@@ -273,8 +285,19 @@ mod tests {
         let mut bad = site("gc__begin", 1);
         bad.args = Err("bad spec".into());
         let lats = [latency("pause", "gc__begin", "gc__end")];
-        assert!(ProbePlan::build(std::slice::from_ref(&bad), &lats, false, None).is_ok());
-        let err = ProbePlan::build(&[bad], &[], true, None).unwrap_err();
+        assert!(
+            ProbePlan::build(
+                std::slice::from_ref(&bad),
+                &lats,
+                SiteMode::LatenciesOnly,
+                None
+            )
+            .is_ok()
+        );
+        let err = ProbePlan::build(&[bad.clone()], &[], SiteMode::Events, None).unwrap_err();
         assert!(matches!(err, PlanError::BadArguments { .. }));
+        let counted = ProbePlan::build(&[bad], &[], SiteMode::Count, None).unwrap();
+        assert_eq!(counted.sites.len(), 1, "counting needs no arguments");
+        assert_eq!(counted.sites[0].site.flags, 0);
     }
 }

@@ -12,7 +12,7 @@ use crate::{
     loader::{Loader, LoaderError, Settings},
     offcpu::{self, StackSource, ThreadNames},
     privileges,
-    probe_plan::{ProbePlan, SiteInput},
+    probe_plan::{ProbePlan, SiteInput, SiteMode},
     render::flamegraph::{Palette, SvgOptions, write_flamegraph_svg, write_folded},
     report::{AttachReport, LatencyReport, Losses, ProbeReport},
     runtimes::{self, LatencyDef},
@@ -44,7 +44,7 @@ pub fn run(config: AttachConfig) -> Result<()> {
     }
     let sites: Vec<SiteInput> = scan.sites.iter().map(SiteInput::from).collect();
     let latencies = latencies_for(&sites, &config)?;
-    let plan = ProbePlan::build(&sites, &latencies, false, Some(pid))?;
+    let plan = ProbePlan::build(&sites, &latencies, SiteMode::LatenciesOnly, Some(pid))?;
 
     let mut maps =
         ProcessMaps::capture(pid).map_err(|_| anyhow::anyhow!("process {pid} exited"))?;

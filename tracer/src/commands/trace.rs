@@ -13,7 +13,7 @@ use crate::{
     launch::PausedChild,
     loader::{Loader, Settings},
     privileges,
-    probe_plan::{ProbePlan, SiteInput},
+    probe_plan::{ProbePlan, SiteInput, SiteMode},
     stop::{self, ProcessWatch},
     usdt::{self, Scope},
 };
@@ -48,7 +48,12 @@ pub fn run(config: TraceConfig) -> Result<()> {
     };
     let sites = usdt::resolve(&specs, scope)?;
     let inputs: Vec<SiteInput> = sites.iter().map(SiteInput::from).collect();
-    let plan = ProbePlan::build(&inputs, &[], true, pid)?;
+    let mode = if config.count {
+        SiteMode::Count
+    } else {
+        SiteMode::Events
+    };
+    let plan = ProbePlan::build(&inputs, &[], mode, pid)?;
     let signed: Vec<Vec<bool>> = probe_signedness(&plan);
 
     let mut loader = Loader::load(&Settings {
@@ -81,7 +86,7 @@ pub fn run(config: TraceConfig) -> Result<()> {
         started_ns: stop::monotonic_ns(),
         count: 0,
     };
-    if config.format == Format::Text {
+    if config.format == Format::Text && !config.count {
         println!("{:>12} {:>7} {:>7} PROBE ARGS", "TIME(s)", "PID", "TID");
     }
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -101,6 +106,9 @@ pub fn run(config: TraceConfig) -> Result<()> {
     let mut events = events;
     printer.drain(&mut events)?;
 
+    if config.count {
+        print_counts(&loader, &plan, config.format)?;
+    }
     let lost = loader.counters()?[counter::EVENTS_LOST as usize];
     let exit = child.as_ref().and_then(|c| c.wait());
     eprintln!(
@@ -116,6 +124,28 @@ pub fn run(config: TraceConfig) -> Result<()> {
     );
     if lost > 0 {
         bail!("{lost} events were lost");
+    }
+    Ok(())
+}
+
+/// Hits per probe, as bpftrace prints `@[probe] = count()` (or one JSON object).
+fn print_counts(loader: &Loader, plan: &ProbePlan, format: Format) -> Result<()> {
+    let mut counts = Vec::new();
+    for (id, probe) in plan.probes.iter().enumerate() {
+        counts.push((probe.specifier(), loader.probe_hits(id as u32)?));
+    }
+    match format {
+        Format::Json => {
+            let map: serde_json::Map<String, serde_json::Value> =
+                counts.into_iter().map(|(k, v)| (k, json!(v))).collect();
+            println!("{}", serde_json::Value::Object(map));
+        }
+        Format::Text => {
+            counts.sort_by_key(|&(_, n)| n);
+            for (probe, n) in counts {
+                println!("@[{probe}]: {n}");
+            }
+        }
     }
     Ok(())
 }
