@@ -180,3 +180,61 @@ fn without_privileges_it_names_what_is_missing() {
     );
     assert!(!err.contains("panicked"), "{err}");
 }
+
+#[test]
+fn tasks_running_and_parked_time_match_the_targets_own_accounting() {
+    if !privileged() {
+        return;
+    }
+    let (report, truth, _) = trace_gc_demo(
+        "tasks",
+        &["--gcs", "10", "--pause-ms", "10", "--interval-ms", "40"],
+    );
+    let tasks = report["tasks"]["list"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{report:#}"));
+    let task = |id: u64| {
+        tasks
+            .iter()
+            .find(|t| t["task"] == id)
+            .unwrap_or_else(|| panic!("task {id} missing: {tasks:?}"))
+    };
+    for worker in truth["tasks"].as_array().unwrap() {
+        let id = worker["id"].as_u64().unwrap();
+        assert_eq!(
+            task(id)["runs"],
+            worker["runs"],
+            "task {id}: rt__run__task count"
+        );
+        assert_eq!(
+            task(id)["parks"],
+            worker["runs"],
+            "task {id}: one park per run"
+        );
+    }
+    // The sleeper parks once per iteration, right before sleeping.
+    let slept = truth["sleep_in_demo_io_ns"].as_u64().unwrap() as f64;
+    let parked = task(2)["parked_ns"].as_u64().unwrap() as f64;
+    assert!(
+        (parked - slept).abs() <= 0.2 * slept,
+        "sleeper parked {parked} ns, slept {slept} ns"
+    );
+    let waited = truth["wait_for_demo_lock_ns"].as_u64().unwrap() as f64;
+    assert!(
+        task(4)["parked_ns"].as_u64().unwrap() as f64 >= 0.8 * waited,
+        "the lock waiter parks at least while it waits"
+    );
+    let folded = std::fs::read_to_string(report["tasks"]["folded"].as_str().unwrap()).unwrap();
+    assert!(
+        folded
+            .lines()
+            .any(|l| l.contains(";task 0x2;") && l.contains("gc_demo::sleeper_thread")),
+        "{folded}"
+    );
+    assert!(
+        folded
+            .lines()
+            .any(|l| l.contains(";task 0x4;") && l.contains("gc_demo::lock_waiter_thread")),
+        "{folded}"
+    );
+}

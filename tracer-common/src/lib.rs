@@ -29,6 +29,8 @@ pub mod map_names {
     pub const PROBE_HITS: &str = "PROBE_HITS";
     pub const OFFCPU_STARTS: &str = "OFFCPU_STARTS";
     pub const OFFCPU_TIME: &str = "OFFCPU_TIME";
+    pub const TASK_STATES: &str = "TASK_STATES";
+    pub const TASK_TIME: &str = "TASK_TIME";
     pub const STACKS: &str = "STACKS";
     pub const COUNTERS: &str = "COUNTERS";
 }
@@ -86,7 +88,17 @@ pub struct UsdtArg {
 pub mod site_flags {
     /// Send every hit to user space through the ring buffer (`tracer trace`).
     pub const EMIT_EVENT: u8 = 1;
+    /// The probe says a task starts (or resumes) running.
+    pub const TASK_RUN: u8 = 2;
+    /// The probe says a task stops running to wait (parks).
+    pub const TASK_PAUSE: u8 = 4;
+    /// The probe says a task finished: forget its state.
+    pub const TASK_FINISH: u8 = 8;
 }
+
+/// `UsdtSite::task_arg` value meaning "the task is the thread that hit the probe" (the
+/// JVM's thread__park probes); otherwise it is the index of the argument holding the task.
+pub const TASK_IS_THREAD: u8 = 0xff;
 
 /// Everything the eBPF program needs to know about one attached probe site. Stored in
 /// `USDT_SPECS` at the index passed as the uprobe's BPF cookie.
@@ -106,6 +118,9 @@ pub struct UsdtSite {
     pub flags: u8,
     pub latency_begin_count: u8,
     pub latency_end_count: u8,
+    /// For task probes: which argument identifies the task, or [`TASK_IS_THREAD`].
+    pub task_arg: u8,
+    pub _pad: [u8; 3],
 }
 
 /// One probe hit, sent through the `USDT_EVENTS` ring buffer.
@@ -172,6 +187,47 @@ pub struct OffCpuTotal {
     pub count: u64,
 }
 
+/// Key of `TASK_STATES`: a runtime's task id within its process.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct TaskId {
+    pub task: u64,
+    pub tgid: u32,
+    pub _pad: u32,
+}
+
+/// Value of `TASK_STATES`: what a task is doing since when.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TaskState {
+    /// When it started running; 0 while parked.
+    pub run_start_ns: u64,
+    /// When it parked; 0 while running.
+    pub park_start_ns: u64,
+    /// User stack where it parked (id in `STACKS`, or a negative errno).
+    pub park_stack_id: i32,
+    pub _pad: u32,
+}
+
+/// Whether a `TaskKey` accounts running or parked time.
+pub mod task_phase {
+    pub const RUNNING: u32 = 0;
+    pub const PARKED: u32 = 1;
+}
+
+/// Key of `TASK_TIME`: a task, a phase, and for parked time the stack where it parked.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct TaskKey {
+    pub task: u64,
+    pub tgid: u32,
+    /// One of [`task_phase`].
+    pub phase: u32,
+    /// User stack id for parked time; -1 for running time.
+    pub stack_id: i32,
+    pub _pad: u32,
+}
+
 /// Indices of the `COUNTERS` per-CPU array: things the eBPF side could not record, so
 /// user space reports them instead of hiding them.
 pub mod counter {
@@ -204,4 +260,7 @@ mod pod {
     unsafe impl aya::Pod for OffCpuStart {}
     unsafe impl aya::Pod for OffCpuKey {}
     unsafe impl aya::Pod for OffCpuTotal {}
+    unsafe impl aya::Pod for TaskState {}
+    unsafe impl aya::Pod for TaskId {}
+    unsafe impl aya::Pod for TaskKey {}
 }

@@ -5,6 +5,7 @@
 #![no_main]
 
 mod offcpu;
+mod tasks;
 mod usdt;
 
 use aya_ebpf::{
@@ -14,7 +15,7 @@ use aya_ebpf::{
 };
 use tracer_common::{
     LatencyStartKey, LatencyStats, MAX_LATENCIES, MAX_PROBES, MAX_USDT_SITES, OffCpuKey,
-    OffCpuStart, OffCpuTotal, UsdtSite, counter, histogram,
+    OffCpuStart, OffCpuTotal, TaskId, TaskKey, TaskState, UsdtSite, counter, histogram,
 };
 
 /// Per-site argument specs and latency roles, indexed by the uprobe's BPF cookie.
@@ -49,6 +50,14 @@ static OFFCPU_STARTS: HashMap<u32, OffCpuStart> = HashMap::with_max_entries(6553
 /// Off-CPU time by thread and stacks.
 #[map]
 static OFFCPU_TIME: HashMap<OffCpuKey, OffCpuTotal> = HashMap::with_max_entries(65536, 0);
+
+/// Runtime tasks: what each is doing since when.
+#[map]
+static TASK_STATES: HashMap<TaskId, TaskState> = HashMap::with_max_entries(65536, 0);
+
+/// Running and parked time per task (parked time by the stack where it parked).
+#[map]
+static TASK_TIME: HashMap<TaskKey, OffCpuTotal> = HashMap::with_max_entries(65536, 0);
 
 /// User and kernel stacks referenced by id.
 #[map]

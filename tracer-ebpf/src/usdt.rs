@@ -34,6 +34,9 @@ pub fn on_hit(ctx: &ProbeContext) {
     }
     end_latencies(site, tid, now);
     begin_latencies(site, tid, now);
+    if site.flags & (site_flags::TASK_RUN | site_flags::TASK_PAUSE | site_flags::TASK_FINISH) != 0 {
+        crate::tasks::on_task_probe(ctx, site, pid_tgid, now);
+    }
     if site.flags & site_flags::EMIT_EVENT != 0 {
         emit_event(ctx, site, pid_tgid, now);
     }
@@ -126,7 +129,7 @@ fn emit_event(ctx: &ProbeContext, site: &UsdtSite, pid_tgid: u64, now: u64) {
 
 /// Decodes one argument as the spec says, widened to 64 bits.
 #[inline(always)]
-fn read_arg(ctx: &ProbeContext, arg: &UsdtArg) -> u64 {
+pub fn read_arg(ctx: &ProbeContext, arg: &UsdtArg) -> u64 {
     let raw = match arg.kind {
         arg_kind::CONST => arg.val_off as u64,
         arg_kind::REG => register(ctx, arg.reg_off),

@@ -278,13 +278,17 @@ mod tests {
     #[test]
     fn attach_config_validates() {
         let cli = Cli::try_parse_from(["tracer", "attach", "--pid", "0"]).unwrap();
-        let Command::Attach(args) = cli.command;
+        let Command::Attach(args) = cli.command else {
+            panic!("not attach")
+        };
         assert_eq!(
             AttachConfig::try_from(args).unwrap_err(),
             ConfigError::ZeroPid
         );
         let cli = Cli::try_parse_from(["tracer", "attach", "-p", "42", "-d", "3s"]).unwrap();
-        let Command::Attach(args) = cli.command;
+        let Command::Attach(args) = cli.command else {
+            panic!("not attach")
+        };
         let config = AttachConfig::try_from(args).unwrap();
         assert_eq!(config.duration, Some(Duration::from_secs(3)));
         assert_eq!(config.output_dir, PathBuf::from("tracer-42"));

@@ -5,7 +5,7 @@
 //! - `probe_plan`: which sites to attach and what the kernel does at each;
 //! - `loader` (with `btf`): the only module that talks to aya and the kernel;
 //! - `runtimes`: the runtimes recognised by their probes and what is measured for each;
-//! - `histogram`, `offcpu`: aggregation of what the kernel collected;
+//! - `histogram`, `offcpu`, `tasks`: aggregation of what the kernel collected;
 //! - `symbolize`: naming addresses (blazesym);
 //! - `render`, `report`: histograms, flamegraphs and reports;
 //! - `cli`, `commands`, `stop`, `privileges`: the command line and a run's lifecycle.
@@ -24,4 +24,5 @@ pub mod report;
 pub mod runtimes;
 pub mod stop;
 pub mod symbolize;
+pub mod tasks;
 pub mod usdt;

@@ -156,7 +156,7 @@ fn without_bpf_frames(mut names: Vec<String>) -> Vec<String> {
 }
 
 /// Frames of stack `id`, root first; `missing` when the kernel could not record it.
-fn named_frames(
+pub(crate) fn named_frames(
     id: i32,
     stacks: &impl StackSource,
     missing: &str,

@@ -6,11 +6,14 @@ use std::path::PathBuf;
 
 use thiserror::Error;
 use tracer_common::{
-    MAX_LATENCIES, MAX_LATENCIES_PER_PROBE, MAX_PROBES, MAX_USDT_ARGS, MAX_USDT_SITES, UsdtArg,
-    UsdtSite, site_flags,
+    MAX_LATENCIES, MAX_LATENCIES_PER_PROBE, MAX_PROBES, MAX_USDT_ARGS, MAX_USDT_SITES,
+    TASK_IS_THREAD, UsdtArg, UsdtSite, site_flags,
 };
 
-use crate::{loader::UsdtAttachment, runtimes::LatencyDef};
+use crate::{
+    loader::UsdtAttachment,
+    runtimes::{LatencyDef, TaskProbeDef, TaskRole},
+};
 
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum PlanError {
@@ -98,6 +101,7 @@ impl ProbePlan {
     pub fn build(
         sites: &[SiteInput],
         latencies: &[LatencyDef],
+        tasks: &[TaskProbeDef],
         mode: SiteMode,
         pid: Option<u32>,
     ) -> Result<Self, PlanError> {
@@ -119,8 +123,15 @@ impl ProbePlan {
             };
             let begins = roles(|l| &l.begin);
             let ends = roles(|l| &l.end);
+            let task = tasks
+                .iter()
+                .find(|t| t.provider == input.provider && t.name == input.name);
             let emit_events = mode == SiteMode::Events;
-            if mode == SiteMode::LatenciesOnly && begins.is_empty() && ends.is_empty() {
+            if mode == SiteMode::LatenciesOnly
+                && begins.is_empty()
+                && ends.is_empty()
+                && task.is_none()
+            {
                 continue;
             }
             let probe_label =
@@ -128,26 +139,46 @@ impl ProbePlan {
             if begins.len() > MAX_LATENCIES_PER_PROBE || ends.len() > MAX_LATENCIES_PER_PROBE {
                 return Err(PlanError::TooManyRoles(probe_label()));
             }
-            // Arguments matter only for events; a latency probe with an odd spec still works.
+            // Arguments matter only for events and task ids; a latency probe with an odd
+            // spec still works.
             let args = match (&input.args, emit_events) {
                 (Ok(args), _) => args.clone(),
-                (Err(reason), true) => {
+                (Err(reason), _) if emit_events || task.is_some_and(|t| t.task_arg.is_some()) => {
                     return Err(PlanError::BadArguments {
                         probe: probe_label(),
                         reason: reason.clone(),
                     });
                 }
-                (Err(_), false) => Vec::new(),
+                (Err(_), _) => Vec::new(),
+            };
+            let task_flag = match task.map(|t| t.role) {
+                Some(TaskRole::Run) => site_flags::TASK_RUN,
+                Some(TaskRole::Pause) => site_flags::TASK_PAUSE,
+                Some(TaskRole::Finish) => site_flags::TASK_FINISH,
+                None => 0,
+            };
+            let task_arg = match task.and_then(|t| t.task_arg) {
+                Some(index) if (index as usize) < args.len() => index,
+                Some(_) => {
+                    let reason = "the task probe has no task argument".into();
+                    return Err(PlanError::BadArguments {
+                        probe: probe_label(),
+                        reason,
+                    });
+                }
+                None => TASK_IS_THREAD,
+            };
+            let event_flag = if emit_events {
+                site_flags::EMIT_EVENT
+            } else {
+                0
             };
             let probe_id = plan.probe_id(input, args.len());
             let mut site = UsdtSite {
                 probe_id,
                 arg_count: args.len().min(MAX_USDT_ARGS) as u8,
-                flags: if emit_events {
-                    site_flags::EMIT_EVENT
-                } else {
-                    0
-                },
+                flags: event_flag | task_flag,
+                task_arg,
                 latency_begin_count: begins.len() as u8,
                 latency_end_count: ends.len() as u8,
                 ..Default::default()
@@ -246,7 +277,7 @@ mod tests {
             latency("pause", "gc__begin", "gc__end"),
             latency("stw", "gc__begin", "gc__stop_the_world"),
         ];
-        let plan = ProbePlan::build(&sites, &lats, SiteMode::LatenciesOnly, Some(7)).unwrap();
+        let plan = ProbePlan::build(&sites, &lats, &[], SiteMode::LatenciesOnly, Some(7)).unwrap();
         assert_eq!(plan.sites.len(), 4, "the unrelated probe is not attached");
         let begin = &plan.sites[0].site;
         assert_eq!(
@@ -268,9 +299,42 @@ mod tests {
     }
 
     #[test]
+    fn task_probes_get_their_role_and_task_argument() {
+        let sites = [
+            site("rt__run__task", 1),
+            site("rt__pause__task", 2),
+            site("unrelated", 3),
+        ];
+        let tasks: Vec<_> = crate::runtimes::by_provider("tracer")
+            .unwrap()
+            .task_probe_defs()
+            .collect();
+        let plan = ProbePlan::build(&sites, &[], &tasks, SiteMode::LatenciesOnly, None).unwrap();
+        assert_eq!(plan.sites.len(), 2);
+        assert_eq!(plan.sites[0].site.flags, site_flags::TASK_RUN);
+        assert_eq!(plan.sites[1].site.flags, site_flags::TASK_PAUSE);
+        assert_eq!(plan.sites[0].site.task_arg, 0);
+        let thread_tasks = [TaskProbeDef {
+            provider: "tracer".into(),
+            name: "rt__run__task".into(),
+            role: TaskRole::Run,
+            task_arg: None,
+        }];
+        let plan = ProbePlan::build(
+            &sites[..1],
+            &[],
+            &thread_tasks,
+            SiteMode::LatenciesOnly,
+            None,
+        )
+        .unwrap();
+        assert_eq!(plan.sites[0].site.task_arg, TASK_IS_THREAD);
+    }
+
+    #[test]
     fn events_attach_every_site_with_args() {
         let sites = [site("a", 1), site("b", 2)];
-        let plan = ProbePlan::build(&sites, &[], SiteMode::Events, None).unwrap();
+        let plan = ProbePlan::build(&sites, &[], &[], SiteMode::Events, None).unwrap();
         assert_eq!(plan.sites.len(), 2);
         assert!(
             plan.sites
@@ -289,14 +353,15 @@ mod tests {
             ProbePlan::build(
                 std::slice::from_ref(&bad),
                 &lats,
+                &[],
                 SiteMode::LatenciesOnly,
                 None
             )
             .is_ok()
         );
-        let err = ProbePlan::build(&[bad.clone()], &[], SiteMode::Events, None).unwrap_err();
+        let err = ProbePlan::build(&[bad.clone()], &[], &[], SiteMode::Events, None).unwrap_err();
         assert!(matches!(err, PlanError::BadArguments { .. }));
-        let counted = ProbePlan::build(&[bad], &[], SiteMode::Count, None).unwrap();
+        let counted = ProbePlan::build(&[bad], &[], &[], SiteMode::Count, None).unwrap();
         assert_eq!(counted.sites.len(), 1, "counting needs no arguments");
         assert_eq!(counted.sites[0].site.flags, 0);
     }

@@ -12,7 +12,18 @@ use crate::{
     render::hist::{MICROSECONDS, format_ns, render_latency, summary_json},
     runtimes::LatencyDef,
     stop::StopReason,
+    tasks::TaskProfile,
 };
+
+/// Runtime tasks: the profile and where its flamegraph went.
+pub struct TaskReport {
+    pub profile: TaskProfile,
+    pub folded_path: PathBuf,
+    pub svg_path: PathBuf,
+}
+
+/// How many tasks the text report lists.
+const TASKS_SHOWN: usize = 10;
 
 pub struct ProbeReport {
     pub info: ProbeInfo,
@@ -44,6 +55,7 @@ pub struct AttachReport {
     pub offcpu: OffCpuProfile,
     pub folded_path: PathBuf,
     pub svg_path: PathBuf,
+    pub tasks: Option<TaskReport>,
     pub losses: Losses,
 }
 
@@ -88,6 +100,31 @@ impl AttachReport {
             self.svg_path.display(),
             self.folded_path.display()
         );
+        if let Some(tasks) = &self.tasks {
+            let _ = writeln!(
+                out,
+                "\nTasks: {} seen; the {} that waited longest (flamegraph {}):",
+                tasks.profile.tasks.len(),
+                TASKS_SHOWN.min(tasks.profile.tasks.len()),
+                tasks.svg_path.display()
+            );
+            let _ = writeln!(
+                out,
+                "{:>18} {:>10} {:>10} {:>7} {:>7}",
+                "TASK", "PARKED", "RUNNING", "PARKS", "RUNS"
+            );
+            for task in tasks.profile.tasks.iter().take(TASKS_SHOWN) {
+                let _ = writeln!(
+                    out,
+                    "{:>18} {:>10} {:>10} {:>7} {:>7}",
+                    format!("{:#x}", task.task),
+                    format_ns(task.parked_ns),
+                    format_ns(task.running_ns),
+                    task.parks,
+                    task.runs
+                );
+            }
+        }
         let l = &self.losses;
         if l.events_lost
             + l.map_full
@@ -140,6 +177,18 @@ impl AttachReport {
                 "folded": self.folded_path,
                 "svg": self.svg_path,
             },
+            "tasks": self.tasks.as_ref().map(|t| json!({
+                "count": t.profile.tasks.len(),
+                "folded": t.folded_path,
+                "svg": t.svg_path,
+                "list": t.profile.tasks.iter().map(|task| json!({
+                    "task": task.task,
+                    "running_ns": task.running_ns,
+                    "parked_ns": task.parked_ns,
+                    "runs": task.runs,
+                    "parks": task.parks,
+                })).collect::<Vec<_>>(),
+            })),
             "lost": {
                 "events_lost": self.losses.events_lost,
                 "map_full": self.losses.map_full,

@@ -11,6 +11,24 @@ pub struct LatencyDef {
     pub end: String,
 }
 
+/// What a task-switch probe says about a task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TaskRole {
+    Run,
+    Pause,
+    Finish,
+}
+
+/// A probe that marks a task switch, and where it finds the task.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskProbeDef {
+    pub provider: String,
+    pub name: String,
+    pub role: TaskRole,
+    /// The argument holding the task id; `None`: the task is the thread that hit it.
+    pub task_arg: Option<u8>,
+}
+
 /// A runtime known by its provider name.
 #[derive(Debug)]
 pub struct Runtime {
@@ -18,6 +36,8 @@ pub struct Runtime {
     pub provider: &'static str,
     /// (latency name, begin probe, end probe)
     pub latencies: &'static [(&'static str, &'static str, &'static str)],
+    /// (probe, role, task argument)
+    pub task_probes: &'static [(&'static str, TaskRole, Option<u8>)],
 }
 
 /// The `probes` crate's provider (see `probes::PROVIDER`) and Julia's share probe names.
@@ -28,26 +48,41 @@ const JULIA_STYLE_GC: &[(&str, &str, &str)] = &[
     ("gc_sweep", "gc__sweep__begin", "gc__sweep__end"),
 ];
 
+/// Julia's task probes (and ours): the task is the first argument.
+const JULIA_STYLE_TASKS: &[(&str, TaskRole, Option<u8>)] = &[
+    ("rt__run__task", TaskRole::Run, Some(0)),
+    ("rt__pause__task", TaskRole::Pause, Some(0)),
+    ("rt__finish__task", TaskRole::Finish, Some(0)),
+];
+
 pub const RUNTIMES: &[Runtime] = &[
     Runtime {
         name: "tracer probes",
         provider: "tracer",
         latencies: JULIA_STYLE_GC,
+        task_probes: JULIA_STYLE_TASKS,
     },
     Runtime {
         name: "Julia",
         provider: "julia",
         latencies: JULIA_STYLE_GC,
+        task_probes: JULIA_STYLE_TASKS,
     },
     Runtime {
         name: "JVM (HotSpot)",
         provider: "hotspot",
         latencies: &[("gc_pause", "gc__begin", "gc__end")],
+        // A Java thread parks (LockSupport.park) and unparks: the thread is the task.
+        task_probes: &[
+            ("thread__park__begin", TaskRole::Pause, None),
+            ("thread__park__end", TaskRole::Run, None),
+        ],
     },
     Runtime {
         name: "CPython",
         provider: "python",
         latencies: &[("gc_pause", "gc__start", "gc__done")],
+        task_probes: &[],
     },
 ];
 
@@ -59,6 +94,19 @@ impl Runtime {
             begin: begin.into(),
             end: end.into(),
         })
+    }
+}
+
+impl Runtime {
+    pub fn task_probe_defs(&self) -> impl Iterator<Item = TaskProbeDef> + '_ {
+        self.task_probes
+            .iter()
+            .map(|&(name, role, task_arg)| TaskProbeDef {
+                provider: self.provider.into(),
+                name: name.into(),
+                role,
+                task_arg,
+            })
     }
 }
 

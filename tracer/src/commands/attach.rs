@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use anyhow::{Context as _, Result, bail};
-use tracer_common::counter;
+use tracer_common::{counter, site_flags};
 
 use crate::{
     cli::{AttachConfig, Format},
@@ -14,10 +14,11 @@ use crate::{
     privileges,
     probe_plan::{ProbePlan, SiteInput, SiteMode},
     render::flamegraph::{Palette, SvgOptions, write_flamegraph_svg, write_folded},
-    report::{AttachReport, LatencyReport, Losses, ProbeReport},
-    runtimes::{self, LatencyDef},
+    report::{AttachReport, LatencyReport, Losses, ProbeReport, TaskReport},
+    runtimes::{self, LatencyDef, Runtime, TaskProbeDef},
     stop::{self, ProcessWatch, StopReason},
     symbolize::{ProcessMaps, StackSymbolizer},
+    tasks,
     usdt::{self, ProbePattern},
 };
 
@@ -44,7 +45,16 @@ pub fn run(config: AttachConfig) -> Result<()> {
     }
     let sites: Vec<SiteInput> = scan.sites.iter().map(SiteInput::from).collect();
     let latencies = latencies_for(&sites, &config)?;
-    let plan = ProbePlan::build(&sites, &latencies, SiteMode::LatenciesOnly, Some(pid))?;
+    let task_probes: Vec<TaskProbeDef> = known_runtimes(&sites)
+        .flat_map(|r| r.task_probe_defs())
+        .collect();
+    let plan = ProbePlan::build(
+        &sites,
+        &latencies,
+        &task_probes,
+        SiteMode::LatenciesOnly,
+        Some(pid),
+    )?;
 
     let mut maps =
         ProcessMaps::capture(pid).map_err(|_| anyhow::anyhow!("process {pid} exited"))?;
@@ -124,12 +134,7 @@ pub fn run(config: AttachConfig) -> Result<()> {
 /// The latencies to measure: every known runtime whose provider the target carries, plus
 /// those asked for with --latency (whose probes must exist).
 fn latencies_for(sites: &[SiteInput], config: &AttachConfig) -> Result<Vec<LatencyDef>> {
-    let mut providers: Vec<&str> = sites.iter().map(|s| s.provider.as_str()).collect();
-    providers.sort_unstable();
-    providers.dedup();
-    let mut defs: Vec<LatencyDef> = providers
-        .iter()
-        .filter_map(|p| runtimes::by_provider(p))
+    let mut defs: Vec<LatencyDef> = known_runtimes(sites)
         .flat_map(|r| r.latency_defs())
         .collect();
     for request in &config.latencies {
@@ -153,6 +158,18 @@ fn latencies_for(sites: &[SiteInput], config: &AttachConfig) -> Result<Vec<Laten
         });
     }
     Ok(defs)
+}
+
+/// The runtimes whose providers appear among `sites`, each once.
+fn known_runtimes(sites: &[SiteInput]) -> impl Iterator<Item = &'static Runtime> {
+    let mut providers: Vec<&str> = sites.iter().map(|s| s.provider.as_str()).collect();
+    providers.sort_unstable();
+    providers.dedup();
+    let runtimes: Vec<&'static Runtime> = providers
+        .into_iter()
+        .filter_map(runtimes::by_provider)
+        .collect();
+    runtimes.into_iter()
 }
 
 fn runtime_names(plan: &ProbePlan) -> Vec<&'static str> {
@@ -259,6 +276,49 @@ fn collect(
     )
     .with_context(|| format!("writing {}", svg_path.display()))?;
 
+    let has_task_probes = plan
+        .sites
+        .iter()
+        .any(|s| s.site.flags & (site_flags::TASK_RUN | site_flags::TASK_PAUSE) != 0);
+    let tasks = if has_task_probes {
+        // Open intervals of a live target are real time; a target that exited closed its
+        // tasks or never will.
+        let open = if reason == StopReason::TargetExited {
+            Vec::new()
+        } else {
+            loader.task_states()?
+        };
+        let times = tasks::with_open_intervals(loader.task_times()?, &open, now);
+        let profile = tasks::build_profile(&times, loader, &mut symbolizer, maps, process_name);
+        let folded_path = config.output_dir.join("tasks.folded");
+        let svg_path = config.output_dir.join("tasks.svg");
+        write_folded(&profile.parked, &folded_path)
+            .with_context(|| format!("writing {}", folded_path.display()))?;
+        let title = format!(
+            "Where the tasks of {process_name} (pid {}) waited",
+            config.pid
+        );
+        let subtitle = format!(
+            "{} tasks; parked time by the stack where each parked",
+            profile.tasks.len()
+        );
+        let options = SvgOptions {
+            title: &title,
+            subtitle: Some(&subtitle),
+            count_name: "us",
+            palette: Palette::OffCpu,
+        };
+        write_flamegraph_svg(&profile.parked, &svg_path, &options)
+            .with_context(|| format!("writing {}", svg_path.display()))?;
+        Some(TaskReport {
+            profile,
+            folded_path,
+            svg_path,
+        })
+    } else {
+        None
+    };
+
     let counters = loader.counters()?;
     Ok(AttachReport {
         pid: config.pid.get(),
@@ -270,6 +330,7 @@ fn collect(
         offcpu: profile,
         folded_path,
         svg_path,
+        tasks,
         losses: Losses {
             events_lost: counters[counter::EVENTS_LOST as usize],
             map_full: counters[counter::MAP_FULL as usize],

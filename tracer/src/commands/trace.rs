@@ -53,7 +53,7 @@ pub fn run(config: TraceConfig) -> Result<()> {
     } else {
         SiteMode::Events
     };
-    let plan = ProbePlan::build(&inputs, &[], mode, pid)?;
+    let plan = ProbePlan::build(&inputs, &[], &[], mode, pid)?;
     let signed: Vec<Vec<bool>> = probe_signedness(&plan);
 
     let mut loader = Loader::load(&Settings {

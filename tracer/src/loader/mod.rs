@@ -17,8 +17,8 @@ use aya::{
 };
 use thiserror::Error;
 use tracer_common::{
-    LatencyStats, OffCpuKey, OffCpuStart, OffCpuTotal, UsdtSite, counter, global_names, histogram,
-    map_names, program_names,
+    LatencyStats, OffCpuKey, OffCpuStart, OffCpuTotal, TaskId, TaskKey, TaskState, UsdtSite,
+    counter, global_names, histogram, map_names, program_names,
 };
 
 pub use sys::supports_ref_ctr_offset;
@@ -342,6 +342,24 @@ impl Loader {
     pub fn offcpu_pending(&self) -> Result<Vec<(u32, OffCpuStart)>> {
         let name = map_names::OFFCPU_STARTS;
         let map = self.hash_map::<u32, OffCpuStart>(name)?;
+        map.iter()
+            .collect::<Result<_, _>>()
+            .map_err(|source| LoaderError::Map { name, source })
+    }
+
+    /// Running and parked time per runtime task.
+    pub fn task_times(&self) -> Result<Vec<(TaskKey, OffCpuTotal)>> {
+        let name = map_names::TASK_TIME;
+        let map = self.hash_map::<TaskKey, OffCpuTotal>(name)?;
+        map.iter()
+            .collect::<Result<_, _>>()
+            .map_err(|source| LoaderError::Map { name, source })
+    }
+
+    /// Tasks whose interval is still open (parked or running right now).
+    pub fn task_states(&self) -> Result<Vec<(TaskId, TaskState)>> {
+        let name = map_names::TASK_STATES;
+        let map = self.hash_map::<TaskId, TaskState>(name)?;
         map.iter()
             .collect::<Result<_, _>>()
             .map_err(|source| LoaderError::Map { name, source })
