@@ -61,35 +61,13 @@ pub fn on_task_probe(ctx: &ProbeContext, site: &UsdtSite, pid_tgid: u64, now: u6
         let _ = TASK_STATES.remove(&id);
         return;
     }
+    // A switch closes the interval that was open and opens the other one.
+    close_interval(state, task, tgid, now);
     if running {
-        if state.park_start_ns != 0 {
-            add(
-                TaskKey {
-                    task,
-                    tgid,
-                    phase: task_phase::PARKED,
-                    stack_id: state.park_stack_id,
-                    _pad: 0,
-                },
-                now - state.park_start_ns,
-            );
-            state.park_start_ns = 0;
-        }
+        state.park_start_ns = 0;
         state.run_start_ns = now;
     } else {
-        if state.run_start_ns != 0 {
-            add(
-                TaskKey {
-                    task,
-                    tgid,
-                    phase: task_phase::RUNNING,
-                    stack_id: -1,
-                    _pad: 0,
-                },
-                now - state.run_start_ns,
-            );
-            state.run_start_ns = 0;
-        }
+        state.run_start_ns = 0;
         state.park_start_ns = now;
         state.park_stack_id = park_stack(ctx);
     }

@@ -266,6 +266,14 @@ impl Loader {
         HashMap::try_from(map).map_err(|source| LoaderError::Map { name, source })
     }
 
+    /// Every entry of hash map `name`.
+    fn entries<K: aya::Pod, V: aya::Pod>(&self, name: &'static str) -> Result<Vec<(K, V)>> {
+        self.hash_map::<K, V>(name)?
+            .iter()
+            .collect::<Result<_, _>>()
+            .map_err(|source| LoaderError::Map { name, source })
+    }
+
     /// The histogram and totals of latency `latency_id`.
     pub fn latency(&self, latency_id: u32) -> Result<LatencyData> {
         let hist = self.per_cpu_array::<u64>(map_names::LATENCY_HIST)?;
@@ -331,38 +339,22 @@ impl Loader {
 
     /// Off-CPU time accumulated per thread and stacks.
     pub fn offcpu_totals(&self) -> Result<Vec<(OffCpuKey, OffCpuTotal)>> {
-        let name = map_names::OFFCPU_TIME;
-        let map = self.hash_map::<OffCpuKey, OffCpuTotal>(name)?;
-        map.iter()
-            .collect::<Result<_, _>>()
-            .map_err(|source| LoaderError::Map { name, source })
+        self.entries(map_names::OFFCPU_TIME)
     }
 
     /// Threads that are off CPU right now (their interval has not ended yet).
     pub fn offcpu_pending(&self) -> Result<Vec<(u32, OffCpuStart)>> {
-        let name = map_names::OFFCPU_STARTS;
-        let map = self.hash_map::<u32, OffCpuStart>(name)?;
-        map.iter()
-            .collect::<Result<_, _>>()
-            .map_err(|source| LoaderError::Map { name, source })
+        self.entries(map_names::OFFCPU_STARTS)
     }
 
     /// Running and parked time per runtime task.
     pub fn task_times(&self) -> Result<Vec<(TaskKey, OffCpuTotal)>> {
-        let name = map_names::TASK_TIME;
-        let map = self.hash_map::<TaskKey, OffCpuTotal>(name)?;
-        map.iter()
-            .collect::<Result<_, _>>()
-            .map_err(|source| LoaderError::Map { name, source })
+        self.entries(map_names::TASK_TIME)
     }
 
     /// Tasks whose interval is still open (parked or running right now).
     pub fn task_states(&self) -> Result<Vec<(TaskId, TaskState)>> {
-        let name = map_names::TASK_STATES;
-        let map = self.hash_map::<TaskId, TaskState>(name)?;
-        map.iter()
-            .collect::<Result<_, _>>()
-            .map_err(|source| LoaderError::Map { name, source })
+        self.entries(map_names::TASK_STATES)
     }
 
     /// The instruction pointers of stack `id`, innermost first; empty when `id` is an error.
