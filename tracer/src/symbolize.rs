@@ -509,6 +509,9 @@ pub struct StackSymbolizer {
     /// Whether /proc/kallsyms shows real addresses; checked once.
     kallsyms_usable: Option<bool>,
     kernel_failed: bool,
+    /// Frames per (pid, lookup address) and per kernel address, named once.
+    user_cache: HashMap<(u32, u64), Vec<Frame>>,
+    kernel_cache: HashMap<u64, Vec<Frame>>,
 }
 
 impl Default for StackSymbolizer {
@@ -536,6 +539,8 @@ impl StackSymbolizer {
             own_vdso: None,
             kallsyms_usable: None,
             kernel_failed: false,
+            user_cache: HashMap::new(),
+            kernel_cache: HashMap::new(),
         }
     }
 
@@ -548,12 +553,39 @@ impl StackSymbolizer {
     /// zero-padded). Inlined functions come as extra frames before the function they
     /// were inlined into, so the result stays innermost first.
     pub fn user_frames(&mut self, maps: &ProcessMaps, addrs: &[u64]) -> Vec<Frame> {
-        let addrs = until_zero(addrs);
+        // Profiles are many stacks over few distinct addresses: name each address once.
+        let lookups: Vec<(u64, u64)> = until_zero(addrs)
+            .iter()
+            .enumerate()
+            .map(|(slot, &addr)| (lookup_addr(slot, addr), addr))
+            .collect();
+        let pid = maps.pid();
+        let mut missing: Vec<(u64, u64)> = lookups
+            .iter()
+            .filter(|(lookup, _)| !self.user_cache.contains_key(&(pid, *lookup)))
+            .copied()
+            .collect();
+        missing.sort_unstable();
+        missing.dedup_by_key(|(lookup, _)| *lookup);
+        if !missing.is_empty() {
+            let named = self.resolve_user(maps, &missing);
+            for ((lookup, _), frames) in missing.into_iter().zip(named) {
+                self.user_cache.insert((pid, lookup), frames);
+            }
+        }
+        lookups
+            .iter()
+            .flat_map(|(lookup, _)| self.user_cache[&(pid, *lookup)].iter().cloned())
+            .collect()
+    }
+
+    /// Names each (lookup address, original address) pair: every frame it stands for,
+    /// inlined ones first.
+    fn resolve_user(&mut self, maps: &ProcessMaps, addrs: &[(u64, u64)]) -> Vec<Vec<Frame>> {
         let mut slots: Vec<Vec<Frame>> = vec![Vec::new(); addrs.len()];
         let mut by_object: HashMap<usize, Vec<(usize, u64)>> = HashMap::new();
         let mut vdso: Vec<(usize, u64)> = Vec::new();
-        for (slot, &addr) in addrs.iter().enumerate() {
-            let lookup = lookup_addr(slot, addr);
+        for (slot, &(lookup, _)) in addrs.iter().enumerate() {
             match maps
                 .find(lookup)
                 .map(|m| (m.target, lookup - m.start + m.offset))
@@ -588,11 +620,10 @@ impl StackSymbolizer {
             }
         }
 
-        let mut frames = Vec::with_capacity(addrs.len());
-        for (slot, mut named) in slots.into_iter().enumerate() {
+        for (slot, named) in slots.iter_mut().enumerate() {
             if named.is_empty() {
-                let addr = addrs[slot];
-                named.push(match self.jit_name(maps, lookup_addr(slot, addr)) {
+                let (lookup, addr) = addrs[slot];
+                named.push(match self.jit_name(maps, lookup) {
                     Some(name) => Frame {
                         name,
                         module: Some(JIT_MODULE.to_string()),
@@ -601,9 +632,8 @@ impl StackSymbolizer {
                     None => fallback_frame(maps.locate(addr)),
                 });
             }
-            frames.append(&mut named);
         }
-        frames
+        slots
     }
 
     /// Names a kernel stack (innermost first; see [`StackSymbolizer::user_frames`] for
@@ -626,27 +656,43 @@ impl StackSymbolizer {
             .enumerate()
             .map(|(i, &a)| lookup_addr(i, a))
             .collect();
-        // vmlinux images are rarely installed and slow to parse; kallsyms names functions.
-        let source = Source::Kernel(Kernel {
-            kallsyms: MaybeDefault::Default,
-            vmlinux: MaybeDefault::None,
-            debug_syms: false,
-            ..Kernel::default()
-        });
-        match self.symbolizer.symbolize(&source, Input::AbsAddr(&lookups)) {
-            Ok(symbols) => symbols
-                .into_iter()
-                .flat_map(|symbolized| match symbolized {
-                    Symbolized::Sym(sym) => frames_of(&sym, None),
-                    Symbolized::Unknown(_) => vec![Frame::unknown()],
-                })
-                .collect(),
-            Err(err) => {
-                log::warn!("cannot symbolize kernel stacks: {err}");
-                self.kernel_failed = true;
-                vec![Frame::unknown(); addrs.len()]
+        let mut missing: Vec<u64> = lookups
+            .iter()
+            .filter(|a| !self.kernel_cache.contains_key(a))
+            .copied()
+            .collect();
+        missing.sort_unstable();
+        missing.dedup();
+        if !missing.is_empty() {
+            // vmlinux images are rarely installed and slow to parse; kallsyms names
+            // functions.
+            let source = Source::Kernel(Kernel {
+                kallsyms: MaybeDefault::Default,
+                vmlinux: MaybeDefault::None,
+                debug_syms: false,
+                ..Kernel::default()
+            });
+            match self.symbolizer.symbolize(&source, Input::AbsAddr(&missing)) {
+                Ok(symbols) => {
+                    for (addr, symbolized) in missing.into_iter().zip(symbols) {
+                        let frames = match symbolized {
+                            Symbolized::Sym(sym) => frames_of(&sym, None),
+                            Symbolized::Unknown(_) => vec![Frame::unknown()],
+                        };
+                        self.kernel_cache.insert(addr, frames);
+                    }
+                }
+                Err(err) => {
+                    log::warn!("cannot symbolize kernel stacks: {err}");
+                    self.kernel_failed = true;
+                    return vec![Frame::unknown(); addrs.len()];
+                }
             }
         }
+        lookups
+            .iter()
+            .flat_map(|a| self.kernel_cache[a].iter().cloned())
+            .collect()
     }
 
     /// Symbols for file offsets in one mapped object; `None` where it has none.
