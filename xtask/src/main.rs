@@ -3,7 +3,9 @@
 //! Everything a fresh machine lacks is installed by `setup`, which every other task runs
 //! first; it caches what it builds so a second run costs nothing.
 
+mod bench;
 mod demo;
+mod fuzz;
 mod setup;
 mod test;
 
@@ -32,6 +34,14 @@ enum Task {
     Demo,
     /// Set up, build and run every test, privileged end-to-end tests included.
     Test,
+    /// Set up, build, and measure issue 6's figures against bpftrace and inferno (root).
+    Bench(bench::BenchArgs),
+    /// Fuzz the USDT note and argument-spec parsers with cargo-fuzz (nightly).
+    Fuzz {
+        /// How long to run each fuzz target.
+        #[arg(long, default_value_t = 60)]
+        seconds: u32,
+    },
 }
 
 fn main() -> Result<()> {
@@ -40,6 +50,8 @@ fn main() -> Result<()> {
         Task::Build => build(),
         Task::Demo => demo::run(),
         Task::Test => test::run(),
+        Task::Bench(args) => bench::run(args),
+        Task::Fuzz { seconds } => fuzz::run(seconds),
     }
 }
 

@@ -60,16 +60,6 @@ fn ensure_nightly_rust_src() -> Result<()> {
 }
 
 fn ensure_bpf_linker() -> Result<()> {
-    let linker = bpf_linker_bin_dir().join("bpf-linker");
-    if linker.is_file()
-        && Command::new(&linker)
-            .arg("--version")
-            .stdout(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-    {
-        return Ok(());
-    }
     // No LLVM development package of the nightly's LLVM major exists on this distribution,
     // so bpf-linker links the libLLVM that ships inside the nightly toolchain itself.
     let sysroot = output(Command::new("rustc").args(["+nightly", "--print", "sysroot"]))?;
@@ -89,11 +79,31 @@ fn ensure_bpf_linker() -> Result<()> {
                 nightly_lib.display()
             )
         })?;
-    let llvm_prefix = cache_dir().join("llvm");
-    std::fs::create_dir_all(llvm_prefix.join("lib"))?;
-    let link = llvm_prefix.join("lib/libLLVM.so");
-    let _ = std::fs::remove_file(&link);
-    std::os::unix::fs::symlink(&libllvm, &link)?;
+    // The build links `libLLVM.so`; the binary then loads the library by its soname
+    // through its rpath, so both names must exist there.
+    let llvm_lib = cache_dir().join("llvm/lib");
+    std::fs::create_dir_all(&llvm_lib)?;
+    for name in [
+        std::ffi::OsStr::new("libLLVM.so"),
+        libllvm.file_name().expect("a file"),
+    ] {
+        let link = llvm_lib.join(name);
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(&libllvm, &link)?;
+    }
+
+    let linker = bpf_linker_bin_dir().join("bpf-linker");
+    let works = |linker: &std::path::Path| {
+        Command::new(linker)
+            .arg("--version")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if linker.is_file() && works(&linker) {
+        return Ok(());
+    }
     eprintln!(
         "xtask setup: building bpf-linker {BPF_LINKER_VERSION} against {} (about 2 minutes, once)",
         libllvm.display()
@@ -102,6 +112,7 @@ fn ensure_bpf_linker() -> Result<()> {
         .args([
             "install",
             "bpf-linker",
+            "--force",
             "--version",
             BPF_LINKER_VERSION,
             "--no-default-features",
@@ -110,14 +121,13 @@ fn ensure_bpf_linker() -> Result<()> {
             "--root",
         ])
         .arg(cache_dir())
-        .env("LLVM_PREFIX", &llvm_prefix)
+        .env("LLVM_PREFIX", cache_dir().join("llvm"))
         .status()?;
-    if !status.success() {
+    if !status.success() || !works(&linker) {
         bail!(
-            "building bpf-linker failed: it needs the nightly toolchain's LLVM ({}) to be LLVM 22; \
-             check `rustc +nightly -vV` and that {} exists",
-            libllvm.display(),
-            LLVM_FEATURE
+            "building bpf-linker failed: it needs the nightly toolchain's LLVM ({}) to be LLVM 22 \
+             (feature {LLVM_FEATURE}); check `rustc +nightly -vV`",
+            libllvm.display()
         );
     }
     Ok(())
@@ -131,9 +141,10 @@ fn have(program: &str) -> bool {
         .is_ok_and(|s| s.success())
 }
 
-/// bpftrace is the reference the comparison tests check us against.
+/// bpftrace is the reference the comparison tests check us against; bpftool lists the
+/// kernel's BPF programs and links, to check none of ours outlive the tracer.
 fn ensure_test_tools() -> Result<()> {
-    let missing: Vec<&str> = [("bpftrace", "bpftrace")]
+    let missing: Vec<&str> = [("bpftrace", "bpftrace"), ("bpftool", "bpftool")]
         .into_iter()
         .filter(|(bin, _)| !have(bin))
         .map(|(_, pkg)| pkg)

@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tracer::usdt::{describe, parse_arg_specs};
+use tracer_fuzz::usdt::{describe, parse_arg_specs};
 use tracer_common::{MAX_USDT_ARGS, arg_kind};
 
 fuzz_target!(|spec: &str| {

@@ -1,0 +1,142 @@
+//! `bench-usdt-loop`: the USDT workloads of `cargo xtask bench` (figures 1, 2 and 4).
+//!
+//! ```text
+//! bench-usdt-loop --compare-disabled [--iters N] [--rounds R]
+//! bench-usdt-loop [--iters N] [--wait-for-signal]
+//! bench-usdt-loop --forever [--interval-us U]
+//! ```
+//! - `--compare-disabled` (figure 1, nothing attached): R rounds (default 11), each timing
+//!   a loop of N iterations (default 100 000 000) that calls `probes::gc_begin(i)` and an
+//!   identical loop without the probe, alternating which loop runs first. Prints one JSON
+//!   line `{"iters":N,"with_probe_ns":[..],"without_probe_ns":[..]}`.
+//! - default (figure 2): prints `ready pid=<PID>`, waits for SIGUSR1 with
+//!   `--wait-for-signal`, then times N iterations (default 1 000 000) of the probe loop
+//!   with `clock_gettime(CLOCK_MONOTONIC)` around it and prints `{"iters":N,"ns":T}`. Run
+//!   untraced, the probe is disabled (semaphore 0); traced, every iteration is one event
+//!   of `tracer:gc__begin`.
+//! - `--forever` (figure 4): prints `ready pid=<PID>`, then fires `tracer:gc__begin(i)`
+//!   every U µs (default 100; 0 = back to back) until killed.
+//!
+//! Both loops go through [`std::hint::black_box`] with the counter, so the compiler keeps
+//! every iteration and the only difference between them is the probe site: with nothing
+//! attached, the semaphore test (load, compare, not-taken branch).
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use tests::{Args, announce_ready, json_array, print_line};
+
+enum Mode {
+    CompareDisabled,
+    Loop,
+    Forever,
+}
+
+struct Config {
+    mode: Mode,
+    iters: Option<u64>,
+    rounds: usize,
+    interval_us: u64,
+    wait_for_signal: bool,
+}
+
+impl Config {
+    fn from_args(mut args: Args) -> Result<Self> {
+        let mut config = Config {
+            mode: Mode::Loop,
+            iters: None,
+            rounds: 11,
+            interval_us: 100,
+            wait_for_signal: false,
+        };
+        while let Some(flag) = args.next_flag()? {
+            match flag.as_str() {
+                "--compare-disabled" => {
+                    args.no_value(&flag)?;
+                    config.mode = Mode::CompareDisabled;
+                }
+                "--forever" => {
+                    args.no_value(&flag)?;
+                    config.mode = Mode::Forever;
+                }
+                "--wait-for-signal" => {
+                    args.no_value(&flag)?;
+                    config.wait_for_signal = true;
+                }
+                "--iters" => config.iters = Some(args.value(&flag)?),
+                "--rounds" => config.rounds = args.value(&flag)?,
+                "--interval-us" => config.interval_us = args.value(&flag)?,
+                _ => anyhow::bail!("unknown flag {flag}"),
+            }
+        }
+        Ok(config)
+    }
+}
+
+/// N iterations with a `probes` probe site.
+#[inline(never)]
+fn with_probe(n: u64) -> Duration {
+    let start = Instant::now();
+    for i in 0..n {
+        probes::gc_begin(i);
+        black_box(i);
+    }
+    start.elapsed()
+}
+
+/// The same loop without the probe site.
+#[inline(never)]
+fn without_probe(n: u64) -> Duration {
+    let start = Instant::now();
+    for i in 0..n {
+        black_box(i);
+    }
+    start.elapsed()
+}
+
+fn main() -> Result<()> {
+    let config = Config::from_args(Args::from_env())?;
+    match config.mode {
+        Mode::CompareDisabled => {
+            let n = config.iters.unwrap_or(100_000_000);
+            // One untimed warm-up of each, then alternate the order round by round.
+            with_probe(n / 10);
+            without_probe(n / 10);
+            let mut with = Vec::with_capacity(config.rounds);
+            let mut without = Vec::with_capacity(config.rounds);
+            for round in 0..config.rounds {
+                if round % 2 == 0 {
+                    with.push(with_probe(n).as_nanos());
+                    without.push(without_probe(n).as_nanos());
+                } else {
+                    without.push(without_probe(n).as_nanos());
+                    with.push(with_probe(n).as_nanos());
+                }
+            }
+            print_line(&format!(
+                r#"{{"iters":{n},"with_probe_ns":{},"without_probe_ns":{}}}"#,
+                json_array(&with),
+                json_array(&without)
+            ))
+        }
+        Mode::Loop => {
+            let n = config.iters.unwrap_or(1_000_000);
+            announce_ready(config.wait_for_signal)?;
+            let elapsed = with_probe(n);
+            print_line(&format!(r#"{{"iters":{n},"ns":{}}}"#, elapsed.as_nanos()))
+        }
+        Mode::Forever => {
+            announce_ready(false)?;
+            let interval = Duration::from_micros(config.interval_us);
+            let mut i = 0u64;
+            loop {
+                probes::gc_begin(i);
+                i = i.wrapping_add(1);
+                if !interval.is_zero() {
+                    std::thread::sleep(interval);
+                }
+            }
+        }
+    }
+}
