@@ -4,10 +4,12 @@
 //! - `gc-demo`: a tiny runtime with a simulated stop-the-world GC, worker threads that sleep
 //!   and contend on a lock, and the `probes` crate's USDT probes; it prints its own ground
 //!   truth (pauses, stop-the-world latencies, time spent sleeping and blocked) as JSON.
+//! - `wallclock-demo`: three threads spending the same wall time spinning, sleeping and
+//!   blocked on a lock, with their own clocks' account of it, for `tracer profile`.
 //! - `usdt-args`: USDT probes under provider `tracer_test` whose argument specs cover every
 //!   x86-64 form, with known values, to check decoded arguments one by one.
 //!
-//! Both follow the same protocol so a tracer can attach before the workload starts: they
+//! They follow the same protocol so a tracer can attach before the workload starts: they
 //! print `ready pid=<PID>` on stdout (flushed), then, with `--wait-for-signal`, wait for
 //! SIGUSR1; at the end they print one JSON line on stdout and exit 0.
 

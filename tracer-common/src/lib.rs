@@ -31,6 +31,7 @@ pub mod map_names {
     pub const OFFCPU_TIME: &str = "OFFCPU_TIME";
     pub const TASK_STATES: &str = "TASK_STATES";
     pub const TASK_TIME: &str = "TASK_TIME";
+    pub const ONCPU_SAMPLES: &str = "ONCPU_SAMPLES";
     pub const STACKS: &str = "STACKS";
     pub const COUNTERS: &str = "COUNTERS";
 }
@@ -39,11 +40,14 @@ pub mod map_names {
 pub mod program_names {
     pub const USDT: &str = "usdt_probe";
     pub const SCHED_SWITCH: &str = "sched_switch";
+    /// On-CPU sampling, attached to one CPU_CLOCK perf event per CPU.
+    pub const ONCPU_SAMPLE: &str = "oncpu_sample";
 }
 
 /// Names of the read-only globals fixed before load.
 pub mod global_names {
-    /// Process (tgid) whose threads are profiled off-CPU; 0 means every process.
+    /// Process (tgid) whose threads are profiled (off-CPU and on-CPU sampling); 0 means
+    /// every process.
     pub const TARGET_TGID: &str = "TARGET_TGID";
     /// Off-CPU intervals shorter than this are not recorded.
     pub const MIN_BLOCK_NS: &str = "MIN_BLOCK_NS";
@@ -178,6 +182,20 @@ pub struct OffCpuKey {
     pub user_stack_id: i32,
     pub kernel_stack_id: i32,
 }
+
+/// Key of `ONCPU_SAMPLES` (whose value is a sample count): a thread and the stacks it was
+/// running when sampled. The kernel stack id is [`NO_STACK`] for samples taken in user
+/// mode, the user stack id is [`NO_STACK`] for kernel threads.
+pub type OnCpuKey = OffCpuKey;
+
+/// Stack id recorded when there is no stack of that kind to take (`-EFAULT` from
+/// `bpf_get_stackid`: a sample in user mode has no kernel stack, a kernel thread no user
+/// stack). Not an error.
+pub const NO_STACK: i32 = -14;
+
+/// Stack id user space gives threads it marks as off CPU when profiling starts (they may
+/// have blocked long before): where they blocked is not known. Never a kernel errno.
+pub const STACK_BEFORE_START: i32 = i32::MIN;
 
 /// Value of `OFFCPU_TIME`: total blocked time and how many intervals made it up.
 #[repr(C)]

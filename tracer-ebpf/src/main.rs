@@ -1,21 +1,22 @@
-//! The tracer's eBPF programs. Entry points are thin: they call into `usdt` and `offcpu`,
-//! which aggregate into the maps declared here. Names match `tracer_common::map_names`
-//! and `tracer_common::program_names`.
+//! The tracer's eBPF programs. Entry points are thin: they call into `usdt`, `offcpu`,
+//! `oncpu` and `tasks`, which aggregate into the maps declared here. Names match
+//! `tracer_common::map_names` and `tracer_common::program_names`.
 #![no_std]
 #![no_main]
 
 mod offcpu;
+mod oncpu;
 mod tasks;
 mod usdt;
 
 use aya_ebpf::{
-    macros::{btf_tracepoint, map, uprobe},
+    macros::{btf_tracepoint, map, perf_event, uprobe},
     maps::{Array, HashMap, PerCpuArray, RingBuf, StackTrace},
-    programs::{BtfTracePointContext, ProbeContext},
+    programs::{BtfTracePointContext, PerfEventContext, ProbeContext},
 };
 use tracer_common::{
     LatencyStartKey, LatencyStats, MAX_LATENCIES, MAX_PROBES, MAX_USDT_SITES, OffCpuKey,
-    OffCpuStart, OffCpuTotal, TaskId, TaskKey, TaskState, UsdtSite, counter, histogram,
+    OffCpuStart, OffCpuTotal, OnCpuKey, TaskId, TaskKey, TaskState, UsdtSite, counter, histogram,
 };
 
 /// Per-site argument specs and latency roles, indexed by the uprobe's BPF cookie.
@@ -50,6 +51,10 @@ static OFFCPU_STARTS: HashMap<u32, OffCpuStart> = HashMap::with_max_entries(6553
 /// Off-CPU time by thread and stacks.
 #[map]
 static OFFCPU_TIME: HashMap<OffCpuKey, OffCpuTotal> = HashMap::with_max_entries(65536, 0);
+
+/// On-CPU samples by thread and stacks.
+#[map]
+static ONCPU_SAMPLES: HashMap<OnCpuKey, u64> = HashMap::with_max_entries(65536, 0);
 
 /// Runtime tasks: what each is doing since when.
 #[map]
@@ -103,6 +108,13 @@ pub fn usdt_probe(ctx: ProbeContext) -> u32 {
 #[btf_tracepoint(function = "sched_switch")]
 pub fn sched_switch(ctx: BtfTracePointContext) -> i32 {
     offcpu::on_switch(&ctx);
+    0
+}
+
+/// On-CPU sampling, from one CPU_CLOCK perf event per CPU.
+#[perf_event]
+pub fn oncpu_sample(ctx: PerfEventContext) -> u32 {
+    oncpu::on_sample(&ctx);
     0
 }
 

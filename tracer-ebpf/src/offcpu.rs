@@ -7,7 +7,7 @@ use aya_ebpf::{
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel},
     programs::{BtfTracePointContext, tracing::StackIdContext as _},
 };
-use tracer_common::{OffCpuKey, OffCpuStart, OffCpuTotal, counter};
+use tracer_common::{NO_STACK, OffCpuKey, OffCpuStart, OffCpuTotal, counter};
 
 use crate::{
     MIN_BLOCK_NS, OFFCPU_STARTS, OFFCPU_TIME, STACKS, TARGET_TGID, TASK_PID_OFFSET, count, setting,
@@ -50,6 +50,8 @@ fn record_switch_out(ctx: &BtfTracePointContext, now: u64) {
 fn stack_id(ctx: &BtfTracePointContext, flags: u64) -> i32 {
     match ctx.get_stackid(&STACKS, flags) {
         Ok(id) => id as i32,
+        // A kernel thread has no user stack (system-wide profiling): not an error.
+        Err(NO_STACK) => NO_STACK,
         Err(err) => {
             count(counter::STACK_ERRORS);
             err

@@ -26,6 +26,32 @@ pub enum Command {
     List(ListArgs),
     /// Print every hit of USDT probes with its decoded arguments.
     Trace(TraceArgs),
+    /// Wall-clock profile: on-CPU samples and off-CPU (blocked) time of a process, or of
+    /// every process, as flame graphs, folded stacks, pprof and speedscope files.
+    Profile(ProfileArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ProfileArgs {
+    /// Profile this process (all its threads); every process when absent.
+    #[arg(long, short)]
+    pub pid: Option<u32>,
+    /// On-CPU samples per second of CPU time, on every CPU.
+    #[arg(long, short = 'F', default_value_t = 99)]
+    pub frequency: u64,
+    /// Stop after this long (e.g. 10s, 500ms, 2m); otherwise at Ctrl-C or target exit.
+    #[arg(long, short)]
+    pub duration: Option<String>,
+    /// Ignore off-CPU intervals shorter than this (e.g. 100us); the wall-clock view then
+    /// leaves them out.
+    #[arg(long, default_value = "0")]
+    pub min_block: String,
+    /// Put each thread under its own frame, below the process.
+    #[arg(long)]
+    pub per_thread: bool,
+    /// Directory for the outputs [default: tracer-profile-PID, or tracer-profile].
+    #[arg(long = "output", short = 'o')]
+    pub output: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -104,6 +130,8 @@ pub enum ConfigError {
     PidAndCommand,
     #[error("invalid duration {0:?}: expected a number with a unit, like 10s, 500ms, 2m or 100us")]
     Duration(String),
+    #[error("invalid --frequency {0}: expected 1 to {MAX_FREQUENCY_HZ} samples per second")]
+    Frequency(u64),
     #[error(
         "invalid --latency {0:?}: expected PROVIDER:BEGIN,PROVIDER:END (e.g. julia:gc__begin,julia:gc__end)"
     )]
@@ -149,6 +177,44 @@ impl TryFrom<AttachArgs> for AttachConfig {
                 .collect::<Result<_, _>>()?,
             per_thread: args.per_thread,
             format: args.format,
+        })
+    }
+}
+
+/// The highest sampling frequency accepted (the kernel's own default limit,
+/// `kernel.perf_event_max_sample_rate`, is 100000 and it lowers it under load).
+pub const MAX_FREQUENCY_HZ: u64 = 100_000;
+
+/// `tracer profile`, validated.
+#[derive(Debug, Clone)]
+pub struct ProfileConfig {
+    /// The process to profile; every process when `None`.
+    pub pid: Option<NonZeroU32>,
+    pub frequency_hz: u64,
+    pub duration: Option<Duration>,
+    pub min_block: Duration,
+    pub per_thread: bool,
+    pub output_dir: PathBuf,
+}
+
+impl TryFrom<ProfileArgs> for ProfileConfig {
+    type Error = ConfigError;
+
+    fn try_from(args: ProfileArgs) -> Result<Self, ConfigError> {
+        let pid = args.pid.map(nonzero_pid).transpose()?;
+        if !(1..=MAX_FREQUENCY_HZ).contains(&args.frequency) {
+            return Err(ConfigError::Frequency(args.frequency));
+        }
+        Ok(Self {
+            pid,
+            frequency_hz: args.frequency,
+            duration: args.duration.as_deref().map(parse_duration).transpose()?,
+            min_block: parse_duration(&args.min_block)?,
+            per_thread: args.per_thread,
+            output_dir: args.output.unwrap_or_else(|| match pid {
+                Some(pid) => PathBuf::from(format!("tracer-profile-{pid}")),
+                None => PathBuf::from("tracer-profile"),
+            }),
         })
     }
 }
@@ -292,6 +358,37 @@ mod tests {
         let config = AttachConfig::try_from(args).unwrap();
         assert_eq!(config.duration, Some(Duration::from_secs(3)));
         assert_eq!(config.output_dir, PathBuf::from("tracer-42"));
+    }
+
+    fn profile_config(args: &[&str]) -> Result<ProfileConfig, ConfigError> {
+        let cli = Cli::try_parse_from([&["tracer", "profile"], args].concat()).unwrap();
+        let Command::Profile(args) = cli.command else {
+            panic!("not profile")
+        };
+        ProfileConfig::try_from(args)
+    }
+
+    #[test]
+    fn profile_config_validates() {
+        let config = profile_config(&[]).unwrap();
+        assert_eq!(config.pid, None);
+        assert_eq!(config.frequency_hz, 99);
+        assert_eq!(config.output_dir, PathBuf::from("tracer-profile"));
+        let config = profile_config(&["-p", "7", "-F", "499", "-d", "2s", "--per-thread"]).unwrap();
+        assert_eq!(config.pid.map(NonZeroU32::get), Some(7));
+        assert_eq!(config.frequency_hz, 499);
+        assert_eq!(config.duration, Some(Duration::from_secs(2)));
+        assert!(config.per_thread);
+        assert_eq!(config.output_dir, PathBuf::from("tracer-profile-7"));
+        assert_eq!(
+            profile_config(&["--frequency", "0"]).unwrap_err(),
+            ConfigError::Frequency(0)
+        );
+        assert_eq!(
+            profile_config(&["--pid", "0"]).unwrap_err(),
+            ConfigError::ZeroPid
+        );
+        assert!(profile_config(&["--min-block", "x"]).is_err());
     }
 
     #[test]

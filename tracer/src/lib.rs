@@ -5,7 +5,8 @@
 //! - `probe_plan`: which sites to attach and what the kernel does at each;
 //! - `loader` (with `btf`): the only module that talks to aya and the kernel;
 //! - `runtimes`: the runtimes recognised by their probes and what is measured for each;
-//! - `histogram`, `offcpu`, `tasks`: aggregation of what the kernel collected;
+//! - `histogram`, `offcpu`, `tasks`, `wallclock`: aggregation of what the kernel collected
+//!   (`wallclock` also writes pprof and speedscope files);
 //! - `symbolize`: naming addresses (blazesym);
 //! - `render`, `report`: histograms, flamegraphs and reports;
 //! - `cli`, `commands`, `stop`, `privileges`: the command line and a run's lifecycle.
@@ -26,3 +27,4 @@ pub mod stop;
 pub mod symbolize;
 pub mod tasks;
 pub mod usdt;
+pub mod wallclock;

@@ -2,7 +2,7 @@
 
 use clap::Parser as _;
 use tracer::{
-    cli::{AttachConfig, Cli, Command, ListConfig, TraceConfig},
+    cli::{AttachConfig, Cli, Command, ListConfig, ProfileConfig, TraceConfig},
     commands,
 };
 
@@ -19,6 +19,9 @@ fn main() {
         Command::Trace(args) => TraceConfig::try_from(args)
             .map_err(anyhow::Error::from)
             .and_then(commands::trace::run),
+        Command::Profile(args) => ProfileConfig::try_from(args)
+            .map_err(anyhow::Error::from)
+            .and_then(commands::profile::run),
     };
     if let Err(error) = result {
         eprintln!("tracer: error: {error:#}");

@@ -11,7 +11,7 @@ use crate::{
 };
 
 /// Marks kernel frames the way inferno's palettes and flamegraph.pl recognise them.
-const KERNEL_SUFFIX: &str = "_[k]";
+pub(crate) const KERNEL_SUFFIX: &str = "_[k]";
 
 /// Names of a process's threads, remembered while it runs.
 #[derive(Debug, Default)]
@@ -143,7 +143,7 @@ pub fn build_profile(
 /// Drops the innermost kernel frames that belong to the tracer itself: the BPF program
 /// and the tracepoint's `bpf_trace_run*` trampoline that called it. `names` is innermost
 /// first; only the first few frames are looked at, so a real frame is never dropped.
-fn without_bpf_frames(mut names: Vec<String>) -> Vec<String> {
+pub(crate) fn without_bpf_frames(mut names: Vec<String>) -> Vec<String> {
     const LOOKAHEAD: usize = 4;
     if let Some(pos) = names
         .iter()

@@ -8,7 +8,8 @@ use std::{
 
 use tokio::{
     io::unix::AsyncFd,
-    signal::unix::{SignalKind, signal},
+    runtime::Runtime,
+    signal::unix::{Signal, SignalKind, signal},
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,15 +71,48 @@ impl ProcessWatch {
     }
 }
 
+/// Ctrl-C (SIGINT) and SIGTERM, caught from the moment this exists. Until then their
+/// default action kills the tracer without a report, so catch them before telling the
+/// user the trace has started (or starting a traced command).
+pub struct StopSignals {
+    interrupt: Signal,
+    terminate: Signal,
+}
+
+impl StopSignals {
+    /// Starts catching the signals for a trace that will run on `runtime`.
+    pub fn catch(runtime: &Runtime) -> io::Result<Self> {
+        let _context = runtime.enter();
+        Self::catch_here()
+    }
+
+    /// Starts catching the signals; must run inside the tokio runtime.
+    fn catch_here() -> io::Result<Self> {
+        Ok(Self {
+            interrupt: signal(SignalKind::interrupt())?,
+            terminate: signal(SignalKind::terminate())?,
+        })
+    }
+}
+
 /// Runs `work` until the first reason to stop; `work` should not finish on its own (if it
-/// fails, its error is returned).
+/// fails, its error is returned). Signals are caught only from here on: prefer
+/// [`run_until_stopped_with`] and signals caught before the trace was announced.
 pub async fn run_until_stopped(
     target: Option<ProcessWatch>,
     duration: Option<Duration>,
     work: impl Future<Output = io::Result<()>>,
 ) -> io::Result<StopReason> {
-    let mut interrupt = signal(SignalKind::interrupt())?;
-    let mut terminate = signal(SignalKind::terminate())?;
+    run_until_stopped_with(StopSignals::catch_here()?, target, duration, work).await
+}
+
+/// [`run_until_stopped`] with signals caught beforehand by [`StopSignals::catch`].
+pub async fn run_until_stopped_with(
+    mut signals: StopSignals,
+    target: Option<ProcessWatch>,
+    duration: Option<Duration>,
+    work: impl Future<Output = io::Result<()>>,
+) -> io::Result<StopReason> {
     let deadline = async {
         match duration {
             Some(d) => tokio::time::sleep(d).await,
@@ -93,8 +127,8 @@ pub async fn run_until_stopped(
     };
     tokio::select! {
         _ = deadline => Ok(StopReason::DurationElapsed),
-        _ = interrupt.recv() => Ok(StopReason::Interrupted),
-        _ = terminate.recv() => Ok(StopReason::Terminated),
+        _ = signals.interrupt.recv() => Ok(StopReason::Interrupted),
+        _ = signals.terminate.recv() => Ok(StopReason::Terminated),
         _ = target_exit => Ok(StopReason::TargetExited),
         result = work => result.map(|()| StopReason::TargetExited),
     }

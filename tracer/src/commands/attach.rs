@@ -75,6 +75,11 @@ pub fn run(config: AttachConfig) -> Result<()> {
     loader.attach_sched_switch()?;
     let started = stop::monotonic_ns();
 
+    // Ctrl-C from the moment the line below is printed must stop the trace, not kill us.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let signals = stop::StopSignals::catch(&runtime)?;
     let runtime_names = runtime_names(&plan);
     eprintln!(
         "Attached to process {pid} ({process_name}): {} probe sites{}, sched_switch. {}",
@@ -90,10 +95,8 @@ pub fn run(config: AttachConfig) -> Result<()> {
         }
     );
 
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    let reason = runtime.block_on(stop::run_until_stopped(
+    let reason = runtime.block_on(stop::run_until_stopped_with(
+        signals,
         Some(watch),
         config.duration,
         stop::every_second(|| {

@@ -2,4 +2,5 @@
 
 pub mod attach;
 pub mod list;
+pub mod profile;
 pub mod trace;

@@ -65,6 +65,12 @@ pub fn run(config: TraceConfig) -> Result<()> {
         loader.attach_usdt(&planned.attachment, cookie as u32)?;
     }
     let events = loader.take_events()?;
+    // Ctrl-C from the moment the line below is printed (and the command runs) must stop
+    // the trace, not kill us.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let signals = stop::StopSignals::catch(&runtime)?;
     eprintln!(
         "Attached {} probes ({} sites){}. Ctrl-C to stop.",
         plan.probes.len(),
@@ -89,17 +95,18 @@ pub fn run(config: TraceConfig) -> Result<()> {
     if config.format == Format::Text && !config.count {
         println!("{:>12} {:>7} {:>7} PROBE ARGS", "TIME(s)", "PID", "TID");
     }
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
     let (reason, events) = runtime.block_on(async {
         // SAFETY: the ring buffer owns its map fd, which stays open (and the same) until the
         // AsyncFd gives the ring buffer back.
         let mut events = unsafe { AsyncFd::register_with_interest(events, Interest::READABLE) }
             .map_err(|e| std::io::Error::other(e.to_string()))?;
-        let reason =
-            stop::run_until_stopped(watch, config.duration, pump(&mut events, &mut printer))
-                .await?;
+        let reason = stop::run_until_stopped_with(
+            signals,
+            watch,
+            config.duration,
+            pump(&mut events, &mut printer),
+        )
+        .await?;
         Ok::<_, std::io::Error>((reason, events.into_inner()))
     })?;
     loader.detach_usdt();

@@ -13,12 +13,15 @@ use std::{
 use aya::{
     Btf, Ebpf, EbpfLoader,
     maps::{Array, HashMap, MapData, PerCpuArray, RingBuf, StackTraceMap},
-    programs::{BtfTracePoint, UProbe},
+    programs::{
+        BtfTracePoint, UProbe,
+        perf_event::{PerfEvent, PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
+    },
 };
 use thiserror::Error;
 use tracer_common::{
-    LatencyStats, OffCpuKey, OffCpuStart, OffCpuTotal, TaskId, TaskKey, TaskState, UsdtSite,
-    counter, global_names, histogram, map_names, program_names,
+    LatencyStats, OffCpuKey, OffCpuStart, OffCpuTotal, OnCpuKey, TaskId, TaskKey, TaskState,
+    UsdtSite, counter, global_names, histogram, map_names, program_names,
 };
 
 pub use sys::supports_ref_ctr_offset;
@@ -251,6 +254,80 @@ impl Loader {
         program
             .unload()
             .map_err(|source| LoaderError::Program { name, source })
+    }
+
+    /// Attaches on-CPU sampling: one CPU_CLOCK perf event per online CPU, firing
+    /// `frequency_hz` times a second of CPU time. Returns how many CPUs are sampled.
+    pub fn attach_oncpu_sampling(&mut self, frequency_hz: u64) -> Result<usize> {
+        let cpus = aya::util::online_cpus().map_err(|(what, e)| {
+            LoaderError::KernelFeature(format!("cannot list the online CPUs ({what}): {e}"))
+        })?;
+        let name = program_names::ONCPU_SAMPLE;
+        let program: &mut PerfEvent = self
+            .ebpf
+            .program_mut(name)
+            .ok_or(LoaderError::Missing(name))?
+            .try_into()
+            .map_err(|source| LoaderError::Program { name, source })?;
+        program
+            .load()
+            .map_err(|source| LoaderError::Program { name, source })?;
+        for &cpu in &cpus {
+            program
+                .attach(
+                    PerfEventConfig::Software(SoftwareEvent::CpuClock),
+                    PerfEventScope::AllProcessesOneCpu { cpu },
+                    SamplePolicy::Frequency(frequency_hz),
+                    false,
+                )
+                .map_err(|source| LoaderError::Program { name, source })?;
+        }
+        Ok(cpus.len())
+    }
+
+    /// Stops on-CPU sampling (the maps stay readable).
+    pub fn detach_oncpu_sampling(&mut self) -> Result<()> {
+        let name = program_names::ONCPU_SAMPLE;
+        let program: &mut PerfEvent = self
+            .ebpf
+            .program_mut(name)
+            .ok_or(LoaderError::Missing(name))?
+            .try_into()
+            .map_err(|source| LoaderError::Program { name, source })?;
+        program
+            .unload()
+            .map_err(|source| LoaderError::Program { name, source })
+    }
+
+    /// Marks threads as off CPU since `start.ts_ns`, for those already blocked when
+    /// profiling starts; a thread's next switch out replaces its mark (so marking a thread
+    /// that is running is harmless), and its next switch in accounts the time since.
+    /// Entries the kernel already recorded are kept.
+    pub fn seed_offcpu_starts(&mut self, starts: &[(u32, OffCpuStart)]) -> Result<()> {
+        const BPF_NOEXIST: u64 = 1;
+        let name = map_names::OFFCPU_STARTS;
+        let map = self.ebpf.map_mut(name).ok_or(LoaderError::Missing(name))?;
+        let mut map: HashMap<&mut MapData, u32, OffCpuStart> =
+            HashMap::try_from(map).map_err(|source| LoaderError::Map { name, source })?;
+        for (tid, start) in starts {
+            match map.insert(tid, start, BPF_NOEXIST) {
+                Ok(()) => {}
+                // Already recorded by the kernel, which knows better.
+                Err(aya::maps::MapError::SyscallError(e))
+                    if e.io_error.raw_os_error() == Some(libc::EEXIST) => {}
+                Err(source) => return Err(LoaderError::Map { name, source }),
+            }
+        }
+        Ok(())
+    }
+
+    /// On-CPU sample counts per thread and stacks.
+    pub fn oncpu_samples(&self) -> Result<Vec<(OnCpuKey, u64)>> {
+        let name = map_names::ONCPU_SAMPLES;
+        let map = self.hash_map::<OnCpuKey, u64>(name)?;
+        map.iter()
+            .collect::<Result<_, _>>()
+            .map_err(|source| LoaderError::Map { name, source })
     }
 
     fn per_cpu_array<T: aya::Pod>(&self, name: &'static str) -> Result<PerCpuArray<&MapData, T>> {

@@ -1,0 +1,336 @@
+//! `tracer profile` against `wallclock-demo`, whose three threads spend the same wall time
+//! spinning, sleeping and blocked on a lock.
+
+mod common;
+
+use std::path::Path;
+
+use common::*;
+
+const WALLCLOCK_DEMO: &str = env!("CARGO_BIN_EXE_wallclock-demo");
+
+const SPIN: &str = "wallclock_demo::spin_on_cpu";
+const SLEEP: &str = "wallclock_demo::sleep_off_cpu";
+const WAIT: &str = "wallclock_demo::wait_on_lock";
+
+/// Profiles one wallclock-demo run; returns (tracer's stdout, target's truth, output dir).
+fn profile_demo(name: &str, extra: &[&str]) -> (String, serde_json::Value, std::path::PathBuf) {
+    let dir = out_dir(name);
+    let target = Target::start(WALLCLOCK_DEMO, &["--ms", "1500"]);
+    let pid = target.pid.to_string();
+    let mut args = vec![
+        "profile",
+        "--pid",
+        &pid,
+        "--frequency",
+        "499",
+        "-o",
+        dir.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    let tracer = Tracer::start(&args);
+    target.release();
+    let truth = target.finish();
+    let (ok, out, err) = tracer.finish();
+    assert!(ok, "tracer failed: {err}");
+    assert!(err.contains("target exited"), "{err}");
+    (out, truth, dir)
+}
+
+fn read(dir: &Path, file: &str) -> String {
+    std::fs::read_to_string(dir.join(file)).unwrap_or_else(|e| panic!("{file}: {e}"))
+}
+
+fn folded_total(folded: &str) -> u64 {
+    folded
+        .lines()
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<u64>().ok())
+        .sum()
+}
+
+#[test]
+fn wall_clock_shares_match_the_three_threads() {
+    if !privileged() {
+        return;
+    }
+    let (out, truth, dir) = profile_demo("profile-shares", &[]);
+    let wall = read(&dir, "wallclock.folded");
+    let weights = [SPIN, SLEEP, WAIT].map(|f| folded_weight(&wall, f));
+    let sum: u64 = weights.iter().sum();
+    let truths = ["spin_on_cpu_ns", "sleep_off_cpu_ns", "wait_on_lock_ns"]
+        .map(|field| truth[field].as_u64().unwrap() / 1000);
+    eprintln!("measured us {weights:?} (sum {sum}), target's own us {truths:?}\n{out}");
+    for (frame, weight) in [SPIN, SLEEP, WAIT].iter().zip(weights) {
+        let share = weight as f64 / sum as f64;
+        assert!(
+            (share - 1.0 / 3.0).abs() <= 0.2 / 3.0,
+            "{frame}: {weight} us of {sum} ({:.1}%)\n{wall}",
+            share * 100.0
+        );
+    }
+    for (frame, (weight, truth_us)) in [SPIN, SLEEP, WAIT].iter().zip(weights.iter().zip(truths)) {
+        let error = (*weight as f64 - truth_us as f64).abs() / truth_us as f64;
+        assert!(
+            error <= 0.2,
+            "{frame}: {weight} us, target says {truth_us} us"
+        );
+    }
+
+    // The spinner's on-CPU samples add up to the CPU time it got (less than its wall
+    // time on a busy machine: the rest is preemption, under [off-cpu]).
+    let oncpu = read(&dir, "oncpu.folded");
+    let spin_cpu_us = truth["spin_cpu_ns"].as_u64().unwrap() / 1000;
+    let sampled_us = folded_weight(&oncpu, SPIN);
+    eprintln!("spinner on CPU: sampled {sampled_us} us, thread CPU clock {spin_cpu_us} us");
+    assert!(
+        (sampled_us as f64 - spin_cpu_us as f64).abs() <= 0.2 * spin_cpu_us as f64,
+        "spinner: sampled {sampled_us} us on CPU, its CPU clock says {spin_cpu_us} us\n{oncpu}"
+    );
+    // Blocked stacks go down into the kernel's scheduler, and end in [off-cpu] in the
+    // wall-clock view.
+    let offcpu = read(&dir, "offcpu.folded");
+    for frame in [SLEEP, WAIT] {
+        assert!(
+            offcpu
+                .lines()
+                .any(|l| l.contains(frame) && l.contains(";schedule_[k]")),
+            "{frame}\n{offcpu}"
+        );
+        assert!(
+            wall.lines()
+                .any(|l| l.contains(frame) && l.rsplit_once(' ').unwrap().0.ends_with(";[off-cpu]")),
+            "{frame}\n{wall}"
+        );
+    }
+    // The two halves make up the whole.
+    assert_eq!(
+        folded_total(&oncpu) + folded_total(&offcpu),
+        folded_total(&wall)
+    );
+    // Titles say what, for how long, from how many samples.
+    for (svg, title, count) in [
+        (
+            "wallclock.svg",
+            "Wall-clock time of wallclock-demo",
+            "samples at 499 Hz",
+        ),
+        (
+            "oncpu.svg",
+            "On-CPU time of wallclock-demo",
+            "samples at 499 Hz",
+        ),
+        (
+            "offcpu.svg",
+            "Off-CPU time of wallclock-demo",
+            "off-CPU intervals",
+        ),
+    ] {
+        let text = read(&dir, svg);
+        assert!(
+            text.contains("<svg")
+                && text.contains(title)
+                && text.contains(count)
+                && text.contains("s profiled"),
+            "{svg}"
+        );
+    }
+
+    // pprof: decodes, and its wall values add up to the folded total.
+    let pprof = gunzip(&dir.join("wallclock.pb.gz"));
+    let (samples_total, wall_total, strings) = pprof_totals(&pprof);
+    assert_eq!(wall_total, folded_total(&wall));
+    assert!(samples_total > 0);
+    assert!(strings.iter().any(|s| s == SPIN), "{strings:?}");
+
+    // speedscope: three sampled profiles, the first being the wall-clock one.
+    let speedscope: serde_json::Value =
+        serde_json::from_str(&read(&dir, "wallclock.speedscope.json")).unwrap();
+    let profiles = speedscope["profiles"].as_array().unwrap();
+    assert_eq!(profiles.len(), 3);
+    assert_eq!(profiles[0]["type"], "sampled");
+    assert_eq!(profiles[0]["endValue"], folded_total(&wall));
+    let weights_sum: u64 = profiles[0]["weights"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w.as_u64().unwrap())
+        .sum();
+    assert_eq!(weights_sum, folded_total(&wall));
+}
+
+#[test]
+fn per_thread_puts_each_thread_under_its_own_frame() {
+    if !privileged() {
+        return;
+    }
+    let (_, truth, dir) = profile_demo("profile-threads", &["--per-thread"]);
+    let wall = read(&dir, "wallclock.folded");
+    for (thread, field, frame) in [
+        ("spinner", "spinner_tid", SPIN),
+        ("sleeper", "sleeper_tid", SLEEP),
+        ("waiter", "waiter_tid", WAIT),
+    ] {
+        let prefix = format!("wallclock-demo;{thread} [{}];", truth[field]);
+        assert!(
+            wall.lines()
+                .any(|l| l.starts_with(&prefix) && l.contains(frame)),
+            "{prefix}\n{wall}"
+        );
+    }
+}
+
+#[test]
+fn threads_blocked_since_before_the_start_are_accounted() {
+    if !privileged() {
+        return;
+    }
+    // Attach once the waiter is already blocked on the lock (and the holder asleep).
+    let dir = out_dir("profile-late");
+    let target = Target::start(WALLCLOCK_DEMO, &["--ms", "1500"]);
+    target.release();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let pid = target.pid.to_string();
+    let tracer = Tracer::start(&[
+        "profile",
+        "--pid",
+        &pid,
+        "--per-thread",
+        "-o",
+        dir.to_str().unwrap(),
+    ]);
+    let truth = target.finish();
+    let (ok, out, err) = tracer.finish();
+    assert!(ok, "tracer failed: {err}");
+    let wall = read(&dir, "wallclock.folded");
+    let thread_total = |field: &str| {
+        let prefix = format!(
+            "wallclock-demo;{} [{}];",
+            &field[..field.len() - 4],
+            truth[field]
+        );
+        wall.lines()
+            .filter(|l| l.starts_with(&prefix))
+            .filter_map(|l| l.rsplit_once(' ')?.1.parse::<u64>().ok())
+            .sum::<u64>()
+    };
+    let spinner = thread_total("spinner_tid");
+    let waiter = thread_total("waiter_tid");
+    eprintln!("spinner {spinner} us, waiter {waiter} us\n{out}");
+    // The waiter never switched during the profile, yet its wall time is all there.
+    assert!(
+        (waiter as f64 - spinner as f64).abs() <= 0.2 * spinner as f64,
+        "waiter {waiter} us, spinner {spinner} us\n{wall}"
+    );
+    assert!(
+        wall.lines().any(|l| l.starts_with(&format!(
+            "wallclock-demo;waiter [{}];[blocked since before profiling started];[off-cpu] ",
+            truth["waiter_tid"]
+        ))),
+        "{wall}"
+    );
+}
+
+#[test]
+fn system_wide_names_each_process() {
+    if !privileged() {
+        return;
+    }
+    let dir = out_dir("profile-all");
+    let target = Target::start(WALLCLOCK_DEMO, &["--ms", "1500"]);
+    let tracer = Tracer::start(&["profile", "--duration", "1s", "-o", dir.to_str().unwrap()]);
+    target.release();
+    let (ok, out, err) = tracer.finish();
+    target.finish();
+    assert!(ok, "tracer failed: {err}");
+    assert!(err.contains("duration elapsed"), "{err}");
+    assert!(out.contains("processes"), "{out}");
+    let wall = read(&dir, "wallclock.folded");
+    // The demo, seen only through its samples, is captured and symbolized on the fly.
+    assert!(
+        wall.lines()
+            .any(|l| l.starts_with("wallclock-demo;") && l.contains(SPIN)),
+        "{wall}"
+    );
+}
+
+/// Decompresses a gzip file with the system's gzip.
+fn gunzip(path: &Path) -> Vec<u8> {
+    let out = std::process::Command::new("gzip")
+        .arg("-dc")
+        .arg(path)
+        .output()
+        .expect("gzip is needed to read the pprof output");
+    assert!(out.status.success(), "gzip -dc {}", path.display());
+    out.stdout
+}
+
+fn varint(buf: &[u8], pos: &mut usize) -> u64 {
+    let (mut value, mut shift) = (0u64, 0);
+    loop {
+        let byte = buf[*pos];
+        *pos += 1;
+        value |= u64::from(byte & 0x7f) << shift;
+        if byte < 0x80 {
+            return value;
+        }
+        shift += 7;
+    }
+}
+
+/// Top-level fields of a protobuf message: (field number, varint or bytes).
+fn fields(buf: &[u8]) -> Vec<(u64, Result<u64, &[u8]>)> {
+    let mut pos = 0;
+    let mut out = Vec::new();
+    while pos < buf.len() {
+        let key = varint(buf, &mut pos);
+        match key & 7 {
+            0 => out.push((key >> 3, Ok(varint(buf, &mut pos)))),
+            2 => {
+                let len = varint(buf, &mut pos) as usize;
+                out.push((key >> 3, Err(&buf[pos..pos + len])));
+                pos += len;
+            }
+            other => panic!("unexpected wire type {other}"),
+        }
+    }
+    out
+}
+
+/// Sums the two values of every pprof sample; returns them and the string table.
+fn pprof_totals(profile: &[u8]) -> (u64, u64, Vec<String>) {
+    let (mut samples, mut wall, mut strings) = (0, 0, Vec::new());
+    for (field, value) in fields(profile) {
+        match (field, value) {
+            (2, Err(sample)) => {
+                for (field, value) in fields(sample) {
+                    if let (2, Err(packed)) = (field, value) {
+                        let mut pos = 0;
+                        samples += varint(packed, &mut pos);
+                        wall += varint(packed, &mut pos);
+                        assert_eq!(pos, packed.len(), "two values per sample");
+                    }
+                }
+            }
+            (6, Err(s)) => strings.push(String::from_utf8(s.to_vec()).unwrap()),
+            _ => {}
+        }
+    }
+    assert_eq!(strings.first().map(String::as_str), Some(""));
+    (samples, wall, strings)
+}
+
+#[test]
+fn bad_arguments_and_missing_processes_are_clear_errors() {
+    let out = run_tracer(&["profile", "--frequency", "0"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("invalid --frequency 0"), "{err}");
+    if !privileged() {
+        return;
+    }
+    let out = run_tracer(&["profile", "--pid", "4194304"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no such process: 4194304"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}

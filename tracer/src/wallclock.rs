@@ -1,0 +1,818 @@
+//! Wall-clock profile: on-CPU samples and off-CPU (blocked) time of the same threads, in
+//! one view where a thread's every microsecond is somewhere, plus the two halves apart.
+//!
+//! Weights are microseconds throughout. An on-CPU sample stands for one sampling period
+//! (1/frequency s) of running; an off-CPU interval for the time the thread was blocked.
+//!
+//! Frames, root first: the process name (`comm`), then with `--per-thread` the thread
+//! (`name [tid]`), the user frames, the kernel frames (suffixed `_[k]`), and for blocked
+//! time a last frame [`OFF_CPU_FRAME`]. So in the wall-clock flame graph a function's box
+//! is all the wall time spent in it, and the `[off-cpu]` boxes on top show which part of
+//! that was spent blocked (and, under them, the kernel path that blocked).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::io::{self, Write};
+use std::path::Path;
+
+use tracer_common::{NO_STACK, OffCpuKey, OffCpuStart, OffCpuTotal, OnCpuKey, STACK_BEFORE_START};
+
+use crate::{
+    offcpu::{KERNEL_SUFFIX, StackSource, ThreadNames, named_frames, without_bpf_frames},
+    render::{create_output_file, flamegraph::FoldedStacks},
+    symbolize::{ProcessMaps, StackSymbolizer},
+};
+
+/// The leaf frame added to blocked time in the wall-clock view.
+pub const OFF_CPU_FRAME: &str = "[off-cpu]";
+
+/// The frame standing for the stacks of threads that were already off CPU when profiling
+/// started (see [`tracer_common::STACK_BEFORE_START`]): where they blocked is not known.
+pub const BEFORE_START_FRAME: &str = "[blocked since before profiling started]";
+
+/// What we know of one profiled process: its name and its mappings (`None` once it
+/// exited before we could read them: its user stacks stay unnamed).
+#[derive(Debug)]
+pub struct ProcessInfo {
+    pub name: String,
+    pub maps: Option<ProcessMaps>,
+}
+
+/// The processes seen in the profile, captured while they run so their stacks can be
+/// named after they exit.
+#[derive(Debug, Default)]
+pub struct Processes {
+    processes: HashMap<u32, ProcessInfo>,
+    threads: ThreadNames,
+}
+
+impl Processes {
+    /// Captures `tgid`'s name, mappings and thread names unless already known.
+    pub fn observe(&mut self, tgid: u32) {
+        if self.processes.contains_key(&tgid) {
+            return;
+        }
+        let name = std::fs::read_to_string(format!("/proc/{tgid}/comm"))
+            .map(|s| s.trim_end().to_string())
+            .unwrap_or_else(|_| format!("[pid {tgid}]"));
+        let maps = ProcessMaps::capture(tgid).ok();
+        self.threads.refresh(tgid);
+        self.processes.insert(tgid, ProcessInfo { name, maps });
+    }
+
+    /// Re-reads the mappings and thread names of every known process still running.
+    pub fn refresh(&mut self) {
+        for (&tgid, info) in &mut self.processes {
+            if let Some(maps) = &mut info.maps
+                && maps.refresh().is_ok()
+            {
+                self.threads.refresh(tgid);
+            }
+        }
+    }
+
+    pub fn get(&self, tgid: u32) -> Option<&ProcessInfo> {
+        self.processes.get(&tgid)
+    }
+
+    pub fn len(&self) -> usize {
+        self.processes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.processes.is_empty()
+    }
+
+    pub fn thread_name(&self, tid: u32) -> Option<&str> {
+        self.threads.get(tid)
+    }
+}
+
+/// Weight of one stack: how many events made it up and how long they lasted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Weight {
+    /// On-CPU samples, or off-CPU intervals.
+    pub events: u64,
+    pub ns: u64,
+}
+
+impl Weight {
+    fn add(&mut self, other: Weight) {
+        self.events += other.events;
+        self.ns += other.ns;
+    }
+
+    /// Microseconds, rounded up so no stack that took time shows 0.
+    pub fn us(&self) -> u64 {
+        self.ns.div_ceil(1000)
+    }
+}
+
+/// Stacks (root first) and their weights. Every export (folded, pprof, speedscope)
+/// derives its microseconds from here with [`Weight::us`], so their totals agree.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StackProfile {
+    stacks: BTreeMap<Vec<String>, Weight>,
+}
+
+impl StackProfile {
+    pub fn add(&mut self, frames: Vec<String>, weight: Weight) {
+        self.stacks.entry(frames).or_default().add(weight);
+    }
+
+    /// Stacks and weights, sorted by stack.
+    pub fn iter(&self) -> impl Iterator<Item = (&[String], Weight)> {
+        self.stacks.iter().map(|(f, w)| (f.as_slice(), *w))
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.stacks.is_empty()
+    }
+
+    /// Sum of the stacks' microseconds.
+    pub fn total_us(&self) -> u64 {
+        self.stacks.values().map(Weight::us).sum()
+    }
+
+    /// Sum of the stacks' events.
+    pub fn total_events(&self) -> u64 {
+        self.stacks.values().map(|w| w.events).sum()
+    }
+
+    /// Folded stacks weighted in microseconds.
+    pub fn folded(&self) -> FoldedStacks {
+        let mut folded = FoldedStacks::new();
+        for (frames, weight) in self.iter() {
+            folded.add(frames, weight.us());
+        }
+        folded
+    }
+}
+
+/// The three views and what went into them.
+#[derive(Debug, Default)]
+pub struct WallClockProfile {
+    /// On-CPU and off-CPU together; off-CPU stacks end in [`OFF_CPU_FRAME`].
+    pub wall: StackProfile,
+    pub oncpu: StackProfile,
+    pub offcpu: StackProfile,
+    pub oncpu_samples: u64,
+    pub oncpu_ns: u64,
+    pub offcpu_intervals: u64,
+    pub offcpu_ns: u64,
+    /// Distinct (thread, stacks) entries whose user or kernel stack could not be taken.
+    pub missing_stacks: u64,
+    /// Threads seen on or off CPU.
+    pub threads: usize,
+    /// Processes seen on or off CPU.
+    pub processes: usize,
+}
+
+/// What the kernel collected, as read back from the maps.
+#[derive(Debug, Default)]
+pub struct RawProfile {
+    pub oncpu: Vec<(OnCpuKey, u64)>,
+    pub offcpu: Vec<(OffCpuKey, OffCpuTotal)>,
+    /// Threads still off CPU when tracing stopped: their time so far counts. Marks put
+    /// by user space at the start ([`STACK_BEFORE_START`]) of threads that have on-CPU
+    /// samples are dropped: those threads were running, not blocked, and never switched
+    /// out.
+    pub pending: Vec<(u32, OffCpuStart)>,
+    pub now_ns: u64,
+}
+
+/// How to build the views.
+#[derive(Debug, Clone, Copy)]
+pub struct BuildOptions {
+    pub frequency_hz: u64,
+    pub per_thread: bool,
+}
+
+/// Builds the three views, naming stacks with each process's mappings in `processes`.
+pub fn build_profile(
+    raw: &RawProfile,
+    options: BuildOptions,
+    stacks: &impl StackSource,
+    symbolizer: &mut StackSymbolizer,
+    processes: &Processes,
+) -> WallClockProfile {
+    let mut profile = WallClockProfile::default();
+    let period_ns = 1_000_000_000 / options.frequency_hz.max(1);
+
+    let mut offcpu: HashMap<OffCpuKey, Weight> = HashMap::new();
+    for (key, total) in &raw.offcpu {
+        offcpu.entry(*key).or_default().add(Weight {
+            events: total.count,
+            ns: total.total_ns,
+        });
+    }
+    let sampled: HashSet<u32> = raw.oncpu.iter().map(|(k, _)| k.tid).collect();
+    for (tid, start) in &raw.pending {
+        if start.user_stack_id == STACK_BEFORE_START && sampled.contains(tid) {
+            continue;
+        }
+        let key = OffCpuKey {
+            tgid: start.tgid,
+            tid: *tid,
+            user_stack_id: start.user_stack_id,
+            kernel_stack_id: start.kernel_stack_id,
+        };
+        offcpu.entry(key).or_default().add(Weight {
+            events: 1,
+            ns: raw.now_ns.saturating_sub(start.ts_ns),
+        });
+    }
+
+    let mut namer = Namer {
+        stacks,
+        symbolizer,
+        processes,
+        per_thread: options.per_thread,
+        user: HashMap::new(),
+        kernel: HashMap::new(),
+    };
+    for &(key, samples) in &raw.oncpu {
+        let weight = Weight {
+            events: samples,
+            ns: samples * period_ns,
+        };
+        profile.missing_stacks += u64::from(is_missing(&key));
+        let frames = namer.frames(&key);
+        profile.oncpu_samples += weight.events;
+        profile.oncpu_ns += weight.ns;
+        profile.oncpu.add(frames.clone(), weight);
+        profile.wall.add(frames, weight);
+    }
+    for (key, weight) in offcpu {
+        profile.missing_stacks += u64::from(is_missing(&key));
+        let mut frames = namer.frames(&key);
+        profile.offcpu_intervals += weight.events;
+        profile.offcpu_ns += weight.ns;
+        profile.offcpu.add(frames.clone(), weight);
+        frames.push(OFF_CPU_FRAME.to_string());
+        profile.wall.add(frames, weight);
+    }
+    let ids = || {
+        raw.oncpu
+            .iter()
+            .map(|(k, _)| (k.tgid, k.tid))
+            .chain(raw.offcpu.iter().map(|(k, _)| (k.tgid, k.tid)))
+            .chain(raw.pending.iter().map(|(tid, s)| (s.tgid, *tid)))
+    };
+    profile.threads = ids().map(|(_, tid)| tid).collect::<HashSet<_>>().len();
+    profile.processes = ids().map(|(tgid, _)| tgid).collect::<HashSet<_>>().len();
+    profile
+}
+
+/// A stack that should be there and is not (not the legitimately absent kind).
+fn is_missing(key: &OffCpuKey) -> bool {
+    let missing = |id: i32| id < 0 && id != NO_STACK && id != STACK_BEFORE_START;
+    missing(key.user_stack_id) || missing(key.kernel_stack_id)
+}
+
+/// Names stacks, caching each stack's frames.
+struct Namer<'a, S> {
+    stacks: &'a S,
+    symbolizer: &'a mut StackSymbolizer,
+    processes: &'a Processes,
+    per_thread: bool,
+    user: HashMap<(u32, i32), Vec<String>>,
+    kernel: HashMap<i32, Vec<String>>,
+}
+
+impl<S: StackSource> Namer<'_, S> {
+    fn frames(&mut self, key: &OffCpuKey) -> Vec<String> {
+        let process = self.processes.get(key.tgid);
+        let mut frames = vec![match process {
+            Some(p) => p.name.clone(),
+            None => format!("[pid {}]", key.tgid),
+        }];
+        if self.per_thread {
+            let name = self.processes.thread_name(key.tid).unwrap_or("?");
+            frames.push(format!("{name} [{}]", key.tid));
+        }
+        if key.user_stack_id == STACK_BEFORE_START {
+            frames.push(BEFORE_START_FRAME.to_string());
+            return frames;
+        }
+        if key.user_stack_id != NO_STACK {
+            let (stacks, symbolizer) = (self.stacks, &mut *self.symbolizer);
+            let maps = process.and_then(|p| p.maps.as_ref());
+            let user = self
+                .user
+                .entry((key.tgid, key.user_stack_id))
+                .or_insert_with(|| {
+                    named_frames(key.user_stack_id, stacks, "[missing user stack]", |addrs| {
+                        match maps {
+                            Some(maps) => symbolizer
+                                .user_frames(maps, addrs)
+                                .into_iter()
+                                .map(|f| f.name)
+                                .collect(),
+                            // The process exited before its mappings were read.
+                            None => vec!["[unknown]".to_string()],
+                        }
+                    })
+                });
+            frames.extend(user.iter().cloned());
+        }
+        if key.kernel_stack_id != NO_STACK {
+            let (stacks, symbolizer) = (self.stacks, &mut *self.symbolizer);
+            let kernel = self.kernel.entry(key.kernel_stack_id).or_insert_with(|| {
+                named_frames(
+                    key.kernel_stack_id,
+                    stacks,
+                    "[missing kernel stack]",
+                    |addrs| {
+                        let names = symbolizer
+                            .kernel_frames(addrs)
+                            .into_iter()
+                            .map(|f| f.name)
+                            .collect();
+                        without_bpf_frames(names)
+                            .into_iter()
+                            .map(|name| format!("{name}{KERNEL_SUFFIX}"))
+                            .collect()
+                    },
+                )
+            });
+            frames.extend(kernel.iter().cloned());
+        }
+        frames
+    }
+}
+
+/// What the pprof and speedscope files say about the run.
+#[derive(Debug, Clone)]
+pub struct ExportInfo<'a> {
+    /// What was profiled, e.g. `gc-demo (pid 42)` or `all processes`.
+    pub name: &'a str,
+    pub frequency_hz: u64,
+    /// Wall-clock time (Unix epoch) when profiling started.
+    pub start_unix_ns: u64,
+    pub duration_ns: u64,
+}
+
+/// A minimal protobuf writer: varints, length-delimited fields, packed repeated varints.
+#[derive(Debug, Default)]
+pub struct ProtoWriter {
+    buf: Vec<u8>,
+}
+
+impl ProtoWriter {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn into_bytes(self) -> Vec<u8> {
+        self.buf
+    }
+
+    fn varint(&mut self, mut value: u64) {
+        while value >= 0x80 {
+            self.buf.push((value as u8) | 0x80);
+            value >>= 7;
+        }
+        self.buf.push(value as u8);
+    }
+
+    fn key(&mut self, field: u32, wire_type: u8) {
+        self.varint((u64::from(field) << 3) | u64::from(wire_type));
+    }
+
+    /// A varint field (int64, uint64, bool); negative int64 values take ten bytes, as
+    /// protobuf encodes them.
+    pub fn uint(&mut self, field: u32, value: u64) {
+        self.key(field, 0);
+        self.varint(value);
+    }
+
+    pub fn int(&mut self, field: u32, value: i64) {
+        self.uint(field, value as u64);
+    }
+
+    pub fn bytes(&mut self, field: u32, bytes: &[u8]) {
+        self.key(field, 2);
+        self.varint(bytes.len() as u64);
+        self.buf.extend_from_slice(bytes);
+    }
+
+    pub fn message(&mut self, field: u32, build: impl FnOnce(&mut ProtoWriter)) {
+        let mut inner = ProtoWriter::new();
+        build(&mut inner);
+        self.bytes(field, &inner.buf);
+    }
+
+    pub fn packed(&mut self, field: u32, values: impl IntoIterator<Item = u64>) {
+        let mut inner = ProtoWriter::new();
+        for value in values {
+            inner.varint(value);
+        }
+        self.bytes(field, &inner.buf);
+    }
+}
+
+/// Encodes `profile` as a pprof `Profile` message (profile.proto): sample types
+/// `samples/count` (on-CPU samples plus off-CPU intervals) and `wall/microseconds` (the
+/// default); one function and one location per distinct frame name; no mappings (frames
+/// are named already). Frame names are exactly those of the folded files.
+pub fn encode_pprof(profile: &StackProfile, info: &ExportInfo<'_>) -> Vec<u8> {
+    let mut strings: Vec<String> = vec![String::new()];
+    let mut string_ids: HashMap<String, u64> = HashMap::from([(String::new(), 0)]);
+    let mut intern = |s: &str| -> u64 {
+        if let Some(&id) = string_ids.get(s) {
+            return id;
+        }
+        let id = strings.len() as u64;
+        strings.push(s.to_string());
+        string_ids.insert(s.to_string(), id);
+        id
+    };
+    let samples_type = (intern("samples"), intern("count"));
+    let wall_type = (intern("wall"), intern("microseconds"));
+    let period_type = (intern("cpu"), intern("nanoseconds"));
+    let comment = intern(&format!(
+        "tracer profile of {}: on-CPU samples at {} Hz and off-CPU intervals (leaf frame {OFF_CPU_FRAME})",
+        info.name, info.frequency_hz
+    ));
+
+    // Function and location ids are the same: the frame name's index among functions.
+    let mut functions: Vec<u64> = Vec::new(); // name string id per function
+    let mut function_ids: HashMap<u64, u64> = HashMap::new();
+    let mut samples: Vec<(Vec<u64>, Weight)> = Vec::new();
+    for (frames, weight) in profile.iter() {
+        let locations = frames
+            .iter()
+            .rev()
+            .map(|frame| {
+                let name = intern(frame);
+                *function_ids.entry(name).or_insert_with(|| {
+                    functions.push(name);
+                    functions.len() as u64
+                })
+            })
+            .collect();
+        samples.push((locations, weight));
+    }
+
+    let mut out = ProtoWriter::new();
+    for (field, (kind, unit)) in [(1, samples_type), (1, wall_type)] {
+        out.message(field, |m| {
+            m.uint(1, kind);
+            m.uint(2, unit);
+        });
+    }
+    for (locations, weight) in &samples {
+        out.message(2, |m| {
+            m.packed(1, locations.iter().copied());
+            m.packed(2, [weight.events, weight.us()]);
+        });
+    }
+    for id in 1..=functions.len() as u64 {
+        out.message(4, |m| {
+            m.uint(1, id);
+            m.message(4, |line| line.uint(1, id));
+        });
+    }
+    for (index, &name) in functions.iter().enumerate() {
+        out.message(5, |m| {
+            m.uint(1, index as u64 + 1);
+            m.uint(2, name);
+            m.uint(3, name);
+        });
+    }
+    for s in &strings {
+        out.bytes(6, s.as_bytes());
+    }
+    out.int(9, info.start_unix_ns as i64);
+    out.int(10, info.duration_ns as i64);
+    out.message(11, |m| {
+        m.uint(1, period_type.0);
+        m.uint(2, period_type.1);
+    });
+    out.int(12, (1_000_000_000 / info.frequency_hz.max(1)) as i64);
+    out.packed(13, [comment]);
+    out.uint(14, wall_type.0);
+    out.into_bytes()
+}
+
+/// Writes `profile` as gzip-compressed pprof to `path`.
+pub fn write_pprof(profile: &StackProfile, info: &ExportInfo<'_>, path: &Path) -> io::Result<()> {
+    let bytes = encode_pprof(profile, info);
+    let file = create_output_file(path)?;
+    let mut gz = flate2::write::GzEncoder::new(io::BufWriter::new(file), Default::default());
+    gz.write_all(&bytes)?;
+    gz.finish()?.flush()
+}
+
+/// The profiles as one speedscope file (https://www.speedscope.app/file-format-schema.json):
+/// one "sampled" profile per view, weighted in microseconds, frames shared.
+pub fn speedscope_json(
+    views: &[(&str, &StackProfile)],
+    info: &ExportInfo<'_>,
+) -> serde_json::Value {
+    let mut frames: Vec<serde_json::Value> = Vec::new();
+    let mut frame_ids: HashMap<&str, usize> = HashMap::new();
+    let mut profiles = Vec::new();
+    for (name, profile) in views {
+        let mut samples = Vec::new();
+        let mut weights = Vec::new();
+        for (stack, weight) in profile.iter() {
+            let ids: Vec<usize> = stack
+                .iter()
+                .map(|frame| {
+                    *frame_ids.entry(frame.as_str()).or_insert_with(|| {
+                        frames.push(serde_json::json!({ "name": frame }));
+                        frames.len() - 1
+                    })
+                })
+                .collect();
+            samples.push(ids);
+            weights.push(weight.us());
+        }
+        profiles.push(serde_json::json!({
+            "type": "sampled",
+            "name": format!("{name}: {}", info.name),
+            "unit": "microseconds",
+            "startValue": 0,
+            "endValue": profile.total_us(),
+            "samples": samples,
+            "weights": weights,
+        }));
+    }
+    serde_json::json!({
+        "$schema": "https://www.speedscope.app/file-format-schema.json",
+        "name": format!("tracer profile of {}", info.name),
+        "exporter": concat!("tracer ", env!("CARGO_PKG_VERSION")),
+        "activeProfileIndex": 0,
+        "shared": { "frames": frames },
+        "profiles": profiles,
+    })
+}
+
+/// Writes the speedscope file.
+pub fn write_speedscope(
+    views: &[(&str, &StackProfile)],
+    info: &ExportInfo<'_>,
+    path: &Path,
+) -> io::Result<()> {
+    let mut out = io::BufWriter::new(create_output_file(path)?);
+    serde_json::to_writer(&mut out, &speedscope_json(views, info))?;
+    out.flush()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Stacks(HashMap<i32, Vec<u64>>);
+
+    impl StackSource for Stacks {
+        fn stack(&self, id: i32) -> Vec<u64> {
+            self.0.get(&id).cloned().unwrap_or_default()
+        }
+    }
+
+    /// Reads one varint at `pos`, advancing it.
+    fn varint(buf: &[u8], pos: &mut usize) -> u64 {
+        let mut value = 0;
+        let mut shift = 0;
+        loop {
+            let byte = buf[*pos];
+            *pos += 1;
+            value |= u64::from(byte & 0x7f) << shift;
+            if byte < 0x80 {
+                return value;
+            }
+            shift += 7;
+        }
+    }
+
+    /// (field, varint value or bytes) of every top-level field.
+    fn fields(buf: &[u8]) -> Vec<(u32, Result<u64, Vec<u8>>)> {
+        let mut pos = 0;
+        let mut out = Vec::new();
+        while pos < buf.len() {
+            let key = varint(buf, &mut pos);
+            let field = (key >> 3) as u32;
+            match key & 7 {
+                0 => out.push((field, Ok(varint(buf, &mut pos)))),
+                2 => {
+                    let len = varint(buf, &mut pos) as usize;
+                    out.push((field, Err(buf[pos..pos + len].to_vec())));
+                    pos += len;
+                }
+                other => panic!("wire type {other}"),
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn varints_and_fields_encode_like_protobuf() {
+        let mut w = ProtoWriter::new();
+        w.uint(1, 150);
+        w.bytes(2, b"testing");
+        w.packed(4, [3, 270, 86942]);
+        w.int(5, -1);
+        let bytes = w.into_bytes();
+        // The examples of the protobuf encoding guide.
+        assert_eq!(&bytes[..3], &[0x08, 0x96, 0x01]);
+        assert_eq!(&bytes[3..5], &[0x12, 0x07]);
+        assert_eq!(&bytes[5..12], b"testing");
+        assert_eq!(
+            &bytes[12..20],
+            &[0x22, 0x06, 0x03, 0x8e, 0x02, 0x9e, 0xa7, 0x05]
+        );
+        assert_eq!(bytes[20], 0x28);
+        assert_eq!(
+            &bytes[21..],
+            &[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01]
+        );
+    }
+
+    fn sample_profile() -> StackProfile {
+        let mut p = StackProfile::default();
+        let frames = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        p.add(
+            frames(&["app", "main", "spin"]),
+            Weight {
+                events: 3,
+                ns: 6_012_024,
+            },
+        );
+        p.add(
+            frames(&["app", "main", "sleep", OFF_CPU_FRAME]),
+            Weight {
+                events: 1,
+                ns: 1_000_001,
+            },
+        );
+        p
+    }
+
+    #[test]
+    fn pprof_samples_add_up_to_the_folded_total() {
+        let profile = sample_profile();
+        let info = ExportInfo {
+            name: "app (pid 1)",
+            frequency_hz: 499,
+            start_unix_ns: 1,
+            duration_ns: 2,
+        };
+        let bytes = encode_pprof(&profile, &info);
+        let top = fields(&bytes);
+        let strings: Vec<String> = top
+            .iter()
+            .filter(|(f, _)| *f == 6)
+            .map(|(_, v)| String::from_utf8(v.clone().unwrap_err()).unwrap())
+            .collect();
+        assert_eq!(strings[0], "");
+        let mut wall_total = 0;
+        let mut events_total = 0;
+        let mut leaves = Vec::new();
+        for (_, sample) in top.iter().filter(|(f, _)| *f == 2) {
+            let sample = fields(sample.as_ref().unwrap_err());
+            let packed = |field| {
+                let bytes = sample
+                    .iter()
+                    .find(|(f, _)| *f == field)
+                    .unwrap()
+                    .1
+                    .clone()
+                    .unwrap_err();
+                let mut pos = 0;
+                let mut values = Vec::new();
+                while pos < bytes.len() {
+                    values.push(varint(&bytes, &mut pos));
+                }
+                values
+            };
+            let values = packed(2);
+            events_total += values[0];
+            wall_total += values[1];
+            leaves.push(packed(1)[0]);
+        }
+        assert_eq!(wall_total, profile.folded().total());
+        assert_eq!(wall_total, 6013 + 1001);
+        assert_eq!(events_total, 4);
+        // Functions name their frames; the first stack (sorted) is the blocked one.
+        let function_names: Vec<String> = top
+            .iter()
+            .filter(|(f, _)| *f == 5)
+            .map(|(_, v)| {
+                let function = fields(v.as_ref().unwrap_err());
+                let name = function.iter().find(|(f, _)| *f == 2).unwrap().1.clone();
+                strings[name.unwrap() as usize].clone()
+            })
+            .collect();
+        let leaf_names: Vec<&str> = leaves
+            .iter()
+            .map(|&id| function_names[id as usize - 1].as_str())
+            .collect();
+        assert_eq!(leaf_names, [OFF_CPU_FRAME, "spin"]);
+        // default_sample_type is "wall".
+        let default = top.iter().find(|(f, _)| *f == 14).unwrap().1.clone();
+        assert_eq!(strings[default.unwrap() as usize], "wall");
+    }
+
+    #[test]
+    fn speedscope_profiles_share_frames() {
+        let profile = sample_profile();
+        let info = ExportInfo {
+            name: "app",
+            frequency_hz: 99,
+            start_unix_ns: 0,
+            duration_ns: 0,
+        };
+        let json = speedscope_json(&[("wall", &profile), ("again", &profile)], &info);
+        assert_eq!(json["shared"]["frames"].as_array().unwrap().len(), 5);
+        let first = &json["profiles"][0];
+        assert_eq!(first["type"], "sampled");
+        assert_eq!(first["endValue"], 6013 + 1001);
+        // Stacks sorted, root first: app;main;sleep;[off-cpu], then app;main;spin.
+        assert_eq!(first["samples"][0], serde_json::json!([0, 1, 2, 3]));
+        assert_eq!(first["samples"][1], serde_json::json!([0, 1, 4]));
+        assert_eq!(json["profiles"][1]["samples"], first["samples"]);
+    }
+
+    fn before_start(ts_ns: u64) -> OffCpuStart {
+        OffCpuStart {
+            ts_ns,
+            tgid: 7,
+            user_stack_id: STACK_BEFORE_START,
+            kernel_stack_id: STACK_BEFORE_START,
+            _pad: 0,
+        }
+    }
+
+    #[test]
+    fn builds_the_three_views() {
+        let stacks = Stacks(HashMap::from([(1, vec![0x10]), (2, vec![0x20])]));
+        let key = |user, kernel| OffCpuKey {
+            tgid: 7,
+            tid: 8,
+            user_stack_id: user,
+            kernel_stack_id: kernel,
+        };
+        let raw = RawProfile {
+            // One sample in user mode, one whose user stack collided in the stack map.
+            oncpu: vec![(key(1, NO_STACK), 4), (key(-17, NO_STACK), 1)],
+            offcpu: vec![(
+                key(1, 2),
+                OffCpuTotal {
+                    total_ns: 5_000_000,
+                    count: 2,
+                },
+            )],
+            pending: vec![
+                (
+                    8,
+                    OffCpuStart {
+                        ts_ns: 100,
+                        tgid: 7,
+                        user_stack_id: 1,
+                        kernel_stack_id: 2,
+                        _pad: 0,
+                    },
+                ),
+                // Marked at the start and never switched out: it ran (it has samples).
+                (8, before_start(0)),
+                // Marked at the start, blocked throughout: it counts, stack unknown.
+                (9, before_start(1_000_000)),
+            ],
+            now_ns: 1_000_100,
+        };
+        let mut symbolizer = StackSymbolizer::new();
+        let processes = Processes::default();
+        let profile = build_profile(
+            &raw,
+            BuildOptions {
+                frequency_hz: 100,
+                per_thread: true,
+            },
+            &stacks,
+            &mut symbolizer,
+            &processes,
+        );
+        assert_eq!(profile.oncpu_samples, 5);
+        assert_eq!(profile.oncpu_ns, 50_000_000);
+        assert_eq!(profile.offcpu_intervals, 4);
+        assert_eq!(profile.offcpu_ns, 6_000_100);
+        assert_eq!(profile.missing_stacks, 1);
+        assert_eq!((profile.threads, profile.processes), (2, 1));
+        assert_eq!(profile.wall.total_us(), 56_001);
+        assert_eq!(profile.oncpu.total_us() + profile.offcpu.total_us(), 56_001);
+        let wall = profile.wall.folded().to_string();
+        // The process exited unseen: its user frames are unknown, its root says its pid.
+        assert!(wall.contains("[pid 7];? [8];[unknown] 40000"), "{wall}");
+        assert!(wall.contains("[missing user stack] 10000"), "{wall}");
+        assert!(wall.contains(&format!(";{OFF_CPU_FRAME} 6000")), "{wall}");
+        assert!(!profile.offcpu.folded().to_string().contains(OFF_CPU_FRAME));
+        assert!(
+            wall.contains(&format!(
+                "[pid 7];? [9];{BEFORE_START_FRAME};{OFF_CPU_FRAME} 1"
+            )),
+            "{wall}"
+        );
+    }
+}
