@@ -83,6 +83,13 @@
 //!     --latency tracer:gc__begin,tracer:gc__stop_the_world
 //! ```
 //!
+//! # tokio
+//!
+//! With the `tokio` feature, and built with `RUSTFLAGS="--cfg tokio_unstable"` (tokio's task
+//! hooks are unstable), `tokio::instrument` makes every task of a tokio runtime fire the task
+//! probes: `rt__new__task`, `rt__run__task` / `rt__pause__task` around each poll, and
+//! `rt__finish__task`, with tokio's task ids.
+//!
 //! # Example
 //!
 //! ```
@@ -104,6 +111,9 @@
 #![no_std]
 
 use probe::probe_lazy;
+
+#[cfg(all(feature = "tokio", tokio_unstable))]
+pub mod tokio;
 
 /// Page-aligns the `.probes` section; see "Semaphores and the page alignment of `.probes`"
 /// in the crate docs.

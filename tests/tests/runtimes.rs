@@ -1,0 +1,976 @@
+//! The bpftrace scripts of `probes/scripts/` and `tracer attach` side by side on the same
+//! process, and `tracer attach` on real runtimes.
+//!
+//! - gc-demo, whose GCs and task runs are known exactly: each script, run unchanged with
+//!   `bpftrace -p PID script.bt`, counts what `tracer attach` counts and what gc-demo says
+//!   it did, and times it alike.
+//! - A real JVM (HotSpot, `System.gc()` N times): N collections, checked against the JVM's
+//!   own GC log, `tracer trace --count` and bpftrace (which also shows the thread firing
+//!   `hotspot:gc__begin` and `hotspot:gc__end`: both on the "VM Thread").
+//! - CPython 3.11 (`gc.collect()` N times): N GC pauses.
+//! - A `--latency` pair measures exactly what the built-in pair with the same probes does.
+//! - A tokio program instrumented with `probes::tokio` (built on the fly with
+//!   `--cfg tokio_unstable`): every task's spawn, polls and end, by `tracer trace` and by
+//!   `task_run_park.bt`.
+
+mod common;
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    io::{BufRead as _, BufReader, Read as _, Write as _},
+    path::{Path, PathBuf},
+    process::{Child, ChildStderr, ChildStdout, Command, Stdio},
+};
+
+use common::*;
+
+const GC_DEMO: &str = env!("CARGO_BIN_EXE_gc-demo");
+
+/// A script of `probes/scripts/`.
+fn script(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../probes/scripts")
+        .join(name)
+}
+
+/// A running `bpftrace -p PID ...` whose scripts print a line starting with `Tracing` in
+/// BEGIN, which bpftrace runs once every probe is attached.
+struct Bpftrace {
+    child: Child,
+    stdout: BufReader<ChildStdout>,
+    stderr: ChildStderr,
+}
+
+impl Bpftrace {
+    /// Starts `bpftrace -p PID ARGS` and returns once it is attached.
+    fn start(pid: u32, args: &[&str]) -> Bpftrace {
+        let mut child = Command::new("bpftrace")
+            .arg("-p")
+            .arg(pid.to_string())
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("bpftrace is installed by `cargo xtask setup`");
+        let mut bpftrace = Bpftrace {
+            stdout: BufReader::new(child.stdout.take().unwrap()),
+            stderr: child.stderr.take().unwrap(),
+            child,
+        };
+        let mut early = String::new();
+        loop {
+            let mut line = String::new();
+            if bpftrace.stdout.read_line(&mut line).unwrap() == 0 {
+                let mut err = String::new();
+                bpftrace.stderr.read_to_string(&mut err).unwrap();
+                let status = bpftrace.child.wait().unwrap();
+                panic!("bpftrace {args:?} exited before attaching ({status}): {early}{err}");
+            }
+            early.push_str(&line);
+            if line.starts_with("Tracing") {
+                return bpftrace;
+            }
+        }
+    }
+
+    /// Waits for bpftrace to exit (it does when the traced process exits) and parses the
+    /// maps it printed.
+    fn finish(mut self) -> BpftraceMaps {
+        let mut out = String::new();
+        self.stdout.read_to_string(&mut out).unwrap();
+        let mut err = String::new();
+        self.stderr.read_to_string(&mut err).unwrap();
+        let status = self.child.wait().unwrap();
+        assert!(status.success(), "bpftrace failed ({status}): {err}\n{out}");
+        BpftraceMaps::parse(&out)
+    }
+}
+
+impl Drop for Bpftrace {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The maps bpftrace prints at exit, by name with the key (`count`, `runs[2]`): the text
+/// after `: `, and for histograms the sum of their bucket counts.
+struct BpftraceMaps {
+    values: BTreeMap<String, String>,
+    hist_totals: BTreeMap<String, u64>,
+    text: String,
+}
+
+impl BpftraceMaps {
+    fn parse(text: &str) -> BpftraceMaps {
+        let mut values = BTreeMap::new();
+        let mut hist_totals = BTreeMap::new();
+        let mut current_hist: Option<String> = None;
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix('@') {
+                let (name, value) = rest
+                    .split_once(": ")
+                    .or_else(|| rest.strip_suffix(':').map(|n| (n, "")))
+                    .unwrap_or_else(|| panic!("unexpected map line {line:?}"));
+                let value = value.trim();
+                current_hist = value.is_empty().then(|| name.to_string());
+                if value.is_empty() {
+                    hist_totals.insert(name.to_string(), 0);
+                } else {
+                    values.insert(name.to_string(), value.to_string());
+                }
+            } else if let (Some(hist), Some(bucket)) = (&current_hist, line.strip_prefix('[')) {
+                // `[8K, 16K)     12 |@@@@|`, or `[0]     1 |@|` for the smallest buckets.
+                let count = bucket
+                    .split_once([')', ']'])
+                    .and_then(|(_, rest)| rest.split_whitespace().next())
+                    .and_then(|n| n.parse::<u64>().ok())
+                    .unwrap_or_else(|| panic!("unexpected bucket line {line:?}"));
+                *hist_totals.get_mut(hist).unwrap() += count;
+            } else if line.trim().is_empty() {
+                current_hist = None;
+            }
+        }
+        BpftraceMaps {
+            values,
+            hist_totals,
+            text: text.to_string(),
+        }
+    }
+
+    /// A map holding one integer (`count()`, `sum()`, `min()`, `max()`).
+    fn int(&self, name: &str) -> u64 {
+        let value = self
+            .values
+            .get(name)
+            .unwrap_or_else(|| panic!("bpftrace printed no @{name}:\n{}", self.text));
+        value
+            .parse()
+            .unwrap_or_else(|e| panic!("@{name}: {value:?}: {e}"))
+    }
+
+    /// A `stats()` map, `count N, average A, total T`: (count, total).
+    fn stats(&self, name: &str) -> (u64, u64) {
+        let value = self
+            .values
+            .get(name)
+            .unwrap_or_else(|| panic!("bpftrace printed no @{name}:\n{}", self.text));
+        let field = |field: &str| -> u64 {
+            value
+                .split(", ")
+                .find_map(|part| part.strip_prefix(field))
+                .and_then(|n| n.trim().parse().ok())
+                .unwrap_or_else(|| panic!("@{name}: no {field} in {value:?}"))
+        };
+        (field("count "), field("total "))
+    }
+
+    /// The sum of the bucket counts of histogram `name`.
+    fn hist_total(&self, name: &str) -> u64 {
+        *self
+            .hist_totals
+            .get(name)
+            .unwrap_or_else(|| panic!("bpftrace printed no histogram @{name}:\n{}", self.text))
+    }
+
+    /// The keys of the maps `name[KEY]`, with their integer values.
+    fn keyed(&self, name: &str) -> BTreeMap<String, u64> {
+        self.values
+            .iter()
+            .filter_map(|(k, v)| {
+                let key = k.strip_prefix(name)?.strip_prefix('[')?.strip_suffix(']')?;
+                Some((key.to_string(), v.parse().ok()?))
+            })
+            .collect()
+    }
+}
+
+/// `a` and `b` within `relative` of `b`, or `absolute_ns` apart.
+fn near(a: u64, b: u64, relative: f64, absolute_ns: u64) -> bool {
+    let diff = a.abs_diff(b);
+    diff <= absolute_ns || diff as f64 <= relative * b as f64
+}
+
+/// One gc-demo run with `tracer attach` (JSON report) and `bpftrace -p PID SCRIPT` on it:
+/// returns (tracer's report, gc-demo's truth, bpftrace's maps).
+fn gc_demo_with_script(
+    name: &str,
+    demo_args: &[&str],
+    script_name: &str,
+    tracer_args: &[&str],
+) -> (serde_json::Value, serde_json::Value, BpftraceMaps) {
+    let dir = out_dir(name);
+    let target = Target::start(GC_DEMO, demo_args);
+    let pid = target.pid.to_string();
+    let mut args = vec![
+        "attach",
+        "--pid",
+        &pid,
+        "--format",
+        "json",
+        "-o",
+        dir.to_str().unwrap(),
+    ];
+    args.extend_from_slice(tracer_args);
+    let tracer = Tracer::start(&args);
+    let bpftrace = Bpftrace::start(target.pid, &[script(script_name).to_str().unwrap()]);
+    target.release();
+    let truth = target.finish();
+    let (ok, out, err) = tracer.finish();
+    assert!(ok, "tracer failed: {err}");
+    let maps = bpftrace.finish();
+    let report: serde_json::Value =
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    let _ = std::fs::remove_dir_all(dir);
+    eprintln!("{script_name}: bpftrace printed\n{}", maps.text);
+    (report, truth, maps)
+}
+
+/// A latency of the report as (count, total_ns, min_ns, max_ns).
+fn latency(report: &serde_json::Value, name: &str) -> (u64, u64, u64, u64) {
+    let l = &report["latencies"][name];
+    let field = |f: &str| {
+        l[f].as_u64()
+            .unwrap_or_else(|| panic!("no latencies.{name}.{f} in {report:#}"))
+    };
+    (
+        field("count"),
+        field("total_ns"),
+        field("min_ns"),
+        field("max_ns"),
+    )
+}
+
+fn truth_list(truth: &serde_json::Value, field: &str) -> Vec<u64> {
+    truth[field]
+        .as_array()
+        .unwrap_or_else(|| panic!("no {field} in {truth}"))
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .collect()
+}
+
+#[test]
+fn gc_pause_bt_and_tracer_count_and_time_every_pause_alike() {
+    if !privileged() {
+        return;
+    }
+    let (report, truth, bt) = gc_demo_with_script(
+        "bt-pause",
+        &["--gcs", "12", "--pause-ms", "20", "--interval-ms", "20"],
+        "gc_pause.bt",
+        &[],
+    );
+    let pauses = truth_list(&truth, "pause_ns");
+    let (count, total, min, max) = latency(&report, "gc_pause");
+    assert_eq!(pauses.len(), 12);
+    assert_eq!(report["gc"]["count"], 12, "{report:#}");
+    assert_eq!(count, 12);
+    assert_eq!(bt.int("count"), 12);
+    assert_eq!(bt.hist_total("pause_us"), 12);
+
+    // Both measure between the same two traps: a few microseconds apart, more if a busy
+    // machine preempts one of them.
+    assert!(near(bt.int("total_ns"), total, 0.0, 12 * 50_000), "{total}");
+    assert!(near(bt.int("min_ns"), min, 0.005, 50_000), "{min}");
+    assert!(near(bt.int("max_ns"), max, 0.005, 50_000), "{max}");
+    // gc-demo reads its clock just before gc__begin and just after gc__end: each pause
+    // bpftrace measures lies inside the one gc-demo measures, and is most of it (the rest is
+    // the traps and, on a busy machine, a preemption next to them).
+    let true_total: u64 = pauses.iter().sum();
+    assert!(bt.int("total_ns") <= true_total, "{pauses:?}");
+    assert!(
+        bt.int("min_ns") <= *pauses.iter().min().unwrap(),
+        "{pauses:?}"
+    );
+    assert!(
+        bt.int("max_ns") <= *pauses.iter().max().unwrap(),
+        "{pauses:?}"
+    );
+    assert!(bt.int("total_ns") >= true_total / 10 * 9, "{pauses:?}");
+    eprintln!(
+        "gc_pause: truth total {true_total} min {} max {}; tracer {total} {min} {max}; bpftrace {} {} {}",
+        pauses.iter().min().unwrap(),
+        pauses.iter().max().unwrap(),
+        bt.int("total_ns"),
+        bt.int("min_ns"),
+        bt.int("max_ns"),
+    );
+}
+
+#[test]
+fn stop_the_world_bt_and_tracer_agree() {
+    if !privileged() {
+        return;
+    }
+    let (report, truth, bt) = gc_demo_with_script(
+        "bt-stw",
+        &["--gcs", "10", "--pause-ms", "5", "--interval-ms", "20"],
+        "gc_stop_the_world_latency.bt",
+        &[],
+    );
+    let stws = truth_list(&truth, "stw_ns");
+    let (count, total, _, _) = latency(&report, "gc_stop_the_world");
+    assert_eq!(stws.len(), 10);
+    assert_eq!(count, 10, "{report:#}");
+    assert_eq!(bt.int("count"), 10);
+    assert_eq!(bt.hist_total("stw_us"), 10);
+    // Latencies of microseconds: the two tracers' handlers run in the same traps, a few
+    // microseconds apart (more if a busy machine preempts one); gc-demo reads its clock
+    // just outside the traps, and its first gc__begin includes the process's first
+    // uprobe hit, which sets up the kernel's out-of-line execution area.
+    assert!(near(bt.int("total_ns"), total, 0.0, 10 * 50_000), "{total}");
+    let true_total: u64 = stws.iter().sum();
+    assert!(
+        near(bt.int("total_ns"), true_total, 0.0, 10 * 100_000),
+        "{stws:?}"
+    );
+    eprintln!(
+        "stop the world: truth total {true_total} ns {stws:?}; tracer total {total}; bpftrace total {} (min {}, max {})",
+        bt.int("total_ns"),
+        bt.int("min_ns"),
+        bt.int("max_ns"),
+    );
+}
+
+#[test]
+fn gc_all_bt_counts_every_phase_like_tracer_and_the_truth() {
+    if !privileged() {
+        return;
+    }
+    let gcs = 12u64;
+    let (report, truth, bt) = gc_demo_with_script(
+        "bt-all",
+        &["--gcs", "12", "--pause-ms", "10", "--interval-ms", "20"],
+        "gc_all.bt",
+        &[],
+    );
+    assert_eq!(truth["gcs"], gcs);
+    assert_eq!(report["gc"]["count"], gcs, "{report:#}");
+    for (map, latency_name) in [
+        ("pause_ns", "gc_pause"),
+        ("stw_ns", "gc_stop_the_world"),
+        ("mark_ns", "gc_mark"),
+        ("sweep_ns", "gc_sweep"),
+    ] {
+        let (bt_count, bt_total) = bt.stats(map);
+        let (count, total, _, _) = latency(&report, latency_name);
+        assert_eq!((bt_count, count), (gcs, gcs), "@{map} and {latency_name}");
+        let hist = map.replace("_ns", "_us");
+        assert_eq!(bt.hist_total(&hist), gcs, "@{hist}");
+        assert!(
+            near(bt_total, total, 0.0, gcs * 50_000),
+            "@{map} total {bt_total}, tracer {latency_name} total {total}"
+        );
+        eprintln!("gc_all @{map}: bpftrace total {bt_total} ns, tracer {total} ns");
+    }
+    let (mark, sweep, pause) = (
+        bt.stats("mark_ns").1,
+        bt.stats("sweep_ns").1,
+        bt.stats("pause_ns").1,
+    );
+    assert!(mark + sweep <= pause, "phases inside the pauses");
+    // Inside gc-demo's own measurement, and most of it (see the gc_pause.bt test).
+    let true_total: u64 = truth_list(&truth, "pause_ns").iter().sum();
+    assert!(
+        pause <= true_total && pause >= true_total / 10 * 9,
+        "{pause} vs {true_total}"
+    );
+
+    assert_eq!(
+        bt.int("full_sweeps"),
+        truth["full_sweeps"].as_u64().unwrap()
+    );
+    assert_eq!(bt.int("full_sweeps"), 3, "i = 0, 4, 8");
+    assert_eq!(bt.int("finalizers"), gcs);
+    assert_eq!(bt.stats("finalizer_delay_ns").0, gcs);
+    // gc__mark__end((i + 1) * 1 MiB, i * 4096) for i in 0..12.
+    assert_eq!(bt.int("scanned_bytes"), (1..=gcs).sum::<u64>() * 1_048_576);
+    assert_eq!(bt.int("perm_scanned_bytes"), (0..gcs).sum::<u64>() * 4096);
+}
+
+#[test]
+fn task_run_park_bt_counts_every_run_and_park_of_every_task() {
+    if !privileged() {
+        return;
+    }
+    let (report, truth, bt) = gc_demo_with_script(
+        "bt-tasks",
+        &[
+            "--gcs",
+            "10",
+            "--pause-ms",
+            "5",
+            "--interval-ms",
+            "20",
+            "--sleep-ms",
+            "10",
+        ],
+        "task_run_park.bt",
+        &[
+            "--latency",
+            "tracer:rt__run__task,tracer:rt__pause__task",
+            "--latency",
+            "tracer:rt__pause__task,tracer:rt__run__task",
+        ],
+    );
+    let tasks = truth["tasks"].as_array().unwrap();
+    assert_eq!(tasks.len(), 3);
+    let (runs, pauses, parks) = (bt.keyed("runs"), bt.keyed("pauses"), bt.keyed("parks"));
+    let mut true_runs = 0;
+    for task in tasks {
+        let id = task["id"].to_string();
+        let n = task["runs"].as_u64().unwrap();
+        assert!(n >= 2, "{truth}");
+        assert_eq!(runs.get(&id), Some(&n), "@runs of task {id}:\n{}", bt.text);
+        assert_eq!(pauses.get(&id), Some(&n), "@pauses of task {id}");
+        assert_eq!(parks.get(&id), Some(&(n - 1)), "@parks of task {id}");
+        true_runs += n;
+    }
+    assert_eq!(runs.len(), 3, "only gc-demo's three tasks run: {runs:?}");
+    assert_eq!(bt.hist_total("running_us"), true_runs);
+    assert_eq!(bt.hist_total("parked_us"), true_runs - 3);
+
+    // tracer attach matches the same pairs per thread; each gc-demo task is one thread.
+    let (running, running_total, _, _) = latency(&report, "rt__run__task_to_rt__pause__task");
+    let (parked, parked_total, _, _) = latency(&report, "rt__pause__task_to_rt__run__task");
+    assert_eq!(running, true_runs, "{report:#}");
+    assert_eq!(
+        parked,
+        true_runs - 3,
+        "the first run of a task ends no park"
+    );
+    let bt_running: u64 = bt.keyed("running_ns").values().sum();
+    let bt_parked: u64 = bt.keyed("parked_ns").values().sum();
+    assert!(near(bt_running, running_total, 0.0, true_runs * 50_000));
+    assert!(near(bt_parked, parked_total, 0.0, true_runs * 50_000));
+    eprintln!(
+        "tasks: {true_runs} runs; running tracer {running_total} ns, bpftrace {bt_running} ns; parked tracer {parked_total} ns, bpftrace {bt_parked} ns"
+    );
+}
+
+#[test]
+fn a_latency_pair_given_with_the_flag_measures_what_the_builtin_pair_does() {
+    if !privileged() {
+        return;
+    }
+    let dir = out_dir("latency-flag");
+    let target = Target::start(
+        GC_DEMO,
+        &["--gcs", "8", "--pause-ms", "10", "--interval-ms", "10"],
+    );
+    let pid = target.pid.to_string();
+    let tracer = Tracer::start(&[
+        "attach",
+        "--pid",
+        &pid,
+        "--format",
+        "json",
+        "-o",
+        dir.to_str().unwrap(),
+        "--latency",
+        "tracer:gc__mark__begin,tracer:gc__mark__end",
+    ]);
+    target.release();
+    target.finish();
+    let (ok, out, err) = tracer.finish();
+    assert!(ok, "{err}");
+    let report: serde_json::Value =
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    let latencies = report["latencies"].as_object().unwrap();
+    let requested: Vec<&String> = latencies
+        .iter()
+        .filter(|(name, l)| {
+            name.as_str() != "gc_mark"
+                && l["begin"] == "tracer:gc__mark__begin"
+                && l["end"] == "tracer:gc__mark__end"
+        })
+        .map(|(name, _)| name)
+        .collect();
+    assert_eq!(requested.len(), 1, "{report:#}");
+    let builtin = latency(&report, "gc_mark");
+    assert_eq!(builtin.0, 8);
+    // Same probe hits, same timestamps: the same figures, not just the same count.
+    assert_eq!(latency(&report, requested[0]), builtin);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// `tracer trace --count` output: probe (without its path) → hits.
+fn counts(stdout: &str) -> HashMap<String, u64> {
+    let counts = stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|v| {
+            v.as_object()
+                .is_some_and(|o| o.keys().any(|k| k.starts_with("usdt:")))
+        })
+        .unwrap_or_else(|| panic!("no counts in {stdout}"));
+    counts
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(probe, n)| {
+            let mut parts = probe.rsplitn(3, ':');
+            let name = parts.next().unwrap();
+            let provider = parts.next().unwrap();
+            (format!("{provider}:{name}"), n.as_u64().unwrap())
+        })
+        .collect()
+}
+
+/// A target that prints `ready pid=PID` (other lines before it are skipped), waits for a
+/// line on its standard input, works, and exits; killed if the test fails first.
+struct StdinTarget {
+    pid: u32,
+    child: Child,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl StdinTarget {
+    fn start(command: &mut Command) -> StdinTarget {
+        let mut child = command
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {command:?}: {e}"));
+        let mut target = StdinTarget {
+            pid: 0,
+            stdout: BufReader::new(child.stdout.take().unwrap()),
+            child,
+        };
+        loop {
+            let mut line = String::new();
+            assert!(
+                target.stdout.read_line(&mut line).unwrap() > 0,
+                "{command:?} exited before it was ready"
+            );
+            if let Some(pid) = line.trim().strip_prefix("ready pid=") {
+                target.pid = pid.parse().unwrap();
+                return target;
+            }
+        }
+    }
+
+    /// Lets it work, waits for it to exit, and returns the rest of its standard output.
+    fn release_and_finish(mut self) -> String {
+        let mut stdin = self.child.stdin.take().unwrap();
+        stdin.write_all(b"go\n").unwrap();
+        drop(stdin);
+        let mut rest = String::new();
+        self.stdout.read_to_string(&mut rest).unwrap();
+        let status = self.child.wait().unwrap();
+        assert!(status.success(), "target failed ({status}): {rest}");
+        rest
+    }
+}
+
+impl Drop for StdinTarget {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A Java program that prints `ready pid=PID`, waits for a line on stdin, calls
+/// `System.gc()` N times and halts (no shutdown work that could collect again).
+const JAVA_GC: &str = r#"
+public class TracerGc {
+    public static void main(String[] args) throws Exception {
+        int n = Integer.parseInt(args[0]);
+        System.out.println("ready pid=" + ProcessHandle.current().pid());
+        System.out.flush();
+        new java.io.BufferedReader(new java.io.InputStreamReader(System.in)).readLine();
+        for (int i = 0; i < n; i++) {
+            System.gc();
+        }
+        System.out.println("{\"gcs\":" + n + "}");
+        System.out.flush();
+        Runtime.getRuntime().halt(0);
+    }
+}
+"#;
+
+/// Where HotSpot fires its GC probes, by bpftrace: counts per thread name, and the pauses
+/// matched per thread.
+const JVM_BT: &str = r#"
+BEGIN { printf("Tracing hotspot:gc__begin and hotspot:gc__end\n"); }
+usdt:*:hotspot:gc__begin { @begin[comm] = count(); @start[tid] = nsecs; }
+usdt:*:hotspot:gc__end {
+    @end[comm] = count();
+    if (@start[tid] != 0) {
+        @pause_ns = stats(nsecs - @start[tid]);
+        delete(@start[tid]);
+    }
+}
+END { clear(@start); }
+"#;
+
+#[test]
+fn a_jvm_reports_one_gc_per_system_gc() {
+    if !privileged() {
+        return;
+    }
+    const N: u64 = 5;
+    let dir = out_dir("jvm");
+    std::fs::write(dir.join("TracerGc.java"), JAVA_GC).unwrap();
+    let javac = Command::new("javac")
+        .arg("-d")
+        .arg(&dir)
+        .arg(dir.join("TracerGc.java"))
+        .output()
+        .expect("javac (JDK 17) is needed for the JVM test");
+    assert!(javac.status.success(), "{javac:?}");
+    let gc_log = dir.join("gc.log");
+    // The JVM prints the line from main, after libjvm.so (and its probes) is mapped.
+    let java = StdinTarget::start(
+        Command::new("java")
+            .arg(format!("-Xlog:gc:file={}", gc_log.display()))
+            .arg("-cp")
+            .arg(&dir)
+            .arg("TracerGc")
+            .arg(N.to_string()),
+    );
+    let pid = java.pid;
+    let pid_arg = pid.to_string();
+    let attach = Tracer::start(&[
+        "attach",
+        "--pid",
+        &pid_arg,
+        "--format",
+        "json",
+        "-o",
+        dir.join("attach").to_str().unwrap(),
+    ]);
+    let count = Tracer::start(&[
+        "trace",
+        "--count",
+        "--format",
+        "json",
+        "--pid",
+        &pid_arg,
+        "usdt:*:hotspot:gc__*",
+    ]);
+    let bpftrace = Bpftrace::start(pid, &["-e", JVM_BT]);
+
+    let rest = java.release_and_finish();
+    assert!(rest.contains(&format!("{{\"gcs\":{N}}}")), "{rest}");
+
+    let (ok, out, err) = attach.finish();
+    assert!(ok, "{err}");
+    let report: serde_json::Value =
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    let (ok, count_out, err) = count.finish();
+    assert!(ok, "{err}");
+    let bt = bpftrace.finish();
+    let log = std::fs::read_to_string(&gc_log).unwrap();
+    eprintln!("JVM GC log:\n{log}\nbpftrace:\n{}", bt.text);
+
+    // The JVM's own account: one pause per System.gc() (a full collection), no other.
+    let log_pauses: Vec<f64> = log
+        .lines()
+        .filter(|l| l.contains(" Pause "))
+        .map(|l| {
+            l.trim_end()
+                .strip_suffix("ms")
+                .and_then(|l| l.rsplit(' ').next())
+                .and_then(|ms| ms.parse().ok())
+                .unwrap_or_else(|| panic!("unexpected GC log line {l:?}"))
+        })
+        .collect();
+    assert_eq!(log_pauses.len() as u64, N, "{log}");
+
+    // Every probe hit, counted in the kernel: one gc__begin and one gc__end per collection.
+    let hits = counts(&count_out);
+    assert_eq!(hits.get("hotspot:gc__begin"), Some(&N), "{count_out}");
+    assert_eq!(hits.get("hotspot:gc__end"), Some(&N), "{count_out}");
+
+    // Both fire on the same thread, HotSpot's VM Thread (inside the GC's VM operation,
+    // SvcGCMarker), so matching them per thread pairs every collection.
+    let threads = |m: &str| bt.keyed(m).into_iter().collect::<Vec<_>>();
+    assert_eq!(
+        threads("begin"),
+        [("VM Thread".to_string(), N)],
+        "{}",
+        bt.text
+    );
+    assert_eq!(
+        threads("end"),
+        [("VM Thread".to_string(), N)],
+        "{}",
+        bt.text
+    );
+    let (bt_count, bt_total) = bt.stats("pause_ns");
+    assert_eq!(bt_count, N);
+
+    assert_eq!(report["gc"]["count"], N, "{report:#}");
+    let (count, total, _, _) = latency(&report, "gc_pause");
+    assert_eq!(count, N);
+    assert_eq!(report["lost"]["unmatched_ends"], 0, "{report:#}");
+    assert!(
+        near(total, bt_total, 0.0, N * 50_000),
+        "{total} vs {bt_total}"
+    );
+    // The JVM times its pauses inside the probes' span, in milliseconds with 3 decimals.
+    let log_total = (log_pauses.iter().sum::<f64>() * 1e6) as u64;
+    assert!(
+        near(total, log_total, 0.25, 0),
+        "tracer {total} ns, JVM log {log_total} ns"
+    );
+    eprintln!(
+        "JVM: {N} collections; pauses total tracer {total} ns, bpftrace {bt_total} ns, GC log {log_total} ns"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn cpython_reports_one_gc_pause_per_collect() {
+    if !privileged() {
+        return;
+    }
+    let python = "/usr/bin/python3.11";
+    // Automatic collections off and no interpreter shutdown: exactly N collections run,
+    // each timed from outside by the script itself.
+    let script = "import gc, json, os, signal, time\n\
+        gc.disable()\n\
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})\n\
+        print(f'ready pid={os.getpid()}', flush=True)\n\
+        signal.sigwait({signal.SIGUSR1})\n\
+        ns = []\n\
+        for _ in range(9):\n    \
+            t = time.perf_counter_ns(); gc.collect(); ns.append(time.perf_counter_ns() - t)\n\
+        print(json.dumps({'collections': 9, 'collect_ns': ns}), flush=True)\n\
+        os._exit(0)\n";
+    let dir = out_dir("cpython");
+    let target = Target::start(python, &["-c", script]);
+    let pid = target.pid.to_string();
+    let attach = Tracer::start(&[
+        "attach",
+        "--pid",
+        &pid,
+        "--format",
+        "json",
+        "-o",
+        dir.to_str().unwrap(),
+    ]);
+    let count = Tracer::start(&[
+        "trace",
+        "--count",
+        "--format",
+        "json",
+        "--pid",
+        &pid,
+        "usdt:*:python:gc__start",
+        "usdt:*:python:gc__done",
+    ]);
+    target.release();
+    let truth = target.finish();
+    let (ok, out, err) = attach.finish();
+    assert!(ok, "{err}");
+    let (ok, count_out, err) = count.finish();
+    assert!(ok, "{err}");
+    let report: serde_json::Value =
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    let hits = counts(&count_out);
+    assert_eq!(hits.get("python:gc__start"), Some(&9), "{count_out}");
+    assert_eq!(hits.get("python:gc__done"), Some(&9), "{count_out}");
+    assert_eq!(report["gc"]["count"], 9, "{report:#}");
+    let (count, total, _, max) = latency(&report, "gc_pause");
+    assert_eq!(count, 9);
+    // gc.collect() wraps the probes: each pause is shorter than its call.
+    let calls = truth_list(&truth, "collect_ns");
+    assert!(max <= *calls.iter().max().unwrap(), "{max} vs {calls:?}");
+    assert!(total <= calls.iter().sum::<u64>(), "{total} vs {calls:?}");
+    eprintln!(
+        "CPython: 9 collections; pauses total tracer {total} ns, gc.collect() calls {calls:?}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A tokio program set up with one line, `probes::tokio::instrument`: on a two-worker
+/// runtime, TASKS tasks, task i yielding i + 1 times (so polled i + 2 times), the first one
+/// also spawning a child that yields once. Its truth, one JSON line: each task's id (as
+/// tokio displays it), its parent's (0 for `block_on`) and its number of polls.
+const TOKIO_MAIN: &str = r##"
+use std::io::BufRead as _;
+
+const TASKS: u64 = 4;
+
+fn main() {
+    println!("ready pid={}", std::process::id());
+    std::io::stdin().lock().read_line(&mut String::new()).unwrap();
+    let runtime = probes::tokio::instrument(
+        tokio::runtime::Builder::new_multi_thread().worker_threads(2),
+    )
+    .build()
+    .unwrap();
+    let tasks = runtime.block_on(async {
+        let mut tasks = Vec::new();
+        let mut handles = Vec::new();
+        for i in 0..TASKS {
+            let yields = i + 1;
+            let handle = tokio::spawn(async move {
+                let child = (i == 0).then(|| tokio::spawn(tokio::task::yield_now()));
+                for _ in 0..yields {
+                    tokio::task::yield_now().await;
+                }
+                child
+            });
+            tasks.push(format!(r#"{{"id":{},"parent":0,"polls":{}}}"#, handle.id(), yields + 1));
+            handles.push(handle);
+        }
+        for handle in handles {
+            let parent = handle.id();
+            if let Some(child) = handle.await.unwrap() {
+                tasks.push(format!(r#"{{"id":{},"parent":{parent},"polls":2}}"#, child.id()));
+                child.await.unwrap();
+            }
+        }
+        tasks
+    });
+    drop(runtime);
+    println!(r#"{{"tasks":[{}]}}"#, tasks.join(","));
+}
+"##;
+
+/// Builds the tokio program against this workspace's `probes` with `--cfg tokio_unstable`,
+/// as a project of its own under `target/` with its own target directory, so that the
+/// workspace's artifacts (built without the cfg) stay valid. Returns the binary.
+fn build_tokio_target() -> PathBuf {
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .canonicalize()
+        .unwrap();
+    let project = workspace.join("target/tokio-task-probes");
+    std::fs::create_dir_all(project.join("src")).unwrap();
+    let manifest = format!(
+        r#"[package]
+name = "tokio-task-probes"
+version = "0.0.0"
+edition = "2024"
+publish = false
+
+# Not a member of the tracer workspace above it.
+[workspace]
+
+[dependencies]
+probes = {{ path = "{}", features = ["tokio"] }}
+tokio = {{ version = "1.54", default-features = false, features = ["rt", "rt-multi-thread"] }}
+"#,
+        workspace.join("probes").display()
+    );
+    std::fs::write(project.join("Cargo.toml"), manifest).unwrap();
+    std::fs::write(project.join("src/main.rs"), TOKIO_MAIN).unwrap();
+    // The workspace's lock pins the same tokio and probe versions, already downloaded.
+    std::fs::copy(workspace.join("Cargo.lock"), project.join("Cargo.lock")).unwrap();
+    let out = Command::new(option_env!("CARGO").unwrap_or("cargo"))
+        .args(["build", "--release", "--target-dir"])
+        .arg(project.join("target"))
+        .current_dir(&project)
+        .env(
+            "RUSTFLAGS",
+            "--cfg tokio_unstable -C force-frame-pointers=yes",
+        )
+        .env_remove("CARGO_ENCODED_RUSTFLAGS")
+        .output()
+        .expect("cargo");
+    assert!(
+        out.status.success(),
+        "building the tokio target failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    project.join("target/release/tokio-task-probes")
+}
+
+#[test]
+fn every_tokio_task_fires_the_task_probes_through_the_hooks() {
+    if !privileged() {
+        return;
+    }
+    let binary = build_tokio_target();
+    let target = StdinTarget::start(&mut Command::new(&binary));
+    let pid = target.pid.to_string();
+    let trace = Tracer::start(&[
+        "trace",
+        "--format",
+        "json",
+        "--pid",
+        &pid,
+        "usdt:*:tracer:rt__*",
+    ]);
+    let bpftrace = Bpftrace::start(target.pid, &[script("task_run_park.bt").to_str().unwrap()]);
+    let out = target.release_and_finish();
+    let (ok, events_out, err) = trace.finish();
+    assert!(ok, "{err}");
+    assert!(err.contains("none lost"), "{err}");
+    let bt = bpftrace.finish();
+    let truth: serde_json::Value =
+        serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("target printed {out:?}: {e}"));
+
+    // Each task's events in time order: (probe, args).
+    let mut events: Vec<(u64, String, Vec<u64>)> = events_out
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v.get("probe").is_some())
+        .map(|v| {
+            let probe = v["probe"].as_str().unwrap();
+            (
+                v["time_ns"].as_u64().unwrap(),
+                probe.rsplit(':').next().unwrap().to_string(),
+                v["args"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|a| a.as_u64().unwrap())
+                    .collect(),
+            )
+        })
+        .collect();
+    events.sort();
+    let mut by_task: BTreeMap<u64, Vec<&str>> = BTreeMap::new();
+    let mut parents: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
+    for (_, name, args) in &events {
+        let task = *args.last().unwrap();
+        by_task.entry(task).or_default().push(name.as_str());
+        if name == "rt__new__task" {
+            parents.entry(task).or_default().push(args[0]);
+        }
+    }
+
+    let tasks = truth["tasks"].as_array().unwrap();
+    assert_eq!(tasks.len(), 5, "{truth}");
+    let (runs, pauses, parks) = (bt.keyed("runs"), bt.keyed("pauses"), bt.keyed("parks"));
+    for task in tasks {
+        let id = task["id"].as_u64().unwrap();
+        let polls = task["polls"].as_u64().unwrap();
+        // Spawned once by its parent; each poll a run and a pause; tokio's termination hook
+        // runs inside the last poll, so: new, (run, pause) * (polls - 1), run, finish, pause.
+        assert_eq!(
+            parents.get(&id),
+            Some(&vec![task["parent"].as_u64().unwrap()])
+        );
+        let mut expected = vec!["rt__new__task"];
+        for _ in 1..polls {
+            expected.extend(["rt__run__task", "rt__pause__task"]);
+        }
+        expected.extend(["rt__run__task", "rt__finish__task", "rt__pause__task"]);
+        assert_eq!(by_task.get(&id), Some(&expected), "task {id}: {events:?}");
+        // The script follows tasks by id: every run and pause, and a park between runs.
+        let key = id.to_string();
+        assert_eq!(runs.get(&key), Some(&polls), "@runs[{id}]:\n{}", bt.text);
+        assert_eq!(pauses.get(&key), Some(&polls), "@pauses[{id}]");
+        assert_eq!(parks.get(&key), Some(&(polls - 1)), "@parks[{id}]");
+    }
+    // Any other id is one of tokio's own blocking tasks, the runtime's two worker threads:
+    // tokio calls only their termination hook, at shutdown.
+    let others: Vec<(&u64, &Vec<&str>)> = by_task
+        .iter()
+        .filter(|(id, _)| !tasks.iter().any(|t| t["id"] == **id))
+        .collect();
+    assert!(others.len() <= 2, "{others:?}");
+    assert!(
+        others.iter().all(|(_, e)| *e == &vec!["rt__finish__task"]),
+        "{others:?}"
+    );
+    eprintln!("tokio: {truth}\nbpftrace:\n{}", bt.text);
+}
