@@ -34,14 +34,21 @@ pub mod map_names {
     pub const ONCPU_SAMPLES: &str = "ONCPU_SAMPLES";
     pub const STACKS: &str = "STACKS";
     pub const COUNTERS: &str = "COUNTERS";
+    /// User stack snapshots for DWARF unwinding (`tracer profile --unwind dwarf`).
+    pub const UNWIND_SAMPLES: &str = "UNWIND_SAMPLES";
 }
 
 /// Names of the eBPF programs (their function names in `tracer-ebpf`).
 pub mod program_names {
     pub const USDT: &str = "usdt_probe";
+    pub const USDT_EVENT: &str = "usdt_event";
     pub const SCHED_SWITCH: &str = "sched_switch";
     /// On-CPU sampling, attached to one CPU_CLOCK perf event per CPU.
     pub const ONCPU_SAMPLE: &str = "oncpu_sample";
+    /// On-CPU sampling that sends the user registers and stack bytes of samples to user
+    /// space for DWARF unwinding (`UNWIND_SAMPLES`); samples without (kernel threads, or
+    /// the ring buffer full) go to `ONCPU_SAMPLES`.
+    pub const ONCPU_SAMPLE_DWARF: &str = "oncpu_sample_dwarf";
 }
 
 /// Names of the read-only globals fixed before load.
@@ -259,11 +266,41 @@ pub mod counter {
     pub const UNMATCHED_ENDS: u32 = 3;
     /// An argument could not be read from user memory.
     pub const ARG_READ_ERRORS: u32 = 4;
-    pub const COUNT: u32 = 5;
+    /// DWARF unwinding: a sample went to the frame-pointer path instead because the
+    /// `UNWIND_SAMPLES` ring buffer was full.
+    pub const UNWIND_RING_FULL: u32 = 5;
+    /// DWARF unwinding: a sample whose user registers could not be had (a kernel thread,
+    /// or its saved registers unreadable), walked with frame pointers instead.
+    pub const UNWIND_NO_USER_REGS: u32 = 6;
+    /// DWARF unwinding: not a single byte of the user stack could be read; sent anyway.
+    pub const UNWIND_STACK_UNREADABLE: u32 = 7;
+    pub const COUNT: u32 = 8;
 }
 
 /// Maximum frames in a captured stack (the kernel's default perf_event_max_stack).
 pub const MAX_STACK_DEPTH: usize = 127;
+
+/// Bytes of user stack copied (from the user stack pointer up) for DWARF unwinding.
+pub const UNWIND_STACK_BYTES: usize = 16384;
+
+/// An on-CPU sample for DWARF unwinding in user space, through the `UNWIND_SAMPLES` ring
+/// buffer: the thread, its user registers (those interrupted, or for a sample in kernel
+/// mode those saved when it entered the kernel), the bytes of its user stack from `sp` up
+/// (`stack_len` of them; fewer than [`UNWIND_STACK_BYTES`] near the top of the stack), and
+/// its kernel stack when it was in kernel mode.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct UnwindSample {
+    pub tgid: u32,
+    pub tid: u32,
+    pub ip: u64,
+    pub sp: u64,
+    pub bp: u64,
+    pub stack_len: u32,
+    /// Id in `STACKS` (or a negative errno); [`NO_STACK`] for a sample in user mode.
+    pub kernel_stack_id: i32,
+    pub stack: [u8; UNWIND_STACK_BYTES],
+}
 
 #[cfg(feature = "user")]
 mod pod {
@@ -281,4 +318,5 @@ mod pod {
     unsafe impl aya::Pod for TaskState {}
     unsafe impl aya::Pod for TaskId {}
     unsafe impl aya::Pod for TaskKey {}
+    unsafe impl aya::Pod for UnwindSample {}
 }

@@ -68,6 +68,11 @@ static TASK_TIME: HashMap<TaskKey, OffCpuTotal> = HashMap::with_max_entries(6553
 #[map]
 static STACKS: StackTrace = StackTrace::with_max_entries(32768, 0);
 
+/// On-CPU samples' user registers and stack bytes, for DWARF unwinding in user space. One
+/// page unless user space sizes it before load (`tracer profile --unwind dwarf`).
+#[map]
+static UNWIND_SAMPLES: RingBuf = RingBuf::with_byte_size(4096, 0);
+
 /// What could not be recorded (see `tracer_common::counter`).
 #[map]
 static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::COUNT, 0);
@@ -97,10 +102,19 @@ fn count(index: u32) {
     }
 }
 
-/// Every USDT site: the cookie says which site fired, the site says what to do.
+/// USDT sites for counting, latencies and tasks: the cookie says which site fired, the
+/// site says what to do.
 #[uprobe]
 pub fn usdt_probe(ctx: ProbeContext) -> u32 {
     usdt::on_hit(&ctx);
+    0
+}
+
+/// USDT sites whose every hit goes to user space with its arguments. A program of its own
+/// so counting runs never carry (or verify) the argument decoder.
+#[uprobe]
+pub fn usdt_event(ctx: ProbeContext) -> u32 {
+    usdt::on_hit_with_event(&ctx);
     0
 }
 
@@ -115,6 +129,14 @@ pub fn sched_switch(ctx: BtfTracePointContext) -> i32 {
 #[perf_event]
 pub fn oncpu_sample(ctx: PerfEventContext) -> u32 {
     oncpu::on_sample(&ctx);
+    0
+}
+
+/// On-CPU sampling for DWARF unwinding: samples of user threads go to `UNWIND_SAMPLES` as
+/// raw snapshots, the others are aggregated like `oncpu_sample`'s.
+#[perf_event]
+pub fn oncpu_sample_dwarf(ctx: PerfEventContext) -> u32 {
+    oncpu::on_sample_dwarf(&ctx);
     0
 }
 

@@ -17,29 +17,48 @@ use crate::{
     LATENCY_HIST, LATENCY_STARTS, LATENCY_STATS, PROBE_HITS, USDT_EVENTS, USDT_SPECS, count,
 };
 
+/// The site whose uprobe fired, found through the link's BPF cookie, counted as a hit.
 #[inline(always)]
-pub fn on_hit(ctx: &ProbeContext) {
+fn hit_site(ctx: &ProbeContext) -> Option<&'static UsdtSite> {
     // SAFETY: the helper only reads the cookie of the link that ran this program.
     let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) } as u32;
-    let Some(site) = USDT_SPECS.get(cookie) else {
-        return;
-    };
-    let now = unsafe { bpf_ktime_get_ns() };
-    let pid_tgid = bpf_get_current_pid_tgid();
-    let tid = pid_tgid as u32;
-
+    let site = USDT_SPECS.get(cookie)?;
     if let Some(hits) = PROBE_HITS.get_ptr_mut(site.probe_id) {
         // SAFETY: per-CPU slot, no concurrent writer on this CPU.
         unsafe { *hits += 1 };
     }
+    Some(site)
+}
+
+/// Counting, latencies and tasks: no argument decoding but a task id's.
+#[inline(always)]
+pub fn on_hit(ctx: &ProbeContext) {
+    let Some(site) = hit_site(ctx) else {
+        return;
+    };
+    let task_flags = site_flags::TASK_RUN | site_flags::TASK_PAUSE | site_flags::TASK_FINISH;
+    if site.latency_begin_count == 0 && site.latency_end_count == 0 && site.flags & task_flags == 0
+    {
+        return;
+    }
+    let now = unsafe { bpf_ktime_get_ns() };
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tid = pid_tgid as u32;
     end_latencies(site, tid, now);
     begin_latencies(site, tid, now);
-    if site.flags & (site_flags::TASK_RUN | site_flags::TASK_PAUSE | site_flags::TASK_FINISH) != 0 {
+    if site.flags & task_flags != 0 {
         crate::tasks::on_task_probe(ctx, site, pid_tgid, now);
     }
-    if site.flags & site_flags::EMIT_EVENT != 0 {
-        emit_event(ctx, site, pid_tgid, now);
-    }
+}
+
+/// Every hit with its decoded arguments, through the ring buffer (`tracer trace`).
+#[inline(always)]
+pub fn on_hit_with_event(ctx: &ProbeContext) {
+    let Some(site) = hit_site(ctx) else {
+        return;
+    };
+    let now = unsafe { bpf_ktime_get_ns() };
+    emit_event(ctx, site, bpf_get_current_pid_tgid(), now);
 }
 
 #[inline(always)]

@@ -49,6 +49,11 @@ pub struct ProfileArgs {
     /// Put each thread under its own frame, below the process.
     #[arg(long)]
     pub per_thread: bool,
+    /// How on-CPU user stacks are walked: `fp` (frame pointers, in the kernel) or `dwarf`
+    /// (a copy of the stack unwound in user space with the binaries' .eh_frame, for code
+    /// built without frame pointers; costlier).
+    #[arg(long, value_enum, default_value_t = UnwindMethod::Fp)]
+    pub unwind: UnwindMethod,
     /// Directory for the outputs [default: tracer-profile-PID, or tracer-profile].
     #[arg(long = "output", short = 'o')]
     pub output: Option<PathBuf>,
@@ -185,6 +190,15 @@ impl TryFrom<AttachArgs> for AttachConfig {
 /// `kernel.perf_event_max_sample_rate`, is 100000 and it lowers it under load).
 pub const MAX_FREQUENCY_HZ: u64 = 100_000;
 
+/// How `tracer profile` walks on-CPU user stacks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum UnwindMethod {
+    /// Frame pointers, walked in the kernel.
+    Fp,
+    /// DWARF call frame information, unwound in user space from a copy of the stack.
+    Dwarf,
+}
+
 /// `tracer profile`, validated.
 #[derive(Debug, Clone)]
 pub struct ProfileConfig {
@@ -194,6 +208,7 @@ pub struct ProfileConfig {
     pub duration: Option<Duration>,
     pub min_block: Duration,
     pub per_thread: bool,
+    pub unwind: UnwindMethod,
     pub output_dir: PathBuf,
 }
 
@@ -211,6 +226,7 @@ impl TryFrom<ProfileArgs> for ProfileConfig {
             duration: args.duration.as_deref().map(parse_duration).transpose()?,
             min_block: parse_duration(&args.min_block)?,
             per_thread: args.per_thread,
+            unwind: args.unwind,
             output_dir: args.output.unwrap_or_else(|| match pid {
                 Some(pid) => PathBuf::from(format!("tracer-profile-{pid}")),
                 None => PathBuf::from("tracer-profile"),
@@ -389,6 +405,14 @@ mod tests {
             ConfigError::ZeroPid
         );
         assert!(profile_config(&["--min-block", "x"]).is_err());
+    }
+
+    #[test]
+    fn profile_unwinds_with_frame_pointers_unless_told() {
+        assert_eq!(profile_config(&[]).unwrap().unwind, UnwindMethod::Fp);
+        let dwarf = profile_config(&["--unwind", "dwarf"]).unwrap();
+        assert_eq!(dwarf.unwind, UnwindMethod::Dwarf);
+        assert!(Cli::try_parse_from(["tracer", "profile", "--unwind", "lbr"]).is_err());
     }
 
     #[test]

@@ -8,6 +8,8 @@
 //! - `histogram`, `offcpu`, `tasks`, `wallclock`: aggregation of what the kernel collected
 //!   (`wallclock` also writes pprof and speedscope files);
 //! - `symbolize`: naming addresses (blazesym);
+//! - `unwind`: DWARF unwinding of user stack snapshots (framehop), for binaries without
+//!   frame pointers;
 //! - `render`, `report`: histograms, flamegraphs and reports;
 //! - `cli`, `commands`, `stop`, `privileges`: the command line and a run's lifecycle.
 
@@ -26,5 +28,6 @@ pub mod runtimes;
 pub mod stop;
 pub mod symbolize;
 pub mod tasks;
+pub mod unwind;
 pub mod usdt;
 pub mod wallclock;

@@ -164,6 +164,21 @@ impl MappedObject {
     }
 }
 
+/// One file-backed executable mapping of a [`ProcessMaps`] snapshot.
+#[derive(Clone, Copy, Debug)]
+pub struct MappedFile<'a> {
+    pub start: u64,
+    pub end: u64,
+    /// Offset in the file of the mapping's first byte.
+    pub offset: u64,
+    /// Path as the process saw it, without ` (deleted)`.
+    pub path: &'a str,
+    pub dev: &'a str,
+    pub inode: u64,
+    /// The very file that was mapped, kept open; `None` if it could not be opened.
+    pub file: Option<&'a File>,
+}
+
 /// A snapshot of a process's executable mappings and its JIT perf map, taken while it
 /// runs so its stacks can be symbolized after it exits.
 #[derive(Debug)]
@@ -239,6 +254,26 @@ impl ProcessMaps {
             },
             Target::Anonymous => Location::Anonymous,
         }
+    }
+
+    /// The file-backed executable mappings of the snapshot, sorted by start (for
+    /// unwinding, which reads each file's unwind tables).
+    pub fn mapped_files(&self) -> impl Iterator<Item = MappedFile<'_>> {
+        self.mappings.iter().filter_map(|m| match m.target {
+            Target::Object(index) => {
+                let object = &self.objects[index];
+                Some(MappedFile {
+                    start: m.start,
+                    end: m.end,
+                    offset: m.offset,
+                    path: &object.path,
+                    dev: &object.dev,
+                    inode: object.inode,
+                    file: object.file.as_ref(),
+                })
+            }
+            Target::Vdso | Target::Anonymous => None,
+        })
     }
 
     fn find(&self, addr: u64) -> Option<&Mapping> {

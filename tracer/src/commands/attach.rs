@@ -9,7 +9,7 @@ use tracer_common::{counter, site_flags};
 use crate::{
     cli::{AttachConfig, Format},
     histogram::LatencyHistogram,
-    loader::{Loader, LoaderError, Settings},
+    loader::{Features, Loader, LoaderError, Settings},
     offcpu::{self, StackSource, ThreadNames},
     privileges,
     probe_plan::{ProbePlan, SiteInput, SiteMode},
@@ -64,12 +64,17 @@ pub fn run(config: AttachConfig) -> Result<()> {
     let mut loader = Loader::load(&Settings {
         target_tgid: Some(pid),
         min_block: config.min_block,
+        features: Features {
+            latencies: true,
+            offcpu: true,
+            tasks: true,
+            ..Features::NONE
+        },
         ..Settings::default()
     })?;
     for (cookie, planned) in plan.sites.iter().enumerate() {
-        loader.set_usdt_site(cookie as u32, &planned.site)?;
         loader
-            .attach_usdt(&planned.attachment, cookie as u32)
+            .attach_usdt(cookie as u32, &planned.site, &planned.attachment)
             .map_err(|e| gone_or(e, pid))?;
     }
     loader.attach_sched_switch()?;

@@ -14,26 +14,33 @@
 use std::{
     num::NonZeroU32,
     path::{Path, PathBuf},
-    time::{SystemTime, UNIX_EPOCH},
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
 use anyhow::{Context as _, Result};
-use tracer_common::{OffCpuStart, STACK_BEFORE_START, counter};
+use tracer_common::{OffCpuStart, STACK_BEFORE_START, UNWIND_STACK_BYTES, counter};
 
 use crate::{
-    cli::ProfileConfig,
-    loader::{Loader, Settings},
+    cli::{ProfileConfig, UnwindMethod},
+    loader::{Features, Loader, Settings},
     privileges,
     render::flamegraph::{FoldedStacks, Palette, SvgOptions, write_flamegraph_svg, write_folded},
     stop::{self, ProcessWatch, StopReason},
     symbolize::StackSymbolizer,
+    unwind::{DwarfUnwinder, Snapshot, UnwindStats, WithUnwound},
     wallclock::{
         self, BuildOptions, ExportInfo, OFF_CPU_FRAME, Processes, RawProfile, StackProfile,
         WallClockProfile,
     },
 };
 
+/// Size of the ring buffer of stack snapshots with `--unwind dwarf`: about 2000 samples
+/// of 16 KiB, drained every [`UNWIND_DRAIN_PERIOD`].
+const UNWIND_RING_BYTES: u32 = 1 << 25;
+const UNWIND_DRAIN_PERIOD: Duration = Duration::from_millis(10);
+
 pub fn run(config: ProfileConfig) -> Result<()> {
+    let dwarf = config.unwind == UnwindMethod::Dwarf;
     privileges::check()?;
     let pid = config.pid.map(NonZeroU32::get);
     let watch = pid
@@ -59,17 +66,36 @@ pub fn run(config: ProfileConfig) -> Result<()> {
     let mut loader = Loader::load(&Settings {
         target_tgid: pid,
         min_block: config.min_block,
+        features: Features {
+            offcpu: true,
+            oncpu: true,
+            ..Features::NONE
+        },
+        unwind_ring_bytes: if dwarf {
+            UNWIND_RING_BYTES
+        } else {
+            Settings::default().unwind_ring_bytes
+        },
         ..Settings::default()
     })?;
     loader.attach_sched_switch()?;
-    let cpus = loader
-        .attach_oncpu_sampling(config.frequency_hz)
-        .with_context(|| {
-            format!(
-                "cannot sample at {} Hz (see kernel.perf_event_max_sample_rate)",
-                config.frequency_hz
-            )
-        })?;
+    let attached = if dwarf {
+        loader.attach_oncpu_sampling_dwarf(config.frequency_hz)
+    } else {
+        loader.attach_oncpu_sampling(config.frequency_hz)
+    };
+    let cpus = attached.with_context(|| {
+        format!(
+            "cannot sample at {} Hz (see kernel.perf_event_max_sample_rate)",
+            config.frequency_hz
+        )
+    })?;
+    // With DWARF unwinding, user-mode samples come as stack snapshots through a ring
+    // buffer, unwound as they arrive (the process's mappings are needed, so while it runs).
+    let mut unwinding = match dwarf {
+        true => Some((loader.take_unwind_samples()?, DwarfUnwinder::new())),
+        false => None,
+    };
     let started = stop::monotonic_ns();
     if let Some(pid) = pid {
         // Threads blocked since before now would otherwise be missed until they wake (or
@@ -99,29 +125,47 @@ pub fn run(config: ProfileConfig) -> Result<()> {
         .build()?;
     let signals = stop::StopSignals::catch(&runtime)?;
     eprintln!(
-        "Attached to {what}: on-CPU sampling at {} Hz on {cpus} CPUs, sched_switch. {}",
+        "Attached to {what}: on-CPU sampling at {} Hz{} on {cpus} CPUs, sched_switch. {}",
         config.frequency_hz,
+        if dwarf { " (DWARF unwinding)" } else { "" },
         match config.duration {
             Some(d) => format!("Profiling for {d:?}; Ctrl-C to stop early."),
             None => "Ctrl-C to stop.".into(),
         }
     );
 
+    let work = async {
+        let Some((ring, unwinder)) = unwinding.as_mut() else {
+            return stop::every_second(|| refresh(&loader, &mut processes, pid)).await;
+        };
+        let mut ticker = tokio::time::interval(UNWIND_DRAIN_PERIOD);
+        let mut refreshed: Option<Instant> = None;
+        loop {
+            ticker.tick().await;
+            drain_snapshots(ring, unwinder, &mut processes);
+            if refreshed.is_none_or(|at| at.elapsed() >= Duration::from_secs(1)) {
+                refresh(&loader, &mut processes, pid);
+                refreshed = Some(Instant::now());
+            }
+        }
+    };
     let reason = runtime.block_on(stop::run_until_stopped_with(
         signals,
         watch,
         config.duration,
-        stop::every_second(|| {
-            if pid.is_none() {
-                observe_seen(&loader, &mut processes);
-            }
-            processes.refresh();
-        }),
+        work,
     ))?;
 
     let now = stop::monotonic_ns();
-    loader.detach_oncpu_sampling()?;
+    if dwarf {
+        loader.detach_oncpu_sampling_dwarf()?;
+    } else {
+        loader.detach_oncpu_sampling()?;
+    }
     loader.detach_sched_switch()?;
+    if let Some((ring, unwinder)) = unwinding.as_mut() {
+        drain_snapshots(ring, unwinder, &mut processes);
+    }
     eprintln!("Stopped: {reason}. Detached.");
     if pid.is_none() {
         observe_seen(&loader, &mut processes);
@@ -137,8 +181,18 @@ pub fn run(config: ProfileConfig) -> Result<()> {
     } else {
         still_alive(loader.offcpu_pending()?)
     };
+    let mut oncpu = loader.oncpu_samples()?;
+    let (unwind_stats, unwound) = match unwinding {
+        Some((_, unwinder)) => {
+            let stats = unwinder.stats;
+            let (entries, stacks) = unwinder.into_oncpu();
+            oncpu.extend(entries);
+            (Some(stats), stacks)
+        }
+        None => (None, Default::default()),
+    };
     let raw = RawProfile {
-        oncpu: loader.oncpu_samples()?,
+        oncpu,
         offcpu: loader.offcpu_totals()?,
         pending,
         now_ns: now,
@@ -150,7 +204,10 @@ pub fn run(config: ProfileConfig) -> Result<()> {
             frequency_hz: config.frequency_hz,
             per_thread: config.per_thread,
         },
-        &loader,
+        &WithUnwound {
+            kernel: &loader,
+            unwound: &unwound,
+        },
         &mut symbolizer,
         &processes,
     );
@@ -179,7 +236,62 @@ pub fn run(config: ProfileConfig) -> Result<()> {
             counters[counter::MAP_FULL as usize],
         )
     );
+    if let Some(stats) = unwind_stats {
+        print!("{}", unwind_summary(&stats, &counters));
+    }
     Ok(())
+}
+
+/// What is captured about the processes once a second while profiling.
+fn refresh(loader: &Loader, processes: &mut Processes, pid: Option<u32>) {
+    if pid.is_none() {
+        observe_seen(loader, processes);
+    }
+    processes.refresh();
+}
+
+/// Unwinds every stack snapshot waiting in the ring buffer, capturing the mappings of
+/// processes seen for the first time.
+fn drain_snapshots(
+    ring: &mut aya::maps::RingBuf<aya::maps::MapData>,
+    unwinder: &mut DwarfUnwinder,
+    processes: &mut Processes,
+) {
+    while let Some(record) = ring.next() {
+        let Some(snapshot) = Snapshot::parse(&record) else {
+            continue;
+        };
+        processes.observe(snapshot.tgid);
+        let maps = processes
+            .get(snapshot.tgid)
+            .and_then(|info| info.maps.as_ref());
+        unwinder.add(&snapshot, maps);
+    }
+}
+
+/// The `--unwind dwarf` line: how many samples were unwound, how deep, and how many were
+/// walked with frame pointers instead.
+fn unwind_summary(stats: &UnwindStats, counters: &[u64]) -> String {
+    let no_regs = counters[counter::UNWIND_NO_USER_REGS as usize];
+    let ring_full = counters[counter::UNWIND_RING_FULL as usize];
+    let unreadable = counters[counter::UNWIND_STACK_UNREADABLE as usize];
+    let mean = stats.frames as f64 / stats.samples.max(1) as f64;
+    format!(
+        "Unwinding: {} samples unwound with DWARF ({} of them in kernel mode; {} user frames, \
+         {mean:.1} per stack, deepest {}; {} deeper than the {} KiB copied, {} stopped \
+         early where unwind information ended, {} without mappings, {unreadable} with an \
+         unreadable stack); {} walked with frame pointers ({no_regs} without user \
+         registers, {ring_full} with the snapshot ring buffer full).\n",
+        stats.samples,
+        stats.in_kernel,
+        stats.frames,
+        stats.max_depth,
+        stats.out_of_stack,
+        UNWIND_STACK_BYTES / 1024,
+        stats.truncated,
+        stats.no_maps,
+        no_regs + ring_full,
+    )
 }
 
 /// Captures the processes that have samples or blocked time so far, so their stacks can be

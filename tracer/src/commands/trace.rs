@@ -11,7 +11,7 @@ use tracer_common::{UsdtEvent, counter};
 use crate::{
     cli::{Format, TraceConfig},
     launch::PausedChild,
-    loader::{Loader, Settings},
+    loader::{Features, Loader, Settings},
     privileges,
     probe_plan::{ProbePlan, SiteInput, SiteMode},
     stop::{self, ProcessWatch},
@@ -58,11 +58,14 @@ pub fn run(config: TraceConfig) -> Result<()> {
 
     let mut loader = Loader::load(&Settings {
         target_tgid: pid,
+        features: Features {
+            events: !config.count,
+            ..Features::NONE
+        },
         ..Settings::default()
     })?;
     for (cookie, planned) in plan.sites.iter().enumerate() {
-        loader.set_usdt_site(cookie as u32, &planned.site)?;
-        loader.attach_usdt(&planned.attachment, cookie as u32)?;
+        loader.attach_usdt(cookie as u32, &planned.site, &planned.attachment)?;
     }
     let events = loader.take_events()?;
     // Ctrl-C from the moment the line below is printed (and the command runs) must stop

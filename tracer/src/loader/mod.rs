@@ -21,7 +21,7 @@ use aya::{
 use thiserror::Error;
 use tracer_common::{
     LatencyStats, OffCpuKey, OffCpuStart, OffCpuTotal, OnCpuKey, TaskId, TaskKey, TaskState,
-    UsdtSite, counter, global_names, histogram, map_names, program_names,
+    UsdtSite, counter, global_names, histogram, map_names, program_names, site_flags,
 };
 
 pub use sys::supports_ref_ctr_offset;
@@ -74,6 +74,73 @@ pub struct Settings {
     pub min_block: Duration,
     /// Size of the event ring buffer (a power of two, multiple of the page size).
     pub ring_buffer_bytes: u32,
+    /// What this run uses: the maps of everything else are created with one entry, and
+    /// kernel BTF is read only for off-CPU accounting, so a run starts fast.
+    pub features: Features,
+    /// Size of the ring buffer of user stack snapshots (`profile --unwind dwarf`; a power
+    /// of two, multiple of the page size); one page when unused.
+    pub unwind_ring_bytes: u32,
+}
+
+/// The kernel-side features a run uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Features {
+    /// USDT hits sent through the ring buffer (`trace`).
+    pub events: bool,
+    /// Per-thread latencies between probes (`attach`).
+    pub latencies: bool,
+    /// Off-CPU time from sched_switch.
+    pub offcpu: bool,
+    /// On-CPU stack samples.
+    pub oncpu: bool,
+    /// Runtime task running/parked time.
+    pub tasks: bool,
+}
+
+impl Features {
+    pub const ALL: Features = Features {
+        events: true,
+        latencies: true,
+        offcpu: true,
+        oncpu: true,
+        tasks: true,
+    };
+    pub const NONE: Features = Features {
+        events: false,
+        latencies: false,
+        offcpu: false,
+        oncpu: false,
+        tasks: false,
+    };
+
+    /// The maps only needed by features this run does not use.
+    fn unused_maps(&self) -> Vec<&'static str> {
+        let stacks = self.offcpu || self.oncpu || self.tasks;
+        [
+            (
+                self.latencies,
+                &[
+                    map_names::LATENCY_STARTS,
+                    map_names::LATENCY_HIST,
+                    map_names::LATENCY_STATS,
+                ][..],
+            ),
+            (
+                self.offcpu,
+                &[map_names::OFFCPU_STARTS, map_names::OFFCPU_TIME][..],
+            ),
+            (self.oncpu, &[map_names::ONCPU_SAMPLES][..]),
+            (
+                self.tasks,
+                &[map_names::TASK_STATES, map_names::TASK_TIME][..],
+            ),
+            (stacks, &[map_names::STACKS][..]),
+        ]
+        .into_iter()
+        .filter(|(used, _)| !used)
+        .flat_map(|(_, names)| names.iter().copied())
+        .collect()
+    }
 }
 
 impl Default for Settings {
@@ -82,9 +149,14 @@ impl Default for Settings {
             target_tgid: None,
             min_block: Duration::ZERO,
             ring_buffer_bytes: 1 << 22,
+            features: Features::ALL,
+            unwind_ring_bytes: MIN_RING_BUFFER_BYTES,
         }
     }
 }
+
+/// The smallest ring buffer the kernel accepts (one page).
+const MIN_RING_BUFFER_BYTES: u32 = 4096;
 
 /// One uprobe at a USDT site.
 #[derive(Debug, Clone)]
@@ -119,33 +191,48 @@ pub struct Loader {
     ebpf: Ebpf,
     usdt_links: Vec<UsdtLink>,
     uprobe_pmu_type: Option<u32>,
-    usdt_loaded: bool,
 }
 
 impl Loader {
     /// Loads the eBPF object with `settings`. Programs are verified when first attached.
     pub fn load(settings: &Settings) -> Result<Self> {
-        let task_pid_offset =
-            btf::member_offset_in_file(Path::new(KERNEL_BTF), "task_struct", "pid")?;
+        let features = settings.features;
+        // Only the off-CPU program reads task_struct; parsing kernel BTF costs milliseconds.
+        let task_pid_offset = if features.offcpu {
+            btf::member_offset_in_file(Path::new(KERNEL_BTF), "task_struct", "pid")?
+        } else {
+            0
+        };
         let target_tgid = settings.target_tgid.unwrap_or(0);
         let min_block_ns = settings.min_block.as_nanos().min(u64::MAX as u128) as u64;
-        let ebpf = EbpfLoader::new()
+        let ring_buffer_bytes = if features.events {
+            settings.ring_buffer_bytes
+        } else {
+            MIN_RING_BUFFER_BYTES
+        };
+        let mut loader = EbpfLoader::new();
+        loader
+            // Our programs need no CO-RE relocations, so aya need not parse kernel BTF
+            // (the BTF tracepoint reads it when it is attached).
+            .btf(None)
             .override_global(global_names::TARGET_TGID, &target_tgid, true)
             .override_global(global_names::MIN_BLOCK_NS, &min_block_ns, true)
             .override_global(global_names::TASK_PID_OFFSET, &task_pid_offset, true)
-            .map_max_entries(map_names::USDT_EVENTS, settings.ring_buffer_bytes)
-            .load(EBPF_OBJECT)
-            .map_err(LoaderError::Load)?;
+            .map_max_entries(map_names::USDT_EVENTS, ring_buffer_bytes)
+            .map_max_entries(map_names::UNWIND_SAMPLES, settings.unwind_ring_bytes);
+        for name in features.unused_maps() {
+            loader.map_max_entries(name, 1);
+        }
+        let ebpf = loader.load(EBPF_OBJECT).map_err(LoaderError::Load)?;
         Ok(Self {
             ebpf,
             usdt_links: Vec::new(),
             uprobe_pmu_type: None,
-            usdt_loaded: false,
         })
     }
 
     /// Describes what a USDT site at BPF cookie `cookie` does when hit.
-    pub fn set_usdt_site(&mut self, cookie: u32, site: &UsdtSite) -> Result<()> {
+    fn set_usdt_site(&mut self, cookie: u32, site: &UsdtSite) -> Result<()> {
         let name = map_names::USDT_SPECS;
         let map = self.ebpf.map_mut(name).ok_or(LoaderError::Missing(name))?;
         let mut specs: Array<_, UsdtSite> =
@@ -155,8 +242,16 @@ impl Loader {
             .map_err(|source| LoaderError::Map { name, source })
     }
 
-    /// Attaches the USDT program to one site; `cookie` selects its `UsdtSite`.
-    pub fn attach_usdt(&mut self, target: &UsdtAttachment, cookie: u32) -> Result<()> {
+    /// Attaches one USDT site: `site` says what the kernel does at each hit and is found
+    /// through `cookie`. Sites that send events get the program with the argument
+    /// decoder; the others a lean one.
+    pub fn attach_usdt(
+        &mut self,
+        cookie: u32,
+        site: &UsdtSite,
+        target: &UsdtAttachment,
+    ) -> Result<()> {
+        self.set_usdt_site(cookie, site)?;
         let pmu_type = match self.uprobe_pmu_type {
             Some(t) => t,
             None => {
@@ -171,18 +266,22 @@ impl Loader {
                 t
             }
         };
-        let name = program_names::USDT;
+        let name = if site.flags & site_flags::EMIT_EVENT != 0 {
+            program_names::USDT_EVENT
+        } else {
+            program_names::USDT
+        };
         let program: &mut UProbe = self
             .ebpf
             .program_mut(name)
             .ok_or(LoaderError::Missing(name))?
             .try_into()
             .map_err(|source| LoaderError::Program { name, source })?;
-        if !self.usdt_loaded {
+        // Each program is verified once, when its first site is attached.
+        if program.fd().is_err() {
             program
                 .load()
                 .map_err(|source| LoaderError::Program { name, source })?;
-            self.usdt_loaded = true;
         }
         let prog_fd = program
             .fd()
@@ -259,10 +358,38 @@ impl Loader {
     /// Attaches on-CPU sampling: one CPU_CLOCK perf event per online CPU, firing
     /// `frequency_hz` times a second of CPU time. Returns how many CPUs are sampled.
     pub fn attach_oncpu_sampling(&mut self, frequency_hz: u64) -> Result<usize> {
+        self.attach_sampler(program_names::ONCPU_SAMPLE, frequency_hz)
+    }
+
+    /// Stops on-CPU sampling (the maps stay readable).
+    pub fn detach_oncpu_sampling(&mut self) -> Result<()> {
+        self.detach_sampler(program_names::ONCPU_SAMPLE)
+    }
+
+    /// Like [`Loader::attach_oncpu_sampling`], but samples of user threads are sent as
+    /// snapshots (user registers and stack bytes) for DWARF unwinding, to be read from
+    /// [`Loader::take_unwind_samples`]; load with `Settings::unwind_ring_bytes` set.
+    pub fn attach_oncpu_sampling_dwarf(&mut self, frequency_hz: u64) -> Result<usize> {
+        self.attach_sampler(program_names::ONCPU_SAMPLE_DWARF, frequency_hz)
+    }
+
+    /// Stops [`Loader::attach_oncpu_sampling_dwarf`]'s sampling.
+    pub fn detach_oncpu_sampling_dwarf(&mut self) -> Result<()> {
+        self.detach_sampler(program_names::ONCPU_SAMPLE_DWARF)
+    }
+
+    /// Takes the ring buffer of user stack snapshots ([`tracer_common::UnwindSample`]).
+    pub fn take_unwind_samples(&mut self) -> Result<RingBuf<MapData>> {
+        let name = map_names::UNWIND_SAMPLES;
+        let map = self.ebpf.take_map(name).ok_or(LoaderError::Missing(name))?;
+        RingBuf::try_from(map).map_err(|source| LoaderError::Map { name, source })
+    }
+
+    /// Attaches perf_event program `name` to one CPU_CLOCK event per online CPU.
+    fn attach_sampler(&mut self, name: &'static str, frequency_hz: u64) -> Result<usize> {
         let cpus = aya::util::online_cpus().map_err(|(what, e)| {
             LoaderError::KernelFeature(format!("cannot list the online CPUs ({what}): {e}"))
         })?;
-        let name = program_names::ONCPU_SAMPLE;
         let program: &mut PerfEvent = self
             .ebpf
             .program_mut(name)
@@ -285,9 +412,7 @@ impl Loader {
         Ok(cpus.len())
     }
 
-    /// Stops on-CPU sampling (the maps stay readable).
-    pub fn detach_oncpu_sampling(&mut self) -> Result<()> {
-        let name = program_names::ONCPU_SAMPLE;
+    fn detach_sampler(&mut self, name: &'static str) -> Result<()> {
         let program: &mut PerfEvent = self
             .ebpf
             .program_mut(name)

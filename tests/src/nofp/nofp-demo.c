@@ -1,0 +1,78 @@
+/* A target without frame pointers for tests/tests/unwind.rs: main -> chain_a ->
+ * chain_b -> chain_c -> spin_leaf, on CPU for argv[1] milliseconds: spinning in user
+ * mode, or with `read` reading /dev/zero (mostly in the kernel, entered through glibc).
+ * Built with gcc -O2 -fomit-frame-pointer -fno-optimize-sibling-calls (no tail calls, so
+ * every caller stays on the stack). Prints "ready pid=N" and, with --wait-for-signal,
+ * waits for SIGUSR1 first; prints a JSON line when done. */
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static volatile unsigned long sink;
+static volatile sig_atomic_t released;
+static int zero_fd = -1;
+static char buf[1 << 16];
+
+static void on_usr1(int sig) { (void)sig; released = 1; }
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+__attribute__((noinline)) unsigned long spin_leaf(double until_ms) {
+    unsigned long n = 0;
+    while (now_ms() < until_ms) {
+        if (zero_fd >= 0) {
+            for (int i = 0; i < 16; i++) sink += read(zero_fd, buf, sizeof buf);
+        } else {
+            for (int i = 0; i < 100000; i++) sink += i;
+        }
+        n++;
+    }
+    return n;
+}
+
+__attribute__((noinline)) unsigned long chain_c(double until_ms) {
+    unsigned long n = spin_leaf(until_ms);
+    sink += n;
+    return n + 1;
+}
+
+__attribute__((noinline)) unsigned long chain_b(double until_ms) {
+    unsigned long n = chain_c(until_ms);
+    sink += n;
+    return n + 1;
+}
+
+__attribute__((noinline)) unsigned long chain_a(double until_ms) {
+    unsigned long n = chain_b(until_ms);
+    sink += n;
+    return n + 1;
+}
+
+int main(int argc, char **argv) {
+    double ms = argc > 1 ? atof(argv[1]) : 1000;
+    int wait = 0;
+    for (int i = 2; i < argc; i++) {
+        if (strcmp(argv[i], "--wait-for-signal") == 0) wait = 1;
+        if (strcmp(argv[i], "read") == 0) zero_fd = open("/dev/zero", O_RDONLY);
+    }
+    sigset_t usr1, old;
+    sigemptyset(&usr1);
+    sigaddset(&usr1, SIGUSR1);
+    sigprocmask(SIG_BLOCK, &usr1, &old);
+    signal(SIGUSR1, on_usr1);
+    printf("ready pid=%d\n", (int)getpid());
+    fflush(stdout);
+    if (wait)
+        while (!released) sigsuspend(&old);
+    unsigned long n = chain_a(now_ms() + ms);
+    printf("{\"rounds\": %lu}\n", n);
+    return 0;
+}

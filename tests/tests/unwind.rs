@@ -1,0 +1,154 @@
+//! `tracer profile --unwind dwarf` against a C program built without frame pointers
+//! (`tests/src/nofp/nofp-demo.c`, compiled here with gcc): DWARF unwinding recovers the
+//! whole chain main → chain_a → chain_b → chain_c → spin_leaf, frame pointers do not;
+//! also for samples taken in the kernel, in a system call made through glibc.
+
+mod common;
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+    sync::OnceLock,
+};
+
+use common::*;
+
+const CHAIN: &str = "main;chain_a;chain_b;chain_c;spin_leaf";
+const LEAF: &str = "spin_leaf";
+
+/// Compiles nofp-demo once per test run: -O2 without frame pointers, and without sibling
+/// calls so that every caller really is on the stack.
+fn nofp_demo() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/nofp/nofp-demo.c");
+        let bin = Path::new(env!("CARGO_TARGET_TMPDIR")).join("nofp-demo");
+        let status = Command::new("gcc")
+            .args([
+                "-O2",
+                "-g0",
+                "-fomit-frame-pointer",
+                "-fno-optimize-sibling-calls",
+            ])
+            .arg("-o")
+            .arg(&bin)
+            .arg(&source)
+            .status()
+            .expect("cannot run gcc");
+        assert!(status.success(), "gcc failed on {}", source.display());
+        bin
+    })
+}
+
+/// Profiles one nofp-demo run (1.5 s on CPU; `workload` is `spin` or `read`) with
+/// `--unwind METHOD`; returns the tracer's stdout and the on-CPU folded stacks.
+fn profile(method: &str, workload: &str) -> (String, String) {
+    let dir = out_dir(&format!("unwind-{method}-{workload}"));
+    let target = Target::start(nofp_demo().to_str().unwrap(), &["1500", workload]);
+    let pid = target.pid.to_string();
+    let tracer = Tracer::start(&[
+        "profile",
+        "--pid",
+        &pid,
+        "--frequency",
+        "499",
+        "--unwind",
+        method,
+        "-o",
+        dir.to_str().unwrap(),
+    ]);
+    target.release();
+    target.finish();
+    let (ok, out, err) = tracer.finish();
+    assert!(ok, "tracer failed: {err}");
+    assert!(err.contains("target exited"), "{err}");
+    let folded = std::fs::read_to_string(dir.join("oncpu.folded")).unwrap();
+    (out, folded)
+}
+
+/// (weight of the stacks through spin_leaf, weight of those with the whole chain, the
+/// most user frames in a spin_leaf stack), counting only stacks that reached the kernel
+/// when `in_kernel`.
+fn leaf_stacks(folded: &str, in_kernel: bool) -> (u64, u64, usize) {
+    let (mut leaf, mut chain, mut depth) = (0, 0, 0);
+    for line in folded.lines() {
+        let Some((stack, weight)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let weight: u64 = weight.parse().unwrap();
+        let frames: Vec<&str> = stack.split(';').skip(1).collect();
+        if !frames.contains(&LEAF) || (in_kernel && !stack.ends_with("_[k]")) {
+            continue;
+        }
+        leaf += weight;
+        if stack.contains(CHAIN) {
+            chain += weight;
+        }
+        depth = depth.max(frames.iter().filter(|f| !f.ends_with("_[k]")).count());
+    }
+    (leaf, chain, depth)
+}
+
+#[test]
+fn dwarf_unwinding_recovers_callers_without_frame_pointers() {
+    if !privileged() {
+        return;
+    }
+    let (out, folded) = profile("dwarf", "spin");
+    let (leaf, chain, depth) = leaf_stacks(&folded, false);
+    eprintln!("--unwind dwarf: deepest spin_leaf stack {depth} user frames\n{out}");
+    assert!(leaf > 300_000, "too little spinning sampled:\n{folded}");
+    assert!(
+        chain * 100 >= leaf * 95,
+        "only {chain} of {leaf} us through spin_leaf have the whole chain:\n{folded}"
+    );
+    assert!(depth >= 5, "{folded}");
+    assert!(out.contains("samples unwound with DWARF"), "{out}");
+}
+
+#[test]
+fn frame_pointers_lose_the_callers() {
+    if !privileged() {
+        return;
+    }
+    let (out, folded) = profile("fp", "spin");
+    let (leaf, chain, depth) = leaf_stacks(&folded, false);
+    eprintln!("--unwind fp: deepest spin_leaf stack {depth} user frames\n{out}");
+    assert!(leaf > 300_000, "too little spinning sampled:\n{folded}");
+    // The proof that the dwarf test can fail: this target's callers are out of reach
+    // of a frame-pointer walk.
+    assert_eq!(chain, 0, "{folded}");
+    assert!(!folded.contains("chain_b;chain_c"), "{folded}");
+    assert!(!out.contains("unwound with DWARF"), "{out}");
+}
+
+#[test]
+fn dwarf_unwinds_samples_taken_in_system_calls() {
+    if !privileged() {
+        return;
+    }
+    // Samples in the kernel unwind from the user registers saved at kernel entry, through
+    // glibc's read (no frame pointers either).
+    let (out, folded) = profile("dwarf", "read");
+    let (leaf, chain, depth) = leaf_stacks(&folded, true);
+    eprintln!("--unwind dwarf, in read(2): deepest stack {depth} user frames\n{out}");
+    assert!(
+        leaf > 200_000,
+        "too little time in the kernel sampled:\n{folded}"
+    );
+    assert!(
+        chain * 100 >= leaf * 95,
+        "only {chain} of {leaf} us in the kernel have the whole chain:\n{folded}"
+    );
+    let (_, fp_folded) = profile("fp", "read");
+    let (_, fp_chain, _) = leaf_stacks(&fp_folded, true);
+    let fp_kernel: u64 = fp_folded
+        .lines()
+        .filter_map(|line| line.rsplit_once(' '))
+        .filter(|(stack, _)| stack.ends_with("_[k]"))
+        .map(|(_, weight)| weight.parse::<u64>().unwrap())
+        .sum();
+    eprintln!("--unwind fp, in read(2): {fp_chain} of {fp_kernel} us in the kernel with the chain");
+    assert!(fp_kernel > 200_000, "{fp_folded}");
+    assert_eq!(fp_chain, 0, "{fp_folded}");
+}

@@ -1,0 +1,428 @@
+//! DWARF unwinding of user stacks without frame pointers (`tracer profile --unwind dwarf`).
+//!
+//! The kernel sends, for each on-CPU sample of a user thread, the thread's user
+//! instruction, stack and frame pointers, a copy of the top of its stack, and its kernel
+//! stack id when it was in the kernel ([`tracer_common::UnwindSample`]). Here each sample is unwound with `framehop`, using
+//! the `.eh_frame`/`.eh_frame_hdr` (and `.debug_frame`) of every file the process maps,
+//! read from the descriptors [`ProcessMaps`] keeps open, so processes that exited still
+//! unwind. Where a module has no unwind information framehop falls back to frame
+//! pointers. Unwound stacks (instruction pointers, innermost first, as the kernel's stack
+//! map stores them) are counted per thread and given ids of their own, so the rest of
+//! the profile names them like the kernel's stacks ([`WithUnwound`]).
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::ops::Range;
+use std::sync::Arc;
+
+use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
+use framehop::{ExplicitModuleSectionInfo, Module, Unwinder as _};
+use object::{Object as _, ObjectSection as _, ObjectSegment as _, ReadCache};
+use tracer_common::{MAX_STACK_DEPTH, NO_STACK, OnCpuKey, UNWIND_STACK_BYTES};
+
+use crate::{offcpu::StackSource, symbolize::ProcessMaps};
+
+/// Ids given to unwound stacks start here, far above the kernel's stack map ids.
+pub const FIRST_UNWOUND_ID: i32 = 1 << 24;
+
+/// Unwound user stacks by their ids: instruction pointers, innermost first.
+pub type UnwoundStacks = HashMap<i32, Vec<u64>>;
+
+/// Byte offsets of the fields of [`tracer_common::UnwindSample`].
+const TGID_AT: usize = 0;
+const TID_AT: usize = 4;
+const IP_AT: usize = 8;
+const SP_AT: usize = 16;
+const BP_AT: usize = 24;
+const STACK_LEN_AT: usize = 32;
+const KERNEL_STACK_AT: usize = 36;
+const STACK_AT: usize = 40;
+
+/// One snapshot as read from the ring buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Snapshot<'a> {
+    pub tgid: u32,
+    pub tid: u32,
+    pub ip: u64,
+    pub sp: u64,
+    pub bp: u64,
+    /// Id of the kernel stack in the stack map; [`NO_STACK`] for a sample in user mode.
+    pub kernel_stack_id: i32,
+    /// The stack bytes from `sp` up.
+    pub stack: &'a [u8],
+}
+
+impl<'a> Snapshot<'a> {
+    /// Parses a ring buffer record; `None` if it is too short.
+    pub fn parse(record: &'a [u8]) -> Option<Self> {
+        let u32_at = |at: usize| Some(u32::from_ne_bytes(record.get(at..at + 4)?.try_into().ok()?));
+        let u64_at = |at: usize| Some(u64::from_ne_bytes(record.get(at..at + 8)?.try_into().ok()?));
+        let stack_len = (u32_at(STACK_LEN_AT)? as usize).min(UNWIND_STACK_BYTES);
+        Some(Self {
+            tgid: u32_at(TGID_AT)?,
+            tid: u32_at(TID_AT)?,
+            ip: u64_at(IP_AT)?,
+            sp: u64_at(SP_AT)?,
+            bp: u64_at(BP_AT)?,
+            kernel_stack_id: u32_at(KERNEL_STACK_AT)? as i32,
+            stack: record.get(STACK_AT..STACK_AT + stack_len)?,
+        })
+    }
+}
+
+/// What unwinding did, for the summary.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct UnwindStats {
+    /// Samples unwound here.
+    pub samples: u64,
+    /// Of those, samples taken in kernel mode (unwound from the user registers saved
+    /// when the thread entered the kernel).
+    pub in_kernel: u64,
+    /// Frames they gave (the instruction pointer included).
+    pub frames: u64,
+    /// The deepest stack.
+    pub max_depth: u64,
+    /// Samples whose stack goes on beyond the bytes copied (or [`MAX_STACK_DEPTH`]).
+    pub out_of_stack: u64,
+    /// Samples whose unwinding stopped before the stack's end otherwise: an address had
+    /// no unwind information and no usable frame pointer (often the outermost frame of
+    /// code without CFI, so not necessarily a loss).
+    pub truncated: u64,
+    /// Samples of processes whose mappings could not be read (only their instruction
+    /// pointer is kept).
+    pub no_maps: u64,
+}
+
+/// The unwind tables of one file, shared by every process mapping it.
+#[derive(Debug)]
+struct ObjectTables {
+    sections: ExplicitModuleSectionInfo<Arc<[u8]>>,
+    /// (file offset, stated address, file size) of each loadable segment.
+    segments: Vec<(u64, u64, u64)>,
+}
+
+impl ObjectTables {
+    fn read(file: &File) -> Option<Self> {
+        let cache = ReadCache::new(file.try_clone().ok()?);
+        let elf = object::File::parse(&cache).ok()?;
+        let mut sections = ExplicitModuleSectionInfo {
+            base_svma: 0,
+            ..Default::default()
+        };
+        let section = |name: &str| -> Option<(Range<u64>, Arc<[u8]>)> {
+            let section = elf.section_by_name(name)?;
+            let range = section.address()..section.address() + section.size();
+            Some((range, Arc::from(section.data().ok()?)))
+        };
+        if let Some((range, data)) = section(".text") {
+            sections.text_svma = Some(range);
+            sections.text = Some(data);
+        }
+        if let Some((range, data)) = section(".eh_frame") {
+            sections.eh_frame_svma = Some(range);
+            sections.eh_frame = Some(data);
+        }
+        if let Some((range, data)) = section(".eh_frame_hdr") {
+            sections.eh_frame_hdr_svma = Some(range);
+            sections.eh_frame_hdr = Some(data);
+        }
+        if let Some((_, data)) = section(".debug_frame") {
+            sections.debug_frame = Some(data);
+        }
+        sections.got_svma = elf
+            .section_by_name(".got")
+            .map(|s| s.address()..s.address() + s.size());
+        let segments = elf
+            .segments()
+            .map(|s| {
+                let (offset, size) = s.file_range();
+                (offset, s.address(), size)
+            })
+            .collect();
+        Some(Self { sections, segments })
+    }
+
+    /// The stated address of file offset `offset` (a mapping's start), through the
+    /// loadable segment mapped there. A mapping starts at the page holding its segment's
+    /// first byte, which may also hold the end of the previous segment: the last segment
+    /// whose pages hold `offset` is the one.
+    fn svma_of_offset(&self, offset: u64) -> Option<u64> {
+        const PAGE: u64 = 4096;
+        self.segments
+            .iter()
+            .filter(|(start, _, size)| {
+                (start & !(PAGE - 1)..start + size.max(&1)).contains(&offset)
+            })
+            .max_by_key(|(start, _, _)| *start)
+            .map(|(start, svma, _)| svma.wrapping_add(offset).wrapping_sub(*start))
+    }
+}
+
+/// A process's unwinder: one module per file-backed executable mapping.
+struct ProcessUnwinder {
+    unwinder: UnwinderX86_64<Arc<[u8]>>,
+    /// How many mappings the snapshot had when built: rebuilt when that changes.
+    mappings: usize,
+}
+
+/// Unwinds snapshots and counts the stacks they give.
+#[derive(Default)]
+pub struct DwarfUnwinder {
+    /// Per (device, inode); `None` when the file's tables could not be read.
+    objects: HashMap<(String, u64), Option<Arc<ObjectTables>>>,
+    processes: HashMap<u32, ProcessUnwinder>,
+    cache: CacheX86_64,
+    /// Samples per (tgid, tid, kernel stack id, user instruction pointers innermost
+    /// first).
+    stacks: HashMap<(u32, u32, i32, Vec<u64>), u64>,
+    pub stats: UnwindStats,
+}
+
+impl DwarfUnwinder {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Unwinds one snapshot with the mappings of its process (`None` when unknown).
+    pub fn add(&mut self, snapshot: &Snapshot<'_>, maps: Option<&ProcessMaps>) {
+        let frames = match maps {
+            Some(maps) => self.unwind(snapshot, maps),
+            None => {
+                self.stats.no_maps += 1;
+                vec![snapshot.ip]
+            }
+        };
+        self.stats.samples += 1;
+        self.stats.in_kernel += u64::from(snapshot.kernel_stack_id != NO_STACK);
+        self.stats.frames += frames.len() as u64;
+        self.stats.max_depth = self.stats.max_depth.max(frames.len() as u64);
+        *self
+            .stacks
+            .entry((
+                snapshot.tgid,
+                snapshot.tid,
+                snapshot.kernel_stack_id,
+                frames,
+            ))
+            .or_default() += 1;
+    }
+
+    fn unwind(&mut self, snapshot: &Snapshot<'_>, maps: &ProcessMaps) -> Vec<u64> {
+        let mapping_count = maps.mapped_files().count();
+        let stale = self
+            .processes
+            .get(&snapshot.tgid)
+            .is_none_or(|p| p.mappings != mapping_count);
+        if stale {
+            let unwinder = self.build(maps);
+            self.processes.insert(
+                snapshot.tgid,
+                ProcessUnwinder {
+                    unwinder,
+                    mappings: mapping_count,
+                },
+            );
+        }
+        let unwinder = &self.processes[&snapshot.tgid].unwinder;
+        let (sp, stack) = (snapshot.sp, snapshot.stack);
+        let mut read_stack = |addr: u64| -> Result<u64, ()> {
+            let at = usize::try_from(addr.checked_sub(sp).ok_or(())?).map_err(|_| ())?;
+            let bytes = stack.get(at..at.checked_add(8).ok_or(())?).ok_or(())?;
+            Ok(u64::from_le_bytes(bytes.try_into().map_err(|_| ())?))
+        };
+        let regs = UnwindRegsX86_64::new(snapshot.ip, snapshot.sp, snapshot.bp);
+        let mut iter = unwinder.iter_frames(snapshot.ip, regs, &mut self.cache, &mut read_stack);
+        let mut frames = Vec::new();
+        loop {
+            match iter.next() {
+                Ok(Some(frame)) => frames.push(frame.address()),
+                Ok(None) => break,
+                Err(framehop::Error::CouldNotReadStack(addr)) => {
+                    log::debug!("unwinding ran out of stack at {addr:#x}");
+                    self.stats.out_of_stack += 1;
+                    break;
+                }
+                Err(e) => {
+                    log::debug!("unwinding stopped: {e}");
+                    self.stats.truncated += 1;
+                    break;
+                }
+            }
+            if frames.len() >= MAX_STACK_DEPTH {
+                self.stats.out_of_stack += 1;
+                break;
+            }
+        }
+        if frames.is_empty() {
+            frames.push(snapshot.ip);
+        }
+        frames
+    }
+
+    fn build(&mut self, maps: &ProcessMaps) -> UnwinderX86_64<Arc<[u8]>> {
+        let mut unwinder = UnwinderX86_64::new();
+        for mapping in maps.mapped_files() {
+            let Some(file) = mapping.file else {
+                continue;
+            };
+            let key = (mapping.dev.to_string(), mapping.inode);
+            let tables = self
+                .objects
+                .entry(key)
+                .or_insert_with(|| {
+                    let tables = ObjectTables::read(file).map(Arc::new);
+                    if tables.is_none() {
+                        log::warn!("cannot read the unwind tables of {}", mapping.path);
+                    }
+                    tables
+                })
+                .clone();
+            let Some(tables) = tables else {
+                continue;
+            };
+            let Some(svma) = tables.svma_of_offset(mapping.offset) else {
+                continue;
+            };
+            let base_avma = mapping.start.wrapping_sub(svma);
+            unwinder.add_module(Module::new(
+                mapping.path.to_string(),
+                mapping.start..mapping.end,
+                base_avma,
+                tables.sections.clone(),
+            ));
+        }
+        unwinder
+    }
+
+    /// The unwound stacks as on-CPU entries (user stack ids from [`FIRST_UNWOUND_ID`])
+    /// and the stacks by id.
+    pub fn into_oncpu(self) -> (Vec<(OnCpuKey, u64)>, UnwoundStacks) {
+        let mut entries = Vec::with_capacity(self.stacks.len());
+        let mut stacks = HashMap::with_capacity(self.stacks.len());
+        for (next_id, ((tgid, tid, kernel_stack_id, frames), samples)) in
+            (FIRST_UNWOUND_ID..).zip(self.stacks)
+        {
+            let key = OnCpuKey {
+                tgid,
+                tid,
+                user_stack_id: next_id,
+                kernel_stack_id,
+            };
+            entries.push((key, samples));
+            stacks.insert(next_id, frames);
+        }
+        (entries, stacks)
+    }
+}
+
+/// The kernel's stacks plus the unwound ones (ids from [`FIRST_UNWOUND_ID`]).
+pub struct WithUnwound<'a, S> {
+    pub kernel: &'a S,
+    pub unwound: &'a UnwoundStacks,
+}
+
+impl<S: StackSource> StackSource for WithUnwound<'_, S> {
+    fn stack(&self, id: i32) -> Vec<u64> {
+        match self.unwound.get(&id) {
+            Some(frames) => frames.clone(),
+            None => self.kernel.stack(id),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn snapshot_fields_are_where_the_kernel_puts_them() {
+        assert_eq!(
+            std::mem::offset_of!(tracer_common::UnwindSample, stack),
+            STACK_AT
+        );
+        assert_eq!(
+            std::mem::offset_of!(tracer_common::UnwindSample, stack_len),
+            STACK_LEN_AT
+        );
+        assert_eq!(std::mem::offset_of!(tracer_common::UnwindSample, bp), BP_AT);
+        assert_eq!(
+            std::mem::offset_of!(tracer_common::UnwindSample, kernel_stack_id),
+            KERNEL_STACK_AT
+        );
+        let mut record = vec![0u8; STACK_AT + 16];
+        record[TGID_AT..TGID_AT + 4].copy_from_slice(&7u32.to_ne_bytes());
+        record[TID_AT..TID_AT + 4].copy_from_slice(&8u32.to_ne_bytes());
+        record[IP_AT..IP_AT + 8].copy_from_slice(&0x1000u64.to_ne_bytes());
+        record[STACK_LEN_AT..STACK_LEN_AT + 4].copy_from_slice(&16u32.to_ne_bytes());
+        record[KERNEL_STACK_AT..KERNEL_STACK_AT + 4].copy_from_slice(&(-14i32).to_ne_bytes());
+        let snapshot = Snapshot::parse(&record).unwrap();
+        assert_eq!((snapshot.tgid, snapshot.tid, snapshot.ip), (7, 8, 0x1000));
+        assert_eq!(snapshot.kernel_stack_id, NO_STACK);
+        assert_eq!(snapshot.stack.len(), 16);
+        // A stack length beyond the record is refused.
+        record[STACK_LEN_AT..STACK_LEN_AT + 4].copy_from_slice(&17u32.to_ne_bytes());
+        assert_eq!(Snapshot::parse(&record), None);
+    }
+
+    #[test]
+    fn a_mapping_starts_in_the_page_of_its_segment() {
+        // lld's layout: the code segment starts mid-page, one page above its offset.
+        let tables = ObjectTables {
+            sections: ExplicitModuleSectionInfo::default(),
+            segments: vec![(0, 0, 0xc8528), (0xc8530, 0xc9530, 0x2872c0)],
+        };
+        assert_eq!(tables.svma_of_offset(0xc8000), Some(0xc9000));
+        assert_eq!(tables.svma_of_offset(0), Some(0));
+        assert_eq!(tables.svma_of_offset(0x400000), None);
+    }
+
+    #[test]
+    fn unwinds_our_own_stack() {
+        // This test binary, built with frame pointers or not, has .eh_frame.
+        let maps = ProcessMaps::capture(std::process::id()).unwrap();
+        let mut stack = vec![0u8; UNWIND_STACK_BYTES];
+        let (ip, sp, bp, len) = snapshot_here(&mut stack);
+        stack.truncate(len);
+        let snapshot = Snapshot {
+            tgid: 1,
+            tid: 1,
+            ip,
+            sp,
+            bp,
+            kernel_stack_id: NO_STACK,
+            stack: &stack,
+        };
+        let mut unwinder = DwarfUnwinder::new();
+        unwinder.add(&snapshot, Some(&maps));
+        assert!(unwinder.stats.max_depth >= 3, "{:?}", unwinder.stats);
+    }
+
+    /// Registers and stack bytes (how many) at a point in this function, as the kernel
+    /// would send them.
+    #[inline(never)]
+    fn snapshot_here(stack: &mut [u8]) -> (u64, u64, u64, usize) {
+        let sp: u64;
+        let bp: u64;
+        let ip: u64;
+        // SAFETY: reads three registers, no memory access or side effects.
+        unsafe {
+            std::arch::asm!("lea {ip}, [rip]", "mov {sp}, rsp", "mov {bp}, rbp",
+                ip = out(reg) ip, sp = out(reg) sp, bp = out(reg) bp);
+        }
+        // Only the bytes that are mapped: up to the end of the mapping holding `sp`.
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        let end = maps
+            .lines()
+            .filter_map(crate::symbolize::parse_maps_line)
+            .find(|m| (m.start..m.end).contains(&sp))
+            .unwrap()
+            .end;
+        let len = stack.len().min((end - sp) as usize);
+        for (i, byte) in stack.iter_mut().enumerate().take(len) {
+            // SAFETY: reads our own stack mapping between `sp` and its end; the caller
+            // frames stay live during this call.
+            *byte = unsafe { std::ptr::read_volatile((sp as *const u8).add(i)) };
+        }
+        (ip, sp, bp, len)
+    }
+}
