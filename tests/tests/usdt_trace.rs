@@ -147,11 +147,13 @@ fn semaphores_fire_while_attached_by_pid_and_are_restored_even_after_sigkill() {
         );
         if !kill {
             let events = parse_events(&stdout);
-            // The target counts a firing when it reads the semaphore; a detach between that
-            // read and the probe instruction makes at most the last one untraced.
+            // Every firing while the program was attached is traced. On detach the kernel
+            // drops the BPF link first and unregisters the uprobe (which is what lowers the
+            // semaphore) only after RCU synchronisation: under load a few hundred ms, i.e.
+            // a few 100 ms rounds in which the target still fires, untraced.
             let traced = events.len() as u64;
             assert!(
-                traced == fired || traced + 1 == fired,
+                traced <= fired && fired - traced <= 4,
                 "traced {traced}, fired {fired}"
             );
             assert!(
