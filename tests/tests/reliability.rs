@@ -1,0 +1,1267 @@
+//! Reliability end to end (issue 6): a target that exits or dies mid-trace, a tracer that
+//! is interrupted, terminated or killed, a thousand threads, a hundred thousand tasks,
+//! 100k events a second for a minute, two tracers on one target, a PID reused while a
+//! tracer still watches it, and the smoke script of the privileged container.
+//!
+//! What "nothing stays attached" means here is checked on the kernel's side, for the
+//! tracer's own objects only (other tests run tracers at the same time): the ids of the
+//! BPF programs and links the tracer holds (from its /proc/PID/fdinfo) must be gone from
+//! `bpftool prog show` and `bpftool link show`, and in the target's memory (read through
+//! /proc/PID/mem) every USDT site must hold its instruction from the file again, not the
+//! uprobe's breakpoint, and every semaphore must be back to 0.
+
+mod common;
+
+use std::{
+    collections::{BTreeSet, HashMap},
+    io::{BufRead as _, BufReader, Read as _},
+    os::unix::{
+        fs::{FileExt as _, MetadataExt as _},
+        process::ExitStatusExt as _,
+    },
+    path::{Path, PathBuf},
+    process::{Child, ChildStdout, Command, ExitStatus, Stdio},
+    sync::mpsc,
+    thread,
+    time::{Duration, Instant},
+};
+
+use common::*;
+
+const GC_DEMO: &str = env!("CARGO_BIN_EXE_gc-demo");
+const USDT_ARGS: &str = env!("CARGO_BIN_EXE_usdt-args");
+const EVENT_STORM: &str = env!("CARGO_BIN_EXE_event-storm");
+const MANY_THREADS: &str = env!("CARGO_BIN_EXE_many-threads");
+
+/// The five probes `event-storm` fires per task, in order.
+const TASK_PROBES: [&str; 5] = [
+    "rt__new__task",
+    "rt__start__task",
+    "rt__run__task",
+    "rt__pause__task",
+    "rt__finish__task",
+];
+/// Every task probe of `event-storm`, in whatever process `--pid` names.
+const TASK_SPEC: &str = "usdt:*:tracer:rt__*";
+
+/// The signals a running tracer gets in the signal tests: each with how long after the
+/// target started to send it (0: the instant the tracer said it attached, which must
+/// already be a clean stop) and the stop reason the tracer then reports.
+const SIGNALS: [(i32, u64, &str); 4] = [
+    (libc::SIGINT, 0, "interrupted (SIGINT)"),
+    (libc::SIGINT, 500, "interrupted (SIGINT)"),
+    (libc::SIGTERM, 500, "terminated (SIGTERM)"),
+    (libc::SIGKILL, 500, ""),
+];
+
+fn send(pid: u32, signal: i32) {
+    // SAFETY: kill has no memory preconditions.
+    let rc = unsafe { libc::kill(pid as i32, signal) };
+    assert_eq!(rc, 0, "kill({pid}, {signal})");
+}
+
+/// Whether `pid` is still running (not gone, not a zombie waiting to be reaped).
+fn running(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        // The state follows the parenthesised command name.
+        let state = stat.rsplit_once(") ").map(|(_, rest)| rest.chars().next());
+        !matches!(state, None | Some(None) | Some(Some('Z' | 'X')))
+    })
+}
+
+/// The per-probe counts `trace --count --format json` prints, keyed by probe name (the
+/// part after the last colon).
+fn counts(stdout: &str) -> HashMap<String, u64> {
+    let object = stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|v| {
+            v.as_object()
+                .is_some_and(|o| o.keys().any(|k| k.starts_with("usdt:")))
+        })
+        .unwrap_or_else(|| panic!("no counts in {stdout:?}"));
+    object
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(k, v)| {
+            (
+                k.rsplit(':').next().unwrap().to_string(),
+                v.as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// Asserts that a count run saw exactly `n` hits of every task probe.
+fn assert_every_task_probe(counts: &HashMap<String, u64>, n: u64, who: &str) {
+    for probe in TASK_PROBES {
+        assert_eq!(counts.get(probe), Some(&n), "{who}: {probe} in {counts:?}");
+    }
+}
+
+/// Ids of the BPF programs and links that process `pid` holds open.
+fn bpf_objects(pid: u32) -> (BTreeSet<u32>, BTreeSet<u32>) {
+    let (mut progs, mut links) = (BTreeSet::new(), BTreeSet::new());
+    for entry in std::fs::read_dir(format!("/proc/{pid}/fdinfo")).unwrap() {
+        let Ok(info) = std::fs::read_to_string(entry.unwrap().path()) else {
+            continue;
+        };
+        for line in info.lines() {
+            if let Some(id) = line.strip_prefix("prog_id:") {
+                progs.insert(id.trim().parse().unwrap());
+            }
+            if let Some(id) = line.strip_prefix("link_id:") {
+                links.insert(id.trim().parse().unwrap());
+            }
+        }
+    }
+    (progs, links)
+}
+
+/// Ids of every BPF object of a kind (`prog` or `link`) the kernel has now.
+fn kernel_ids(kind: &str) -> BTreeSet<u32> {
+    let out = Command::new("bpftool")
+        .args(["--json", kind, "show"])
+        .output()
+        .expect("bpftool is installed by `cargo xtask setup`");
+    assert!(out.status.success(), "bpftool {kind} show: {out:?}");
+    let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    list.as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["id"].as_u64().unwrap() as u32)
+        .collect()
+}
+
+/// The BPF programs and links of a tracer, recorded while it runs.
+struct TracerObjects {
+    progs: BTreeSet<u32>,
+    links: BTreeSet<u32>,
+}
+
+impl TracerObjects {
+    /// Records what tracer `pid` holds (from /proc only: quick).
+    fn of(pid: u32) -> Self {
+        let (progs, links) = bpf_objects(pid);
+        assert!(
+            !progs.is_empty() && !links.is_empty(),
+            "an attached tracer holds programs and links: {progs:?} {links:?}"
+        );
+        Self { progs, links }
+    }
+
+    /// Checks the kernel lists them now, so that their absence later means something.
+    fn assert_listed(&self) {
+        assert!(
+            self.progs.is_subset(&kernel_ids("prog")),
+            "{:?}",
+            self.progs
+        );
+        assert!(
+            self.links.is_subset(&kernel_ids("link")),
+            "{:?}",
+            self.links
+        );
+    }
+
+    /// Waits (up to 5 s: the kernel frees programs after an RCU grace period) until the
+    /// kernel has none of them any more.
+    fn assert_released(&self) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let progs: Vec<u32> = self
+                .progs
+                .intersection(&kernel_ids("prog"))
+                .copied()
+                .collect();
+            let links: Vec<u32> = self
+                .links
+                .intersection(&kernel_ids("link"))
+                .copied()
+                .collect();
+            if progs.is_empty() && links.is_empty() {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "still in the kernel after the tracer left: programs {progs:?}, links {links:?}"
+            );
+            thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+/// The USDT sites and semaphores of a running process's executable, at run-time addresses,
+/// from `tracer list -v` of /proc/PID/exe (the very file the process maps).
+struct ProbeSites {
+    pid: u32,
+    /// Address of each probe instruction, and its byte in the file.
+    sites: Vec<(u64, u8)>,
+    semaphores: Vec<u64>,
+}
+
+impl ProbeSites {
+    fn of(pid: u32) -> Self {
+        let exe = format!("/proc/{pid}/exe");
+        let out = run_tracer(&["list", "-v", &exe]);
+        let listing = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{out:?}");
+        let file = std::fs::read(&exe).unwrap();
+        let inode = std::fs::metadata(&exe).unwrap().ino();
+        // (start, end, offset, writable) of each mapping of the executable.
+        let maps: Vec<(u64, u64, u64, bool)> = std::fs::read_to_string(format!("/proc/{pid}/maps"))
+            .unwrap()
+            .lines()
+            .filter_map(|line| {
+                let fields: Vec<&str> = line.split_whitespace().collect();
+                if fields.len() < 6 || fields[4].parse::<u64>().ok()? != inode {
+                    return None;
+                }
+                let (start, end) = fields[0].split_once('-')?;
+                Some((
+                    u64::from_str_radix(start, 16).ok()?,
+                    u64::from_str_radix(end, 16).ok()?,
+                    u64::from_str_radix(fields[2], 16).ok()?,
+                    fields[1].contains('w'),
+                ))
+            })
+            .collect();
+        let address = |offset: u64, writable: bool| {
+            maps.iter()
+                .filter(|m| !writable || m.3)
+                .find(|m| m.2 <= offset && offset < m.2 + (m.1 - m.0))
+                .map(|m| m.0 + offset - m.2)
+                .unwrap_or_else(|| panic!("file offset {offset:#x} is not mapped: {maps:x?}"))
+        };
+        let mut sites = Vec::new();
+        let mut semaphores = BTreeSet::new();
+        for line in listing
+            .lines()
+            .filter(|l| l.trim_start().starts_with("site "))
+        {
+            // `  site pc 0x.. (file offset 0x..), semaphore 0x.. (file offset 0x..)`
+            let offsets: Vec<u64> = line
+                .split("file offset 0x")
+                .skip(1)
+                .map(|rest| {
+                    let hex: String = rest.chars().take_while(char::is_ascii_hexdigit).collect();
+                    u64::from_str_radix(&hex, 16).unwrap()
+                })
+                .collect();
+            sites.push((address(offsets[0], false), file[offsets[0] as usize]));
+            if let Some(&semaphore) = offsets.get(1) {
+                semaphores.insert(address(semaphore, true));
+            }
+        }
+        assert!(!sites.is_empty(), "no probe sites in {listing}");
+        Self {
+            pid,
+            sites,
+            semaphores: semaphores.into_iter().collect(),
+        }
+    }
+
+    fn read(&self, address: u64, buf: &mut [u8]) {
+        let mem = std::fs::File::open(format!("/proc/{}/mem", self.pid)).unwrap();
+        mem.read_exact_at(buf, address)
+            .unwrap_or_else(|e| panic!("reading {address:#x} of {}: {e}", self.pid));
+    }
+
+    /// How many sites do not hold the file's instruction (a uprobe's breakpoint is there).
+    fn breakpoints(&self) -> usize {
+        self.sites
+            .iter()
+            .filter(|&&(address, original)| {
+                let mut byte = [0];
+                self.read(address, &mut byte);
+                byte[0] != original
+            })
+            .count()
+    }
+
+    fn semaphore_values(&self) -> Vec<u16> {
+        self.semaphores
+            .iter()
+            .map(|&address| {
+                let mut value = [0; 2];
+                self.read(address, &mut value);
+                u16::from_ne_bytes(value)
+            })
+            .collect()
+    }
+
+    /// Asserts the process carries nothing of a tracer: no breakpoint, every semaphore 0.
+    fn assert_untouched(&self, when: &str) {
+        assert_eq!(
+            self.breakpoints(),
+            0,
+            "{when}: breakpoints left in the target"
+        );
+        let values = self.semaphore_values();
+        assert!(
+            values.iter().all(|&v| v == 0),
+            "{when}: semaphores {values:?}"
+        );
+    }
+
+    /// Asserts a tracer is attached: breakpoints at some sites, some semaphore raised.
+    fn assert_attached(&self) {
+        assert!(self.breakpoints() > 0, "attached, yet no breakpoint");
+        assert!(
+            self.semaphore_values().iter().any(|&v| v > 0),
+            "attached, yet no semaphore raised"
+        );
+    }
+}
+
+/// Starts `program ARGS` (no wait for a signal) as process `pid`, which must be free:
+/// sets the kernel's last allocated PID to `pid - 1` and forks, until the child gets it
+/// (other tests fork meanwhile, so a few tries may lose the race).
+fn spawn_as_pid(pid: u32, program: &str, args: &[&str]) -> Child {
+    for _ in 0..500 {
+        std::fs::write("/proc/sys/kernel/ns_last_pid", (pid - 1).to_string())
+            .expect("writing /proc/sys/kernel/ns_last_pid needs root");
+        let mut child = Command::new(program)
+            .args(args)
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        if child.id() == pid {
+            return child;
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    panic!("could not start a process as PID {pid}");
+}
+
+/// Waits for a child started by [`spawn_as_pid`] and returns its ground-truth JSON.
+fn finish_child(mut child: Child) -> serde_json::Value {
+    let mut out = String::new();
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
+    assert!(child.wait().unwrap().success());
+    let json = out.lines().last().unwrap();
+    serde_json::from_str(json).unwrap_or_else(|e| panic!("{e}: {out}"))
+}
+
+/// The `Stopped:` line's figures of `tracer trace`: (events printed, events lost).
+fn stopped_line(stderr: &str) -> (u64, u64) {
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("Stopped:"))
+        .unwrap_or_else(|| panic!("no Stopped line in {stderr}"));
+    let number_before = |word: &str| -> u64 {
+        let head = &line[..line
+            .find(word)
+            .unwrap_or_else(|| panic!("{word:?} not in {line:?}"))];
+        head.trim_end()
+            .rsplit(|c: char| !c.is_ascii_digit())
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap_or_else(|_| panic!("no number before {word:?} in {line:?}"))
+    };
+    let printed = number_before(" events");
+    let lost = if line.contains("none lost") {
+        0
+    } else {
+        number_before(" LOST")
+    };
+    (printed, lost)
+}
+
+/// A tracer whose standard output and error are read as they come, so that a large output
+/// never blocks it and its `Stopped:` line can be waited for while it still runs.
+struct LiveTracer<T> {
+    child: Child,
+    stderr_lines: mpsc::Receiver<String>,
+    stderr: String,
+    stdout: thread::JoinHandle<T>,
+}
+
+impl<T: Send + 'static> LiveTracer<T> {
+    /// Starts `tracer ARGS`, hands its stdout to `consume` on a thread of its own, and
+    /// returns once the tracer said it attached.
+    fn start(
+        args: &[&str],
+        consume: impl FnOnce(BufReader<ChildStdout>) -> T + Send + 'static,
+    ) -> Self {
+        let mut child = Command::new(tracer_bin())
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("cannot start tracer");
+        let out = BufReader::with_capacity(1 << 20, child.stdout.take().unwrap());
+        let stdout = thread::spawn(move || consume(out));
+        let err = BufReader::new(child.stderr.take().unwrap());
+        let (send, stderr_lines) = mpsc::channel();
+        thread::spawn(move || {
+            for line in err.lines() {
+                let Ok(line) = line else { break };
+                if send.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut tracer = Self {
+            child,
+            stderr_lines,
+            stderr: String::new(),
+            stdout,
+        };
+        assert!(
+            tracer.wait_for_line("Attached"),
+            "tracer exited before attaching: {}",
+            tracer.stderr
+        );
+        tracer
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Reads standard error up to a line starting with `prefix`; false if it ended first.
+    fn wait_for_line(&mut self, prefix: &str) -> bool {
+        while let Ok(line) = self.stderr_lines.recv() {
+            self.stderr.push_str(&line);
+            self.stderr.push('\n');
+            if line.starts_with(prefix) {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Waits for the tracer to exit: its status, what `consume` returned, all of stderr.
+    fn finish(mut self) -> (ExitStatus, T, String) {
+        while self.wait_for_line("") {}
+        let status = self.child.wait().unwrap();
+        (status, self.stdout.join().unwrap(), self.stderr)
+    }
+}
+
+fn read_all(mut out: BufReader<ChildStdout>) -> String {
+    let mut text = String::new();
+    out.read_to_string(&mut text).unwrap();
+    text
+}
+
+/// Counts the event lines of `trace --format json`.
+fn count_events(out: BufReader<ChildStdout>) -> u64 {
+    out.lines()
+        .map_while(Result::ok)
+        .filter(|l| l.contains("\"probe\""))
+        .count() as u64
+}
+
+/// The target exits (normally, or killed) long before the tracer's duration ends: the
+/// tracer stops at once with "target exited", exits 0 and reports everything collected —
+/// the JSON report with its GC figures, the folded stacks and the SVG — and `trace
+/// --count` prints its counts.
+#[test]
+fn a_target_that_exits_mid_trace_still_gets_its_report() {
+    if !privileged() {
+        return;
+    }
+    let attach = |name: &str, target: &Target| {
+        let dir = out_dir(name);
+        let tracer = Tracer::start(&[
+            "attach",
+            "--pid",
+            &target.pid.to_string(),
+            "--duration",
+            "60s",
+            "--format",
+            "json",
+            "-o",
+            dir.to_str().unwrap(),
+        ]);
+        (tracer, dir)
+    };
+    let check_files = |dir: &Path| {
+        let folded = std::fs::read_to_string(dir.join("offcpu.folded")).unwrap();
+        assert!(
+            folded_weight(&folded, "gc_demo::sleep_in_demo_io") > 0,
+            "{folded}"
+        );
+        let svg = std::fs::read_to_string(dir.join("offcpu.svg")).unwrap();
+        assert!(svg.contains("<svg") && svg.contains("sleep_in_demo_io"));
+    };
+
+    // Normal exit, 8 GCs: every one reported.
+    let target = Target::start(GC_DEMO, &["--gcs", "8", "--pause-ms", "10"]);
+    let (tracer, dir) = attach("exit-normal", &target);
+    target.release();
+    let truth = target.finish();
+    let exited = Instant::now();
+    let (ok, out, err) = tracer.finish();
+    assert!(
+        exited.elapsed() < Duration::from_secs(15),
+        "stopped {:?} after the target exited",
+        exited.elapsed()
+    );
+    assert!(ok, "{err}");
+    assert!(err.contains("Stopped: target exited"), "{err}");
+    let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(report["stopped_by"], "target exited");
+    assert_eq!(report["gc"]["count"], truth["gcs"], "{report:#}");
+    check_files(&dir);
+
+    // Killed by SIGKILL in the middle of its run (of 200 GCs): what was seen until then.
+    let target = Target::start(GC_DEMO, &["--gcs", "200", "--pause-ms", "10"]);
+    let (tracer, dir) = attach("exit-killed", &target);
+    target.release();
+    thread::sleep(Duration::from_millis(600));
+    send(target.pid, libc::SIGKILL);
+    drop(target);
+    let (ok, out, err) = tracer.finish();
+    assert!(ok, "{err}");
+    let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(report["stopped_by"], "target exited");
+    let gcs = report["gc"]["count"].as_u64().unwrap();
+    assert!((5..200).contains(&gcs), "{report:#}");
+    let begins = report["probes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["probe"].as_str().unwrap().ends_with(":gc__begin"))
+        .unwrap()["hits"]
+        .as_u64()
+        .unwrap();
+    assert!(
+        begins == gcs || begins == gcs + 1,
+        "a collection cut short by the kill has a begin and no end: {begins} vs {gcs}"
+    );
+    check_files(&dir);
+
+    // `trace --count` of a storm killed half way: the counts so far, in probe order (each
+    // of the 2 workers may be inside one task when killed).
+    let target = Target::start(EVENT_STORM, &["--tasks", "100000", "--rate", "20000"]);
+    let tracer = Tracer::start(&[
+        "trace",
+        "--count",
+        "--format",
+        "json",
+        "--pid",
+        &target.pid.to_string(),
+        TASK_SPEC,
+    ]);
+    target.release();
+    thread::sleep(Duration::from_millis(500));
+    send(target.pid, libc::SIGKILL);
+    drop(target);
+    let (ok, out, err) = tracer.finish();
+    assert!(ok, "{err}");
+    assert!(err.contains("Stopped: target exited"), "{err}");
+    let counts = counts(&out);
+    let n: Vec<u64> = TASK_PROBES.iter().map(|p| counts[*p]).collect();
+    assert!(n[0] > 1000 && n[0] < 100_000, "{counts:?}");
+    assert!(
+        n.windows(2).all(|w| w[0] >= w[1]) && n[0] - n[4] <= 2,
+        "{counts:?}"
+    );
+}
+
+/// `attach` gets SIGINT (the instant it said it attached, or later), SIGTERM or SIGKILL in
+/// the middle of a gc-demo run (one case after the other). Once it has stopped — its
+/// `Stopped:` line, or its death — and while the target still runs: the target's probe
+/// sites hold their instructions again and its semaphores are back to 0; once it has
+/// exited, its programs and links are gone from the kernel. The target finishes all its
+/// collections. On SIGINT and SIGTERM the tracer exits 0 with its full report and files,
+/// saying what stopped it.
+///
+/// The cases run at once, each on a copy of gc-demo of its own, and the target runs 6 s,
+/// because detaching is slow: about 0.1 s per probe site (each uprobe's removal waits for
+/// an RCU grace period), 1.6 s for gc-demo's 16 sites, and tracers detaching from the same
+/// sites (same file) at once wait for each other.
+#[test]
+fn attach_survives_sigint_sigterm_and_sigkill_and_leaves_nothing_behind() {
+    if !privileged() {
+        return;
+    }
+    thread::scope(|s| {
+        for (signal, delay_ms, reason) in SIGNALS {
+            s.spawn(move || attach_signal_case(signal, delay_ms, reason));
+        }
+    });
+}
+
+fn attach_signal_case(signal: i32, delay_ms: u64, reason: &str) {
+    const GCS: u64 = 150;
+    let case = format!("attach, signal {signal} after {delay_ms} ms");
+    let dir = out_dir(&format!("attach-signal-{signal}-{delay_ms}"));
+    let gc_demo = executable_copy(GC_DEMO, &dir);
+    // About 6 s: 150 collections of 10 ms, 30 ms apart.
+    let target = Target::start(
+        gc_demo.to_str().unwrap(),
+        &[
+            "--gcs",
+            &GCS.to_string(),
+            "--pause-ms",
+            "10",
+            "--interval-ms",
+            "30",
+        ],
+    );
+    let sites = ProbeSites::of(target.pid);
+    sites.assert_untouched("before attaching");
+    let tracer = LiveTracer::start(
+        &[
+            "attach",
+            "--pid",
+            &target.pid.to_string(),
+            "--format",
+            "json",
+            "-o",
+            dir.to_str().unwrap(),
+        ],
+        read_all,
+    );
+    let objects = TracerObjects::of(tracer.pid());
+    signal_tracer(&tracer, &target, &objects, &sites, signal, delay_ms);
+    let (status, out, err) = stop_and_check(tracer, &target, &sites, &objects, signal, &case);
+    if signal == libc::SIGKILL {
+        assert_eq!(status.signal(), Some(libc::SIGKILL), "{case}");
+    } else {
+        assert!(status.success(), "{case}: {err}");
+        assert!(err.contains(&format!("Stopped: {reason}")), "{case}: {err}");
+        let report: serde_json::Value =
+            serde_json::from_str(&out).unwrap_or_else(|e| panic!("{case}: {e}: {out}"));
+        assert_eq!(report["stopped_by"], reason);
+        let gcs = report["gc"]["count"].as_u64().unwrap();
+        assert!(
+            gcs < GCS && (gcs > 0 || delay_ms == 0),
+            "{case}: {report:#}"
+        );
+        let svg = std::fs::read_to_string(dir.join("offcpu.svg")).unwrap();
+        assert!(svg.contains("<svg"), "{case}");
+        let folded = std::fs::read_to_string(dir.join("offcpu.folded")).unwrap();
+        assert!(
+            delay_ms == 0 || folded_weight(&folded, "gc_demo::sleep_in_demo_io") > 0,
+            "{case}: {folded}"
+        );
+    }
+    let truth = target.finish();
+    assert_eq!(truth["gcs"], GCS, "{case}");
+    assert_eq!(truth["pause_ns"].as_array().unwrap().len() as u64, GCS);
+}
+
+/// A copy of `program` in `dir`, ready to run: a child forked meanwhile by another test
+/// may briefly hold the copy open for writing (exec fails with ETXTBSY), so this waits
+/// until the copy runs (`--help`).
+fn executable_copy(program: &str, dir: &Path) -> PathBuf {
+    let copy = dir.join(Path::new(program).file_name().unwrap());
+    std::fs::copy(program, &copy).unwrap();
+    for _ in 0..100 {
+        match Command::new(&copy)
+            .arg("--help")
+            .stdout(Stdio::null())
+            .status()
+        {
+            Ok(status) if status.success() => return copy,
+            Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) => {
+                thread::sleep(Duration::from_millis(20))
+            }
+            other => panic!("{}: {other:?}", copy.display()),
+        }
+    }
+    panic!("{} stays busy", copy.display());
+}
+
+/// Sends `signal` to the tracer: the instant it attached (then releases the target), or
+/// `delay_ms` after releasing the target, having checked that its programs and links are
+/// in the kernel and its breakpoints and semaphores in the target.
+fn signal_tracer<T: Send + 'static>(
+    tracer: &LiveTracer<T>,
+    target: &Target,
+    objects: &TracerObjects,
+    sites: &ProbeSites,
+    signal: i32,
+    delay_ms: u64,
+) {
+    if delay_ms == 0 {
+        send(tracer.pid(), signal);
+        target.release();
+    } else {
+        objects.assert_listed();
+        sites.assert_attached();
+        target.release();
+        thread::sleep(Duration::from_millis(delay_ms));
+        send(tracer.pid(), signal);
+    }
+}
+
+/// Waits for the tracer to stop after `signal` — for SIGINT and SIGTERM until its
+/// `Stopped:` line (it has detached, and still runs), for SIGKILL until it is dead (the
+/// kernel detaches while it exits) — then checks, while the target still runs, that
+/// nothing of the tracer is left in it, and once the tracer has exited, that none of its
+/// programs and links is left in the kernel.
+fn stop_and_check<T: Send + 'static>(
+    mut tracer: LiveTracer<T>,
+    target: &Target,
+    sites: &ProbeSites,
+    objects: &TracerObjects,
+    signal: i32,
+    case: &str,
+) -> (ExitStatus, T, String) {
+    if signal == libc::SIGKILL {
+        let finished = tracer.finish();
+        assert!(running(target.pid), "{case}: the target still runs");
+        sites.assert_untouched(case);
+        objects.assert_released();
+        return finished;
+    }
+    assert!(
+        tracer.wait_for_line("Stopped:"),
+        "{case}: {}",
+        tracer.stderr
+    );
+    assert!(running(target.pid), "{case}: the target still runs");
+    sites.assert_untouched(case);
+    let finished = tracer.finish();
+    objects.assert_released();
+    finished
+}
+
+/// The same for `trace` (one line per event, read as they come): the target finishes
+/// all its tasks, nothing stays in the kernel or in the target, and on SIGINT/SIGTERM
+/// every event that was collected is printed (none lost) before the tracer exits 0.
+///
+/// The target fires 20,000 events a second for 6 s, not more: detaching its 5 sites
+/// takes about 0.5 s, during which the probes still fire and nothing drains the ring
+/// buffer, so at 100k events/s it overflows (see the ignored test below).
+#[test]
+fn trace_survives_sigint_sigterm_and_sigkill_and_leaves_nothing_behind() {
+    if !privileged() {
+        return;
+    }
+    thread::scope(|s| {
+        for (signal, delay_ms, reason) in SIGNALS {
+            s.spawn(move || trace_signal_case(signal, delay_ms, reason));
+        }
+    });
+}
+
+fn trace_signal_case(signal: i32, delay_ms: u64, reason: &str) {
+    const TASKS: u64 = 24_000;
+    let case = format!("trace, signal {signal} after {delay_ms} ms");
+    let target = Target::start(
+        EVENT_STORM,
+        &["--tasks", &TASKS.to_string(), "--rate", "4000"],
+    );
+    let sites = ProbeSites::of(target.pid);
+    let tracer = LiveTracer::start(
+        &[
+            "trace",
+            "--format",
+            "json",
+            "--pid",
+            &target.pid.to_string(),
+            TASK_SPEC,
+        ],
+        count_events,
+    );
+    let objects = TracerObjects::of(tracer.pid());
+    signal_tracer(&tracer, &target, &objects, &sites, signal, delay_ms);
+    let (status, printed_lines, err) =
+        stop_and_check(tracer, &target, &sites, &objects, signal, &case);
+    if signal == libc::SIGKILL {
+        assert_eq!(status.signal(), Some(libc::SIGKILL), "{case}");
+    } else {
+        assert!(status.success(), "{case}: {err}");
+        assert!(err.contains(&format!("Stopped: {reason}")), "{case}: {err}");
+        let (printed, lost) = stopped_line(&err);
+        assert_eq!(lost, 0, "{case}: {err}");
+        assert_eq!(
+            printed_lines, printed,
+            "{case}: every event counted was printed"
+        );
+        assert!(
+            printed < 5 * TASKS && (printed > 0 || delay_ms == 0),
+            "{case}: {err}"
+        );
+    }
+    let truth = target.finish();
+    assert_eq!(truth["events"], 5 * TASKS, "{case}");
+}
+
+/// Ctrl-C on a trace of 300k events a second: the tracer stops, prints what it collected
+/// and exits 0 — the events the probes still fire while it detaches are not losses.
+///
+/// Ignored: it fails today. `Loader::detach_usdt` (tracer/src/loader/mod.rs) closes the
+/// links and perf events one by one and each close waits for an RCU grace period (about
+/// 0.1 s per site here: 0.5 s for these 5), while nothing drains the ring buffer, which
+/// holds about 32k events; the tracer then reports "N LOST" and exits 1. At 200k events/s
+/// it loses a few thousand; at 100k it loses some when the stop comes before the first
+/// drain. Run with `--ignored` once detaching is quick (all uprobes at once, or a
+/// `uprobe_multi` link), the ring buffer is drained meanwhile, or events stop being
+/// recorded before the detach.
+#[test]
+#[ignore = "tracer bug: slow detach overflows the ring buffer (see doc comment)"]
+fn stopping_a_busy_trace_loses_nothing() {
+    if !privileged() {
+        return;
+    }
+    let target = Target::start(EVENT_STORM, &["--tasks", "120000", "--rate", "60000"]);
+    let mut tracer = LiveTracer::start(
+        &[
+            "trace",
+            "--format",
+            "json",
+            "--pid",
+            &target.pid.to_string(),
+            TASK_SPEC,
+        ],
+        count_events,
+    );
+    target.release();
+    thread::sleep(Duration::from_millis(500));
+    let stop = Instant::now();
+    send(tracer.pid(), libc::SIGINT);
+    assert!(tracer.wait_for_line("Stopped:"));
+    let took = stop.elapsed();
+    let (status, printed_lines, err) = tracer.finish();
+    target.finish();
+    let (printed, lost) = stopped_line(&err);
+    assert_eq!(printed_lines, printed);
+    assert!(
+        status.success() && lost == 0,
+        "stopping took {took:?}: {err}"
+    );
+}
+
+/// `attach --per-thread` on a process with 1,000 threads that all block in one function:
+/// every thread appears under its own name and thread id with the time it really spent
+/// blocked there (within 10%; all threads together within 3%), and nothing was dropped.
+#[test]
+fn a_thousand_threads_are_each_profiled() {
+    if !privileged() {
+        return;
+    }
+    const THREADS: usize = 1000;
+    let dir = out_dir("threads");
+    // 20 sleeps of 100 ms: the threads live about 2 s, across the tracer's once-a-second
+    // capture of thread names.
+    let target = Target::start(
+        MANY_THREADS,
+        &[
+            "--threads",
+            &THREADS.to_string(),
+            "--sleeps",
+            "20",
+            "--sleep-ms",
+            "100",
+        ],
+    );
+    let tracer = Tracer::start(&[
+        "attach",
+        "--pid",
+        &target.pid.to_string(),
+        "--per-thread",
+        "--format",
+        "json",
+        "-o",
+        dir.to_str().unwrap(),
+    ]);
+    target.release();
+    let truth = target.finish();
+    let (ok, out, err) = tracer.finish();
+    assert!(ok, "{err}");
+    let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(report["lost"]["map_full"], 0, "{report:#}");
+    assert_eq!(report["lost"]["events_lost"], 0, "{report:#}");
+
+    // Blocked time per thread root frame (`NAME [TID]`) under block_in_worker, in us.
+    let folded = std::fs::read_to_string(dir.join("offcpu.folded")).unwrap();
+    let mut per_thread: HashMap<&str, u64> = HashMap::new();
+    for line in folded.lines() {
+        let (stack, weight) = line.rsplit_once(' ').unwrap();
+        let frames: Vec<&str> = stack.split(';').collect();
+        if frames
+            .iter()
+            .any(|f| f.split(' ').next() == Some("many_threads::block_in_worker"))
+        {
+            *per_thread.entry(frames[1]).or_default() += weight.parse::<u64>().unwrap();
+        }
+    }
+    let tids = truth["tids"].as_array().unwrap();
+    let blocked = truth["blocked_ns"].as_array().unwrap();
+    assert_eq!(tids.len(), THREADS);
+    assert_eq!(per_thread.len(), THREADS, "one root per thread");
+    for (i, (tid, true_ns)) in tids.iter().zip(blocked).enumerate() {
+        let root = format!("worker-{i} [{tid}]");
+        let measured = *per_thread
+            .get(root.as_str())
+            .unwrap_or_else(|| panic!("no {root} in {:?}", per_thread.keys().take(5)));
+        let true_us = true_ns.as_u64().unwrap() / 1000;
+        assert!(
+            measured.abs_diff(true_us) * 10 <= true_us,
+            "{root}: tracer {measured} us, thread {true_us} us"
+        );
+    }
+    let measured: u64 = per_thread.values().sum();
+    let true_us = truth["total_blocked_ns"].as_u64().unwrap() / 1000;
+    assert!(
+        measured.abs_diff(true_us) * 100 <= 3 * true_us,
+        "all threads: tracer {measured} us, threads {true_us} us"
+    );
+}
+
+/// A process that creates 100,000 tasks (500,000 task events from two threads, as fast as
+/// it can), traced with `trace --count` from its first instruction: every probe's count is
+/// exactly 100,000.
+#[test]
+fn a_hundred_thousand_tasks_are_counted_exactly() {
+    if !privileged() {
+        return;
+    }
+    let out = run_tracer(&[
+        "trace",
+        "--count",
+        "--format",
+        "json",
+        &format!("usdt:{EVENT_STORM}:tracer:rt__*"),
+        "--",
+        EVENT_STORM,
+        "--tasks",
+        "100000",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("command exited with 0"), "{stderr}");
+    // The command shares stdout with the tracer: its ground truth is there too.
+    let truth: serde_json::Value = stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|v| v.get("fired").is_some())
+        .unwrap_or_else(|| panic!("{stdout}"));
+    assert_eq!(truth["tasks"], 100_000);
+    assert_every_task_probe(&counts(&stdout), 100_000, "trace --count");
+}
+
+/// Two tracers count the same process at once, and each sees every event; a third one
+/// killed half way through changes nothing for them (the kernel counts each semaphore per
+/// attached probe, so the survivors keep theirs raised).
+#[test]
+fn two_tracers_on_one_target_both_see_every_event() {
+    if !privileged() {
+        return;
+    }
+    const TASKS: u64 = 40_000;
+    // 2 s: 20000 tasks (100k events) a second.
+    let target = Target::start(
+        EVENT_STORM,
+        &["--tasks", &TASKS.to_string(), "--rate", "20000"],
+    );
+    let pid = target.pid.to_string();
+    let args = [
+        "trace", "--count", "--format", "json", "--pid", &pid, TASK_SPEC,
+    ];
+    let first = Tracer::start(&args);
+    let second = Tracer::start(&args);
+    let leaving = Tracer::start(&args);
+    target.release();
+    thread::sleep(Duration::from_millis(700));
+    send(leaving.pid(), libc::SIGKILL);
+    let (ok, _, _) = leaving.finish();
+    assert!(!ok);
+    let truth = target.finish();
+    assert_eq!(truth["tasks"], TASKS);
+    for (who, tracer) in [("first", first), ("second", second)] {
+        let (ok, out, err) = tracer.finish();
+        assert!(ok, "{who}: {err}");
+        assert_every_task_probe(&counts(&out), TASKS, who);
+    }
+}
+
+/// What a streaming tracer's standard output held: events per probe and per task.
+struct StreamTally {
+    per_probe: [u64; 5],
+    /// Per task id, one bit per probe of [`TASK_PROBES`] seen for it.
+    seen: Vec<u8>,
+    duplicates: u64,
+    malformed: Vec<String>,
+}
+
+impl StreamTally {
+    fn new(tasks: u64) -> Self {
+        Self {
+            per_probe: [0; 5],
+            seen: vec![0; tasks as usize + 1],
+            duplicates: 0,
+            malformed: Vec::new(),
+        }
+    }
+
+    /// Counts one `trace --format json` line: its probe name and task id (the last
+    /// argument), found by their keys so field order does not matter.
+    fn add(&mut self, line: &str) {
+        let field = |key: &str, end: char| {
+            let start = line.find(key)? + key.len();
+            let len = line[start..].find(end)?;
+            Some(&line[start..start + len])
+        };
+        let probe = field("\"probe\":\"", '"')
+            .and_then(|p| p.rsplit(':').next())
+            .and_then(|name| TASK_PROBES.iter().position(|&p| p == name));
+        let task = field("\"args\":[", ']')
+            .and_then(|args| args.rsplit(',').next())
+            .and_then(|t| t.trim().parse::<usize>().ok())
+            .filter(|&t| t > 0 && t < self.seen.len());
+        let (Some(probe), Some(task)) = (probe, task) else {
+            if self.malformed.len() < 5 {
+                self.malformed.push(line.to_string());
+            }
+            return;
+        };
+        self.per_probe[probe] += 1;
+        let bit = 1 << probe;
+        if self.seen[task] & bit != 0 {
+            self.duplicates += 1;
+        }
+        self.seen[task] |= bit;
+    }
+
+    fn total(&self) -> u64 {
+        self.per_probe.iter().sum()
+    }
+}
+
+/// A process firing 100,000 events a second for a minute (20,000 tasks a second, five
+/// events each, from two threads), watched by two tracers at once:
+/// - `trace --count`, counted in the kernel: exactly 1,200,000 hits of each probe;
+/// - `trace --format json`, every event through the ring buffer to standard output: either
+///   all 6,000,000 events, each task's five exactly once, and exit 0 — or the losses are
+///   reported (`N LOST` on stderr, exit 1) and printed + lost is exactly 6,000,000, with no
+///   event printed twice.
+///
+/// The full minute is kept on purpose: a shorter burst fits in the ring buffer's slack
+/// and would not show whether the reader keeps up for long.
+#[test]
+fn a_hundred_thousand_events_a_second_for_a_minute_are_all_accounted_for() {
+    if !privileged() {
+        return;
+    }
+    const RATE: u64 = 20_000;
+    const TASKS: u64 = 60 * RATE;
+    const EVENTS: u64 = 5 * TASKS;
+    let target = Target::start(
+        EVENT_STORM,
+        &["--tasks", &TASKS.to_string(), "--rate", &RATE.to_string()],
+    );
+    let pid = target.pid.to_string();
+    let counter = Tracer::start(&[
+        "trace", "--count", "--format", "json", "--pid", &pid, TASK_SPEC,
+    ]);
+
+    let stream = LiveTracer::start(
+        &["trace", "--format", "json", "--pid", &pid, TASK_SPEC],
+        |out| {
+            let mut tally = StreamTally::new(TASKS);
+            for line in out.lines() {
+                tally.add(&line.unwrap());
+            }
+            tally
+        },
+    );
+
+    target.release();
+    let truth = target.finish();
+    let elapsed_s = truth["elapsed_ns"].as_u64().unwrap() as f64 / 1e9;
+    assert_eq!(truth["events"], EVENTS);
+    assert!(
+        elapsed_s < 63.0,
+        "the target could not keep 100k events/s while traced: {elapsed_s:.1} s"
+    );
+
+    let (ok, out, count_err) = counter.finish();
+    assert!(ok, "{count_err}");
+    assert_every_task_probe(&counts(&out), TASKS, "trace --count");
+
+    let (status, tally, err) = stream.finish();
+    assert!(tally.malformed.is_empty(), "{:?}", tally.malformed);
+    assert_eq!(tally.duplicates, 0, "events printed twice");
+    let (printed, lost) = stopped_line(&err);
+    assert_eq!(printed, tally.total(), "{err}");
+    if status.success() {
+        assert_eq!(lost, 0, "{err}");
+        assert_eq!(tally.total(), EVENTS, "{:?}", tally.per_probe);
+        let incomplete = tally.seen[1..].iter().filter(|&&b| b != 0b11111).count();
+        assert_eq!(incomplete, 0, "tasks missing events");
+    } else {
+        assert_eq!(status.code(), Some(1), "{err}");
+        assert!(lost > 0 && err.contains("LOST"), "{err}");
+        assert_eq!(
+            printed + lost,
+            EVENTS,
+            "every event printed or counted lost: {err}"
+        );
+    }
+    eprintln!(
+        "100k events/s for {elapsed_s:.1} s: {printed} events printed, {lost} lost; exit {status}"
+    );
+}
+
+/// The target exits and its PID is taken by a new process running the same binary while
+/// the tracer still holds its probes (it is stopped with SIGSTOP across the exit, which
+/// stretches the moment between the exit and the tracer noticing it). The new process is
+/// not traced: no breakpoint and no raised semaphore in it, none of its events printed
+/// (`trace`) or counted (`attach`'s GC figures); and once resumed the tracer stops with
+/// "target exited" and exits 0.
+///
+/// What this does not cover: off-CPU time, which the kernel side filters by PID number;
+/// see the ignored test below.
+#[test]
+fn a_reused_pid_is_not_traced() {
+    if !privileged() {
+        return;
+    }
+    // trace: usdt-args fires probes without semaphores too, so the new process executes
+    // probe sites (a breakpoint there would fire) during the whole window.
+    let target = Target::start(USDT_ARGS, &["--loops", "3"]);
+    let pid = target.pid;
+    let tracer = Tracer::start(&[
+        "trace",
+        "--format",
+        "json",
+        "--pid",
+        &pid.to_string(),
+        "usdt:*:tracer_test:*",
+    ]);
+    send(tracer.pid(), libc::SIGSTOP);
+    target.release();
+    let truth = target.finish();
+    let reuser = spawn_as_pid(pid, USDT_ARGS, &["--loops", "400", "--interval-ms", "2"]);
+    thread::sleep(Duration::from_millis(100));
+    ProbeSites::of(pid).assert_untouched("a new process with the traced PID");
+    thread::sleep(Duration::from_millis(200));
+    send(tracer.pid(), libc::SIGCONT);
+    let (ok, out, err) = tracer.finish();
+    let reuser_truth = finish_child(reuser);
+    assert!(ok, "{err}");
+    assert!(err.contains("Stopped: target exited"), "{err}");
+    assert_eq!(reuser_truth["pid"], pid);
+    assert_eq!(reuser_truth["fired"]["guarded"], 0, "{reuser_truth}");
+    assert_eq!(reuser_truth["fired"]["consts"], 400);
+    let fired: u64 = truth["fired"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|v| v.as_u64().unwrap())
+        .sum();
+    let printed = out.lines().filter(|l| l.contains("\"probe\"")).count() as u64;
+    assert_eq!(printed, fired, "only the original process's events: {out}");
+
+    // attach: the new gc-demo's GCs are not counted.
+    let target = Target::start(GC_DEMO, &["--gcs", "3", "--interval-ms", "10"]);
+    let pid = target.pid;
+    let dir = out_dir("reuse-attach");
+    let tracer = Tracer::start(&[
+        "attach",
+        "--pid",
+        &pid.to_string(),
+        "--format",
+        "json",
+        "-o",
+        dir.to_str().unwrap(),
+    ]);
+    send(tracer.pid(), libc::SIGSTOP);
+    target.release();
+    let truth = target.finish();
+    let reuser = spawn_as_pid(pid, GC_DEMO, &["--gcs", "20", "--interval-ms", "10"]);
+    thread::sleep(Duration::from_millis(100));
+    ProbeSites::of(pid).assert_untouched("a new process with the traced PID");
+    thread::sleep(Duration::from_millis(200));
+    send(tracer.pid(), libc::SIGCONT);
+    let (ok, out, err) = tracer.finish();
+    finish_child(reuser);
+    assert!(ok, "{err}");
+    let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(report["stopped_by"], "target exited");
+    assert_eq!(report["gc"]["count"], truth["gcs"], "{report:#}");
+}
+
+/// Off-CPU time of a process that took over the target's PID before the tracer noticed
+/// the exit must not land in the target's profile.
+///
+/// Ignored: it fails today. `sched_switch` accounting in tracer-ebpf/src/offcpu.rs keeps
+/// threads whose tgid *number* equals the target's (`TARGET_TGID`), so for as long as
+/// the tracer has not yet noticed the exit, a new process with that PID is profiled as
+/// the target (and symbolized with the dead target's maps: `[unknown]` frames); thread
+/// ids reused likewise close stale `OFFCPU_STARTS` entries of the dead threads. Run with
+/// `--ignored` once the eBPF side identifies the process by more than its PID number.
+#[test]
+#[ignore = "tracer bug: off-CPU accounting follows a reused PID number (see doc comment)"]
+fn off_cpu_time_of_a_process_reusing_the_pid_is_not_attributed_to_the_target() {
+    if !privileged() {
+        return;
+    }
+    let target = Target::start(GC_DEMO, &["--gcs", "3", "--interval-ms", "10"]);
+    let pid = target.pid;
+    let dir = out_dir("reuse-offcpu");
+    let tracer = Tracer::start(&[
+        "attach",
+        "--pid",
+        &pid.to_string(),
+        "--format",
+        "json",
+        "-o",
+        dir.to_str().unwrap(),
+    ]);
+    let attached = Instant::now();
+    send(tracer.pid(), libc::SIGSTOP);
+    target.release();
+    let _ = target.finish();
+    // gc-demo has 4 threads; none can have been blocked longer than it was traced.
+    let bound_ns = 4 * attached.elapsed().as_nanos() as u64;
+    // The new process blocks about 4 s in all (4 threads, 1 s).
+    let reuser = spawn_as_pid(pid, GC_DEMO, &["--gcs", "25", "--interval-ms", "30"]);
+    thread::sleep(Duration::from_millis(1000));
+    send(tracer.pid(), libc::SIGCONT);
+    let (ok, out, err) = tracer.finish();
+    finish_child(reuser);
+    assert!(ok, "{err}");
+    let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let total = report["offcpu"]["total_ns"].as_u64().unwrap();
+    assert!(
+        total <= bound_ns,
+        "{total} ns off-CPU reported for a target traced {bound_ns} ns thread-time at most"
+    );
+}
+
+/// tests/smoke.sh, the privileged container's smoke test, passes on this host with the
+/// binaries under test — and fails when the tracer is broken (here: `false`).
+#[test]
+fn the_smoke_script_passes_and_catches_a_broken_tracer() {
+    if !privileged() {
+        return;
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("smoke.sh");
+    let run = |tracer: &Path| {
+        Command::new("sh")
+            .arg(&script)
+            .env("TRACER", tracer)
+            .env("GC_DEMO", GC_DEMO)
+            .output()
+            .expect("sh")
+    };
+    let out = run(&tracer_bin());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("smoke: OK: 10 GCs counted"),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let broken = run(Path::new("/bin/false"));
+    assert_eq!(broken.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&broken.stderr).contains("smoke: FAIL"));
+}
