@@ -55,29 +55,27 @@ fn counts_every_gc_and_buckets_the_known_pause() {
     assert_eq!(report["latencies"]["gc_mark"]["count"], 12);
     assert_eq!(report["latencies"]["gc_sweep"]["count"], 12);
 
-    // The tracer's exact min and max agree with the target's own clock (within 2%: the
-    // probes sit just inside the target's timestamps).
+    // Each probe-to-probe interval lies inside the target's own timestamps around it, so
+    // the tracer's min and max can only be below the target's; they can fall short by a
+    // scheduling delay between a probe's trap and its BPF program (a few ms when the
+    // machine is loaded), never by a whole pause.
     let truth_pauses: Vec<u64> = truth["pause_ns"]
         .as_array()
         .unwrap()
         .iter()
         .map(|v| v.as_u64().unwrap())
         .collect();
-    let close = |a: u64, b: u64| (a as f64 - b as f64).abs() <= 0.02 * b as f64;
-    assert!(
-        close(
-            pause["min_ns"].as_u64().unwrap(),
-            *truth_pauses.iter().min().unwrap()
-        ),
-        "{pause:#} vs {truth_pauses:?}"
+    let within = |tracer: u64, truth: u64| tracer <= truth && tracer as f64 >= 0.75 * truth as f64;
+    let (min, max) = (
+        pause["min_ns"].as_u64().unwrap(),
+        pause["max_ns"].as_u64().unwrap(),
     );
-    assert!(
-        close(
-            pause["max_ns"].as_u64().unwrap(),
-            *truth_pauses.iter().max().unwrap()
-        ),
-        "{pause:#} vs {truth_pauses:?}"
+    let (true_min, true_max) = (
+        *truth_pauses.iter().min().unwrap(),
+        *truth_pauses.iter().max().unwrap(),
     );
+    assert!(within(min, true_min), "min {min} vs {true_min}: {pause:#}");
+    assert!(within(max, true_max), "max {max} vs {true_max}: {pause:#}");
 
     // Every pause counted in the bucket that holds its true length.
     for bucket in pause["buckets"].as_array().unwrap() {
@@ -236,5 +234,27 @@ fn tasks_running_and_parked_time_match_the_targets_own_accounting() {
             .lines()
             .any(|l| l.contains(";task 0x4;") && l.contains("gc_demo::lock_waiter_thread")),
         "{folded}"
+    );
+}
+
+#[test]
+fn a_tracer_in_its_own_pid_namespace_refuses_clearly() {
+    if !privileged() {
+        return;
+    }
+    // Inside the new namespace the tracer is PID 1; its kernel-side filters would compare
+    // against host PIDs and silently see nothing, so it must say so instead.
+    let out = std::process::Command::new("unshare")
+        .args(["-p", "-f", "--mount-proc"])
+        .arg(tracer_bin())
+        .args(["attach", "--pid", "1", "--duration", "1s", "-o"])
+        .arg(out_dir("pidns"))
+        .output()
+        .expect("unshare (util-linux)");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("PID namespace") && err.contains("--pid=host"),
+        "{err}"
     );
 }

@@ -133,14 +133,10 @@ fn without_privileges_attach_and_trace_name_what_is_missing() {
 /// With exactly CAP_BPF and CAP_PERFMON (what the README and the privilege check promise
 /// is enough), `trace` either works or says clearly what the kernel wants.
 ///
-/// Ignored: it fails on this kernel (6.18). Linux now requires CAP_SYS_ADMIN for the
-/// uprobe PMU (`perf_uprobe_event_init`, reverted from CAP_PERFMON upstream in 2025 and
-/// backported to stable kernels), so `privileges::check` lets the run start and
-/// perf_event_open fails with a bare "attaching a uprobe to ...: Permission denied".
-/// Run with `--ignored` once the check (tracer/src/privileges.rs) or the loader's attach
-/// error names CAP_SYS_ADMIN.
+/// On this kernel (6.18) the uprobe PMU requires CAP_SYS_ADMIN again
+/// (`perf_uprobe_event_init`), so the capabilities pass the up-front check and the kernel
+/// refuses the uprobe: the loader must then name CAP_SYS_ADMIN, not print a bare EACCES.
 #[test]
-#[ignore = "tracer bug: CAP_BPF+CAP_PERFMON pass the check, then uprobes fail with a bare EACCES"]
 fn with_cap_bpf_and_cap_perfmon_trace_works_or_names_cap_sys_admin() {
     if !privileged() {
         return;

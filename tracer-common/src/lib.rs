@@ -34,6 +34,7 @@ pub mod map_names {
     pub const ONCPU_SAMPLES: &str = "ONCPU_SAMPLES";
     pub const STACKS: &str = "STACKS";
     pub const COUNTERS: &str = "COUNTERS";
+    pub const CONTROL: &str = "CONTROL";
     /// User stack snapshots for DWARF unwinding (`tracer profile --unwind dwarf`).
     pub const UNWIND_SAMPLES: &str = "UNWIND_SAMPLES";
 }
@@ -251,6 +252,15 @@ pub struct TaskKey {
     /// User stack id for parked time; -1 for running time.
     pub stack_id: i32,
     pub _pad: u32,
+}
+
+/// Indices of the `CONTROL` array: switches user space flips while programs run.
+pub mod control {
+    /// Non-zero once tracing stopped: USDT programs record nothing more while the (slow)
+    /// detach proceeds, so the trace ends at one instant and the ring buffer cannot
+    /// overflow after the stop.
+    pub const STOPPED: u32 = 0;
+    pub const COUNT: u32 = 1;
 }
 
 /// Indices of the `COUNTERS` per-CPU array: things the eBPF side could not record, so

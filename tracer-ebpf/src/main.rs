@@ -16,7 +16,8 @@ use aya_ebpf::{
 };
 use tracer_common::{
     LatencyStartKey, LatencyStats, MAX_LATENCIES, MAX_PROBES, MAX_USDT_SITES, OffCpuKey,
-    OffCpuStart, OffCpuTotal, OnCpuKey, TaskId, TaskKey, TaskState, UsdtSite, counter, histogram,
+    OffCpuStart, OffCpuTotal, OnCpuKey, TaskId, TaskKey, TaskState, UsdtSite, control, counter,
+    histogram,
 };
 
 /// Per-site argument specs and latency roles, indexed by the uprobe's BPF cookie.
@@ -72,6 +73,16 @@ static STACKS: StackTrace = StackTrace::with_max_entries(32768, 0);
 /// page unless user space sizes it before load (`tracer profile --unwind dwarf`).
 #[map]
 static UNWIND_SAMPLES: RingBuf = RingBuf::with_byte_size(4096, 0);
+
+/// Switches set by user space while programs run (see `tracer_common::control`).
+#[map]
+static CONTROL: Array<u32> = Array::with_max_entries(control::COUNT, 0);
+
+/// Whether user space has stopped the trace.
+#[inline(always)]
+fn stopped() -> bool {
+    CONTROL.get(control::STOPPED).is_some_and(|&v| v != 0)
+}
 
 /// What could not be recorded (see `tracer_common::counter`).
 #[map]

@@ -20,6 +20,9 @@ use crate::{
 /// The site whose uprobe fired, found through the link's BPF cookie, counted as a hit.
 #[inline(always)]
 fn hit_site(ctx: &ProbeContext) -> Option<&'static UsdtSite> {
+    if crate::stopped() {
+        return None;
+    }
     // SAFETY: the helper only reads the cookie of the link that ran this program.
     let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) } as u32;
     let site = USDT_SPECS.get(cookie)?;

@@ -12,7 +12,7 @@ const KIND_STRUCT: u32 = 4;
 
 #[derive(Debug, Error)]
 pub enum BtfError {
-    #[error("cannot read kernel BTF at {path}: {source} (is CONFIG_DEBUG_INFO_BTF enabled?)")]
+    #[error("cannot read kernel BTF at {path} (is CONFIG_DEBUG_INFO_BTF enabled?)")]
     Read {
         path: String,
         source: std::io::Error,

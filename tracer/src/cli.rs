@@ -82,6 +82,10 @@ pub struct TraceArgs {
     /// Stop after this long (e.g. 10s).
     #[arg(long, short)]
     pub duration: Option<String>,
+    /// Size of the kernel-to-user event buffer (e.g. 4M, 64M): more absorbs longer bursts.
+    /// Rounded up to a power of two.
+    #[arg(long, default_value = "4M", value_name = "SIZE")]
+    pub ring_buffer: String,
     /// Count hits per probe in the kernel and print the counts at the end, instead of
     /// one line per hit.
     #[arg(long, short)]
@@ -133,6 +137,8 @@ pub enum ConfigError {
     ZeroPid,
     #[error("--pid and a command after -- cannot be used together")]
     PidAndCommand,
+    #[error("invalid --ring-buffer {0:?}: expected a size from 4K to 1G, like 4M or 65536")]
+    RingBuffer(String),
     #[error("invalid duration {0:?}: expected a number with a unit, like 10s, 500ms, 2m or 100us")]
     Duration(String),
     #[error("invalid --frequency {0}: expected 1 to {MAX_FREQUENCY_HZ} samples per second")]
@@ -262,6 +268,7 @@ pub struct TraceConfig {
     pub format: Format,
     pub duration: Option<Duration>,
     pub count: bool,
+    pub ring_buffer_bytes: u32,
     pub probes: Vec<String>,
     pub command: Option<Vec<String>>,
 }
@@ -278,10 +285,33 @@ impl TryFrom<TraceArgs> for TraceConfig {
             format: args.format,
             duration: args.duration.as_deref().map(parse_duration).transpose()?,
             count: args.count,
+            ring_buffer_bytes: parse_ring_buffer_size(&args.ring_buffer)?,
             probes: args.probes,
             command: (!args.command.is_empty()).then_some(args.command),
         })
     }
+}
+
+/// Parses a ring buffer size (`65536`, `64K`, `4M`, `1G`), rounded up to a power of two
+/// (which the kernel requires) and at least one page.
+pub fn parse_ring_buffer_size(text: &str) -> Result<u32, ConfigError> {
+    let err = || ConfigError::RingBuffer(text.to_string());
+    let text = text.trim();
+    let (number, multiplier) = match text.char_indices().last() {
+        Some((i, 'K' | 'k')) => (&text[..i], 1u64 << 10),
+        Some((i, 'M' | 'm')) => (&text[..i], 1 << 20),
+        Some((i, 'G' | 'g')) => (&text[..i], 1 << 30),
+        _ => (text, 1),
+    };
+    let bytes = number
+        .parse::<u64>()
+        .map_err(|_| err())?
+        .checked_mul(multiplier)
+        .ok_or_else(err)?;
+    if !(4096..=1 << 30).contains(&bytes) {
+        return Err(err());
+    }
+    Ok(bytes.next_power_of_two() as u32)
 }
 
 fn nonzero_pid(pid: u32) -> Result<NonZeroU32, ConfigError> {
@@ -342,6 +372,20 @@ mod tests {
         assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
         for bad in ["", "s", "10x", "-1s", "1.2.3s"] {
             assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn ring_buffer_sizes() {
+        assert_eq!(parse_ring_buffer_size("4M").unwrap(), 4 << 20);
+        assert_eq!(parse_ring_buffer_size("65536").unwrap(), 65536);
+        assert_eq!(
+            parse_ring_buffer_size("100K").unwrap(),
+            128 << 10,
+            "rounded up"
+        );
+        for bad in ["", "1K", "2G", "M", "-4M", "4X"] {
+            assert!(parse_ring_buffer_size(bad).is_err(), "{bad}");
         }
     }
 

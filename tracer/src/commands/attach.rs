@@ -117,6 +117,7 @@ pub fn run(config: AttachConfig) -> Result<()> {
         let _ = maps.refresh();
         threads.refresh(pid);
     }
+    loader.stop_recording()?;
     loader.detach_usdt();
     loader.detach_sched_switch()?;
     eprintln!("Stopped: {reason}. Detached from process {pid}.");

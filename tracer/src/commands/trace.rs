@@ -58,6 +58,7 @@ pub fn run(config: TraceConfig) -> Result<()> {
 
     let mut loader = Loader::load(&Settings {
         target_tgid: pid,
+        ring_buffer_bytes: config.ring_buffer_bytes,
         features: Features {
             events: !config.count,
             ..Features::NONE
@@ -112,6 +113,7 @@ pub fn run(config: TraceConfig) -> Result<()> {
         .await?;
         Ok::<_, std::io::Error>((reason, events.into_inner()))
     })?;
+    loader.stop_recording()?;
     loader.detach_usdt();
     let mut events = events;
     printer.drain(&mut events)?;

@@ -21,7 +21,7 @@ use aya::{
 use thiserror::Error;
 use tracer_common::{
     LatencyStats, OffCpuKey, OffCpuStart, OffCpuTotal, OnCpuKey, TaskId, TaskKey, TaskState,
-    UsdtSite, counter, global_names, histogram, map_names, program_names, site_flags,
+    UsdtSite, control, counter, global_names, histogram, map_names, program_names, site_flags,
 };
 
 pub use sys::supports_ref_ctr_offset;
@@ -39,21 +39,33 @@ pub enum LoaderError {
     KernelFeature(String),
     #[error(transparent)]
     Btf(#[from] btf::BtfError),
-    #[error("loading the eBPF programs failed: {0}")]
+    #[error("loading the eBPF programs failed")]
     Load(#[source] aya::EbpfError),
-    #[error("eBPF program {name}: {source}")]
+    #[error("eBPF program {name}")]
     Program {
         name: &'static str,
         source: aya::programs::ProgramError,
     },
-    #[error("eBPF map {name}: {source}")]
+    #[error("eBPF map {name}")]
     Map {
         name: &'static str,
         source: aya::maps::MapError,
     },
     #[error("eBPF object has no map or program named {0}")]
     Missing(&'static str),
-    #[error("attaching a uprobe to {path} at offset {offset:#x}{}: {source}",
+    /// Recent kernels (6.18 among them) require CAP_SYS_ADMIN for the uprobe PMU again,
+    /// whatever CAP_BPF and CAP_PERFMON allow.
+    #[error(
+        "the kernel refused a uprobe on {path}: opening uprobes needs CAP_SYS_ADMIN on this \
+         kernel (CAP_BPF and CAP_PERFMON are not enough); run tracer as root"
+    )]
+    UprobeNotPermitted { path: PathBuf },
+    #[error(
+        "tracer runs in a PID namespace of its own (pid:[{0}]), but the kernel-side filters \
+         see host PIDs: run it in the host's PID namespace (with docker: --pid=host)"
+    )]
+    NestedPidNamespace(u64),
+    #[error("attaching a uprobe to {path} at offset {offset:#x}{}",
         pid.map(|p| format!(" in process {p}")).unwrap_or_default())]
     AttachUprobe {
         path: PathBuf,
@@ -158,6 +170,14 @@ impl Default for Settings {
 /// The smallest ring buffer the kernel accepts (one page).
 const MIN_RING_BUFFER_BYTES: u32 = 4096;
 
+/// The kernel's inode number of the initial PID namespace (`PROC_PID_INIT_INO`).
+const INIT_PID_NAMESPACE_INODE: u64 = 0xEFFF_FFFC;
+
+/// Whether `pid_ns_inode` (of /proc/self/ns/pid) is a namespace below the host's.
+fn is_nested_pid_namespace(pid_ns_inode: u64) -> bool {
+    pid_ns_inode != INIT_PID_NAMESPACE_INODE
+}
+
 /// One uprobe at a USDT site.
 #[derive(Debug, Clone)]
 pub struct UsdtAttachment {
@@ -197,6 +217,16 @@ impl Loader {
     /// Loads the eBPF object with `settings`. Programs are verified when first attached.
     pub fn load(settings: &Settings) -> Result<Self> {
         let features = settings.features;
+        // The scheduler programs compare the target's PID with the kernel's (host) view;
+        // from a nested PID namespace they would silently never match.
+        if settings.target_tgid.is_some() && (features.offcpu || features.oncpu) {
+            use std::os::unix::fs::MetadataExt as _;
+            if let Ok(ns) = std::fs::metadata("/proc/self/ns/pid")
+                && is_nested_pid_namespace(ns.ino())
+            {
+                return Err(LoaderError::NestedPidNamespace(ns.ino()));
+            }
+        }
         // Only the off-CPU program reads task_struct; parsing kernel BTF costs milliseconds.
         let task_pid_offset = if features.offcpu {
             btf::member_offset_in_file(Path::new(KERNEL_BTF), "task_struct", "pid")?
@@ -286,11 +316,16 @@ impl Loader {
         let prog_fd = program
             .fd()
             .map_err(|source| LoaderError::Program { name, source })?;
-        let attach_error = |source| LoaderError::AttachUprobe {
-            path: target.path.clone(),
-            offset: target.offset,
-            pid: target.pid,
-            source,
+        let attach_error = |source: std::io::Error| match source.kind() {
+            std::io::ErrorKind::PermissionDenied => LoaderError::UprobeNotPermitted {
+                path: target.path.clone(),
+            },
+            _ => LoaderError::AttachUprobe {
+                path: target.path.clone(),
+                offset: target.offset,
+                pid: target.pid,
+                source,
+            },
         };
         let perf_event = sys::open_uprobe(
             pmu_type,
@@ -309,6 +344,18 @@ impl Loader {
             _perf_event: perf_event,
         });
         Ok(())
+    }
+
+    /// Stops recording USDT hits now, in the kernel, before the slow detach: whatever
+    /// fires afterwards is neither counted nor sent.
+    pub fn stop_recording(&mut self) -> Result<()> {
+        let name = map_names::CONTROL;
+        let map = self.ebpf.map_mut(name).ok_or(LoaderError::Missing(name))?;
+        let mut control: Array<_, u32> =
+            Array::try_from(map).map_err(|source| LoaderError::Map { name, source })?;
+        control
+            .set(control::STOPPED, 1, 0)
+            .map_err(|source| LoaderError::Map { name, source })
     }
 
     /// How many USDT sites are attached.
@@ -580,5 +627,16 @@ impl Loader {
         let name = map_names::USDT_EVENTS;
         let map = self.ebpf.take_map(name).ok_or(LoaderError::Missing(name))?;
         RingBuf::try_from(map).map_err(|source| LoaderError::Map { name, source })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn detects_a_nested_pid_namespace() {
+        assert!(!is_nested_pid_namespace(4026531836));
+        assert!(is_nested_pid_namespace(4026532500));
     }
 }

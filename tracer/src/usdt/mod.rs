@@ -33,7 +33,7 @@ pub enum UsdtError {
         path: PathBuf,
     },
     /// The ELF headers themselves are broken, so no note can be trusted.
-    #[error("invalid ELF file {}: {source}", path.display())]
+    #[error("invalid ELF file {}", path.display())]
     BadElf {
         /// The file as it was opened.
         path: PathBuf,
@@ -74,7 +74,7 @@ pub enum UsdtError {
     #[error("no probes match {wanted} in {place}")]
     NoProbes { wanted: String, place: String },
     /// Reading a file failed for a reason other than the ones above (permissions, I/O).
-    #[error("cannot read {}: {source}", path.display())]
+    #[error("cannot read {}", path.display())]
     Io {
         /// The file or `/proc` entry that could not be read.
         path: PathBuf,
