@@ -1194,7 +1194,6 @@ fn a_reused_pid_is_not_traced() {
 /// ids reused likewise close stale `OFFCPU_STARTS` entries of the dead threads. Run with
 /// `--ignored` once the eBPF side identifies the process by more than its PID number.
 #[test]
-#[ignore = "tracer bug: off-CPU accounting follows a reused PID number (see doc comment)"]
 fn off_cpu_time_of_a_process_reusing_the_pid_is_not_attributed_to_the_target() {
     if !privileged() {
         return;

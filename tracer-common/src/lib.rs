@@ -61,6 +61,14 @@ pub mod global_names {
     pub const MIN_BLOCK_NS: &str = "MIN_BLOCK_NS";
     /// Byte offset of `pid` (the thread id) in the kernel's `struct task_struct`.
     pub const TASK_PID_OFFSET: &str = "TASK_PID_OFFSET";
+    /// Byte offsets of `group_leader` and `start_boottime` in `struct task_struct`.
+    pub const TASK_GROUP_LEADER_OFFSET: &str = "TASK_GROUP_LEADER_OFFSET";
+    pub const TASK_START_BOOTTIME_OFFSET: &str = "TASK_START_BOOTTIME_OFFSET";
+    /// The target's start time in clock ticks (as /proc/PID/stat gives it), so a process
+    /// that reuses its PID is not taken for it; 0: no check.
+    pub const TARGET_START_TICKS: &str = "TARGET_START_TICKS";
+    /// Nanoseconds per clock tick (1e9 / USER_HZ).
+    pub const CLOCK_TICK_NS: &str = "CLOCK_TICK_NS";
 }
 
 /// How a USDT argument is located at the probe site.

@@ -95,6 +95,14 @@ static TARGET_TGID: u32 = 0;
 static MIN_BLOCK_NS: u64 = 0;
 #[unsafe(no_mangle)]
 static TASK_PID_OFFSET: u32 = 0;
+#[unsafe(no_mangle)]
+static TASK_GROUP_LEADER_OFFSET: u32 = 0;
+#[unsafe(no_mangle)]
+static TASK_START_BOOTTIME_OFFSET: u32 = 0;
+#[unsafe(no_mangle)]
+static TARGET_START_TICKS: u64 = 0;
+#[unsafe(no_mangle)]
+static CLOCK_TICK_NS: u64 = 10_000_000;
 
 /// Reads a global set before load; volatile so the compiler cannot fold the default in.
 #[inline(always)]

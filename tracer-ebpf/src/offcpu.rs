@@ -4,13 +4,18 @@
 
 use aya_ebpf::{
     bindings::BPF_F_USER_STACK,
-    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel},
+    helpers::{
+        bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel,
+        generated::bpf_get_current_task,
+    },
     programs::{BtfTracePointContext, tracing::StackIdContext as _},
 };
 use tracer_common::{NO_STACK, OffCpuKey, OffCpuStart, OffCpuTotal, counter};
 
 use crate::{
-    MIN_BLOCK_NS, OFFCPU_STARTS, OFFCPU_TIME, STACKS, TARGET_TGID, TASK_PID_OFFSET, count, setting,
+    CLOCK_TICK_NS, MIN_BLOCK_NS, OFFCPU_STARTS, OFFCPU_TIME, STACKS, TARGET_START_TICKS,
+    TARGET_TGID, TASK_GROUP_LEADER_OFFSET, TASK_PID_OFFSET, TASK_START_BOOTTIME_OFFSET, count,
+    setting,
 };
 
 #[inline(always)]
@@ -32,6 +37,15 @@ fn record_switch_out(ctx: &BtfTracePointContext, now: u64) {
     if tid == 0 || (target != 0 && tgid != target) {
         return;
     }
+    // A dying thread never switches back in; its interval would be closed by whichever
+    // thread reuses its id.
+    let prev_state: u64 = ctx.arg(3);
+    if prev_state as u32 & TASK_DEAD != 0 {
+        return;
+    }
+    if target != 0 && !is_target_process() {
+        return;
+    }
     let user_stack_id = stack_id(ctx, BPF_F_USER_STACK as u64);
     let kernel_stack_id = stack_id(ctx, 0);
     let start = OffCpuStart {
@@ -44,6 +58,31 @@ fn record_switch_out(ctx: &BtfTracePointContext, now: u64) {
     if OFFCPU_STARTS.insert(&tid, &start, 0).is_err() {
         count(counter::MAP_FULL);
     }
+}
+
+/// `TASK_DEAD` in `prev_state` (include/linux/sched.h).
+const TASK_DEAD: u32 = 0x80;
+
+/// Whether the current thread's process is the target that was started at
+/// `TARGET_START_TICKS`, not another process that reused its PID number.
+#[inline(always)]
+fn is_target_process() -> bool {
+    let start_ticks = setting(&TARGET_START_TICKS);
+    if start_ticks == 0 {
+        return true;
+    }
+    // SAFETY: bpf_get_current_task returns the running task; the reads below go through
+    // bpf_probe_read_kernel, which validates the addresses (offsets from kernel BTF).
+    let task = unsafe { bpf_get_current_task() } as *const u8;
+    let leader_field = task.wrapping_add(setting(&TASK_GROUP_LEADER_OFFSET) as usize);
+    let Ok(leader) = (unsafe { bpf_probe_read_kernel(leader_field as *const *const u8) }) else {
+        return false;
+    };
+    let start_field = leader.wrapping_add(setting(&TASK_START_BOOTTIME_OFFSET) as usize);
+    let Ok(start_ns) = (unsafe { bpf_probe_read_kernel(start_field as *const u64) }) else {
+        return false;
+    };
+    start_ns / setting(&CLOCK_TICK_NS).max(1) == start_ticks
 }
 
 #[inline(always)]

@@ -35,6 +35,22 @@ pub fn member_offset_in_file(path: &Path, name: &str, member: &str) -> Result<u3
     member_offset(&data, name, member)
 }
 
+/// Byte offsets of several members of `struct name`, reading the BTF file once.
+pub fn member_offsets_in_file(
+    path: &Path,
+    name: &str,
+    members: &[&str],
+) -> Result<Vec<u32>, BtfError> {
+    let data = std::fs::read(path).map_err(|source| BtfError::Read {
+        path: path.display().to_string(),
+        source,
+    })?;
+    members
+        .iter()
+        .map(|member| member_offset(&data, name, member))
+        .collect()
+}
+
 /// Byte offset of `member` in `struct name` within raw BTF bytes (little-endian).
 pub fn member_offset(data: &[u8], name: &str, member: &str) -> Result<u32, BtfError> {
     let btf = Sections::parse(data)?;
@@ -197,5 +213,7 @@ mod tests {
         let pid = member_offset_in_file(path, "task_struct", "pid").unwrap();
         let tgid = member_offset_in_file(path, "task_struct", "tgid").unwrap();
         assert_eq!(tgid, pid + 4, "pid and tgid are adjacent in task_struct");
+        let both = member_offsets_in_file(path, "task_struct", &["pid", "tgid"]).unwrap();
+        assert_eq!(both, [pid, tgid]);
     }
 }

@@ -170,6 +170,18 @@ impl Default for Settings {
 /// The smallest ring buffer the kernel accepts (one page).
 const MIN_RING_BUFFER_BYTES: u32 = 4096;
 
+/// When process `pid` started, in clock ticks since boot (field 22 of /proc/PID/stat).
+fn process_start_ticks(pid: u32) -> Option<u64> {
+    parse_start_ticks(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// Field 22 of a /proc/PID/stat line; the name (field 2) may contain spaces and
+/// parentheses, so fields are counted from the last `)`.
+fn parse_start_ticks(stat: &str) -> Option<u64> {
+    let after_name = &stat[stat.rfind(')')? + 1..];
+    after_name.split_whitespace().nth(22 - 3)?.parse().ok()
+}
+
 /// The kernel's inode number of the initial PID namespace (`PROC_PID_INIT_INO`).
 const INIT_PID_NAMESPACE_INODE: u64 = 0xEFFF_FFFC;
 
@@ -228,11 +240,25 @@ impl Loader {
             }
         }
         // Only the off-CPU program reads task_struct; parsing kernel BTF costs milliseconds.
-        let task_pid_offset = if features.offcpu {
-            btf::member_offset_in_file(Path::new(KERNEL_BTF), "task_struct", "pid")?
+        let task_offsets = if features.offcpu {
+            let members = ["pid", "group_leader", "start_boottime"];
+            btf::member_offsets_in_file(Path::new(KERNEL_BTF), "task_struct", &members)?
         } else {
-            0
+            vec![0; 3]
         };
+        let (task_pid_offset, group_leader_offset, start_boottime_offset) =
+            (task_offsets[0], task_offsets[1], task_offsets[2]);
+        // The target is its PID *and* its start time, so a process reusing the PID after
+        // the target exited is not accounted as the target.
+        let target_start_ticks = match settings.target_tgid {
+            Some(pid) if features.offcpu => process_start_ticks(pid).ok_or_else(|| {
+                LoaderError::KernelFeature(format!("cannot read the start time of process {pid}"))
+            })?,
+            _ => 0,
+        };
+        // SAFETY: sysconf has no memory preconditions.
+        let ticks_per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+        let clock_tick_ns = 1_000_000_000 / ticks_per_second;
         let target_tgid = settings.target_tgid.unwrap_or(0);
         let min_block_ns = settings.min_block.as_nanos().min(u64::MAX as u128) as u64;
         let ring_buffer_bytes = if features.events {
@@ -248,6 +274,18 @@ impl Loader {
             .override_global(global_names::TARGET_TGID, &target_tgid, true)
             .override_global(global_names::MIN_BLOCK_NS, &min_block_ns, true)
             .override_global(global_names::TASK_PID_OFFSET, &task_pid_offset, true)
+            .override_global(
+                global_names::TASK_GROUP_LEADER_OFFSET,
+                &group_leader_offset,
+                true,
+            )
+            .override_global(
+                global_names::TASK_START_BOOTTIME_OFFSET,
+                &start_boottime_offset,
+                true,
+            )
+            .override_global(global_names::TARGET_START_TICKS, &target_start_ticks, true)
+            .override_global(global_names::CLOCK_TICK_NS, &clock_tick_ns, true)
             .map_max_entries(map_names::USDT_EVENTS, ring_buffer_bytes)
             .map_max_entries(map_names::UNWIND_SAMPLES, settings.unwind_ring_bytes);
         for name in features.unused_maps() {
@@ -633,6 +671,15 @@ impl Loader {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reads_the_start_time_from_proc_stat() {
+        let line = "42 (a (weird) name) S 1 42 42 0 -1 4194560 100 0 0 0 5 3 0 0 20 0 1 0 \
+                    123456 1000 100 18446744073709551615";
+        assert_eq!(parse_start_ticks(line), Some(123456));
+        assert_eq!(parse_start_ticks("garbage"), None);
+        assert!(process_start_ticks(std::process::id()).is_some_and(|t| t > 0));
+    }
 
     #[test]
     fn detects_a_nested_pid_namespace() {
