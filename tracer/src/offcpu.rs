@@ -11,7 +11,7 @@ use crate::{
 };
 
 /// Marks kernel frames the way inferno's palettes and flamegraph.pl recognise them.
-pub(crate) const KERNEL_SUFFIX: &str = "_[k]";
+const KERNEL_SUFFIX: &str = "_[k]";
 
 /// Names of a process's threads, remembered while it runs.
 #[derive(Debug, Default)]
@@ -112,24 +112,9 @@ pub fn build_profile(
             })
         });
         frames.extend(user.iter().cloned());
-        let kernel = kernel_cache.entry(key.kernel_stack_id).or_insert_with(|| {
-            named_frames(
-                key.kernel_stack_id,
-                stacks,
-                "[missing kernel stack]",
-                |addrs| {
-                    let names = symbolizer
-                        .kernel_frames(addrs)
-                        .into_iter()
-                        .map(|f| f.name)
-                        .collect();
-                    without_bpf_frames(names)
-                        .into_iter()
-                        .map(|name| format!("{name}{KERNEL_SUFFIX}"))
-                        .collect()
-                },
-            )
-        });
+        let kernel = kernel_cache
+            .entry(key.kernel_stack_id)
+            .or_insert_with(|| kernel_frame_names(key.kernel_stack_id, stacks, symbolizer));
         frames.extend(kernel.iter().cloned());
         *by_stack.entry(frames).or_default() += ns;
         profile.total_ns += ns;
@@ -140,10 +125,30 @@ pub fn build_profile(
     profile
 }
 
+/// Frames of kernel stack `id`, root first, marked as kernel frames, without the
+/// tracer's own BPF frames.
+pub(crate) fn kernel_frame_names(
+    id: i32,
+    stacks: &impl StackSource,
+    symbolizer: &mut StackSymbolizer,
+) -> Vec<String> {
+    named_frames(id, stacks, "[missing kernel stack]", |addrs| {
+        let names = symbolizer
+            .kernel_frames(addrs)
+            .into_iter()
+            .map(|f| f.name)
+            .collect();
+        without_bpf_frames(names)
+            .into_iter()
+            .map(|name| format!("{name}{KERNEL_SUFFIX}"))
+            .collect()
+    })
+}
+
 /// Drops the innermost kernel frames that belong to the tracer itself: the BPF program
 /// and the tracepoint's `bpf_trace_run*` trampoline that called it. `names` is innermost
 /// first; only the first few frames are looked at, so a real frame is never dropped.
-pub(crate) fn without_bpf_frames(mut names: Vec<String>) -> Vec<String> {
+fn without_bpf_frames(mut names: Vec<String>) -> Vec<String> {
     const LOOKAHEAD: usize = 4;
     if let Some(pos) = names
         .iter()

@@ -17,7 +17,7 @@ use std::path::Path;
 use tracer_common::{NO_STACK, OffCpuKey, OffCpuStart, OffCpuTotal, OnCpuKey, STACK_BEFORE_START};
 
 use crate::{
-    offcpu::{KERNEL_SUFFIX, StackSource, ThreadNames, named_frames, without_bpf_frames},
+    offcpu::{StackSource, ThreadNames, kernel_frame_names, named_frames},
     render::{create_output_file, flamegraph::FoldedStacks},
     symbolize::{ProcessMaps, StackSymbolizer},
 };
@@ -317,24 +317,10 @@ impl<S: StackSource> Namer<'_, S> {
         }
         if key.kernel_stack_id != NO_STACK {
             let (stacks, symbolizer) = (self.stacks, &mut *self.symbolizer);
-            let kernel = self.kernel.entry(key.kernel_stack_id).or_insert_with(|| {
-                named_frames(
-                    key.kernel_stack_id,
-                    stacks,
-                    "[missing kernel stack]",
-                    |addrs| {
-                        let names = symbolizer
-                            .kernel_frames(addrs)
-                            .into_iter()
-                            .map(|f| f.name)
-                            .collect();
-                        without_bpf_frames(names)
-                            .into_iter()
-                            .map(|name| format!("{name}{KERNEL_SUFFIX}"))
-                            .collect()
-                    },
-                )
-            });
+            let kernel = self
+                .kernel
+                .entry(key.kernel_stack_id)
+                .or_insert_with(|| kernel_frame_names(key.kernel_stack_id, stacks, symbolizer));
             frames.extend(kernel.iter().cloned());
         }
         frames

@@ -339,12 +339,7 @@ impl Loader {
         } else {
             program_names::USDT
         };
-        let program: &mut UProbe = self
-            .ebpf
-            .program_mut(name)
-            .ok_or(LoaderError::Missing(name))?
-            .try_into()
-            .map_err(|source| LoaderError::Program { name, source })?;
+        let program: &mut UProbe = self.program(name)?;
         // Each program is verified once, when its first site is attached.
         if program.fd().is_err() {
             program
@@ -411,12 +406,7 @@ impl Loader {
         let btf = Btf::from_sys_fs()
             .map_err(|e| LoaderError::KernelFeature(format!("kernel BTF ({KERNEL_BTF}): {e}")))?;
         let name = program_names::SCHED_SWITCH;
-        let program: &mut BtfTracePoint = self
-            .ebpf
-            .program_mut(name)
-            .ok_or(LoaderError::Missing(name))?
-            .try_into()
-            .map_err(|source| LoaderError::Program { name, source })?;
+        let program: &mut BtfTracePoint = self.program(name)?;
         program
             .load("sched_switch", &btf)
             .map_err(|source| LoaderError::Program { name, source })?;
@@ -429,12 +419,7 @@ impl Loader {
     /// Detaches the off-CPU program (the maps stay readable).
     pub fn detach_sched_switch(&mut self) -> Result<()> {
         let name = program_names::SCHED_SWITCH;
-        let program: &mut BtfTracePoint = self
-            .ebpf
-            .program_mut(name)
-            .ok_or(LoaderError::Missing(name))?
-            .try_into()
-            .map_err(|source| LoaderError::Program { name, source })?;
+        let program: &mut BtfTracePoint = self.program(name)?;
         program
             .unload()
             .map_err(|source| LoaderError::Program { name, source })
@@ -475,12 +460,7 @@ impl Loader {
         let cpus = aya::util::online_cpus().map_err(|(what, e)| {
             LoaderError::KernelFeature(format!("cannot list the online CPUs ({what}): {e}"))
         })?;
-        let program: &mut PerfEvent = self
-            .ebpf
-            .program_mut(name)
-            .ok_or(LoaderError::Missing(name))?
-            .try_into()
-            .map_err(|source| LoaderError::Program { name, source })?;
+        let program: &mut PerfEvent = self.program(name)?;
         program
             .load()
             .map_err(|source| LoaderError::Program { name, source })?;
@@ -498,12 +478,7 @@ impl Loader {
     }
 
     fn detach_sampler(&mut self, name: &'static str) -> Result<()> {
-        let program: &mut PerfEvent = self
-            .ebpf
-            .program_mut(name)
-            .ok_or(LoaderError::Missing(name))?
-            .try_into()
-            .map_err(|source| LoaderError::Program { name, source })?;
+        let program: &mut PerfEvent = self.program(name)?;
         program
             .unload()
             .map_err(|source| LoaderError::Program { name, source })
@@ -551,6 +526,19 @@ impl Loader {
     ) -> Result<HashMap<&MapData, K, V>> {
         let map = self.ebpf.map(name).ok_or(LoaderError::Missing(name))?;
         HashMap::try_from(map).map_err(|source| LoaderError::Map { name, source })
+    }
+
+    /// Program `name` as its aya type (`UProbe`, `BtfTracePoint`, `PerfEvent`).
+    fn program<P>(&mut self, name: &'static str) -> Result<&mut P>
+    where
+        for<'p> &'p mut P:
+            TryFrom<&'p mut aya::programs::Program, Error = aya::programs::ProgramError>,
+    {
+        self.ebpf
+            .program_mut(name)
+            .ok_or(LoaderError::Missing(name))?
+            .try_into()
+            .map_err(|source| LoaderError::Program { name, source })
     }
 
     /// Every entry of hash map `name`.
