@@ -1,7 +1,10 @@
 //! `tracer profile --unwind dwarf` against a C program built without frame pointers
 //! (`tests/src/nofp/nofp-demo.c`, compiled here with gcc): DWARF unwinding recovers the
 //! whole chain main → chain_a → chain_b → chain_c → spin_leaf, frame pointers do not;
-//! also for samples taken in the kernel, in a system call made through glibc.
+//! also for samples taken in the kernel, in a system call made through glibc, and for
+//! off-CPU stacks (blocked in nanosleep through glibc). Built the other way round (frame
+//! pointers, no unwind tables), the frames DWARF unwinding had to find with frame
+//! pointers are marked as such.
 
 mod common;
 
@@ -20,31 +23,50 @@ const LEAF: &str = "spin_leaf";
 /// calls so that every caller really is on the stack.
 fn nofp_demo() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| compile_demo("nofp-demo", &["-fomit-frame-pointer"]))
+}
+
+/// nofp-demo the other way round: frame pointers, but no unwind tables for its code.
+fn no_unwind_tables_demo() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
-        let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/nofp/nofp-demo.c");
-        let bin = Path::new(env!("CARGO_TARGET_TMPDIR")).join("nofp-demo");
-        let status = Command::new("gcc")
-            .args([
-                "-O2",
-                "-g0",
-                "-fomit-frame-pointer",
-                "-fno-optimize-sibling-calls",
-            ])
-            .arg("-o")
-            .arg(&bin)
-            .arg(&source)
-            .status()
-            .expect("cannot run gcc");
-        assert!(status.success(), "gcc failed on {}", source.display());
-        bin
+        compile_demo(
+            "no-cfi-demo",
+            &[
+                "-fno-omit-frame-pointer",
+                "-fno-asynchronous-unwind-tables",
+                "-fno-unwind-tables",
+            ],
+        )
     })
 }
 
-/// Profiles one nofp-demo run (1.5 s on CPU; `workload` is `spin` or `read`) with
+fn compile_demo(name: &str, flags: &[&str]) -> PathBuf {
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/nofp/nofp-demo.c");
+    let bin = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
+    let status = Command::new("gcc")
+        .args(["-O2", "-g0", "-fno-optimize-sibling-calls"])
+        .args(flags)
+        .arg("-o")
+        .arg(&bin)
+        .arg(&source)
+        .status()
+        .expect("cannot run gcc");
+    assert!(status.success(), "gcc failed on {}", source.display());
+    bin
+}
+
+/// Profiles one nofp-demo run (1.5 s; `workload` is `spin`, `read` or `sleep`) with
 /// `--unwind METHOD`; returns the tracer's stdout and the on-CPU folded stacks.
 fn profile(method: &str, workload: &str) -> (String, String) {
-    let dir = out_dir(&format!("unwind-{method}-{workload}"));
-    let target = Target::start(nofp_demo().to_str().unwrap(), &["1500", workload]);
+    profile_view(nofp_demo(), method, workload, "oncpu")
+}
+
+/// Like [`profile`], for `binary`, returning the folded stacks of `view`.
+fn profile_view(binary: &Path, method: &str, workload: &str, view: &str) -> (String, String) {
+    let name = binary.file_name().unwrap().to_str().unwrap();
+    let dir = out_dir(&format!("unwind-{name}-{method}-{workload}"));
+    let target = Target::start(binary.to_str().unwrap(), &["1500", workload]);
     let pid = target.pid.to_string();
     let tracer = Tracer::start(&[
         "profile",
@@ -62,7 +84,7 @@ fn profile(method: &str, workload: &str) -> (String, String) {
     let (ok, out, err) = tracer.finish();
     assert!(ok, "tracer failed: {err}");
     assert!(err.contains("target exited"), "{err}");
-    let folded = std::fs::read_to_string(dir.join("oncpu.folded")).unwrap();
+    let folded = std::fs::read_to_string(dir.join(format!("{view}.folded"))).unwrap();
     (out, folded)
 }
 
@@ -103,7 +125,7 @@ fn dwarf_unwinding_recovers_callers_without_frame_pointers() {
         "only {chain} of {leaf} us through spin_leaf have the whole chain:\n{folded}"
     );
     assert!(depth >= 5, "{folded}");
-    assert!(out.contains("samples unwound with DWARF"), "{out}");
+    assert!(out.contains("unwound with DWARF"), "{out}");
 }
 
 #[test]
@@ -151,4 +173,65 @@ fn dwarf_unwinds_samples_taken_in_system_calls() {
     eprintln!("--unwind fp, in read(2): {fp_chain} of {fp_kernel} us in the kernel with the chain");
     assert!(fp_kernel > 200_000, "{fp_folded}");
     assert_eq!(fp_chain, 0, "{fp_folded}");
+}
+
+#[test]
+fn dwarf_unwinds_where_threads_block() {
+    if !privileged() {
+        return;
+    }
+    // Off-CPU stacks: where the thread blocked in nanosleep, through glibc.
+    let (out, folded) = profile_view(nofp_demo(), "dwarf", "sleep", "offcpu");
+    let (leaf, chain, depth) = leaf_stacks(&folded, true);
+    eprintln!("--unwind dwarf, off CPU: deepest stack {depth} user frames\n{out}");
+    assert!(leaf > 1_000_000, "too little blocked time:\n{folded}");
+    assert!(
+        chain * 100 >= leaf * 95,
+        "only {chain} of {leaf} us blocked have the whole chain:\n{folded}"
+    );
+    assert!(folded.contains("schedule_[k]"), "{folded}");
+    let snapshots = out
+        .split(" off-CPU snapshots")
+        .next()
+        .and_then(|head| head.rsplit(' ').next())
+        .and_then(|n| n.parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("no snapshot count in:\n{out}"));
+    assert!(snapshots > 0, "{out}");
+    let (_, fp_folded) = profile_view(nofp_demo(), "fp", "sleep", "offcpu");
+    let (fp_leaf, fp_chain, _) = leaf_stacks(&fp_folded, true);
+    eprintln!("--unwind fp, off CPU: {fp_chain} of {fp_leaf} us blocked with the chain");
+    assert_eq!(fp_chain, 0, "{fp_folded}");
+}
+
+#[test]
+fn frames_found_by_frame_pointers_are_marked() {
+    if !privileged() {
+        return;
+    }
+    let (out, folded) = profile_view(no_unwind_tables_demo(), "dwarf", "spin", "oncpu");
+    eprintln!("--unwind dwarf, no unwind tables:\n{out}");
+    // No function of the demo has call frame information: their callers were found
+    // through the frame pointer. (Where spin_leaf itself was interrupted, framehop first
+    // tries the return address at the stack pointer, which may add an [unknown] frame.)
+    let marked = "main [fp];chain_a [fp];chain_b [fp];chain_c [fp];";
+    let (total, through): (u64, u64) = folded
+        .lines()
+        .filter_map(|line| line.rsplit_once(' '))
+        .filter(|(stack, _)| stack.contains("spin_leaf"))
+        .fold((0, 0), |(total, through), (stack, weight)| {
+            let weight: u64 = weight.parse().unwrap();
+            (
+                total + weight,
+                through + weight * u64::from(stack.contains(marked)),
+            )
+        });
+    assert!(total > 300_000, "{folded}");
+    assert!(
+        through * 100 >= total * 95,
+        "{through} of {total} us:\n{folded}"
+    );
+    assert!(out.contains("found by frame pointers"), "{out}");
+    // With unwind tables nothing is marked.
+    let (_, nofp_folded) = profile("dwarf", "spin");
+    assert!(!nofp_folded.contains("chain_c [fp]"), "{nofp_folded}");
 }

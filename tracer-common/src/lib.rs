@@ -37,6 +37,10 @@ pub mod map_names {
     pub const CONTROL: &str = "CONTROL";
     /// User stack snapshots for DWARF unwinding (`tracer profile --unwind dwarf`).
     pub const UNWIND_SAMPLES: &str = "UNWIND_SAMPLES";
+    /// The last off-CPU snapshot of each thread ([`super::LastSnapshot`]).
+    pub const OFFCPU_SNAPSHOTS: &str = "OFFCPU_SNAPSHOTS";
+    /// Per-CPU sequence numbers of off-CPU snapshots.
+    pub const SNAPSHOT_SEQ: &str = "SNAPSHOT_SEQ";
 }
 
 /// Names of the eBPF programs (their function names in `tracer-ebpf`).
@@ -50,6 +54,9 @@ pub mod program_names {
     /// space for DWARF unwinding (`UNWIND_SAMPLES`); samples without (kernel threads, or
     /// the ring buffer full) go to `ONCPU_SAMPLES`.
     pub const ONCPU_SAMPLE_DWARF: &str = "oncpu_sample_dwarf";
+    /// Off-CPU accounting whose user stacks are snapshots unwound in user space with
+    /// DWARF (`UNWIND_SAMPLES`), identified by snapshot ids instead of `STACKS` ids.
+    pub const SCHED_SWITCH_DWARF: &str = "sched_switch_dwarf";
 }
 
 /// Names of the read-only globals fixed before load.
@@ -317,7 +324,30 @@ pub struct UnwindSample {
     pub stack_len: u32,
     /// Id in `STACKS` (or a negative errno); [`NO_STACK`] for a sample in user mode.
     pub kernel_stack_id: i32,
+    /// 0 for an on-CPU sample. Otherwise the snapshot of where a thread blocked, taken
+    /// at `sched_switch`: off-CPU keys carry this id (from [`FIRST_SNAPSHOT_ID`]) as
+    /// their user stack id.
+    pub snapshot_id: u32,
     pub stack: [u8; UNWIND_STACK_BYTES],
+}
+
+/// Off-CPU snapshot ids start here, above every `STACKS` id and every id user space
+/// gives the on-CPU stacks it unwinds, so one `i32` stack id space holds all three.
+pub const FIRST_SNAPSHOT_ID: i32 = 1 << 30;
+
+/// Value of `OFFCPU_SNAPSHOTS` (keyed by thread id): the last snapshot of the thread's
+/// user stack sent at a `sched_switch`. A thread blocking again with the same user
+/// registers and the same frame-pointer stack is blocked at the same place: the
+/// snapshot is reused instead of copying the stack again.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LastSnapshot {
+    pub ip: u64,
+    pub sp: u64,
+    pub bp: u64,
+    /// The frame-pointer stack id taken at the same switch.
+    pub fp_stack_id: i32,
+    pub snapshot_id: i32,
 }
 
 #[cfg(feature = "user")]
@@ -337,4 +367,5 @@ mod pod {
     unsafe impl aya::Pod for TaskId {}
     unsafe impl aya::Pod for TaskKey {}
     unsafe impl aya::Pod for UnwindSample {}
+    unsafe impl aya::Pod for LastSnapshot {}
 }

@@ -6,18 +6,19 @@
 
 mod offcpu;
 mod oncpu;
+mod snapshot;
 mod tasks;
 mod usdt;
 
 use aya_ebpf::{
     macros::{btf_tracepoint, map, perf_event, uprobe},
-    maps::{Array, HashMap, PerCpuArray, RingBuf, StackTrace},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf, StackTrace},
     programs::{BtfTracePointContext, PerfEventContext, ProbeContext},
 };
 use tracer_common::{
-    LatencyStartKey, LatencyStats, MAX_LATENCIES, MAX_PROBES, MAX_USDT_SITES, OffCpuKey,
-    OffCpuStart, OffCpuTotal, OnCpuKey, TaskId, TaskKey, TaskState, UsdtSite, control, counter,
-    histogram,
+    LastSnapshot, LatencyStartKey, LatencyStats, MAX_LATENCIES, MAX_PROBES, MAX_USDT_SITES,
+    OffCpuKey, OffCpuStart, OffCpuTotal, OnCpuKey, TaskId, TaskKey, TaskState, UsdtSite, control,
+    counter, histogram,
 };
 
 /// Per-site argument specs and latency roles, indexed by the uprobe's BPF cookie.
@@ -73,6 +74,15 @@ static STACKS: StackTrace = StackTrace::with_max_entries(32768, 0);
 /// page unless user space sizes it before load (`tracer profile --unwind dwarf`).
 #[map]
 static UNWIND_SAMPLES: RingBuf = RingBuf::with_byte_size(4096, 0);
+
+/// The last off-CPU snapshot of each thread (`sched_switch_dwarf`); one entry unless
+/// user space sizes it before load.
+#[map]
+static OFFCPU_SNAPSHOTS: LruHashMap<u32, LastSnapshot> = LruHashMap::with_max_entries(65536, 0);
+
+/// Per-CPU sequence numbers of off-CPU snapshots.
+#[map]
+static SNAPSHOT_SEQ: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
 
 /// Switches set by user space while programs run (see `tracer_common::control`).
 #[map]
@@ -140,7 +150,15 @@ pub fn usdt_event(ctx: ProbeContext) -> u32 {
 /// Off-CPU accounting on every context switch.
 #[btf_tracepoint(function = "sched_switch")]
 pub fn sched_switch(ctx: BtfTracePointContext) -> i32 {
-    offcpu::on_switch(&ctx);
+    offcpu::on_switch::<false>(&ctx);
+    0
+}
+
+/// Off-CPU accounting for DWARF unwinding: where a thread blocks, its user stack is a
+/// snapshot sent to `UNWIND_SAMPLES` (reused while it blocks at the same place).
+#[btf_tracepoint(function = "sched_switch")]
+pub fn sched_switch_dwarf(ctx: BtfTracePointContext) -> i32 {
+    offcpu::on_switch::<true>(&ctx);
     0
 }
 

@@ -1,35 +1,44 @@
 //! Off-CPU time: at every `sched_switch`, the thread leaving the CPU (the current one)
 //! records when and where it stopped; the thread arriving gets its blocked time added to
 //! the stacks it left with.
+//!
+//! With DWARF unwinding (`sched_switch_dwarf`) the user stack where a thread blocks is a
+//! snapshot (registers and stack bytes, see `snapshot`) unwound in user space, and its
+//! snapshot id stands for the user stack id. Copying 16 KiB at every switch would cost
+//! more than the switch, so a thread that blocks again with the same user registers and
+//! frame-pointer stack as its last snapshot reuses that snapshot's id.
 
 use aya_ebpf::{
     bindings::BPF_F_USER_STACK,
     helpers::{
-        bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel,
-        generated::bpf_get_current_task,
+        bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns,
+        bpf_probe_read_kernel, generated::bpf_get_current_task,
     },
     programs::{BtfTracePointContext, tracing::StackIdContext as _},
 };
-use tracer_common::{NO_STACK, OffCpuKey, OffCpuStart, OffCpuTotal, counter};
-
-use crate::{
-    CLOCK_TICK_NS, MIN_BLOCK_NS, OFFCPU_STARTS, OFFCPU_TIME, STACKS, TARGET_START_TICKS,
-    TARGET_TGID, TASK_GROUP_LEADER_OFFSET, TASK_PID_OFFSET, TASK_START_BOOTTIME_OFFSET, count,
-    setting,
+use tracer_common::{
+    FIRST_SNAPSHOT_ID, LastSnapshot, NO_STACK, OffCpuKey, OffCpuStart, OffCpuTotal, counter,
 };
 
+use crate::{
+    CLOCK_TICK_NS, MIN_BLOCK_NS, OFFCPU_SNAPSHOTS, OFFCPU_STARTS, OFFCPU_TIME, SNAPSHOT_SEQ,
+    STACKS, TARGET_START_TICKS, TARGET_TGID, TASK_GROUP_LEADER_OFFSET, TASK_PID_OFFSET,
+    TASK_START_BOOTTIME_OFFSET, count, setting, snapshot,
+};
+
+/// `DWARF`: the user stack is a snapshot for user space to unwind (see the module docs).
 #[inline(always)]
-pub fn on_switch(ctx: &BtfTracePointContext) {
+pub fn on_switch<const DWARF: bool>(ctx: &BtfTracePointContext) {
     // sched_switch(bool preempt, struct task_struct *prev, struct task_struct *next, ...)
     let next: *const u8 = ctx.arg(2);
     let now = unsafe { bpf_ktime_get_ns() };
-    record_switch_out(ctx, now);
+    record_switch_out::<DWARF>(ctx, now);
     account_switch_in(next, now);
 }
 
 /// `prev` is still current here, so its ids and stacks are the current ones.
 #[inline(always)]
-fn record_switch_out(ctx: &BtfTracePointContext, now: u64) {
+fn record_switch_out<const DWARF: bool>(ctx: &BtfTracePointContext, now: u64) {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
     let tid = pid_tgid as u32;
@@ -46,7 +55,10 @@ fn record_switch_out(ctx: &BtfTracePointContext, now: u64) {
     if target != 0 && !is_target_process() {
         return;
     }
-    let user_stack_id = stack_id(ctx, BPF_F_USER_STACK as u64);
+    let mut user_stack_id = stack_id(ctx, BPF_F_USER_STACK as u64);
+    if DWARF {
+        user_stack_id = user_snapshot(tgid, tid, user_stack_id);
+    }
     let kernel_stack_id = stack_id(ctx, 0);
     let start = OffCpuStart {
         ts_ns: now,
@@ -58,6 +70,64 @@ fn record_switch_out(ctx: &BtfTracePointContext, now: u64) {
     if OFFCPU_STARTS.insert(&tid, &start, 0).is_err() {
         count(counter::MAP_FULL);
     }
+}
+
+/// The id of a snapshot of the current thread's user stack: the last one sent if the
+/// thread blocks where it blocked then, else a new one. Falls back to the frame-pointer
+/// stack id (counted) when there are no user registers or no room in the ring buffer.
+#[inline(always)]
+fn user_snapshot(tgid: u32, tid: u32, fp_stack_id: i32) -> i32 {
+    let Some(regs) = snapshot::saved_user_regs() else {
+        // A kernel thread: no user stack either way.
+        if fp_stack_id != NO_STACK {
+            count(counter::UNWIND_NO_USER_REGS);
+        }
+        return fp_stack_id;
+    };
+    // SAFETY: the value is copied out at once.
+    if let Some(last) = unsafe { OFFCPU_SNAPSHOTS.get(&tid) }.copied()
+        && last.ip == regs.ip
+        && last.sp == regs.sp
+        && last.bp == regs.bp
+        && last.fp_stack_id == fp_stack_id
+    {
+        return last.snapshot_id;
+    }
+    let snapshot_id = next_snapshot_id();
+    if !snapshot::send(&regs, tgid, tid, NO_STACK, snapshot_id as u32) {
+        count(counter::UNWIND_RING_FULL);
+        return fp_stack_id;
+    }
+    let last = LastSnapshot {
+        ip: regs.ip,
+        sp: regs.sp,
+        bp: regs.bp,
+        fp_stack_id,
+        snapshot_id,
+    };
+    // Full (an LRU map evicts instead) cannot happen; if it did, the next switch would
+    // only send another snapshot.
+    let _ = OFFCPU_SNAPSHOTS.insert(&tid, &last, 0);
+    snapshot_id
+}
+
+/// A snapshot id no other CPU gives out: this CPU's sequence number, with the CPU number
+/// in the low bits, from [`FIRST_SNAPSHOT_ID`]. Ids repeat after 2^22 snapshots on one
+/// CPU (64 GiB of stack copies).
+#[inline(always)]
+fn next_snapshot_id() -> i32 {
+    const CPU_BITS: u32 = 8;
+    const SEQ_MASK: u32 = (1 << (30 - CPU_BITS)) - 1;
+    let cpu = unsafe { bpf_get_smp_processor_id() } & ((1 << CPU_BITS) - 1);
+    let seq = match SNAPSHOT_SEQ.get_ptr_mut(0) {
+        // SAFETY: per-CPU slot, valid while the program runs; no other writer on this CPU.
+        Some(seq) => unsafe {
+            *seq = seq.read().wrapping_add(1);
+            *seq
+        },
+        None => 0,
+    };
+    FIRST_SNAPSHOT_ID | (((seq & SEQ_MASK) << CPU_BITS) | cpu) as i32
 }
 
 /// `TASK_DEAD` in `prev_state` (include/linux/sched.h).

@@ -9,21 +9,17 @@
 //! stack id. Samples without user registers (kernel threads) and samples the ring buffer
 //! has no room for are aggregated as above, with frame pointers, and counted.
 
-use core::ffi::c_void;
-
 use aya_ebpf::{
     bindings::{BPF_F_USER_STACK, pt_regs},
-    helpers::{
-        bpf_get_current_pid_tgid, bpf_probe_read_kernel,
-        generated::{bpf_get_current_task_btf, bpf_probe_read_user, bpf_task_pt_regs},
-    },
+    helpers::bpf_get_current_pid_tgid,
     programs::{PerfEventContext, tracing::StackIdContext as _},
 };
-use tracer_common::{NO_STACK, OnCpuKey, UNWIND_STACK_BYTES, UnwindSample, counter};
+use tracer_common::{NO_STACK, OnCpuKey, counter};
 
-use crate::{ONCPU_SAMPLES, STACKS, TARGET_TGID, UNWIND_SAMPLES, count, setting};
-
-const PAGE_SIZE: u64 = 4096;
+use crate::{
+    ONCPU_SAMPLES, STACKS, TARGET_TGID, count, setting,
+    snapshot::{self, Regs, is_user, saved_user_regs},
+};
 
 #[inline(always)]
 pub fn on_sample(ctx: &PerfEventContext) {
@@ -45,7 +41,7 @@ pub fn on_sample_dwarf(ctx: &PerfEventContext) {
     };
     match user {
         Some(regs) => {
-            if send_snapshot(&regs, tgid, tid, kernel_stack_id) {
+            if snapshot::send(&regs, tgid, tid, kernel_stack_id, 0) {
                 return;
             }
             count(counter::UNWIND_RING_FULL);
@@ -92,14 +88,6 @@ fn aggregate(ctx: &PerfEventContext, tgid: u32, tid: u32) {
     }
 }
 
-/// The registers of the interrupted code that unwinding needs.
-struct Regs {
-    ip: u64,
-    sp: u64,
-    bp: u64,
-    cs: u64,
-}
-
 /// The registers the perf event interrupted (user registers when it hit user mode).
 #[inline(always)]
 fn interrupted_regs(ctx: &PerfEventContext) -> Regs {
@@ -114,90 +102,6 @@ fn interrupted_regs(ctx: &PerfEventContext) -> Regs {
             bp: (*regs).rbp,
             cs: (*regs).cs,
         }
-    }
-}
-
-/// Whether the registers are of user mode: the privilege level in the low bits of CS is 3.
-#[inline(always)]
-fn is_user(regs: &Regs) -> bool {
-    regs.cs & 3 == 3
-}
-
-/// The user registers the current thread entered the kernel with (at the top of its
-/// kernel stack); `None` for a kernel thread or if they cannot be read.
-#[inline(always)]
-fn saved_user_regs() -> Option<Regs> {
-    // SAFETY: both helpers take no memory from us; the first returns the current task
-    // (trusted by the verifier), the second its saved user registers.
-    let regs = unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) } as *const pt_regs;
-    // SAFETY: the helper validates the kernel addresses.
-    let regs = unsafe {
-        Regs {
-            ip: bpf_probe_read_kernel(core::ptr::addr_of!((*regs).rip)).ok()?,
-            sp: bpf_probe_read_kernel(core::ptr::addr_of!((*regs).rsp)).ok()?,
-            bp: bpf_probe_read_kernel(core::ptr::addr_of!((*regs).rbp)).ok()?,
-            cs: bpf_probe_read_kernel(core::ptr::addr_of!((*regs).cs)).ok()?,
-        }
-    };
-    is_user(&regs).then_some(regs)
-}
-
-/// Sends the user registers and stack of a sample (and its kernel stack id); false when
-/// the ring buffer is full.
-#[inline(always)]
-fn send_snapshot(regs: &Regs, tgid: u32, tid: u32, kernel_stack_id: i32) -> bool {
-    let Some(mut entry) = UNWIND_SAMPLES.reserve::<UnwindSample>(0) else {
-        return false;
-    };
-    let sample = entry.as_mut_ptr();
-    // SAFETY: `sample` points to the reserved record, exclusively ours until submitted;
-    // fields are written through raw pointers since the record is uninitialized.
-    let stack_len = unsafe {
-        (*sample).tgid = tgid;
-        (*sample).tid = tid;
-        (*sample).ip = regs.ip;
-        (*sample).sp = regs.sp;
-        (*sample).bp = regs.bp;
-        (*sample).kernel_stack_id = kernel_stack_id;
-        let stack = core::ptr::addr_of_mut!((*sample).stack) as *mut u8;
-        read_user_stack(stack, regs.sp)
-    };
-    if stack_len == 0 {
-        count(counter::UNWIND_STACK_UNREADABLE);
-    }
-    // SAFETY: as above.
-    unsafe { (*sample).stack_len = stack_len };
-    entry.submit(0);
-    true
-}
-
-/// Copies the user stack from `sp` up into `dst` (room for [`UNWIND_STACK_BYTES`]):
-/// all of it if mapped, else as many whole pages as are (the stack's top is near), with
-/// the partial page at `sp` first. Returns the bytes copied, 0 if none could be.
-///
-/// # Safety
-/// `dst` must be valid for writing [`UNWIND_STACK_BYTES`] bytes.
-#[inline(always)]
-unsafe fn read_user_stack(dst: *mut u8, sp: u64) -> u32 {
-    const PAGES: u64 = UNWIND_STACK_BYTES as u64 / PAGE_SIZE;
-    // 1..=PAGE_SIZE: the rest of the page `sp` is in.
-    let first = PAGE_SIZE - (sp & (PAGE_SIZE - 1));
-    let mut extra = PAGES - 1;
-    loop {
-        let len = first + extra * PAGE_SIZE;
-        if len <= UNWIND_STACK_BYTES as u64 {
-            // SAFETY: `dst` has room for UNWIND_STACK_BYTES >= len bytes; the helper
-            // checks the user address and fails on a fault instead of reading it.
-            let ret =
-                unsafe { bpf_probe_read_user(dst as *mut c_void, len as u32, sp as *const c_void) };
-            if ret == 0 {
-                return len as u32;
-            }
-        }
-        if extra == 0 {
-            return 0;
-        }
-        extra -= 1;
     }
 }
 

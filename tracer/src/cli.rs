@@ -6,6 +6,8 @@ use std::{num::NonZeroU32, path::PathBuf, time::Duration};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use thiserror::Error;
 
+use crate::loader::MapSizes;
+
 #[derive(Debug, Parser)]
 #[command(
     name = "tracer",
@@ -54,9 +56,29 @@ pub struct ProfileArgs {
     /// built without frame pointers; costlier).
     #[arg(long, value_enum, default_value_t = UnwindMethod::Fp)]
     pub unwind: UnwindMethod,
+    /// With --unwind dwarf: size of the buffer stack copies (16 KiB each) wait in until
+    /// they are unwound (e.g. 32M, 256M); more absorbs bursts. Rounded up to a power of two.
+    #[arg(long, default_value = "32M", value_name = "SIZE")]
+    pub unwind_buffer: String,
+    #[command(flatten)]
+    pub maps: MapSizeArgs,
     /// Directory for the outputs [default: tracer-profile-PID, or tracer-profile].
     #[arg(long = "output", short = 'o')]
     pub output: Option<PathBuf>,
+}
+
+/// Sizes of the kernel's aggregation maps: what fills them is counted and reported as
+/// lost, so a run that reports losses can be repeated with larger maps.
+#[derive(Debug, Clone, Args)]
+pub struct MapSizeArgs {
+    /// Distinct stacks the kernel can keep (user and kernel stacks count separately)
+    /// [default: 32768].
+    #[arg(long, value_name = "N")]
+    pub stack_map_size: Option<u32>,
+    /// Entries of each kernel hash map: threads off CPU at once, and distinct
+    /// (thread, stacks) keys of the profile [default: 65536].
+    #[arg(long, value_name = "N")]
+    pub map_size: Option<u32>,
 }
 
 #[derive(Debug, Args)]
@@ -129,6 +151,8 @@ pub struct AttachArgs {
     /// Report format on standard output.
     #[arg(long, value_enum, default_value_t = Format::Text)]
     pub format: Format,
+    #[command(flatten)]
+    pub maps: MapSizeArgs,
 }
 
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -137,8 +161,10 @@ pub enum ConfigError {
     ZeroPid,
     #[error("--pid and a command after -- cannot be used together")]
     PidAndCommand,
-    #[error("invalid --ring-buffer {0:?}: expected a size from 4K to 1G, like 4M or 65536")]
-    RingBuffer(String),
+    #[error("invalid --{0} {1:?}: expected a size from 4K to 1G, like 4M or 65536")]
+    BufferSize(&'static str, String),
+    #[error("invalid --{0} {1}: expected 1 to {MAX_MAP_ENTRIES} entries")]
+    MapSize(&'static str, u32),
     #[error("invalid duration {0:?}: expected a number with a unit, like 10s, 500ms, 2m or 100us")]
     Duration(String),
     #[error("invalid --frequency {0}: expected 1 to {MAX_FREQUENCY_HZ} samples per second")]
@@ -167,6 +193,7 @@ pub struct AttachConfig {
     pub latencies: Vec<LatencyRequest>,
     pub per_thread: bool,
     pub format: Format,
+    pub map_sizes: MapSizes,
 }
 
 impl TryFrom<AttachArgs> for AttachConfig {
@@ -188,6 +215,7 @@ impl TryFrom<AttachArgs> for AttachConfig {
                 .collect::<Result<_, _>>()?,
             per_thread: args.per_thread,
             format: args.format,
+            map_sizes: map_sizes(&args.maps)?,
         })
     }
 }
@@ -215,6 +243,8 @@ pub struct ProfileConfig {
     pub min_block: Duration,
     pub per_thread: bool,
     pub unwind: UnwindMethod,
+    pub unwind_buffer_bytes: u32,
+    pub map_sizes: MapSizes,
     pub output_dir: PathBuf,
 }
 
@@ -233,6 +263,8 @@ impl TryFrom<ProfileArgs> for ProfileConfig {
             min_block: parse_duration(&args.min_block)?,
             per_thread: args.per_thread,
             unwind: args.unwind,
+            unwind_buffer_bytes: parse_buffer_size("unwind-buffer", &args.unwind_buffer)?,
+            map_sizes: map_sizes(&args.maps)?,
             output_dir: args.output.unwrap_or_else(|| match pid {
                 Some(pid) => PathBuf::from(format!("tracer-profile-{pid}")),
                 None => PathBuf::from("tracer-profile"),
@@ -285,17 +317,32 @@ impl TryFrom<TraceArgs> for TraceConfig {
             format: args.format,
             duration: args.duration.as_deref().map(parse_duration).transpose()?,
             count: args.count,
-            ring_buffer_bytes: parse_ring_buffer_size(&args.ring_buffer)?,
+            ring_buffer_bytes: parse_buffer_size("ring-buffer", &args.ring_buffer)?,
             probes: args.probes,
             command: (!args.command.is_empty()).then_some(args.command),
         })
     }
 }
 
-/// Parses a ring buffer size (`65536`, `64K`, `4M`, `1G`), rounded up to a power of two
-/// (which the kernel requires) and at least one page.
-pub fn parse_ring_buffer_size(text: &str) -> Result<u32, ConfigError> {
-    let err = || ConfigError::RingBuffer(text.to_string());
+/// The most entries a map may be given: stack ids must stay below the ids user space gives
+/// unwound stacks (`unwind::FIRST_UNWOUND_ID`).
+pub const MAX_MAP_ENTRIES: u32 = 1 << 24;
+
+fn map_sizes(args: &MapSizeArgs) -> Result<MapSizes, ConfigError> {
+    let check = |flag: &'static str, value: Option<u32>| match value {
+        Some(n) if !(1..=MAX_MAP_ENTRIES).contains(&n) => Err(ConfigError::MapSize(flag, n)),
+        _ => Ok(value),
+    };
+    Ok(MapSizes {
+        stacks: check("stack-map-size", args.stack_map_size)?,
+        entries: check("map-size", args.map_size)?,
+    })
+}
+
+/// Parses the size of ring buffer `--flag` (`65536`, `64K`, `4M`, `1G`), rounded up to a
+/// power of two (which the kernel requires) and at least one page.
+pub fn parse_buffer_size(flag: &'static str, text: &str) -> Result<u32, ConfigError> {
+    let err = || ConfigError::BufferSize(flag, text.to_string());
     let text = text.trim();
     let (number, multiplier) = match text.char_indices().last() {
         Some((i, 'K' | 'k')) => (&text[..i], 1u64 << 10),
@@ -377,15 +424,15 @@ mod tests {
 
     #[test]
     fn ring_buffer_sizes() {
-        assert_eq!(parse_ring_buffer_size("4M").unwrap(), 4 << 20);
-        assert_eq!(parse_ring_buffer_size("65536").unwrap(), 65536);
+        assert_eq!(parse_buffer_size("ring-buffer", "4M").unwrap(), 4 << 20);
+        assert_eq!(parse_buffer_size("ring-buffer", "65536").unwrap(), 65536);
         assert_eq!(
-            parse_ring_buffer_size("100K").unwrap(),
+            parse_buffer_size("ring-buffer", "100K").unwrap(),
             128 << 10,
             "rounded up"
         );
         for bad in ["", "1K", "2G", "M", "-4M", "4X"] {
-            assert!(parse_ring_buffer_size(bad).is_err(), "{bad}");
+            assert!(parse_buffer_size("ring-buffer", bad).is_err(), "{bad}");
         }
     }
 
@@ -457,6 +504,22 @@ mod tests {
         let dwarf = profile_config(&["--unwind", "dwarf"]).unwrap();
         assert_eq!(dwarf.unwind, UnwindMethod::Dwarf);
         assert!(Cli::try_parse_from(["tracer", "profile", "--unwind", "lbr"]).is_err());
+    }
+
+    #[test]
+    fn map_sizes_default_to_the_objects_and_are_bounded() {
+        let config = profile_config(&[]).unwrap();
+        assert_eq!(config.map_sizes, MapSizes::default());
+        assert_eq!(config.unwind_buffer_bytes, 32 << 20);
+        let config = profile_config(&["--stack-map-size", "1000", "--map-size", "300000"]).unwrap();
+        assert_eq!(config.map_sizes.stacks, Some(1000));
+        assert_eq!(config.map_sizes.entries, Some(300000));
+        assert_eq!(
+            profile_config(&["--map-size", "0"]).unwrap_err(),
+            ConfigError::MapSize("map-size", 0)
+        );
+        assert!(profile_config(&["--stack-map-size", "16777217"]).is_err());
+        assert!(profile_config(&["--unwind-buffer", "1K"]).is_err());
     }
 
     #[test]

@@ -43,6 +43,12 @@ impl ThreadNames {
 /// Raw stacks as the kernel stored them: instruction pointers, innermost first.
 pub trait StackSource {
     fn stack(&self, id: i32) -> Vec<u64>;
+
+    /// For user stack `id`, whether each frame was found by following frame pointers,
+    /// when the profile tells unwinding methods apart (DWARF unwinding); empty otherwise.
+    fn user_frames_by_frame_pointer(&self, _id: i32) -> Vec<bool> {
+        Vec::new()
+    }
 }
 
 /// What the off-CPU profile holds and what could not be recorded.

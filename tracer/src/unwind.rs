@@ -1,14 +1,17 @@
 //! DWARF unwinding of user stacks without frame pointers (`tracer profile --unwind dwarf`).
 //!
-//! The kernel sends, for each on-CPU sample of a user thread, the thread's user
-//! instruction, stack and frame pointers, a copy of the top of its stack, and its kernel
-//! stack id when it was in the kernel ([`tracer_common::UnwindSample`]). Here each sample is unwound with `framehop`, using
-//! the `.eh_frame`/`.eh_frame_hdr` (and `.debug_frame`) of every file the process maps,
-//! read from the descriptors [`ProcessMaps`] keeps open, so processes that exited still
-//! unwind. Where a module has no unwind information framehop falls back to frame
-//! pointers. Unwound stacks (instruction pointers, innermost first, as the kernel's stack
-//! map stores them) are counted per thread and given ids of their own, so the rest of
-//! the profile names them like the kernel's stacks ([`WithUnwound`]).
+//! The kernel sends snapshots ([`tracer_common::UnwindSample`]): the user instruction,
+//! stack and frame pointers of a thread and a copy of the top of its stack, for each
+//! on-CPU sample of a user thread (with its kernel stack id when it was in the kernel),
+//! and where a thread blocks (off-CPU snapshots, whose ids the kernel's off-CPU keys
+//! carry as user stack ids). Here each is unwound with `framehop`, using the
+//! `.eh_frame`/`.eh_frame_hdr` (and `.debug_frame`) of every file the process maps, read
+//! from the descriptors [`ProcessMaps`] keeps open, so processes that exited still
+//! unwind. Where no call frame information covers an address framehop falls back to
+//! frame pointers; the frames found that way are told apart ([`UnwoundStack`]). On-CPU
+//! stacks (instruction pointers, innermost first, as the kernel's stack map stores them)
+//! are counted per thread and given ids of their own, so the rest of the profile names
+//! them like the kernel's stacks ([`WithUnwound`]).
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -17,16 +20,35 @@ use std::sync::Arc;
 
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
 use framehop::{ExplicitModuleSectionInfo, Module, Unwinder as _};
+use gimli::{BaseAddresses, CieOrFde, DebugFrame, EhFrame, LittleEndian, UnwindSection};
 use object::{Object as _, ObjectSection as _, ObjectSegment as _, ReadCache};
-use tracer_common::{MAX_STACK_DEPTH, NO_STACK, OnCpuKey, UNWIND_STACK_BYTES};
+use tracer_common::{FIRST_SNAPSHOT_ID, MAX_STACK_DEPTH, NO_STACK, OnCpuKey, UNWIND_STACK_BYTES};
 
-use crate::{offcpu::StackSource, symbolize::ProcessMaps};
+use crate::{
+    offcpu::StackSource,
+    symbolize::{Frame, ProcessMaps},
+};
 
-/// Ids given to unwound stacks start here, far above the kernel's stack map ids.
+/// Ids given to unwound on-CPU stacks start here, far above the kernel's stack map ids
+/// and below the off-CPU snapshot ids ([`FIRST_SNAPSHOT_ID`]).
 pub const FIRST_UNWOUND_ID: i32 = 1 << 24;
 
-/// Unwound user stacks by their ids: instruction pointers, innermost first.
-pub type UnwoundStacks = HashMap<i32, Vec<u64>>;
+/// One unwound user stack.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct UnwoundStack {
+    /// Instruction pointers, innermost first.
+    pub addrs: Vec<u64>,
+    /// For each, whether it was found by following the frame pointer (no call frame
+    /// information covered the frame below it); the innermost comes from the registers.
+    pub by_frame_pointer: Vec<bool>,
+}
+
+/// Unwound user stacks by their ids.
+pub type UnwoundStacks = HashMap<i32, UnwoundStack>;
+
+/// Appended to the name of a frame found by following frame pointers in a profile
+/// otherwise unwound with call frame information.
+pub const FRAME_POINTER_SUFFIX: &str = " [fp]";
 
 /// Byte offsets of the fields of [`tracer_common::UnwindSample`].
 const TGID_AT: usize = 0;
@@ -36,7 +58,8 @@ const SP_AT: usize = 16;
 const BP_AT: usize = 24;
 const STACK_LEN_AT: usize = 32;
 const KERNEL_STACK_AT: usize = 36;
-const STACK_AT: usize = 40;
+const SNAPSHOT_ID_AT: usize = 40;
+const STACK_AT: usize = 44;
 
 /// One snapshot as read from the ring buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,6 +71,8 @@ pub struct Snapshot<'a> {
     pub bp: u64,
     /// Id of the kernel stack in the stack map; [`NO_STACK`] for a sample in user mode.
     pub kernel_stack_id: i32,
+    /// 0 for an on-CPU sample; the off-CPU snapshot's id otherwise.
+    pub snapshot_id: u32,
     /// The stack bytes from `sp` up.
     pub stack: &'a [u8],
 }
@@ -65,6 +90,7 @@ impl<'a> Snapshot<'a> {
             sp: u64_at(SP_AT)?,
             bp: u64_at(BP_AT)?,
             kernel_stack_id: u32_at(KERNEL_STACK_AT)? as i32,
+            snapshot_id: u32_at(SNAPSHOT_ID_AT)?,
             stack: record.get(STACK_AT..STACK_AT + stack_len)?,
         })
     }
@@ -73,22 +99,26 @@ impl<'a> Snapshot<'a> {
 /// What unwinding did, for the summary.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct UnwindStats {
-    /// Samples unwound here.
+    /// On-CPU samples unwound here.
     pub samples: u64,
+    /// Off-CPU snapshots (where a thread blocked) unwound here.
+    pub offcpu_snapshots: u64,
     /// Of those, samples taken in kernel mode (unwound from the user registers saved
     /// when the thread entered the kernel).
     pub in_kernel: u64,
     /// Frames they gave (the instruction pointer included).
     pub frames: u64,
+    /// Of those, frames found by following frame pointers.
+    pub frame_pointer_frames: u64,
     /// The deepest stack.
     pub max_depth: u64,
-    /// Samples whose stack goes on beyond the bytes copied (or [`MAX_STACK_DEPTH`]).
+    /// Stacks (samples or snapshots) whose stack goes on beyond the bytes copied (or [`MAX_STACK_DEPTH`]).
     pub out_of_stack: u64,
-    /// Samples whose unwinding stopped before the stack's end otherwise: an address had
+    /// Stacks whose unwinding stopped before the stack's end otherwise: an address had
     /// no unwind information and no usable frame pointer (often the outermost frame of
     /// code without CFI, so not necessarily a loss).
     pub truncated: u64,
-    /// Samples of processes whose mappings could not be read (only their instruction
+    /// Stacks of processes whose mappings could not be read (only their instruction
     /// pointer is kept).
     pub no_maps: u64,
 }
@@ -99,6 +129,8 @@ struct ObjectTables {
     sections: ExplicitModuleSectionInfo<Arc<[u8]>>,
     /// (file offset, stated address, file size) of each loadable segment.
     segments: Vec<(u64, u64, u64)>,
+    /// Stated addresses covered by call frame information, sorted, not overlapping.
+    cfi: Vec<Range<u64>>,
 }
 
 impl ObjectTables {
@@ -139,7 +171,18 @@ impl ObjectTables {
                 (offset, s.address(), size)
             })
             .collect();
-        Some(Self { sections, segments })
+        let cfi = cfi_ranges(&sections);
+        Some(Self {
+            sections,
+            segments,
+            cfi,
+        })
+    }
+
+    /// Whether call frame information covers stated address `svma`.
+    fn has_cfi(&self, svma: u64) -> bool {
+        let after = self.cfi.partition_point(|r| r.start <= svma);
+        after > 0 && self.cfi[after - 1].contains(&svma)
     }
 
     /// The stated address of file offset `offset` (a mapping's start), through the
@@ -158,11 +201,71 @@ impl ObjectTables {
     }
 }
 
+/// The address ranges of the FDEs of `.eh_frame` and `.debug_frame`, sorted and merged.
+fn cfi_ranges(sections: &ExplicitModuleSectionInfo<Arc<[u8]>>) -> Vec<Range<u64>> {
+    let mut ranges = Vec::new();
+    if let (Some(data), Some(svma)) = (&sections.eh_frame, &sections.eh_frame_svma) {
+        let mut bases = BaseAddresses::default().set_eh_frame(svma.start);
+        if let Some(text) = &sections.text_svma {
+            bases = bases.set_text(text.start);
+        }
+        if let Some(got) = &sections.got_svma {
+            bases = bases.set_got(got.start);
+        }
+        fde_ranges(&EhFrame::new(data, LittleEndian), &bases, &mut ranges);
+    }
+    if let Some(data) = &sections.debug_frame {
+        let mut section = DebugFrame::new(data, LittleEndian);
+        section.set_address_size(8);
+        fde_ranges(&section, &BaseAddresses::default(), &mut ranges);
+    }
+    ranges.sort_unstable_by_key(|r| r.start);
+    let mut merged: Vec<Range<u64>> = Vec::with_capacity(ranges.len());
+    for range in ranges {
+        match merged.last_mut() {
+            Some(last) if range.start <= last.end => last.end = last.end.max(range.end),
+            _ => merged.push(range),
+        }
+    }
+    merged
+}
+
+fn fde_ranges<'a, S: UnwindSection<gimli::EndianSlice<'a, LittleEndian>>>(
+    section: &S,
+    bases: &BaseAddresses,
+    ranges: &mut Vec<Range<u64>>,
+) {
+    let mut entries = section.entries(bases);
+    // A malformed entry ends the walk: the rest is read as not covered (frame pointers).
+    while let Ok(Some(entry)) = entries.next() {
+        if let CieOrFde::Fde(partial) = entry
+            && let Ok(fde) = partial.parse(S::cie_from_offset)
+            && fde.len() > 0
+        {
+            ranges.push(fde.initial_address()..fde.end_address());
+        }
+    }
+}
+
 /// A process's unwinder: one module per file-backed executable mapping.
 struct ProcessUnwinder {
     unwinder: UnwinderX86_64<Arc<[u8]>>,
+    /// (mapped range, base address, tables) of each module, to tell which addresses have
+    /// call frame information.
+    modules: Vec<(Range<u64>, u64, Arc<ObjectTables>)>,
     /// How many mappings the snapshot had when built: rebuilt when that changes.
     mappings: usize,
+}
+
+impl ProcessUnwinder {
+    /// Whether call frame information covers `avma` (else framehop follows the frame
+    /// pointer to find its caller).
+    fn has_cfi(&self, avma: u64) -> bool {
+        self.modules
+            .iter()
+            .find(|(range, _, _)| range.contains(&avma))
+            .is_some_and(|(_, base, tables)| tables.has_cfi(avma.wrapping_sub(*base)))
+    }
 }
 
 /// Unwinds snapshots and counts the stacks they give.
@@ -172,9 +275,10 @@ pub struct DwarfUnwinder {
     objects: HashMap<(String, u64), Option<Arc<ObjectTables>>>,
     processes: HashMap<u32, ProcessUnwinder>,
     cache: CacheX86_64,
-    /// Samples per (tgid, tid, kernel stack id, user instruction pointers innermost
-    /// first).
-    stacks: HashMap<(u32, u32, i32, Vec<u64>), u64>,
+    /// On-CPU samples per (tgid, tid, kernel stack id, user stack).
+    samples: HashMap<(u32, u32, i32, UnwoundStack), u64>,
+    /// Off-CPU snapshots by id.
+    snapshots: UnwoundStacks,
     pub stats: UnwindStats,
 }
 
@@ -185,45 +289,44 @@ impl DwarfUnwinder {
 
     /// Unwinds one snapshot with the mappings of its process (`None` when unknown).
     pub fn add(&mut self, snapshot: &Snapshot<'_>, maps: Option<&ProcessMaps>) {
-        let frames = match maps {
+        let stack = match maps {
             Some(maps) => self.unwind(snapshot, maps),
             None => {
                 self.stats.no_maps += 1;
-                vec![snapshot.ip]
+                UnwoundStack {
+                    addrs: vec![snapshot.ip],
+                    by_frame_pointer: vec![false],
+                }
             }
         };
+        self.stats.frames += stack.addrs.len() as u64;
+        self.stats.frame_pointer_frames +=
+            stack.by_frame_pointer.iter().filter(|&&fp| fp).count() as u64;
+        self.stats.max_depth = self.stats.max_depth.max(stack.addrs.len() as u64);
+        if snapshot.snapshot_id != 0 {
+            self.stats.offcpu_snapshots += 1;
+            self.snapshots.insert(snapshot.snapshot_id as i32, stack);
+            return;
+        }
         self.stats.samples += 1;
         self.stats.in_kernel += u64::from(snapshot.kernel_stack_id != NO_STACK);
-        self.stats.frames += frames.len() as u64;
-        self.stats.max_depth = self.stats.max_depth.max(frames.len() as u64);
         *self
-            .stacks
-            .entry((
-                snapshot.tgid,
-                snapshot.tid,
-                snapshot.kernel_stack_id,
-                frames,
-            ))
+            .samples
+            .entry((snapshot.tgid, snapshot.tid, snapshot.kernel_stack_id, stack))
             .or_default() += 1;
     }
 
-    fn unwind(&mut self, snapshot: &Snapshot<'_>, maps: &ProcessMaps) -> Vec<u64> {
+    fn unwind(&mut self, snapshot: &Snapshot<'_>, maps: &ProcessMaps) -> UnwoundStack {
         let mapping_count = maps.mapped_files().count();
         let stale = self
             .processes
             .get(&snapshot.tgid)
             .is_none_or(|p| p.mappings != mapping_count);
         if stale {
-            let unwinder = self.build(maps);
-            self.processes.insert(
-                snapshot.tgid,
-                ProcessUnwinder {
-                    unwinder,
-                    mappings: mapping_count,
-                },
-            );
+            let process = self.build(maps, mapping_count);
+            self.processes.insert(snapshot.tgid, process);
         }
-        let unwinder = &self.processes[&snapshot.tgid].unwinder;
+        let process = &self.processes[&snapshot.tgid];
         let (sp, stack) = (snapshot.sp, snapshot.stack);
         let mut read_stack = |addr: u64| -> Result<u64, ()> {
             let at = usize::try_from(addr.checked_sub(sp).ok_or(())?).map_err(|_| ())?;
@@ -231,11 +334,24 @@ impl DwarfUnwinder {
             Ok(u64::from_le_bytes(bytes.try_into().map_err(|_| ())?))
         };
         let regs = UnwindRegsX86_64::new(snapshot.ip, snapshot.sp, snapshot.bp);
-        let mut iter = unwinder.iter_frames(snapshot.ip, regs, &mut self.cache, &mut read_stack);
-        let mut frames = Vec::new();
+        let mut iter =
+            process
+                .unwinder
+                .iter_frames(snapshot.ip, regs, &mut self.cache, &mut read_stack);
+        let mut unwound = UnwoundStack::default();
+        // The address whose unwind rule found the next frame: the instruction pointer,
+        // then each return address minus one (the call instruction).
+        let mut lookup = snapshot.ip;
         loop {
             match iter.next() {
-                Ok(Some(frame)) => frames.push(frame.address()),
+                Ok(Some(frame)) => {
+                    let first = unwound.addrs.is_empty();
+                    unwound
+                        .by_frame_pointer
+                        .push(!first && !process.has_cfi(lookup));
+                    unwound.addrs.push(frame.address());
+                    lookup = frame.address_for_lookup();
+                }
                 Ok(None) => break,
                 Err(framehop::Error::CouldNotReadStack(addr)) => {
                     log::debug!("unwinding ran out of stack at {addr:#x}");
@@ -248,19 +364,21 @@ impl DwarfUnwinder {
                     break;
                 }
             }
-            if frames.len() >= MAX_STACK_DEPTH {
+            if unwound.addrs.len() >= MAX_STACK_DEPTH {
                 self.stats.out_of_stack += 1;
                 break;
             }
         }
-        if frames.is_empty() {
-            frames.push(snapshot.ip);
+        if unwound.addrs.is_empty() {
+            unwound.addrs.push(snapshot.ip);
+            unwound.by_frame_pointer.push(false);
         }
-        frames
+        unwound
     }
 
-    fn build(&mut self, maps: &ProcessMaps) -> UnwinderX86_64<Arc<[u8]>> {
+    fn build(&mut self, maps: &ProcessMaps, mappings: usize) -> ProcessUnwinder {
         let mut unwinder = UnwinderX86_64::new();
+        let mut modules = Vec::new();
         for mapping in maps.mapped_files() {
             let Some(file) = mapping.file else {
                 continue;
@@ -290,17 +408,23 @@ impl DwarfUnwinder {
                 base_avma,
                 tables.sections.clone(),
             ));
+            modules.push((mapping.start..mapping.end, base_avma, tables));
         }
-        unwinder
+        ProcessUnwinder {
+            unwinder,
+            modules,
+            mappings,
+        }
     }
 
-    /// The unwound stacks as on-CPU entries (user stack ids from [`FIRST_UNWOUND_ID`])
-    /// and the stacks by id.
-    pub fn into_oncpu(self) -> (Vec<(OnCpuKey, u64)>, UnwoundStacks) {
-        let mut entries = Vec::with_capacity(self.stacks.len());
-        let mut stacks = HashMap::with_capacity(self.stacks.len());
-        for (next_id, ((tgid, tid, kernel_stack_id, frames), samples)) in
-            (FIRST_UNWOUND_ID..).zip(self.stacks)
+    /// The unwound on-CPU samples as on-CPU entries (user stack ids from
+    /// [`FIRST_UNWOUND_ID`]), and every unwound stack by id: those and the off-CPU
+    /// snapshots (ids from [`FIRST_SNAPSHOT_ID`], as the off-CPU keys carry them).
+    pub fn finish(self) -> (Vec<(OnCpuKey, u64)>, UnwoundStacks) {
+        let mut entries = Vec::with_capacity(self.samples.len());
+        let mut stacks = self.snapshots;
+        for (next_id, ((tgid, tid, kernel_stack_id, stack), samples)) in
+            (FIRST_UNWOUND_ID..FIRST_SNAPSHOT_ID).zip(self.samples)
         {
             let key = OnCpuKey {
                 tgid,
@@ -309,13 +433,15 @@ impl DwarfUnwinder {
                 kernel_stack_id,
             };
             entries.push((key, samples));
-            stacks.insert(next_id, frames);
+            stacks.insert(next_id, stack);
         }
         (entries, stacks)
     }
 }
 
-/// The kernel's stacks plus the unwound ones (ids from [`FIRST_UNWOUND_ID`]).
+/// The kernel's stacks plus the unwound ones, for a profile unwound with DWARF: user
+/// frames the kernel walked (samples that could not be sent) were found with frame
+/// pointers.
 pub struct WithUnwound<'a, S> {
     pub kernel: &'a S,
     pub unwound: &'a UnwoundStacks,
@@ -324,10 +450,42 @@ pub struct WithUnwound<'a, S> {
 impl<S: StackSource> StackSource for WithUnwound<'_, S> {
     fn stack(&self, id: i32) -> Vec<u64> {
         match self.unwound.get(&id) {
-            Some(frames) => frames.clone(),
+            Some(stack) => stack.addrs.clone(),
             None => self.kernel.stack(id),
         }
     }
+
+    fn user_frames_by_frame_pointer(&self, id: i32) -> Vec<bool> {
+        match self.unwound.get(&id) {
+            Some(stack) => stack.by_frame_pointer.clone(),
+            None => {
+                let depth = self.kernel.stack(id).len();
+                (0..depth).map(|i| i > 0).collect()
+            }
+        }
+    }
+}
+
+/// Names of the user frames of one stack, suffixed with [`FRAME_POINTER_SUFFIX`] where
+/// found by frame pointers: `frames` as the symbolizer gives them for the stack's
+/// addresses (inlined functions first, then the function of each address),
+/// `by_frame_pointer` per address (empty: no suffixes).
+pub fn user_frame_names(frames: Vec<Frame>, by_frame_pointer: &[bool]) -> Vec<String> {
+    let mut address = 0;
+    frames
+        .into_iter()
+        .map(|frame| {
+            let fp = by_frame_pointer.get(address).copied().unwrap_or(false);
+            if !frame.inlined {
+                address += 1;
+            }
+            if fp {
+                frame.name + FRAME_POINTER_SUFFIX
+            } else {
+                frame.name
+            }
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -349,6 +507,10 @@ mod tests {
             std::mem::offset_of!(tracer_common::UnwindSample, kernel_stack_id),
             KERNEL_STACK_AT
         );
+        assert_eq!(
+            std::mem::offset_of!(tracer_common::UnwindSample, snapshot_id),
+            SNAPSHOT_ID_AT
+        );
         let mut record = vec![0u8; STACK_AT + 16];
         record[TGID_AT..TGID_AT + 4].copy_from_slice(&7u32.to_ne_bytes());
         record[TID_AT..TID_AT + 4].copy_from_slice(&8u32.to_ne_bytes());
@@ -358,6 +520,7 @@ mod tests {
         let snapshot = Snapshot::parse(&record).unwrap();
         assert_eq!((snapshot.tgid, snapshot.tid, snapshot.ip), (7, 8, 0x1000));
         assert_eq!(snapshot.kernel_stack_id, NO_STACK);
+        assert_eq!(snapshot.snapshot_id, 0);
         assert_eq!(snapshot.stack.len(), 16);
         // A stack length beyond the record is refused.
         record[STACK_LEN_AT..STACK_LEN_AT + 4].copy_from_slice(&17u32.to_ne_bytes());
@@ -370,6 +533,7 @@ mod tests {
         let tables = ObjectTables {
             sections: ExplicitModuleSectionInfo::default(),
             segments: vec![(0, 0, 0xc8528), (0xc8530, 0xc9530, 0x2872c0)],
+            cfi: Vec::new(),
         };
         assert_eq!(tables.svma_of_offset(0xc8000), Some(0xc9000));
         assert_eq!(tables.svma_of_offset(0), Some(0));
@@ -390,11 +554,52 @@ mod tests {
             sp,
             bp,
             kernel_stack_id: NO_STACK,
+            snapshot_id: 0,
             stack: &stack,
         };
         let mut unwinder = DwarfUnwinder::new();
         unwinder.add(&snapshot, Some(&maps));
         assert!(unwinder.stats.max_depth >= 3, "{:?}", unwinder.stats);
+    }
+
+    #[test]
+    fn knows_which_code_has_call_frame_information() {
+        let maps = ProcessMaps::capture(std::process::id()).unwrap();
+        let mut unwinder = DwarfUnwinder::new();
+        let mappings = maps.mapped_files().count();
+        let process = unwinder.build(&maps, mappings);
+        // Rust code has .eh_frame; no module lies at address 16.
+        let here = knows_which_code_has_call_frame_information as *const () as u64;
+        assert!(process.has_cfi(here));
+        assert!(!process.has_cfi(16));
+    }
+
+    #[test]
+    fn marks_frames_found_by_frame_pointers() {
+        let frame = |name: &str, inlined| Frame {
+            name: name.to_string(),
+            module: None,
+            inlined,
+        };
+        // Three addresses: `leaf`; `helper` inlined into `middle`; `main`.
+        let frames = vec![
+            frame("leaf", false),
+            frame("helper", true),
+            frame("middle", false),
+            frame("main", false),
+        ];
+        assert_eq!(
+            user_frame_names(frames.clone(), &[false, true, true]),
+            ["leaf", "helper [fp]", "middle [fp]", "main [fp]"]
+        );
+        assert_eq!(
+            user_frame_names(frames.clone(), &[false, false, true]),
+            ["leaf", "helper", "middle", "main [fp]"]
+        );
+        assert_eq!(
+            user_frame_names(frames, &[]),
+            ["leaf", "helper", "middle", "main"]
+        );
     }
 
     /// Registers and stack bytes (how many) at a point in this function, as the kernel

@@ -20,6 +20,7 @@ use crate::{
     offcpu::{StackSource, ThreadNames, kernel_frame_names, named_frames},
     render::{create_output_file, flamegraph::FoldedStacks},
     symbolize::{ProcessMaps, StackSymbolizer},
+    unwind::user_frame_names,
 };
 
 /// The leaf frame added to blocked time in the wall-clock view.
@@ -303,11 +304,10 @@ impl<S: StackSource> Namer<'_, S> {
                 .or_insert_with(|| {
                     named_frames(key.user_stack_id, stacks, "[missing user stack]", |addrs| {
                         match maps {
-                            Some(maps) => symbolizer
-                                .user_frames(maps, addrs)
-                                .into_iter()
-                                .map(|f| f.name)
-                                .collect(),
+                            Some(maps) => user_frame_names(
+                                symbolizer.user_frames(maps, addrs),
+                                &stacks.user_frames_by_frame_pointer(key.user_stack_id),
+                            ),
                             // The process exited before its mappings were read.
                             None => vec!["[unknown]".to_string()],
                         }

@@ -1,6 +1,7 @@
 /* A target without frame pointers for tests/tests/unwind.rs: main -> chain_a ->
- * chain_b -> chain_c -> spin_leaf, on CPU for argv[1] milliseconds: spinning in user
- * mode, or with `read` reading /dev/zero (mostly in the kernel, entered through glibc).
+ * chain_b -> chain_c -> spin_leaf, for argv[1] milliseconds: on CPU spinning in user
+ * mode, or with `read` reading /dev/zero (mostly in the kernel, entered through glibc),
+ * or with `sleep` off CPU in 2 ms sleeps (nanosleep through glibc).
  * Built with gcc -O2 -fomit-frame-pointer -fno-optimize-sibling-calls (no tail calls, so
  * every caller stays on the stack). Prints "ready pid=N" and, with --wait-for-signal,
  * waits for SIGUSR1 first; prints a JSON line when done. */
@@ -15,6 +16,7 @@
 static volatile unsigned long sink;
 static volatile sig_atomic_t released;
 static int zero_fd = -1;
+static int sleeping;
 static char buf[1 << 16];
 
 static void on_usr1(int sig) { (void)sig; released = 1; }
@@ -28,7 +30,10 @@ static double now_ms(void) {
 __attribute__((noinline)) unsigned long spin_leaf(double until_ms) {
     unsigned long n = 0;
     while (now_ms() < until_ms) {
-        if (zero_fd >= 0) {
+        if (sleeping) {
+            struct timespec two_ms = {0, 2000000};
+            nanosleep(&two_ms, NULL);
+        } else if (zero_fd >= 0) {
             for (int i = 0; i < 16; i++) sink += read(zero_fd, buf, sizeof buf);
         } else {
             for (int i = 0; i < 100000; i++) sink += i;
@@ -62,6 +67,7 @@ int main(int argc, char **argv) {
     for (int i = 2; i < argc; i++) {
         if (strcmp(argv[i], "--wait-for-signal") == 0) wait = 1;
         if (strcmp(argv[i], "read") == 0) zero_fd = open("/dev/zero", O_RDONLY);
+        if (strcmp(argv[i], "sleep") == 0) sleeping = 1;
     }
     sigset_t usr1, old;
     sigemptyset(&usr1);

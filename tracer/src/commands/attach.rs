@@ -70,6 +70,7 @@ pub fn run(config: AttachConfig) -> Result<()> {
             tasks: true,
             ..Features::NONE
         },
+        map_sizes: config.map_sizes,
         ..Settings::default()
     })?;
     for (cookie, planned) in plan.sites.iter().enumerate() {

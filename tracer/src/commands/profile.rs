@@ -27,16 +27,15 @@ use crate::{
     render::flamegraph::{FoldedStacks, Palette, SvgOptions, write_flamegraph_svg, write_folded},
     stop::{self, ProcessWatch, StopReason},
     symbolize::StackSymbolizer,
-    unwind::{DwarfUnwinder, Snapshot, UnwindStats, WithUnwound},
+    unwind::{DwarfUnwinder, FRAME_POINTER_SUFFIX, Snapshot, UnwindStats, WithUnwound},
     wallclock::{
         self, BuildOptions, ExportInfo, OFF_CPU_FRAME, Processes, RawProfile, StackProfile,
         WallClockProfile,
     },
 };
 
-/// Size of the ring buffer of stack snapshots with `--unwind dwarf`: about 2000 samples
-/// of 16 KiB, drained every [`UNWIND_DRAIN_PERIOD`].
-const UNWIND_RING_BYTES: u32 = 1 << 25;
+/// How often the ring buffer of stack snapshots is drained with `--unwind dwarf` (the
+/// default 32 MiB hold about 2000 snapshots of 16 KiB).
 const UNWIND_DRAIN_PERIOD: Duration = Duration::from_millis(10);
 
 pub fn run(config: ProfileConfig) -> Result<()> {
@@ -69,16 +68,22 @@ pub fn run(config: ProfileConfig) -> Result<()> {
         features: Features {
             offcpu: true,
             oncpu: true,
+            offcpu_snapshots: dwarf,
             ..Features::NONE
         },
         unwind_ring_bytes: if dwarf {
-            UNWIND_RING_BYTES
+            config.unwind_buffer_bytes
         } else {
             Settings::default().unwind_ring_bytes
         },
+        map_sizes: config.map_sizes,
         ..Settings::default()
     })?;
-    loader.attach_sched_switch()?;
+    if dwarf {
+        loader.attach_sched_switch_dwarf()?;
+    } else {
+        loader.attach_sched_switch()?;
+    }
     let attached = if dwarf {
         loader.attach_oncpu_sampling_dwarf(config.frequency_hz)
     } else {
@@ -159,10 +164,11 @@ pub fn run(config: ProfileConfig) -> Result<()> {
     let now = stop::monotonic_ns();
     if dwarf {
         loader.detach_oncpu_sampling_dwarf()?;
+        loader.detach_sched_switch_dwarf()?;
     } else {
         loader.detach_oncpu_sampling()?;
+        loader.detach_sched_switch()?;
     }
-    loader.detach_sched_switch()?;
     if let Some((ring, unwinder)) = unwinding.as_mut() {
         drain_snapshots(ring, unwinder, &mut processes);
     }
@@ -185,7 +191,7 @@ pub fn run(config: ProfileConfig) -> Result<()> {
     let (unwind_stats, unwound) = match unwinding {
         Some((_, unwinder)) => {
             let stats = unwinder.stats;
-            let (entries, stacks) = unwinder.into_oncpu();
+            let (entries, stacks) = unwinder.finish();
             oncpu.extend(entries);
             (Some(stats), stacks)
         }
@@ -269,23 +275,29 @@ fn drain_snapshots(
     }
 }
 
-/// The `--unwind dwarf` line: how many samples were unwound, how deep, and how many were
-/// walked with frame pointers instead.
+/// The `--unwind dwarf` line: how many stacks were unwound, how deep, with which method,
+/// and how many were walked with frame pointers instead.
 fn unwind_summary(stats: &UnwindStats, counters: &[u64]) -> String {
     let no_regs = counters[counter::UNWIND_NO_USER_REGS as usize];
     let ring_full = counters[counter::UNWIND_RING_FULL as usize];
     let unreadable = counters[counter::UNWIND_STACK_UNREADABLE as usize];
-    let mean = stats.frames as f64 / stats.samples.max(1) as f64;
+    let stacks = stats.samples + stats.offcpu_snapshots;
+    let mean = stats.frames as f64 / stacks.max(1) as f64;
     format!(
-        "Unwinding: {} samples unwound with DWARF ({} of them in kernel mode; {} user frames, \
-         {mean:.1} per stack, deepest {}; {} deeper than the {} KiB copied, {} stopped \
-         early where unwind information ended, {} without mappings, {unreadable} with an \
-         unreadable stack); {} walked with frame pointers ({no_regs} without user \
+        "Unwinding: {} on-CPU samples ({} of them in kernel mode) and {} off-CPU snapshots \
+         unwound with DWARF: {} user frames, {mean:.1} per stack, deepest {}; {} frames \
+         found by frame pointers where no call frame information covered the callee \
+         (marked{FRAME_POINTER_SUFFIX}); {} stacks deeper than the {} KiB copied, {} \
+         stopped early where unwind information ended, {} without mappings, \
+         {unreadable} with an unreadable stack. {} stacks walked with frame pointers in \
+         the kernel instead (marked{FRAME_POINTER_SUFFIX}; {no_regs} without user \
          registers, {ring_full} with the snapshot ring buffer full).\n",
         stats.samples,
         stats.in_kernel,
+        stats.offcpu_snapshots,
         stats.frames,
         stats.max_depth,
+        stats.frame_pointer_frames,
         stats.out_of_stack,
         UNWIND_STACK_BYTES / 1024,
         stats.truncated,
@@ -463,8 +475,8 @@ fn summary(
     } else {
         out += &format!(
             "Lost: {stack_errors} stacks not captured (stack map full or collision, or a \
-             fault), {map_full} samples or intervals dropped (map full); {} stack entries \
-             shown as [missing ... stack].\n",
+             fault; see --stack-map-size), {map_full} samples or intervals dropped (map \
+             full; see --map-size); {} stack entries shown as [missing ... stack].\n",
             profile.missing_stacks
         );
     }

@@ -92,6 +92,34 @@ pub struct Settings {
     /// Size of the ring buffer of user stack snapshots (`profile --unwind dwarf`; a power
     /// of two, multiple of the page size); one page when unused.
     pub unwind_ring_bytes: u32,
+    /// Sizes of the kernel's aggregation maps.
+    pub map_sizes: MapSizes,
+}
+
+/// Entries of the kernel maps that can fill up; `None` keeps the eBPF object's default
+/// ([`MapSizes::DEFAULT_STACKS`], [`MapSizes::DEFAULT_ENTRIES`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MapSizes {
+    /// Distinct stacks (`STACKS`).
+    pub stacks: Option<u32>,
+    /// Entries of every hash map: threads off CPU or in a latency, and the distinct keys
+    /// aggregated (thread and stacks, task and phase).
+    pub entries: Option<u32>,
+}
+
+impl MapSizes {
+    pub const DEFAULT_STACKS: u32 = 32768;
+    pub const DEFAULT_ENTRIES: u32 = 65536;
+
+    const HASH_MAPS: [&str; 7] = [
+        map_names::LATENCY_STARTS,
+        map_names::OFFCPU_STARTS,
+        map_names::OFFCPU_TIME,
+        map_names::ONCPU_SAMPLES,
+        map_names::TASK_STATES,
+        map_names::TASK_TIME,
+        map_names::OFFCPU_SNAPSHOTS,
+    ];
 }
 
 /// The kernel-side features a run uses.
@@ -107,6 +135,8 @@ pub struct Features {
     pub oncpu: bool,
     /// Runtime task running/parked time.
     pub tasks: bool,
+    /// Off-CPU user stacks as snapshots for DWARF unwinding (`sched_switch_dwarf`).
+    pub offcpu_snapshots: bool,
 }
 
 impl Features {
@@ -116,6 +146,7 @@ impl Features {
         offcpu: true,
         oncpu: true,
         tasks: true,
+        offcpu_snapshots: true,
     };
     pub const NONE: Features = Features {
         events: false,
@@ -123,6 +154,7 @@ impl Features {
         offcpu: false,
         oncpu: false,
         tasks: false,
+        offcpu_snapshots: false,
     };
 
     /// The maps only needed by features this run does not use.
@@ -142,6 +174,7 @@ impl Features {
                 &[map_names::OFFCPU_STARTS, map_names::OFFCPU_TIME][..],
             ),
             (self.oncpu, &[map_names::ONCPU_SAMPLES][..]),
+            (self.offcpu_snapshots, &[map_names::OFFCPU_SNAPSHOTS][..]),
             (
                 self.tasks,
                 &[map_names::TASK_STATES, map_names::TASK_TIME][..],
@@ -163,6 +196,7 @@ impl Default for Settings {
             ring_buffer_bytes: 1 << 22,
             features: Features::ALL,
             unwind_ring_bytes: MIN_RING_BUFFER_BYTES,
+            map_sizes: MapSizes::default(),
         }
     }
 }
@@ -288,6 +322,14 @@ impl Loader {
             .override_global(global_names::CLOCK_TICK_NS, &clock_tick_ns, true)
             .map_max_entries(map_names::USDT_EVENTS, ring_buffer_bytes)
             .map_max_entries(map_names::UNWIND_SAMPLES, settings.unwind_ring_bytes);
+        if let Some(stacks) = settings.map_sizes.stacks {
+            loader.map_max_entries(map_names::STACKS, stacks);
+        }
+        if let Some(entries) = settings.map_sizes.entries {
+            for name in MapSizes::HASH_MAPS {
+                loader.map_max_entries(name, entries);
+            }
+        }
         for name in features.unused_maps() {
             loader.map_max_entries(name, 1);
         }
@@ -403,9 +445,30 @@ impl Loader {
 
     /// Attaches off-CPU accounting to the scheduler's `sched_switch` BTF tracepoint.
     pub fn attach_sched_switch(&mut self) -> Result<()> {
+        self.attach_switch_program(program_names::SCHED_SWITCH)
+    }
+
+    /// Detaches the off-CPU program (the maps stay readable).
+    pub fn detach_sched_switch(&mut self) -> Result<()> {
+        self.detach_switch_program(program_names::SCHED_SWITCH)
+    }
+
+    /// Like [`Loader::attach_sched_switch`], but the user stacks where threads block are
+    /// snapshots sent for DWARF unwinding (read from [`Loader::take_unwind_samples`]),
+    /// their ids in place of stack ids; load with `Features::offcpu_snapshots` and
+    /// `Settings::unwind_ring_bytes` set.
+    pub fn attach_sched_switch_dwarf(&mut self) -> Result<()> {
+        self.attach_switch_program(program_names::SCHED_SWITCH_DWARF)
+    }
+
+    /// Stops [`Loader::attach_sched_switch_dwarf`]'s accounting.
+    pub fn detach_sched_switch_dwarf(&mut self) -> Result<()> {
+        self.detach_switch_program(program_names::SCHED_SWITCH_DWARF)
+    }
+
+    fn attach_switch_program(&mut self, name: &'static str) -> Result<()> {
         let btf = Btf::from_sys_fs()
             .map_err(|e| LoaderError::KernelFeature(format!("kernel BTF ({KERNEL_BTF}): {e}")))?;
-        let name = program_names::SCHED_SWITCH;
         let program: &mut BtfTracePoint = self.program(name)?;
         program
             .load("sched_switch", &btf)
@@ -416,9 +479,7 @@ impl Loader {
         Ok(())
     }
 
-    /// Detaches the off-CPU program (the maps stay readable).
-    pub fn detach_sched_switch(&mut self) -> Result<()> {
-        let name = program_names::SCHED_SWITCH;
+    fn detach_switch_program(&mut self, name: &'static str) -> Result<()> {
         let program: &mut BtfTracePoint = self.program(name)?;
         program
             .unload()
