@@ -180,6 +180,42 @@ fn per_thread_puts_each_thread_under_its_own_frame() {
 }
 
 #[test]
+fn full_maps_are_reported_not_hidden() {
+    if !privileged() {
+        return;
+    }
+    // Room for 2 stacks and 4 keys: the rest cannot be recorded, and the summary says so.
+    let (out, _, dir) = profile_demo(
+        "profile-small-maps",
+        &["--stack-map-size", "2", "--map-size", "4"],
+    );
+    let lost = out
+        .lines()
+        .find(|l| l.starts_with("Lost: "))
+        .unwrap_or_else(|| panic!("no Lost line:\n{out}"));
+    let number_before = |what: &str| -> u64 {
+        lost.split(what)
+            .next()
+            .unwrap()
+            .rsplit(' ')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    assert!(number_before(" stacks not captured") > 0, "{lost}");
+    assert!(number_before(" samples or intervals dropped") > 0, "{lost}");
+    // What fit is still written, with missing stacks named as such.
+    assert!(
+        read(&dir, "wallclock.folded").contains("[missing "),
+        "{out}"
+    );
+    // With the default sizes nothing is lost.
+    let (out, _, _) = profile_demo("profile-default-maps", &[]);
+    assert!(out.contains("Nothing lost"), "{out}");
+}
+
+#[test]
 fn threads_blocked_since_before_the_start_are_accounted() {
     if !privileged() {
         return;
