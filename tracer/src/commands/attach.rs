@@ -13,7 +13,7 @@ use crate::{
     offcpu::{self, StackSource, ThreadNames},
     privileges,
     probe_plan::{ProbePlan, SiteInput, SiteMode},
-    render::flamegraph::{Palette, SvgOptions, write_flamegraph_svg, write_folded},
+    render::flamegraph::{FoldedStacks, Palette, SvgOptions, write_flamegraph_svg, write_folded},
     report::{AttachReport, LatencyReport, Losses, ProbeReport, TaskReport},
     runtimes::{self, LatencyDef, Runtime, TaskProbeDef},
     stop::{self, ProcessWatch, StopReason},
@@ -123,7 +123,7 @@ pub fn run(config: AttachConfig) -> Result<()> {
     loader.detach_sched_switch()?;
     eprintln!("Stopped: {reason}. Detached from process {pid}.");
 
-    let report = collect(
+    let (report, output_error) = collect(
         &loader,
         &plan,
         &config,
@@ -138,7 +138,10 @@ pub fn run(config: AttachConfig) -> Result<()> {
         Format::Text => print!("{}", report.to_text()),
         Format::Json => println!("{}", serde_json::to_string_pretty(&report.to_json())?),
     }
-    Ok(())
+    match output_error {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
 }
 
 /// The latencies to measure: every known runtime whose provider the target carries, plus
@@ -212,7 +215,7 @@ fn collect(
     reason: StopReason,
     now: u64,
     elapsed_ns: u64,
-) -> Result<AttachReport> {
+) -> Result<(AttachReport, Option<anyhow::Error>)> {
     let mut latencies = Vec::new();
     for (id, def) in plan.latencies.iter().enumerate() {
         let data = loader.latency(id as u32)?;
@@ -257,16 +260,10 @@ fn collect(
         threads,
     );
 
-    std::fs::create_dir_all(&config.output_dir).with_context(|| {
-        format!(
-            "cannot create output directory {}",
-            config.output_dir.display()
-        )
-    })?;
+    // The report is printed even when a file cannot be written; the error comes after.
+    let mut output_error = None;
     let folded_path = config.output_dir.join("offcpu.folded");
     let svg_path = config.output_dir.join("offcpu.svg");
-    write_folded(&profile.folded, &folded_path)
-        .with_context(|| format!("writing {}", folded_path.display()))?;
     let title = format!("Off-CPU time of {process_name} (pid {})", config.pid);
     let subtitle = format!(
         "{:.1} s traced, {} blocked intervals, {:.3} s blocked in all",
@@ -274,17 +271,9 @@ fn collect(
         profile.intervals,
         profile.total_ns as f64 / 1e9
     );
-    write_flamegraph_svg(
-        &profile.folded,
-        &svg_path,
-        &SvgOptions {
-            title: &title,
-            subtitle: Some(&subtitle),
-            count_name: "us",
-            palette: Palette::OffCpu,
-        },
-    )
-    .with_context(|| format!("writing {}", svg_path.display()))?;
+    if let Err(e) = write_view(&profile.folded, &folded_path, &svg_path, &title, &subtitle) {
+        output_error.get_or_insert(e);
+    }
 
     let has_task_probes = plan
         .sites
@@ -302,8 +291,6 @@ fn collect(
         let profile = tasks::build_profile(&times, loader, &mut symbolizer, maps, process_name);
         let folded_path = config.output_dir.join("tasks.folded");
         let svg_path = config.output_dir.join("tasks.svg");
-        write_folded(&profile.parked, &folded_path)
-            .with_context(|| format!("writing {}", folded_path.display()))?;
         let title = format!(
             "Where the tasks of {process_name} (pid {}) waited",
             config.pid
@@ -312,14 +299,9 @@ fn collect(
             "{} tasks; parked time by the stack where each parked",
             profile.tasks.len()
         );
-        let options = SvgOptions {
-            title: &title,
-            subtitle: Some(&subtitle),
-            count_name: "us",
-            palette: Palette::OffCpu,
-        };
-        write_flamegraph_svg(&profile.parked, &svg_path, &options)
-            .with_context(|| format!("writing {}", svg_path.display()))?;
+        if let Err(e) = write_view(&profile.parked, &folded_path, &svg_path, &title, &subtitle) {
+            output_error.get_or_insert(e);
+        }
         Some(TaskReport {
             profile,
             folded_path,
@@ -330,7 +312,7 @@ fn collect(
     };
 
     let counters = loader.counters()?;
-    Ok(AttachReport {
+    let report = AttachReport {
         pid: config.pid.get(),
         process_name: process_name.to_string(),
         stopped_by: reason,
@@ -348,7 +330,32 @@ fn collect(
             unmatched_ends: counters[counter::UNMATCHED_ENDS as usize],
             arg_read_errors: counters[counter::ARG_READ_ERRORS as usize],
         },
-    })
+    };
+    Ok((report, output_error))
+}
+
+/// Writes one flame graph view: its folded stacks and its SVG (creating the directory).
+fn write_view(
+    folded: &FoldedStacks,
+    folded_path: &Path,
+    svg_path: &Path,
+    title: &str,
+    subtitle: &str,
+) -> Result<()> {
+    if let Some(dir) = folded_path.parent() {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("cannot create output directory {}", dir.display()))?;
+    }
+    write_folded(folded, folded_path)
+        .with_context(|| format!("writing {}", folded_path.display()))?;
+    let options = SvgOptions {
+        title,
+        subtitle: Some(subtitle),
+        count_name: "us",
+        palette: Palette::OffCpu,
+    };
+    write_flamegraph_svg(folded, svg_path, &options)
+        .with_context(|| format!("writing {}", svg_path.display()))
 }
 
 impl From<&usdt::ProbeSite> for SiteInput {
