@@ -196,7 +196,12 @@ fn dwarf_unwinds_where_threads_block() {
         .and_then(|head| head.rsplit(' ').next())
         .and_then(|n| n.parse::<u64>().ok())
         .unwrap_or_else(|| panic!("no snapshot count in:\n{out}"));
-    assert!(snapshots > 0, "{out}");
+    // ~700 sleeps at one place: the snapshot is taken once the stack changed (and a
+    // few times before user space first unwound it), then reused.
+    assert!(
+        (1..=30).contains(&snapshots),
+        "{snapshots} snapshots:\n{out}"
+    );
     let (_, fp_folded) = profile_view(nofp_demo(), "fp", "sleep", "offcpu");
     let (fp_leaf, fp_chain, _) = leaf_stacks(&fp_folded, true);
     eprintln!("--unwind fp, off CPU: {fp_chain} of {fp_leaf} us blocked with the chain");
@@ -234,4 +239,32 @@ fn frames_found_by_frame_pointers_are_marked() {
     // With unwind tables nothing is marked.
     let (_, nofp_folded) = profile("dwarf", "spin");
     assert!(!nofp_folded.contains("chain_c [fp]"), "{nofp_folded}");
+}
+
+#[test]
+fn reused_snapshots_never_mix_up_callers() {
+    if !privileged() {
+        return;
+    }
+    // nap_short (1 ms) and nap_long (3 ms) alternate and block with the same registers:
+    // only the return addresses on the stack differ. Reusing a snapshot without checking
+    // them would put all the time under one of the two.
+    let (out, folded) = profile_view(nofp_demo(), "dwarf", "naps", "offcpu");
+    let weight_under = |name: &str| -> u64 {
+        folded
+            .lines()
+            .filter_map(|line| line.rsplit_once(' '))
+            .filter(|(stack, _)| stack.contains(&format!("spin_leaf;{name};")))
+            .map(|(_, weight)| weight.parse::<u64>().unwrap())
+            .sum()
+    };
+    let (short, long) = (weight_under("nap_short"), weight_under("nap_long"));
+    eprintln!("nap_short {short} us, nap_long {long} us\n{out}");
+    assert!(short + long > 1_000_000, "{folded}");
+    let long_share = long as f64 / (short + long) as f64;
+    assert!(
+        (0.65..=0.85).contains(&long_share),
+        "nap_long has {:.0}% of the naps' time, not ~75%:\n{folded}",
+        long_share * 100.0
+    );
 }

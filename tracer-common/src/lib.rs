@@ -41,6 +41,8 @@ pub mod map_names {
     pub const OFFCPU_SNAPSHOTS: &str = "OFFCPU_SNAPSHOTS";
     /// Per-CPU sequence numbers of off-CPU snapshots.
     pub const SNAPSHOT_SEQ: &str = "SNAPSHOT_SEQ";
+    /// What to check before reusing an off-CPU snapshot ([`super::SnapshotCheck`]).
+    pub const SNAPSHOT_CHECKS: &str = "SNAPSHOT_CHECKS";
 }
 
 /// Names of the eBPF programs (their function names in `tracer-ebpf`).
@@ -337,17 +339,31 @@ pub const FIRST_SNAPSHOT_ID: i32 = 1 << 30;
 
 /// Value of `OFFCPU_SNAPSHOTS` (keyed by thread id): the last snapshot of the thread's
 /// user stack sent at a `sched_switch`. A thread blocking again with the same user
-/// registers and the same frame-pointer stack is blocked at the same place: the
-/// snapshot is reused instead of copying the stack again.
+/// instruction and stack pointers reuses it if the stack words its unwinding read are
+/// still the same ([`SnapshotCheck`]): unwinding would give the same frames.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LastSnapshot {
     pub ip: u64,
     pub sp: u64,
-    pub bp: u64,
-    /// The frame-pointer stack id taken at the same switch.
-    pub fp_stack_id: i32,
     pub snapshot_id: i32,
+    pub _pad: u32,
+}
+
+/// Stack words a [`SnapshotCheck`] holds at most: unwinding that read more is only
+/// checked on its first reads (the innermost frames).
+pub const MAX_SNAPSHOT_CHECKS: usize = 32;
+
+/// Value of `SNAPSHOT_CHECKS` (keyed by snapshot id), written by user space once it
+/// unwound the snapshot: the stack words unwinding read, as offsets from the stack
+/// pointer and the values found there.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SnapshotCheck {
+    pub count: u32,
+    pub offsets: [u32; MAX_SNAPSHOT_CHECKS],
+    pub _pad: u32,
+    pub values: [u64; MAX_SNAPSHOT_CHECKS],
 }
 
 #[cfg(feature = "user")]
@@ -368,4 +384,5 @@ mod pod {
     unsafe impl aya::Pod for TaskKey {}
     unsafe impl aya::Pod for UnwindSample {}
     unsafe impl aya::Pod for LastSnapshot {}
+    unsafe impl aya::Pod for SnapshotCheck {}
 }

@@ -17,8 +17,8 @@ use aya_ebpf::{
 };
 use tracer_common::{
     LastSnapshot, LatencyStartKey, LatencyStats, MAX_LATENCIES, MAX_PROBES, MAX_USDT_SITES,
-    OffCpuKey, OffCpuStart, OffCpuTotal, OnCpuKey, TaskId, TaskKey, TaskState, UsdtSite, control,
-    counter, histogram,
+    OffCpuKey, OffCpuStart, OffCpuTotal, OnCpuKey, SnapshotCheck, TaskId, TaskKey, TaskState,
+    UsdtSite, control, counter, histogram,
 };
 
 /// Per-site argument specs and latency roles, indexed by the uprobe's BPF cookie.
@@ -79,6 +79,11 @@ static UNWIND_SAMPLES: RingBuf = RingBuf::with_byte_size(4096, 0);
 /// user space sizes it before load.
 #[map]
 static OFFCPU_SNAPSHOTS: LruHashMap<u32, LastSnapshot> = LruHashMap::with_max_entries(65536, 0);
+
+/// Per snapshot id, the stack words to check before reusing it, from user space; one
+/// entry unless user space sizes it before load.
+#[map]
+static SNAPSHOT_CHECKS: LruHashMap<i32, SnapshotCheck> = LruHashMap::with_max_entries(16384, 0);
 
 /// Per-CPU sequence numbers of off-CPU snapshots.
 #[map]

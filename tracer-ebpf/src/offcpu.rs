@@ -5,25 +5,28 @@
 //! With DWARF unwinding (`sched_switch_dwarf`) the user stack where a thread blocks is a
 //! snapshot (registers and stack bytes, see `snapshot`) unwound in user space, and its
 //! snapshot id stands for the user stack id. Copying 16 KiB at every switch would cost
-//! more than the switch, so a thread that blocks again with the same user registers and
-//! frame-pointer stack as its last snapshot reuses that snapshot's id.
+//! more than the switch, so a thread that blocks again with the same instruction and
+//! stack pointers as its last snapshot reuses that snapshot's id, once user space has
+//! unwound it and said which stack words the unwinding read (`SNAPSHOT_CHECKS`), and if
+//! those words are unchanged: unwinding again would give the same frames.
 
 use aya_ebpf::{
     bindings::BPF_F_USER_STACK,
     helpers::{
         bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns,
-        bpf_probe_read_kernel, generated::bpf_get_current_task,
+        bpf_probe_read_kernel, bpf_probe_read_user, generated::bpf_get_current_task,
     },
     programs::{BtfTracePointContext, tracing::StackIdContext as _},
 };
 use tracer_common::{
-    FIRST_SNAPSHOT_ID, LastSnapshot, NO_STACK, OffCpuKey, OffCpuStart, OffCpuTotal, counter,
+    FIRST_SNAPSHOT_ID, LastSnapshot, MAX_SNAPSHOT_CHECKS, NO_STACK, OffCpuKey, OffCpuStart,
+    OffCpuTotal, counter,
 };
 
 use crate::{
-    CLOCK_TICK_NS, MIN_BLOCK_NS, OFFCPU_SNAPSHOTS, OFFCPU_STARTS, OFFCPU_TIME, SNAPSHOT_SEQ,
-    STACKS, TARGET_START_TICKS, TARGET_TGID, TASK_GROUP_LEADER_OFFSET, TASK_PID_OFFSET,
-    TASK_START_BOOTTIME_OFFSET, count, setting, snapshot,
+    CLOCK_TICK_NS, MIN_BLOCK_NS, OFFCPU_SNAPSHOTS, OFFCPU_STARTS, OFFCPU_TIME, SNAPSHOT_CHECKS,
+    SNAPSHOT_SEQ, STACKS, TARGET_START_TICKS, TARGET_TGID, TASK_GROUP_LEADER_OFFSET,
+    TASK_PID_OFFSET, TASK_START_BOOTTIME_OFFSET, count, setting, snapshot,
 };
 
 /// `DWARF`: the user stack is a snapshot for user space to unwind (see the module docs).
@@ -55,10 +58,11 @@ fn record_switch_out<const DWARF: bool>(ctx: &BtfTracePointContext, now: u64) {
     if target != 0 && !is_target_process() {
         return;
     }
-    let mut user_stack_id = stack_id(ctx, BPF_F_USER_STACK as u64);
-    if DWARF {
-        user_stack_id = user_snapshot(tgid, tid, user_stack_id);
-    }
+    let user_stack_id = if DWARF {
+        user_snapshot(ctx, tgid, tid)
+    } else {
+        stack_id(ctx, BPF_F_USER_STACK as u64)
+    };
     let kernel_stack_id = stack_id(ctx, 0);
     let start = OffCpuStart {
         ts_ns: now,
@@ -76,9 +80,10 @@ fn record_switch_out<const DWARF: bool>(ctx: &BtfTracePointContext, now: u64) {
 /// thread blocks where it blocked then, else a new one. Falls back to the frame-pointer
 /// stack id (counted) when there are no user registers or no room in the ring buffer.
 #[inline(always)]
-fn user_snapshot(tgid: u32, tid: u32, fp_stack_id: i32) -> i32 {
+fn user_snapshot(ctx: &BtfTracePointContext, tgid: u32, tid: u32) -> i32 {
     let Some(regs) = snapshot::saved_user_regs() else {
-        // A kernel thread: no user stack either way.
+        let fp_stack_id = stack_id(ctx, BPF_F_USER_STACK as u64);
+        // A kernel thread has no user stack either way.
         if fp_stack_id != NO_STACK {
             count(counter::UNWIND_NO_USER_REGS);
         }
@@ -88,27 +93,47 @@ fn user_snapshot(tgid: u32, tid: u32, fp_stack_id: i32) -> i32 {
     if let Some(last) = unsafe { OFFCPU_SNAPSHOTS.get(&tid) }.copied()
         && last.ip == regs.ip
         && last.sp == regs.sp
-        && last.bp == regs.bp
-        && last.fp_stack_id == fp_stack_id
+        && still_valid(last.snapshot_id, regs.sp)
     {
         return last.snapshot_id;
     }
     let snapshot_id = next_snapshot_id();
     if !snapshot::send(&regs, tgid, tid, NO_STACK, snapshot_id as u32) {
         count(counter::UNWIND_RING_FULL);
-        return fp_stack_id;
+        return stack_id(ctx, BPF_F_USER_STACK as u64);
     }
     let last = LastSnapshot {
         ip: regs.ip,
         sp: regs.sp,
-        bp: regs.bp,
-        fp_stack_id,
         snapshot_id,
+        _pad: 0,
     };
-    // Full (an LRU map evicts instead) cannot happen; if it did, the next switch would
-    // only send another snapshot.
+    // LRU: a full map evicts another thread's entry, which then only sends a new snapshot.
     let _ = OFFCPU_SNAPSHOTS.insert(&tid, &last, 0);
     snapshot_id
+}
+
+/// Whether snapshot `snapshot_id` still describes the current thread's stack at `sp`:
+/// user space has unwound it, and every stack word that unwinding read is unchanged.
+#[inline(always)]
+fn still_valid(snapshot_id: i32, sp: u64) -> bool {
+    // SAFETY: map value pointer valid during the program; user space only replaces it.
+    let Some(check) = (unsafe { SNAPSHOT_CHECKS.get(&snapshot_id) }) else {
+        return false;
+    };
+    let count = check.count as usize;
+    for i in 0..MAX_SNAPSHOT_CHECKS {
+        if i >= count {
+            break;
+        }
+        let addr = sp.wrapping_add(check.offsets[i] as u64) as *const u64;
+        // SAFETY: the helper checks the user address and fails on a fault.
+        match unsafe { bpf_probe_read_user(addr) } {
+            Ok(value) if value == check.values[i] => {}
+            _ => return false,
+        }
+    }
+    true
 }
 
 /// A snapshot id no other CPU gives out: this CPU's sequence number, with the CPU number

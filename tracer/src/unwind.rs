@@ -22,7 +22,10 @@ use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
 use framehop::{ExplicitModuleSectionInfo, Module, Unwinder as _};
 use gimli::{BaseAddresses, CieOrFde, DebugFrame, EhFrame, LittleEndian, UnwindSection};
 use object::{Object as _, ObjectSection as _, ObjectSegment as _, ReadCache};
-use tracer_common::{FIRST_SNAPSHOT_ID, MAX_STACK_DEPTH, NO_STACK, OnCpuKey, UNWIND_STACK_BYTES};
+use tracer_common::{
+    FIRST_SNAPSHOT_ID, MAX_SNAPSHOT_CHECKS, MAX_STACK_DEPTH, NO_STACK, OnCpuKey, SnapshotCheck,
+    UNWIND_STACK_BYTES,
+};
 
 use crate::{
     offcpu::StackSource,
@@ -287,10 +290,22 @@ impl DwarfUnwinder {
         Self::default()
     }
 
-    /// Unwinds one snapshot with the mappings of its process (`None` when unknown).
-    pub fn add(&mut self, snapshot: &Snapshot<'_>, maps: Option<&ProcessMaps>) {
+    /// Unwinds one snapshot with the mappings of its process (`None` when unknown). For
+    /// an off-CPU snapshot, returns what the kernel is to check before reusing it: the
+    /// stack words unwinding read.
+    pub fn add(
+        &mut self,
+        snapshot: &Snapshot<'_>,
+        maps: Option<&ProcessMaps>,
+    ) -> Option<SnapshotCheck> {
+        let mut check = SnapshotCheck {
+            count: 0,
+            offsets: [0; MAX_SNAPSHOT_CHECKS],
+            _pad: 0,
+            values: [0; MAX_SNAPSHOT_CHECKS],
+        };
         let stack = match maps {
-            Some(maps) => self.unwind(snapshot, maps),
+            Some(maps) => self.unwind(snapshot, maps, &mut check),
             None => {
                 self.stats.no_maps += 1;
                 UnwoundStack {
@@ -306,7 +321,8 @@ impl DwarfUnwinder {
         if snapshot.snapshot_id != 0 {
             self.stats.offcpu_snapshots += 1;
             self.snapshots.insert(snapshot.snapshot_id as i32, stack);
-            return;
+            // Without mappings nothing was read: the snapshot is not to be reused.
+            return maps.is_some().then_some(check);
         }
         self.stats.samples += 1;
         self.stats.in_kernel += u64::from(snapshot.kernel_stack_id != NO_STACK);
@@ -314,9 +330,17 @@ impl DwarfUnwinder {
             .samples
             .entry((snapshot.tgid, snapshot.tid, snapshot.kernel_stack_id, stack))
             .or_default() += 1;
+        None
     }
 
-    fn unwind(&mut self, snapshot: &Snapshot<'_>, maps: &ProcessMaps) -> UnwoundStack {
+    /// Unwinds `snapshot`, noting in `reads` the first stack words read (unwinding is a
+    /// function of the registers and of those words only).
+    fn unwind(
+        &mut self,
+        snapshot: &Snapshot<'_>,
+        maps: &ProcessMaps,
+        reads: &mut SnapshotCheck,
+    ) -> UnwoundStack {
         let mapping_count = maps.mapped_files().count();
         let stale = self
             .processes
@@ -331,7 +355,14 @@ impl DwarfUnwinder {
         let mut read_stack = |addr: u64| -> Result<u64, ()> {
             let at = usize::try_from(addr.checked_sub(sp).ok_or(())?).map_err(|_| ())?;
             let bytes = stack.get(at..at.checked_add(8).ok_or(())?).ok_or(())?;
-            Ok(u64::from_le_bytes(bytes.try_into().map_err(|_| ())?))
+            let value = u64::from_le_bytes(bytes.try_into().map_err(|_| ())?);
+            let n = reads.count as usize;
+            if n < MAX_SNAPSHOT_CHECKS {
+                reads.offsets[n] = at as u32;
+                reads.values[n] = value;
+                reads.count += 1;
+            }
+            Ok(value)
         };
         let regs = UnwindRegsX86_64::new(snapshot.ip, snapshot.sp, snapshot.bp);
         let mut iter =

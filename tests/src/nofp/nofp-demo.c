@@ -1,7 +1,9 @@
 /* A target without frame pointers for tests/tests/unwind.rs: main -> chain_a ->
  * chain_b -> chain_c -> spin_leaf, for argv[1] milliseconds: on CPU spinning in user
  * mode, or with `read` reading /dev/zero (mostly in the kernel, entered through glibc),
- * or with `sleep` off CPU in 2 ms sleeps (nanosleep through glibc).
+ * or with `sleep` off CPU in 2 ms sleeps (nanosleep through glibc), or with `naps`
+ * alternating nap_short (1 ms) and nap_long (3 ms): two callers that block at the same
+ * instruction with the same stack pointer, told apart only by their return addresses.
  * Built with gcc -O2 -fomit-frame-pointer -fno-optimize-sibling-calls (no tail calls, so
  * every caller stays on the stack). Prints "ready pid=N" and, with --wait-for-signal,
  * waits for SIGUSR1 first; prints a JSON line when done. */
@@ -17,6 +19,17 @@ static volatile unsigned long sink;
 static volatile sig_atomic_t released;
 static int zero_fd = -1;
 static int sleeping;
+static int napping;
+
+__attribute__((noinline)) void nap_short(void) {
+    struct timespec t = {0, 1000000};
+    nanosleep(&t, NULL);
+}
+
+__attribute__((noinline)) void nap_long(void) {
+    struct timespec t = {0, 3000000};
+    nanosleep(&t, NULL);
+}
 static char buf[1 << 16];
 
 static void on_usr1(int sig) { (void)sig; released = 1; }
@@ -30,7 +43,9 @@ static double now_ms(void) {
 __attribute__((noinline)) unsigned long spin_leaf(double until_ms) {
     unsigned long n = 0;
     while (now_ms() < until_ms) {
-        if (sleeping) {
+        if (napping) {
+            if (n & 1) nap_long(); else nap_short();
+        } else if (sleeping) {
             struct timespec two_ms = {0, 2000000};
             nanosleep(&two_ms, NULL);
         } else if (zero_fd >= 0) {
@@ -68,6 +83,7 @@ int main(int argc, char **argv) {
         if (strcmp(argv[i], "--wait-for-signal") == 0) wait = 1;
         if (strcmp(argv[i], "read") == 0) zero_fd = open("/dev/zero", O_RDONLY);
         if (strcmp(argv[i], "sleep") == 0) sleeping = 1;
+        if (strcmp(argv[i], "naps") == 0) napping = 1;
     }
     sigset_t usr1, old;
     sigemptyset(&usr1);

@@ -18,7 +18,7 @@ use std::{
 };
 
 use anyhow::{Context as _, Result};
-use tracer_common::{OffCpuStart, STACK_BEFORE_START, UNWIND_STACK_BYTES, counter};
+use tracer_common::{OffCpuStart, STACK_BEFORE_START, SnapshotCheck, UNWIND_STACK_BYTES, counter};
 
 use crate::{
     cli::{ProfileConfig, UnwindMethod},
@@ -98,7 +98,11 @@ pub fn run(config: ProfileConfig) -> Result<()> {
     // With DWARF unwinding, user-mode samples come as stack snapshots through a ring
     // buffer, unwound as they arrive (the process's mappings are needed, so while it runs).
     let mut unwinding = match dwarf {
-        true => Some((loader.take_unwind_samples()?, DwarfUnwinder::new())),
+        true => Some(Unwinding {
+            ring: loader.take_unwind_samples()?,
+            checks: loader.take_snapshot_checks()?,
+            unwinder: DwarfUnwinder::new(),
+        }),
         false => None,
     };
     let started = stop::monotonic_ns();
@@ -140,14 +144,14 @@ pub fn run(config: ProfileConfig) -> Result<()> {
     );
 
     let work = async {
-        let Some((ring, unwinder)) = unwinding.as_mut() else {
+        let Some(unwinding) = unwinding.as_mut() else {
             return stop::every_second(|| refresh(&loader, &mut processes, pid)).await;
         };
         let mut ticker = tokio::time::interval(UNWIND_DRAIN_PERIOD);
         let mut refreshed: Option<Instant> = None;
         loop {
             ticker.tick().await;
-            drain_snapshots(ring, unwinder, &mut processes);
+            unwinding.drain(&mut processes);
             if refreshed.is_none_or(|at| at.elapsed() >= Duration::from_secs(1)) {
                 refresh(&loader, &mut processes, pid);
                 refreshed = Some(Instant::now());
@@ -169,8 +173,8 @@ pub fn run(config: ProfileConfig) -> Result<()> {
         loader.detach_oncpu_sampling()?;
         loader.detach_sched_switch()?;
     }
-    if let Some((ring, unwinder)) = unwinding.as_mut() {
-        drain_snapshots(ring, unwinder, &mut processes);
+    if let Some(unwinding) = unwinding.as_mut() {
+        unwinding.drain(&mut processes);
     }
     eprintln!("Stopped: {reason}. Detached.");
     if pid.is_none() {
@@ -189,7 +193,7 @@ pub fn run(config: ProfileConfig) -> Result<()> {
     };
     let mut oncpu = loader.oncpu_samples()?;
     let (unwind_stats, unwound) = match unwinding {
-        Some((_, unwinder)) => {
+        Some(Unwinding { unwinder, .. }) => {
             let stats = unwinder.stats;
             let (entries, stacks) = unwinder.finish();
             oncpu.extend(entries);
@@ -256,22 +260,35 @@ fn refresh(loader: &Loader, processes: &mut Processes, pid: Option<u32>) {
     processes.refresh();
 }
 
-/// Unwinds every stack snapshot waiting in the ring buffer, capturing the mappings of
-/// processes seen for the first time.
-fn drain_snapshots(
-    ring: &mut aya::maps::RingBuf<aya::maps::MapData>,
-    unwinder: &mut DwarfUnwinder,
-    processes: &mut Processes,
-) {
-    while let Some(record) = ring.next() {
-        let Some(snapshot) = Snapshot::parse(&record) else {
-            continue;
-        };
-        processes.observe(snapshot.tgid);
-        let maps = processes
-            .get(snapshot.tgid)
-            .and_then(|info| info.maps.as_ref());
-        unwinder.add(&snapshot, maps);
+/// `--unwind dwarf`: the snapshots from the kernel, and what user space tells it back.
+struct Unwinding {
+    ring: aya::maps::RingBuf<aya::maps::MapData>,
+    checks: aya::maps::HashMap<aya::maps::MapData, i32, SnapshotCheck>,
+    unwinder: DwarfUnwinder,
+}
+
+impl Unwinding {
+    /// Unwinds every stack snapshot waiting in the ring buffer, capturing the mappings
+    /// of processes seen for the first time, and lets the kernel reuse the off-CPU ones.
+    fn drain(&mut self, processes: &mut Processes) {
+        while let Some(record) = self.ring.next() {
+            let Some(snapshot) = Snapshot::parse(&record) else {
+                continue;
+            };
+            processes.observe(snapshot.tgid);
+            let maps = processes
+                .get(snapshot.tgid)
+                .and_then(|info| info.maps.as_ref());
+            if let Some(check) = self.unwinder.add(&snapshot, maps)
+                && let Err(e) = self.checks.insert(snapshot.snapshot_id as i32, check, 0)
+            {
+                // The kernel then sends a new snapshot each time: slower, not wrong.
+                log::debug!(
+                    "cannot publish the check of snapshot {}: {e}",
+                    snapshot.snapshot_id
+                );
+            }
+        }
     }
 }
 

@@ -20,8 +20,9 @@ use aya::{
 };
 use thiserror::Error;
 use tracer_common::{
-    LatencyStats, OffCpuKey, OffCpuStart, OffCpuTotal, OnCpuKey, TaskId, TaskKey, TaskState,
-    UsdtSite, control, counter, global_names, histogram, map_names, program_names, site_flags,
+    LatencyStats, OffCpuKey, OffCpuStart, OffCpuTotal, OnCpuKey, SnapshotCheck, TaskId, TaskKey,
+    TaskState, UsdtSite, control, counter, global_names, histogram, map_names, program_names,
+    site_flags,
 };
 
 pub use sys::supports_ref_ctr_offset;
@@ -514,6 +515,14 @@ impl Loader {
         let name = map_names::UNWIND_SAMPLES;
         let map = self.ebpf.take_map(name).ok_or(LoaderError::Missing(name))?;
         RingBuf::try_from(map).map_err(|source| LoaderError::Map { name, source })
+    }
+
+    /// Takes the map through which user space tells the kernel how to check that an
+    /// off-CPU snapshot can be reused ([`tracer_common::SnapshotCheck`] by snapshot id).
+    pub fn take_snapshot_checks(&mut self) -> Result<HashMap<MapData, i32, SnapshotCheck>> {
+        let name = map_names::SNAPSHOT_CHECKS;
+        let map = self.ebpf.take_map(name).ok_or(LoaderError::Missing(name))?;
+        HashMap::try_from(map).map_err(|source| LoaderError::Map { name, source })
     }
 
     /// Attaches perf_event program `name` to one CPU_CLOCK event per online CPU.
