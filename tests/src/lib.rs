@@ -6,6 +6,8 @@
 //!   truth (pauses, stop-the-world latencies, time spent sleeping and blocked) as JSON.
 //! - `wallclock-demo`: three threads spending the same wall time spinning, sleeping and
 //!   blocked on a lock, with their own clocks' account of it, for `tracer profile`.
+//! - `jit-demo`: runs code it generated at run time and names it in a perf map
+//!   (`/tmp/perf-PID.map`), as JIT compilers do.
 //! - `usdt-args`: USDT probes under provider `tracer_test` whose argument specs cover every
 //!   x86-64 form, with known values, to check decoded arguments one by one.
 //!

@@ -180,6 +180,45 @@ fn per_thread_puts_each_thread_under_its_own_frame() {
 }
 
 #[test]
+fn jit_compiled_frames_are_named_from_the_perf_map() {
+    if !privileged() {
+        return;
+    }
+    let dir = out_dir("profile-jit");
+    let target = Target::start(env!("CARGO_BIN_EXE_jit-demo"), &["--ms", "1500"]);
+    let pid = target.pid.to_string();
+    let perf_map = format!("/tmp/perf-{pid}.map");
+    let tracer = Tracer::start(&[
+        "profile",
+        "--pid",
+        &pid,
+        "-F",
+        "499",
+        "-o",
+        dir.to_str().unwrap(),
+    ]);
+    target.release();
+    target.finish();
+    let (ok, out, err) = tracer.finish();
+    let _ = std::fs::remove_file(&perf_map);
+    assert!(ok, "tracer failed: {err}");
+    let oncpu = read(&dir, "oncpu.folded");
+    let total = folded_total(&oncpu);
+    // Inside the generated code, named from the perf map, with its caller found through
+    // the frame pointer the code keeps.
+    let jit: u64 = oncpu
+        .lines()
+        .filter(|l| l.contains("jit_demo::run_jit;jit_spin_loop"))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<u64>().ok())
+        .sum();
+    eprintln!("{jit} of {total} us on CPU in jit_spin_loop\n{out}");
+    assert!(total > 500_000, "{oncpu}");
+    assert!(jit * 100 >= total * 80, "{jit} of {total} us:\n{oncpu}");
+    // Every frame came from frame pointers: nothing to tell apart, nothing marked.
+    assert!(!oncpu.contains(" [fp]"), "{oncpu}");
+}
+
+#[test]
 fn full_maps_are_reported_not_hidden() {
     if !privileged() {
         return;

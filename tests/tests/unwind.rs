@@ -142,6 +142,10 @@ fn frame_pointers_lose_the_callers() {
     assert_eq!(chain, 0, "{folded}");
     assert!(!folded.contains("chain_b;chain_c"), "{folded}");
     assert!(!out.contains("unwound with DWARF"), "{out}");
+    assert!(
+        !folded.contains(" [fp]"),
+        "nothing to tell apart:\n{folded}"
+    );
 }
 
 #[test]

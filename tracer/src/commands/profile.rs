@@ -197,9 +197,9 @@ pub fn run(config: ProfileConfig) -> Result<()> {
             let stats = unwinder.stats;
             let (entries, stacks) = unwinder.finish();
             oncpu.extend(entries);
-            (Some(stats), stacks)
+            (Some(stats), Some(stacks))
         }
-        None => (None, Default::default()),
+        None => (None, None),
     };
     let raw = RawProfile {
         oncpu,
@@ -208,19 +208,24 @@ pub fn run(config: ProfileConfig) -> Result<()> {
         now_ns: now,
     };
     let mut symbolizer = StackSymbolizer::new();
-    let profile = wallclock::build_profile(
-        &raw,
-        BuildOptions {
-            frequency_hz: config.frequency_hz,
-            per_thread: config.per_thread,
-        },
-        &WithUnwound {
-            kernel: &loader,
-            unwound: &unwound,
-        },
-        &mut symbolizer,
-        &processes,
-    );
+    let options = BuildOptions {
+        frequency_hz: config.frequency_hz,
+        per_thread: config.per_thread,
+    };
+    // Only a DWARF-unwound profile tells frames found by frame pointers apart.
+    let profile = match &unwound {
+        Some(unwound) => wallclock::build_profile(
+            &raw,
+            options,
+            &WithUnwound {
+                kernel: &loader,
+                unwound,
+            },
+            &mut symbolizer,
+            &processes,
+        ),
+        None => wallclock::build_profile(&raw, options, &loader, &mut symbolizer, &processes),
+    };
     let elapsed_ns = now - started;
     let outputs = write_outputs(
         &profile,
