@@ -219,6 +219,45 @@ fn jit_compiled_frames_are_named_from_the_perf_map() {
 }
 
 #[test]
+fn cpp_names_are_demangled() {
+    if !privileged() {
+        return;
+    }
+    let bin = compile_target(
+        "g++",
+        "src/cpp/cpp-demo.cpp",
+        "cpp-demo",
+        &["-fno-omit-frame-pointer"],
+    );
+    let dir = out_dir("profile-cpp");
+    let target = Target::start(bin.to_str().unwrap(), &["1000"]);
+    let pid = target.pid.to_string();
+    let tracer = Tracer::start(&[
+        "profile",
+        "--pid",
+        &pid,
+        "-F",
+        "499",
+        "-o",
+        dir.to_str().unwrap(),
+    ]);
+    target.release();
+    target.finish();
+    let (ok, out, err) = tracer.finish();
+    assert!(ok, "tracer failed: {err}");
+    let oncpu = read(&dir, "oncpu.folded");
+    let spin = "main;demo::Worker<int>::spin(double)";
+    let total = folded_total(&oncpu);
+    let named: u64 = oncpu
+        .lines()
+        .filter(|l| l.contains(spin))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<u64>().ok())
+        .sum();
+    eprintln!("{named} of {total} us under {spin}\n{out}");
+    assert!(named * 100 >= total * 80, "{named} of {total} us:\n{oncpu}");
+}
+
+#[test]
 fn full_maps_are_reported_not_hidden() {
     if !privileged() {
         return;

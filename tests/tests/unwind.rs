@@ -42,18 +42,9 @@ fn no_unwind_tables_demo() -> &'static Path {
 }
 
 fn compile_demo(name: &str, flags: &[&str]) -> PathBuf {
-    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/nofp/nofp-demo.c");
-    let bin = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
-    let status = Command::new("gcc")
-        .args(["-O2", "-g0", "-fno-optimize-sibling-calls"])
-        .args(flags)
-        .arg("-o")
-        .arg(&bin)
-        .arg(&source)
-        .status()
-        .expect("cannot run gcc");
-    assert!(status.success(), "gcc failed on {}", source.display());
-    bin
+    let mut all = vec!["-fno-optimize-sibling-calls"];
+    all.extend_from_slice(flags);
+    compile_target("gcc", "src/nofp/nofp-demo.c", name, &all)
 }
 
 /// Profiles one nofp-demo run (1.5 s; `workload` is `spin`, `read` or `sleep`) with

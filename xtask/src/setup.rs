@@ -142,9 +142,16 @@ fn have(program: &str) -> bool {
 }
 
 /// bpftrace is the reference the comparison tests check us against; bpftool lists the
-/// kernel's BPF programs and links, to check none of ours outlive the tracer.
+/// kernel's BPF programs and links, to check none of ours outlive the tracer; gcc and g++
+/// build the C and C++ test targets.
 fn ensure_test_tools() -> Result<()> {
-    let missing: Vec<&str> = [("bpftrace", "bpftrace"), ("bpftool", "bpftool")]
+    let tools = [
+        ("bpftrace", "bpftrace"),
+        ("bpftool", "bpftool"),
+        ("gcc", "gcc"),
+        ("g++", "g++"),
+    ];
+    let missing: Vec<&str> = tools
         .into_iter()
         .filter(|(bin, _)| !have(bin))
         .map(|(_, pkg)| pkg)

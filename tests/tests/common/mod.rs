@@ -187,3 +187,24 @@ pub fn folded_weight(folded: &str, frame: &str) -> u64 {
 }
 
 pub const SHORT: Duration = Duration::from_millis(200);
+
+/// Compiles the C or C++ test target `source` (relative to the tests crate) with
+/// `compiler` and `flags` (after -O2 -g0) into `name` in the tests' scratch directory.
+pub fn compile_target(compiler: &str, source: &str, name: &str, flags: &[&str]) -> PathBuf {
+    let source = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(source);
+    let bin = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
+    let status = Command::new(compiler)
+        .args(["-O2", "-g0"])
+        .args(flags)
+        .arg("-o")
+        .arg(&bin)
+        .arg(&source)
+        .status()
+        .unwrap_or_else(|e| panic!("cannot run {compiler}: {e}"));
+    assert!(
+        status.success(),
+        "{compiler} failed on {}",
+        source.display()
+    );
+    bin
+}
