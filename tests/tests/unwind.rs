@@ -10,7 +10,6 @@ mod common;
 
 use std::{
     path::{Path, PathBuf},
-    process::Command,
     sync::OnceLock,
 };
 
@@ -159,12 +158,7 @@ fn dwarf_unwinds_samples_taken_in_system_calls() {
     );
     let (_, fp_folded) = profile("fp", "read");
     let (_, fp_chain, _) = leaf_stacks(&fp_folded, true);
-    let fp_kernel: u64 = fp_folded
-        .lines()
-        .filter_map(|line| line.rsplit_once(' '))
-        .filter(|(stack, _)| stack.ends_with("_[k]"))
-        .map(|(_, weight)| weight.parse::<u64>().unwrap())
-        .sum();
+    let fp_kernel = folded_weight_where(&fp_folded, |stack| stack.ends_with("_[k]"));
     eprintln!("--unwind fp, in read(2): {fp_chain} of {fp_kernel} us in the kernel with the chain");
     assert!(fp_kernel > 200_000, "{fp_folded}");
     assert_eq!(fp_chain, 0, "{fp_folded}");
@@ -214,17 +208,10 @@ fn frames_found_by_frame_pointers_are_marked() {
     // through the frame pointer. (Where spin_leaf itself was interrupted, framehop first
     // tries the return address at the stack pointer, which may add an [unknown] frame.)
     let marked = "main [fp];chain_a [fp];chain_b [fp];chain_c [fp];";
-    let (total, through): (u64, u64) = folded
-        .lines()
-        .filter_map(|line| line.rsplit_once(' '))
-        .filter(|(stack, _)| stack.contains("spin_leaf"))
-        .fold((0, 0), |(total, through), (stack, weight)| {
-            let weight: u64 = weight.parse().unwrap();
-            (
-                total + weight,
-                through + weight * u64::from(stack.contains(marked)),
-            )
-        });
+    let total = folded_weight_where(&folded, |stack| stack.contains("spin_leaf"));
+    let through = folded_weight_where(&folded, |stack| {
+        stack.contains("spin_leaf") && stack.contains(marked)
+    });
     assert!(total > 300_000, "{folded}");
     assert!(
         through * 100 >= total * 95,
@@ -245,13 +232,10 @@ fn reused_snapshots_never_mix_up_callers() {
     // only the return addresses on the stack differ. Reusing a snapshot without checking
     // them would put all the time under one of the two.
     let (out, folded) = profile_view(nofp_demo(), "dwarf", "naps", "offcpu");
-    let weight_under = |name: &str| -> u64 {
-        folded
-            .lines()
-            .filter_map(|line| line.rsplit_once(' '))
-            .filter(|(stack, _)| stack.contains(&format!("spin_leaf;{name};")))
-            .map(|(_, weight)| weight.parse::<u64>().unwrap())
-            .sum()
+    let weight_under = |name: &str| {
+        folded_weight_where(&folded, |stack| {
+            stack.contains(&format!("spin_leaf;{name};"))
+        })
     };
     let (short, long) = (weight_under("nap_short"), weight_under("nap_long"));
     eprintln!("nap_short {short} us, nap_long {long} us\n{out}");

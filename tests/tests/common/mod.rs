@@ -116,7 +116,7 @@ impl Tracer {
         let mut early_stderr = String::new();
         loop {
             let mut line = String::new();
-            if stderr.read_line(&mut line).unwrap() == 0 {
+            if stderr.read_line(&mut line).unwrap_or(0) == 0 {
                 let out = child.wait_with_output().unwrap();
                 panic!(
                     "tracer exited before attaching ({}): {early_stderr}{}",
@@ -173,17 +173,11 @@ pub fn out_dir(name: &str) -> PathBuf {
 
 /// Sum of the weights of folded lines whose stack contains `frame`.
 pub fn folded_weight(folded: &str, frame: &str) -> u64 {
-    folded
-        .lines()
-        .filter(|line| {
-            line.split(';')
-                .any(|f| f.split(' ').next() == Some(frame) || f == frame)
-        })
-        .filter_map(|line| {
-            line.rsplit_once(' ')
-                .and_then(|(_, w)| w.parse::<u64>().ok())
-        })
-        .sum()
+    folded_weight_where(folded, |stack| {
+        stack
+            .split(';')
+            .any(|f| f.split(' ').next() == Some(frame) || f == frame)
+    })
 }
 
 pub const SHORT: Duration = Duration::from_millis(200);
@@ -207,4 +201,14 @@ pub fn compile_target(compiler: &str, source: &str, name: &str, flags: &[&str]) 
         source.display()
     );
     bin
+}
+
+/// The summed weight of the folded-stack lines whose stack passes `keep`.
+pub fn folded_weight_where(folded: &str, keep: impl Fn(&str) -> bool) -> u64 {
+    folded
+        .lines()
+        .filter_map(|line| line.rsplit_once(' '))
+        .filter(|(stack, _)| keep(stack))
+        .filter_map(|(_, weight)| weight.parse::<u64>().ok())
+        .sum()
 }
