@@ -8,7 +8,7 @@ mod common;
 use std::{
     collections::{BTreeMap, BTreeSet},
     io::{BufRead as _, BufReader},
-    os::unix::fs::{FileExt as _, MetadataExt as _, PermissionsExt as _},
+    os::unix::fs::{FileExt as _, PermissionsExt as _},
     path::{Path, PathBuf},
     process::{Command, Output, Stdio},
     sync::OnceLock,
@@ -219,68 +219,6 @@ fn list_needs_no_privileges() {
     assert!(!err.contains("panicked"), "{err}");
 }
 
-/// The USDT sites and semaphores of a process's executable at run-time addresses, from
-/// `tracer list -v` of /proc/PID/exe (the very file the process maps).
-struct ProbeSites {
-    sites: BTreeSet<u64>,
-    semaphores: BTreeSet<u64>,
-}
-
-impl ProbeSites {
-    fn of(pid: u32) -> Self {
-        let exe = format!("/proc/{pid}/exe");
-        let out = run_tracer(&["list", "-v", &exe]);
-        assert!(out.status.success(), "{out:?}");
-        let inode = std::fs::metadata(&exe).unwrap().ino();
-        // (start, end, offset, writable) of each mapping of the executable.
-        let maps: Vec<(u64, u64, u64, bool)> = std::fs::read_to_string(format!("/proc/{pid}/maps"))
-            .unwrap()
-            .lines()
-            .filter_map(|line| {
-                let fields: Vec<&str> = line.split_whitespace().collect();
-                if fields.len() < 6 || fields[4].parse::<u64>().ok()? != inode {
-                    return None;
-                }
-                let (start, end) = fields[0].split_once('-')?;
-                Some((
-                    u64::from_str_radix(start, 16).ok()?,
-                    u64::from_str_radix(end, 16).ok()?,
-                    u64::from_str_radix(fields[2], 16).ok()?,
-                    fields[1].contains('w'),
-                ))
-            })
-            .collect();
-        let address = |offset: u64, writable: bool| {
-            maps.iter()
-                .filter(|m| !writable || m.3)
-                .find(|m| m.2 <= offset && offset < m.2 + (m.1 - m.0))
-                .map(|m| m.0 + offset - m.2)
-                .unwrap_or_else(|| panic!("file offset {offset:#x} is not mapped: {maps:x?}"))
-        };
-        let (mut sites, mut semaphores) = (BTreeSet::new(), BTreeSet::new());
-        for line in String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .filter(|l| l.trim_start().starts_with("site "))
-        {
-            // `  site pc 0x.. (file offset 0x..), semaphore 0x.. (file offset 0x..)`
-            let offsets: Vec<u64> = line
-                .split("file offset 0x")
-                .skip(1)
-                .map(|rest| {
-                    let hex: String = rest.chars().take_while(char::is_ascii_hexdigit).collect();
-                    u64::from_str_radix(&hex, 16).unwrap()
-                })
-                .collect();
-            sites.insert(address(offsets[0], false));
-            if let Some(&semaphore) = offsets.get(1) {
-                semaphores.insert(address(semaphore, true));
-            }
-        }
-        assert!(!sites.is_empty() && !semaphores.is_empty());
-        Self { sites, semaphores }
-    }
-}
-
 /// Every readable page of process `pid`, by address (the kernel's [vvar] pages, which
 /// change by themselves, left out).
 fn snapshot(pid: u32) -> BTreeMap<u64, Vec<u8>> {
@@ -380,7 +318,7 @@ fn a_target_is_changed_only_at_semaphores_and_probe_sites_and_only_while_attache
         let attached = changes(&before, &during);
         let (mut breakpoints, mut raised) = (0, BTreeSet::new());
         for &(address, old, new) in &attached {
-            if probes.sites.contains(&address) {
+            if probes.is_site(address) {
                 assert_eq!(
                     new, 0xcc,
                     "{program}: site {address:#x}: {old:#x} -> {new:#x}"

@@ -3,7 +3,9 @@
 #![allow(dead_code)]
 
 use std::{
+    collections::BTreeSet,
     io::{BufRead as _, BufReader, Read as _},
+    os::unix::fs::{FileExt as _, MetadataExt as _},
     path::PathBuf,
     process::{Child, ChildStderr, Command, Stdio},
     time::Duration,
@@ -105,6 +107,8 @@ pub struct Tracer {
 
 impl Tracer {
     /// Starts `tracer ARGS` and returns once it printed that it attached.
+    // The child is waited for by `finish`, or by the early-exit path below.
+    #[allow(clippy::zombie_processes)]
     pub fn start(args: &[&str]) -> Tracer {
         let mut child = Command::new(tracer_bin())
             .args(args)
@@ -211,4 +215,133 @@ pub fn folded_weight_where(folded: &str, keep: impl Fn(&str) -> bool) -> u64 {
         .filter(|(stack, _)| keep(stack))
         .filter_map(|(_, weight)| weight.parse::<u64>().ok())
         .sum()
+}
+
+/// The USDT sites and semaphores of a running process's executable, at run-time addresses,
+/// from `tracer list -v` of /proc/PID/exe (the very file the process maps).
+pub struct ProbeSites {
+    pub pid: u32,
+    /// Address of each probe instruction, and its byte in the file.
+    pub sites: Vec<(u64, u8)>,
+    pub semaphores: Vec<u64>,
+}
+
+impl ProbeSites {
+    pub fn of(pid: u32) -> Self {
+        let exe = format!("/proc/{pid}/exe");
+        let out = run_tracer(&["list", "-v", &exe]);
+        let listing = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{out:?}");
+        let file = std::fs::read(&exe).unwrap();
+        let inode = std::fs::metadata(&exe).unwrap().ino();
+        // (start, end, offset, writable) of each mapping of the executable.
+        let maps: Vec<(u64, u64, u64, bool)> = std::fs::read_to_string(format!("/proc/{pid}/maps"))
+            .unwrap()
+            .lines()
+            .filter_map(|line| {
+                let fields: Vec<&str> = line.split_whitespace().collect();
+                if fields.len() < 6 || fields[4].parse::<u64>().ok()? != inode {
+                    return None;
+                }
+                let (start, end) = fields[0].split_once('-')?;
+                Some((
+                    u64::from_str_radix(start, 16).ok()?,
+                    u64::from_str_radix(end, 16).ok()?,
+                    u64::from_str_radix(fields[2], 16).ok()?,
+                    fields[1].contains('w'),
+                ))
+            })
+            .collect();
+        let address = |offset: u64, writable: bool| {
+            maps.iter()
+                .filter(|m| !writable || m.3)
+                .find(|m| m.2 <= offset && offset < m.2 + (m.1 - m.0))
+                .map(|m| m.0 + offset - m.2)
+                .unwrap_or_else(|| panic!("file offset {offset:#x} is not mapped: {maps:x?}"))
+        };
+        let mut sites = Vec::new();
+        let mut semaphores = BTreeSet::new();
+        for line in listing
+            .lines()
+            .filter(|l| l.trim_start().starts_with("site "))
+        {
+            // `  site pc 0x.. (file offset 0x..), semaphore 0x.. (file offset 0x..)`
+            let offsets: Vec<u64> = line
+                .split("file offset 0x")
+                .skip(1)
+                .map(|rest| {
+                    let hex: String = rest.chars().take_while(char::is_ascii_hexdigit).collect();
+                    u64::from_str_radix(&hex, 16).unwrap()
+                })
+                .collect();
+            sites.push((address(offsets[0], false), file[offsets[0] as usize]));
+            if let Some(&semaphore) = offsets.get(1) {
+                semaphores.insert(address(semaphore, true));
+            }
+        }
+        assert!(!sites.is_empty(), "no probe sites in {listing}");
+        assert!(!semaphores.is_empty(), "no semaphores in {listing}");
+        Self {
+            pid,
+            sites,
+            semaphores: semaphores.into_iter().collect(),
+        }
+    }
+
+    pub fn read(&self, address: u64, buf: &mut [u8]) {
+        let mem = std::fs::File::open(format!("/proc/{}/mem", self.pid)).unwrap();
+        mem.read_exact_at(buf, address)
+            .unwrap_or_else(|e| panic!("reading {address:#x} of {}: {e}", self.pid));
+    }
+
+    /// Whether `address` is a probe site.
+    pub fn is_site(&self, address: u64) -> bool {
+        self.sites.iter().any(|&(site, _)| site == address)
+    }
+
+    /// How many sites do not hold the file's instruction (a uprobe's breakpoint is there).
+    pub fn breakpoints(&self) -> usize {
+        self.sites
+            .iter()
+            .filter(|&&(address, original)| {
+                let mut byte = [0];
+                self.read(address, &mut byte);
+                byte[0] != original
+            })
+            .count()
+    }
+
+    pub fn semaphore_values(&self) -> Vec<u16> {
+        self.semaphores
+            .iter()
+            .map(|&address| {
+                let mut value = [0; 2];
+                self.read(address, &mut value);
+                u16::from_ne_bytes(value)
+            })
+            .collect()
+    }
+
+    /// Asserts the process carries nothing of a tracer: no breakpoint, every semaphore 0.
+    pub fn assert_untouched(&self, when: &str) {
+        assert_eq!(
+            self.breakpoints(),
+            0,
+            "{when}: breakpoints left in the target"
+        );
+        let values = self.semaphore_values();
+        assert!(
+            values.iter().all(|&v| v == 0),
+            "{when}: semaphores {values:?}"
+        );
+    }
+
+    /// Asserts a tracer is attached: breakpoints at some sites, some semaphore raised.
+    pub fn assert_attached(&self) {
+        assert!(self.breakpoints() > 0, "attached, yet no breakpoint");
+        assert!(
+            self.semaphore_values().iter().any(|&v| v > 0),
+            "attached, yet no semaphore raised"
+        );
+    }
 }
