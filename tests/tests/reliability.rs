@@ -469,11 +469,13 @@ fn attach_survives_sigint_sigterm_and_sigkill_and_leaves_nothing_behind() {
 }
 
 fn attach_signal_case(signal: i32, delay_ms: u64, reason: &str) {
-    const GCS: u64 = 150;
+    // About 10 s: the target must outlive the tracer's detach, which takes a while per
+    // probe site on a loaded machine.
+    const GCS: u64 = 250;
     let case = format!("attach, signal {signal} after {delay_ms} ms");
     let dir = out_dir(&format!("attach-signal-{signal}-{delay_ms}"));
     let gc_demo = executable_copy(GC_DEMO, &dir);
-    // About 6 s: 150 collections of 10 ms, 30 ms apart.
+    // 250 collections of 10 ms, 30 ms apart.
     let target = Target::start(
         gc_demo.to_str().unwrap(),
         &[
