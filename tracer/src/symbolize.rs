@@ -545,9 +545,10 @@ pub struct StackSymbolizer {
     /// Whether /proc/kallsyms shows real addresses; checked once.
     kallsyms_usable: Option<bool>,
     kernel_failed: bool,
-    /// Frames per (pid, lookup address) and per kernel address, named once.
-    user_cache: HashMap<(u32, u64), Vec<Frame>>,
-    kernel_cache: HashMap<u64, Vec<Frame>>,
+    /// Frames per (pid, lookup address) and per kernel address, named once; looked up
+    /// for every frame of every stack, so with a fast hash.
+    user_cache: foldhash::HashMap<(u32, u64), Vec<Frame>>,
+    kernel_cache: foldhash::HashMap<u64, Vec<Frame>>,
 }
 
 impl Default for StackSymbolizer {
@@ -575,8 +576,8 @@ impl StackSymbolizer {
             own_vdso: None,
             kallsyms_usable: None,
             kernel_failed: false,
-            user_cache: HashMap::new(),
-            kernel_cache: HashMap::new(),
+            user_cache: foldhash::HashMap::default(),
+            kernel_cache: foldhash::HashMap::default(),
         }
     }
 
