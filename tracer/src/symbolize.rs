@@ -16,10 +16,11 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read, Seek, SeekFrom};
+use std::io::{self, BufRead, Read, Seek, SeekFrom};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::LazyLock;
 
 use blazesym::symbolize::source::{Elf, Kernel, Process, Source};
 use blazesym::symbolize::{Input, Sym, Symbolized, Symbolizer};
@@ -544,9 +545,10 @@ pub struct StackSymbolizer {
     /// Whether /proc/kallsyms shows real addresses; checked once.
     kallsyms_usable: Option<bool>,
     kernel_failed: bool,
-    /// Frames per (pid, lookup address) and per kernel address, named once.
-    user_cache: HashMap<(u32, u64), Vec<Frame>>,
-    kernel_cache: HashMap<u64, Vec<Frame>>,
+    /// Frames per (pid, lookup address) and per kernel address, named once; looked up
+    /// for every frame of every stack, so with a fast hash.
+    user_cache: foldhash::HashMap<(u32, u64), Vec<Frame>>,
+    kernel_cache: foldhash::HashMap<u64, Vec<Frame>>,
 }
 
 impl Default for StackSymbolizer {
@@ -574,8 +576,8 @@ impl StackSymbolizer {
             own_vdso: None,
             kallsyms_usable: None,
             kernel_failed: false,
-            user_cache: HashMap::new(),
-            kernel_cache: HashMap::new(),
+            user_cache: foldhash::HashMap::default(),
+            kernel_cache: foldhash::HashMap::default(),
         }
     }
 
@@ -588,17 +590,21 @@ impl StackSymbolizer {
     /// zero-padded). Inlined functions come as extra frames before the function they
     /// were inlined into, so the result stays innermost first.
     pub fn user_frames(&mut self, maps: &ProcessMaps, addrs: &[u64]) -> Vec<Frame> {
-        // Profiles are many stacks over few distinct addresses: name each address once.
-        let lookups: Vec<(u64, u64)> = until_zero(addrs)
-            .iter()
-            .enumerate()
-            .map(|(slot, &addr)| (lookup_addr(slot, addr), addr))
-            .collect();
+        let stacks = self.user_stacks(maps, &[addrs]);
+        stacks.into_iter().flatten().cloned().collect()
+    }
+
+    /// Names many user stacks of the process `maps` was captured from, each as
+    /// [`StackSymbolizer::user_frames`] would. Profiles are many stacks over few distinct
+    /// addresses: each address is named once, all in one batch per mapped object, as
+    /// every call into blazesym has a fixed cost that stack-by-stack calls pay over and
+    /// over; and the frames are lent, not copied per stack.
+    pub fn user_stacks(&mut self, maps: &ProcessMaps, stacks: &[&[u64]]) -> Vec<Vec<&Frame>> {
         let pid = maps.pid();
-        let mut missing: Vec<(u64, u64)> = lookups
+        let mut missing: Vec<(u64, u64)> = stacks
             .iter()
+            .flat_map(|addrs| lookups(addrs))
             .filter(|(lookup, _)| !self.user_cache.contains_key(&(pid, *lookup)))
-            .copied()
             .collect();
         missing.sort_unstable();
         missing.dedup_by_key(|(lookup, _)| *lookup);
@@ -608,9 +614,14 @@ impl StackSymbolizer {
                 self.user_cache.insert((pid, lookup), frames);
             }
         }
-        lookups
+        let cache = &self.user_cache;
+        stacks
             .iter()
-            .flat_map(|(lookup, _)| self.user_cache[&(pid, *lookup)].iter().cloned())
+            .map(|addrs| {
+                lookups(addrs)
+                    .flat_map(|(lookup, _)| &cache[&(pid, lookup)])
+                    .collect()
+            })
             .collect()
     }
 
@@ -675,7 +686,15 @@ impl StackSymbolizer {
     /// the conventions) from /proc/kallsyms. Without real addresses there (not root, or
     /// `kptr_restrict`), every frame is [`UNKNOWN`].
     pub fn kernel_frames(&mut self, addrs: &[u64]) -> Vec<Frame> {
-        let addrs = until_zero(addrs);
+        let stacks = self.kernel_stacks(&[addrs]);
+        stacks.into_iter().flatten().cloned().collect()
+    }
+
+    /// Names many kernel stacks, each as [`StackSymbolizer::kernel_frames`] would, each
+    /// distinct address once and all in one batch (see [`StackSymbolizer::user_stacks`]).
+    pub fn kernel_stacks(&mut self, stacks: &[&[u64]]) -> Vec<Vec<&Frame>> {
+        static UNKNOWN_FRAME: LazyLock<Frame> = LazyLock::new(Frame::unknown);
+        let unknown = |addrs: &&[u64]| vec![&*UNKNOWN_FRAME; until_zero(addrs).len()];
         let usable = *self.kallsyms_usable.get_or_insert_with(|| {
             let usable = kallsyms_has_addresses();
             if !usable {
@@ -683,18 +702,14 @@ impl StackSymbolizer {
             }
             usable
         });
-        if !usable || self.kernel_failed || addrs.is_empty() {
-            return vec![Frame::unknown(); addrs.len()];
+        if !usable || self.kernel_failed {
+            return stacks.iter().map(unknown).collect();
         }
-        let lookups: Vec<u64> = addrs
+        let mut missing: Vec<u64> = stacks
             .iter()
-            .enumerate()
-            .map(|(i, &a)| lookup_addr(i, a))
-            .collect();
-        let mut missing: Vec<u64> = lookups
-            .iter()
-            .filter(|a| !self.kernel_cache.contains_key(a))
-            .copied()
+            .flat_map(|addrs| lookups(addrs))
+            .map(|(lookup, _)| lookup)
+            .filter(|lookup| !self.kernel_cache.contains_key(lookup))
             .collect();
         missing.sort_unstable();
         missing.dedup();
@@ -720,13 +735,18 @@ impl StackSymbolizer {
                 Err(err) => {
                     log::warn!("cannot symbolize kernel stacks: {err}");
                     self.kernel_failed = true;
-                    return vec![Frame::unknown(); addrs.len()];
+                    return stacks.iter().map(unknown).collect();
                 }
             }
         }
-        lookups
+        let cache = &self.kernel_cache;
+        stacks
             .iter()
-            .flat_map(|a| self.kernel_cache[a].iter().cloned())
+            .map(|addrs| {
+                lookups(addrs)
+                    .flat_map(|(lookup, _)| &cache[&lookup])
+                    .collect()
+            })
             .collect()
     }
 
@@ -829,13 +849,18 @@ fn read_perf_map(mut file: &File) -> io::Result<PerfMap> {
     Ok(parse_perf_map(&String::from_utf8_lossy(&bytes[..complete])))
 }
 
-/// The address to look up for frame `index`: return addresses point after the call.
-fn lookup_addr(index: usize, addr: u64) -> u64 {
-    if index == 0 {
-        addr
-    } else {
-        addr.saturating_sub(1)
-    }
+/// The (lookup address, address) of each frame of a stack as the kernel records it
+/// (innermost first, zero-padded): return addresses point after the call, so all but the
+/// first are looked up one byte earlier, inside the call instruction.
+fn lookups(addrs: &[u64]) -> impl Iterator<Item = (u64, u64)> + '_ {
+    until_zero(addrs).iter().enumerate().map(|(index, &addr)| {
+        let lookup = if index == 0 {
+            addr
+        } else {
+            addr.saturating_sub(1)
+        };
+        (lookup, addr)
+    })
 }
 
 fn until_zero(addrs: &[u64]) -> &[u64] {
@@ -876,13 +901,21 @@ fn fallback_frame(location: Location<'_>) -> Frame {
 
 /// True when /proc/kallsyms lists real (non-zero) addresses.
 fn kallsyms_has_addresses() -> bool {
-    let Ok(text) = fs::read_to_string("/proc/kallsyms") else {
+    // Only the head: the kernel takes ~0.1 s to print the whole file, and blazesym reads
+    // it again anyway to name the addresses.
+    let Ok(file) = File::open("/proc/kallsyms") else {
         return false;
     };
-    text.lines()
+    io::BufReader::new(file)
+        .lines()
+        .map_while(Result::ok)
         .take(100)
-        .filter_map(|line| line.split_whitespace().next())
-        .any(|addr| u64::from_str_radix(addr, 16).is_ok_and(|a| a != 0))
+        .any(|line| {
+            line.split_whitespace()
+                .next()
+                .and_then(|addr| u64::from_str_radix(addr, 16).ok())
+                .is_some_and(|a| a != 0)
+        })
 }
 
 #[cfg(test)]

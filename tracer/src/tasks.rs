@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use tracer_common::{OffCpuTotal, TaskId, TaskKey, TaskState, task_phase};
 
 use crate::{
-    offcpu::{StackSource, named_frames},
+    offcpu::{StackSource, user_stack_frames},
     render::flamegraph::FoldedStacks,
     symbolize::{ProcessMaps, StackSymbolizer},
 };
@@ -70,7 +70,17 @@ pub fn build_profile(
     process_name: &str,
 ) -> TaskProfile {
     let mut summaries: HashMap<u64, TaskSummary> = HashMap::new();
-    let mut frames_cache: HashMap<i32, Vec<String>> = HashMap::new();
+    let parked_stacks = times
+        .iter()
+        .filter(|(key, _)| key.phase != task_phase::RUNNING)
+        .map(|(key, _)| key.stack_id);
+    let names = user_stack_frames(
+        parked_stacks,
+        stacks,
+        symbolizer,
+        Some(maps),
+        str::to_string,
+    );
     let mut parked_ns: HashMap<Vec<String>, u64> = HashMap::new();
     for (key, total) in times {
         let summary = summaries.entry(key.task).or_insert_with(|| TaskSummary {
@@ -84,17 +94,8 @@ pub fn build_profile(
         }
         summary.parked_ns += total.total_ns;
         summary.parks += total.count;
-        let user = frames_cache.entry(key.stack_id).or_insert_with(|| {
-            named_frames(key.stack_id, stacks, "[missing user stack]", |addrs| {
-                symbolizer
-                    .user_frames(maps, addrs)
-                    .into_iter()
-                    .map(|f| f.name)
-                    .collect()
-            })
-        });
         let mut frames = vec![process_name.to_string(), format!("task {:#x}", key.task)];
-        frames.extend(user.iter().cloned());
+        frames.extend(names[&key.stack_id].iter().cloned());
         *parked_ns.entry(frames).or_default() += total.total_ns;
     }
     let mut profile = TaskProfile {

@@ -13,6 +13,7 @@
 //! are counted per thread and given ids of their own, so the rest of the profile names
 //! them like the kernel's stacks ([`WithUnwound`]).
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fs::File;
 use std::ops::Range;
@@ -501,7 +502,10 @@ impl<S: StackSource> StackSource for WithUnwound<'_, S> {
 /// found by frame pointers: `frames` as the symbolizer gives them for the stack's
 /// addresses (inlined functions first, then the function of each address),
 /// `by_frame_pointer` per address (empty: no suffixes).
-pub fn user_frame_names(frames: Vec<Frame>, by_frame_pointer: &[bool]) -> Vec<String> {
+pub fn user_frame_names<'f>(
+    frames: impl IntoIterator<Item = &'f Frame>,
+    by_frame_pointer: &[bool],
+) -> Vec<Cow<'f, str>> {
     let mut address = 0;
     frames
         .into_iter()
@@ -511,9 +515,9 @@ pub fn user_frame_names(frames: Vec<Frame>, by_frame_pointer: &[bool]) -> Vec<St
                 address += 1;
             }
             if fp {
-                frame.name + FRAME_POINTER_SUFFIX
+                Cow::Owned(format!("{}{FRAME_POINTER_SUFFIX}", frame.name))
             } else {
-                frame.name
+                Cow::Borrowed(frame.name.as_str())
             }
         })
         .collect()
@@ -620,15 +624,15 @@ mod tests {
             frame("main", false),
         ];
         assert_eq!(
-            user_frame_names(frames.clone(), &[false, true, true]),
+            user_frame_names(&frames, &[false, true, true]),
             ["leaf", "helper [fp]", "middle [fp]", "main [fp]"]
         );
         assert_eq!(
-            user_frame_names(frames.clone(), &[false, false, true]),
+            user_frame_names(&frames, &[false, false, true]),
             ["leaf", "helper", "middle", "main [fp]"]
         );
         assert_eq!(
-            user_frame_names(frames, &[]),
+            user_frame_names(&frames, &[]),
             ["leaf", "helper", "middle", "main"]
         );
     }

@@ -17,10 +17,9 @@ use std::path::Path;
 use tracer_common::{NO_STACK, OffCpuKey, OffCpuStart, OffCpuTotal, OnCpuKey, STACK_BEFORE_START};
 
 use crate::{
-    offcpu::{StackSource, ThreadNames, kernel_frame_names, named_frames},
+    offcpu::{StackSource, ThreadNames, kernel_stack_frames, user_stack_frames},
     render::{create_output_file, flamegraph::FoldedStacks},
     symbolize::{ProcessMaps, StackSymbolizer},
-    unwind::user_frame_names,
 };
 
 /// The leaf frame added to blocked time in the wall-clock view.
@@ -223,14 +222,13 @@ pub fn build_profile(
         });
     }
 
-    let mut namer = Namer {
-        stacks,
-        symbolizer,
-        processes,
-        per_thread: options.per_thread,
-        user: HashMap::new(),
-        kernel: HashMap::new(),
-    };
+    let keys: Vec<OffCpuKey> = raw
+        .oncpu
+        .iter()
+        .map(|(k, _)| *k)
+        .chain(offcpu.keys().copied())
+        .collect();
+    let namer = Namer::new(&keys, stacks, symbolizer, processes, options.per_thread);
     for &(key, samples) in &raw.oncpu {
         let weight = Weight {
             events: samples,
@@ -270,18 +268,51 @@ fn is_missing(key: &OffCpuKey) -> bool {
     missing(key.user_stack_id) || missing(key.kernel_stack_id)
 }
 
-/// Names stacks, caching each stack's frames.
-struct Namer<'a, S> {
-    stacks: &'a S,
-    symbolizer: &'a mut StackSymbolizer,
+/// Names the stacks of a profile: every distinct stack was named up front, in one batch
+/// per process and one for the kernel.
+struct Namer<'a> {
     processes: &'a Processes,
     per_thread: bool,
-    user: HashMap<(u32, i32), Vec<String>>,
-    kernel: HashMap<i32, Vec<String>>,
+    user: foldhash::HashMap<(u32, i32), Vec<String>>,
+    kernel: foldhash::HashMap<i32, Vec<String>>,
 }
 
-impl<S: StackSource> Namer<'_, S> {
-    fn frames(&mut self, key: &OffCpuKey) -> Vec<String> {
+impl<'a> Namer<'a> {
+    fn new(
+        keys: &[OffCpuKey],
+        stacks: &impl StackSource,
+        symbolizer: &mut StackSymbolizer,
+        processes: &'a Processes,
+        per_thread: bool,
+    ) -> Self {
+        let named = |id: i32| id != NO_STACK && id != STACK_BEFORE_START;
+        let mut user_ids: BTreeMap<u32, Vec<i32>> = BTreeMap::new();
+        for key in keys.iter().filter(|k| named(k.user_stack_id)) {
+            user_ids
+                .entry(key.tgid)
+                .or_default()
+                .push(key.user_stack_id);
+        }
+        let mut user = foldhash::HashMap::default();
+        for (tgid, ids) in user_ids {
+            let maps = processes.get(tgid).and_then(|p| p.maps.as_ref());
+            let names = user_stack_frames(ids, stacks, symbolizer, maps, str::to_string);
+            user.extend(names.into_iter().map(|(id, names)| ((tgid, id), names)));
+        }
+        let kernel_ids = keys
+            .iter()
+            .map(|k| k.kernel_stack_id)
+            .filter(|&id| id != NO_STACK);
+        let kernel = kernel_stack_frames(kernel_ids, stacks, symbolizer, str::to_string);
+        Self {
+            processes,
+            per_thread,
+            user,
+            kernel,
+        }
+    }
+
+    fn frames(&self, key: &OffCpuKey) -> Vec<String> {
         let process = self.processes.get(key.tgid);
         let mut frames = vec![match process {
             Some(p) => p.name.clone(),
@@ -296,32 +327,10 @@ impl<S: StackSource> Namer<'_, S> {
             return frames;
         }
         if key.user_stack_id != NO_STACK {
-            let (stacks, symbolizer) = (self.stacks, &mut *self.symbolizer);
-            let maps = process.and_then(|p| p.maps.as_ref());
-            let user = self
-                .user
-                .entry((key.tgid, key.user_stack_id))
-                .or_insert_with(|| {
-                    named_frames(key.user_stack_id, stacks, "[missing user stack]", |addrs| {
-                        match maps {
-                            Some(maps) => user_frame_names(
-                                symbolizer.user_frames(maps, addrs),
-                                &stacks.user_frames_by_frame_pointer(key.user_stack_id),
-                            ),
-                            // The process exited before its mappings were read.
-                            None => vec!["[unknown]".to_string()],
-                        }
-                    })
-                });
-            frames.extend(user.iter().cloned());
+            frames.extend(self.user[&(key.tgid, key.user_stack_id)].iter().cloned());
         }
         if key.kernel_stack_id != NO_STACK {
-            let (stacks, symbolizer) = (self.stacks, &mut *self.symbolizer);
-            let kernel = self
-                .kernel
-                .entry(key.kernel_stack_id)
-                .or_insert_with(|| kernel_frame_names(key.kernel_stack_id, stacks, symbolizer));
-            frames.extend(kernel.iter().cloned());
+            frames.extend(self.kernel[&key.kernel_stack_id].iter().cloned());
         }
         frames
     }

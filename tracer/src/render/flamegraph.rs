@@ -1,21 +1,36 @@
 //! Folded stacks (`frame;frame;frame COUNT`, the plain-text contract of flame graph
 //! tools) and their rendering to an SVG flame graph with inferno.
 
+use std::cmp::Ordering;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::io::{self, BufWriter, Write};
 use std::path::Path;
+use std::sync::OnceLock;
 
+use foldhash::HashMap;
 use inferno::flamegraph::{self, color::BasicPalette};
 
 use super::create_output_file;
+use crate::symbolize::UNKNOWN;
 
 /// Weighted stacks, keyed by their folded form (root frame first, frames joined by `;`).
 /// Kept sorted so output files are deterministic and inferno needs no re-sort.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default)]
 pub struct FoldedStacks {
     stacks: BTreeMap<String, u64>,
+    /// The folded text, built once for both the folded file and the flame graph (inferno
+    /// reads lines of text); cleared by every change.
+    text: OnceLock<String>,
 }
+
+impl PartialEq for FoldedStacks {
+    fn eq(&self, other: &Self) -> bool {
+        self.stacks == other.stacks
+    }
+}
+
+impl Eq for FoldedStacks {}
 
 /// A folded-stacks line that is not `STACK COUNT`.
 #[derive(Debug, thiserror::Error)]
@@ -47,8 +62,9 @@ impl FoldedStacks {
         }
         if key.is_empty() {
             // A stack with no frames still carries weight; keep it visible.
-            key.push_str("[unknown]");
+            key.push_str(UNKNOWN);
         }
+        self.text.take();
         let slot = self.stacks.entry(key).or_default();
         *slot = slot.saturating_add(weight);
     }
@@ -102,22 +118,158 @@ impl FoldedStacks {
         Ok(stacks)
     }
 
+    /// The folded text: one `STACK COUNT` line per stack, sorted.
+    pub fn text(&self) -> &str {
+        self.text.get_or_init(|| {
+            let len = self.stacks.keys().map(|stack| stack.len() + 22).sum();
+            let mut text = String::with_capacity(len);
+            for (stack, weight) in self.iter() {
+                text.push_str(stack);
+                text.push(' ');
+                text.push_str(itoa_u64(weight, &mut [0; 20]));
+                text.push('\n');
+            }
+            text
+        })
+    }
+
     /// Writes the folded lines, sorted.
     pub fn write_to(&self, mut out: impl Write) -> io::Result<()> {
-        for (stack, weight) in self.iter() {
-            writeln!(out, "{stack} {weight}")?;
-        }
-        Ok(())
+        out.write_all(self.text().as_bytes())
     }
 }
 
 impl fmt::Display for FoldedStacks {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (stack, weight) in self.iter() {
-            writeln!(f, "{stack} {weight}")?;
-        }
-        Ok(())
+        f.write_str(self.text())
     }
+}
+
+/// `value` in decimal, written at the end of `buf`; `format!` costs more per line.
+fn itoa_u64(mut value: u64, buf: &mut [u8; 20]) -> &str {
+    let mut start = buf.len();
+    loop {
+        start -= 1;
+        buf[start] = b'0' + (value % 10) as u8;
+        value /= 10;
+        if value == 0 {
+            break;
+        }
+    }
+    std::str::from_utf8(&buf[start..]).expect("ASCII digits")
+}
+
+/// Index of a frame name interned in a [`StackFolder`].
+pub type FrameId = u32;
+
+/// Builds [`FoldedStacks`] from stacks of interned frames. Profiles hold many stacks over
+/// few distinct frames: each distinct name is sanitized once, stacks are summed by their
+/// frame ids, and each distinct stack's text is built once at the end, instead of
+/// allocating and copying every frame of every stack.
+#[derive(Debug, Default)]
+pub struct StackFolder {
+    ids: HashMap<String, FrameId>,
+    /// Sanitized names, by id.
+    names: Vec<String>,
+    stacks: HashMap<Vec<FrameId>, u64>,
+}
+
+impl StackFolder {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The id of the frame named `name`.
+    pub fn frame(&mut self, name: &str) -> FrameId {
+        if let Some(&id) = self.ids.get(name) {
+            return id;
+        }
+        let id = FrameId::try_from(self.names.len()).expect("fewer than 2^32 frame names");
+        let mut sanitized = String::with_capacity(name.len());
+        push_sanitized(&mut sanitized, name);
+        self.names.push(sanitized);
+        self.ids.insert(name.to_string(), id);
+        id
+    }
+
+    /// The ids of `names`, in order.
+    pub fn frames(&mut self, names: &[String]) -> Vec<FrameId> {
+        names.iter().map(|name| self.frame(name)).collect()
+    }
+
+    /// Adds `weight` to the stack of `frames`, root first.
+    pub fn add(&mut self, frames: &[FrameId], weight: u64) {
+        if frames.is_empty() {
+            // As in `FoldedStacks::add`: a stack with no frames still carries weight.
+            let unknown = self.frame(UNKNOWN);
+            return self.add(&[unknown], weight);
+        }
+        match self.stacks.get_mut(frames) {
+            Some(slot) => *slot = slot.saturating_add(weight),
+            None => {
+                self.stacks.insert(frames.to_vec(), weight);
+            }
+        }
+    }
+
+    /// The folded stacks, each stack's summed weight converted by `weight` (e.g. from
+    /// nanoseconds to microseconds, once per stack so rounding loses nothing).
+    pub fn finish(self, weight: impl Fn(u64) -> u64) -> FoldedStacks {
+        let mut stacks: Vec<(Vec<FrameId>, u64)> = self.stacks.into_iter().collect();
+        // Sorted by frame ids in the order of their text: texts share long prefixes, so
+        // sorting them compares far more bytes.
+        stacks.sort_unstable_by(|(a, _), (b, _)| text_order(&self.names, a, b));
+        let mut sorted: Vec<(String, u64)> = Vec::with_capacity(stacks.len());
+        for (frames, sum) in stacks {
+            let text = join_frames(&self.names, &frames);
+            let weight = weight(sum);
+            match sorted.last_mut() {
+                // Distinct names that sanitize alike make the same text.
+                Some((last, slot)) if *last == text => *slot = slot.saturating_add(weight),
+                _ => sorted.push((text, weight)),
+            }
+        }
+        FoldedStacks {
+            stacks: sorted.into_iter().collect(),
+            text: OnceLock::new(),
+        }
+    }
+}
+
+/// The folded text of `frames`.
+fn join_frames(names: &[String], frames: &[FrameId]) -> String {
+    let len = frames.iter().map(|&id| names[id as usize].len() + 1).sum();
+    let mut text = String::with_capacity(len);
+    for &id in frames {
+        if !text.is_empty() {
+            text.push(';');
+        }
+        text.push_str(&names[id as usize]);
+    }
+    text
+}
+
+/// How the folded texts of stacks `a` and `b` compare, from their frames: at the first
+/// frame whose names differ, the first differing byte of the texts is in the names, or,
+/// when one name is a prefix of the other, the `;` (or end of text) after the shorter.
+fn text_order(names: &[String], a: &[FrameId], b: &[FrameId]) -> Ordering {
+    for (index, (&x, &y)) in a.iter().zip(b).enumerate() {
+        if x == y {
+            continue;
+        }
+        let (x, y) = (names[x as usize].as_bytes(), names[y as usize].as_bytes());
+        if x == y {
+            continue;
+        }
+        let common = x.iter().zip(y).take_while(|(p, q)| p == q).count();
+        let next = |name: &[u8], frames: &[FrameId]| {
+            name.get(common)
+                .copied()
+                .or((index + 1 < frames.len()).then_some(b';'))
+        };
+        return next(x, a).cmp(&next(y, b));
+    }
+    a.len().cmp(&b.len())
 }
 
 /// Appends `frame` to a folded stack: `;` would split the frame and control characters
@@ -127,7 +279,7 @@ impl fmt::Display for FoldedStacks {
 fn push_sanitized(out: &mut String, frame: &str) {
     let frame = frame.trim();
     if frame.is_empty() {
-        out.push_str("[unknown]");
+        out.push_str(UNKNOWN);
         return;
     }
     let start = out.len();
@@ -147,9 +299,7 @@ fn push_sanitized(out: &mut String, frame: &str) {
 /// Writes `stacks` as folded text to `path` (created like every output file, see
 /// [`create_output_file`]).
 pub fn write_folded(stacks: &FoldedStacks, path: &Path) -> io::Result<()> {
-    let mut out = BufWriter::new(create_output_file(path)?);
-    stacks.write_to(&mut out)?;
-    out.flush()
+    stacks.write_to(create_output_file(path)?)
 }
 
 /// Colors of a flame graph.
@@ -206,11 +356,7 @@ pub fn render_flamegraph_svg(
     });
     // Color by function name so the same function looks the same across runs.
     opts.hash = true;
-    let lines: Vec<String> = stacks
-        .iter()
-        .map(|(stack, weight)| format!("{stack} {weight}"))
-        .collect();
-    flamegraph::from_lines(&mut opts, lines.iter().map(String::as_str), out)
+    flamegraph::from_lines(&mut opts, stacks.text().lines(), out)
 }
 
 /// A small valid SVG with the title and "No samples collected".
@@ -271,6 +417,47 @@ mod tests {
             stacks.to_string(),
             "main;gc_collect 120\nmain;run_loop;epoll_wait 705\n"
         );
+    }
+
+    #[test]
+    fn folder_sorts_and_sums_like_folded_text() {
+        // Names that are prefixes of others, with bytes below and above `;` after them.
+        let names = [
+            "a",
+            "a-b",
+            "a;b",
+            "a:b",
+            "ab",
+            "a b",
+            "b",
+            "",
+            "[unknown]",
+            "a 12",
+        ];
+        let stacks: Vec<Vec<&str>> = (0..400usize)
+            .map(|i| {
+                (0..i % 4 + 1)
+                    .map(|depth| names[(i * 7 + depth * (i / 4)) % names.len()])
+                    .collect()
+            })
+            .collect();
+        let mut folder = StackFolder::new();
+        let mut expected = FoldedStacks::new();
+        for (weight, stack) in stacks.iter().enumerate() {
+            let ids: Vec<FrameId> = stack.iter().map(|name| folder.frame(name)).collect();
+            folder.add(&ids, weight as u64);
+            expected.add(stack, weight as u64);
+        }
+        let mut unique: Vec<Vec<FrameId>> = folder.stacks.keys().cloned().collect();
+        unique.sort_unstable_by(|a, b| text_order(&folder.names, a, b));
+        let texts: Vec<String> = unique
+            .iter()
+            .map(|f| join_frames(&folder.names, f))
+            .collect();
+        assert!(texts.is_sorted(), "{texts:#?}");
+        folder.add(&[], 3);
+        expected.add(Vec::<&str>::new(), 3);
+        assert_eq!(folder.finish(|w| w).to_string(), expected.to_string());
     }
 
     #[test]
