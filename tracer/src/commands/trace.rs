@@ -65,9 +65,7 @@ pub fn run(config: TraceConfig) -> Result<()> {
         },
         ..Settings::default()
     })?;
-    for (cookie, planned) in plan.sites.iter().enumerate() {
-        loader.attach_usdt(cookie as u32, &planned.site, &planned.attachment)?;
-    }
+    loader.attach_usdt_sites(&plan.usdt_sites())?;
     let events = loader.take_events()?;
     // Ctrl-C from the moment the line below is printed (and the command runs) must stop
     // the trace, not kill us.
