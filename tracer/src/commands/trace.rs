@@ -59,6 +59,7 @@ pub fn run(config: TraceConfig) -> Result<()> {
     let mut loader = Loader::load(&Settings {
         target_tgid: pid,
         ring_buffer_bytes: config.ring_buffer_bytes,
+        usdt_sites: Some((plan.sites.len() as u32, plan.probes.len() as u32)),
         features: Features {
             events: !config.count,
             ..Features::NONE

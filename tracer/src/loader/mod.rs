@@ -94,6 +94,9 @@ pub struct Settings {
     /// Size of the ring buffer of user stack snapshots (`profile --unwind dwarf`; a power
     /// of two, multiple of the page size); one page when unused.
     pub unwind_ring_bytes: u32,
+    /// How many USDT sites and probes will be attached, when known: the per-site and
+    /// per-probe arrays are created (and zeroed by the kernel) at that size only.
+    pub usdt_sites: Option<(u32, u32)>,
 }
 
 /// The kernel-side features a run uses.
@@ -165,6 +168,7 @@ impl Default for Settings {
             ring_buffer_bytes: 1 << 22,
             features: Features::ALL,
             unwind_ring_bytes: MIN_RING_BUFFER_BYTES,
+            usdt_sites: None,
         }
     }
 }
@@ -312,6 +316,10 @@ impl Loader {
         ]);
         for name in features.unused_maps() {
             max_entries.insert(name, 1);
+        }
+        if let Some((sites, probes)) = settings.usdt_sites {
+            max_entries.insert(map_names::USDT_SPECS, sites.max(1));
+            max_entries.insert(map_names::PROBE_HITS, probes.max(1));
         }
         let (maps, programs) = if features.offcpu || features.oncpu {
             let mut loader = EbpfLoader::new();
