@@ -130,9 +130,15 @@ fn setting<T: Copy>(global: &'static T) -> T {
 /// Adds one to a `COUNTERS` slot.
 #[inline(always)]
 fn count(index: u32) {
+    count_by(index, 1);
+}
+
+/// Adds `n` to a `COUNTERS` slot.
+#[inline(always)]
+fn count_by(index: u32, n: u64) {
     if let Some(slot) = COUNTERS.get_ptr_mut(index) {
         // SAFETY: per-CPU slot, valid while the program runs; no other writer on this CPU.
-        unsafe { *slot += 1 };
+        unsafe { *slot += n };
     }
 }
 

@@ -1,10 +1,17 @@
 //! USDT probe hits: hit counts, per-thread latencies, and argument decoding for events.
 
+use core::mem::MaybeUninit;
+
 use aya_ebpf::{
     EbpfContext as _,
+    bindings::pt_regs,
+    cty::c_void,
     helpers::{
-        bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_probe_read_user,
-        generated::bpf_get_attach_cookie,
+        bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel,
+        generated::{
+            bpf_get_attach_cookie, bpf_probe_read_kernel as bpf_probe_read_kernel_raw,
+            bpf_probe_read_user as bpf_probe_read_user_raw,
+        },
     },
     programs::ProbeContext,
 };
@@ -15,6 +22,7 @@ use tracer_common::{
 
 use crate::{
     LATENCY_HIST, LATENCY_STARTS, LATENCY_STATS, PROBE_HITS, USDT_EVENTS, USDT_SPECS, count,
+    count_by,
 };
 
 /// The site whose uprobe fired, found through the link's BPF cookie, counted as a hit.
@@ -130,6 +138,12 @@ fn emit_event(ctx: &ProbeContext, site: &UsdtSite, pid_tgid: u64, now: u64) {
         return;
     };
     let event = entry.as_mut_ptr();
+    let arg_count = (site.arg_count as usize).min(MAX_USDT_ARGS);
+    let regs = Registers::snapshot(ctx);
+    // Read failures (negative helper results) are OR-ed together and counted once, without
+    // a branch: branches on them would multiply the paths the verifier walks, and so its
+    // time at launch.
+    let mut failures = regs.failure;
     // SAFETY: `event` points at a reserved, writable ring buffer slot of the right size;
     // every field is written before submit.
     unsafe {
@@ -137,16 +151,104 @@ fn emit_event(ctx: &ProbeContext, site: &UsdtSite, pid_tgid: u64, now: u64) {
         (*event).pid = (pid_tgid >> 32) as u32;
         (*event).tid = pid_tgid as u32;
         (*event).probe_id = site.probe_id;
-        (*event).arg_count = site.arg_count as u32;
+        (*event).arg_count = arg_count as u32;
+        // Volatile stores, so the compiler does not turn them into a call to a memset loop
+        // that the verifier would walk byte by byte.
         for i in 0..MAX_USDT_ARGS {
-            (*event).args[i] = if i < site.arg_count as usize {
-                read_arg(ctx, &site.args[i])
-            } else {
-                0
-            };
+            core::ptr::write_volatile(&mut (*event).args[i], 0);
+        }
+        for i in 0..MAX_USDT_ARGS {
+            if i >= arg_count {
+                break;
+            }
+            let (value, failure) = decode_arg(&regs, &site.args[i]);
+            (*event).args[i] = value;
+            failures |= failure;
         }
     }
     entry.submit(0);
+    count_by(counter::ARG_READ_ERRORS, (failures as u64) >> 63);
+}
+
+/// The user registers at the probe, copied once so an argument's register is a stack
+/// read at a computed index instead of a helper call per register.
+struct Registers {
+    /// Written whole by the helper (zeroed on failure), so never left uninitialized; not
+    /// zeroed beforehand, which the compiler would do with a loop the verifier walks.
+    slots: MaybeUninit<[u64; REGISTER_SLOTS]>,
+    /// Negative when the copy failed (the registers then read as 0).
+    failure: i64,
+}
+
+const REGISTER_SLOTS: usize = core::mem::size_of::<pt_regs>() / 8;
+
+impl Registers {
+    #[inline(always)]
+    fn snapshot(ctx: &ProbeContext) -> Self {
+        let mut slots = MaybeUninit::<[u64; REGISTER_SLOTS]>::uninit();
+        // SAFETY: the destination is a stack buffer the size of pt_regs; the helper checks
+        // the source (and zeroes the destination on failure).
+        let failure = unsafe {
+            bpf_probe_read_kernel_raw(
+                slots.as_mut_ptr() as *mut c_void,
+                core::mem::size_of::<pt_regs>() as u32,
+                ctx.as_ptr() as *const c_void,
+            )
+        };
+        Registers { slots, failure }
+    }
+
+    /// The register at byte offset `reg_off` of `pt_regs`.
+    #[inline(always)]
+    fn get(&self, reg_off: u8) -> u64 {
+        // SAFETY: the helper wrote every slot (see `slots`).
+        let slots = unsafe { self.slots.assume_init_ref() };
+        slots.get(reg_off as usize / 8).copied().unwrap_or(0)
+    }
+}
+
+/// [`read_arg`] for events, with few branches: the index term is computed for every
+/// memory operand (`scale` is 0 unless the spec is indexed), user memory is read with
+/// one helper call whatever its size, and a failure is returned, not counted.
+#[inline(always)]
+fn decode_arg(regs: &Registers, arg: &UsdtArg) -> (u64, i64) {
+    let base = regs.get(arg.reg_off);
+    let (raw, failure) = match arg.kind {
+        arg_kind::CONST => (arg.val_off as u64, 0),
+        arg_kind::REG => (base, 0),
+        arg_kind::REG_DEREF | arg_kind::REG_DEREF_INDEXED => {
+            let index = regs.get(arg.idx_reg_off).wrapping_mul(arg.scale as u64);
+            let addr = base.wrapping_add(index).wrapping_add(arg.val_off as u64);
+            read_user_raw(addr, arg.size)
+        }
+        _ => (0, 0),
+    };
+    (widen_branchless(raw, arg.size, arg.signed), failure)
+}
+
+/// Reads exactly `size` bytes (1 to 8) of user memory, so a value at the end of a page
+/// is fine, with one helper call whatever the size (little-endian: the low bytes come
+/// first). The value is 0 when the read fails (the helper zeroes it), with the failure.
+#[inline(always)]
+fn read_user_raw(addr: u64, size: u8) -> (u64, i64) {
+    let mut value = 0u64;
+    let len = (size.wrapping_sub(1) & 7) as u32 + 1;
+    // SAFETY: `len` is at most 8, the size of `value`; the helper validates the user
+    // address and reports faults.
+    let failure = unsafe {
+        bpf_probe_read_user_raw((&mut value as *mut u64).cast(), len, addr as *const c_void)
+    };
+    (value, failure)
+}
+
+/// [`widen`] without a branch: sign extension as `(x ^ m) - m`, `m` the sign bit when
+/// signed and 0 when not.
+#[inline(always)]
+fn widen_branchless(raw: u64, size: u8, signed: u8) -> u64 {
+    let bits = 8 * ((size.wrapping_sub(1) & 7) as u32 + 1);
+    let low = raw & (u64::MAX >> (64 - bits));
+    let sign = ((signed & 1) as u64) << (bits - 1);
+    (low ^ sign).wrapping_sub(sign)
 }
 
 /// Decodes one argument as the spec says, widened to 64 bits.
@@ -186,19 +288,11 @@ fn register(ctx: &ProbeContext, reg_off: u8) -> u64 {
 /// Reads exactly `size` bytes of user memory, so a value at the end of a page is fine.
 #[inline(always)]
 fn read_user(addr: u64, size: u8) -> u64 {
-    // SAFETY: the helper validates the user address and reports faults.
-    let value = unsafe {
-        match size {
-            1 => bpf_probe_read_user(addr as *const u8).map(u64::from),
-            2 => bpf_probe_read_user(addr as *const u16).map(u64::from),
-            4 => bpf_probe_read_user(addr as *const u32).map(u64::from),
-            _ => bpf_probe_read_user(addr as *const u64),
-        }
-    };
-    value.unwrap_or_else(|_| {
+    let (value, failure) = read_user_raw(addr, size);
+    if failure != 0 {
         count(counter::ARG_READ_ERRORS);
-        0
-    })
+    }
+    value
 }
 
 /// Keeps the low `size` bytes, sign-extending when the spec says signed.

@@ -96,6 +96,15 @@ pub struct ProbePlan {
 }
 
 impl ProbePlan {
+    /// Every site with its BPF cookie, as `Loader::attach_usdt_sites` takes them.
+    pub fn usdt_sites(&self) -> Vec<(u32, &UsdtSite, &UsdtAttachment)> {
+        self.sites
+            .iter()
+            .enumerate()
+            .map(|(cookie, planned)| (cookie as u32, &planned.site, &planned.attachment))
+            .collect()
+    }
+
     /// Plans `sites` for process `pid` (or every process when `None`); `mode` says which
     /// sites beyond the latencies' are attached and whether hits become events.
     pub fn build(

@@ -73,11 +73,9 @@ pub fn run(config: AttachConfig) -> Result<()> {
         map_sizes: config.map_sizes,
         ..Settings::default()
     })?;
-    for (cookie, planned) in plan.sites.iter().enumerate() {
-        loader
-            .attach_usdt(cookie as u32, &planned.site, &planned.attachment)
-            .map_err(|e| gone_or(e, pid))?;
-    }
+    loader
+        .attach_usdt_sites(&plan.usdt_sites())
+        .map_err(|e| gone_or(e, pid))?;
     loader.attach_sched_switch()?;
     let started = stop::monotonic_ns();
 

@@ -59,15 +59,14 @@ pub fn run(config: TraceConfig) -> Result<()> {
     let mut loader = Loader::load(&Settings {
         target_tgid: pid,
         ring_buffer_bytes: config.ring_buffer_bytes,
+        usdt_sites: Some((plan.sites.len() as u32, plan.probes.len() as u32)),
         features: Features {
             events: !config.count,
             ..Features::NONE
         },
         ..Settings::default()
     })?;
-    for (cookie, planned) in plan.sites.iter().enumerate() {
-        loader.attach_usdt(cookie as u32, &planned.site, &planned.attachment)?;
-    }
+    loader.attach_usdt_sites(&plan.usdt_sites())?;
     let events = loader.take_events()?;
     // Ctrl-C from the moment the line below is printed (and the command runs) must stop
     // the trace, not kill us.

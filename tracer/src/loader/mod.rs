@@ -2,17 +2,19 @@
 //! loads the embedded eBPF object with this run's settings, attaches programs, and reads
 //! the kernel-side aggregates back as plain `tracer_common` values.
 
+mod object;
 mod sys;
 
 use std::{
-    os::fd::{AsFd as _, OwnedFd},
+    collections::HashMap as StdHashMap,
+    os::fd::{AsFd as _, BorrowedFd, OwnedFd},
     path::{Path, PathBuf},
     time::Duration,
 };
 
 use aya::{
     Btf, Ebpf, EbpfLoader,
-    maps::{Array, HashMap, MapData, PerCpuArray, RingBuf, StackTraceMap},
+    maps::{Array, HashMap, Map, MapData, PerCpuArray, RingBuf, StackTraceMap},
     programs::{
         BtfTracePoint, UProbe,
         perf_event::{PerfEvent, PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
@@ -93,6 +95,9 @@ pub struct Settings {
     /// Size of the ring buffer of user stack snapshots (`profile --unwind dwarf`; a power
     /// of two, multiple of the page size); one page when unused.
     pub unwind_ring_bytes: u32,
+    /// How many USDT sites and probes will be attached, when known: the per-site and
+    /// per-probe arrays are created (and zeroed by the kernel) at that size only.
+    pub usdt_sites: Option<(u32, u32)>,
     /// Sizes of the kernel's aggregation maps.
     pub map_sizes: MapSizes,
 }
@@ -198,6 +203,7 @@ impl Default for Settings {
             features: Features::ALL,
             unwind_ring_bytes: MIN_RING_BUFFER_BYTES,
             map_sizes: MapSizes::default(),
+            usdt_sites: None,
         }
     }
 }
@@ -255,9 +261,20 @@ pub struct LatencyData {
 
 /// The loaded programs and their maps.
 pub struct Loader {
-    ebpf: Ebpf,
+    maps: StdHashMap<String, Map>,
+    programs: Programs,
     usdt_links: Vec<UsdtLink>,
     uprobe_pmu_type: Option<u32>,
+}
+
+/// Where the programs come from.
+enum Programs {
+    /// Loaded by aya, for runs with the scheduler or sampling programs (its maps are
+    /// moved to `Loader::maps`).
+    Aya(Ebpf),
+    /// Only the USDT programs, from the object relocated without aya's loader, which
+    /// would parse the kernel's BTF for nothing (see `object.rs`).
+    Usdt(Box<object::UsdtPrograms>),
 }
 
 impl Loader {
@@ -301,42 +318,77 @@ impl Loader {
         } else {
             MIN_RING_BUFFER_BYTES
         };
-        let mut loader = EbpfLoader::new();
-        loader
-            // Our programs need no CO-RE relocations, so aya need not parse kernel BTF
-            // (the BTF tracepoint reads it when it is attached).
-            .btf(None)
-            .override_global(global_names::TARGET_TGID, &target_tgid, true)
-            .override_global(global_names::MIN_BLOCK_NS, &min_block_ns, true)
-            .override_global(global_names::TASK_PID_OFFSET, &task_pid_offset, true)
-            .override_global(
+        let globals: Vec<(&'static str, Vec<u8>)> = vec![
+            (global_names::TARGET_TGID, target_tgid.to_ne_bytes().into()),
+            (
+                global_names::MIN_BLOCK_NS,
+                min_block_ns.to_ne_bytes().into(),
+            ),
+            (
+                global_names::TASK_PID_OFFSET,
+                task_pid_offset.to_ne_bytes().into(),
+            ),
+            (
                 global_names::TASK_GROUP_LEADER_OFFSET,
-                &group_leader_offset,
-                true,
-            )
-            .override_global(
+                group_leader_offset.to_ne_bytes().into(),
+            ),
+            (
                 global_names::TASK_START_BOOTTIME_OFFSET,
-                &start_boottime_offset,
-                true,
-            )
-            .override_global(global_names::TARGET_START_TICKS, &target_start_ticks, true)
-            .override_global(global_names::CLOCK_TICK_NS, &clock_tick_ns, true)
-            .map_max_entries(map_names::USDT_EVENTS, ring_buffer_bytes)
-            .map_max_entries(map_names::UNWIND_SAMPLES, settings.unwind_ring_bytes);
+                start_boottime_offset.to_ne_bytes().into(),
+            ),
+            (
+                global_names::TARGET_START_TICKS,
+                target_start_ticks.to_ne_bytes().into(),
+            ),
+            (
+                global_names::CLOCK_TICK_NS,
+                clock_tick_ns.to_ne_bytes().into(),
+            ),
+        ];
+        let mut max_entries = StdHashMap::from([
+            (map_names::USDT_EVENTS, ring_buffer_bytes),
+            (map_names::UNWIND_SAMPLES, settings.unwind_ring_bytes),
+        ]);
         if let Some(stacks) = settings.map_sizes.stacks {
-            loader.map_max_entries(map_names::STACKS, stacks);
+            max_entries.insert(map_names::STACKS, stacks);
         }
         if let Some(entries) = settings.map_sizes.entries {
             for name in MapSizes::HASH_MAPS {
-                loader.map_max_entries(name, entries);
+                max_entries.insert(name, entries);
             }
         }
         for name in features.unused_maps() {
-            loader.map_max_entries(name, 1);
+            max_entries.insert(name, 1);
         }
-        let ebpf = loader.load(EBPF_OBJECT).map_err(LoaderError::Load)?;
+        if let Some((sites, probes)) = settings.usdt_sites {
+            max_entries.insert(map_names::USDT_SPECS, sites.max(1));
+            max_entries.insert(map_names::PROBE_HITS, probes.max(1));
+        }
+        let (maps, programs) = if features.offcpu || features.oncpu {
+            let mut loader = EbpfLoader::new();
+            // Our programs need no CO-RE relocations, so aya need not use kernel BTF
+            // (the BTF tracepoint reads it when it is attached).
+            loader.btf(None);
+            for (name, bytes) in &globals {
+                loader.override_global(name, bytes.as_slice(), true);
+            }
+            for (name, entries) in &max_entries {
+                loader.map_max_entries(name, *entries);
+            }
+            let mut ebpf = loader.load(EBPF_OBJECT).map_err(LoaderError::Load)?;
+            let names: Vec<String> = ebpf.maps().map(|(name, _)| name.to_owned()).collect();
+            let maps = names
+                .into_iter()
+                .filter_map(|name| Some((name.clone(), ebpf.take_map(&name)?)))
+                .collect();
+            (maps, Programs::Aya(ebpf))
+        } else {
+            let (maps, programs) = object::load(EBPF_OBJECT, &globals, &max_entries)?;
+            (maps, Programs::Usdt(Box::new(programs)))
+        };
         Ok(Self {
-            ebpf,
+            maps,
+            programs,
             usdt_links: Vec::new(),
             uprobe_pmu_type: None,
         })
@@ -345,7 +397,7 @@ impl Loader {
     /// Describes what a USDT site at BPF cookie `cookie` does when hit.
     fn set_usdt_site(&mut self, cookie: u32, site: &UsdtSite) -> Result<()> {
         let name = map_names::USDT_SPECS;
-        let map = self.ebpf.map_mut(name).ok_or(LoaderError::Missing(name))?;
+        let map = self.maps.get_mut(name).ok_or(LoaderError::Missing(name))?;
         let mut specs: Array<_, UsdtSite> =
             Array::try_from(map).map_err(|source| LoaderError::Map { name, source })?;
         specs
@@ -353,80 +405,63 @@ impl Loader {
             .map_err(|source| LoaderError::Map { name, source })
     }
 
-    /// Attaches one USDT site: `site` says what the kernel does at each hit and is found
-    /// through `cookie`. Sites that send events get the program with the argument
-    /// decoder; the others a lean one.
-    pub fn attach_usdt(
-        &mut self,
-        cookie: u32,
-        site: &UsdtSite,
-        target: &UsdtAttachment,
-    ) -> Result<()> {
-        self.set_usdt_site(cookie, site)?;
-        let pmu_type = match self.uprobe_pmu_type {
-            Some(t) => t,
-            None => {
-                let t = sys::uprobe_pmu_type()
-                    .map_err(|e| LoaderError::KernelFeature(format!("uprobe PMU: {e}")))?;
-                if !sys::supports_ref_ctr_offset() {
-                    return Err(LoaderError::KernelFeature(
-                        "the uprobe PMU cannot count USDT semaphores (ref_ctr_offset)".into(),
-                    ));
-                }
-                self.uprobe_pmu_type = Some(t);
-                t
+    /// Attaches USDT sites: each `(cookie, site, target)` says what the kernel does at
+    /// each hit of `target` (`site`, found through `cookie`). Sites that send events get
+    /// the program with the argument decoder; the others a lean one.
+    pub fn attach_usdt_sites(&mut self, sites: &[(u32, &UsdtSite, &UsdtAttachment)]) -> Result<()> {
+        let pmu_type = self.uprobe_pmu_type()?;
+        // The first uprobe registered waits for an RCU grace period (milliseconds), so the
+        // uprobes are opened on another thread while this one has the programs verified.
+        std::thread::scope(|scope| {
+            let opener = scope.spawn(|| {
+                sites
+                    .iter()
+                    .map(|(_, _, target)| open_uprobe(pmu_type, target))
+                    .collect::<Vec<_>>()
+            });
+            let prepared = sites.iter().try_for_each(|(cookie, site, _)| {
+                self.set_usdt_site(*cookie, site)?;
+                self.usdt_program(usdt_program_name(site)).map(drop)
+            });
+            let perf_events = opener
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+            prepared?;
+            for ((cookie, site, target), perf_event) in sites.iter().zip(perf_events) {
+                let perf_event = perf_event?;
+                let prog_fd = self.usdt_program(usdt_program_name(site))?;
+                let link = sys::link_perf_event(prog_fd, perf_event.as_fd(), u64::from(*cookie))
+                    .map_err(|e| attach_error(target, e))?;
+                self.usdt_links.push(UsdtLink {
+                    _link: link,
+                    _perf_event: perf_event,
+                });
             }
-        };
-        let name = if site.flags & site_flags::EMIT_EVENT != 0 {
-            program_names::USDT_EVENT
-        } else {
-            program_names::USDT
-        };
-        let program: &mut UProbe = self.program(name)?;
-        // Each program is verified once, when its first site is attached.
-        if program.fd().is_err() {
-            program
-                .load()
-                .map_err(|source| LoaderError::Program { name, source })?;
+            Ok(())
+        })
+    }
+
+    /// The uprobe PMU's perf event type, checked once to count USDT semaphores.
+    fn uprobe_pmu_type(&mut self) -> Result<u32> {
+        if let Some(t) = self.uprobe_pmu_type {
+            return Ok(t);
         }
-        let prog_fd = program
-            .fd()
-            .map_err(|source| LoaderError::Program { name, source })?;
-        let attach_error = |source: std::io::Error| match source.kind() {
-            std::io::ErrorKind::PermissionDenied => LoaderError::UprobeNotPermitted {
-                path: target.path.clone(),
-            },
-            _ => LoaderError::AttachUprobe {
-                path: target.path.clone(),
-                offset: target.offset,
-                pid: target.pid,
-                source,
-            },
-        };
-        let perf_event = sys::open_uprobe(
-            pmu_type,
-            &sys::UprobeTarget {
-                path: &target.path,
-                offset: target.offset,
-                ref_ctr_offset: target.semaphore_offset,
-                pid: target.pid,
-            },
-        )
-        .map_err(attach_error)?;
-        let link = sys::link_perf_event(prog_fd.as_fd(), perf_event.as_fd(), cookie.into())
-            .map_err(attach_error)?;
-        self.usdt_links.push(UsdtLink {
-            _link: link,
-            _perf_event: perf_event,
-        });
-        Ok(())
+        let t = sys::uprobe_pmu_type()
+            .map_err(|e| LoaderError::KernelFeature(format!("uprobe PMU: {e}")))?;
+        if !sys::supports_ref_ctr_offset() {
+            return Err(LoaderError::KernelFeature(
+                "the uprobe PMU cannot count USDT semaphores (ref_ctr_offset)".into(),
+            ));
+        }
+        self.uprobe_pmu_type = Some(t);
+        Ok(t)
     }
 
     /// Stops recording USDT hits now, in the kernel, before the slow detach: whatever
     /// fires afterwards is neither counted nor sent.
     pub fn stop_recording(&mut self) -> Result<()> {
         let name = map_names::CONTROL;
-        let map = self.ebpf.map_mut(name).ok_or(LoaderError::Missing(name))?;
+        let map = self.maps.get_mut(name).ok_or(LoaderError::Missing(name))?;
         let mut control: Array<_, u32> =
             Array::try_from(map).map_err(|source| LoaderError::Map { name, source })?;
         control
@@ -513,7 +548,7 @@ impl Loader {
     /// Takes the ring buffer of user stack snapshots ([`tracer_common::UnwindSample`]).
     pub fn take_unwind_samples(&mut self) -> Result<RingBuf<MapData>> {
         let name = map_names::UNWIND_SAMPLES;
-        let map = self.ebpf.take_map(name).ok_or(LoaderError::Missing(name))?;
+        let map = self.maps.remove(name).ok_or(LoaderError::Missing(name))?;
         RingBuf::try_from(map).map_err(|source| LoaderError::Map { name, source })
     }
 
@@ -521,7 +556,7 @@ impl Loader {
     /// off-CPU snapshot can be reused ([`tracer_common::SnapshotCheck`] by snapshot id).
     pub fn take_snapshot_checks(&mut self) -> Result<HashMap<MapData, i32, SnapshotCheck>> {
         let name = map_names::SNAPSHOT_CHECKS;
-        let map = self.ebpf.take_map(name).ok_or(LoaderError::Missing(name))?;
+        let map = self.maps.remove(name).ok_or(LoaderError::Missing(name))?;
         HashMap::try_from(map).map_err(|source| LoaderError::Map { name, source })
     }
 
@@ -561,7 +596,7 @@ impl Loader {
     pub fn seed_offcpu_starts(&mut self, starts: &[(u32, OffCpuStart)]) -> Result<()> {
         const BPF_NOEXIST: u64 = 1;
         let name = map_names::OFFCPU_STARTS;
-        let map = self.ebpf.map_mut(name).ok_or(LoaderError::Missing(name))?;
+        let map = self.maps.get_mut(name).ok_or(LoaderError::Missing(name))?;
         let mut map: HashMap<&mut MapData, u32, OffCpuStart> =
             HashMap::try_from(map).map_err(|source| LoaderError::Map { name, source })?;
         for (tid, start) in starts {
@@ -586,7 +621,7 @@ impl Loader {
     }
 
     fn per_cpu_array<T: aya::Pod>(&self, name: &'static str) -> Result<PerCpuArray<&MapData, T>> {
-        let map = self.ebpf.map(name).ok_or(LoaderError::Missing(name))?;
+        let map = self.maps.get(name).ok_or(LoaderError::Missing(name))?;
         PerCpuArray::try_from(map).map_err(|source| LoaderError::Map { name, source })
     }
 
@@ -594,21 +629,40 @@ impl Loader {
         &self,
         name: &'static str,
     ) -> Result<HashMap<&MapData, K, V>> {
-        let map = self.ebpf.map(name).ok_or(LoaderError::Missing(name))?;
+        let map = self.maps.get(name).ok_or(LoaderError::Missing(name))?;
         HashMap::try_from(map).map_err(|source| LoaderError::Map { name, source })
     }
 
-    /// Program `name` as its aya type (`UProbe`, `BtfTracePoint`, `PerfEvent`).
+    /// USDT program `name`, verified by the kernel when first used.
+    fn usdt_program(&mut self, name: &'static str) -> Result<BorrowedFd<'_>> {
+        match &mut self.programs {
+            Programs::Usdt(programs) => programs.fd(name),
+            Programs::Aya(ebpf) => {
+                let program: &mut UProbe = aya_program(ebpf, name)?;
+                if program.fd().is_err() {
+                    program
+                        .load()
+                        .map_err(|source| LoaderError::Program { name, source })?;
+                }
+                Ok(program
+                    .fd()
+                    .map_err(|source| LoaderError::Program { name, source })?
+                    .as_fd())
+            }
+        }
+    }
+
+    /// Program `name` as its aya type (`BtfTracePoint`, `PerfEvent`); only runs loaded
+    /// by aya have them.
     fn program<P>(&mut self, name: &'static str) -> Result<&mut P>
     where
         for<'p> &'p mut P:
             TryFrom<&'p mut aya::programs::Program, Error = aya::programs::ProgramError>,
     {
-        self.ebpf
-            .program_mut(name)
-            .ok_or(LoaderError::Missing(name))?
-            .try_into()
-            .map_err(|source| LoaderError::Program { name, source })
+        match &mut self.programs {
+            Programs::Aya(ebpf) => aya_program(ebpf, name),
+            Programs::Usdt(_) => Err(LoaderError::Missing(name)),
+        }
     }
 
     /// Every entry of hash map `name`.
@@ -708,7 +762,7 @@ impl Loader {
             return Ok(Vec::new());
         }
         let name = map_names::STACKS;
-        let map = self.ebpf.map(name).ok_or(LoaderError::Missing(name))?;
+        let map = self.maps.get(name).ok_or(LoaderError::Missing(name))?;
         let stacks =
             StackTraceMap::try_from(map).map_err(|source| LoaderError::Map { name, source })?;
         match stacks.get(&(id as u32), 0) {
@@ -721,9 +775,58 @@ impl Loader {
     /// Takes the event ring buffer (for `tracer trace`).
     pub fn take_events(&mut self) -> Result<RingBuf<MapData>> {
         let name = map_names::USDT_EVENTS;
-        let map = self.ebpf.take_map(name).ok_or(LoaderError::Missing(name))?;
+        let map = self.maps.remove(name).ok_or(LoaderError::Missing(name))?;
         RingBuf::try_from(map).map_err(|source| LoaderError::Map { name, source })
     }
+}
+
+/// The program for USDT site `site`.
+fn usdt_program_name(site: &UsdtSite) -> &'static str {
+    if site.flags & site_flags::EMIT_EVENT != 0 {
+        program_names::USDT_EVENT
+    } else {
+        program_names::USDT
+    }
+}
+
+/// Opens the uprobe perf event of one USDT site (not yet running any program).
+fn open_uprobe(pmu_type: u32, target: &UsdtAttachment) -> Result<OwnedFd> {
+    sys::open_uprobe(
+        pmu_type,
+        &sys::UprobeTarget {
+            path: &target.path,
+            offset: target.offset,
+            ref_ctr_offset: target.semaphore_offset,
+            pid: target.pid,
+        },
+    )
+    .map_err(|e| attach_error(target, e))
+}
+
+/// What a failure to attach to `target` means for the user.
+fn attach_error(target: &UsdtAttachment, source: std::io::Error) -> LoaderError {
+    match source.kind() {
+        std::io::ErrorKind::PermissionDenied => LoaderError::UprobeNotPermitted {
+            path: target.path.clone(),
+        },
+        _ => LoaderError::AttachUprobe {
+            path: target.path.clone(),
+            offset: target.offset,
+            pid: target.pid,
+            source,
+        },
+    }
+}
+
+/// Program `name` of `ebpf` as its aya type.
+fn aya_program<'e, P>(ebpf: &'e mut Ebpf, name: &'static str) -> Result<&'e mut P>
+where
+    for<'p> &'p mut P: TryFrom<&'p mut aya::programs::Program, Error = aya::programs::ProgramError>,
+{
+    ebpf.program_mut(name)
+        .ok_or(LoaderError::Missing(name))?
+        .try_into()
+        .map_err(|source| LoaderError::Program { name, source })
 }
 
 #[cfg(test)]

@@ -1,14 +1,15 @@
 //! The raw syscalls aya does not offer: a uprobe perf event whose semaphore the kernel
-//! counts (`ref_ctr_offset`), and a BPF link that attaches a program to it with a cookie.
+//! counts (`ref_ctr_offset`), a BPF link that attaches a program to it with a cookie, and
+//! the few program and map calls of a load without `EbpfLoader` (see `object.rs`).
 
 use std::{
-    ffi::CString,
+    ffi::{CStr, CString},
     io, mem,
     os::fd::{AsRawFd as _, BorrowedFd, FromRawFd as _, OwnedFd},
     path::Path,
 };
 
-use aya_obj::generated::{bpf_attach_type, bpf_cmd, perf_event_attr};
+use aya_obj::generated::{bpf_attach_type, bpf_cmd, bpf_insn, bpf_prog_type, perf_event_attr};
 
 const UPROBE_PMU_TYPE: &str = "/sys/bus/event_source/devices/uprobe/type";
 const UPROBE_REF_CTR_FORMAT: &str = "/sys/bus/event_source/devices/uprobe/format/ref_ctr_offset";
@@ -124,4 +125,151 @@ pub fn link_perf_event(
     }
     // SAFETY: the syscall returned a new fd that nothing else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// The `prog_load` member of `union bpf_attr`, up to `expected_attach_type`.
+#[repr(C)]
+struct ProgLoad {
+    prog_type: u32,
+    insn_cnt: u32,
+    insns: u64,
+    license: u64,
+    log_level: u32,
+    log_size: u32,
+    log_buf: u64,
+    kern_version: u32,
+    prog_flags: u32,
+    prog_name: [u8; 16],
+    prog_ifindex: u32,
+    expected_attach_type: u32,
+    /// The kernel checks that bytes it does not know are zero; keep room for them.
+    _reserved: [u64; 12],
+}
+
+/// Loads a program without BTF (the kernel verifies it here). On a verifier rejection
+/// the load is repeated with a log, whose tail is returned in the error.
+pub fn load_program(
+    prog_type: bpf_prog_type,
+    name: &str,
+    insns: &[bpf_insn],
+    license: &CStr,
+) -> io::Result<OwnedFd> {
+    let mut prog_name = [0u8; 16];
+    // The kernel takes at most 15 bytes and a NUL.
+    let len = name.len().min(prog_name.len() - 1);
+    prog_name[..len].copy_from_slice(&name.as_bytes()[..len]);
+    let attempt = |log: Option<&mut Vec<u8>>| {
+        let (log_level, log_size, log_buf) = match log {
+            Some(log) => (1, log.len() as u32, log.as_mut_ptr() as u64),
+            None => (0, 0, 0),
+        };
+        let attr = ProgLoad {
+            prog_type: prog_type as u32,
+            insn_cnt: insns.len() as u32,
+            insns: insns.as_ptr() as u64,
+            license: license.as_ptr() as u64,
+            log_level,
+            log_size,
+            log_buf,
+            kern_version: 0,
+            prog_flags: 0,
+            prog_name,
+            prog_ifindex: 0,
+            expected_attach_type: 0,
+            _reserved: [0; 12],
+        };
+        // SAFETY: attr is a valid bpf_attr prefix of the size passed; the instructions,
+        // license and log buffer it points to outlive the call.
+        let fd = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                bpf_cmd::BPF_PROG_LOAD as libc::c_long,
+                &attr as *const ProgLoad,
+                mem::size_of::<ProgLoad>() as u32,
+            )
+        };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: the syscall returned a new fd that nothing else owns.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+    };
+    attempt(None).or_else(|error| {
+        if error.raw_os_error() != Some(libc::EACCES) && error.raw_os_error() != Some(libc::EINVAL)
+        {
+            return Err(error);
+        }
+        let mut log = vec![0u8; 1 << 20];
+        match attempt(Some(&mut log)) {
+            Ok(fd) => Ok(fd),
+            Err(_) => {
+                let text = CStr::from_bytes_until_nul(&log)
+                    .map(|s| s.to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                let tail: Vec<&str> = text.lines().rev().take(20).collect();
+                let tail: Vec<&str> = tail.into_iter().rev().collect();
+                Err(io::Error::new(
+                    error.kind(),
+                    format!("{error}; verifier log (end):\n{}", tail.join("\n")),
+                ))
+            }
+        }
+    })
+}
+
+/// The `map_elem` member of `union bpf_attr`.
+#[repr(C)]
+struct MapElem {
+    map_fd: u32,
+    _pad: u32,
+    key: u64,
+    value: u64,
+    flags: u64,
+}
+
+fn map_command(cmd: bpf_cmd, attr: &MapElem) -> io::Result<()> {
+    // SAFETY: attr is a valid bpf_attr prefix of the size passed; what it points to
+    // outlives the call.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            cmd as libc::c_long,
+            attr as *const MapElem,
+            mem::size_of::<MapElem>() as u32,
+        )
+    };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Writes the single value of a global-data map (`.rodata`, `.data`, `.bss`) and, for
+/// read-only data, freezes it so the verifier may treat it as constants.
+pub fn fill_data_map(map: BorrowedFd<'_>, value: &[u8], freeze: bool) -> io::Result<()> {
+    let key = 0u32;
+    let fd = map.as_raw_fd() as u32;
+    map_command(
+        bpf_cmd::BPF_MAP_UPDATE_ELEM,
+        &MapElem {
+            map_fd: fd,
+            _pad: 0,
+            key: &key as *const u32 as u64,
+            value: value.as_ptr() as u64,
+            flags: 0,
+        },
+    )?;
+    if freeze {
+        map_command(
+            bpf_cmd::BPF_MAP_FREEZE,
+            &MapElem {
+                map_fd: fd,
+                _pad: 0,
+                key: 0,
+                value: 0,
+                flags: 0,
+            },
+        )?;
+    }
+    Ok(())
 }
