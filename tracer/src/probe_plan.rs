@@ -105,6 +105,11 @@ impl ProbePlan {
             .collect()
     }
 
+    /// Where each site's uprobe goes, in the order of [`ProbePlan::usdt_sites`].
+    pub fn attachments(&self) -> Vec<UsdtAttachment> {
+        self.sites.iter().map(|p| p.attachment.clone()).collect()
+    }
+
     /// Plans `sites` for process `pid` (or every process when `None`); `mode` says which
     /// sites beyond the latencies' are attached and whether hits become events.
     pub fn build(

@@ -61,6 +61,7 @@ pub fn run(config: AttachConfig) -> Result<()> {
     let mut threads = ThreadNames::default();
     threads.refresh(pid);
 
+    let opening = Loader::open_uprobes(plan.attachments());
     let mut loader = Loader::load(&Settings {
         target_tgid: Some(pid),
         min_block: config.min_block,
@@ -74,7 +75,7 @@ pub fn run(config: AttachConfig) -> Result<()> {
         ..Settings::default()
     })?;
     loader
-        .attach_usdt_sites(&plan.usdt_sites())
+        .attach_usdt_sites(&plan.usdt_sites(), opening)
         .map_err(|e| gone_or(e, pid))?;
     loader.attach_sched_switch()?;
     let started = stop::monotonic_ns();

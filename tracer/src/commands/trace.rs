@@ -56,6 +56,7 @@ pub fn run(config: TraceConfig) -> Result<()> {
     let plan = ProbePlan::build(&inputs, &[], &[], mode, pid)?;
     let signed: Vec<Vec<bool>> = probe_signedness(&plan);
 
+    let opening = Loader::open_uprobes(plan.attachments());
     let mut loader = Loader::load(&Settings {
         target_tgid: pid,
         ring_buffer_bytes: config.ring_buffer_bytes,
@@ -66,7 +67,7 @@ pub fn run(config: TraceConfig) -> Result<()> {
         },
         ..Settings::default()
     })?;
-    loader.attach_usdt_sites(&plan.usdt_sites())?;
+    loader.attach_usdt_sites(&plan.usdt_sites(), opening)?;
     let events = loader.take_events()?;
     // Ctrl-C from the moment the line below is printed (and the command runs) must stop
     // the trace, not kill us.

@@ -264,7 +264,6 @@ pub struct Loader {
     maps: StdHashMap<String, Map>,
     programs: Programs,
     usdt_links: Vec<UsdtLink>,
-    uprobe_pmu_type: Option<u32>,
 }
 
 /// Where the programs come from.
@@ -390,7 +389,6 @@ impl Loader {
             maps,
             programs,
             usdt_links: Vec::new(),
-            uprobe_pmu_type: None,
         })
     }
 
@@ -408,53 +406,49 @@ impl Loader {
     /// Attaches USDT sites: each `(cookie, site, target)` says what the kernel does at
     /// each hit of `target` (`site`, found through `cookie`). Sites that send events get
     /// the program with the argument decoder; the others a lean one.
-    pub fn attach_usdt_sites(&mut self, sites: &[(u32, &UsdtSite, &UsdtAttachment)]) -> Result<()> {
-        let pmu_type = self.uprobe_pmu_type()?;
-        // The first uprobe registered waits for an RCU grace period (milliseconds), so the
-        // uprobes are opened on another thread while this one has the programs verified.
-        std::thread::scope(|scope| {
-            let opener = scope.spawn(|| {
-                sites
-                    .iter()
-                    .map(|(_, _, target)| open_uprobe(pmu_type, target))
-                    .collect::<Vec<_>>()
+    pub fn attach_usdt_sites(
+        &mut self,
+        sites: &[(u32, &UsdtSite, &UsdtAttachment)],
+        opening: OpeningUprobes,
+    ) -> Result<()> {
+        let prepared = sites.iter().try_for_each(|(cookie, site, _)| {
+            self.set_usdt_site(*cookie, site)?;
+            self.usdt_program(usdt_program_name(site)).map(drop)
+        });
+        let perf_events = opening.wait()?;
+        prepared?;
+        if perf_events.len() != sites.len() {
+            return Err(LoaderError::KernelFeature(format!(
+                "{} uprobes opened for {} sites",
+                perf_events.len(),
+                sites.len()
+            )));
+        }
+        for ((cookie, site, target), perf_event) in sites.iter().zip(perf_events) {
+            let perf_event = perf_event?;
+            let prog_fd = self.usdt_program(usdt_program_name(site))?;
+            let link = sys::link_perf_event(prog_fd, perf_event.as_fd(), u64::from(*cookie))
+                .map_err(|e| attach_error(target, e))?;
+            self.usdt_links.push(UsdtLink {
+                _link: link,
+                _perf_event: perf_event,
             });
-            let prepared = sites.iter().try_for_each(|(cookie, site, _)| {
-                self.set_usdt_site(*cookie, site)?;
-                self.usdt_program(usdt_program_name(site)).map(drop)
-            });
-            let perf_events = opener
-                .join()
-                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-            prepared?;
-            for ((cookie, site, target), perf_event) in sites.iter().zip(perf_events) {
-                let perf_event = perf_event?;
-                let prog_fd = self.usdt_program(usdt_program_name(site))?;
-                let link = sys::link_perf_event(prog_fd, perf_event.as_fd(), u64::from(*cookie))
-                    .map_err(|e| attach_error(target, e))?;
-                self.usdt_links.push(UsdtLink {
-                    _link: link,
-                    _perf_event: perf_event,
-                });
-            }
-            Ok(())
-        })
+        }
+        Ok(())
     }
 
-    /// The uprobe PMU's perf event type, checked once to count USDT semaphores.
-    fn uprobe_pmu_type(&mut self) -> Result<u32> {
-        if let Some(t) = self.uprobe_pmu_type {
-            return Ok(t);
-        }
-        let t = sys::uprobe_pmu_type()
-            .map_err(|e| LoaderError::KernelFeature(format!("uprobe PMU: {e}")))?;
-        if !sys::supports_ref_ctr_offset() {
-            return Err(LoaderError::KernelFeature(
-                "the uprobe PMU cannot count USDT semaphores (ref_ctr_offset)".into(),
-            ));
-        }
-        self.uprobe_pmu_type = Some(t);
-        Ok(t)
+    /// Starts opening a uprobe at each of `targets`, on a thread of its own: the first
+    /// uprobe registered waits for an RCU grace period (milliseconds), which so overlaps
+    /// with loading and verifying the programs. Start it before [`Loader::load`]; hits
+    /// before [`Loader::attach_usdt_sites`] links the programs are not recorded.
+    pub fn open_uprobes(targets: Vec<UsdtAttachment>) -> OpeningUprobes {
+        OpeningUprobes(std::thread::spawn(move || {
+            let pmu_type = uprobe_pmu_type()?;
+            Ok(targets
+                .iter()
+                .map(|target| open_uprobe(pmu_type, target))
+                .collect())
+        }))
     }
 
     /// Stops recording USDT hits now, in the kernel, before the slow detach: whatever
@@ -801,6 +795,29 @@ fn open_uprobe(pmu_type: u32, target: &UsdtAttachment) -> Result<OwnedFd> {
         },
     )
     .map_err(|e| attach_error(target, e))
+}
+
+/// The uprobe PMU's perf event type, once checked to count USDT semaphores.
+fn uprobe_pmu_type() -> Result<u32> {
+    let t = sys::uprobe_pmu_type()
+        .map_err(|e| LoaderError::KernelFeature(format!("uprobe PMU: {e}")))?;
+    if !sys::supports_ref_ctr_offset() {
+        return Err(LoaderError::KernelFeature(
+            "the uprobe PMU cannot count USDT semaphores (ref_ctr_offset)".into(),
+        ));
+    }
+    Ok(t)
+}
+
+/// Uprobes being opened by [`Loader::open_uprobes`].
+pub struct OpeningUprobes(std::thread::JoinHandle<Result<Vec<Result<OwnedFd>>>>);
+
+impl OpeningUprobes {
+    fn wait(self) -> Result<Vec<Result<OwnedFd>>> {
+        self.0
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+    }
 }
 
 /// What a failure to attach to `target` means for the user.
