@@ -9,6 +9,8 @@ pub mod histogram;
 
 /// The most arguments a USDT probe can carry (SystemTap SDT v3).
 pub const MAX_USDT_ARGS: usize = 12;
+/// Sites with at most this many arguments send events with a smaller decoder program.
+pub const FEW_USDT_ARGS: usize = 3;
 /// Capacity of the per-site argument spec table (one entry per attached probe site).
 pub const MAX_USDT_SITES: u32 = 8192;
 /// How many latencies (begin/end probe pairs) can be measured at once.
@@ -49,6 +51,9 @@ pub mod map_names {
 pub mod program_names {
     pub const USDT: &str = "usdt_probe";
     pub const USDT_EVENT: &str = "usdt_event";
+    /// `usdt_event` for sites with at most [`super::FEW_USDT_ARGS`] arguments: quicker
+    /// to verify.
+    pub const USDT_EVENT_FEW: &str = "usdt_event_few";
     pub const SCHED_SWITCH: &str = "sched_switch";
     /// On-CPU sampling, attached to one CPU_CLOCK perf event per CPU.
     pub const ONCPU_SAMPLE: &str = "oncpu_sample";

@@ -154,7 +154,15 @@ pub fn usdt_probe(ctx: ProbeContext) -> u32 {
 /// so counting runs never carry (or verify) the argument decoder.
 #[uprobe]
 pub fn usdt_event(ctx: ProbeContext) -> u32 {
-    usdt::on_hit_with_event(&ctx);
+    usdt::on_hit_with_event::<{ tracer_common::MAX_USDT_ARGS }>(&ctx);
+    0
+}
+
+/// `usdt_event` for sites with at most `FEW_USDT_ARGS` arguments (most GC and task
+/// probes): the verifier walks a fraction of the paths, so a trace starts sooner.
+#[uprobe]
+pub fn usdt_event_few(ctx: ProbeContext) -> u32 {
+    usdt::on_hit_with_event::<{ tracer_common::FEW_USDT_ARGS }>(&ctx);
     0
 }
 

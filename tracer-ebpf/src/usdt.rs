@@ -64,12 +64,12 @@ pub fn on_hit(ctx: &ProbeContext) {
 
 /// Every hit with its decoded arguments, through the ring buffer (`tracer trace`).
 #[inline(always)]
-pub fn on_hit_with_event(ctx: &ProbeContext) {
+pub fn on_hit_with_event<const MAX_ARGS: usize>(ctx: &ProbeContext) {
     let Some(site) = hit_site(ctx) else {
         return;
     };
     let now = unsafe { bpf_ktime_get_ns() };
-    emit_event(ctx, site, bpf_get_current_pid_tgid(), now);
+    emit_event::<MAX_ARGS>(ctx, site, bpf_get_current_pid_tgid(), now);
 }
 
 #[inline(always)]
@@ -132,13 +132,15 @@ fn record_latency(latency_id: u32, ns: u64) {
 }
 
 #[inline(always)]
-fn emit_event(ctx: &ProbeContext, site: &UsdtSite, pid_tgid: u64, now: u64) {
+/// Decodes at most `MAX_ARGS` arguments: the verifier walks each one, so sites with few
+/// arguments get a program that is quicker to verify.
+fn emit_event<const MAX_ARGS: usize>(ctx: &ProbeContext, site: &UsdtSite, pid_tgid: u64, now: u64) {
     let Some(mut entry) = USDT_EVENTS.reserve::<UsdtEvent>(0) else {
         count(counter::EVENTS_LOST);
         return;
     };
     let event = entry.as_mut_ptr();
-    let arg_count = (site.arg_count as usize).min(MAX_USDT_ARGS);
+    let arg_count = (site.arg_count as usize).min(MAX_ARGS).min(MAX_USDT_ARGS);
     let regs = Registers::snapshot(ctx);
     // Read failures (negative helper results) are OR-ed together and counted once, without
     // a branch: branches on them would multiply the paths the verifier walks, and so its
@@ -157,7 +159,7 @@ fn emit_event(ctx: &ProbeContext, site: &UsdtSite, pid_tgid: u64, now: u64) {
         for i in 0..MAX_USDT_ARGS {
             core::ptr::write_volatile(&mut (*event).args[i], 0);
         }
-        for i in 0..MAX_USDT_ARGS {
+        for i in 0..MAX_ARGS.min(MAX_USDT_ARGS) {
             if i >= arg_count {
                 break;
             }

@@ -776,10 +776,12 @@ impl Loader {
 
 /// The program for USDT site `site`.
 fn usdt_program_name(site: &UsdtSite) -> &'static str {
-    if site.flags & site_flags::EMIT_EVENT != 0 {
-        program_names::USDT_EVENT
-    } else {
+    if site.flags & site_flags::EMIT_EVENT == 0 {
         program_names::USDT
+    } else if site.arg_count as usize <= tracer_common::FEW_USDT_ARGS {
+        program_names::USDT_EVENT_FEW
+    } else {
+        program_names::USDT_EVENT
     }
 }
 
