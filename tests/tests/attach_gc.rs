@@ -11,32 +11,15 @@ fn trace_gc_demo(
     name: &str,
     target_args: &[&str],
 ) -> (serde_json::Value, serde_json::Value, String) {
-    let dir = out_dir(name);
-    let target = Target::start(GC_DEMO, target_args);
-    let pid = target.pid.to_string();
-    let tracer = Tracer::start(&[
-        "attach",
-        "--pid",
-        &pid,
-        "--format",
-        "json",
-        "-o",
-        dir.to_str().unwrap(),
-    ]);
-    target.release();
-    let truth = target.finish();
-    let (ok, out, err) = tracer.finish();
-    assert!(ok, "tracer failed: {err}");
-    assert!(err.contains("target exited"), "{err}");
-    let report: serde_json::Value =
-        serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
-    let folded = std::fs::read_to_string(dir.join("offcpu.folded")).unwrap();
+    let run = attach_json(GC_DEMO, target_args, name, &[]);
+    assert!(run.stderr.contains("target exited"), "{}", run.stderr);
+    let folded = std::fs::read_to_string(run.dir.join("offcpu.folded")).unwrap();
     assert!(
-        std::fs::read_to_string(dir.join("offcpu.svg"))
+        std::fs::read_to_string(run.dir.join("offcpu.svg"))
             .unwrap()
             .contains("<svg")
     );
-    (report, truth, folded)
+    (run.report, run.truth, folded)
 }
 
 #[test]

@@ -454,29 +454,12 @@ fn a_latency_pair_given_with_the_flag_measures_what_the_builtin_pair_does() {
     if !privileged() {
         return;
     }
-    let dir = out_dir("latency-flag");
-    let target = Target::start(
+    let AttachRun { report, dir, .. } = attach_json(
         GC_DEMO,
         &["--gcs", "8", "--pause-ms", "10", "--interval-ms", "10"],
+        "latency-flag",
+        &["--latency", "tracer:gc__mark__begin,tracer:gc__mark__end"],
     );
-    let pid = target.pid.to_string();
-    let tracer = Tracer::start(&[
-        "attach",
-        "--pid",
-        &pid,
-        "--format",
-        "json",
-        "-o",
-        dir.to_str().unwrap(),
-        "--latency",
-        "tracer:gc__mark__begin,tracer:gc__mark__end",
-    ]);
-    target.release();
-    target.finish();
-    let (ok, out, err) = tracer.finish();
-    assert!(ok, "{err}");
-    let report: serde_json::Value =
-        serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
     let latencies = report["latencies"].as_object().unwrap();
     let requested: Vec<&String> = latencies
         .iter()

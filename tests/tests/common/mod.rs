@@ -345,3 +345,34 @@ impl ProbeSites {
         );
     }
 }
+
+/// One `tracer attach --format json` run over `program`'s whole life.
+pub struct AttachRun {
+    pub report: serde_json::Value,
+    pub truth: serde_json::Value,
+    pub dir: PathBuf,
+    pub stderr: String,
+}
+
+/// Starts `program TARGET_ARGS`, attaches `tracer attach --pid PID --format json -o DIR
+/// EXTRA` (DIR a fresh `out_dir(name)`), releases the target and waits for both.
+pub fn attach_json(program: &str, target_args: &[&str], name: &str, extra: &[&str]) -> AttachRun {
+    let dir = out_dir(name);
+    let target = Target::start(program, target_args);
+    let pid = target.pid.to_string();
+    let mut args = vec!["attach", "--pid", &pid, "--format", "json", "-o"];
+    args.push(dir.to_str().unwrap());
+    args.extend_from_slice(extra);
+    let tracer = Tracer::start(&args);
+    target.release();
+    let truth = target.finish();
+    let (ok, out, stderr) = tracer.finish();
+    assert!(ok, "tracer failed: {stderr}");
+    let report = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    AttachRun {
+        report,
+        truth,
+        dir,
+        stderr,
+    }
+}
