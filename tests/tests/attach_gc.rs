@@ -88,6 +88,21 @@ fn counts_every_gc_and_buckets_the_known_pause() {
         .find(|p| p["probe"].as_str().unwrap().ends_with(":tracer:gc__begin"))
         .unwrap();
     assert_eq!(begin["hits"], 12);
+    // The first hit is the first collection's: the kernel's clock reads just after the
+    // target's own, before the target does anything else.
+    let first_hit = begin["first_hit_monotonic_ns"].as_u64().unwrap();
+    let first_gc = truth["first_gc_begin_monotonic_ns"].as_u64().unwrap();
+    assert!(
+        first_hit >= first_gc && first_hit - first_gc < 5_000_000,
+        "first gc__begin hit at {first_hit} ns, the target fired it at {first_gc} ns"
+    );
+    for probe in hits {
+        assert_eq!(
+            probe["hits"] == 0,
+            probe["first_hit_monotonic_ns"].is_null(),
+            "{probe}"
+        );
+    }
 }
 
 #[test]

@@ -49,7 +49,11 @@ pub mod map_names {
 
 /// Names of the eBPF programs (their function names in `tracer-ebpf`).
 pub mod program_names {
+    /// Counting and latencies.
     pub const USDT: &str = "usdt_probe";
+    /// Counting, latencies and runtime task switches (a task id argument, park stacks):
+    /// a program of its own, so runs without task probes never verify that part.
+    pub const USDT_TASK: &str = "usdt_task";
     pub const USDT_EVENT: &str = "usdt_event";
     /// `usdt_event` for sites with at most [`super::FEW_USDT_ARGS`] arguments: quicker
     /// to verify.
@@ -177,6 +181,15 @@ pub struct UsdtEvent {
 pub struct LatencyStartKey {
     pub tid: u32,
     pub latency_id: u32,
+}
+
+/// Value of `PROBE_HITS` (by probe id), per CPU: how often the probe fired and when it
+/// first did on this CPU (CLOCK_MONOTONIC, like `bpf_ktime_get_ns`; 0 while `count` is 0).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProbeHits {
+    pub count: u64,
+    pub first_ns: u64,
 }
 
 /// Running totals of one latency, per CPU (summed in user space).
@@ -381,6 +394,7 @@ mod pod {
     unsafe impl aya::Pod for UsdtEvent {}
     unsafe impl aya::Pod for LatencyStartKey {}
     unsafe impl aya::Pod for LatencyStats {}
+    unsafe impl aya::Pod for ProbeHits {}
     unsafe impl aya::Pod for OffCpuStart {}
     unsafe impl aya::Pod for OffCpuKey {}
     unsafe impl aya::Pod for OffCpuTotal {}

@@ -17,8 +17,8 @@ use aya_ebpf::{
 };
 use tracer_common::{
     LastSnapshot, LatencyStartKey, LatencyStats, MAX_LATENCIES, MAX_PROBES, MAX_USDT_SITES,
-    OffCpuKey, OffCpuStart, OffCpuTotal, OnCpuKey, SnapshotCheck, TaskId, TaskKey, TaskState,
-    UsdtSite, control, counter, histogram,
+    OffCpuKey, OffCpuStart, OffCpuTotal, OnCpuKey, ProbeHits, SnapshotCheck, TaskId, TaskKey,
+    TaskState, UsdtSite, control, counter, histogram,
 };
 
 /// Per-site argument specs and latency roles, indexed by the uprobe's BPF cookie.
@@ -29,9 +29,14 @@ static USDT_SPECS: Array<UsdtSite> = Array::with_max_entries(MAX_USDT_SITES, 0);
 #[map]
 static USDT_EVENTS: RingBuf = RingBuf::with_byte_size(1 << 22, 0);
 
+/// Hash maps allocate entries when inserted rather than all when created: a 65536-entry map
+/// takes milliseconds to preallocate, which every run would wait for before attaching.
+const NO_PREALLOC: u32 = aya_ebpf::bindings::BPF_F_NO_PREALLOC;
+
 /// Start times of latencies open on a thread.
 #[map]
-static LATENCY_STARTS: HashMap<LatencyStartKey, u64> = HashMap::with_max_entries(16384, 0);
+static LATENCY_STARTS: HashMap<LatencyStartKey, u64> =
+    HashMap::with_max_entries(16384, NO_PREALLOC);
 
 /// Log-linear buckets of every latency: `latency_id * BUCKETS + bucket`.
 #[map]
@@ -44,27 +49,27 @@ static LATENCY_STATS: PerCpuArray<LatencyStats> = PerCpuArray::with_max_entries(
 
 /// Hits per probe id, whatever else the probe does.
 #[map]
-static PROBE_HITS: PerCpuArray<u64> = PerCpuArray::with_max_entries(MAX_PROBES, 0);
+static PROBE_HITS: PerCpuArray<ProbeHits> = PerCpuArray::with_max_entries(MAX_PROBES, 0);
 
 /// Threads currently off CPU: when they left and where.
 #[map]
-static OFFCPU_STARTS: HashMap<u32, OffCpuStart> = HashMap::with_max_entries(65536, 0);
+static OFFCPU_STARTS: HashMap<u32, OffCpuStart> = HashMap::with_max_entries(65536, NO_PREALLOC);
 
 /// Off-CPU time by thread and stacks.
 #[map]
-static OFFCPU_TIME: HashMap<OffCpuKey, OffCpuTotal> = HashMap::with_max_entries(65536, 0);
+static OFFCPU_TIME: HashMap<OffCpuKey, OffCpuTotal> = HashMap::with_max_entries(65536, NO_PREALLOC);
 
 /// On-CPU samples by thread and stacks.
 #[map]
-static ONCPU_SAMPLES: HashMap<OnCpuKey, u64> = HashMap::with_max_entries(65536, 0);
+static ONCPU_SAMPLES: HashMap<OnCpuKey, u64> = HashMap::with_max_entries(65536, NO_PREALLOC);
 
 /// Runtime tasks: what each is doing since when.
 #[map]
-static TASK_STATES: HashMap<TaskId, TaskState> = HashMap::with_max_entries(65536, 0);
+static TASK_STATES: HashMap<TaskId, TaskState> = HashMap::with_max_entries(65536, NO_PREALLOC);
 
 /// Running and parked time per task (parked time by the stack where it parked).
 #[map]
-static TASK_TIME: HashMap<TaskKey, OffCpuTotal> = HashMap::with_max_entries(65536, 0);
+static TASK_TIME: HashMap<TaskKey, OffCpuTotal> = HashMap::with_max_entries(65536, NO_PREALLOC);
 
 /// User and kernel stacks referenced by id.
 #[map]
@@ -142,11 +147,18 @@ fn count_by(index: u32, n: u64) {
     }
 }
 
-/// USDT sites for counting, latencies and tasks: the cookie says which site fired, the
-/// site says what to do.
+/// USDT sites for counting and latencies: the cookie says which site fired, the site says
+/// what to do.
 #[uprobe]
 pub fn usdt_probe(ctx: ProbeContext) -> u32 {
-    usdt::on_hit(&ctx);
+    usdt::on_hit::<false>(&ctx);
+    0
+}
+
+/// `usdt_probe` for sites that are also runtime task switches.
+#[uprobe]
+pub fn usdt_task(ctx: ProbeContext) -> u32 {
+    usdt::on_hit::<true>(&ctx);
     0
 }
 

@@ -36,20 +36,26 @@ fn hit_site(ctx: &ProbeContext) -> Option<&'static UsdtSite> {
     let site = USDT_SPECS.get(cookie)?;
     if let Some(hits) = PROBE_HITS.get_ptr_mut(site.probe_id) {
         // SAFETY: per-CPU slot, no concurrent writer on this CPU.
-        unsafe { *hits += 1 };
+        let hits = unsafe { &mut *hits };
+        if hits.count == 0 {
+            // SAFETY: the helper has no preconditions.
+            hits.first_ns = unsafe { bpf_ktime_get_ns() };
+        }
+        hits.count += 1;
     }
     Some(site)
 }
 
-/// Counting, latencies and tasks: no argument decoding but a task id's.
+/// Counting, latencies and, with `TASKS`, task switches: no argument decoding but a task
+/// id's.
 #[inline(always)]
-pub fn on_hit(ctx: &ProbeContext) {
+pub fn on_hit<const TASKS: bool>(ctx: &ProbeContext) {
     let Some(site) = hit_site(ctx) else {
         return;
     };
     let task_flags = site_flags::TASK_RUN | site_flags::TASK_PAUSE | site_flags::TASK_FINISH;
-    if site.latency_begin_count == 0 && site.latency_end_count == 0 && site.flags & task_flags == 0
-    {
+    let task_switch = TASKS && site.flags & task_flags != 0;
+    if site.latency_begin_count == 0 && site.latency_end_count == 0 && !task_switch {
         return;
     }
     let now = unsafe { bpf_ktime_get_ns() };
@@ -57,7 +63,7 @@ pub fn on_hit(ctx: &ProbeContext) {
     let tid = pid_tgid as u32;
     end_latencies(site, tid, now);
     begin_latencies(site, tid, now);
-    if site.flags & task_flags != 0 {
+    if task_switch {
         crate::tasks::on_task_probe(ctx, site, pid_tgid, now);
     }
 }

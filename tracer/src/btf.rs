@@ -1,6 +1,8 @@
-//! Just enough of BTF (the kernel's type format) to find a struct member's offset in the
-//! running kernel, so the eBPF programs can read `task_struct` fields without CO-RE.
-//! aya parses BTF too but keeps struct members private.
+//! Just enough of BTF (the kernel's type format) for what the eBPF programs need of the
+//! running kernel without CO-RE: a struct member's offset (`task_struct` fields) and a type's
+//! id (the `btf_trace_sched_switch` typedef a BTF tracepoint program is verified against).
+//! aya parses BTF too, but all of it (tens of milliseconds for vmlinux) and keeps struct
+//! members private; one linear scan here costs a few.
 
 use std::path::Path;
 
@@ -9,6 +11,7 @@ use thiserror::Error;
 const BTF_MAGIC: u16 = 0xeb9f;
 const HEADER_MIN_LEN: usize = 24;
 const KIND_STRUCT: u32 = 4;
+const KIND_TYPEDEF: u32 = 8;
 
 #[derive(Debug, Error)]
 pub enum BtfError {
@@ -23,67 +26,136 @@ pub enum BtfError {
     NoStruct(String),
     #[error("kernel BTF struct {0} has no member {1}")]
     NoMember(String, String),
+    #[error("kernel BTF has no typedef {0}")]
+    NoTypedef(String),
 }
 
-/// Byte offset of `member` in `struct name`, read from the BTF at `path`
-/// (normally `/sys/kernel/btf/vmlinux`).
-pub fn member_offset_in_file(path: &Path, name: &str, member: &str) -> Result<u32, BtfError> {
-    let data = std::fs::read(path).map_err(|source| BtfError::Read {
-        path: path.display().to_string(),
-        source,
-    })?;
-    member_offset(&data, name, member)
+/// BTF type information, read once and searched by name.
+pub struct Btf {
+    data: Bytes,
 }
 
-/// Byte offsets of several members of `struct name`, reading the BTF file once.
-pub fn member_offsets_in_file(
-    path: &Path,
-    name: &str,
-    members: &[&str],
-) -> Result<Vec<u32>, BtfError> {
-    let data = std::fs::read(path).map_err(|source| BtfError::Read {
-        path: path.display().to_string(),
-        source,
-    })?;
-    members
-        .iter()
-        .map(|member| member_offset(&data, name, member))
-        .collect()
+enum Bytes {
+    Owned(Vec<u8>),
+    /// sysfs serves /sys/kernel/btf/vmlinux a page per read(); kernels since 6.16 let it be
+    /// mapped, which reads nothing up front.
+    Mapped(memmap2::Mmap),
 }
 
-/// Byte offset of `member` in `struct name` within raw BTF bytes (little-endian).
-pub fn member_offset(data: &[u8], name: &str, member: &str) -> Result<u32, BtfError> {
-    let btf = Sections::parse(data)?;
-    let mut types = btf.types;
-    while types.len() >= 12 {
-        let name_off = u32_at(types, 0)?;
-        let info = u32_at(types, 4)?;
-        let kind = (info >> 24) & 0x1f;
-        let vlen = (info & 0xffff) as usize;
-        let kind_flag = info >> 31 == 1;
-        let extra = trailing_len(kind, vlen)?;
-        let body = types
-            .get(12..12 + extra)
-            .ok_or(BtfError::Malformed("truncated type"))?;
-        if kind == KIND_STRUCT && btf.string(name_off)? == name {
-            for i in 0..vlen {
-                let m = &body[i * 12..i * 12 + 12];
-                if btf.string(u32_at(m, 0)?)? == member {
-                    let offset = u32_at(m, 8)?;
-                    // With kind_flag, the high 8 bits hold a bitfield size.
-                    let bits = if kind_flag {
-                        offset & 0x00ff_ffff
-                    } else {
-                        offset
-                    };
-                    return Ok(bits / 8);
-                }
-            }
-            return Err(BtfError::NoMember(name.into(), member.into()));
+impl std::ops::Deref for Bytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Bytes::Owned(v) => v,
+            Bytes::Mapped(m) => m,
         }
-        types = &types[12 + extra..];
     }
-    Err(BtfError::NoStruct(name.into()))
+}
+
+/// One type of the types section: its id, header fields and the bytes that follow.
+struct TypeEntry<'a> {
+    id: u32,
+    vlen: usize,
+    kind_flag: bool,
+    body: &'a [u8],
+}
+
+impl Btf {
+    /// Reads the BTF at `path` (normally `/sys/kernel/btf/vmlinux`).
+    pub fn read(path: &Path) -> Result<Self, BtfError> {
+        let error = |source| BtfError::Read {
+            path: path.display().to_string(),
+            source,
+        };
+        let file = std::fs::File::open(path).map_err(error)?;
+        // SAFETY: kernel BTF never changes while the kernel runs; for other files a
+        // concurrent writer could change what is read, never memory safety beyond that
+        // (the parser bounds-checks every access).
+        // The kernel maps it private and read-only only.
+        let data = match unsafe { memmap2::MmapOptions::new().map_copy_read_only(&file) } {
+            Ok(map) => Bytes::Mapped(map),
+            Err(_) => Bytes::Owned(std::fs::read(path).map_err(error)?),
+        };
+        Sections::parse(&data)?;
+        Ok(Self { data })
+    }
+
+    /// Raw little-endian BTF bytes; the header is checked here, the types when searched.
+    pub fn from_bytes(data: Vec<u8>) -> Result<Self, BtfError> {
+        Sections::parse(&data)?;
+        Ok(Self {
+            data: Bytes::Owned(data),
+        })
+    }
+
+    /// Byte offsets of `members` of `struct name`.
+    pub fn member_offsets(&self, name: &str, members: &[&str]) -> Result<Vec<u32>, BtfError> {
+        let btf = Sections::parse(&self.data)?;
+        let found = self
+            .find(&btf, KIND_STRUCT, name)?
+            .ok_or_else(|| BtfError::NoStruct(name.into()))?;
+        members
+            .iter()
+            .map(|member| {
+                for i in 0..found.vlen {
+                    let m = &found.body[i * 12..i * 12 + 12];
+                    if btf.string(u32_at(m, 0)?)? == *member {
+                        let offset = u32_at(m, 8)?;
+                        // With kind_flag, the high 8 bits hold a bitfield size.
+                        let bits = if found.kind_flag {
+                            offset & 0x00ff_ffff
+                        } else {
+                            offset
+                        };
+                        return Ok(bits / 8);
+                    }
+                }
+                Err(BtfError::NoMember(name.into(), (*member).into()))
+            })
+            .collect()
+    }
+
+    /// The type id of `typedef name`.
+    pub fn typedef_id(&self, name: &str) -> Result<u32, BtfError> {
+        let btf = Sections::parse(&self.data)?;
+        Ok(self
+            .find(&btf, KIND_TYPEDEF, name)?
+            .ok_or_else(|| BtfError::NoTypedef(name.into()))?
+            .id)
+    }
+
+    /// The first type of `kind` called `name`.
+    fn find<'a>(
+        &self,
+        btf: &Sections<'a>,
+        kind: u32,
+        name: &str,
+    ) -> Result<Option<TypeEntry<'a>>, BtfError> {
+        let mut types = btf.types;
+        // Type ids start at 1 (0 is void) and follow the order of the section.
+        let mut id = 1;
+        while types.len() >= 12 {
+            let name_off = u32_at(types, 0)?;
+            let info = u32_at(types, 4)?;
+            let entry_kind = (info >> 24) & 0x1f;
+            let vlen = (info & 0xffff) as usize;
+            let extra = trailing_len(entry_kind, vlen)?;
+            let body = types
+                .get(12..12 + extra)
+                .ok_or(BtfError::Malformed("truncated type"))?;
+            if entry_kind == kind && name_off != 0 && btf.string(name_off)? == name {
+                return Ok(Some(TypeEntry {
+                    id,
+                    vlen,
+                    kind_flag: info >> 31 == 1,
+                    body,
+                }));
+            }
+            types = &types[12 + extra..];
+            id += 1;
+        }
+        Ok(None)
+    }
 }
 
 struct Sections<'a> {
@@ -148,9 +220,9 @@ fn u32_at(data: &[u8], at: usize) -> Result<u32, BtfError> {
 mod tests {
     use super::*;
 
-    /// A tiny BTF blob: `struct s { int a; int b; }` plus an INT type.
+    /// A tiny BTF blob: `int`, `struct s { int a; int b; }` and `typedef struct s t`.
     fn tiny_btf() -> Vec<u8> {
-        let strings = b"\0int\0s\0a\0b\0".to_vec();
+        let strings = b"\0int\0s\0a\0b\0t\0".to_vec();
         let mut types = Vec::new();
         let push = |v: &mut Vec<u8>, x: u32| v.extend_from_slice(&x.to_le_bytes());
         // [1] INT "int" size 4
@@ -160,13 +232,17 @@ mod tests {
         push(&mut types, 32);
         // [2] STRUCT "s" vlen 2 size 8: a at bit 0, b at bit 32
         push(&mut types, 5);
-        push(&mut types, (4 << 24) | 2);
+        push(&mut types, (KIND_STRUCT << 24) | 2);
         push(&mut types, 8);
         for (name, bits) in [(7u32, 0u32), (9, 32)] {
             push(&mut types, name);
             push(&mut types, 1);
             push(&mut types, bits);
         }
+        // [3] TYPEDEF "t" -> [2]
+        push(&mut types, 11);
+        push(&mut types, KIND_TYPEDEF << 24);
+        push(&mut types, 2);
         let mut data = Vec::new();
         data.extend_from_slice(&BTF_MAGIC.to_le_bytes());
         data.extend_from_slice(&[1, 0]);
@@ -181,26 +257,27 @@ mod tests {
     }
 
     #[test]
-    fn finds_member_offsets() {
-        let btf = tiny_btf();
-        assert_eq!(member_offset(&btf, "s", "a").unwrap(), 0);
-        assert_eq!(member_offset(&btf, "s", "b").unwrap(), 4);
+    fn finds_member_offsets_and_type_ids() {
+        let btf = Btf::from_bytes(tiny_btf()).unwrap();
+        assert_eq!(btf.member_offsets("s", &["b", "a"]).unwrap(), [4, 0]);
         assert!(matches!(
-            member_offset(&btf, "s", "c"),
+            btf.member_offsets("s", &["a", "c"]),
             Err(BtfError::NoMember(..))
         ));
         assert!(matches!(
-            member_offset(&btf, "t", "a"),
+            btf.member_offsets("t", &["a"]),
             Err(BtfError::NoStruct(..))
         ));
+        assert_eq!(btf.typedef_id("t").unwrap(), 3);
+        assert!(matches!(btf.typedef_id("s"), Err(BtfError::NoTypedef(..))));
     }
 
     #[test]
     fn rejects_garbage() {
-        assert!(member_offset(b"not btf at all, no no no", "s", "a").is_err());
-        let mut btf = tiny_btf();
-        btf.truncate(40);
-        assert!(member_offset(&btf, "s", "a").is_err());
+        assert!(Btf::from_bytes(b"not btf at all, no no no".to_vec()).is_err());
+        let mut data = tiny_btf();
+        data.truncate(40);
+        assert!(Btf::from_bytes(data).is_err());
     }
 
     #[test]
@@ -210,10 +287,11 @@ mod tests {
             eprintln!("skipped: this kernel has no BTF at {}", path.display());
             return;
         }
-        let pid = member_offset_in_file(path, "task_struct", "pid").unwrap();
-        let tgid = member_offset_in_file(path, "task_struct", "tgid").unwrap();
+        let btf = Btf::read(path).unwrap();
+        let [pid, tgid] = btf.member_offsets("task_struct", &["pid", "tgid"]).unwrap()[..] else {
+            unreachable!("two members asked, two offsets returned")
+        };
         assert_eq!(tgid, pid + 4, "pid and tgid are adjacent in task_struct");
-        let both = member_offsets_in_file(path, "task_struct", &["pid", "tgid"]).unwrap();
-        assert_eq!(both, [pid, tgid]);
+        assert!(btf.typedef_id("btf_trace_sched_switch").unwrap() > 0);
     }
 }

@@ -11,7 +11,7 @@ use tracer_common::{
 };
 
 use crate::{
-    loader::UsdtAttachment,
+    loader::{PlanSizes, UsdtAttachment},
     runtimes::{LatencyDef, TaskProbeDef, TaskRole},
 };
 
@@ -96,6 +96,15 @@ pub struct ProbePlan {
 }
 
 impl ProbePlan {
+    /// How many sites, probes and latencies the kernel's arrays must hold.
+    pub fn sizes(&self) -> PlanSizes {
+        PlanSizes {
+            sites: self.sites.len() as u32,
+            probes: self.probes.len() as u32,
+            latencies: self.latencies.len() as u32,
+        }
+    }
+
     /// Every site with its BPF cookie, as `Loader::attach_usdt_sites` takes them.
     pub fn usdt_sites(&self) -> Vec<(u32, &UsdtSite, &UsdtAttachment)> {
         self.sites

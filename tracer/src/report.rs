@@ -7,6 +7,7 @@ use serde_json::{Value, json};
 
 use crate::{
     histogram::LatencyHistogram,
+    loader::ProbeHitTotals,
     offcpu::OffCpuProfile,
     probe_plan::ProbeInfo,
     render::hist::{MICROSECONDS, format_ns, render_latency, summary_json},
@@ -27,7 +28,7 @@ const TASKS_SHOWN: usize = 10;
 
 pub struct ProbeReport {
     pub info: ProbeInfo,
-    pub hits: u64,
+    pub hits: ProbeHitTotals,
 }
 
 pub struct LatencyReport {
@@ -161,7 +162,8 @@ impl AttachReport {
             "probes": self.probes.iter().map(|p| json!({
                 "probe": p.info.specifier(),
                 "sites": p.info.site_count,
-                "hits": p.hits,
+                "hits": p.hits.count,
+                "first_hit_monotonic_ns": p.hits.first_ns,
             })).collect::<Vec<_>>(),
             "latencies": latencies,
             "gc": self.gc_pause().map(|gc| json!({

@@ -73,7 +73,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
-use tests::{Args, announce_ready, gettid, json_array, print_line};
+use tests::{Args, announce_ready, gettid, json_array, monotonic_ns, print_line};
 
 /// Share of the pause spent marking; the rest is sweeping.
 const MARK_PERCENT: u32 = 60;
@@ -271,6 +271,8 @@ fn gc_sweep(deadline: Instant) -> u64 {
 
 /// The measured durations of one collection.
 struct Collection {
+    /// CLOCK_MONOTONIC just before `gc__begin` fired.
+    began_ns: u64,
     pause: Duration,
     stw: Duration,
     full: bool,
@@ -284,6 +286,7 @@ fn run_collections(world: &World, config: &Config) -> Vec<Collection> {
     for i in 0..config.gcs {
         let full = i % 4 == 0;
         let start = Instant::now();
+        let began_ns = monotonic_ns();
         probes::gc_begin(i);
         world.stop();
         let stw = start.elapsed();
@@ -298,7 +301,12 @@ fn run_collections(world: &World, config: &Config) -> Vec<Collection> {
         let pause = start.elapsed();
         world.restart();
         probes::gc_finalizer();
-        collections.push(Collection { pause, stw, full });
+        collections.push(Collection {
+            began_ns,
+            pause,
+            stw,
+            full,
+        });
         thread::sleep(config.interval);
     }
     collections
@@ -514,7 +522,7 @@ fn main() -> Result<()> {
             r#""sleep_in_demo_io_ns":{},"wait_for_demo_lock_ns":{},"wall_ns":{},"#,
             r#""pause_ms":{},"interval_ms":{},"sleep_ms":{},"work_us":{},"full_sweeps":{},"#,
             r#""sleep_in_demo_io_calls":{},"wait_for_demo_lock_calls":{},"wait_for_gc_end_ns":{},"#,
-            r#""tasks":[{}]}}"#
+            r#""first_gc_begin_monotonic_ns":{},"tasks":[{}]}}"#
         ),
         std::process::id(),
         config.gcs,
@@ -531,6 +539,10 @@ fn main() -> Result<()> {
         sleeper.calls,
         waiter.calls,
         world.gc_wait_ns.load(Ordering::Relaxed),
+        // null when no collection ran.
+        collections
+            .first()
+            .map_or("null".to_string(), |c| c.began_ns.to_string()),
         tasks.join(","),
     ))
 }

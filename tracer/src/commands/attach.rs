@@ -72,6 +72,7 @@ pub fn run(config: AttachConfig) -> Result<()> {
             ..Features::NONE
         },
         map_sizes: config.map_sizes,
+        plan_sizes: Some(plan.sizes()),
         ..Settings::default()
     })?;
     loader

@@ -60,7 +60,7 @@ pub fn run(config: TraceConfig) -> Result<()> {
     let mut loader = Loader::load(&Settings {
         target_tgid: pid,
         ring_buffer_bytes: config.ring_buffer_bytes,
-        usdt_sites: Some((plan.sites.len() as u32, plan.probes.len() as u32)),
+        plan_sizes: Some(plan.sizes()),
         features: Features {
             events: !config.count,
             ..Features::NONE
@@ -144,7 +144,7 @@ pub fn run(config: TraceConfig) -> Result<()> {
 fn print_counts(loader: &Loader, plan: &ProbePlan, format: Format) -> Result<()> {
     let mut counts = Vec::new();
     for (id, probe) in plan.probes.iter().enumerate() {
-        counts.push((probe.specifier(), loader.probe_hits(id as u32)?));
+        counts.push((probe.specifier(), loader.probe_hits(id as u32)?.count));
     }
     match format {
         Format::Json => {

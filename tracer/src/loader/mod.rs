@@ -12,24 +12,17 @@ use std::{
     time::Duration,
 };
 
-use aya::{
-    Btf, Ebpf, EbpfLoader,
-    maps::{Array, HashMap, Map, MapData, PerCpuArray, RingBuf, StackTraceMap},
-    programs::{
-        BtfTracePoint, UProbe,
-        perf_event::{PerfEvent, PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
-    },
-};
+use aya::maps::{Array, HashMap, Map, MapData, PerCpuArray, RingBuf, StackTraceMap};
 use thiserror::Error;
 use tracer_common::{
-    LatencyStats, OffCpuKey, OffCpuStart, OffCpuTotal, OnCpuKey, SnapshotCheck, TaskId, TaskKey,
-    TaskState, UsdtSite, control, counter, global_names, histogram, map_names, program_names,
-    site_flags,
+    LatencyStats, OffCpuKey, OffCpuStart, OffCpuTotal, OnCpuKey, ProbeHits, SnapshotCheck, TaskId,
+    TaskKey, TaskState, UsdtSite, control, counter, global_names, histogram, map_names,
+    program_names, site_flags,
 };
 
 pub use sys::supports_ref_ctr_offset;
 
-use crate::btf;
+use crate::btf::{self, Btf};
 
 /// The eBPF object built from `tracer-ebpf` by build.rs.
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tracer-ebpf"));
@@ -44,11 +37,6 @@ pub enum LoaderError {
     Btf(#[from] btf::BtfError),
     #[error("loading the eBPF programs failed")]
     Load(#[source] aya::EbpfError),
-    #[error("eBPF program {name}")]
-    Program {
-        name: &'static str,
-        source: aya::programs::ProgramError,
-    },
     #[error("eBPF map {name}")]
     Map {
         name: &'static str,
@@ -95,11 +83,19 @@ pub struct Settings {
     /// Size of the ring buffer of user stack snapshots (`profile --unwind dwarf`; a power
     /// of two, multiple of the page size); one page when unused.
     pub unwind_ring_bytes: u32,
-    /// How many USDT sites and probes will be attached, when known: the per-site and
-    /// per-probe arrays are created (and zeroed by the kernel) at that size only.
-    pub usdt_sites: Option<(u32, u32)>,
+    /// How many USDT sites, probes and latencies the plan has, when known: the arrays
+    /// indexed by them are created (and zeroed by the kernel) at that size only.
+    pub plan_sizes: Option<PlanSizes>,
     /// Sizes of the kernel's aggregation maps.
     pub map_sizes: MapSizes,
+}
+
+/// How many USDT sites, probes and latencies a run attaches (see [`Settings::plan_sizes`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PlanSizes {
+    pub sites: u32,
+    pub probes: u32,
+    pub latencies: u32,
 }
 
 /// Entries of the kernel maps that can fill up; `None` keeps the eBPF object's default
@@ -180,7 +176,10 @@ impl Features {
                 &[map_names::OFFCPU_STARTS, map_names::OFFCPU_TIME][..],
             ),
             (self.oncpu, &[map_names::ONCPU_SAMPLES][..]),
-            (self.offcpu_snapshots, &[map_names::OFFCPU_SNAPSHOTS][..]),
+            (
+                self.offcpu_snapshots,
+                &[map_names::OFFCPU_SNAPSHOTS, map_names::SNAPSHOT_CHECKS][..],
+            ),
             (
                 self.tasks,
                 &[map_names::TASK_STATES, map_names::TASK_TIME][..],
@@ -203,7 +202,7 @@ impl Default for Settings {
             features: Features::ALL,
             unwind_ring_bytes: MIN_RING_BUFFER_BYTES,
             map_sizes: MapSizes::default(),
-            usdt_sites: None,
+            plan_sizes: None,
         }
     }
 }
@@ -244,11 +243,19 @@ pub struct UsdtAttachment {
     pub pid: Option<u32>,
 }
 
-/// A probe kept alive: dropping it detaches the program and, for semaphore-guarded
-/// probes, makes the kernel decrement the semaphore.
-struct UsdtLink {
+/// A program attached: dropping it detaches the program and closes the perf event it runs
+/// on, if any (for semaphore-guarded USDT probes the kernel then decrements the semaphore).
+struct Link {
     _link: OwnedFd,
-    _perf_event: OwnedFd,
+    _perf_event: Option<OwnedFd>,
+}
+
+/// A probe's hits, summed over CPUs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ProbeHitTotals {
+    pub count: u64,
+    /// When it first fired (CLOCK_MONOTONIC ns); `None` when it never did.
+    pub first_ns: Option<u64>,
 }
 
 /// Kernel-side aggregates of one latency, summed over CPUs.
@@ -262,18 +269,12 @@ pub struct LatencyData {
 /// The loaded programs and their maps.
 pub struct Loader {
     maps: StdHashMap<String, Map>,
-    programs: Programs,
-    usdt_links: Vec<UsdtLink>,
-}
-
-/// Where the programs come from.
-enum Programs {
-    /// Loaded by aya, for runs with the scheduler or sampling programs (its maps are
-    /// moved to `Loader::maps`).
-    Aya(Ebpf),
-    /// Only the USDT programs, from the object relocated without aya's loader, which
-    /// would parse the kernel's BTF for nothing (see `object.rs`).
-    Usdt(Box<object::UsdtPrograms>),
+    programs: object::Programs,
+    /// The kernel's BTF type id of `btf_trace_sched_switch` (off-CPU runs only).
+    sched_switch_btf_id: Option<u32>,
+    usdt_links: Vec<Link>,
+    /// Scheduler and sampling programs attached, by program name.
+    links: StdHashMap<&'static str, Vec<Link>>,
 }
 
 impl Loader {
@@ -290,12 +291,17 @@ impl Loader {
                 return Err(LoaderError::NestedPidNamespace(ns.ino()));
             }
         }
-        // Only the off-CPU program reads task_struct; parsing kernel BTF costs milliseconds.
-        let task_offsets = if features.offcpu {
+        // Only the off-CPU programs read task_struct and attach to sched_switch; reading
+        // kernel BTF costs milliseconds.
+        let (task_offsets, sched_switch_btf_id) = if features.offcpu {
+            let kernel = Btf::read(Path::new(KERNEL_BTF))?;
             let members = ["pid", "group_leader", "start_boottime"];
-            btf::member_offsets_in_file(Path::new(KERNEL_BTF), "task_struct", &members)?
+            (
+                kernel.member_offsets("task_struct", &members)?,
+                Some(kernel.typedef_id("btf_trace_sched_switch")?),
+            )
         } else {
-            vec![0; 3]
+            (vec![0; 3], None)
         };
         let (task_pid_offset, group_leader_offset, start_boottime_offset) =
             (task_offsets[0], task_offsets[1], task_offsets[2]);
@@ -359,36 +365,20 @@ impl Loader {
         for name in features.unused_maps() {
             max_entries.insert(name, 1);
         }
-        if let Some((sites, probes)) = settings.usdt_sites {
-            max_entries.insert(map_names::USDT_SPECS, sites.max(1));
-            max_entries.insert(map_names::PROBE_HITS, probes.max(1));
+        if let Some(plan) = settings.plan_sizes {
+            let latencies = plan.latencies.max(1);
+            max_entries.insert(map_names::USDT_SPECS, plan.sites.max(1));
+            max_entries.insert(map_names::PROBE_HITS, plan.probes.max(1));
+            max_entries.insert(map_names::LATENCY_STATS, latencies);
+            max_entries.insert(map_names::LATENCY_HIST, latencies * histogram::BUCKETS);
         }
-        let (maps, programs) = if features.offcpu || features.oncpu {
-            let mut loader = EbpfLoader::new();
-            // Our programs need no CO-RE relocations, so aya need not use kernel BTF
-            // (the BTF tracepoint reads it when it is attached).
-            loader.btf(None);
-            for (name, bytes) in &globals {
-                loader.override_global(name, bytes.as_slice(), true);
-            }
-            for (name, entries) in &max_entries {
-                loader.map_max_entries(name, *entries);
-            }
-            let mut ebpf = loader.load(EBPF_OBJECT).map_err(LoaderError::Load)?;
-            let names: Vec<String> = ebpf.maps().map(|(name, _)| name.to_owned()).collect();
-            let maps = names
-                .into_iter()
-                .filter_map(|name| Some((name.clone(), ebpf.take_map(&name)?)))
-                .collect();
-            (maps, Programs::Aya(ebpf))
-        } else {
-            let (maps, programs) = object::load(EBPF_OBJECT, &globals, &max_entries)?;
-            (maps, Programs::Usdt(Box::new(programs)))
-        };
+        let (maps, programs) = object::load(EBPF_OBJECT, &globals, &max_entries)?;
         Ok(Self {
             maps,
             programs,
+            sched_switch_btf_id,
             usdt_links: Vec::new(),
+            links: StdHashMap::new(),
         })
     }
 
@@ -429,9 +419,9 @@ impl Loader {
             let prog_fd = self.usdt_program(usdt_program_name(site))?;
             let link = sys::link_perf_event(prog_fd, perf_event.as_fd(), u64::from(*cookie))
                 .map_err(|e| attach_error(target, e))?;
-            self.usdt_links.push(UsdtLink {
+            self.usdt_links.push(Link {
                 _link: link,
-                _perf_event: perf_event,
+                _perf_event: Some(perf_event),
             });
         }
         Ok(())
@@ -497,23 +487,24 @@ impl Loader {
     }
 
     fn attach_switch_program(&mut self, name: &'static str) -> Result<()> {
-        let btf = Btf::from_sys_fs()
-            .map_err(|e| LoaderError::KernelFeature(format!("kernel BTF ({KERNEL_BTF}): {e}")))?;
-        let program: &mut BtfTracePoint = self.program(name)?;
-        program
-            .load("sched_switch", &btf)
-            .map_err(|source| LoaderError::Program { name, source })?;
-        program
-            .attach()
-            .map_err(|source| LoaderError::Program { name, source })?;
+        let btf_id = self.sched_switch_btf_id;
+        let program = self.programs.fd(name, btf_id)?;
+        let link = sys::attach_btf_tracepoint(program).map_err(|e| {
+            LoaderError::KernelFeature(format!("attaching {name} to sched_switch: {e}"))
+        })?;
+        self.links.insert(
+            name,
+            vec![Link {
+                _link: link,
+                _perf_event: None,
+            }],
+        );
         Ok(())
     }
 
     fn detach_switch_program(&mut self, name: &'static str) -> Result<()> {
-        let program: &mut BtfTracePoint = self.program(name)?;
-        program
-            .unload()
-            .map_err(|source| LoaderError::Program { name, source })
+        self.links.remove(name);
+        Ok(())
     }
 
     /// Attaches on-CPU sampling: one CPU_CLOCK perf event per online CPU, firing
@@ -559,28 +550,29 @@ impl Loader {
         let cpus = aya::util::online_cpus().map_err(|(what, e)| {
             LoaderError::KernelFeature(format!("cannot list the online CPUs ({what}): {e}"))
         })?;
-        let program: &mut PerfEvent = self.program(name)?;
-        program
-            .load()
-            .map_err(|source| LoaderError::Program { name, source })?;
-        for &cpu in &cpus {
-            program
-                .attach(
-                    PerfEventConfig::Software(SoftwareEvent::CpuClock),
-                    PerfEventScope::AllProcessesOneCpu { cpu },
-                    SamplePolicy::Frequency(frequency_hz),
-                    false,
-                )
-                .map_err(|source| LoaderError::Program { name, source })?;
-        }
+        let program = self.programs.fd(name, None)?;
+        let links = cpus
+            .iter()
+            .map(|&cpu| {
+                let sampling = |e: std::io::Error| {
+                    LoaderError::KernelFeature(format!("CPU_CLOCK sampling on CPU {cpu}: {e}"))
+                };
+                let perf_event = sys::open_cpu_clock(cpu, frequency_hz).map_err(sampling)?;
+                let link =
+                    sys::link_perf_event(program, perf_event.as_fd(), 0).map_err(sampling)?;
+                Ok(Link {
+                    _link: link,
+                    _perf_event: Some(perf_event),
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        self.links.insert(name, links);
         Ok(cpus.len())
     }
 
     fn detach_sampler(&mut self, name: &'static str) -> Result<()> {
-        let program: &mut PerfEvent = self.program(name)?;
-        program
-            .unload()
-            .map_err(|source| LoaderError::Program { name, source })
+        self.links.remove(name);
+        Ok(())
     }
 
     /// Marks threads as off CPU since `start.ts_ns`, for those already blocked when
@@ -629,34 +621,7 @@ impl Loader {
 
     /// USDT program `name`, verified by the kernel when first used.
     fn usdt_program(&mut self, name: &'static str) -> Result<BorrowedFd<'_>> {
-        match &mut self.programs {
-            Programs::Usdt(programs) => programs.fd(name),
-            Programs::Aya(ebpf) => {
-                let program: &mut UProbe = aya_program(ebpf, name)?;
-                if program.fd().is_err() {
-                    program
-                        .load()
-                        .map_err(|source| LoaderError::Program { name, source })?;
-                }
-                Ok(program
-                    .fd()
-                    .map_err(|source| LoaderError::Program { name, source })?
-                    .as_fd())
-            }
-        }
-    }
-
-    /// Program `name` as its aya type (`BtfTracePoint`, `PerfEvent`); only runs loaded
-    /// by aya have them.
-    fn program<P>(&mut self, name: &'static str) -> Result<&mut P>
-    where
-        for<'p> &'p mut P:
-            TryFrom<&'p mut aya::programs::Program, Error = aya::programs::ProgramError>,
-    {
-        match &mut self.programs {
-            Programs::Aya(ebpf) => aya_program(ebpf, name),
-            Programs::Usdt(_) => Err(LoaderError::Missing(name)),
-        }
+        self.programs.fd(name, None)
     }
 
     /// Every entry of hash map `name`.
@@ -704,15 +669,20 @@ impl Loader {
         Ok(data)
     }
 
-    /// How often probe `probe_id` fired.
-    pub fn probe_hits(&self, probe_id: u32) -> Result<u64> {
+    /// How often probe `probe_id` fired, and when it first did.
+    pub fn probe_hits(&self, probe_id: u32) -> Result<ProbeHitTotals> {
         let name = map_names::PROBE_HITS;
-        let hits = self.per_cpu_array::<u64>(name)?;
-        Ok(hits
+        let hits = self.per_cpu_array::<ProbeHits>(name)?;
+        let per_cpu = hits
             .get(&probe_id, 0)
-            .map_err(|source| LoaderError::Map { name, source })?
-            .iter()
-            .sum())
+            .map_err(|source| LoaderError::Map { name, source })?;
+        Ok(per_cpu.iter().filter(|cpu| cpu.count > 0).fold(
+            ProbeHitTotals::default(),
+            |total, cpu| ProbeHitTotals {
+                count: total.count + cpu.count,
+                first_ns: Some(total.first_ns.map_or(cpu.first_ns, |t| t.min(cpu.first_ns))),
+            },
+        ))
     }
 
     /// The loss counters (`tracer_common::counter`), summed over CPUs.
@@ -776,8 +746,13 @@ impl Loader {
 
 /// The program for USDT site `site`.
 fn usdt_program_name(site: &UsdtSite) -> &'static str {
+    let task_switch = site_flags::TASK_RUN | site_flags::TASK_PAUSE | site_flags::TASK_FINISH;
     if site.flags & site_flags::EMIT_EVENT == 0 {
-        program_names::USDT
+        if site.flags & task_switch != 0 {
+            program_names::USDT_TASK
+        } else {
+            program_names::USDT
+        }
     } else if site.arg_count as usize <= tracer_common::FEW_USDT_ARGS {
         program_names::USDT_EVENT_FEW
     } else {
@@ -835,17 +810,6 @@ fn attach_error(target: &UsdtAttachment, source: std::io::Error) -> LoaderError 
             source,
         },
     }
-}
-
-/// Program `name` of `ebpf` as its aya type.
-fn aya_program<'e, P>(ebpf: &'e mut Ebpf, name: &'static str) -> Result<&'e mut P>
-where
-    for<'p> &'p mut P: TryFrom<&'p mut aya::programs::Program, Error = aya::programs::ProgramError>,
-{
-    ebpf.program_mut(name)
-        .ok_or(LoaderError::Missing(name))?
-        .try_into()
-        .map_err(|source| LoaderError::Program { name, source })
 }
 
 #[cfg(test)]

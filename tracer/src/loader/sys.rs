@@ -1,6 +1,7 @@
-//! The raw syscalls aya does not offer: a uprobe perf event whose semaphore the kernel
-//! counts (`ref_ctr_offset`), a BPF link that attaches a program to it with a cookie, and
-//! the few program and map calls of a load without `EbpfLoader` (see `object.rs`).
+//! The raw syscalls of a load without aya's `EbpfLoader` (see `object.rs`): a uprobe perf
+//! event whose semaphore the kernel counts (`ref_ctr_offset`), a BPF link that attaches a
+//! program to a perf event with a cookie, CPU_CLOCK sampling events, BTF tracepoint
+//! attachment, program loads and global-data maps.
 
 use std::{
     ffi::{CStr, CString},
@@ -9,7 +10,9 @@ use std::{
     path::Path,
 };
 
-use aya_obj::generated::{bpf_attach_type, bpf_cmd, bpf_insn, bpf_prog_type, perf_event_attr};
+use aya_obj::generated::{
+    bpf_attach_type, bpf_cmd, bpf_insn, bpf_prog_type, perf_event_attr, perf_sw_ids, perf_type_id,
+};
 
 const UPROBE_PMU_TYPE: &str = "/sys/bus/event_source/devices/uprobe/type";
 const UPROBE_REF_CTR_FORMAT: &str = "/sys/bus/event_source/devices/uprobe/format/ref_ctr_offset";
@@ -127,7 +130,70 @@ pub fn link_perf_event(
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
-/// The `prog_load` member of `union bpf_attr`, up to `expected_attach_type`.
+/// The `raw_tracepoint` member of `union bpf_attr`.
+#[repr(C)]
+struct RawTracepointOpen {
+    /// 0 for BTF tracepoint programs, which name their tracepoint when loaded.
+    name: u64,
+    prog_fd: u32,
+    _pad: u32,
+    cookie: u64,
+}
+
+/// Attaches a loaded BTF tracepoint program to its tracepoint; closing the returned link
+/// detaches it.
+pub fn attach_btf_tracepoint(prog: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+    let attr = RawTracepointOpen {
+        name: 0,
+        prog_fd: prog.as_raw_fd() as u32,
+        _pad: 0,
+        cookie: 0,
+    };
+    // SAFETY: attr is a valid bpf_attr prefix of the size passed, alive for the call.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            bpf_cmd::BPF_RAW_TRACEPOINT_OPEN as libc::c_long,
+            &attr as *const RawTracepointOpen,
+            mem::size_of::<RawTracepointOpen>() as u32,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the syscall returned a new fd that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// Opens a CPU_CLOCK software event on `cpu` for every process, sampling `frequency_hz`
+/// times per second of CPU time; it runs the program linked to it at each sample.
+pub fn open_cpu_clock(cpu: u32, frequency_hz: u64) -> io::Result<OwnedFd> {
+    // SAFETY: perf_event_attr is plain data; all-zero is its documented default.
+    let mut attr: perf_event_attr = unsafe { mem::zeroed() };
+    attr.type_ = perf_type_id::PERF_TYPE_SOFTWARE as u32;
+    attr.size = mem::size_of::<perf_event_attr>() as u32;
+    attr.config = perf_sw_ids::PERF_COUNT_SW_CPU_CLOCK as u64;
+    attr.__bindgen_anon_1.sample_freq = frequency_hz;
+    attr.set_freq(1);
+    // SAFETY: attr is a valid perf_event_attr that outlives the call.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_perf_event_open,
+            &attr as *const perf_event_attr,
+            -1 as libc::pid_t,
+            cpu as libc::c_int,
+            -1,
+            PERF_FLAG_FD_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the syscall returned a new fd that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// The `prog_load` member of `union bpf_attr`, up to `attach_btf_obj_fd`.
 #[repr(C)]
 struct ProgLoad {
     prog_type: u32,
@@ -142,14 +208,33 @@ struct ProgLoad {
     prog_name: [u8; 16],
     prog_ifindex: u32,
     expected_attach_type: u32,
+    prog_btf_fd: u32,
+    func_info_rec_size: u32,
+    func_info: u64,
+    func_info_cnt: u32,
+    line_info_rec_size: u32,
+    line_info: u64,
+    line_info_cnt: u32,
+    attach_btf_id: u32,
+    /// 0: `attach_btf_id` is a type of vmlinux.
+    attach_btf_obj_fd: u32,
     /// The kernel checks that bytes it does not know are zero; keep room for them.
-    _reserved: [u64; 12],
+    _reserved: [u64; 8],
 }
 
-/// Loads a program without BTF (the kernel verifies it here). On a verifier rejection
-/// the load is repeated with a log, whose tail is returned in the error.
+/// What kind of program a load creates.
+#[derive(Debug, Clone, Copy)]
+pub struct ProgramKind {
+    pub prog_type: bpf_prog_type,
+    pub expected_attach_type: Option<bpf_attach_type>,
+    /// The kernel type a tracing program is verified against.
+    pub attach_btf_id: Option<u32>,
+}
+
+/// Loads a program without BTF of its own (the kernel verifies it here). On a verifier
+/// rejection the load is repeated with a log, whose tail is returned in the error.
 pub fn load_program(
-    prog_type: bpf_prog_type,
+    kind: &ProgramKind,
     name: &str,
     insns: &[bpf_insn],
     license: &CStr,
@@ -164,7 +249,7 @@ pub fn load_program(
             None => (0, 0, 0),
         };
         let attr = ProgLoad {
-            prog_type: prog_type as u32,
+            prog_type: kind.prog_type as u32,
             insn_cnt: insns.len() as u32,
             insns: insns.as_ptr() as u64,
             license: license.as_ptr() as u64,
@@ -175,8 +260,17 @@ pub fn load_program(
             prog_flags: 0,
             prog_name,
             prog_ifindex: 0,
-            expected_attach_type: 0,
-            _reserved: [0; 12],
+            expected_attach_type: kind.expected_attach_type.map_or(0, |t| t as u32),
+            prog_btf_fd: 0,
+            func_info_rec_size: 0,
+            func_info: 0,
+            func_info_cnt: 0,
+            line_info_rec_size: 0,
+            line_info: 0,
+            line_info_cnt: 0,
+            attach_btf_id: kind.attach_btf_id.unwrap_or(0),
+            attach_btf_obj_fd: 0,
+            _reserved: [0; 8],
         };
         // SAFETY: attr is a valid bpf_attr prefix of the size passed; the instructions,
         // license and log buffer it points to outlive the call.
