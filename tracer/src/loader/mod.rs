@@ -207,6 +207,22 @@ impl Default for Settings {
     }
 }
 
+/// Maps the USDT latency and event programs never use, created on another thread while
+/// those are loaded and attached, so the first events are not kept waiting for them (the
+/// stack map alone is tens of megabytes the kernel allocates up front).
+const DEFERRED_MAPS: [&str; 10] = [
+    map_names::STACKS,
+    map_names::OFFCPU_STARTS,
+    map_names::OFFCPU_TIME,
+    map_names::ONCPU_SAMPLES,
+    map_names::TASK_STATES,
+    map_names::TASK_TIME,
+    map_names::UNWIND_SAMPLES,
+    map_names::OFFCPU_SNAPSHOTS,
+    map_names::SNAPSHOT_CHECKS,
+    map_names::SNAPSHOT_SEQ,
+];
+
 /// The smallest ring buffer the kernel accepts (one page).
 const MIN_RING_BUFFER_BYTES: u32 = 4096;
 
@@ -372,7 +388,7 @@ impl Loader {
             max_entries.insert(map_names::LATENCY_STATS, latencies);
             max_entries.insert(map_names::LATENCY_HIST, latencies * histogram::BUCKETS);
         }
-        let (maps, programs) = object::load(EBPF_OBJECT, &globals, &max_entries)?;
+        let (maps, programs) = object::load(EBPF_OBJECT, &globals, &max_entries, &DEFERRED_MAPS)?;
         Ok(Self {
             maps,
             programs,
@@ -424,7 +440,26 @@ impl Loader {
                 _perf_event: Some(perf_event),
             });
         }
+        // Events flow; now the maps the other programs and the readers need.
+        self.finish_maps()
+    }
+
+    /// Waits for the maps still being created (see [`DEFERRED_MAPS`]).
+    fn finish_maps(&mut self) -> Result<()> {
+        let finished = self.programs.finish_maps()?;
+        self.maps.extend(finished);
         Ok(())
+    }
+
+    /// Program `name`, verified when first asked for (see [`object::Programs::load`]).
+    fn program_fd(
+        &mut self,
+        name: &'static str,
+        attach_btf_id: Option<u32>,
+    ) -> Result<BorrowedFd<'_>> {
+        let waited_for = self.programs.load(name, attach_btf_id)?;
+        self.maps.extend(waited_for);
+        self.programs.fd(name)
     }
 
     /// Starts opening a uprobe at each of `targets`, on a thread of its own: the first
@@ -487,8 +522,8 @@ impl Loader {
     }
 
     fn attach_switch_program(&mut self, name: &'static str) -> Result<()> {
-        let btf_id = self.sched_switch_btf_id;
-        let program = self.programs.fd(name, btf_id)?;
+        self.finish_maps()?;
+        let program = self.program_fd(name, self.sched_switch_btf_id)?;
         let link = sys::attach_btf_tracepoint(program).map_err(|e| {
             LoaderError::KernelFeature(format!("attaching {name} to sched_switch: {e}"))
         })?;
@@ -532,6 +567,7 @@ impl Loader {
 
     /// Takes the ring buffer of user stack snapshots ([`tracer_common::UnwindSample`]).
     pub fn take_unwind_samples(&mut self) -> Result<RingBuf<MapData>> {
+        self.finish_maps()?;
         let name = map_names::UNWIND_SAMPLES;
         let map = self.maps.remove(name).ok_or(LoaderError::Missing(name))?;
         RingBuf::try_from(map).map_err(|source| LoaderError::Map { name, source })
@@ -540,6 +576,7 @@ impl Loader {
     /// Takes the map through which user space tells the kernel how to check that an
     /// off-CPU snapshot can be reused ([`tracer_common::SnapshotCheck`] by snapshot id).
     pub fn take_snapshot_checks(&mut self) -> Result<HashMap<MapData, i32, SnapshotCheck>> {
+        self.finish_maps()?;
         let name = map_names::SNAPSHOT_CHECKS;
         let map = self.maps.remove(name).ok_or(LoaderError::Missing(name))?;
         HashMap::try_from(map).map_err(|source| LoaderError::Map { name, source })
@@ -550,7 +587,8 @@ impl Loader {
         let cpus = aya::util::online_cpus().map_err(|(what, e)| {
             LoaderError::KernelFeature(format!("cannot list the online CPUs ({what}): {e}"))
         })?;
-        let program = self.programs.fd(name, None)?;
+        self.finish_maps()?;
+        let program = self.program_fd(name, None)?;
         let links = cpus
             .iter()
             .map(|&cpu| {
@@ -580,6 +618,7 @@ impl Loader {
     /// that is running is harmless), and its next switch in accounts the time since.
     /// Entries the kernel already recorded are kept.
     pub fn seed_offcpu_starts(&mut self, starts: &[(u32, OffCpuStart)]) -> Result<()> {
+        self.finish_maps()?;
         const BPF_NOEXIST: u64 = 1;
         let name = map_names::OFFCPU_STARTS;
         let map = self.maps.get_mut(name).ok_or(LoaderError::Missing(name))?;
@@ -621,7 +660,7 @@ impl Loader {
 
     /// USDT program `name`, verified by the kernel when first used.
     fn usdt_program(&mut self, name: &'static str) -> Result<BorrowedFd<'_>> {
-        self.programs.fd(name, None)
+        self.program_fd(name, None)
     }
 
     /// Every entry of hash map `name`.

@@ -8,6 +8,7 @@
 use std::{
     collections::{HashMap, HashSet},
     os::fd::{AsFd as _, AsRawFd as _, BorrowedFd, OwnedFd},
+    thread::JoinHandle,
 };
 
 use aya::{
@@ -16,23 +17,43 @@ use aya::{
 };
 use aya_obj::{
     EbpfSectionKind, Object, ProgramSection,
-    generated::{bpf_attach_type, bpf_prog_type},
+    generated::{bpf_attach_type, bpf_insn, bpf_prog_type},
 };
 
 use super::{LoaderError, sys};
 
-/// The relocated object, its programs loaded on demand.
+/// The object's programs, each relocated and verified when first asked for, and its maps.
 pub(super) struct Programs {
+    /// As parsed, globals patched; each program is relocated in a copy of it.
     object: Object,
+    text_sections: HashSet<usize>,
+    /// Every map created so far: its definition and (a duplicate of) its fd.
+    created: Vec<(String, aya_obj::Map, OwnedFd)>,
+    /// Maps still being created on another thread, and their definitions.
+    pending: Option<JoinHandle<Result<Vec<CreatedMap>, LoaderError>>>,
+    pending_definitions: Vec<(String, aya_obj::Map)>,
     loaded: HashMap<&'static str, OwnedFd>,
 }
 
-/// Creates every map of `data` (sizes from `max_entries`, read-only globals from
-/// `globals`) and relocates the programs to them.
+type CreatedMap = (String, aya_obj::Map, MapData);
+
+/// The fd relocation gives maps not created yet.
+const NOT_CREATED: i32 = -1;
+/// `BPF_LD | BPF_IMM | BPF_DW`: the first half of a 64-bit immediate load.
+const LOAD_IMM64: u8 = 0x18;
+/// Source register value marking a 64-bit immediate load of a map's fd.
+const BPF_PSEUDO_MAP_FD: u8 = 1;
+
+/// Creates the maps of `data` (sizes from `max_entries`, read-only globals from
+/// `globals`) and returns them and the programs. Maps named in `deferred` are created on
+/// a thread of their own meanwhile (the kernel preallocates some whole, which takes
+/// milliseconds): they reach the caller through [`Programs::finish_maps`], and a program
+/// that needs one waits for them.
 pub(super) fn load(
     data: &[u8],
     globals: &[(&'static str, Vec<u8>)],
     max_entries: &HashMap<&'static str, u32>,
+    deferred: &[&str],
 ) -> Result<(HashMap<String, Map>, Programs), LoaderError> {
     let error = |e: EbpfError| LoaderError::Load(e);
     let mut object = Object::parse(data).map_err(|e| error(e.into()))?;
@@ -44,61 +65,48 @@ pub(super) fn load(
                 .collect(),
         )
         .map_err(|e| error(e.into()))?;
-    let mut definitions: Vec<(String, aya_obj::Map)> = object.maps.drain().collect();
-    for (name, map) in &mut definitions {
+    let (mut now, mut later) = (Vec::new(), Vec::new());
+    for (name, mut map) in object.maps.drain() {
         if let Some(&entries) = max_entries.get(name.as_str()) {
             map.set_max_entries(entries);
         }
-    }
-    // The kernel preallocates some maps whole (the stack map: tens of megabytes), which
-    // takes milliseconds; the largest is created on a thread of its own meanwhile.
-    let largest = definitions
-        .iter()
-        .enumerate()
-        .max_by_key(|(_, (_, map))| {
-            u64::from(map.max_entries()) * u64::from(map.key_size() + map.value_size())
-        })
-        .map(|(i, _)| i);
-    let largest = largest.map(|i| definitions.swap_remove(i));
-    let created = std::thread::scope(|scope| {
-        let largest = largest.map(|(name, map)| scope.spawn(move || create_map(name, map)));
-        let mut created = definitions
-            .into_iter()
-            .map(|(name, map)| create_map(name, map))
-            .collect::<Result<Vec<_>, _>>()?;
-        if let Some(largest) = largest {
-            created.push(
-                largest
-                    .join()
-                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))?,
-            );
+        if deferred.contains(&name.as_str()) {
+            later.push((name, map));
+        } else {
+            now.push((name, map));
         }
-        Ok::<_, LoaderError>(created)
-    })?;
-    let text_sections: HashSet<usize> = object.functions.keys().map(|&(s, _)| s).collect();
-    object
-        .relocate_maps(
-            created
-                .iter()
-                .map(|(name, def, data)| (name.as_str(), data.fd().as_fd().as_raw_fd(), def)),
-            &text_sections,
-        )
-        .map_err(|e| error(e.into()))?;
-    object
-        .relocate_calls(&text_sections)
-        .map_err(|e| error(e.into()))?;
-    let maps = created
+    }
+    let pending_definitions = later.clone();
+    let pending = (!later.is_empty()).then(|| {
+        std::thread::spawn(move || {
+            later
+                .into_iter()
+                .map(|(name, map)| create_map(name, map))
+                .collect()
+        })
+    });
+    let text_sections = object.functions.keys().map(|&(s, _)| s).collect();
+    let mut programs = Programs {
+        object,
+        text_sections,
+        created: Vec::new(),
+        pending,
+        pending_definitions,
+        loaded: HashMap::new(),
+    };
+    let created = now
         .into_iter()
-        .map(|(name, _, data)| Ok((name, Map::from_map_data(data)?)))
-        .collect::<Result<_, aya::maps::MapError>>()
-        .map_err(|e| error(e.into()))?;
-    Ok((
-        maps,
-        Programs {
-            object,
-            loaded: HashMap::new(),
-        },
-    ))
+        .map(|(name, map)| create_map(name, map))
+        .collect::<Result<Vec<_>, _>>();
+    let maps = match created.and_then(|created| programs.record(created)) {
+        Ok(maps) => maps,
+        Err(e) => {
+            // Let the thread end before its maps are dropped.
+            let _ = programs.finish_maps();
+            return Err(e);
+        }
+    };
+    Ok((maps.into_iter().collect(), programs))
 }
 
 /// Creates map `name` as `map` defines it, with its initial data for globals.
@@ -125,25 +133,115 @@ fn create_map(
 }
 
 impl Programs {
-    /// Program `name`, verified by the kernel on first use. BTF tracepoint programs are
-    /// verified against the kernel type `attach_btf_id` (the tracepoint's `btf_trace_*`
-    /// typedef); the others ignore it.
-    pub(super) fn fd(
+    /// Keeps what relocation needs of `maps` and returns them as aya maps.
+    fn record(&mut self, maps: Vec<CreatedMap>) -> Result<Vec<(String, Map)>, LoaderError> {
+        maps.into_iter()
+            .map(|(name, definition, data)| {
+                let fd = data
+                    .fd()
+                    .as_fd()
+                    .try_clone_to_owned()
+                    .map_err(|e| LoaderError::KernelFeature(format!("map {name}: {e}")))?;
+                self.created.push((name.clone(), definition, fd));
+                let map = Map::from_map_data(data).map_err(|e| LoaderError::Load(e.into()))?;
+                Ok((name, map))
+            })
+            .collect()
+    }
+
+    /// Waits for the maps still being created and returns them (once).
+    pub(super) fn finish_maps(&mut self) -> Result<Vec<(String, Map)>, LoaderError> {
+        self.pending_definitions.clear();
+        match self.pending.take() {
+            Some(pending) => {
+                let created = pending
+                    .join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))?;
+                self.record(created)
+            }
+            None => Ok(Vec::new()),
+        }
+    }
+
+    /// The instructions of program `name`, relocated against the maps created so far;
+    /// `None` when it uses one still being created.
+    fn relocated(&self, name: &'static str) -> Result<Option<Vec<bpf_insn>>, LoaderError> {
+        let error = |e: EbpfError| LoaderError::Load(e);
+        let program = self
+            .object
+            .programs
+            .get(name)
+            .ok_or(LoaderError::Missing(name))?;
+        let key = program.function_key();
+        // Only this program and the shared functions: the others may use maps not created yet.
+        let others: HashSet<(usize, u64)> = self
+            .object
+            .programs
+            .iter()
+            .filter(|(n, _)| n.as_str() != name)
+            .map(|(_, p)| p.function_key())
+            .collect();
+        let mut object = self.object.clone();
+        object.programs.retain(|n, _| n == name);
+        object.functions.retain(|k, _| !others.contains(k));
+        // Maps not created yet are there with an fd no map has, so that a use of one is
+        // seen below (leaving them out would not fail: aya-obj would pick another map of
+        // the same ELF section).
+        let maps = self
+            .created
+            .iter()
+            .map(|(name, def, fd)| (name.as_str(), fd.as_raw_fd(), def))
+            .chain(
+                self.pending_definitions
+                    .iter()
+                    .map(|(name, def)| (name.as_str(), NOT_CREATED, def)),
+            );
+        object
+            .relocate_maps(maps, &self.text_sections)
+            .map_err(|e| error(e.into()))?;
+        object
+            .relocate_calls(&self.text_sections)
+            .map_err(|e| error(e.into()))?;
+        let instructions = object
+            .functions
+            .remove(&key)
+            .ok_or(LoaderError::Missing(name))?
+            .instructions;
+        let uses_pending_map = instructions.iter().any(|insn| {
+            insn.code == LOAD_IMM64
+                && insn.src_reg() == BPF_PSEUDO_MAP_FD
+                && insn.imm == NOT_CREATED
+        });
+        Ok((!uses_pending_map).then_some(instructions))
+    }
+
+    /// Program `name` once [`Programs::load`] loaded it.
+    pub(super) fn fd(&self, name: &'static str) -> Result<BorrowedFd<'_>, LoaderError> {
+        self.loaded
+            .get(name)
+            .map(|fd| fd.as_fd())
+            .ok_or(LoaderError::Missing(name))
+    }
+
+    /// Relocates program `name` and has the kernel verify it, unless that was done
+    /// already. BTF tracepoint programs are verified against the kernel type
+    /// `attach_btf_id` (the tracepoint's `btf_trace_*` typedef); the others ignore it.
+    /// Returns the maps it had to wait for (see [`Programs::finish_maps`]).
+    pub(super) fn load(
         &mut self,
         name: &'static str,
         attach_btf_id: Option<u32>,
-    ) -> Result<BorrowedFd<'_>, LoaderError> {
+    ) -> Result<Vec<(String, Map)>, LoaderError> {
+        let mut waited_for = Vec::new();
         if !self.loaded.contains_key(name) {
-            let program = self
-                .object
-                .programs
-                .get(name)
-                .ok_or(LoaderError::Missing(name))?;
-            let function = self
-                .object
-                .functions
-                .get(&program.function_key())
-                .ok_or(LoaderError::Missing(name))?;
+            let instructions = match self.relocated(name)? {
+                Some(instructions) => instructions,
+                None => {
+                    waited_for = self.finish_maps()?;
+                    self.relocated(name)?.ok_or(LoaderError::Missing(name))?
+                }
+            };
+            let program = &self.object.programs[name];
             let kind = match program.section {
                 ProgramSection::UProbe { .. } => sys::ProgramKind {
                     prog_type: bpf_prog_type::BPF_PROG_TYPE_KPROBE,
@@ -166,12 +264,12 @@ impl Programs {
                 },
                 _ => return Err(LoaderError::Missing(name)),
             };
-            let fd = sys::load_program(&kind, name, &function.instructions, &program.license)
-                .map_err(|e| {
+            let fd =
+                sys::load_program(&kind, name, &instructions, &program.license).map_err(|e| {
                     LoaderError::KernelFeature(format!("loading eBPF program {name}: {e}"))
                 })?;
             self.loaded.insert(name, fd);
         }
-        Ok(self.loaded[name].as_fd())
+        Ok(waited_for)
     }
 }
