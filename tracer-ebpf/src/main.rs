@@ -29,8 +29,9 @@ static USDT_SPECS: Array<UsdtSite> = Array::with_max_entries(MAX_USDT_SITES, 0);
 #[map]
 static USDT_EVENTS: RingBuf = RingBuf::with_byte_size(1 << 22, 0);
 
-/// Hash maps allocate entries when inserted rather than all when created: a 65536-entry map
-/// takes milliseconds to preallocate, which every run would wait for before attaching.
+/// Entries allocated when inserted rather than all when the map is created, for the one
+/// hash map the first USDT events wait for (the others are created meanwhile, see
+/// `DEFERRED_MAPS` in the loader, and keep the faster preallocated inserts).
 const NO_PREALLOC: u32 = aya_ebpf::bindings::BPF_F_NO_PREALLOC;
 
 /// Start times of latencies open on a thread.
@@ -53,23 +54,23 @@ static PROBE_HITS: PerCpuArray<ProbeHits> = PerCpuArray::with_max_entries(MAX_PR
 
 /// Threads currently off CPU: when they left and where.
 #[map]
-static OFFCPU_STARTS: HashMap<u32, OffCpuStart> = HashMap::with_max_entries(65536, NO_PREALLOC);
+static OFFCPU_STARTS: HashMap<u32, OffCpuStart> = HashMap::with_max_entries(65536, 0);
 
 /// Off-CPU time by thread and stacks.
 #[map]
-static OFFCPU_TIME: HashMap<OffCpuKey, OffCpuTotal> = HashMap::with_max_entries(65536, NO_PREALLOC);
+static OFFCPU_TIME: HashMap<OffCpuKey, OffCpuTotal> = HashMap::with_max_entries(65536, 0);
 
 /// On-CPU samples by thread and stacks.
 #[map]
-static ONCPU_SAMPLES: HashMap<OnCpuKey, u64> = HashMap::with_max_entries(65536, NO_PREALLOC);
+static ONCPU_SAMPLES: HashMap<OnCpuKey, u64> = HashMap::with_max_entries(65536, 0);
 
 /// Runtime tasks: what each is doing since when.
 #[map]
-static TASK_STATES: HashMap<TaskId, TaskState> = HashMap::with_max_entries(65536, NO_PREALLOC);
+static TASK_STATES: HashMap<TaskId, TaskState> = HashMap::with_max_entries(65536, 0);
 
 /// Running and parked time per task (parked time by the stack where it parked).
 #[map]
-static TASK_TIME: HashMap<TaskKey, OffCpuTotal> = HashMap::with_max_entries(65536, NO_PREALLOC);
+static TASK_TIME: HashMap<TaskKey, OffCpuTotal> = HashMap::with_max_entries(65536, 0);
 
 /// User and kernel stacks referenced by id.
 #[map]
