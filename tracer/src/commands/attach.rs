@@ -56,12 +56,13 @@ pub fn run(config: AttachConfig) -> Result<()> {
         Some(pid),
     )?;
 
+    // First: the first uprobe waits for an RCU grace period, the longest step of a launch.
+    let opening = Loader::open_uprobes(plan.attachments());
     let mut maps =
         ProcessMaps::capture(pid).map_err(|_| anyhow::anyhow!("process {pid} exited"))?;
     let mut threads = ThreadNames::default();
     threads.refresh(pid);
 
-    let opening = Loader::open_uprobes(plan.attachments());
     let mut loader = Loader::load(&Settings {
         target_tgid: Some(pid),
         min_block: config.min_block,
