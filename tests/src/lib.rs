@@ -63,15 +63,7 @@ pub fn announce_ready(wait_for_signal: bool) -> Result<()> {
 
 /// The kernel thread id of the calling thread.
 /// CLOCK_MONOTONIC in nanoseconds: the clock of eBPF's `bpf_ktime_get_ns`.
-pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid out-pointer; CLOCK_MONOTONIC always exists.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
+pub use tracer::stop::monotonic_ns;
 
 pub fn gettid() -> i32 {
     // SAFETY: gettid has no preconditions and cannot fail.

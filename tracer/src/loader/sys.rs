@@ -34,6 +34,32 @@ pub struct UprobeTarget<'a> {
     pub pid: Option<u32>,
 }
 
+/// bpf(2) with command `cmd` and `attr`, the member of `union bpf_attr` it takes (the kernel
+/// reads `size_of::<T>()` bytes of it).
+///
+/// # Safety
+/// `T` is that member, `repr(C)`, and every pointer in it is valid for the call.
+unsafe fn bpf<T>(cmd: bpf_cmd, attr: &T) -> libc::c_long {
+    // SAFETY: the caller guarantees `attr`; its size is the one passed.
+    unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            cmd as libc::c_long,
+            attr as *const T,
+            mem::size_of::<T>() as u32,
+        )
+    }
+}
+
+/// The new fd a syscall returned, or the error it reported.
+fn owned_fd(ret: libc::c_long) -> io::Result<OwnedFd> {
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the syscall returned a new fd that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(ret as i32) })
+}
+
 /// The perf event type of the uprobe PMU.
 pub fn uprobe_pmu_type() -> io::Result<u32> {
     let text = std::fs::read_to_string(UPROBE_PMU_TYPE).map_err(|e| {
@@ -81,11 +107,7 @@ pub fn open_uprobe(pmu_type: u32, target: &UprobeTarget<'_>) -> io::Result<Owned
             PERF_FLAG_FD_CLOEXEC,
         )
     };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: the syscall returned a new fd that nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+    owned_fd(fd)
 }
 
 /// The `link_create` member of `union bpf_attr` for a perf event target.
@@ -115,19 +137,8 @@ pub fn link_perf_event(
         _reserved: [0; 8],
     };
     // SAFETY: attr is a valid bpf_attr prefix of the size passed, alive for the call.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            bpf_cmd::BPF_LINK_CREATE as libc::c_long,
-            &attr as *const LinkCreatePerfEvent,
-            mem::size_of::<LinkCreatePerfEvent>() as u32,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: the syscall returned a new fd that nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+    let fd = unsafe { bpf(bpf_cmd::BPF_LINK_CREATE, &attr) };
+    owned_fd(fd)
 }
 
 /// The `raw_tracepoint` member of `union bpf_attr`.
@@ -150,19 +161,8 @@ pub fn attach_btf_tracepoint(prog: BorrowedFd<'_>) -> io::Result<OwnedFd> {
         cookie: 0,
     };
     // SAFETY: attr is a valid bpf_attr prefix of the size passed, alive for the call.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            bpf_cmd::BPF_RAW_TRACEPOINT_OPEN as libc::c_long,
-            &attr as *const RawTracepointOpen,
-            mem::size_of::<RawTracepointOpen>() as u32,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: the syscall returned a new fd that nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+    let fd = unsafe { bpf(bpf_cmd::BPF_RAW_TRACEPOINT_OPEN, &attr) };
+    owned_fd(fd)
 }
 
 /// Opens a CPU_CLOCK software event on `cpu` for every process, sampling `frequency_hz`
@@ -186,11 +186,7 @@ pub fn open_cpu_clock(cpu: u32, frequency_hz: u64) -> io::Result<OwnedFd> {
             PERF_FLAG_FD_CLOEXEC,
         )
     };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: the syscall returned a new fd that nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+    owned_fd(fd)
 }
 
 /// The `prog_load` member of `union bpf_attr`, up to `attach_btf_obj_fd`.
@@ -274,19 +270,8 @@ pub fn load_program(
         };
         // SAFETY: attr is a valid bpf_attr prefix of the size passed; the instructions,
         // license and log buffer it points to outlive the call.
-        let fd = unsafe {
-            libc::syscall(
-                libc::SYS_bpf,
-                bpf_cmd::BPF_PROG_LOAD as libc::c_long,
-                &attr as *const ProgLoad,
-                mem::size_of::<ProgLoad>() as u32,
-            )
-        };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: the syscall returned a new fd that nothing else owns.
-        Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+        let fd = unsafe { bpf(bpf_cmd::BPF_PROG_LOAD, &attr) };
+        owned_fd(fd)
     };
     attempt(None).or_else(|error| {
         if error.raw_os_error() != Some(libc::EACCES) && error.raw_os_error() != Some(libc::EINVAL)
@@ -324,14 +309,7 @@ struct MapElem {
 fn map_command(cmd: bpf_cmd, attr: &MapElem) -> io::Result<()> {
     // SAFETY: attr is a valid bpf_attr prefix of the size passed; what it points to
     // outlives the call.
-    let ret = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            cmd as libc::c_long,
-            attr as *const MapElem,
-            mem::size_of::<MapElem>() as u32,
-        )
-    };
+    let ret = unsafe { bpf(cmd, attr) };
     if ret < 0 {
         return Err(io::Error::last_os_error());
     }
