@@ -170,9 +170,13 @@ fn a_process_started_after_the_tracer_is_traced_by_path() {
     if !privileged() {
         return;
     }
-    let spec = format!("usdt:{USDT_ARGS}:tracer_test:guarded");
+    // A copy of its own: a tracer by path raises the semaphores of every process that runs
+    // the file, other tests' targets included.
+    let program = executable_copy(USDT_ARGS, &out_dir("by-path"));
+    let program = program.to_str().unwrap();
+    let spec = format!("usdt:{program}:tracer_test:guarded");
     let tracer = Tracer::start(&["trace", "--format", "json", &spec, "--duration", "3s"]);
-    let target = Target::start(USDT_ARGS, &["--loops", "3"]);
+    let target = Target::start(program, &["--loops", "3"]);
     let pid = target.pid;
     target.release();
     let truth = target.finish();

@@ -6,7 +6,7 @@ use std::{
     collections::BTreeSet,
     io::{BufRead as _, BufReader, Read as _},
     os::unix::fs::{FileExt as _, MetadataExt as _},
-    path::PathBuf,
+    path::{Path, PathBuf},
     process::{Child, ChildStderr, Command, Stdio},
     time::Duration,
 };
@@ -221,7 +221,8 @@ pub fn folded_weight_where(folded: &str, keep: impl Fn(&str) -> bool) -> u64 {
 /// from `tracer list -v` of /proc/PID/exe (the very file the process maps).
 pub struct ProbeSites {
     pub pid: u32,
-    /// Address of each probe instruction, and its byte in the file.
+    /// Address of each probe instruction in each mapping that holds it, and its byte in the
+    /// file.
     pub sites: Vec<(u64, u8)>,
     pub semaphores: Vec<u64>,
 }
@@ -234,30 +235,40 @@ impl ProbeSites {
         assert!(out.status.success(), "{out:?}");
         let file = std::fs::read(&exe).unwrap();
         let inode = std::fs::metadata(&exe).unwrap().ino();
-        // (start, end, offset, writable) of each mapping of the executable.
-        let maps: Vec<(u64, u64, u64, bool)> = std::fs::read_to_string(format!("/proc/{pid}/maps"))
-            .unwrap()
-            .lines()
-            .filter_map(|line| {
-                let fields: Vec<&str> = line.split_whitespace().collect();
-                if fields.len() < 6 || fields[4].parse::<u64>().ok()? != inode {
-                    return None;
-                }
-                let (start, end) = fields[0].split_once('-')?;
-                Some((
-                    u64::from_str_radix(start, 16).ok()?,
-                    u64::from_str_radix(end, 16).ok()?,
-                    u64::from_str_radix(fields[2], 16).ok()?,
-                    fields[1].contains('w'),
-                ))
-            })
-            .collect();
-        let address = |offset: u64, writable: bool| {
-            maps.iter()
-                .filter(|m| !writable || m.3)
-                .find(|m| m.2 <= offset && offset < m.2 + (m.1 - m.0))
+        // (start, end, offset, permissions) of each mapping of the executable.
+        let maps: Vec<(u64, u64, u64, String)> =
+            std::fs::read_to_string(format!("/proc/{pid}/maps"))
+                .unwrap()
+                .lines()
+                .filter_map(|line| {
+                    let fields: Vec<&str> = line.split_whitespace().collect();
+                    if fields.len() < 6 || fields[4].parse::<u64>().ok()? != inode {
+                        return None;
+                    }
+                    let (start, end) = fields[0].split_once('-')?;
+                    Some((
+                        u64::from_str_radix(start, 16).ok()?,
+                        u64::from_str_radix(end, 16).ok()?,
+                        u64::from_str_radix(fields[2], 16).ok()?,
+                        fields[1].to_string(),
+                    ))
+                })
+                .collect();
+        // Segments share their boundary pages, so one file offset can be in two mappings:
+        // the kernel puts a uprobe's breakpoint in each (both may execute, as far as it
+        // knows), and counts a semaphore in the writable one.
+        let addresses = |offset: u64, permission: char| {
+            let found: Vec<u64> = maps
+                .iter()
+                .filter(|m| m.3.contains(permission))
+                .filter(|m| m.2 <= offset && offset < m.2 + (m.1 - m.0))
                 .map(|m| m.0 + offset - m.2)
-                .unwrap_or_else(|| panic!("file offset {offset:#x} is not mapped: {maps:x?}"))
+                .collect();
+            assert!(
+                !found.is_empty(),
+                "file offset {offset:#x} is not mapped: {maps:x?}"
+            );
+            found
         };
         let mut sites = Vec::new();
         let mut semaphores = BTreeSet::new();
@@ -274,9 +285,11 @@ impl ProbeSites {
                     u64::from_str_radix(&hex, 16).unwrap()
                 })
                 .collect();
-            sites.push((address(offsets[0], false), file[offsets[0] as usize]));
+            for address in addresses(offsets[0], 'r') {
+                sites.push((address, file[offsets[0] as usize]));
+            }
             if let Some(&semaphore) = offsets.get(1) {
-                semaphores.insert(address(semaphore, true));
+                semaphores.insert(addresses(semaphore, 'w')[0]);
             }
         }
         assert!(!sites.is_empty(), "no probe sites in {listing}");
@@ -375,4 +388,26 @@ pub fn attach_json(program: &str, target_args: &[&str], name: &str, extra: &[&st
         dir,
         stderr,
     }
+}
+
+/// A copy of `program` in `dir`, ready to run: a child forked meanwhile by another test
+/// may briefly hold the copy open for writing (exec fails with ETXTBSY), so this waits
+/// until the copy runs (`--help`).
+pub fn executable_copy(program: &str, dir: &Path) -> PathBuf {
+    let copy = dir.join(Path::new(program).file_name().unwrap());
+    std::fs::copy(program, &copy).unwrap();
+    for _ in 0..100 {
+        match Command::new(&copy)
+            .arg("--help")
+            .stdout(Stdio::null())
+            .status()
+        {
+            Ok(status) if status.success() => return copy,
+            Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) => {
+                std::thread::sleep(Duration::from_millis(20))
+            }
+            other => panic!("{}: {other:?}", copy.display()),
+        }
+    }
+    panic!("{} stays busy", copy.display());
 }

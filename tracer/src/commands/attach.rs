@@ -30,6 +30,8 @@ impl StackSource for Loader {
 
 pub fn run(config: AttachConfig) -> Result<()> {
     privileges::check()?;
+    // At once: the first uprobe waits for an RCU grace period, the longest step of a launch.
+    let warm_up = Loader::warm_up_uprobes();
     let pid = config.pid.get();
     let watch = ProcessWatch::new(pid).map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => anyhow::anyhow!("no such process: {pid}"),
@@ -56,8 +58,6 @@ pub fn run(config: AttachConfig) -> Result<()> {
         Some(pid),
     )?;
 
-    // First: the first uprobe waits for an RCU grace period, the longest step of a launch.
-    let opening = Loader::open_uprobes(plan.attachments());
     let mut maps =
         ProcessMaps::capture(pid).map_err(|_| anyhow::anyhow!("process {pid} exited"))?;
     let mut threads = ThreadNames::default();
@@ -77,7 +77,7 @@ pub fn run(config: AttachConfig) -> Result<()> {
         ..Settings::default()
     })?;
     loader
-        .attach_usdt_sites(&plan.usdt_sites(), opening)
+        .attach_usdt_sites(&plan.usdt_sites(), warm_up)
         .map_err(|e| gone_or(e, pid))?;
     loader.attach_sched_switch()?;
     let started = stop::monotonic_ns();
@@ -90,7 +90,7 @@ pub fn run(config: AttachConfig) -> Result<()> {
     let runtime_names = runtime_names(&plan);
     eprintln!(
         "Attached to process {pid} ({process_name}): {} probe sites{}, sched_switch. {}",
-        loader.usdt_link_count(),
+        loader.usdt_site_count(),
         if runtime_names.is_empty() {
             " (no known runtime probes found)".into()
         } else {

@@ -30,6 +30,8 @@ pub fn run(config: TraceConfig) -> Result<()> {
         Some(argv) => Some(PausedChild::spawn(argv)?),
         None => None,
     };
+    // Now: the first uprobe waits for an RCU grace period, the longest step of a launch.
+    let warm_up = Loader::warm_up_uprobes();
     let (scope, pid) = match (config.pid, &child) {
         (Some(pid), _) => (Scope::Process(pid.get()), Some(pid.get())),
         (None, Some(child)) => (
@@ -56,7 +58,6 @@ pub fn run(config: TraceConfig) -> Result<()> {
     let plan = ProbePlan::build(&inputs, &[], &[], mode, pid)?;
     let signed: Vec<Vec<bool>> = probe_signedness(&plan);
 
-    let opening = Loader::open_uprobes(plan.attachments());
     let mut loader = Loader::load(&Settings {
         target_tgid: pid,
         ring_buffer_bytes: config.ring_buffer_bytes,
@@ -67,7 +68,7 @@ pub fn run(config: TraceConfig) -> Result<()> {
         },
         ..Settings::default()
     })?;
-    loader.attach_usdt_sites(&plan.usdt_sites(), opening)?;
+    loader.attach_usdt_sites(&plan.usdt_sites(), warm_up)?;
     let events = loader.take_events()?;
     // Ctrl-C from the moment the line below is printed (and the command runs) must stop
     // the trace, not kill us.
@@ -78,7 +79,7 @@ pub fn run(config: TraceConfig) -> Result<()> {
     eprintln!(
         "Attached {} probes ({} sites){}. Ctrl-C to stop.",
         plan.probes.len(),
-        loader.usdt_link_count(),
+        loader.usdt_site_count(),
         match pid {
             Some(pid) => format!(" in process {pid}"),
             None => " in every process running them".into(),

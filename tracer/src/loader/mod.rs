@@ -288,7 +288,9 @@ pub struct Loader {
     programs: object::Programs,
     /// The kernel's BTF type id of `btf_trace_sched_switch` (off-CPU runs only).
     sched_switch_btf_id: Option<u32>,
+    /// One uprobe_multi link per program and file, and how many sites they hold.
     usdt_links: Vec<Link>,
+    usdt_sites_attached: usize,
     /// Scheduler and sampling programs attached, by program name.
     links: StdHashMap<&'static str, Vec<Link>>,
 }
@@ -394,6 +396,7 @@ impl Loader {
             programs,
             sched_switch_btf_id,
             usdt_links: Vec::new(),
+            usdt_sites_attached: 0,
             links: StdHashMap::new(),
         })
     }
@@ -411,35 +414,41 @@ impl Loader {
 
     /// Attaches USDT sites: each `(cookie, site, target)` says what the kernel does at
     /// each hit of `target` (`site`, found through `cookie`). Sites that send events get
-    /// the program with the argument decoder; the others a lean one.
+    /// the program with the argument decoder; the others a lean one. The sites of one
+    /// program in one file share a uprobe_multi link: detaching them waits for the
+    /// kernel's grace period once, where a perf event per site waits once per site.
     pub fn attach_usdt_sites(
         &mut self,
         sites: &[(u32, &UsdtSite, &UsdtAttachment)],
-        opening: OpeningUprobes,
+        warm_up: UprobeWarmUp,
     ) -> Result<()> {
-        let prepared = sites.iter().try_for_each(|(cookie, site, _)| {
+        let mut groups: Vec<(&'static str, &UsdtAttachment, Vec<sys::MultiUprobe>)> = Vec::new();
+        for (cookie, site, target) in sites {
             self.set_usdt_site(*cookie, site)?;
-            self.usdt_program(usdt_program_name(site)).map(drop)
-        });
-        let perf_events = opening.wait()?;
-        prepared?;
-        if perf_events.len() != sites.len() {
-            return Err(LoaderError::KernelFeature(format!(
-                "{} uprobes opened for {} sites",
-                perf_events.len(),
-                sites.len()
-            )));
+            let program = usdt_program_name(site);
+            let uprobe = sys::MultiUprobe {
+                offset: target.offset,
+                ref_ctr_offset: target.semaphore_offset.unwrap_or(0),
+                cookie: u64::from(*cookie),
+            };
+            match groups.iter_mut().find(|(p, first, _)| {
+                *p == program && first.path == target.path && first.pid == target.pid
+            }) {
+                Some((_, _, uprobes)) => uprobes.push(uprobe),
+                None => groups.push((program, target, vec![uprobe])),
+            }
         }
-        for ((cookie, site, target), perf_event) in sites.iter().zip(perf_events) {
-            let perf_event = perf_event?;
-            let prog_fd = self.usdt_program(usdt_program_name(site))?;
-            let link = sys::link_perf_event(prog_fd, perf_event.as_fd(), u64::from(*cookie))
-                .map_err(|e| attach_error(target, e))?;
+        for (program, first, uprobes) in &groups {
+            let prog_fd = self.usdt_program(program)?;
+            let link = sys::link_uprobe_multi(prog_fd, &first.path, uprobes, first.pid)
+                .map_err(|e| attach_error(first, e))?;
             self.usdt_links.push(Link {
                 _link: link,
-                _perf_event: Some(perf_event),
+                _perf_event: None,
             });
+            self.usdt_sites_attached += uprobes.len();
         }
+        warm_up.release();
         // Events flow; now the maps the other programs and the readers need.
         self.finish_maps()
     }
@@ -462,17 +471,26 @@ impl Loader {
         self.programs.fd(name)
     }
 
-    /// Starts opening a uprobe at each of `targets`, on a thread of its own: the first
-    /// uprobe registered waits for an RCU grace period (milliseconds), which so overlaps
-    /// with loading and verifying the programs. Start it before [`Loader::load`]; hits
-    /// before [`Loader::attach_usdt_sites`] links the programs are not recorded.
-    pub fn open_uprobes(targets: Vec<UsdtAttachment>) -> OpeningUprobes {
-        OpeningUprobes(std::thread::spawn(move || {
-            let pmu_type = uprobe_pmu_type()?;
-            Ok(targets
-                .iter()
-                .map(|target| open_uprobe(pmu_type, target))
-                .collect())
+    /// Registers a uprobe in tracer's own code on a thread of its own, before the programs
+    /// are loaded: the first uprobe registered waits for an RCU grace period (10-40 ms
+    /// here), and uprobes registered within a grace period of another do not, so
+    /// [`Loader::attach_usdt_sites`] finds that wait over or under way instead of starting
+    /// it. Start it before [`Loader::load`]. The target never sees this uprobe; its
+    /// failure only loses the head start.
+    pub fn warm_up_uprobes() -> UprobeWarmUp {
+        UprobeWarmUp(std::thread::spawn(|| {
+            let site = own_code_site(warm_up_site as *const () as usize as u64)?;
+            let pmu_type = sys::uprobe_pmu_type().ok()?;
+            sys::open_uprobe(
+                pmu_type,
+                &sys::UprobeTarget {
+                    path: &site.0,
+                    offset: site.1,
+                    ref_ctr_offset: None,
+                    pid: Some(std::process::id()),
+                },
+            )
+            .ok()
         }))
     }
 
@@ -489,13 +507,14 @@ impl Loader {
     }
 
     /// How many USDT sites are attached.
-    pub fn usdt_link_count(&self) -> usize {
-        self.usdt_links.len()
+    pub fn usdt_site_count(&self) -> usize {
+        self.usdt_sites_attached
     }
 
     /// Detaches every USDT probe now (semaphores drop back), keeping the maps readable.
     pub fn detach_usdt(&mut self) {
         self.usdt_links.clear();
+        self.usdt_sites_attached = 0;
     }
 
     /// Attaches off-CPU accounting to the scheduler's `sched_switch` BTF tracepoint.
@@ -799,40 +818,40 @@ fn usdt_program_name(site: &UsdtSite) -> &'static str {
     }
 }
 
-/// Opens the uprobe perf event of one USDT site (not yet running any program).
-fn open_uprobe(pmu_type: u32, target: &UsdtAttachment) -> Result<OwnedFd> {
-    sys::open_uprobe(
-        pmu_type,
-        &sys::UprobeTarget {
-            path: &target.path,
-            offset: target.offset,
-            ref_ctr_offset: target.semaphore_offset,
-            pid: target.pid,
-        },
-    )
-    .map_err(|e| attach_error(target, e))
+/// Where [`Loader::warm_up_uprobes`] places its uprobe; never called.
+#[inline(never)]
+extern "C" fn warm_up_site() {
+    std::hint::black_box(());
 }
 
-/// The uprobe PMU's perf event type, once checked to count USDT semaphores.
-fn uprobe_pmu_type() -> Result<u32> {
-    let t = sys::uprobe_pmu_type()
-        .map_err(|e| LoaderError::KernelFeature(format!("uprobe PMU: {e}")))?;
-    if !sys::supports_ref_ctr_offset() {
-        return Err(LoaderError::KernelFeature(
-            "the uprobe PMU cannot count USDT semaphores (ref_ctr_offset)".into(),
-        ));
-    }
-    Ok(t)
+/// The file and file offset of `address` in this process's own code (from
+/// /proc/self/maps).
+fn own_code_site(address: u64) -> Option<(PathBuf, u64)> {
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    maps.lines().find_map(|line| {
+        // start-end perms offset dev inode path
+        let mut fields = line.split_whitespace();
+        let (start, end) = fields.next()?.split_once('-')?;
+        let (start, end) = (
+            u64::from_str_radix(start, 16).ok()?,
+            u64::from_str_radix(end, 16).ok()?,
+        );
+        let perms = fields.next()?;
+        let offset = u64::from_str_radix(fields.next()?, 16).ok()?;
+        let path = fields.nth(2)?;
+        (start <= address && address < end && perms.contains('x') && path.starts_with('/'))
+            .then(|| (PathBuf::from(path), address - start + offset))
+    })
 }
 
-/// Uprobes being opened by [`Loader::open_uprobes`].
-pub struct OpeningUprobes(std::thread::JoinHandle<Result<Vec<Result<OwnedFd>>>>);
+/// The uprobe opened by [`Loader::warm_up_uprobes`].
+pub struct UprobeWarmUp(std::thread::JoinHandle<Option<OwnedFd>>);
 
-impl OpeningUprobes {
-    fn wait(self) -> Result<Vec<Result<OwnedFd>>> {
-        self.0
-            .join()
-            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+impl UprobeWarmUp {
+    /// Closes the warm-up uprobe on a thread of its own: removing a uprobe waits for a
+    /// grace period, which nothing should wait for.
+    fn release(self) {
+        std::thread::spawn(move || drop(self.0.join()));
     }
 }
 

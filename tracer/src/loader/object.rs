@@ -243,9 +243,10 @@ impl Programs {
             };
             let program = &self.object.programs[name];
             let kind = match program.section {
+                // USDT sites are attached in groups, by uprobe_multi links.
                 ProgramSection::UProbe { .. } => sys::ProgramKind {
                     prog_type: bpf_prog_type::BPF_PROG_TYPE_KPROBE,
-                    expected_attach_type: None,
+                    expected_attach_type: Some(bpf_attach_type::BPF_TRACE_UPROBE_MULTI),
                     attach_btf_id: None,
                 },
                 ProgramSection::PerfEvent => sys::ProgramKind {

@@ -141,6 +141,71 @@ pub fn link_perf_event(
     owned_fd(fd)
 }
 
+/// The `link_create` member of `union bpf_attr` for a uprobe_multi link.
+#[repr(C)]
+struct LinkCreateUprobeMulti {
+    prog_fd: u32,
+    target_fd: u32,
+    attach_type: u32,
+    flags: u32,
+    path: u64,
+    offsets: u64,
+    ref_ctr_offsets: u64,
+    cookies: u64,
+    cnt: u32,
+    multi_flags: u32,
+    pid: u32,
+    _pad: u32,
+    /// The kernel checks that bytes it does not know are zero; keep room for them.
+    _reserved: [u64; 4],
+}
+
+/// One uprobe of a uprobe_multi link.
+#[derive(Debug, Clone, Copy)]
+pub struct MultiUprobe {
+    /// File offset of the instruction.
+    pub offset: u64,
+    /// File offset of the semaphore the kernel counts while attached; 0 for none.
+    pub ref_ctr_offset: u64,
+    /// What `bpf_get_attach_cookie` returns when it fires.
+    pub cookie: u64,
+}
+
+/// Attaches a program loaded for `BPF_TRACE_UPROBE_MULTI` to `uprobes` of the ELF file at
+/// `path`, in process `pid` only or in every process; closing the returned link removes
+/// them all, waiting for the kernel's grace period once rather than once per uprobe.
+pub fn link_uprobe_multi(
+    prog: BorrowedFd<'_>,
+    path: &Path,
+    uprobes: &[MultiUprobe],
+    pid: Option<u32>,
+) -> io::Result<OwnedFd> {
+    let path = CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains NUL"))?;
+    let offsets: Vec<u64> = uprobes.iter().map(|u| u.offset).collect();
+    let ref_ctr_offsets: Vec<u64> = uprobes.iter().map(|u| u.ref_ctr_offset).collect();
+    let cookies: Vec<u64> = uprobes.iter().map(|u| u.cookie).collect();
+    let attr = LinkCreateUprobeMulti {
+        prog_fd: prog.as_raw_fd() as u32,
+        target_fd: 0,
+        attach_type: bpf_attach_type::BPF_TRACE_UPROBE_MULTI as u32,
+        flags: 0,
+        path: path.as_ptr() as u64,
+        offsets: offsets.as_ptr() as u64,
+        ref_ctr_offsets: ref_ctr_offsets.as_ptr() as u64,
+        cookies: cookies.as_ptr() as u64,
+        cnt: uprobes.len() as u32,
+        multi_flags: 0,
+        pid: pid.unwrap_or(0),
+        _pad: 0,
+        _reserved: [0; 4],
+    };
+    // SAFETY: attr is the link_create member; the path and the three arrays it points to
+    // (cnt entries each) outlive the call.
+    let fd = unsafe { bpf(bpf_cmd::BPF_LINK_CREATE, &attr) };
+    owned_fd(fd)
+}
+
 /// The `raw_tracepoint` member of `union bpf_attr`.
 #[repr(C)]
 struct RawTracepointOpen {
