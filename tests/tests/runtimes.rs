@@ -705,6 +705,126 @@ fn a_jvm_reports_one_gc_per_system_gc() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// Two Java threads park (`LockSupport.parkNanos`) a known number of times for a known
+/// time each, timing every park themselves with `System.nanoTime`.
+const JAVA_PARK: &str = r#"
+import java.nio.file.Files;
+import java.nio.file.Paths;
+import java.util.concurrent.locks.LockSupport;
+
+public class TracerPark {
+    public static void main(String[] args) throws Exception {
+        int parks = Integer.parseInt(args[0]);
+        long parkNs = Long.parseLong(args[1]) * 1_000_000L;
+        System.out.println("ready pid=" + ProcessHandle.current().pid());
+        System.out.flush();
+        new java.io.BufferedReader(new java.io.InputStreamReader(System.in)).readLine();
+        int threads = 2;
+        long[] tids = new long[threads];
+        long[] parkedNs = new long[threads];
+        Thread[] workers = new Thread[threads];
+        for (int i = 0; i < threads; i++) {
+            final int k = i;
+            workers[i] = new Thread(() -> {
+                try {
+                    // "PID/task/TID": the kernel's id of this thread.
+                    String self = Files.readSymbolicLink(Paths.get("/proc/thread-self")).toString();
+                    tids[k] = Long.parseLong(self.substring(self.lastIndexOf('/') + 1));
+                } catch (Exception e) {
+                    throw new RuntimeException(e);
+                }
+                for (int j = 0; j < parks; j++) {
+                    long start = System.nanoTime();
+                    LockSupport.parkNanos(parkNs);
+                    parkedNs[k] += System.nanoTime() - start;
+                }
+            });
+            workers[i].start();
+        }
+        StringBuilder out = new StringBuilder("{\"threads\":[");
+        for (int i = 0; i < threads; i++) {
+            workers[i].join();
+            out.append(i == 0 ? "" : ",").append("{\"tid\":").append(tids[i])
+                .append(",\"parks\":").append(parks)
+                .append(",\"parked_ns\":").append(parkedNs[i]).append("}");
+        }
+        System.out.println(out.append("]}"));
+        System.out.flush();
+        Runtime.getRuntime().halt(0);
+    }
+}
+"#;
+
+/// HotSpot's `thread__park__begin`/`thread__park__end` probes as task switches (the thread
+/// is the task): each worker's parks and parked time, against the threads' own clocks.
+#[test]
+fn a_jvm_reports_each_threads_parks_and_parked_time() {
+    if !privileged() {
+        return;
+    }
+    const PARKS: u64 = 20;
+    const PARK_MS: u64 = 10;
+    let dir = out_dir("jvm-park");
+    std::fs::write(dir.join("TracerPark.java"), JAVA_PARK).unwrap();
+    let javac = Command::new("javac")
+        .arg("-d")
+        .arg(&dir)
+        .arg(dir.join("TracerPark.java"))
+        .output()
+        .expect("javac (JDK 17) is needed for the JVM test");
+    assert!(javac.status.success(), "{javac:?}");
+    let java = StdinTarget::start(
+        Command::new("java")
+            .arg("-cp")
+            .arg(&dir)
+            .arg("TracerPark")
+            .arg(PARKS.to_string())
+            .arg(PARK_MS.to_string()),
+    );
+    let pid = java.pid.to_string();
+    let attach = Tracer::start(&[
+        "attach",
+        "--pid",
+        &pid,
+        "--format",
+        "json",
+        "-o",
+        dir.join("attach").to_str().unwrap(),
+    ]);
+    let rest = java.release_and_finish();
+    let (ok, out, err) = attach.finish();
+    assert!(ok, "{err}");
+    let report: serde_json::Value =
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    let truth: serde_json::Value = rest
+        .lines()
+        .find_map(|l| serde_json::from_str(l).ok())
+        .unwrap_or_else(|| panic!("no JSON line from the JVM: {rest}"));
+    let tasks = report["tasks"]["list"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{report:#}"));
+    for thread in truth["threads"].as_array().unwrap() {
+        let tid = thread["tid"].as_u64().unwrap();
+        let task = tasks
+            .iter()
+            .find(|t| t["task"] == tid)
+            .unwrap_or_else(|| panic!("no task for thread {tid}: {report:#}"));
+        assert_eq!(task["parks"], PARKS, "thread {tid}: {task}");
+        let parked = task["parked_ns"].as_u64().unwrap();
+        let true_parked = thread["parked_ns"].as_u64().unwrap();
+        // The probes sit inside the Java call the thread times: a little less, never more.
+        assert!(
+            parked <= true_parked && near(parked, true_parked, 0.05, 0),
+            "thread {tid}: tracer {parked} ns parked, the thread timed {true_parked} ns"
+        );
+        eprintln!(
+            "JVM thread {tid}: {} parks, parked {parked} ns (thread's own clock {true_parked} ns)",
+            task["parks"]
+        );
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 #[test]
 fn cpython_reports_one_gc_pause_per_collect() {
     if !privileged() {
