@@ -44,11 +44,11 @@ pub enum LoaderError {
     },
     #[error("eBPF object has no map or program named {0}")]
     Missing(&'static str),
-    /// Recent kernels (6.18 among them) require CAP_SYS_ADMIN for the uprobe PMU again,
-    /// whatever CAP_BPF and CAP_PERFMON allow.
+    /// uprobe_multi links need CAP_BPF and CAP_PERFMON (checked up front), so a refusal
+    /// here comes from elsewhere, a security module say.
     #[error(
-        "the kernel refused a uprobe on {path}: opening uprobes needs CAP_SYS_ADMIN on this \
-         kernel (CAP_BPF and CAP_PERFMON are not enough); run tracer as root"
+        "the kernel refused uprobes on {path} (permission denied): tracer needs CAP_BPF and \
+         CAP_PERFMON, or root, and a security module may refuse them still"
     )]
     UprobeNotPermitted { path: PathBuf },
     #[error(

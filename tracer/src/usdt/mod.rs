@@ -74,13 +74,23 @@ pub enum UsdtError {
     #[error("no probes match {wanted} in {place}")]
     NoProbes { wanted: String, place: String },
     /// Reading a file failed for a reason other than the ones above (permissions, I/O).
-    #[error("cannot read {}", path.display())]
+    #[error("cannot read {}{}", path.display(), proc_permission_hint(path, source))]
     Io {
         /// The file or `/proc` entry that could not be read.
         path: PathBuf,
         /// The underlying error.
         source: io::Error,
     },
+}
+
+/// Why /proc refuses a process's files: the kernel's ptrace access check.
+fn proc_permission_hint(path: &Path, error: &io::Error) -> &'static str {
+    if error.kind() == io::ErrorKind::PermissionDenied && path.starts_with("/proc") {
+        " (another user's process, or one with capabilities tracer lacks: run tracer as \
+         root or with CAP_SYS_PTRACE)"
+    } else {
+        ""
+    }
 }
 
 impl UsdtError {
@@ -181,6 +191,20 @@ fn sites_in(binary: &MappedObject, pattern: &ProbePattern) -> Result<Vec<ProbeSi
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn permission_errors_on_proc_say_what_is_missing() {
+        let denied = |path: &str| UsdtError::Io {
+            path: path.into(),
+            source: io::Error::from(io::ErrorKind::PermissionDenied),
+        };
+        assert!(
+            denied("/proc/1/exe")
+                .to_string()
+                .contains("root or with CAP_SYS_PTRACE")
+        );
+        assert_eq!(denied("/tmp/x").to_string(), "cannot read /tmp/x");
+    }
 
     const PYTHON: &str = "/usr/bin/python3.11";
 
