@@ -1012,15 +1012,7 @@ fn a_reused_pid_is_not_traced() {
     let target = Target::start(GC_DEMO, &["--gcs", "3", "--interval-ms", "10"]);
     let pid = target.pid;
     let dir = out_dir("reuse-attach");
-    let tracer = Tracer::start(&[
-        "attach",
-        "--pid",
-        &pid.to_string(),
-        "--format",
-        "json",
-        "-o",
-        dir.to_str().unwrap(),
-    ]);
+    let tracer = start_attach_json(pid, &dir);
     send(tracer.pid(), libc::SIGSTOP);
     target.release();
     let truth = target.finish();
@@ -1048,15 +1040,7 @@ fn off_cpu_time_of_a_process_reusing_the_pid_is_not_attributed_to_the_target() {
     let target = Target::start(GC_DEMO, &["--gcs", "3", "--interval-ms", "10"]);
     let pid = target.pid;
     let dir = out_dir("reuse-offcpu");
-    let tracer = Tracer::start(&[
-        "attach",
-        "--pid",
-        &pid.to_string(),
-        "--format",
-        "json",
-        "-o",
-        dir.to_str().unwrap(),
-    ]);
+    let tracer = start_attach_json(pid, &dir);
     let attached = Instant::now();
     send(tracer.pid(), libc::SIGSTOP);
     target.release();

@@ -556,6 +556,34 @@ impl Drop for StdinTarget {
 
 /// A Java program that prints `ready pid=PID`, waits for a line on stdin, calls
 /// `System.gc()` N times and halts (no shutdown work that could collect again).
+/// Compiles Java class `class` from `source` in `dir` and starts it with `jvm_args` and
+/// `args`; it prints `ready pid=` from main, after libjvm.so (and its probes) is mapped.
+fn start_java(
+    dir: &Path,
+    class: &str,
+    source: &str,
+    jvm_args: &[String],
+    args: &[String],
+) -> StdinTarget {
+    let file = dir.join(format!("{class}.java"));
+    std::fs::write(&file, source).unwrap();
+    let javac = Command::new("javac")
+        .arg("-d")
+        .arg(dir)
+        .arg(&file)
+        .output()
+        .expect("javac (JDK 17) is needed for the JVM tests");
+    assert!(javac.status.success(), "{javac:?}");
+    StdinTarget::start(
+        Command::new("java")
+            .args(jvm_args)
+            .arg("-cp")
+            .arg(dir)
+            .arg(class)
+            .args(args),
+    )
+}
+
 const JAVA_GC: &str = r#"
 public class TracerGc {
     public static void main(String[] args) throws Exception {
@@ -595,35 +623,17 @@ fn a_jvm_reports_one_gc_per_system_gc() {
     }
     const N: u64 = 5;
     let dir = out_dir("jvm");
-    std::fs::write(dir.join("TracerGc.java"), JAVA_GC).unwrap();
-    let javac = Command::new("javac")
-        .arg("-d")
-        .arg(&dir)
-        .arg(dir.join("TracerGc.java"))
-        .output()
-        .expect("javac (JDK 17) is needed for the JVM test");
-    assert!(javac.status.success(), "{javac:?}");
     let gc_log = dir.join("gc.log");
-    // The JVM prints the line from main, after libjvm.so (and its probes) is mapped.
-    let java = StdinTarget::start(
-        Command::new("java")
-            .arg(format!("-Xlog:gc:file={}", gc_log.display()))
-            .arg("-cp")
-            .arg(&dir)
-            .arg("TracerGc")
-            .arg(N.to_string()),
+    let java = start_java(
+        &dir,
+        "TracerGc",
+        JAVA_GC,
+        &[format!("-Xlog:gc:file={}", gc_log.display())],
+        &[N.to_string()],
     );
     let pid = java.pid;
     let pid_arg = pid.to_string();
-    let attach = Tracer::start(&[
-        "attach",
-        "--pid",
-        &pid_arg,
-        "--format",
-        "json",
-        "-o",
-        dir.join("attach").to_str().unwrap(),
-    ]);
+    let attach = start_attach_json(pid, &dir.join("attach"));
     let count = Tracer::start(&[
         "trace",
         "--count",
@@ -765,32 +775,14 @@ fn a_jvm_reports_each_threads_parks_and_parked_time() {
     const PARKS: u64 = 20;
     const PARK_MS: u64 = 10;
     let dir = out_dir("jvm-park");
-    std::fs::write(dir.join("TracerPark.java"), JAVA_PARK).unwrap();
-    let javac = Command::new("javac")
-        .arg("-d")
-        .arg(&dir)
-        .arg(dir.join("TracerPark.java"))
-        .output()
-        .expect("javac (JDK 17) is needed for the JVM test");
-    assert!(javac.status.success(), "{javac:?}");
-    let java = StdinTarget::start(
-        Command::new("java")
-            .arg("-cp")
-            .arg(&dir)
-            .arg("TracerPark")
-            .arg(PARKS.to_string())
-            .arg(PARK_MS.to_string()),
+    let java = start_java(
+        &dir,
+        "TracerPark",
+        JAVA_PARK,
+        &[],
+        &[PARKS.to_string(), PARK_MS.to_string()],
     );
-    let pid = java.pid.to_string();
-    let attach = Tracer::start(&[
-        "attach",
-        "--pid",
-        &pid,
-        "--format",
-        "json",
-        "-o",
-        dir.join("attach").to_str().unwrap(),
-    ]);
+    let attach = start_attach_json(java.pid, &dir.join("attach"));
     let rest = java.release_and_finish();
     let (ok, out, err) = attach.finish();
     assert!(ok, "{err}");

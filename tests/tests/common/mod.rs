@@ -367,6 +367,19 @@ pub struct AttachRun {
     pub stderr: String,
 }
 
+/// Starts `tracer attach --pid PID --format json`, its files in `out`.
+pub fn start_attach_json(pid: u32, out: &Path) -> Tracer {
+    Tracer::start(&[
+        "attach",
+        "--pid",
+        &pid.to_string(),
+        "--format",
+        "json",
+        "-o",
+        out.to_str().unwrap(),
+    ])
+}
+
 /// Starts `program TARGET_ARGS`, attaches `tracer attach --pid PID --format json -o DIR
 /// EXTRA` (DIR a fresh `out_dir(name)`), releases the target and waits for both.
 pub fn attach_json(program: &str, target_args: &[&str], name: &str, extra: &[&str]) -> AttachRun {
