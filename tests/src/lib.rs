@@ -74,7 +74,10 @@ pub fn gettid() -> i32 {
 pub struct Args {
     args: std::vec::IntoIter<String>,
     pending_value: Option<String>,
+    wait_for_signal: bool,
 }
+
+const WAIT_FOR_SIGNAL: &str = "--wait-for-signal";
 
 impl Args {
     /// The arguments of this process, without the program name.
@@ -87,27 +90,42 @@ impl Args {
         Self {
             args: args.into_iter(),
             pending_value: None,
+            wait_for_signal: false,
         }
     }
 
     /// The next flag, with any `=VALUE` part kept for [`Args::value`]; `None` at the end.
+    /// `--wait-for-signal`, which every target takes, is taken here: see
+    /// [`Args::wait_for_signal`].
     pub fn next_flag(&mut self) -> Result<Option<String>> {
-        if let Some(value) = self.pending_value.take() {
-            bail!("unexpected value {value:?}");
-        }
-        let Some(arg) = self.args.next() else {
-            return Ok(None);
-        };
-        if !arg.starts_with("--") {
-            bail!("unexpected argument {arg:?}");
-        }
-        match arg.split_once('=') {
-            Some((flag, value)) => {
-                self.pending_value = Some(value.to_owned());
-                Ok(Some(flag.to_owned()))
+        loop {
+            if let Some(value) = self.pending_value.take() {
+                bail!("unexpected value {value:?}");
             }
-            None => Ok(Some(arg)),
+            let Some(arg) = self.args.next() else {
+                return Ok(None);
+            };
+            if !arg.starts_with("--") {
+                bail!("unexpected argument {arg:?}");
+            }
+            let flag = match arg.split_once('=') {
+                Some((flag, value)) => {
+                    self.pending_value = Some(value.to_owned());
+                    flag.to_owned()
+                }
+                None => arg,
+            };
+            if flag != WAIT_FOR_SIGNAL {
+                return Ok(Some(flag));
+            }
+            self.no_value(WAIT_FOR_SIGNAL)?;
+            self.wait_for_signal = true;
         }
+    }
+
+    /// Whether `--wait-for-signal` was among the flags read so far.
+    pub fn wait_for_signal(&self) -> bool {
+        self.wait_for_signal
     }
 
     /// The value of `flag`, the flag just returned by [`Args::next_flag`].
@@ -166,9 +184,9 @@ mod tests {
         assert_eq!(a.value::<u64>("--gcs").unwrap(), 3);
         assert_eq!(a.next_flag().unwrap().as_deref(), Some("--pause-ms"));
         assert_eq!(a.value::<u64>("--pause-ms").unwrap(), 7);
-        assert_eq!(a.next_flag().unwrap().as_deref(), Some("--wait-for-signal"));
-        a.no_value("--wait-for-signal").unwrap();
+        assert!(!a.wait_for_signal());
         assert_eq!(a.next_flag().unwrap(), None);
+        assert!(a.wait_for_signal());
     }
 
     #[test]
@@ -180,9 +198,7 @@ mod tests {
         a.next_flag().unwrap();
         assert!(a.value::<u64>("--gcs").is_err());
         assert!(args(&["gcs"]).next_flag().is_err());
-        let mut a = args(&["--wait-for-signal=1"]);
-        a.next_flag().unwrap();
-        assert!(a.no_value("--wait-for-signal").is_err());
+        assert!(args(&["--wait-for-signal=1"]).next_flag().is_err());
     }
 
     #[test]

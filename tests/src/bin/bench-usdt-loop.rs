@@ -46,17 +46,15 @@ struct Config {
     iters: Option<u64>,
     rounds: usize,
     interval_us: u64,
-    wait_for_signal: bool,
 }
 
 impl Config {
-    fn from_args(mut args: Args) -> Result<Self> {
+    fn from_args(args: &mut Args) -> Result<Self> {
         let mut config = Config {
             mode: Mode::Loop,
             iters: None,
             rounds: 11,
             interval_us: 100,
-            wait_for_signal: false,
         };
         while let Some(flag) = args.next_flag()? {
             match flag.as_str() {
@@ -67,10 +65,6 @@ impl Config {
                 "--forever" => {
                     args.no_value(&flag)?;
                     config.mode = Mode::Forever;
-                }
-                "--wait-for-signal" => {
-                    args.no_value(&flag)?;
-                    config.wait_for_signal = true;
                 }
                 "--iters" => config.iters = Some(args.value(&flag)?),
                 "--rounds" => config.rounds = args.value(&flag)?,
@@ -119,7 +113,8 @@ fn without_probe(n: u64) -> Duration {
 }
 
 fn main() -> Result<()> {
-    let config = Config::from_args(Args::from_env())?;
+    let mut args = Args::from_env();
+    let config = Config::from_args(&mut args)?;
     match config.mode {
         Mode::CompareDisabled => {
             let n = config.iters.unwrap_or(100_000_000);
@@ -145,7 +140,7 @@ fn main() -> Result<()> {
         }
         Mode::Loop => {
             let n = config.iters.unwrap_or(1_000_000);
-            announce_ready(config.wait_for_signal)?;
+            announce_ready(args.wait_for_signal())?;
             let elapsed = with_probe(n);
             print_line(&format!(r#"{{"iters":{n},"ns":{}}}"#, elapsed.as_nanos()))
         }

@@ -47,26 +47,20 @@ struct Config {
     tasks: u64,
     rate: u64,
     workers: u64,
-    wait_for_signal: bool,
 }
 
 impl Config {
-    fn from_args(mut args: Args) -> Result<Self> {
+    fn from_args(args: &mut Args) -> Result<Self> {
         let mut config = Config {
             tasks: 100_000,
             rate: 0,
             workers: 2,
-            wait_for_signal: false,
         };
         while let Some(flag) = args.next_flag()? {
             match flag.as_str() {
                 "--tasks" => config.tasks = args.value(&flag)?,
                 "--rate" => config.rate = args.value(&flag)?,
                 "--workers" => config.workers = args.value(&flag)?,
-                "--wait-for-signal" => {
-                    args.no_value(&flag)?;
-                    config.wait_for_signal = true;
-                }
                 "--help" => {
                     println!("{USAGE}");
                     std::process::exit(0);
@@ -121,8 +115,9 @@ fn worker_loop(worker: u64, config: &Config, start: Instant) -> i32 {
 }
 
 fn main() -> Result<()> {
-    let config = Config::from_args(Args::from_env())?;
-    announce_ready(config.wait_for_signal)?;
+    let mut args = Args::from_env();
+    let config = Config::from_args(&mut args)?;
+    announce_ready(args.wait_for_signal())?;
     let start = Instant::now();
     let tids = thread::scope(|s| -> Result<Vec<i32>> {
         let mut handles = Vec::new();

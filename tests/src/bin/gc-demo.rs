@@ -93,17 +93,15 @@ struct Config {
     pause: Duration,
     interval: Duration,
     sleep: Duration,
-    wait_for_signal: bool,
 }
 
 impl Config {
-    fn from_args(mut args: Args) -> Result<Self> {
+    fn from_args(args: &mut Args) -> Result<Self> {
         let mut config = Config {
             gcs: 20,
             pause: Duration::from_millis(20),
             interval: Duration::from_millis(30),
             sleep: Duration::from_millis(50),
-            wait_for_signal: false,
         };
         while let Some(flag) = args.next_flag()? {
             match flag.as_str() {
@@ -111,10 +109,6 @@ impl Config {
                 "--pause-ms" => config.pause = Duration::from_millis(args.value(&flag)?),
                 "--interval-ms" => config.interval = Duration::from_millis(args.value(&flag)?),
                 "--sleep-ms" => config.sleep = Duration::from_millis(args.value(&flag)?),
-                "--wait-for-signal" => {
-                    args.no_value(&flag)?;
-                    config.wait_for_signal = true;
-                }
                 "--help" => {
                     println!("{USAGE}");
                     std::process::exit(0);
@@ -454,8 +448,9 @@ fn lock_waiter_thread(
 }
 
 fn main() -> Result<()> {
-    let config = Config::from_args(Args::from_env())?;
-    announce_ready(config.wait_for_signal)?;
+    let mut args = Args::from_env();
+    let config = Config::from_args(&mut args)?;
+    announce_ready(args.wait_for_signal())?;
     let start = Instant::now();
 
     let world = World::new();

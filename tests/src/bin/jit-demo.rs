@@ -43,14 +43,9 @@ type JitFn = extern "C" fn(u64) -> u64;
 fn main() -> Result<()> {
     let mut args = Args::from_env();
     let mut ms: u64 = 1500;
-    let mut wait_for_signal = false;
     while let Some(flag) = args.next_flag()? {
         match flag.as_str() {
             "--ms" => ms = args.value(&flag)?,
-            "--wait-for-signal" => {
-                args.no_value(&flag)?;
-                wait_for_signal = true;
-            }
             _ => bail!("unknown option {flag}\n{USAGE}"),
         }
     }
@@ -59,7 +54,7 @@ fn main() -> Result<()> {
     let mut map = std::fs::File::create(&map_path).with_context(|| map_path.clone())?;
     writeln!(map, "{start:x} {:x} {JIT_NAME}", CODE.len())?;
     drop(map);
-    announce_ready(wait_for_signal)?;
+    announce_ready(args.wait_for_signal())?;
 
     let deadline = Instant::now() + Duration::from_millis(ms);
     let mut calls = 0u64;

@@ -41,26 +41,20 @@ struct Config {
     threads: usize,
     sleeps: u64,
     sleep: Duration,
-    wait_for_signal: bool,
 }
 
 impl Config {
-    fn from_args(mut args: Args) -> Result<Self> {
+    fn from_args(args: &mut Args) -> Result<Self> {
         let mut config = Config {
             threads: 1000,
             sleeps: 10,
             sleep: Duration::from_millis(100),
-            wait_for_signal: false,
         };
         while let Some(flag) = args.next_flag()? {
             match flag.as_str() {
                 "--threads" => config.threads = args.value(&flag)?,
                 "--sleeps" => config.sleeps = args.value(&flag)?,
                 "--sleep-ms" => config.sleep = Duration::from_millis(args.value(&flag)?),
-                "--wait-for-signal" => {
-                    args.no_value(&flag)?;
-                    config.wait_for_signal = true;
-                }
                 "--help" => {
                     println!("{USAGE}");
                     std::process::exit(0);
@@ -93,8 +87,9 @@ fn worker_thread(config: &Config, all_started: &Barrier, all_done: &Barrier) -> 
 }
 
 fn main() -> Result<()> {
-    let config = Config::from_args(Args::from_env())?;
-    announce_ready(config.wait_for_signal)?;
+    let mut args = Args::from_env();
+    let config = Config::from_args(&mut args)?;
+    announce_ready(args.wait_for_signal())?;
     let start = Instant::now();
     let all_started = Barrier::new(config.threads);
     let all_done = Barrier::new(config.threads);

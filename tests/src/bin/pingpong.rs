@@ -54,18 +54,13 @@ fn pong(n: u64, from_ping: &mut File, to_ping: &mut File) -> Result<()> {
 fn main() -> Result<()> {
     let mut args = Args::from_env();
     let mut n: u64 = 200_000;
-    let mut wait_for_signal = false;
     while let Some(flag) = args.next_flag()? {
         match flag.as_str() {
             "--round-trips" => n = args.value(&flag)?,
-            "--wait-for-signal" => {
-                args.no_value(&flag)?;
-                wait_for_signal = true;
-            }
             _ => bail!("unknown flag {flag}"),
         }
     }
-    announce_ready(wait_for_signal)?;
+    announce_ready(args.wait_for_signal())?;
 
     let (mut a_read, mut a_write) = pipe()?;
     let (mut b_read, mut b_write) = pipe()?;

@@ -380,24 +380,18 @@ const USAGE: &str = "usage: usdt-args [--loops N] [--interval-ms I] [--wait-for-
 struct Config {
     loops: u64,
     interval: Duration,
-    wait_for_signal: bool,
 }
 
 impl Config {
-    fn from_args(mut args: Args) -> Result<Self> {
+    fn from_args(args: &mut Args) -> Result<Self> {
         let mut config = Config {
             loops: 1,
             interval: Duration::ZERO,
-            wait_for_signal: false,
         };
         while let Some(flag) = args.next_flag()? {
             match flag.as_str() {
                 "--loops" => config.loops = args.value(&flag)?,
                 "--interval-ms" => config.interval = Duration::from_millis(args.value(&flag)?),
-                "--wait-for-signal" => {
-                    args.no_value(&flag)?;
-                    config.wait_for_signal = true;
-                }
                 "--help" => {
                     println!("{USAGE}");
                     std::process::exit(0);
@@ -410,9 +404,10 @@ impl Config {
 }
 
 fn main() -> Result<()> {
-    let config = Config::from_args(Args::from_env())?;
+    let mut args = Args::from_env();
+    let config = Config::from_args(&mut args)?;
     let at_ready = guarded_semaphore();
-    announce_ready(config.wait_for_signal)?;
+    announce_ready(args.wait_for_signal())?;
     let at_start = guarded_semaphore();
 
     let mut guarded = 0u64;

@@ -44,14 +44,9 @@ const USAGE: &str = "usage: wallclock-demo [--ms D] [--wait-for-signal]";
 fn main() -> Result<()> {
     let mut args = Args::from_env();
     let mut ms: u64 = 1500;
-    let mut wait_for_signal = false;
     while let Some(flag) = args.next_flag()? {
         match flag.as_str() {
             "--ms" => ms = args.value(&flag)?,
-            "--wait-for-signal" => {
-                args.no_value(&flag)?;
-                wait_for_signal = true;
-            }
             "--help" => {
                 println!("{USAGE}");
                 return Ok(());
@@ -59,7 +54,7 @@ fn main() -> Result<()> {
             _ => bail!("unknown option {flag}\n{USAGE}"),
         }
     }
-    announce_ready(wait_for_signal)?;
+    announce_ready(args.wait_for_signal())?;
 
     let lock = Arc::new(Mutex::new(0u64));
     let (held_tx, held_rx) = mpsc::channel();
