@@ -97,19 +97,32 @@ fn assert_every_task_probe(counts: &HashMap<String, u64>, n: u64, who: &str) {
     }
 }
 
-/// Ids of the BPF programs and links that process `pid` holds open.
+/// Ids of the BPF programs and links that process `pid` and its children (the link
+/// keeper, which holds the uprobe links) hold open.
 fn bpf_objects(pid: u32) -> (BTreeSet<u32>, BTreeSet<u32>) {
     let (mut progs, mut links) = (BTreeSet::new(), BTreeSet::new());
-    for entry in std::fs::read_dir(format!("/proc/{pid}/fdinfo")).unwrap() {
-        let Ok(info) = std::fs::read_to_string(entry.unwrap().path()) else {
+    let children =
+        std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+    let processes = std::iter::once(pid).chain(
+        children
+            .split_whitespace()
+            .filter_map(|child| child.parse().ok()),
+    );
+    for process in processes {
+        let Ok(entries) = std::fs::read_dir(format!("/proc/{process}/fdinfo")) else {
             continue;
         };
-        for line in info.lines() {
-            if let Some(id) = line.strip_prefix("prog_id:") {
-                progs.insert(id.trim().parse().unwrap());
-            }
-            if let Some(id) = line.strip_prefix("link_id:") {
-                links.insert(id.trim().parse().unwrap());
+        for entry in entries {
+            let Ok(info) = std::fs::read_to_string(entry.unwrap().path()) else {
+                continue;
+            };
+            for line in info.lines() {
+                if let Some(id) = line.strip_prefix("prog_id:") {
+                    progs.insert(id.trim().parse().unwrap());
+                }
+                if let Some(id) = line.strip_prefix("link_id:") {
+                    links.insert(id.trim().parse().unwrap());
+                }
             }
         }
     }
@@ -569,7 +582,8 @@ fn stop_and_check<T: Send + 'static>(
     if signal == libc::SIGKILL {
         let finished = tracer.finish();
         assert!(running(target.pid), "{case}: the target still runs");
-        sites.assert_untouched(case);
+        // The link keeper removes the uprobes once the tracer is gone.
+        sites.wait_untouched(case, Duration::from_secs(10));
         objects.assert_released();
         return finished;
     }
@@ -1088,4 +1102,157 @@ fn the_smoke_script_passes_and_catches_a_broken_tracer() {
     let broken = run(Path::new("/bin/false"));
     assert_eq!(broken.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&broken.stderr).contains("smoke: FAIL"));
+}
+
+/// How many semaphore-guarded probes (one site each) `many-sites` carries.
+const MANY_SITES: usize = 1000;
+
+/// A C program built with sys/sdt.h, as real C programs carry probes: `MANY_SITES`
+/// probes `many:pN`, each behind a semaphore of its own. It prints `ready pid=N`, waits
+/// for SIGUSR1 when given `--wait-for-signal`, fires every enabled probe once per round,
+/// a round a millisecond, for `--seconds S` or until SIGTERM, then prints its round count
+/// as JSON.
+fn many_sites() -> &'static Path {
+    static BIN: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    BIN.get_or_init(|| {
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR"));
+        let mut c = String::from(
+            "#define _SDT_HAS_SEMAPHORES 1\n#include <sys/sdt.h>\n#include <signal.h>\n\
+             #include <stdio.h>\n#include <stdlib.h>\n#include <string.h>\n#include <time.h>\n\
+             #include <unistd.h>\n",
+        );
+        for i in 0..MANY_SITES {
+            c += &format!(
+                "unsigned short many_p{i}_semaphore __attribute__((section(\".probes\")));\n"
+            );
+        }
+        c += "static volatile sig_atomic_t go, stop;\n\
+              static void on_usr1(int s) { (void)s; go = 1; }\n\
+              static void on_term(int s) { (void)s; stop = 1; }\n\
+              static void fire(long round) {\n";
+        for i in 0..MANY_SITES {
+            c += &format!("  if (many_p{i}_semaphore) DTRACE_PROBE1(many, p{i}, round);\n");
+        }
+        c += "}\nint main(int argc, char **argv) {\n  double seconds = 3;\n  int wait = 0;\n\
+              for (int i = 1; i < argc; i++) {\n\
+                if (!strcmp(argv[i], \"--wait-for-signal\")) wait = 1;\n\
+                else if (!strcmp(argv[i], \"--seconds\") && i + 1 < argc) seconds = atof(argv[++i]);\n\
+                else if (!strcmp(argv[i], \"--help\")) return 0;\n  }\n\
+              signal(SIGUSR1, on_usr1);\n  signal(SIGTERM, on_term);\n  printf(\"ready pid=%d\\n\", getpid());\n  fflush(stdout);\n\
+              while (wait && !go) pause();\n\
+              struct timespec start, now, nap = {0, 1000000};\n\
+              clock_gettime(CLOCK_MONOTONIC, &start);\n  long rounds = 0;\n\
+              do {\n    fire(rounds++);\n    nanosleep(&nap, 0);\n\
+                clock_gettime(CLOCK_MONOTONIC, &now);\n\
+              } while (!stop && (now.tv_sec - start.tv_sec) + (now.tv_nsec - start.tv_nsec) / 1e9 < seconds);\n\
+              printf(\"{\\\"rounds\\\": %ld}\\n\", rounds);\n  return 0;\n}\n";
+        let source = dir.join("many-sites.c");
+        std::fs::write(&source, c).unwrap();
+        let bin = dir.join("many-sites");
+        let status = Command::new("gcc")
+            .args(["-O1", "-o"])
+            .arg(&bin)
+            .arg(&source)
+            .status()
+            .expect("gcc is installed by `cargo xtask setup`");
+        assert!(status.success(), "gcc failed on {}", source.display());
+        bin
+    })
+}
+
+/// SIGINT, then SIGKILL a few milliseconds later, while `trace` removes its uprobes from
+/// a thousand semaphore-guarded sites: the kernel cannot remove a uprobe from a task with
+/// a fatal signal pending ("failed to unregister, leaking uprobe"), so a tracer that
+/// removed them itself left breakpoints and raised semaphores in the target for good. The
+/// link keeper removes them; every site and semaphore must be back, whatever the delay,
+/// and none of the tracer's programs or links may stay in the kernel.
+#[test]
+fn a_sigkill_while_detaching_a_thousand_sites_leaves_nothing_behind() {
+    if !privileged() {
+        return;
+    }
+    for delays in [[0, 2, 5], [8, 12, 20]] {
+        thread::scope(|s| {
+            for delay_ms in delays {
+                s.spawn(move || sigkill_while_detaching(delay_ms));
+            }
+        });
+    }
+}
+
+fn sigkill_while_detaching(delay_ms: u64) {
+    let case = format!("SIGINT, SIGKILL {delay_ms} ms later");
+    let program = many_sites().to_str().unwrap();
+    let target = Target::start(program, &["--seconds", "60"]);
+    let sites = ProbeSites::of(target.pid);
+    assert_eq!(sites.semaphores.len(), MANY_SITES, "{case}");
+    let tracer = LiveTracer::start(
+        &[
+            "trace",
+            "--count",
+            "--pid",
+            &target.pid.to_string(),
+            "usdt:*:many:*",
+        ],
+        read_all,
+    );
+    let objects = TracerObjects::of(tracer.pid());
+    objects.assert_listed();
+    sites.assert_attached();
+    assert!(
+        sites.semaphore_values().iter().all(|&v| v == 1),
+        "{case}: every semaphore raised"
+    );
+    target.release();
+    thread::sleep(Duration::from_millis(300));
+    send(tracer.pid(), libc::SIGINT);
+    thread::sleep(Duration::from_millis(delay_ms));
+    send(tracer.pid(), libc::SIGKILL);
+    let (status, _, _) = tracer.finish();
+    assert_eq!(status.signal(), Some(libc::SIGKILL), "{case}");
+    assert!(running(target.pid), "{case}: the target still runs");
+    sites.wait_untouched(&case, Duration::from_secs(5));
+    objects.assert_released();
+    send(target.pid, libc::SIGTERM);
+    let truth = target.finish();
+    assert!(truth["rounds"].as_u64().unwrap() > 0, "{case}");
+}
+
+/// SIGKILL while `trace` is still attaching a thousand semaphore-guarded sites (a link
+/// that fails half-way unregisters what it had registered, in the killed task's context
+/// if the tracer creates it): nothing may be left in the target.
+#[test]
+fn a_sigkill_while_attaching_a_thousand_sites_leaves_nothing_behind() {
+    if !privileged() {
+        return;
+    }
+    for delays in [[5, 15, 30], [45, 60, 90]] {
+        thread::scope(|s| {
+            for delay_ms in delays {
+                s.spawn(move || sigkill_while_attaching(delay_ms));
+            }
+        });
+    }
+}
+
+fn sigkill_while_attaching(delay_ms: u64) {
+    let case = format!("SIGKILL {delay_ms} ms after the tracer started");
+    let program = many_sites().to_str().unwrap();
+    let target = Target::start(program, &["--seconds", "60"]);
+    let sites = ProbeSites::of(target.pid);
+    let mut tracer = Command::new(tracer_bin())
+        .args(["trace", "--count", "--pid", &target.pid.to_string()])
+        .arg("usdt:*:many:*")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    thread::sleep(Duration::from_millis(delay_ms));
+    send(tracer.id(), libc::SIGKILL);
+    tracer.wait().unwrap();
+    target.release();
+    sites.wait_untouched(&case, Duration::from_secs(5));
+    send(target.pid, libc::SIGTERM);
+    let truth = target.finish();
+    assert!(truth["rounds"].as_u64().unwrap() > 0, "{case}");
 }

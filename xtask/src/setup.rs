@@ -133,7 +133,11 @@ fn ensure_bpf_linker() -> Result<()> {
     Ok(())
 }
 
+/// Whether `program` is on PATH, or, for an absolute path, whether that file exists.
 fn have(program: &str) -> bool {
+    if program.starts_with('/') {
+        return std::path::Path::new(program).exists();
+    }
     Command::new("sh")
         .args(["-c", &format!("command -v {program}")])
         .stdout(Stdio::null())
@@ -143,13 +147,17 @@ fn have(program: &str) -> bool {
 
 /// bpftrace is the reference the comparison tests check us against; bpftool lists the
 /// kernel's BPF programs and links, to check none of ours outlive the tracer; gcc and g++
-/// build the C and C++ test targets.
+/// build the C and C++ test targets, with sys/sdt.h for the probes real C programs carry.
 fn ensure_test_tools() -> Result<()> {
     let tools = [
         ("bpftrace", "bpftrace"),
         ("bpftool", "bpftool"),
         ("gcc", "gcc"),
         ("g++", "g++"),
+        (
+            "/usr/include/x86_64-linux-gnu/sys/sdt.h",
+            "systemtap-sdt-dev",
+        ),
     ];
     let missing: Vec<&str> = tools
         .into_iter()

@@ -349,6 +349,18 @@ impl ProbeSites {
         );
     }
 
+    /// Waits up to `timeout` for the process to carry nothing of a tracer (the link keeper
+    /// of a killed tracer releases its uprobes after the tracer is gone), then asserts it.
+    pub fn wait_untouched(&self, when: &str, timeout: Duration) {
+        let deadline = std::time::Instant::now() + timeout;
+        while std::time::Instant::now() < deadline
+            && (self.breakpoints() > 0 || self.semaphore_values().iter().any(|&v| v > 0))
+        {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.assert_untouched(when);
+    }
+
     /// Asserts a tracer is attached: breakpoints at some sites, some semaphore raised.
     pub fn assert_attached(&self) {
         assert!(self.breakpoints() > 0, "attached, yet no breakpoint");

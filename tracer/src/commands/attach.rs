@@ -120,7 +120,7 @@ pub fn run(config: AttachConfig) -> Result<()> {
         threads.refresh(pid);
     }
     loader.stop_recording()?;
-    loader.detach_usdt();
+    loader.detach_usdt()?;
     loader.detach_sched_switch()?;
     eprintln!("Stopped: {reason}. Detached from process {pid}.");
 

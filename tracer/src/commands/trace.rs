@@ -115,7 +115,7 @@ pub fn run(config: TraceConfig) -> Result<()> {
         Ok::<_, std::io::Error>((reason, events.into_inner()))
     })?;
     loader.stop_recording()?;
-    loader.detach_usdt();
+    loader.detach_usdt()?;
     let mut events = events;
     printer.drain(&mut events)?;
 

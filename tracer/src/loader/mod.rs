@@ -2,6 +2,7 @@
 //! loads the embedded eBPF object with this run's settings, attaches programs, and reads
 //! the kernel-side aggregates back as plain `tracer_common` values.
 
+pub mod keeper;
 mod object;
 mod sys;
 
@@ -51,6 +52,8 @@ pub enum LoaderError {
          CAP_PERFMON, or root, and a security module may refuse them still"
     )]
     UprobeNotPermitted { path: PathBuf },
+    #[error("the link keeper (the process that holds tracer's uprobes) failed")]
+    Keeper(#[source] std::io::Error),
     #[error(
         "tracer runs in a PID namespace of its own (pid:[{0}]), but the kernel-side filters \
          see host PIDs: run it in the host's PID namespace (with docker: --pid=host)"
@@ -288,8 +291,10 @@ pub struct Loader {
     programs: object::Programs,
     /// The kernel's BTF type id of `btf_trace_sched_switch` (off-CPU runs only).
     sched_switch_btf_id: Option<u32>,
-    /// One uprobe_multi link per program and file, and how many sites they hold.
-    usdt_links: Vec<Link>,
+    /// Holds the uprobe_multi links (one per program and file, at most
+    /// [`keeper::MAX_UPROBES_PER_LINK`] sites each) out of this process's reach: see
+    /// [`keeper`]. Started with the first USDT attach.
+    keeper: Option<keeper::LinkKeeper>,
     usdt_sites_attached: usize,
     /// Scheduler and sampling programs attached, by program name.
     links: StdHashMap<&'static str, Vec<Link>>,
@@ -390,12 +395,17 @@ impl Loader {
             max_entries.insert(map_names::LATENCY_STATS, latencies);
             max_entries.insert(map_names::LATENCY_HIST, latencies * histogram::BUCKETS);
         }
+        // A run with USDT sites starts the keeper now: it starts while the object loads.
+        let keeper = match settings.plan_sizes {
+            Some(plan) if plan.sites > 0 => Some(spawn_keeper()?),
+            _ => None,
+        };
         let (maps, programs) = object::load(EBPF_OBJECT, &globals, &max_entries, &DEFERRED_MAPS)?;
         Ok(Self {
             maps,
             programs,
             sched_switch_btf_id,
-            usdt_links: Vec::new(),
+            keeper,
             usdt_sites_attached: 0,
             links: StdHashMap::new(),
         })
@@ -438,15 +448,20 @@ impl Loader {
                 None => groups.push((program, target, vec![uprobe])),
             }
         }
+        if self.keeper.is_none() {
+            self.keeper = Some(spawn_keeper()?);
+        }
         for (program, first, uprobes) in &groups {
-            let prog_fd = self.usdt_program(program)?;
-            let link = sys::link_uprobe_multi(prog_fd, &first.path, uprobes, first.pid)
-                .map_err(|e| attach_error(first, e))?;
-            self.usdt_links.push(Link {
-                _link: link,
-                _perf_event: None,
-            });
-            self.usdt_sites_attached += uprobes.len();
+            self.usdt_program(program)?;
+            // Disjoint fields: the program's fd stays borrowed while the keeper is asked.
+            let prog_fd = self.programs.fd(program)?;
+            let keeper = self.keeper.as_mut().expect("started above");
+            for chunk in uprobes.chunks(keeper::MAX_UPROBES_PER_LINK) {
+                keeper
+                    .link_uprobe_multi(prog_fd, &first.path, chunk, first.pid)
+                    .map_err(|e| attach_error(first, e))?;
+                self.usdt_sites_attached += chunk.len();
+            }
         }
         warm_up.release();
         // Events flow; now the maps the other programs and the readers need.
@@ -512,9 +527,18 @@ impl Loader {
     }
 
     /// Detaches every USDT probe now (semaphores drop back), keeping the maps readable.
-    pub fn detach_usdt(&mut self) {
-        self.usdt_links.clear();
+    /// The keeper does the removal, so a SIGKILL arriving meanwhile cannot interrupt it.
+    pub fn detach_usdt(&mut self) -> Result<()> {
         self.usdt_sites_attached = 0;
+        match self.keeper.as_mut() {
+            Some(keeper) => keeper.release_all().map_err(LoaderError::Keeper),
+            None => Ok(()),
+        }
+    }
+
+    /// The process holding the USDT links, once started.
+    pub fn keeper_pid(&self) -> Option<u32> {
+        self.keeper.as_ref().map(keeper::LinkKeeper::pid)
     }
 
     /// Attaches off-CPU accounting to the scheduler's `sched_switch` BTF tracepoint.
@@ -800,6 +824,10 @@ impl Loader {
         let map = self.maps.remove(name).ok_or(LoaderError::Missing(name))?;
         RingBuf::try_from(map).map_err(|source| LoaderError::Map { name, source })
     }
+}
+
+fn spawn_keeper() -> Result<keeper::LinkKeeper> {
+    keeper::LinkKeeper::spawn().map_err(LoaderError::Keeper)
 }
 
 /// The program for USDT site `site`.

@@ -1,0 +1,301 @@
+//! The link keeper: a small process of tracer's own that creates and holds the uprobe
+//! links, so that they are registered and removed in a process no signal aimed at the
+//! tracer reaches.
+//!
+//! Why: removing a uprobe restores the target's instruction through
+//! `get_user_pages_remote`, which fails while the removing task has a fatal signal
+//! pending; the kernel then logs "failed to unregister, leaking uprobe" and leaves the
+//! breakpoint and the raised semaphore in the target for good. A tracer SIGKILLed while it
+//! detaches (or while a link is being created, whose error path unregisters what it had
+//! registered) would do exactly that. The keeper runs tracer's own binary (a fresh exec,
+//! never a bare fork of a threaded process), in a session of its own so the terminal's
+//! Ctrl-C and a kill of tracer's process group do not reach it, ignoring the catchable
+//! stop signals. It creates each link when asked, holds the only reference to it, and
+//! closes them all when asked, or when the tracer's end of the socket closes however the
+//! tracer ended: with no fatal signal pending, every site gets its instruction back and
+//! every semaphore drops.
+//!
+//! The protocol is one `SOCK_SEQPACKET` message per request, each answered by an errno
+//! (0 for success): an attach request carries the program's fd (`SCM_RIGHTS`), the
+//! process filter and the uprobes; a release request has no body.
+
+use std::{
+    ffi::OsStr,
+    io::{self, IoSlice, IoSliceMut},
+    mem::MaybeUninit,
+    os::{
+        fd::{AsFd as _, AsRawFd as _, BorrowedFd, OwnedFd},
+        unix::{ffi::OsStrExt as _, process::CommandExt as _},
+    },
+    path::Path,
+    process::{Child, Command, Stdio},
+};
+
+use rustix::net::{
+    AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
+    SendAncillaryMessage, SendFlags, SocketFlags, SocketType, recvmsg, sendmsg, socketpair,
+};
+
+use super::sys::{self, MultiUprobe};
+
+/// The first argument that makes `tracer` run as a link keeper (see [`serve`]).
+pub const KEEPER_ARG: &str = "__link-keeper";
+
+/// The most uprobes one link (one request) takes: keeps a request well inside the
+/// socket's buffer (24 bytes each), and each link's removal short.
+pub const MAX_UPROBES_PER_LINK: usize = 2048;
+
+const REQUEST_ATTACH: u32 = 1;
+const REQUEST_RELEASE: u32 = 2;
+/// kind, pid (0: every process), uprobe count, path length.
+const HEADER_BYTES: usize = 16;
+const UPROBE_BYTES: usize = 24;
+const MAX_REQUEST_BYTES: usize =
+    HEADER_BYTES + libc::PATH_MAX as usize + MAX_UPROBES_PER_LINK * UPROBE_BYTES;
+
+/// tracer's end of the keeper: requests go through it, answers come back.
+pub struct LinkKeeper {
+    socket: OwnedFd,
+    child: Child,
+    links: usize,
+}
+
+impl LinkKeeper {
+    /// Starts the keeper (tracer's own executable, [`KEEPER_ARG`]), its end of the socket
+    /// as its standard input. Cheap to start early: it only waits for requests.
+    pub fn spawn() -> io::Result<Self> {
+        let (ours, theirs) = socketpair(
+            AddressFamily::UNIX,
+            SocketType::SEQPACKET,
+            SocketFlags::CLOEXEC,
+            None,
+        )?;
+        let child = Command::new("/proc/self/exe")
+            .arg0("tracer-link-keeper")
+            .arg(KEEPER_ARG)
+            .stdin(Stdio::from(theirs))
+            // The keeper writes nothing: a stalled terminal or pipe must never hold it.
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?;
+        Ok(Self {
+            socket: ours,
+            child,
+            links: 0,
+        })
+    }
+
+    /// The keeper's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// How many links the keeper holds.
+    pub fn links(&self) -> usize {
+        self.links
+    }
+
+    /// Has the keeper attach `prog` to `uprobes` (at most [`MAX_UPROBES_PER_LINK`]) of
+    /// the file at `path`, in process `pid` only or in every process.
+    pub fn link_uprobe_multi(
+        &mut self,
+        prog: BorrowedFd<'_>,
+        path: &Path,
+        uprobes: &[MultiUprobe],
+        pid: Option<u32>,
+    ) -> io::Result<()> {
+        assert!(uprobes.len() <= MAX_UPROBES_PER_LINK);
+        let path = path.as_os_str().as_bytes();
+        if path.len() >= libc::PATH_MAX as usize || path.contains(&0) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "path too long or contains NUL",
+            ));
+        }
+        let mut request = Vec::with_capacity(HEADER_BYTES + path.len() + uprobes.len() * 24);
+        for word in [
+            REQUEST_ATTACH,
+            pid.unwrap_or(0),
+            uprobes.len() as u32,
+            path.len() as u32,
+        ] {
+            request.extend_from_slice(&word.to_ne_bytes());
+        }
+        request.extend_from_slice(path);
+        for uprobe in uprobes {
+            for word in [uprobe.offset, uprobe.ref_ctr_offset, uprobe.cookie] {
+                request.extend_from_slice(&word.to_ne_bytes());
+            }
+        }
+        self.request(&request, Some(prog))?;
+        self.links += 1;
+        Ok(())
+    }
+
+    /// Has the keeper close every link it holds, and waits until it has: the sites have
+    /// their instructions back and the semaphores are down.
+    pub fn release_all(&mut self) -> io::Result<()> {
+        if self.links == 0 {
+            return Ok(());
+        }
+        self.request(&REQUEST_RELEASE.to_ne_bytes(), None)?;
+        self.links = 0;
+        Ok(())
+    }
+
+    /// Sends one request and waits for its errno.
+    fn request(&self, body: &[u8], fd: Option<BorrowedFd<'_>>) -> io::Result<()> {
+        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+        let mut control = SendAncillaryBuffer::new(&mut space);
+        let fds = fd.map(|fd| [fd]);
+        if let Some(fds) = &fds {
+            control.push(SendAncillaryMessage::ScmRights(fds));
+        }
+        sendmsg(
+            &self.socket,
+            &[IoSlice::new(body)],
+            &mut control,
+            SendFlags::NOSIGNAL,
+        )?;
+        let mut answer = [0u8; 4];
+        let mut no_control = RecvAncillaryBuffer::new(&mut []);
+        let got = recvmsg(
+            &self.socket,
+            &mut [IoSliceMut::new(&mut answer)],
+            &mut no_control,
+            RecvFlags::CMSG_CLOEXEC,
+        )?;
+        if got.bytes != answer.len() {
+            return Err(io::Error::other("the link keeper exited"));
+        }
+        match i32::from_ne_bytes(answer) {
+            0 => Ok(()),
+            errno => Err(io::Error::from_raw_os_error(errno)),
+        }
+    }
+}
+
+impl Drop for LinkKeeper {
+    /// Closing our end makes the keeper release every link and exit; it is reaped so no
+    /// zombie is left while tracer still runs (it exits at once after the release).
+    fn drop(&mut self) {
+        if self.links > 0 {
+            let _ = self.release_all();
+        }
+        // SAFETY: shutting down our own socket fd; it stays open until dropped.
+        unsafe { libc::shutdown(self.socket.as_raw_fd(), libc::SHUT_RDWR) };
+        let _ = self.child.wait();
+    }
+}
+
+/// Whether this process was started as the link keeper.
+pub fn is_keeper(first_arg: Option<&OsStr>) -> bool {
+    first_arg.is_some_and(|arg| arg == KEEPER_ARG)
+}
+
+/// The keeper's life: serve requests on standard input until tracer's end closes, then
+/// release every link. Returns the exit code.
+pub fn serve() -> i32 {
+    // Out of tracer's session and process group: neither the terminal's signals nor a
+    // kill of the group reach the keeper. Catchable stop signals are ignored, so only
+    // SIGKILL aimed at the keeper itself can end it before its links are released.
+    // SAFETY: setsid and signal have no memory preconditions.
+    unsafe {
+        libc::setsid();
+        for signal in [
+            libc::SIGINT,
+            libc::SIGTERM,
+            libc::SIGHUP,
+            libc::SIGQUIT,
+            libc::SIGPIPE,
+            libc::SIGUSR1,
+            libc::SIGUSR2,
+        ] {
+            libc::signal(signal, libc::SIG_IGN);
+        }
+    }
+    // SAFETY: fd 0 is the socket the tracer passed, owned by this process alone.
+    let socket = unsafe { BorrowedFd::borrow_raw(0) };
+    let mut links: Vec<OwnedFd> = Vec::new();
+    let mut buf = vec![0u8; MAX_REQUEST_BYTES];
+    loop {
+        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+        let mut control = RecvAncillaryBuffer::new(&mut space);
+        let received = recvmsg(
+            socket,
+            &mut [IoSliceMut::new(&mut buf)],
+            &mut control,
+            RecvFlags::CMSG_CLOEXEC,
+        );
+        let bytes = match received {
+            Ok(msg) if msg.bytes > 0 => msg.bytes,
+            Err(rustix::io::Errno::INTR) => continue,
+            // The tracer's end closed (0 bytes) or broke: it has exited or given up.
+            _ => break,
+        };
+        let mut prog = None;
+        for message in control.drain() {
+            if let RecvAncillaryMessage::ScmRights(fds) = message {
+                prog = fds.into_iter().next();
+            }
+        }
+        let errno = match handle(&buf[..bytes], prog, &mut links) {
+            Ok(()) => 0,
+            Err(e) => e.raw_os_error().unwrap_or(libc::EINVAL),
+        };
+        let answer = errno.to_ne_bytes();
+        let mut no_control = SendAncillaryBuffer::new(&mut []);
+        if sendmsg(
+            socket,
+            &[IoSlice::new(&answer)],
+            &mut no_control,
+            SendFlags::NOSIGNAL,
+        )
+        .is_err()
+        {
+            break;
+        }
+    }
+    drop(links);
+    0
+}
+
+/// One request: attach (a new link kept in `links`) or release (every link closed).
+fn handle(request: &[u8], prog: Option<OwnedFd>, links: &mut Vec<OwnedFd>) -> io::Result<()> {
+    let invalid = || io::Error::from_raw_os_error(libc::EINVAL);
+    let word = |i: usize| -> io::Result<u32> {
+        let bytes = request.get(i * 4..i * 4 + 4).ok_or_else(invalid)?;
+        Ok(u32::from_ne_bytes(bytes.try_into().unwrap()))
+    };
+    match word(0)? {
+        REQUEST_RELEASE => {
+            links.clear();
+            Ok(())
+        }
+        REQUEST_ATTACH => {
+            let prog = prog.ok_or_else(invalid)?;
+            let (pid, count, path_len) = (word(1)?, word(2)? as usize, word(3)? as usize);
+            let path = request
+                .get(HEADER_BYTES..HEADER_BYTES + path_len)
+                .ok_or_else(invalid)?;
+            let table = &request[HEADER_BYTES + path_len..];
+            if table.len() != count * UPROBE_BYTES {
+                return Err(invalid());
+            }
+            let u64_at = |i: usize| u64::from_ne_bytes(table[i * 8..i * 8 + 8].try_into().unwrap());
+            let uprobes: Vec<MultiUprobe> = (0..count)
+                .map(|i| MultiUprobe {
+                    offset: u64_at(3 * i),
+                    ref_ctr_offset: u64_at(3 * i + 1),
+                    cookie: u64_at(3 * i + 2),
+                })
+                .collect();
+            let path = Path::new(OsStr::from_bytes(path));
+            let link =
+                sys::link_uprobe_multi(prog.as_fd(), path, &uprobes, (pid != 0).then_some(pid))?;
+            links.push(link);
+            Ok(())
+        }
+        _ => Err(invalid()),
+    }
+}
