@@ -1256,3 +1256,294 @@ fn sigkill_while_attaching(delay_ms: u64) {
     let truth = target.finish();
     assert!(truth["rounds"].as_u64().unwrap() > 0, "{case}");
 }
+
+/// A FIFO at `path` with a reader that holds it open and never reads (like a paused
+/// pager); killing the reader closes it.
+fn stalled_reader(path: &Path) -> Child {
+    let _ = std::fs::remove_file(path);
+    let c_path = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+    // SAFETY: c_path is a valid NUL-terminated string that outlives the call.
+    assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
+    Command::new("sleep")
+        .arg("120")
+        .stdin(
+            std::fs::File::options()
+                .read(true)
+                .write(true)
+                .open(path)
+                .unwrap(),
+        )
+        .spawn()
+        .unwrap()
+}
+
+/// `trace` writing into a FIFO nobody reads (its 64 KiB fill at once at 20k events a
+/// second): SIGINT must still stop it, detach, and report on standard error what was
+/// collected and what could not be written, within a few seconds; and when the reader of
+/// its output dies instead, the tracer stops on its own, detached, with its report.
+#[test]
+fn a_stalled_or_vanished_reader_of_standard_output_never_holds_a_stop() {
+    if !privileged() {
+        return;
+    }
+    let dir = out_dir("stalled-stdout");
+    for reader_dies in [false, true] {
+        let case = if reader_dies {
+            "reader dies"
+        } else {
+            "SIGINT, reader stalled"
+        };
+        let fifo = dir.join(format!("fifo-{reader_dies}"));
+        let mut reader = stalled_reader(&fifo);
+        let target = Target::start(EVENT_STORM, &["--tasks", "400000", "--rate", "4000"]);
+        let sites = ProbeSites::of(target.pid);
+        let mut tracer = Command::new(tracer_bin())
+            .args(["trace", "--pid", &target.pid.to_string(), TASK_SPEC])
+            .stdout(std::fs::File::options().write(true).open(&fifo).unwrap())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stderr = BufReader::new(tracer.stderr.take().unwrap());
+        let mut line = String::new();
+        stderr.read_line(&mut line).unwrap();
+        assert!(line.starts_with("Attached"), "{case}: {line}");
+        target.release();
+        thread::sleep(Duration::from_millis(1500));
+        sites.assert_attached();
+        let stopped_at = Instant::now();
+        if reader_dies {
+            reader.kill().unwrap();
+            reader.wait().unwrap();
+        } else {
+            send(tracer.id(), libc::SIGINT);
+        }
+        let status = tracer.wait().unwrap();
+        let took = stopped_at.elapsed();
+        let mut err = line;
+        stderr.read_to_string(&mut err).unwrap();
+        assert!(
+            took < Duration::from_secs(5),
+            "{case}: took {took:?}: {err}"
+        );
+        sites.assert_untouched(case);
+        if reader_dies {
+            assert!(status.success(), "{case}: {err}");
+            assert!(
+                err.contains("Stopped: cannot write to standard output."),
+                "{case}: {err}"
+            );
+        } else {
+            assert_eq!(status.code(), Some(1), "{case}: {err}");
+            assert!(
+                err.contains("Stopped: interrupted (SIGINT)."),
+                "{case}: {err}"
+            );
+            assert!(
+                err.contains("collected but not written to standard output")
+                    && err.contains("tracer: error: standard output is not being read"),
+                "{case}: {err}"
+            );
+            reader.kill().unwrap();
+            reader.wait().unwrap();
+        }
+        // The report's loss counts are there either way.
+        assert!(err.contains(" events, "), "{case}: {err}");
+        send(target.pid, libc::SIGKILL);
+    }
+}
+
+/// Standard output on a full device (`/dev/full`) or closed by its reader, and standard
+/// error on a full device, for every subcommand: a clear error and exit 1, or (a reader
+/// that went away, `tracer list | head -1`) a quiet exit 0, never a panic.
+#[test]
+fn unwritable_standard_output_or_error_is_an_error_never_a_panic() {
+    if !privileged() {
+        return;
+    }
+    let dir = out_dir("dev-full");
+    let target = Target::start(GC_DEMO, &["--gcs", "200", "--interval-ms", "20"]);
+    target.release();
+    let pid = target.pid.to_string();
+    let out = dir.to_str().unwrap();
+    let commands: [&[&str]; 5] = [
+        &["list", GC_DEMO],
+        &["list", "--pid", &pid],
+        &[
+            "trace",
+            "--pid",
+            &pid,
+            "-d",
+            "1s",
+            "usdt:*:tracer:gc__begin",
+        ],
+        &["attach", "--pid", &pid, "-d", "1s", "-o", out],
+        &["profile", "--pid", &pid, "-d", "1s", "-o", out],
+    ];
+    let dev_full = || {
+        std::fs::File::options()
+            .write(true)
+            .open("/dev/full")
+            .unwrap()
+    };
+    for args in commands {
+        let run = Command::new(tracer_bin())
+            .args(args)
+            .stdout(dev_full())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&run.stderr);
+        assert_eq!(run.status.code(), Some(1), "{args:?} > /dev/full: {err}");
+        assert!(
+            err.contains("tracer: error: cannot write to standard output: No space left on device")
+                && !err.contains("panicked"),
+            "{args:?} > /dev/full: {err}"
+        );
+
+        let run = Command::new(tracer_bin())
+            .args(args)
+            .stderr(dev_full())
+            .output()
+            .unwrap();
+        assert!(run.status.success(), "{args:?} 2> /dev/full: {run:?}");
+        assert!(!run.stdout.is_empty(), "{args:?} 2> /dev/full");
+
+        // A reader that went away before anything was written (`| head -0`).
+        let mut child = Command::new(tracer_bin())
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take());
+        let run = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&run.stderr);
+        assert!(
+            run.status.success() && !err.contains("panicked") && !err.contains("error"),
+            "{args:?} | head -0: {run:?}"
+        );
+    }
+}
+
+/// An output directory that cannot be written is refused before anything is attached (a
+/// regular file, /dev/null, a pseudo file system, a name too long), so no trace runs its
+/// whole duration for nothing; the target never carries a breakpoint.
+#[test]
+fn an_unusable_output_directory_is_refused_before_attaching() {
+    if !privileged() {
+        return;
+    }
+    let dir = out_dir("bad-output");
+    let file = dir.join("a-file");
+    std::fs::write(&file, "x").unwrap();
+    let long = dir.join("n".repeat(300));
+    let target = Target::start(GC_DEMO, &["--gcs", "200", "--interval-ms", "20"]);
+    target.release();
+    let sites = ProbeSites::of(target.pid);
+    let pid = target.pid.to_string();
+    for bad in [
+        file.to_str().unwrap(),
+        "/dev/null",
+        "/proc/x",
+        "/sys/kernel",
+        long.to_str().unwrap(),
+    ] {
+        for command in ["attach", "profile"] {
+            let started = Instant::now();
+            let run = run_tracer(&[command, "--pid", &pid, "-d", "30s", "-o", bad]);
+            let err = String::from_utf8_lossy(&run.stderr);
+            assert_eq!(run.status.code(), Some(1), "{command} -o {bad}: {err}");
+            assert!(
+                err.starts_with(&format!(
+                    "tracer: error: cannot write to output directory {bad}: "
+                )),
+                "{command} -o {bad}: {err}"
+            );
+            assert!(!err.contains("Attached"), "{command} -o {bad}: {err}");
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "{command} -o {bad}"
+            );
+            sites.assert_untouched(&format!("{command} -o {bad}"));
+        }
+    }
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "x");
+}
+
+/// The disk fills up while the tracer runs: the report is printed all the same, names no
+/// file that was not written, and no partial or empty file is left; the exit is 1 with
+/// the reason. (A 64 KiB tmpfs, filled but for one page.)
+#[test]
+fn a_full_disk_at_the_end_still_gets_the_report_and_no_empty_files() {
+    if !privileged() {
+        return;
+    }
+    let dir = out_dir("full-disk");
+    let status = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=64k", "tracer-test-full"])
+        .arg(&dir)
+        .status()
+        .unwrap();
+    assert!(status.success(), "mount tmpfs");
+    struct Unmount<'a>(&'a Path);
+    impl Drop for Unmount<'_> {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg(self.0).status();
+        }
+    }
+    let _unmount = Unmount(&dir);
+    std::fs::write(dir.join("page"), [0u8; 4096]).unwrap();
+    let mut fill = std::fs::File::create(dir.join("fill")).unwrap();
+    while std::io::Write::write_all(&mut fill, &[0u8; 4096]).is_ok() {}
+    drop(fill);
+    std::fs::remove_file(dir.join("page")).unwrap();
+
+    let target = Target::start(GC_DEMO, &["--gcs", "30", "--interval-ms", "20"]);
+    let tracer = Tracer::start(&[
+        "attach",
+        "--pid",
+        &target.pid.to_string(),
+        "--format",
+        "json",
+        "-o",
+        dir.to_str().unwrap(),
+    ]);
+    target.release();
+    target.finish();
+    let (ok, out, err) = tracer.finish();
+    assert!(!ok, "{err}");
+    assert!(
+        err.contains("tracer: error: writing ") && err.contains("No space left on device"),
+        "{err}"
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert_eq!(report["gc"]["count"], 30, "{report}");
+    let mut left: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    left.sort();
+    for (key, path) in [
+        ("offcpu", &report["offcpu"]["svg"]),
+        ("offcpu", &report["offcpu"]["folded"]),
+        ("tasks", &report["tasks"]["svg"]),
+    ] {
+        if let Some(path) = path.as_str() {
+            let size = std::fs::metadata(path)
+                .unwrap_or_else(|e| panic!("{key}: the report names {path}: {e}"))
+                .len();
+            assert!(size > 0, "{key}: {path} is empty");
+        }
+    }
+    assert!(
+        report["offcpu"]["svg"].is_null() || report["tasks"]["svg"].is_null(),
+        "something did not fit in one page: {report}"
+    );
+    for name in &left {
+        let size = std::fs::metadata(dir.join(name)).unwrap().len();
+        assert!(
+            size > 0 && !name.starts_with('.'),
+            "left behind: {name} ({size} bytes) in {left:?}"
+        );
+    }
+}

@@ -11,11 +11,13 @@
 //! - `unwind`: DWARF unwinding of user stack snapshots (framehop), for binaries without
 //!   frame pointers;
 //! - `render`, `report`: histograms, flamegraphs and reports;
-//! - `cli`, `commands`, `stop`, `privileges`: the command line and a run's lifecycle.
+//! - `cli`, `commands`, `stop`, `privileges`: the command line and a run's lifecycle;
+//! - `console`: standard output and error, which never panic nor hold up a stop.
 
 pub mod btf;
 pub mod cli;
 pub mod commands;
+pub mod console;
 pub mod histogram;
 pub mod launch;
 pub mod loader;

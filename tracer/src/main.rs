@@ -4,6 +4,7 @@ use clap::Parser as _;
 use tracer::{
     cli::{AttachConfig, Cli, Command, ListConfig, ProfileConfig, TraceConfig},
     commands,
+    console::OutputError,
 };
 
 fn main() {
@@ -27,7 +28,14 @@ fn main() {
             .and_then(commands::profile::run),
     };
     if let Err(error) = result {
-        eprintln!("tracer: error: {error:#}");
+        // A reader that went away (`tracer list | head -1`) wanted no more: not an error.
+        if matches!(
+            error.downcast_ref::<OutputError>(),
+            Some(OutputError::Closed)
+        ) {
+            std::process::exit(0);
+        }
+        tracer::status!("tracer: error: {error:#}");
         std::process::exit(1);
     }
 }

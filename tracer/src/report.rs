@@ -1,7 +1,7 @@
 //! What `tracer attach` found, printed as text (bpftrace-style histograms) or as one JSON
 //! document with every figure.
 
-use std::{fmt::Write as _, path::PathBuf};
+use std::fmt::Write as _;
 
 use serde_json::{Value, json};
 
@@ -10,17 +10,19 @@ use crate::{
     loader::ProbeHitTotals,
     offcpu::OffCpuProfile,
     probe_plan::ProbeInfo,
-    render::hist::{MICROSECONDS, format_ns, render_latency, summary_json},
+    render::{
+        ViewFiles,
+        hist::{MICROSECONDS, format_ns, render_latency, summary_json},
+    },
     runtimes::LatencyDef,
     stop::StopReason,
     tasks::TaskProfile,
 };
 
-/// Runtime tasks: the profile and where its flamegraph went.
+/// Runtime tasks: the profile and where its flamegraph went (`None`: not written).
 pub struct TaskReport {
     pub profile: TaskProfile,
-    pub folded_path: PathBuf,
-    pub svg_path: PathBuf,
+    pub files: Option<ViewFiles>,
 }
 
 /// How many tasks the text report lists.
@@ -54,8 +56,8 @@ pub struct AttachReport {
     pub probes: Vec<ProbeReport>,
     pub latencies: Vec<LatencyReport>,
     pub offcpu: OffCpuProfile,
-    pub folded_path: PathBuf,
-    pub svg_path: PathBuf,
+    /// The off-CPU flame graph's files; `None` when they could not be written.
+    pub offcpu_files: Option<ViewFiles>,
     pub tasks: Option<TaskReport>,
     pub losses: Losses,
 }
@@ -95,19 +97,28 @@ impl AttachReport {
         }
         let _ = writeln!(
             out,
-            "\nOff-CPU: {} blocked in {} intervals; flamegraph {} (folded stacks {}).",
+            "\nOff-CPU: {} blocked in {} intervals; {}.",
             format_ns(self.offcpu.total_ns),
             self.offcpu.intervals,
-            self.svg_path.display(),
-            self.folded_path.display()
+            match &self.offcpu_files {
+                Some(files) => format!(
+                    "flamegraph {} (folded stacks {})",
+                    files.svg.display(),
+                    files.folded.display()
+                ),
+                None => "flamegraph not written (see the error below)".into(),
+            }
         );
         if let Some(tasks) = &self.tasks {
             let _ = writeln!(
                 out,
-                "\nTasks: {} seen; the {} that waited longest (flamegraph {}):",
+                "\nTasks: {} seen; the {} that waited longest ({}):",
                 tasks.profile.tasks.len(),
                 TASKS_SHOWN.min(tasks.profile.tasks.len()),
-                tasks.svg_path.display()
+                match &tasks.files {
+                    Some(files) => format!("flamegraph {}", files.svg.display()),
+                    None => "flamegraph not written".into(),
+                }
             );
             let _ = writeln!(
                 out,
@@ -176,13 +187,13 @@ impl AttachReport {
                 "intervals": self.offcpu.intervals,
                 "stacks": self.offcpu.folded.len(),
                 "missing_stacks": self.offcpu.missing_stacks,
-                "folded": self.folded_path,
-                "svg": self.svg_path,
+                "folded": self.offcpu_files.as_ref().map(|f| &f.folded),
+                "svg": self.offcpu_files.as_ref().map(|f| &f.svg),
             },
             "tasks": self.tasks.as_ref().map(|t| json!({
                 "count": t.profile.tasks.len(),
-                "folded": t.folded_path,
-                "svg": t.svg_path,
+                "folded": t.files.as_ref().map(|f| &f.folded),
+                "svg": t.files.as_ref().map(|f| &f.svg),
                 "list": t.profile.tasks.iter().map(|task| json!({
                     "task": task.task,
                     "running_ns": task.running_ns,

@@ -18,6 +18,8 @@ pub enum StopReason {
     Interrupted,
     Terminated,
     TargetExited,
+    /// Standard output went away or failed (`trace`): nobody is left to read the events.
+    OutputClosed,
 }
 
 impl fmt::Display for StopReason {
@@ -27,6 +29,7 @@ impl fmt::Display for StopReason {
             Self::Interrupted => "interrupted (SIGINT)",
             Self::Terminated => "terminated (SIGTERM)",
             Self::TargetExited => "target exited",
+            Self::OutputClosed => "cannot write to standard output",
         })
     }
 }
@@ -95,13 +98,13 @@ impl StopSignals {
     }
 }
 
-/// Runs `work` until the first reason to stop; `work` should not finish on its own (if it
-/// fails, its error is returned). Signals are caught only from here on: prefer
+/// Runs `work` until the first reason to stop; `work` finishes only with a reason of its
+/// own to stop, or its error. Signals are caught only from here on: prefer
 /// [`run_until_stopped_with`] and signals caught before the trace was announced.
 pub async fn run_until_stopped(
     target: Option<ProcessWatch>,
     duration: Option<Duration>,
-    work: impl Future<Output = io::Result<()>>,
+    work: impl Future<Output = io::Result<StopReason>>,
 ) -> io::Result<StopReason> {
     run_until_stopped_with(StopSignals::catch_here()?, target, duration, work).await
 }
@@ -111,7 +114,7 @@ pub async fn run_until_stopped_with(
     mut signals: StopSignals,
     target: Option<ProcessWatch>,
     duration: Option<Duration>,
-    work: impl Future<Output = io::Result<()>>,
+    work: impl Future<Output = io::Result<StopReason>>,
 ) -> io::Result<StopReason> {
     let deadline = async {
         match duration {
@@ -130,17 +133,26 @@ pub async fn run_until_stopped_with(
         _ = signals.interrupt.recv() => Ok(StopReason::Interrupted),
         _ = signals.terminate.recv() => Ok(StopReason::Terminated),
         _ = target_exit => Ok(StopReason::TargetExited),
-        result = work => result.map(|()| StopReason::TargetExited),
+        result = work => result,
     }
 }
 
 /// Calls `tick` about once a second, forever: for what must be captured while the target
 /// lives (its memory maps, its thread names).
-pub async fn every_second(mut tick: impl FnMut()) -> io::Result<()> {
+pub async fn every_second(mut tick: impl FnMut()) -> io::Result<StopReason> {
     let mut ticker = tokio::time::interval(Duration::from_secs(1));
     loop {
         ticker.tick().await;
         tick();
+    }
+}
+
+/// Gives SIGINT and SIGTERM their default action back once a run has stopped and
+/// detached: a second Ctrl-C then ends a tracer that waits on its output at once.
+pub fn restore_default_signals() {
+    for signal in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: signal has no memory preconditions; SIG_DFL is always valid.
+        unsafe { libc::signal(signal, libc::SIG_DFL) };
     }
 }
 

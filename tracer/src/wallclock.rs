@@ -18,7 +18,7 @@ use tracer_common::{NO_STACK, OffCpuKey, OffCpuStart, OffCpuTotal, OnCpuKey, STA
 
 use crate::{
     offcpu::{StackSource, ThreadNames, kernel_stack_frames, user_stack_frames},
-    render::{create_output_file, flamegraph::FoldedStacks},
+    render::{flamegraph::FoldedStacks, write_output},
     symbolize::{ProcessMaps, StackSymbolizer},
 };
 
@@ -493,10 +493,12 @@ pub fn encode_pprof(profile: &StackProfile, info: &ExportInfo<'_>) -> Vec<u8> {
 /// Writes `profile` as gzip-compressed pprof to `path`.
 pub fn write_pprof(profile: &StackProfile, info: &ExportInfo<'_>, path: &Path) -> io::Result<()> {
     let bytes = encode_pprof(profile, info);
-    let file = create_output_file(path)?;
-    let mut gz = flate2::write::GzEncoder::new(io::BufWriter::new(file), Default::default());
-    gz.write_all(&bytes)?;
-    gz.finish()?.flush()
+    write_output(path, |out| {
+        let mut gz = flate2::write::GzEncoder::new(out, Default::default());
+        gz.write_all(&bytes)?;
+        gz.finish()?;
+        Ok(())
+    })
 }
 
 /// The profiles as one speedscope file (https://www.speedscope.app/file-format-schema.json):
@@ -550,9 +552,10 @@ pub fn write_speedscope(
     info: &ExportInfo<'_>,
     path: &Path,
 ) -> io::Result<()> {
-    let mut out = io::BufWriter::new(create_output_file(path)?);
-    serde_json::to_writer(&mut out, &speedscope_json(views, info))?;
-    out.flush()
+    write_output(path, |out| {
+        serde_json::to_writer(out, &speedscope_json(views, info))?;
+        Ok(())
+    })
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use anyhow::{Context as _, Result, bail};
+use anyhow::{Result, bail};
 use tracer_common::{counter, site_flags};
 
 use crate::{
@@ -13,7 +13,10 @@ use crate::{
     offcpu::{self, StackSource, ThreadNames},
     privileges,
     probe_plan::{ProbePlan, SiteInput, SiteMode},
-    render::flamegraph::{FoldedStacks, Palette, SvgOptions, write_flamegraph_svg, write_folded},
+    render::{
+        self,
+        flamegraph::{Palette, SvgOptions},
+    },
     report::{AttachReport, LatencyReport, Losses, ProbeReport, TaskReport},
     runtimes::{self, LatencyDef, Runtime, TaskProbeDef},
     stop::{self, ProcessWatch, StopReason},
@@ -58,6 +61,9 @@ pub fn run(config: AttachConfig) -> Result<()> {
         Some(pid),
     )?;
 
+    // Before anything is attached: a trace whose files cannot be written fails now.
+    render::prepare_output_dir(&config.output_dir)?;
+
     let mut maps =
         ProcessMaps::capture(pid).map_err(|_| anyhow::anyhow!("process {pid} exited"))?;
     let mut threads = ThreadNames::default();
@@ -88,7 +94,7 @@ pub fn run(config: AttachConfig) -> Result<()> {
         .build()?;
     let signals = stop::StopSignals::catch(&runtime)?;
     let runtime_names = runtime_names(&plan);
-    eprintln!(
+    crate::status!(
         "Attached to process {pid} ({process_name}): {} probe sites{}, sched_switch. {}",
         loader.usdt_site_count(),
         if runtime_names.is_empty() {
@@ -122,7 +128,8 @@ pub fn run(config: AttachConfig) -> Result<()> {
     loader.stop_recording()?;
     loader.detach_usdt()?;
     loader.detach_sched_switch()?;
-    eprintln!("Stopped: {reason}. Detached from process {pid}.");
+    stop::restore_default_signals();
+    crate::status!("Stopped: {reason}. Detached from process {pid}.");
 
     let (report, output_error) = collect(
         &loader,
@@ -135,9 +142,15 @@ pub fn run(config: AttachConfig) -> Result<()> {
         now,
         now - started,
     )?;
-    match config.format {
-        Format::Text => print!("{}", report.to_text()),
-        Format::Json => println!("{}", serde_json::to_string_pretty(&report.to_json())?),
+    let text = match config.format {
+        Format::Text => report.to_text(),
+        Format::Json => serde_json::to_string_pretty(&report.to_json())? + "\n",
+    };
+    if let Err(e) = crate::console::print(text) {
+        return Err(match output_error {
+            Some(file_error) => anyhow::Error::new(e).context(format!("{file_error:#}")),
+            None => e.into(),
+        });
     }
     match output_error {
         Some(e) => Err(e),
@@ -261,10 +274,9 @@ fn collect(
         threads,
     );
 
-    // The report is printed even when a file cannot be written; the error comes after.
+    // The report is printed even when a file cannot be written (and names only the files
+    // that were); the error comes after.
     let mut output_error = None;
-    let folded_path = config.output_dir.join("offcpu.folded");
-    let svg_path = config.output_dir.join("offcpu.svg");
     let title = format!("Off-CPU time of {process_name} (pid {})", config.pid);
     let subtitle = format!(
         "{:.1} s traced, {} blocked intervals, {:.3} s blocked in all",
@@ -272,9 +284,9 @@ fn collect(
         profile.intervals,
         profile.total_ns as f64 / 1e9
     );
-    if let Err(e) = write_view(&profile.folded, &folded_path, &svg_path, &title, &subtitle) {
-        output_error.get_or_insert(e);
-    }
+    let offcpu_files = write_view(&profile.folded, config, "offcpu", &title, &subtitle)
+        .map_err(|e| output_error.get_or_insert(e.into()))
+        .ok();
 
     let has_task_probes = plan
         .sites
@@ -290,8 +302,6 @@ fn collect(
         };
         let times = tasks::with_open_intervals(loader.task_times()?, &open, now);
         let profile = tasks::build_profile(&times, loader, &mut symbolizer, maps, process_name);
-        let folded_path = config.output_dir.join("tasks.folded");
-        let svg_path = config.output_dir.join("tasks.svg");
         let title = format!(
             "Where the tasks of {process_name} (pid {}) waited",
             config.pid
@@ -300,14 +310,10 @@ fn collect(
             "{} tasks; parked time by the stack where each parked",
             profile.tasks.len()
         );
-        if let Err(e) = write_view(&profile.parked, &folded_path, &svg_path, &title, &subtitle) {
-            output_error.get_or_insert(e);
-        }
-        Some(TaskReport {
-            profile,
-            folded_path,
-            svg_path,
-        })
+        let files = write_view(&profile.parked, config, "tasks", &title, &subtitle)
+            .map_err(|e| output_error.get_or_insert(e.into()))
+            .ok();
+        Some(TaskReport { profile, files })
     } else {
         None
     };
@@ -321,8 +327,7 @@ fn collect(
         probes,
         latencies,
         offcpu: profile,
-        folded_path,
-        svg_path,
+        offcpu_files,
         tasks,
         losses: Losses {
             events_lost: counters[counter::EVENTS_LOST as usize],
@@ -335,28 +340,22 @@ fn collect(
     Ok((report, output_error))
 }
 
-/// Writes one flame graph view: its folded stacks and its SVG (creating the directory).
+/// Writes one off-CPU flame graph view (`NAME.folded`, `NAME.svg`) into the output
+/// directory.
 fn write_view(
-    folded: &FoldedStacks,
-    folded_path: &Path,
-    svg_path: &Path,
+    folded: &crate::render::flamegraph::FoldedStacks,
+    config: &AttachConfig,
+    name: &str,
     title: &str,
     subtitle: &str,
-) -> Result<()> {
-    if let Some(dir) = folded_path.parent() {
-        std::fs::create_dir_all(dir)
-            .with_context(|| format!("cannot create output directory {}", dir.display()))?;
-    }
-    write_folded(folded, folded_path)
-        .with_context(|| format!("writing {}", folded_path.display()))?;
+) -> std::io::Result<render::ViewFiles> {
     let options = SvgOptions {
         title,
         subtitle: Some(subtitle),
         count_name: "us",
         palette: Palette::OffCpu,
     };
-    write_flamegraph_svg(folded, svg_path, &options)
-        .with_context(|| format!("writing {}", svg_path.display()))
+    render::write_view(folded, &config.output_dir, name, &options)
 }
 
 impl From<&usdt::ProbeSite> for SiteInput {

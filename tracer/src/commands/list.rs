@@ -17,7 +17,7 @@ pub fn run(config: ListConfig) -> Result<()> {
         None => Scope::Files { exe: None },
     };
     let sites = usdt::resolve(std::slice::from_ref(&spec), scope)?;
-    print!("{}", render(&sites, config.verbose));
+    crate::console::print(render(&sites, config.verbose))?;
     Ok(())
 }
 

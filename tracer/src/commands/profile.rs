@@ -24,7 +24,10 @@ use crate::{
     cli::{ProfileConfig, UnwindMethod},
     loader::{Features, Loader, Settings},
     privileges,
-    render::flamegraph::{FoldedStacks, Palette, SvgOptions, write_flamegraph_svg, write_folded},
+    render::{
+        self, ViewFiles,
+        flamegraph::{FoldedStacks, Palette, SvgOptions},
+    },
     stop::{self, ProcessWatch, StopReason},
     symbolize::StackSymbolizer,
     unwind::{DwarfUnwinder, FRAME_POINTER_SUFFIX, Snapshot, UnwindStats, WithUnwound},
@@ -61,6 +64,8 @@ pub fn run(config: ProfileConfig) -> Result<()> {
         }
         None => "all processes".to_string(),
     };
+    // Before anything is attached: a profile whose files cannot be written fails now.
+    render::prepare_output_dir(&config.output_dir)?;
 
     let mut loader = Loader::load(&Settings {
         target_tgid: pid,
@@ -133,7 +138,7 @@ pub fn run(config: ProfileConfig) -> Result<()> {
         .enable_all()
         .build()?;
     let signals = stop::StopSignals::catch(&runtime)?;
-    eprintln!(
+    crate::status!(
         "Attached to {what}: on-CPU sampling at {} Hz{} on {cpus} CPUs, sched_switch. {}",
         config.frequency_hz,
         if dwarf { " (DWARF unwinding)" } else { "" },
@@ -176,7 +181,8 @@ pub fn run(config: ProfileConfig) -> Result<()> {
     if let Some(unwinding) = unwinding.as_mut() {
         unwinding.drain(&mut processes);
     }
-    eprintln!("Stopped: {reason}. Detached.");
+    stop::restore_default_signals();
+    crate::status!("Stopped: {reason}. Detached.");
     if pid.is_none() {
         observe_seen(&loader, &mut processes);
     }
@@ -227,7 +233,7 @@ pub fn run(config: ProfileConfig) -> Result<()> {
         None => wallclock::build_profile(&raw, options, &loader, &mut symbolizer, &processes),
     };
     let elapsed_ns = now - started;
-    let outputs = write_outputs(
+    let (outputs, output_error) = write_outputs(
         &profile,
         &config,
         &what,
@@ -237,24 +243,26 @@ pub fn run(config: ProfileConfig) -> Result<()> {
             start_unix_ns,
             duration_ns: elapsed_ns,
         },
-    )?;
+    );
     let counters = loader.counters()?;
-    print!(
-        "{}",
-        summary(
-            &profile,
-            &what,
-            config.frequency_hz,
-            elapsed_ns,
-            &outputs,
-            counters[counter::STACK_ERRORS as usize],
-            counters[counter::MAP_FULL as usize],
-        )
+    let mut text = summary(
+        &profile,
+        &what,
+        config.frequency_hz,
+        elapsed_ns,
+        &outputs,
+        counters[counter::STACK_ERRORS as usize],
+        counters[counter::MAP_FULL as usize],
     );
     if let Some(stats) = unwind_stats {
-        print!("{}", unwind_summary(&stats, &counters));
+        text += &unwind_summary(&stats, &counters);
     }
-    Ok(())
+    crate::console::print(text)?;
+    // The summary is printed even when a file could not be written; the error comes after.
+    match output_error {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
 }
 
 /// What is captured about the processes once a second while profiling.
@@ -362,24 +370,34 @@ fn still_alive(pending: Vec<(u32, OffCpuStart)>) -> Vec<(u32, OffCpuStart)> {
         .collect()
 }
 
-/// Where each output went.
+/// Where each output went; `None` for a file that could not be written.
 struct Outputs {
-    wall_svg: PathBuf,
-    oncpu_svg: PathBuf,
-    offcpu_svg: PathBuf,
-    pprof: PathBuf,
-    speedscope: PathBuf,
+    wall: Option<ViewFiles>,
+    oncpu: Option<ViewFiles>,
+    offcpu: Option<ViewFiles>,
+    pprof: Option<PathBuf>,
+    speedscope: Option<PathBuf>,
 }
 
+/// Writes every output file it can, and returns which were written and the first error.
 fn write_outputs(
     profile: &WallClockProfile,
     config: &ProfileConfig,
     what: &str,
     info: &ExportInfo<'_>,
-) -> Result<Outputs> {
+) -> (Outputs, Option<anyhow::Error>) {
     let dir = &config.output_dir;
-    std::fs::create_dir_all(dir)
-        .with_context(|| format!("cannot create output directory {}", dir.display()))?;
+    let mut first_error: Option<anyhow::Error> = None;
+    let keep =
+        |result: std::io::Result<()>, path: PathBuf, first_error: &mut Option<_>| match result {
+            Ok(()) => Some(path),
+            Err(e) => {
+                first_error.get_or_insert(
+                    anyhow::Error::new(e).context(format!("writing {}", path.display())),
+                );
+                None
+            }
+        };
     let seconds = |ns: u64| ns as f64 / 1e9;
     let traced = format!("{:.1} s profiled", seconds(info.duration_ns));
     let oncpu_text = format!(
@@ -393,7 +411,18 @@ fn write_outputs(
         profile.offcpu_intervals,
         seconds(profile.offcpu_ns)
     );
-    let views: [(&str, &StackProfile, String, String, Palette); 3] = [
+    let view = |name: &str, stacks: &StackProfile, title: String, subtitle: String, palette| {
+        let folded: FoldedStacks = stacks.folded();
+        let options = SvgOptions {
+            title: &title,
+            subtitle: Some(&subtitle),
+            count_name: "us",
+            palette,
+        };
+        render::write_view(&folded, dir, name, &options)
+    };
+    let mut views = Vec::new();
+    for (name, stacks, title, subtitle, palette) in [
         (
             "wallclock",
             &profile.wall,
@@ -415,43 +444,54 @@ fn write_outputs(
             format!("{traced}; {offcpu_text}"),
             Palette::OffCpu,
         ),
-    ];
-    for (name, stacks, title, subtitle, palette) in &views {
-        let folded: FoldedStacks = stacks.folded();
-        let folded_path = dir.join(format!("{name}.folded"));
-        write_folded(&folded, &folded_path)
-            .with_context(|| format!("writing {}", folded_path.display()))?;
-        let svg_path = dir.join(format!("{name}.svg"));
-        let options = SvgOptions {
-            title,
-            subtitle: Some(subtitle),
-            count_name: "us",
-            palette: *palette,
-        };
-        write_flamegraph_svg(&folded, &svg_path, &options)
-            .with_context(|| format!("writing {}", svg_path.display()))?;
+    ] {
+        views.push(match view(name, stacks, title, subtitle, palette) {
+            Ok(files) => Some(files),
+            Err(e) => {
+                first_error.get_or_insert(e.into());
+                None
+            }
+        });
     }
     let pprof = dir.join("wallclock.pb.gz");
-    wallclock::write_pprof(&profile.wall, info, &pprof)
-        .with_context(|| format!("writing {}", pprof.display()))?;
-    let speedscope = dir.join("wallclock.speedscope.json");
-    wallclock::write_speedscope(
-        &[
-            ("wall-clock", &profile.wall),
-            ("on-CPU", &profile.oncpu),
-            ("off-CPU", &profile.offcpu),
-        ],
-        info,
-        &speedscope,
-    )
-    .with_context(|| format!("writing {}", speedscope.display()))?;
-    Ok(Outputs {
-        wall_svg: dir.join("wallclock.svg"),
-        oncpu_svg: dir.join("oncpu.svg"),
-        offcpu_svg: dir.join("offcpu.svg"),
+    let pprof = keep(
+        wallclock::write_pprof(&profile.wall, info, &pprof),
         pprof,
+        &mut first_error,
+    );
+    let speedscope = dir.join("wallclock.speedscope.json");
+    let speedscope = keep(
+        wallclock::write_speedscope(
+            &[
+                ("wall-clock", &profile.wall),
+                ("on-CPU", &profile.oncpu),
+                ("off-CPU", &profile.offcpu),
+            ],
+            info,
+            &speedscope,
+        ),
         speedscope,
-    })
+        &mut first_error,
+    );
+    let [wall, oncpu, offcpu] = <[Option<ViewFiles>; 3]>::try_from(views).expect("three views");
+    (
+        Outputs {
+            wall,
+            oncpu,
+            offcpu,
+            pprof,
+            speedscope,
+        },
+        first_error,
+    )
+}
+
+/// A written file's path, or what the summary says of one that could not be written.
+fn shown(path: Option<&Path>) -> String {
+    match path {
+        Some(path) => path.display().to_string(),
+        None => "(not written, see the error below)".into(),
+    }
 }
 
 fn summary(
@@ -476,21 +516,21 @@ fn summary(
         "On-CPU: {} samples at {frequency_hz} Hz, {:.3} s; flamegraph {}\n",
         profile.oncpu_samples,
         seconds(profile.oncpu_ns),
-        outputs.oncpu_svg.display()
+        shown(outputs.oncpu.as_ref().map(|f| f.svg.as_path()))
     );
     out += &format!(
         "Off-CPU: {:.3} s blocked in {} intervals; flamegraph {}\n",
         seconds(profile.offcpu_ns),
         profile.offcpu_intervals,
-        outputs.offcpu_svg.display()
+        shown(outputs.offcpu.as_ref().map(|f| f.svg.as_path()))
     );
     out += &format!(
         "Wall-clock: {:.3} s on and off CPU; flamegraph {} (blocked time under {OFF_CPU_FRAME} \
          leaf frames), pprof {}, speedscope {}\n",
         seconds(profile.oncpu_ns + profile.offcpu_ns),
-        outputs.wall_svg.display(),
-        outputs.pprof.display(),
-        outputs.speedscope.display()
+        shown(outputs.wall.as_ref().map(|f| f.svg.as_path())),
+        shown(outputs.pprof.as_deref()),
+        shown(outputs.speedscope.as_deref())
     );
     if stack_errors + map_full + profile.missing_stacks == 0 {
         out += "Nothing lost: every sample and interval was recorded with its stacks.\n";

@@ -1,7 +1,5 @@
 //! `tracer trace PROBE... [-- CMD]`: one line per probe hit with its decoded arguments.
 
-use std::io::{BufWriter, Write as _};
-
 use anyhow::{Result, bail};
 use aya::maps::{MapData, RingBuf};
 use serde_json::json;
@@ -10,11 +8,12 @@ use tracer_common::{UsdtEvent, counter};
 
 use crate::{
     cli::{Format, TraceConfig},
+    console::{OutputError, OutputStream},
     launch::PausedChild,
     loader::{Features, Loader, Settings},
     privileges,
     probe_plan::{ProbePlan, SiteInput, SiteMode},
-    stop::{self, ProcessWatch},
+    stop::{self, ProcessWatch, StopReason},
     usdt::{self, Scope},
 };
 
@@ -76,7 +75,7 @@ pub fn run(config: TraceConfig) -> Result<()> {
         .enable_all()
         .build()?;
     let signals = stop::StopSignals::catch(&runtime)?;
-    eprintln!(
+    crate::status!(
         "Attached {} probes ({} sites){}. Ctrl-C to stop.",
         plan.probes.len(),
         loader.usdt_site_count(),
@@ -97,8 +96,12 @@ pub fn run(config: TraceConfig) -> Result<()> {
         started_ns: stop::monotonic_ns(),
         count: 0,
     };
+    // Standard output has a writer thread of its own: a reader that stalls never keeps
+    // the tracer from stopping (and detaching) when asked.
+    let out = OutputStream::stdout();
     if config.format == Format::Text && !config.count {
-        println!("{:>12} {:>7} {:>7} PROBE ARGS", "TIME(s)", "PID", "TID");
+        let header = format!("{:>12} {:>7} {:>7} PROBE ARGS\n", "TIME(s)", "PID", "TID");
+        out.send_blocking(header.into_bytes(), 0);
     }
     let (reason, events) = runtime.block_on(async {
         // SAFETY: the ring buffer owns its map fd, which stays open (and the same) until the
@@ -109,32 +112,50 @@ pub fn run(config: TraceConfig) -> Result<()> {
             signals,
             watch,
             config.duration,
-            pump(&mut events, &mut printer),
+            pump(&mut events, &mut printer, &out),
         )
         .await?;
         Ok::<_, std::io::Error>((reason, events.into_inner()))
     })?;
     loader.stop_recording()?;
     loader.detach_usdt()?;
+    stop::restore_default_signals();
+    // The target is as it was; now what is left for standard output, for as long as its
+    // reader takes it.
     let mut events = events;
-    printer.drain(&mut events)?;
-
-    if config.count {
-        print_counts(&loader, &plan, config.format)?;
+    if reason != StopReason::OutputClosed {
+        let (bytes, count) = printer.format(&mut events);
+        if count > 0 {
+            out.send_blocking(bytes, count);
+        }
     }
+    if config.count {
+        out.send_blocking(count_text(&loader, &plan, config.format)?.into_bytes(), 0);
+    }
+    let (written, output) = out.finish();
+    let not_written = printer.count.saturating_sub(written);
     let lost = loader.counters()?[counter::EVENTS_LOST as usize];
     let exit = child.as_ref().and_then(|c| c.wait());
-    eprintln!(
-        "Stopped: {reason}. {} events{}{}.",
-        printer.count,
+    crate::status!(
+        "Stopped: {reason}. {written} events{}{}{}.",
         if lost > 0 {
             format!(", {lost} LOST (ring buffer full; raise --ring-buffer)")
         } else {
             ", none lost".into()
         },
+        if not_written > 0 {
+            format!(", {not_written} collected but not written to standard output")
+        } else {
+            String::new()
+        },
         exit.map(|code| format!("; command exited with {code}"))
             .unwrap_or_default()
     );
+    match output {
+        // The reader went away: it wanted no more (like `| head`).
+        Ok(()) | Err(OutputError::Closed) => {}
+        Err(e) => return Err(e.into()),
+    }
     if lost > 0 {
         bail!("{lost} events were lost");
     }
@@ -142,25 +163,26 @@ pub fn run(config: TraceConfig) -> Result<()> {
 }
 
 /// Hits per probe, as bpftrace prints `@[probe] = count()` (or one JSON object).
-fn print_counts(loader: &Loader, plan: &ProbePlan, format: Format) -> Result<()> {
+fn count_text(loader: &Loader, plan: &ProbePlan, format: Format) -> Result<String> {
     let mut counts = Vec::new();
     for (id, probe) in plan.probes.iter().enumerate() {
         counts.push((probe.specifier(), loader.probe_hits(id as u32)?.count));
     }
+    let mut text = String::new();
     match format {
         Format::Json => {
             let map: serde_json::Map<String, serde_json::Value> =
                 counts.into_iter().map(|(k, v)| (k, json!(v))).collect();
-            println!("{}", serde_json::Value::Object(map));
+            text = serde_json::Value::Object(map).to_string() + "\n";
         }
         Format::Text => {
             counts.sort_by_key(|&(_, n)| n);
             for (probe, n) in counts {
-                println!("@[{probe}]: {n}");
+                text += &format!("@[{probe}]: {n}\n");
             }
         }
     }
-    Ok(())
+    Ok(text)
 }
 
 /// Whether each argument of each probe is signed, from its first site's spec.
@@ -178,16 +200,28 @@ fn probe_signedness(plan: &ProbePlan) -> Vec<Vec<bool>> {
     signed
 }
 
+/// Hands the events to standard output's writer as they arrive, until that fails. While
+/// the writer's queue is full (a reader that stalls), the ring buffer is not drained: its
+/// overflow is counted by the kernel, and stop signals are still seen meanwhile.
 async fn pump(
     events: &mut AsyncFd<RingBuf<MapData>>,
     printer: &mut EventPrinter,
-) -> std::io::Result<()> {
+    out: &OutputStream,
+) -> std::io::Result<StopReason> {
     loop {
-        let mut guard = events.readable_mut().await?;
-        // Clear before draining: the kernel only wakes a reader that has caught up, so a
-        // wakeup arriving during the drain must not be cleared afterwards.
-        guard.clear_ready();
-        printer.drain(guard.get_inner_mut())?;
+        tokio::select! {
+            guard = events.readable_mut() => {
+                let mut guard = guard?;
+                // Clear before draining: the kernel only wakes a reader that has caught
+                // up, so a wakeup arriving during the drain must not be cleared afterwards.
+                guard.clear_ready();
+                let (bytes, count) = printer.format(guard.get_inner_mut());
+                if count > 0 && !out.send(bytes, count).await {
+                    return Ok(StopReason::OutputClosed);
+                }
+            }
+            () = out.failed() => return Ok(StopReason::OutputClosed),
+        }
     }
 }
 
@@ -200,10 +234,10 @@ struct EventPrinter {
 }
 
 impl EventPrinter {
-    /// Prints every event waiting in the ring buffer.
-    fn drain(&mut self, ring: &mut RingBuf<MapData>) -> std::io::Result<()> {
-        let stdout = std::io::stdout();
-        let mut out = BufWriter::new(stdout.lock());
+    /// Formats every event waiting in the ring buffer: the text, and how many events.
+    fn format(&mut self, ring: &mut RingBuf<MapData>) -> (Vec<u8>, u64) {
+        let mut out = Vec::new();
+        let mut count = 0;
         while let Some(item) = ring.next() {
             if item.len() < std::mem::size_of::<UsdtEvent>() {
                 continue;
@@ -211,10 +245,12 @@ impl EventPrinter {
             // SAFETY: the kernel wrote a whole UsdtEvent (checked length); read_unaligned
             // copes with the ring buffer's 8-byte alignment guarantee either way.
             let event: UsdtEvent = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
-            self.print(&mut out, &event)?;
-            self.count += 1;
+            // Writing into a Vec cannot fail.
+            let _ = self.print(&mut out, &event);
+            count += 1;
         }
-        out.flush()
+        self.count += count;
+        (out, count)
     }
 
     fn print(&self, out: &mut impl std::io::Write, event: &UsdtEvent) -> std::io::Result<()> {

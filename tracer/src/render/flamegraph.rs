@@ -4,14 +4,14 @@
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
 use std::fmt;
-use std::io::{self, BufWriter, Write};
+use std::io::{self, Write};
 use std::path::Path;
 use std::sync::OnceLock;
 
 use foldhash::HashMap;
 use inferno::flamegraph::{self, color::BasicPalette};
 
-use super::create_output_file;
+use super::write_output;
 use crate::symbolize::UNKNOWN;
 
 /// Weighted stacks, keyed by their folded form (root frame first, frames joined by `;`).
@@ -297,9 +297,9 @@ fn push_sanitized(out: &mut String, frame: &str) {
 }
 
 /// Writes `stacks` as folded text to `path` (created like every output file, see
-/// [`create_output_file`]).
+/// [`write_output`]).
 pub fn write_folded(stacks: &FoldedStacks, path: &Path) -> io::Result<()> {
-    stacks.write_to(create_output_file(path)?)
+    write_output(path, |out| stacks.write_to(out))
 }
 
 /// Colors of a flame graph.
@@ -323,16 +323,14 @@ pub struct SvgOptions<'a> {
 }
 
 /// Writes `stacks` as an SVG flame graph to `path` (created like every output file, see
-/// [`create_output_file`]). An empty profile still yields a valid SVG that says so, so
+/// [`write_output`]). An empty profile still yields a valid SVG that says so, so
 /// the output always exists; a warning is logged.
 pub fn write_flamegraph_svg(
     stacks: &FoldedStacks,
     path: &Path,
     options: &SvgOptions<'_>,
 ) -> io::Result<()> {
-    let mut out = BufWriter::new(create_output_file(path)?);
-    render_flamegraph_svg(stacks, options, &mut out)?;
-    out.flush()
+    write_output(path, |out| render_flamegraph_svg(stacks, options, out))
 }
 
 /// Renders `stacks` as an SVG flame graph into `out`; see [`write_flamegraph_svg`].
