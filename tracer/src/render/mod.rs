@@ -43,13 +43,28 @@ pub fn prepare_output_dir(dir: &Path) -> io::Result<()> {
 ///
 /// The tracer runs as root and users often write into shared directories such as /tmp:
 /// the new file is created exclusively and never through a symlink (`O_EXCL`,
-/// `O_NOFOLLOW`), with the user's umask, and the rename replaces whatever entry `path`
-/// was (a symlink or a FIFO planted there is replaced, never followed or opened).
+/// `O_NOFOLLOW`), with the user's umask, and the rename never follows what `path` is.
+/// Anything but a regular file planted at `path` (a symlink, a FIFO) is refused with a
+/// message naming it, and left as it is.
 pub fn write_output(
     path: &Path,
     write: impl FnOnce(&mut dyn Write) -> io::Result<()>,
 ) -> io::Result<()> {
     static NEXT: AtomicU32 = AtomicU32::new(0);
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        let refuse = |what: &str| {
+            Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{} is {what}; refusing to write through it", path.display()),
+            ))
+        };
+        if meta.file_type().is_symlink() {
+            return refuse("a symbolic link");
+        }
+        if !meta.is_file() {
+            return refuse("not a regular file");
+        }
+    }
     let name = path
         .file_name()
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no file name"))?;
@@ -174,28 +189,30 @@ mod tests {
     }
 
     #[test]
-    fn replaces_symlinks_without_following_them() {
+    fn refuses_symlinks() {
         let dir = scratch_dir("symlink");
         let victim = dir.join("victim");
         std::fs::write(&victim, "precious").unwrap();
         let link = dir.join("out.svg");
         std::os::unix::fs::symlink(&victim, &link).unwrap();
-        write_output(&link, |out| out.write_all(b"svg")).unwrap();
+        let err = write_output(&link, |out| out.write_all(b"svg")).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidInput, "{err}");
+        assert!(err.to_string().contains("is a symbolic link"), "{err}");
         assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
-        assert!(!std::fs::symlink_metadata(&link).unwrap().is_symlink());
-        assert_eq!(std::fs::read_to_string(&link).unwrap(), "svg");
+        assert!(std::fs::symlink_metadata(&link).unwrap().is_symlink());
+        assert_eq!(entries(&dir), ["out.svg", "victim"]);
         std::fs::remove_dir_all(dir).unwrap();
     }
 
     #[test]
-    fn replaces_fifos_without_blocking() {
+    fn refuses_fifos_without_blocking() {
         let dir = scratch_dir("fifo");
         let fifo = dir.join("out.svg");
         let c_path = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
         // SAFETY: c_path is a valid NUL-terminated string that outlives the call.
         assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
-        write_output(&fifo, |out| out.write_all(b"svg")).unwrap();
-        assert!(std::fs::metadata(&fifo).unwrap().is_file());
+        assert!(write_output(&fifo, |out| out.write_all(b"svg")).is_err());
+        assert_eq!(entries(&dir), ["out.svg"]);
         std::fs::remove_dir_all(dir).unwrap();
     }
 
