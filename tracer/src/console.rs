@@ -16,7 +16,7 @@ use std::{
     os::fd::FromRawFd as _,
     sync::{
         Arc, Mutex,
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
     },
     thread::JoinHandle,
     time::{Duration, Instant},
@@ -91,13 +91,24 @@ struct Progress {
     items_written: AtomicU64,
     bytes_queued: AtomicU64,
     bytes_written: AtomicU64,
-    /// When the writer last got anything out (or started).
+    /// When the writer last got anything out, or took a chunk to write.
     last_progress: Mutex<Option<Instant>>,
+    /// Whether the writer is writing a chunk (rather than waiting for one).
+    busy: AtomicBool,
 }
 
 impl Progress {
     fn touch(&self) {
         *self.last_progress.lock().unwrap() = Some(Instant::now());
+    }
+
+    /// A chunk is queued: if the writer was idle, the stall clock starts now (a stall is
+    /// time spent in write(2), not time waiting for something to write).
+    fn queued(&self, bytes: usize) {
+        self.bytes_queued.fetch_add(bytes as u64, Ordering::Relaxed);
+        if !self.busy.load(Ordering::Acquire) {
+            self.touch();
+        }
     }
 }
 
@@ -113,6 +124,8 @@ impl OutputStream {
             // SAFETY: fd 1 is open for the life of the process; ManuallyDrop never closes it.
             let mut out = ManuallyDrop::new(unsafe { File::from_raw_fd(1) });
             while let Some(chunk) = receiver.blocking_recv() {
+                shared.busy.store(true, Ordering::Release);
+                shared.touch();
                 let mut rest = chunk.bytes.as_slice();
                 while !rest.is_empty() {
                     match out.write(rest) {
@@ -135,6 +148,7 @@ impl OutputStream {
                 shared
                     .items_written
                     .fetch_add(chunk.items, Ordering::Relaxed);
+                shared.busy.store(false, Ordering::Release);
             }
             Ok(())
         });
@@ -152,9 +166,7 @@ impl OutputStream {
         let Some(sender) = &self.sender else {
             return false;
         };
-        self.progress
-            .bytes_queued
-            .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        self.progress.queued(bytes.len());
         sender.send(Chunk { bytes, items }).await.is_ok()
     }
 
@@ -164,10 +176,8 @@ impl OutputStream {
         let Some(sender) = &self.sender else {
             return false;
         };
+        self.progress.queued(bytes.len());
         let mut chunk = Chunk { bytes, items };
-        self.progress
-            .bytes_queued
-            .fetch_add(chunk.bytes.len() as u64, Ordering::Relaxed);
         loop {
             match sender.try_send(chunk) {
                 Ok(()) => return true,
