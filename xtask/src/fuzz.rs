@@ -1,5 +1,6 @@
 //! `cargo xtask fuzz [--seconds N]`: run each cargo-fuzz target of tracer's pure parsers
-//! (USDT note descriptors, argument specs) for N seconds. On demand, not in CI.
+//! (USDT note descriptors, whole-object discovery with site validation, argument specs)
+//! for N seconds. On demand, not in CI.
 
 use std::process::Command;
 
@@ -7,7 +8,7 @@ use anyhow::Result;
 
 use crate::workspace_root;
 
-const TARGETS: &[&str] = &["note_desc", "arg_spec"];
+const TARGETS: &[&str] = &["note_desc", "discovery", "arg_spec"];
 
 pub fn run(seconds: u32) -> Result<()> {
     crate::setup::run()?;

@@ -36,7 +36,7 @@ enum Task {
     Test,
     /// Set up, build, and measure issue 6's figures against bpftrace and inferno (root).
     Bench(bench::BenchArgs),
-    /// Fuzz the USDT note and argument-spec parsers with cargo-fuzz (nightly).
+    /// Fuzz the USDT note parser, object discovery and argument specs with cargo-fuzz (nightly).
     Fuzz {
         /// How long to run each fuzz target.
         #[arg(long, default_value_t = 60)]

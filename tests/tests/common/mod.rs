@@ -229,8 +229,15 @@ pub struct ProbeSites {
 
 impl ProbeSites {
     pub fn of(pid: u32) -> Self {
+        Self::listed_from(pid, &format!("/proc/{pid}/exe"))
+    }
+
+    /// The sites as `tracer list -v` gives them for `listed`, a file laid out as the
+    /// process's executable is (the original of a copy whose notes were patched, so that
+    /// the sites are known whatever the patched notes say).
+    pub fn listed_from(pid: u32, listed: &str) -> Self {
         let exe = format!("/proc/{pid}/exe");
-        let out = run_tracer(&["list", "-v", &exe]);
+        let out = run_tracer(&["list", "-v", listed]);
         let listing = String::from_utf8_lossy(&out.stdout);
         assert!(out.status.success(), "{out:?}");
         let file = std::fs::read(&exe).unwrap();

@@ -48,7 +48,15 @@ pub fn run(config: AttachConfig) -> Result<()> {
     for (object, error) in &scan.skipped {
         log::debug!("skipped {}: {error}", object.path.display());
     }
-    let sites: Vec<SiteInput> = scan.sites.iter().map(SiteInput::from).collect();
+    // Every probe is wanted here only if it is a known runtime's: a malformed site is
+    // left out with a warning, never attached.
+    let mut sites: Vec<SiteInput> = Vec::new();
+    for site in &scan.sites {
+        match SiteInput::try_from(site) {
+            Ok(input) => sites.push(input),
+            Err(problem) => log::warn!("skipped a probe site: {problem}"),
+        }
+    }
     let latencies = latencies_for(&sites, &config)?;
     let task_probes: Vec<TaskProbeDef> = known_runtimes(&sites)
         .flat_map(|r| r.task_probe_defs())
@@ -358,16 +366,21 @@ fn write_view(
     render::write_view(folded, &config.output_dir, name, &options)
 }
 
-impl From<&usdt::ProbeSite> for SiteInput {
-    fn from(site: &usdt::ProbeSite) -> Self {
-        SiteInput {
+/// Only a valid site becomes something to attach: the offsets come from
+/// [`usdt::validate`], and a malformed note is its error.
+impl TryFrom<&usdt::ProbeSite> for SiteInput {
+    type Error = usdt::UsdtError;
+
+    fn try_from(site: &usdt::ProbeSite) -> Result<Self, usdt::UsdtError> {
+        let offsets = site.offsets()?;
+        Ok(SiteInput {
             path: site.binary.path.clone(),
             attach_path: site.binary.host_path.clone(),
             provider: site.note.provider.clone(),
             name: site.note.name.clone(),
-            file_offset: site.note.file_offset,
-            semaphore_offset: site.note.semaphore_file_offset,
+            file_offset: offsets.probe,
+            semaphore_offset: offsets.semaphore,
             args: site.args.clone(),
-        }
+        })
     }
 }

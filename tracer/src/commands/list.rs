@@ -1,5 +1,6 @@
 //! `tracer list [--pid PID] [-v] [TARGET]`: the USDT probes of a file or a process, one per
-//! line as bpftrace spells them; `-v` adds every site.
+//! line as bpftrace spells them; `-v` adds every site. Sites whose notes are malformed
+//! (see `usdt::validate`) are listed too, marked, with `-v` saying what is wrong.
 
 use std::{collections::BTreeMap, path::PathBuf};
 
@@ -16,8 +17,12 @@ pub fn run(config: ListConfig) -> Result<()> {
         Some(pid) => Scope::Process(pid.get()),
         None => Scope::Files { exe: None },
     };
-    let sites = usdt::resolve(std::slice::from_ref(&spec), scope)?;
-    crate::console::print(render(&sites, config.verbose))?;
+    let specs = std::slice::from_ref(&spec);
+    let found = usdt::find(specs, scope)?;
+    if found.sites.is_empty() {
+        return Err(usdt::why_none(specs, scope, found).into());
+    }
+    crate::console::print(render(&found.sites, config.verbose))?;
     Ok(())
 }
 
@@ -59,17 +64,21 @@ fn render(sites: &[ProbeSite], verbose: bool) -> String {
     }
     let mut out = String::new();
     for ((path, provider, name), sites) in probes {
-        out.push_str(&format!("usdt:{}:{provider}:{name}\n", path.display()));
+        out.push_str(&format!("usdt:{}:{provider}:{name}", path.display()));
+        let malformed = sites.iter().filter(|s| !s.is_valid()).count();
+        if malformed > 0 {
+            out.push_str(&format!(
+                " ({malformed} of {} sites malformed{})",
+                sites.len(),
+                if verbose { "" } else { "; -v says why" }
+            ));
+        }
+        out.push('\n');
         if !verbose {
             continue;
         }
         for site in sites {
             let note = &site.note;
-            let semaphore = match (note.semaphore, note.semaphore_file_offset) {
-                (Some(addr), Some(off)) => format!("semaphore {addr:#x} (file offset {off:#x})"),
-                (Some(addr), None) => format!("semaphore {addr:#x} (not in the file)"),
-                (None, _) => "no semaphore".into(),
-            };
             let args = match &site.args {
                 Ok(args) if args.is_empty() => "no arguments".to_string(),
                 Ok(args) => args
@@ -79,10 +88,29 @@ fn render(sites: &[ProbeSite], verbose: bool) -> String {
                     .join(", "),
                 Err(reason) => format!("undecodable: {reason}"),
             };
-            out.push_str(&format!(
-                "  site pc {:#x} (file offset {:#x}), {semaphore}\n    args \"{}\": {args}\n",
-                note.pc, note.file_offset, note.arg_spec
-            ));
+            match &note.location {
+                Ok(offsets) => {
+                    let semaphore = match (note.semaphore, offsets.semaphore) {
+                        (Some(addr), Some(off)) => {
+                            format!("semaphore {addr:#x} (file offset {off:#x})")
+                        }
+                        _ => "no semaphore".into(),
+                    };
+                    out.push_str(&format!(
+                        "  site pc {:#x} (file offset {:#x}), {semaphore}\n",
+                        note.pc, offsets.probe
+                    ));
+                }
+                Err(problem) => out.push_str(&format!(
+                    "  malformed site pc {:#x}{} (note at file offset {:#x}): {problem}\n",
+                    note.pc,
+                    note.semaphore
+                        .map(|addr| format!(", semaphore {addr:#x}"))
+                        .unwrap_or_default(),
+                    note.note_offset
+                )),
+            }
+            out.push_str(&format!("    args \"{}\": {args}\n", note.arg_spec));
         }
     }
     out
@@ -110,6 +138,53 @@ mod tests {
         assert_eq!(
             target_specifier(None, true).unwrap().path.as_deref(),
             Some("*")
+        );
+    }
+
+    #[test]
+    fn malformed_sites_are_listed_and_marked() {
+        use crate::usdt::{MappedObject, SiteOffsets, SiteProblem, UsdtNote};
+        let site = |pc, location| ProbeSite {
+            binary: MappedObject::from_path(std::path::Path::new("/bin/app")),
+            note: UsdtNote {
+                provider: "p".into(),
+                name: "n".into(),
+                pc,
+                semaphore: Some(0x3001),
+                arg_spec: "8@%rdi".into(),
+                note_offset: 0x2a0,
+                location,
+            },
+            args: Ok(vec![]),
+        };
+        let sites = [
+            site(
+                0x1000,
+                Ok(SiteOffsets {
+                    probe: 0x1000,
+                    semaphore: Some(0x2000),
+                }),
+            ),
+            site(
+                0x1004,
+                Err(SiteProblem::SemaphoreMisaligned { addr: 0x3001 }),
+            ),
+        ];
+        assert_eq!(
+            render(&sites, false),
+            "usdt:/bin/app:p:n (1 of 2 sites malformed; -v says why)\n"
+        );
+        let verbose = render(&sites, true);
+        assert!(
+            verbose.contains("  site pc 0x1000 (file offset 0x1000), semaphore 0x3001"),
+            "{verbose}"
+        );
+        assert!(
+            verbose.contains(
+                "  malformed site pc 0x1004, semaphore 0x3001 (note at file offset 0x2a0): \
+                 semaphore 0x3001 is not 2-byte aligned\n"
+            ),
+            "{verbose}"
         );
     }
 }

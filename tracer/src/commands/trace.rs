@@ -47,8 +47,15 @@ pub fn run(config: TraceConfig) -> Result<()> {
         }
         None => None,
     };
-    let sites = usdt::resolve(&specs, scope)?;
-    let inputs: Vec<SiteInput> = sites.iter().map(SiteInput::from).collect();
+    let resolved = usdt::resolve(&specs, scope)?;
+    for skipped in &resolved.skipped {
+        log::warn!("skipped a probe site: {skipped}");
+    }
+    let inputs = resolved
+        .sites
+        .iter()
+        .map(SiteInput::try_from)
+        .collect::<Result<Vec<_>, _>>()?;
     let mode = if config.count {
         SiteMode::Count
     } else {

@@ -1,6 +1,7 @@
-//! USDT (SystemTap SDT) probe discovery: reading `.note.stapsdt` from ELF files, decoding
-//! the x86-64 argument specs into [`UsdtArg`]s, matching probe names, and finding the
-//! objects a running process has mapped.
+//! USDT (SystemTap SDT) probe discovery: reading `.note.stapsdt` from ELF files, checking
+//! each note's addresses against the file's segments ([`validate`]), decoding the x86-64
+//! argument specs into [`UsdtArg`]s, matching probe names, and finding the objects a
+//! running process has mapped.
 //!
 //! Everything here is plain user-space parsing with no eBPF or root requirement, so it can
 //! be unit-tested and fuzzed; attaching uprobes is the caller's business.
@@ -10,6 +11,9 @@ mod pattern;
 mod process;
 mod resolve;
 mod spec;
+#[cfg(test)]
+mod test_elf;
+mod validate;
 
 use std::collections::HashSet;
 use std::io;
@@ -17,11 +21,12 @@ use std::path::{Path, PathBuf};
 
 use tracer_common::UsdtArg;
 
-pub use notes::{NoteDesc, UsdtNote, parse_note_desc, read_notes};
+pub use notes::{NoteDesc, UsdtNote, parse_note_desc, parse_notes, read_notes};
 pub use pattern::{Glob, ProbePattern, UsdtSpecifier, parse_specifier};
 pub use process::{MappedObject, MapsEntry, executable, mapped_objects, parse_maps};
-pub use resolve::{Scope, resolve};
+pub use resolve::{Found, Resolved, Scope, find, resolve, why_none};
 pub use spec::{describe, parse_arg_specs};
+pub use validate::{Layout, Segment, SiteOffsets, SiteProblem, validate};
 
 /// Everything that can go wrong while discovering or decoding USDT probes.
 #[derive(Debug, thiserror::Error)]
@@ -50,6 +55,32 @@ pub enum UsdtError {
         offset: u64,
         /// What is wrong with it.
         reason: String,
+    },
+    /// A note decodes, but its addresses must not be attached: the probe is not in code,
+    /// or the kernel could not count its semaphore.
+    #[error(
+        "malformed note in {} at offset {note_offset:#x} ({provider}:{name}): {problem}",
+        path.display()
+    )]
+    InvalidSite {
+        /// The file as the process sees it (or as the user gave it).
+        path: PathBuf,
+        /// File offset of the note's header.
+        note_offset: u64,
+        /// The probe's provider.
+        provider: String,
+        /// The probe's name.
+        name: String,
+        /// What is wrong with its addresses (boxed: errors travel in every `Result`).
+        problem: Box<SiteProblem>,
+    },
+    /// Several notes are malformed; the first, and how many more.
+    #[error("{first} (and {more} more malformed notes)")]
+    Several {
+        /// The first problem found.
+        first: Box<UsdtError>,
+        /// How many others there are.
+        more: usize,
     },
     /// `/proc/PID` does not exist: the process never existed or has exited.
     #[error("no such process: {0}")]
@@ -122,9 +153,30 @@ impl ProbeSite {
         let args = parse_arg_specs(&note.arg_spec).map_err(|e| e.to_string());
         ProbeSite { binary, note, args }
     }
+
+    /// The file offsets to attach at, or the error naming the note and what is wrong with
+    /// it. Nothing may be attached at a site for which this fails.
+    pub fn offsets(&self) -> Result<SiteOffsets, UsdtError> {
+        self.note
+            .location
+            .clone()
+            .map_err(|problem| UsdtError::InvalidSite {
+                path: self.binary.path.clone(),
+                note_offset: self.note.note_offset,
+                provider: self.note.provider.clone(),
+                name: self.note.name.clone(),
+                problem: Box::new(problem),
+            })
+    }
+
+    /// Whether the site's addresses passed [`validate`].
+    pub fn is_valid(&self) -> bool {
+        self.note.location.is_ok()
+    }
 }
 
-/// The probe sites in one ELF file that match `pattern`, in note order.
+/// The probe sites in one ELF file that match `pattern`, in note order, valid or not (see
+/// [`ProbeSite::offsets`]).
 pub fn find_probes_in_file(
     path: &Path,
     pattern: &ProbePattern,
@@ -136,7 +188,8 @@ pub fn find_probes_in_file(
 /// What [`scan_process`] found: the sites, and the mapped objects it had to skip.
 #[derive(Debug, Default)]
 pub struct ProcessScan {
-    /// Matching sites, executable first, then libraries in address order.
+    /// Matching sites, executable first, then libraries in address order; valid or not
+    /// (see [`ProbeSite::offsets`]).
     pub sites: Vec<ProbeSite>,
     /// Shared libraries that could not be read (vanished, not ELF, broken notes). A
     /// process maps many objects we do not care about, so one bad library must not hide
@@ -183,7 +236,7 @@ fn sites_in(binary: &MappedObject, pattern: &ProbePattern) -> Result<Vec<ProbeSi
     Ok(read_notes(&binary.host_path)?
         .into_iter()
         .filter(|note| pattern.matches(&note.provider, &note.name))
-        .filter(|note| seen.insert(note.file_offset))
+        .filter(|note| seen.insert(note.pc))
         .map(|note| ProbeSite::new(binary.clone(), note))
         .collect())
 }

@@ -9,6 +9,7 @@ use object::read::{ReadCache, ReadRef};
 use object::{Endian, Endianness, FileKind};
 
 use super::UsdtError;
+use super::validate::{Layout, Segment, SiteOffsets, SiteProblem, validate};
 
 /// Owner name of SDT notes.
 const NOTE_OWNER: &[u8] = b"stapsdt";
@@ -19,7 +20,7 @@ const NOTE_SECTION: &[u8] = b".note.stapsdt";
 const BASE_SECTION: &[u8] = b".stapsdt.base";
 
 /// One probe site as recorded in the ELF file, with addresses already adjusted and
-/// converted to the file offsets uprobes want.
+/// checked against the file's segments.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct UsdtNote {
     /// The probe's provider, e.g. `python`, `hotspot`, `julia`.
@@ -28,18 +29,31 @@ pub struct UsdtNote {
     pub name: String,
     /// Virtual address of the probe's nop, adjusted for a moved `.stapsdt.base`.
     pub pc: u64,
-    /// Offset in the file to attach the uprobe at.
-    pub file_offset: u64,
     /// Virtual address of the semaphore (adjusted like `pc`); `None` when the probe has
     /// no semaphore and always fires.
     pub semaphore: Option<u64>,
-    /// File offset of the 2-byte semaphore counter, which is what the uprobe PMU's
-    /// `ref_ctr_offset` wants. `None` without a semaphore, or when the semaphore lies in
-    /// no file-backed section (then only writing `/proc/PID/mem` can enable it).
-    pub semaphore_file_offset: Option<u64>,
     /// The raw argument spec, e.g. `-4@%edi 8@-16(%rbp)`; empty for probes without
     /// arguments.
     pub arg_spec: String,
+    /// File offset of the note's header, to find it with `readelf -n` or `xxd`.
+    pub note_offset: u64,
+    /// The file offsets to attach the uprobe at and of the semaphore the kernel counts
+    /// (`ref_ctr_offset`), or why the note's addresses must not be attached (see
+    /// [`validate`](super::validate)).
+    pub location: Result<SiteOffsets, SiteProblem>,
+}
+
+impl UsdtNote {
+    /// Offset in the file to attach the uprobe at; `None` for an invalid site.
+    pub fn file_offset(&self) -> Option<u64> {
+        self.location.as_ref().ok().map(|o| o.probe)
+    }
+
+    /// File offset of the 2-byte semaphore counter; `None` without a semaphore or for an
+    /// invalid site.
+    pub fn semaphore_file_offset(&self) -> Option<u64> {
+        self.location.as_ref().ok().and_then(|o| o.semaphore)
+    }
 }
 
 /// The fields of one note descriptor exactly as stored, before any adjustment.
@@ -109,7 +123,9 @@ pub fn parse_note_desc(
 }
 
 /// Reads every version-3 SDT note of an ELF file. A file without `.note.stapsdt` gives
-/// an empty list; whether that is an error is the caller's call.
+/// an empty list; whether that is an error is the caller's call. Each note's addresses
+/// are checked against the file's segments ([`UsdtNote::location`]); a note that cannot
+/// be decoded at all fails the whole file.
 ///
 /// Only the headers and the few sections needed are read, not the whole file, because
 /// the interesting libraries (libjvm.so) are tens of megabytes.
@@ -124,9 +140,22 @@ pub fn read_notes(path: &Path) -> Result<Vec<UsdtNote>, UsdtError> {
     }
     let file = File::open(path).map_err(|e| UsdtError::io(path, e))?;
     let cache = ReadCache::new(file);
-    match FileKind::parse(&cache) {
-        Ok(FileKind::Elf64) => read_elf::<elf::FileHeader64<Endianness>, _>(path, &cache),
-        Ok(FileKind::Elf32) => read_elf::<elf::FileHeader32<Endianness>, _>(path, &cache),
+    parse_object(path, &cache, metadata.len())
+}
+
+/// [`read_notes`] of an object already in memory (`path` only names it in errors).
+pub fn parse_notes(path: &Path, data: &[u8]) -> Result<Vec<UsdtNote>, UsdtError> {
+    parse_object(path, data, data.len() as u64)
+}
+
+fn parse_object<'data, R: ReadRef<'data>>(
+    path: &Path,
+    data: R,
+    file_len: u64,
+) -> Result<Vec<UsdtNote>, UsdtError> {
+    match FileKind::parse(data) {
+        Ok(FileKind::Elf64) => read_elf::<elf::FileHeader64<Endianness>, _>(path, data, file_len),
+        Ok(FileKind::Elf32) => read_elf::<elf::FileHeader32<Endianness>, _>(path, data, file_len),
         // Too short to hold a magic number, another object format, a directory...
         _ => Err(UsdtError::NotElf {
             path: path.to_path_buf(),
@@ -134,15 +163,7 @@ pub fn read_notes(path: &Path) -> Result<Vec<UsdtNote>, UsdtError> {
     }
 }
 
-/// A `PT_LOAD` segment's file-backed part, which is what maps addresses to offsets.
-#[derive(Clone, Copy, Debug)]
-struct LoadSegment {
-    vaddr: u64,
-    offset: u64,
-    filesz: u64,
-}
-
-fn read_elf<'data, Elf, R>(path: &Path, data: R) -> Result<Vec<UsdtNote>, UsdtError>
+fn read_elf<'data, Elf, R>(path: &Path, data: R, file_len: u64) -> Result<Vec<UsdtNote>, UsdtError>
 where
     Elf: FileHeader<Endian = Endianness>,
     R: ReadRef<'data>,
@@ -154,36 +175,30 @@ where
     let header = Elf::parse(data).map_err(bad_elf)?;
     let endian = header.endian().map_err(bad_elf)?;
     let sections = header.sections(endian, data).map_err(bad_elf)?;
-    let segments: Vec<LoadSegment> = header
-        .program_headers(endian, data)
-        .map_err(bad_elf)?
-        .iter()
-        .filter(|ph| ph.p_type(endian) == elf::PT_LOAD)
-        .map(|ph| LoadSegment {
-            vaddr: ph.p_vaddr(endian).into(),
-            offset: ph.p_offset(endian).into(),
-            filesz: ph.p_filesz(endian).into(),
-        })
-        .collect();
+    let mut layout = Layout {
+        file_len,
+        ..Layout::default()
+    };
+    for ph in header.program_headers(endian, data).map_err(bad_elf)? {
+        match ph.p_type(endian) {
+            elf::PT_LOAD => layout.loads.push(Segment {
+                vaddr: ph.p_vaddr(endian).into(),
+                memsz: ph.p_memsz(endian).into(),
+                offset: ph.p_offset(endian).into(),
+                filesz: ph.p_filesz(endian).into(),
+                flags: ph.p_flags(endian),
+            }),
+            elf::PT_GNU_RELRO => {
+                layout.relro = Some((ph.p_vaddr(endian).into(), ph.p_memsz(endian).into()))
+            }
+            _ => {}
+        }
+    }
     // Where `.stapsdt.base` really is; notes record where it was when they were written,
     // and the difference is how far prelink or a later link step moved everything.
     let actual_base = sections
         .section_by_name(endian, BASE_SECTION)
         .map(|(_, s)| s.sh_addr(endian).into());
-    // Sections that hold file bytes at a load address: the semaphore (in `.probes`)
-    // must be in one of them for a file offset to make sense.
-    let alloc_sections: Vec<LoadSegment> = sections
-        .iter()
-        .filter(|s| {
-            let flags: u64 = s.sh_flags(endian).into();
-            flags & u64::from(elf::SHF_ALLOC) != 0 && s.sh_type(endian) != elf::SHT_NOBITS
-        })
-        .map(|s| LoadSegment {
-            vaddr: s.sh_addr(endian).into(),
-            offset: s.sh_offset(endian).into(),
-            filesz: s.sh_size(endian).into(),
-        })
-        .collect();
 
     let mut notes = Vec::new();
     for section in sections.iter() {
@@ -193,9 +208,10 @@ where
             continue;
         }
         let section_offset: u64 = section.sh_offset(endian).into();
+        let note_offset = |pos: usize| section_offset.wrapping_add(pos as u64);
         let malformed = |pos: usize, reason: String| UsdtError::MalformedNote {
             path: path.to_path_buf(),
-            offset: section_offset + pos as u64,
+            offset: note_offset(pos),
             reason,
         };
         let section_data = section
@@ -227,26 +243,16 @@ where
             let raw = parse_note_desc(desc, header.is_type_64(), endian.is_little_endian())
                 .map_err(|reason| malformed(note_pos, reason.to_owned()))?;
             let pc = adjust_for_base(raw.pc, raw.base, actual_base);
-            let file_offset = vaddr_to_file_offset(&segments, pc).ok_or_else(|| {
-                malformed(
-                    note_pos,
-                    format!("probe address {pc:#x} is not in any loadable segment"),
-                )
-            })?;
             let semaphore =
                 (raw.semaphore != 0).then(|| adjust_for_base(raw.semaphore, raw.base, actual_base));
-            let semaphore_file_offset = semaphore.and_then(|addr| {
-                vaddr_to_file_offset(&alloc_sections, addr)
-                    .or_else(|| vaddr_to_file_offset(&segments, addr))
-            });
             notes.push(UsdtNote {
                 provider: raw.provider,
                 name: raw.name,
                 pc,
-                file_offset,
                 semaphore,
-                semaphore_file_offset,
                 arg_spec: raw.arg_spec,
+                note_offset: note_offset(note_pos),
+                location: validate(&layout, pc, semaphore),
             });
         }
     }
@@ -265,35 +271,13 @@ fn adjust_for_base(addr: u64, note_base: u64, actual_base: Option<u64>) -> u64 {
     }
 }
 
-/// The file offset backing `vaddr`, from the first region whose file-backed bytes contain
-/// it. Memory-only tails (`.bss`) have no file offset.
-fn vaddr_to_file_offset(regions: &[LoadSegment], vaddr: u64) -> Option<u64> {
-    regions
-        .iter()
-        .find(|r| vaddr >= r.vaddr && vaddr - r.vaddr < r.filesz)
-        .map(|r| vaddr - r.vaddr + r.offset)
-}
-
 #[cfg(test)]
 mod tests {
+    use super::super::test_elf::{
+        BASE_OFF, BSS_SIZE, NOTES_OFF, PROBES_OFF, TEXT_OFF, VADDR, descriptor as desc, note, sdt,
+        sdt_at, tiny_elf,
+    };
     use super::*;
-
-    /// Builds a descriptor the way `sys/sdt.h` lays it out.
-    fn desc(words: [u64; 3], is_64: bool, le: bool, strings: &[&[u8]]) -> Vec<u8> {
-        let mut out = Vec::new();
-        for w in words {
-            match (is_64, le) {
-                (true, true) => out.extend(w.to_le_bytes()),
-                (true, false) => out.extend(w.to_be_bytes()),
-                (false, true) => out.extend((w as u32).to_le_bytes()),
-                (false, false) => out.extend((w as u32).to_be_bytes()),
-            }
-        }
-        for s in strings {
-            out.extend_from_slice(s);
-        }
-        out
-    }
 
     #[test]
     fn parses_64_bit_descriptor() {
@@ -395,31 +379,6 @@ mod tests {
     }
 
     #[test]
-    fn vaddr_to_offset() {
-        // python3.11's text and data segments.
-        let segs = [
-            LoadSegment {
-                vaddr: 0x41f000,
-                offset: 0x1f000,
-                filesz: 0x2b2289,
-            },
-            LoadSegment {
-                vaddr: 0x945dc8,
-                offset: 0x544dc8,
-                filesz: 0x13e4b0,
-            },
-        ];
-        assert_eq!(vaddr_to_file_offset(&segs, 0x4287f3), Some(0x287f3));
-        assert_eq!(vaddr_to_file_offset(&segs, 0x41f000), Some(0x1f000));
-        assert_eq!(vaddr_to_file_offset(&segs, 0x41f000 + 0x2b2289), None);
-        assert_eq!(vaddr_to_file_offset(&segs, 0x945dc8 + 8), Some(0x544dd0));
-        // Past the file-backed part of the data segment (bss).
-        assert_eq!(vaddr_to_file_offset(&segs, 0x945dc8 + 0x13e4b0), None);
-        assert_eq!(vaddr_to_file_offset(&segs, 0), None);
-        assert_eq!(vaddr_to_file_offset(&segs, u64::MAX), None);
-    }
-
-    #[test]
     fn non_elf_files_are_not_elf() {
         let dir = TempDir::new("not-elf");
         for (name, contents) in [
@@ -466,140 +425,6 @@ mod tests {
         assert_eq!(read_notes(&exe).unwrap(), vec![]);
     }
 
-    /// Encodes one ELF note with 4-byte alignment, as `.note.stapsdt` has.
-    fn note(owner: &[u8], n_type: u32, desc: &[u8]) -> Vec<u8> {
-        let mut out = Vec::new();
-        out.extend((owner.len() as u32 + 1).to_le_bytes());
-        out.extend((desc.len() as u32).to_le_bytes());
-        out.extend(n_type.to_le_bytes());
-        out.extend_from_slice(owner);
-        out.push(0);
-        out.resize(out.len().next_multiple_of(4), 0);
-        out.extend_from_slice(desc);
-        out.resize(out.len().next_multiple_of(4), 0);
-        out
-    }
-
-    // Layout of the little ELF files the tests below build: one PT_LOAD segment maps
-    // the file from offset 0 at VADDR, with probe sites in "text" at TEXT_OFF, the
-    // `.stapsdt.base` byte at BASE_OFF and a `.probes` semaphore area at PROBES_OFF.
-    const VADDR: u64 = 0x400000;
-    const TEXT_OFF: u64 = 0x200;
-    const BASE_OFF: u64 = 0x210;
-    const PROBES_OFF: u64 = 0x218;
-    const NOTES_OFF: u64 = 0x220;
-
-    /// Builds a minimal little-endian ELF executable (32- or 64-bit) holding `notes` as
-    /// its `.note.stapsdt` section.
-    fn tiny_elf(is_64: bool, notes: &[u8]) -> Vec<u8> {
-        let word = |buf: &mut Vec<u8>, v: u64| {
-            if is_64 {
-                buf.extend(v.to_le_bytes());
-            } else {
-                buf.extend((v as u32).to_le_bytes());
-            }
-        };
-        let shstrtab = b"\0.stapsdt.base\0.probes\0.note.stapsdt\0.shstrtab\0";
-        let shstr_off = NOTES_OFF + notes.len() as u64;
-        let shdr_off = (shstr_off + shstrtab.len() as u64).next_multiple_of(8);
-        let (ehsize, phentsize, shentsize) = if is_64 { (64, 56, 64) } else { (52, 32, 40) };
-
-        let mut f = vec![0x7f, b'E', b'L', b'F', if is_64 { 2 } else { 1 }, 1, 1];
-        f.resize(16, 0);
-        f.extend(2u16.to_le_bytes()); // ET_EXEC
-        f.extend(if is_64 { 62u16 } else { 3u16 }.to_le_bytes());
-        f.extend(1u32.to_le_bytes());
-        word(&mut f, VADDR + TEXT_OFF); // e_entry
-        word(&mut f, ehsize); // e_phoff: right after this header
-        word(&mut f, shdr_off);
-        f.extend(0u32.to_le_bytes());
-        for v in [ehsize, phentsize, 1, shentsize, 5, 4] {
-            f.extend((v as u16).to_le_bytes());
-        }
-        assert_eq!(f.len() as u64, ehsize);
-
-        // The one PT_LOAD (R+X), covering text, base and probes.
-        let (load_size, flags) = (NOTES_OFF, elf::PF_R | elf::PF_X);
-        f.extend(elf::PT_LOAD.to_le_bytes());
-        if is_64 {
-            f.extend(flags.to_le_bytes());
-        }
-        for v in [0, VADDR, VADDR, load_size, load_size] {
-            word(&mut f, v);
-        }
-        if !is_64 {
-            f.extend(flags.to_le_bytes());
-        }
-        word(&mut f, 0x1000);
-
-        f.resize(TEXT_OFF as usize, 0);
-        f.resize(BASE_OFF as usize, 0x90); // nops
-        f.resize(NOTES_OFF as usize, 0); // base byte and semaphores
-        f.extend_from_slice(notes);
-        f.extend_from_slice(shstrtab);
-        f.resize(shdr_off as usize, 0);
-
-        let alloc = u64::from(elf::SHF_ALLOC);
-        let sections: [(u32, u32, u64, u64, u64, u64, u64); 5] = [
-            (0, elf::SHT_NULL, 0, 0, 0, 0, 0),
-            (
-                1,
-                elf::SHT_PROGBITS,
-                alloc,
-                VADDR + BASE_OFF,
-                BASE_OFF,
-                1,
-                1,
-            ),
-            (
-                15,
-                elf::SHT_PROGBITS,
-                alloc,
-                VADDR + PROBES_OFF,
-                PROBES_OFF,
-                8,
-                2,
-            ),
-            (23, elf::SHT_NOTE, 0, 0, NOTES_OFF, notes.len() as u64, 4),
-            (
-                37,
-                elf::SHT_STRTAB,
-                0,
-                0,
-                shstr_off,
-                shstrtab.len() as u64,
-                1,
-            ),
-        ];
-        for (name, ty, flags, addr, offset, size, align) in sections {
-            f.extend(name.to_le_bytes());
-            f.extend(ty.to_le_bytes());
-            for v in [flags, addr, offset, size] {
-                word(&mut f, v);
-            }
-            f.extend(0u32.to_le_bytes());
-            f.extend(0u32.to_le_bytes());
-            word(&mut f, align);
-            word(&mut f, 0);
-        }
-        f
-    }
-
-    /// A stapsdt note for a probe at text offset `pc_delta`, with semaphore slot
-    /// `sem_slot` (or none), as recorded when `.stapsdt.base` was at `note_base`.
-    fn sdt(is_64: bool, note_base: u64, pc_delta: u64, sem_slot: Option<u64>, s: &[u8]) -> Vec<u8> {
-        let actual_base = VADDR + BASE_OFF;
-        // Addresses as they were at link time, before the base moved to where it is.
-        let linked = |addr: u64| addr.wrapping_sub(actual_base).wrapping_add(note_base);
-        let pc = linked(VADDR + TEXT_OFF + pc_delta);
-        let sem = sem_slot.map_or(0, |slot| linked(VADDR + PROBES_OFF + 2 * slot));
-        note(
-            NOTE_OWNER,
-            NT_STAPSDT,
-            &desc([pc, note_base, sem], is_64, true, &[s]),
-        )
-    }
-
     /// A scratch directory per test (tests run in parallel), removed when dropped.
     struct TempDir(std::path::PathBuf);
 
@@ -639,6 +464,8 @@ mod tests {
                 &tiny_elf(is_64, &notes),
             );
             let got = read_notes(&path).unwrap_or_else(|e| panic!("{e}"));
+            let second_note = NOTES_OFF
+                + (notes.len() - sdt(is_64, base, 8, None, b"prov\0second\0\0").len()) as u64;
             assert_eq!(
                 got,
                 vec![
@@ -646,23 +473,31 @@ mod tests {
                         provider: "prov".into(),
                         name: "first".into(),
                         pc: VADDR + TEXT_OFF + 4,
-                        file_offset: TEXT_OFF + 4,
                         semaphore: Some(VADDR + PROBES_OFF + 2),
-                        semaphore_file_offset: Some(PROBES_OFF + 2),
                         arg_spec: "-4@%edi".into(),
+                        note_offset: NOTES_OFF,
+                        location: Ok(SiteOffsets {
+                            probe: TEXT_OFF + 4,
+                            semaphore: Some(PROBES_OFF + 2)
+                        }),
                     },
                     UsdtNote {
                         provider: "prov".into(),
                         name: "second".into(),
                         pc: VADDR + TEXT_OFF + 8,
-                        file_offset: TEXT_OFF + 8,
                         semaphore: None,
-                        semaphore_file_offset: None,
                         arg_spec: "".into(),
+                        note_offset: second_note,
+                        location: Ok(SiteOffsets {
+                            probe: TEXT_OFF + 8,
+                            semaphore: None
+                        }),
                     },
                 ],
                 "is_64 = {is_64}"
             );
+            assert_eq!(got[0].file_offset(), Some(TEXT_OFF + 4));
+            assert_eq!(got[0].semaphore_file_offset(), Some(PROBES_OFF + 2));
         }
     }
 
@@ -675,9 +510,12 @@ mod tests {
             let notes = sdt(true, note_base, 6, Some(3), b"p\0moved\08@%rax\0");
             let path = dir.file("tiny-moved", &tiny_elf(true, &notes));
             let n = &read_notes(&path).unwrap()[0];
-            assert_eq!((n.pc, n.file_offset), (VADDR + TEXT_OFF + 6, TEXT_OFF + 6));
+            assert_eq!(
+                (n.pc, n.file_offset()),
+                (VADDR + TEXT_OFF + 6, Some(TEXT_OFF + 6))
+            );
             assert_eq!(n.semaphore, Some(VADDR + PROBES_OFF + 6));
-            assert_eq!(n.semaphore_file_offset, Some(PROBES_OFF + 6));
+            assert_eq!(n.semaphore_file_offset(), Some(PROBES_OFF + 6));
         }
     }
 
@@ -712,18 +550,89 @@ mod tests {
             other => panic!("{other}"),
         }
 
-        // A probe address outside every loadable segment.
-        let bad_pc = note(
-            NOTE_OWNER,
-            NT_STAPSDT,
-            &desc([0x10, base, 0], true, true, &[b"p\0x\0\0"]),
+        // Notes whose addresses are wrong still decode: the file is read, and each such
+        // site says what is wrong with it, for the caller to refuse or skip.
+        let text = VADDR + TEXT_OFF;
+        let probes = VADDR + PROBES_OFF;
+        let cases: [(u64, u64, &[u8]); 6] = [
+            (text, 0, b"p\0fine\0\0"),
+            (0x10, 0, b"p\0nowhere\0\0"),
+            (probes, 0, b"p\0in_data\0\0"),
+            (text, text + 2, b"p\0sem_in_text\0\0"),
+            (text, probes + 1, b"p\0sem_misaligned\0\0"),
+            (text, 0x7fff_0000, b"p\0sem_nowhere\0\0"),
+        ];
+        let mut notes = Vec::new();
+        for (pc, sem, strings) in cases {
+            notes.extend(sdt_at(true, pc, sem, strings));
+        }
+        let path = dir.file("tiny-bad-addresses", &tiny_elf(true, &notes));
+        let got = read_notes(&path).unwrap_or_else(|e| panic!("{e}"));
+        let problems: Vec<(&str, Option<String>)> = got
+            .iter()
+            .map(|n| {
+                (
+                    n.name.as_str(),
+                    n.location.clone().err().map(|p| p.to_string()),
+                )
+            })
+            .collect();
+        let code = format!("segment [{VADDR:#x}, {:#x}) r-x", VADDR + PROBES_OFF);
+        let data = format!("segment [{probes:#x}, {:#x}) rw-", probes + 8 + BSS_SIZE);
+        assert_eq!(
+            problems,
+            vec![
+                ("fine", None),
+                (
+                    "nowhere",
+                    Some("probe address 0x10 is in no loadable segment".into())
+                ),
+                (
+                    "in_data",
+                    Some(format!(
+                        "probe address {probes:#x} is not code: it is in {data}, which is not \
+                         executable"
+                    ))
+                ),
+                (
+                    "sem_in_text",
+                    Some(format!(
+                        "semaphore {:#x} is in {code}, which is not writable",
+                        text + 2
+                    ))
+                ),
+                (
+                    "sem_misaligned",
+                    Some(format!("semaphore {:#x} is not 2-byte aligned", probes + 1))
+                ),
+                (
+                    "sem_nowhere",
+                    Some("semaphore 0x7fff0000 is in no loadable segment".into())
+                ),
+            ]
         );
-        let path = dir.file("tiny-badpc", &tiny_elf(true, &bad_pc));
-        let err = read_notes(&path).unwrap_err().to_string();
-        assert!(
-            err.ends_with("probe address 0x10 is not in any loadable segment"),
-            "{err}"
+        // Each note knows where it is in the file.
+        let mut offset = NOTES_OFF;
+        for (n, (pc, sem, strings)) in got.iter().zip(cases) {
+            assert_eq!(n.note_offset, offset, "{}", n.name);
+            offset += sdt_at(true, pc, sem, strings).len() as u64;
+        }
+    }
+
+    #[test]
+    fn in_memory_objects_read_like_files() {
+        let notes = sdt(true, VADDR + BASE_OFF, 2, Some(0), b"p\0n\08@%rdi\0");
+        let elf = tiny_elf(true, &notes);
+        let dir = TempDir::new("in-memory");
+        let path = dir.file("tiny", &elf);
+        assert_eq!(
+            parse_notes(&path, &elf).unwrap(),
+            read_notes(&path).unwrap()
         );
+        // Cut short, the same object loses its notes (or its headers), but never panics.
+        for len in [0, 4, 64, 200, NOTES_OFF as usize + 10, elf.len() - 1] {
+            let _ = parse_notes(&path, &elf[..len]);
+        }
     }
 
     /// Checks against `readelf -n /usr/bin/python3.11` and `readelf -S` on the machine
@@ -738,17 +647,20 @@ mod tests {
         }
         let notes = read_notes(path).unwrap();
         assert!(notes.iter().all(|n| n.provider == "python"));
+        let malformed: Vec<&UsdtNote> = notes.iter().filter(|n| n.location.is_err()).collect();
+        assert!(malformed.is_empty(), "{malformed:?}");
         let file_len = std::fs::metadata(path).unwrap().len();
         let gc_start = notes.iter().find(|n| n.name == "gc__start").unwrap();
         let sem_off = gc_start
-            .semaphore_file_offset
+            .semaphore_file_offset()
             .expect("gc__start has a semaphore");
         assert!(gc_start.semaphore.is_some());
         assert!(sem_off + 2 <= file_len);
-        assert!(gc_start.file_offset < file_len);
+        let probe_off = gc_start.file_offset().expect("gc__start is valid");
+        assert!(probe_off < file_len);
         for n in &notes {
             // Every python probe is semaphore-guarded.
-            assert!(n.semaphore_file_offset.is_some(), "{n:?}");
+            assert!(n.semaphore_file_offset().is_some(), "{n:?}");
         }
         for name in ["gc__done", "function__entry", "function__return", "line"] {
             assert!(notes.iter().any(|n| n.name == name), "missing {name}");
@@ -757,18 +669,36 @@ mod tests {
         // The probe site is a nop, and the semaphore a 2-byte counter that is zero in
         // the file: check the bytes at both offsets.
         let bytes = std::fs::read(path).unwrap();
-        assert_eq!(
-            bytes[gc_start.file_offset as usize], 0x90,
-            "nop at probe site"
-        );
+        assert_eq!(bytes[probe_off as usize], 0x90, "nop at probe site");
         assert_eq!(&bytes[sem_off as usize..sem_off as usize + 2], &[0, 0]);
 
         if gc_start.pc == 0x4287f3 {
             // The exact build that was checked against readelf.
-            assert_eq!(gc_start.file_offset, 0x287f3);
+            assert_eq!(probe_off, 0x287f3);
             assert_eq!(gc_start.semaphore, Some(0xa8426e));
             assert_eq!(sem_off, 0x68326e);
             assert_eq!(gc_start.arg_spec, "-4@112(%rsp)");
+        }
+    }
+
+    /// What real linkers and distributions produce must pass validation: every note of
+    /// the installed providers (the JVM's and CPython's libraries, libstdc++) is valid.
+    #[test]
+    fn real_providers_notes_are_all_valid() {
+        let files = [
+            "/usr/lib/jvm/java-17-openjdk-amd64/lib/server/libjvm.so",
+            "/usr/lib/x86_64-linux-gnu/libpython3.11.so.1.0",
+            "/usr/lib/x86_64-linux-gnu/libstdc++.so.6",
+        ];
+        for file in files.map(Path::new).into_iter().filter(|f| f.exists()) {
+            let notes = read_notes(file).unwrap();
+            assert!(!notes.is_empty(), "{}", file.display());
+            let malformed: Vec<String> = notes
+                .iter()
+                .filter_map(|n| n.location.as_ref().err())
+                .map(ToString::to_string)
+                .collect();
+            assert!(malformed.is_empty(), "{}: {malformed:?}", file.display());
         }
     }
 }

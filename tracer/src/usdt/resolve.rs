@@ -7,7 +7,8 @@ use std::{
 };
 
 use super::{
-    Glob, ProbePattern, ProbeSite, UsdtError, UsdtSpecifier, find_probes_in_file, scan_process,
+    Glob, MappedObject, ProbePattern, ProbeSite, UsdtError, UsdtSpecifier, find_probes_in_file,
+    scan_process,
 };
 
 /// Where to look for probes.
@@ -20,15 +21,37 @@ pub enum Scope<'a> {
     Files { exe: Option<&'a Path> },
 }
 
-/// The sites matching any of `specs`, each site once. Fails when nothing matches.
-pub fn resolve(specs: &[UsdtSpecifier], scope: Scope<'_>) -> Result<Vec<ProbeSite>, UsdtError> {
-    let mut sites = Vec::new();
+/// Every site matching any of `specs`, valid or not, each once: what `list` shows.
+#[derive(Debug, Default)]
+pub struct Found {
+    /// The sites, in the order found (see [`ProbeSite::offsets`] for which are valid).
+    pub sites: Vec<ProbeSite>,
+    /// Objects of the process whose notes could not be read at all (undecodable notes,
+    /// broken headers, files that vanished), with why.
+    pub unreadable: Vec<(MappedObject, UsdtError)>,
+}
+
+/// What to attach: the valid sites matching `specs`, and the malformed ones a wildcard
+/// matched, which are left out (the caller warns about each).
+#[derive(Debug, Default)]
+pub struct Resolved {
+    /// Sites to attach, each once, all valid.
+    pub sites: Vec<ProbeSite>,
+    /// Why each left-out site was left out ([`UsdtError::InvalidSite`]).
+    pub skipped: Vec<UsdtError>,
+}
+
+/// The sites matching any of `specs`, each site once, valid or not. Fails when a file
+/// cannot be read; finding nothing is not an error here.
+pub fn find(specs: &[UsdtSpecifier], scope: Scope<'_>) -> Result<Found, UsdtError> {
+    let mut found = Found::default();
     match scope {
         Scope::Process(pid) => {
             let scan = scan_process(pid, &ProbePattern::any())?;
+            found.unreadable = scan.skipped;
             for site in scan.sites {
                 if specs.iter().any(|spec| matches(spec, &site)) {
-                    sites.push(site);
+                    found.sites.push(site);
                 }
             }
         }
@@ -44,24 +67,146 @@ pub fn resolve(specs: &[UsdtSpecifier], scope: Scope<'_>) -> Result<Vec<ProbeSit
                 files.push((path, spec));
             }
             for (path, spec) in files {
-                sites.extend(find_probes_in_file(&path, &spec.pattern)?);
+                found
+                    .sites
+                    .extend(find_probes_in_file(&path, &spec.pattern)?);
             }
         }
     }
     let mut seen = HashSet::new();
-    sites.retain(|s| seen.insert((s.binary.host_path.clone(), s.note.file_offset)));
-    if sites.is_empty() {
-        let wanted: Vec<String> = specs.iter().map(describe).collect();
-        let place = match scope {
-            Scope::Process(pid) => format!("process {pid}"),
-            Scope::Files { .. } => "the given files".to_string(),
-        };
-        return Err(UsdtError::NoProbes {
-            wanted: wanted.join(", "),
-            place,
-        });
+    found
+        .sites
+        .retain(|s| seen.insert((s.binary.host_path.clone(), s.note.pc)));
+    Ok(found)
+}
+
+/// The sites to attach for `specs`. A site whose note fails validation is an error when a
+/// specifier names its probe literally (no wildcard in provider and name), and is left
+/// out, in [`Resolved::skipped`], when only wildcards match it. Fails when nothing valid
+/// matches: with the malformed notes if that is why, with "no probes match" otherwise.
+pub fn resolve(specs: &[UsdtSpecifier], scope: Scope<'_>) -> Result<Resolved, UsdtError> {
+    let found = find(specs, scope)?;
+    decide(specs, scope, found)
+}
+
+/// [`resolve`]'s policy, on what [`find`] found.
+fn decide(specs: &[UsdtSpecifier], scope: Scope<'_>, found: Found) -> Result<Resolved, UsdtError> {
+    let mut resolved = Resolved::default();
+    let mut named_invalid = Vec::new();
+    for site in found.sites {
+        match site.offsets() {
+            Ok(_) => resolved.sites.push(site),
+            Err(problem) => {
+                let named = specs
+                    .iter()
+                    .any(|spec| is_literal_probe(spec) && matches_in(spec, &site, scope));
+                if named {
+                    named_invalid.push(problem);
+                } else {
+                    resolved.skipped.push(problem);
+                }
+            }
+        }
     }
-    Ok(sites)
+    if !named_invalid.is_empty() {
+        return Err(several(named_invalid));
+    }
+    // Objects whose notes cannot be read: an error when a specifier names the object (by
+    // name or path, not `*`), since the probes asked for may be among those notes; and,
+    // when nothing else matches, the likely reason why.
+    let named = |object: &MappedObject| {
+        specs.iter().any(|spec| {
+            spec.path.as_deref().is_some_and(|p| p != "*")
+                && path_matches(spec.path.as_deref(), &object.path)
+        })
+    };
+    let searched = |object: &MappedObject| {
+        specs
+            .iter()
+            .any(|spec| path_matches(spec.path.as_deref(), &object.path))
+    };
+    let (named_broken, other_broken): (Vec<_>, Vec<_>) = found
+        .unreadable
+        .into_iter()
+        .filter(|(object, error)| is_malformed(error) && searched(object))
+        .partition(|(object, _)| named(object));
+    if !named_broken.is_empty() {
+        return Err(several(named_broken.into_iter().map(|(_, e)| e).collect()));
+    }
+    if resolved.sites.is_empty() {
+        if !resolved.skipped.is_empty() {
+            return Err(several(resolved.skipped));
+        }
+        if !other_broken.is_empty() {
+            return Err(several(other_broken.into_iter().map(|(_, e)| e).collect()));
+        }
+        return Err(nothing_matches(specs, scope));
+    }
+    Ok(resolved)
+}
+
+/// Why [`find`] found nothing: malformed notes in the objects searched, or "no probes
+/// match".
+pub fn why_none(specs: &[UsdtSpecifier], scope: Scope<'_>, found: Found) -> UsdtError {
+    match decide(specs, scope, found) {
+        Err(error) => error,
+        Ok(_) => nothing_matches(specs, scope),
+    }
+}
+
+/// The error for finding no probe: "no probes match".
+fn nothing_matches(specs: &[UsdtSpecifier], scope: Scope<'_>) -> UsdtError {
+    let wanted: Vec<String> = specs.iter().map(describe).collect();
+    let place = match scope {
+        Scope::Process(pid) => format!("process {pid}"),
+        Scope::Files { .. } => "the given files".to_string(),
+    };
+    UsdtError::NoProbes {
+        wanted: wanted.join(", "),
+        place,
+    }
+}
+
+/// One error for several: the first, with a count of the others.
+fn several(mut errors: Vec<UsdtError>) -> UsdtError {
+    let more = errors.len() - 1;
+    let first = errors.swap_remove(0);
+    if more == 0 {
+        first
+    } else {
+        UsdtError::Several {
+            first: Box::new(first),
+            more,
+        }
+    }
+}
+
+/// Whether a file's notes are broken (as opposed to the file being unreadable).
+fn is_malformed(error: &UsdtError) -> bool {
+    matches!(
+        error,
+        UsdtError::MalformedNote { .. } | UsdtError::BadElf { .. }
+    )
+}
+
+/// Whether `spec` names one probe: no wildcard in provider or name.
+fn is_literal_probe(spec: &UsdtSpecifier) -> bool {
+    spec.pattern.provider.is_literal() && spec.pattern.name.is_literal()
+}
+
+/// Whether `spec` selects `site`: in a process by name and path, in files by name and
+/// the specifier's own file.
+fn matches_in(spec: &UsdtSpecifier, site: &ProbeSite, scope: Scope<'_>) -> bool {
+    if !spec.pattern.matches(&site.note.provider, &site.note.name) {
+        return false;
+    }
+    match (scope, spec.path.as_deref()) {
+        (Scope::Process(_), _) => matches(spec, site),
+        (Scope::Files { exe }, None | Some("*")) => exe == Some(site.binary.path.as_path()),
+        (Scope::Files { .. }, Some(path)) => {
+            absolute(Path::new(path)).is_ok_and(|path| path == site.binary.path)
+        }
+    }
 }
 
 fn needs_pid(spec: &UsdtSpecifier, what: &str) -> UsdtError {
@@ -113,7 +258,136 @@ fn path_matches(wanted: Option<&str>, path: &Path) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use super::super::{SiteOffsets, SiteProblem, UsdtNote, parse_specifier};
     use super::*;
+
+    const LIB: &str = "/usr/lib/libdemo.so";
+
+    /// A site of probe `p:NAME` in LIB, valid or with `problem`.
+    fn site(name: &str, problem: Option<SiteProblem>) -> ProbeSite {
+        let note = UsdtNote {
+            provider: "p".into(),
+            name: name.into(),
+            pc: 0x1000,
+            semaphore: None,
+            arg_spec: String::new(),
+            note_offset: 0x2a0,
+            location: problem.map_or(
+                Ok(SiteOffsets {
+                    probe: 0x1000,
+                    semaphore: None,
+                }),
+                Err,
+            ),
+        };
+        ProbeSite::new(MappedObject::from_path(Path::new(LIB)), note)
+    }
+
+    fn pc_zero() -> Option<SiteProblem> {
+        Some(SiteProblem::ProbeOutsideSegments { pc: 0 })
+    }
+
+    fn decide_in_process(specs: &[&str], sites: Vec<ProbeSite>) -> Result<Resolved, UsdtError> {
+        let specs: Vec<UsdtSpecifier> = specs.iter().map(|s| parse_specifier(s).unwrap()).collect();
+        let found = Found {
+            sites,
+            unreadable: Vec::new(),
+        };
+        decide(&specs, Scope::Process(1), found)
+    }
+
+    #[test]
+    fn a_probe_named_literally_with_a_malformed_site_is_an_error() {
+        let sites = || vec![site("good", None), site("bad", pc_zero())];
+        for spec in ["usdt:*:p:bad", "usdt:libdemo.so:p:bad", "usdt:*:p:*"] {
+            let both = [spec, "usdt:*:p:bad"];
+            let err = decide_in_process(&both, sites()).unwrap_err();
+            assert_eq!(
+                err.to_string(),
+                "malformed note in /usr/lib/libdemo.so at offset 0x2a0 (p:bad): probe address \
+                 0x0 is in no loadable segment",
+                "{spec}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_wildcard_skips_malformed_sites_and_keeps_the_rest() {
+        for spec in ["usdt:*:p:*", "usdt:*:*:bad", "usdt:libdemo*:p:ba?"] {
+            let resolved = decide_in_process(
+                &[spec, "usdt:*:p:good"],
+                vec![site("good", None), site("bad", pc_zero())],
+            )
+            .unwrap();
+            let names: Vec<&str> = resolved
+                .sites
+                .iter()
+                .map(|s| s.note.name.as_str())
+                .collect();
+            assert_eq!(names, ["good"], "{spec}");
+            assert_eq!(resolved.skipped.len(), 1);
+            assert!(matches!(
+                &resolved.skipped[0],
+                UsdtError::InvalidSite { name, .. } if name == "bad"
+            ));
+        }
+    }
+
+    #[test]
+    fn only_malformed_sites_matching_is_reported_as_malformed() {
+        let err = decide_in_process(
+            &["usdt:*:p:*"],
+            vec![site("bad", pc_zero()), site("worse", pc_zero())],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.starts_with("malformed note in /usr/lib/libdemo.so at offset 0x2a0 (p:bad)"),
+            "{err}"
+        );
+        assert!(err.ends_with("(and 1 more malformed notes)"), "{err}");
+        let err = decide_in_process(&["usdt:*:p:*"], vec![]).unwrap_err();
+        assert!(matches!(err, UsdtError::NoProbes { .. }), "{err}");
+    }
+
+    #[test]
+    fn libraries_with_undecodable_notes_are_reported_not_ignored() {
+        let broken = || {
+            let object = MappedObject::from_path(Path::new(LIB));
+            let error = UsdtError::MalformedNote {
+                path: LIB.into(),
+                offset: 0x2bc,
+                reason: "probe name is not NUL-terminated".into(),
+            };
+            vec![(object, error)]
+        };
+        let decide_with = |spec: &str, sites: Vec<ProbeSite>| {
+            let found = Found {
+                sites,
+                unreadable: broken(),
+            };
+            decide(&[parse_specifier(spec).unwrap()], Scope::Process(1), found)
+        };
+        let expected = "malformed note in /usr/lib/libdemo.so at offset 0x2bc: probe name is \
+                        not NUL-terminated";
+        // Named: an error even though another object has the probe.
+        let err = decide_with("usdt:libdemo.so:p:good", vec![site("good", None)]).unwrap_err();
+        assert_eq!(err.to_string(), expected);
+        // Not named, nothing else found: why nothing was found.
+        let err = decide_with("usdt:*:p:good", vec![]).unwrap_err();
+        assert_eq!(err.to_string(), expected);
+        // Not named, the probe found elsewhere: fine.
+        assert_eq!(
+            decide_with("usdt:*:p:good", vec![site("good", None)])
+                .unwrap()
+                .sites
+                .len(),
+            1
+        );
+        // Another library named: fine (no probes match there, which is its own error).
+        let err = decide_with("usdt:libother.so:p:good", vec![]).unwrap_err();
+        assert!(matches!(err, UsdtError::NoProbes { .. }), "{err}");
+    }
 
     #[test]
     fn paths_match_by_name_or_full_path() {
@@ -147,7 +421,8 @@ mod tests {
         let err = resolve(&[spec], Scope::Files { exe: None }).unwrap_err();
         assert!(err.to_string().contains("no probes match"), "{err}");
         let spec = super::super::parse_specifier("usdt:/usr/bin/python3.11:python:gc__*").unwrap();
-        let sites = resolve(&[spec], Scope::Files { exe: None }).unwrap();
-        assert!(sites.iter().any(|s| s.note.name == "gc__start"));
+        let resolved = resolve(&[spec], Scope::Files { exe: None }).unwrap();
+        assert!(resolved.sites.iter().any(|s| s.note.name == "gc__start"));
+        assert!(resolved.skipped.is_empty());
     }
 }
