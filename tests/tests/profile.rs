@@ -193,20 +193,34 @@ fn jit_compiled_frames_are_named_from_the_perf_map() {
         return;
     }
     let jit_demo = env!("CARGO_BIN_EXE_jit-demo");
-    let (out, truth, dir) = profile_target(jit_demo, &["--ms", "1500"], "profile-jit", &[]);
-    let _ = std::fs::remove_file(format!("/tmp/perf-{}.map", truth["pid"]));
-    let oncpu = read(&dir, "oncpu.folded");
-    let total = folded_total(&oncpu);
-    // Inside the generated code, named from the perf map, with its caller found through
-    // the frame pointer the code keeps.
-    let jit = folded_weight_where(&oncpu, |stack| {
-        stack.contains("jit_demo::run_jit;jit_spin_loop")
-    });
-    eprintln!("{jit} of {total} us on CPU in jit_spin_loop\n{out}");
-    assert!(total > 200_000, "{oncpu}");
-    assert!(jit * 100 >= total * 80, "{jit} of {total} us:\n{oncpu}");
-    // Every frame came from frame pointers: nothing to tell apart, nothing marked.
-    assert!(!oncpu.contains(" [fp]"), "{oncpu}");
+    // The default unwinds with call frame information; the generated code has none, so
+    // its caller is found through the frame pointer the code keeps, and marked so. With
+    // frame pointers only, nothing is marked: every frame came the same way.
+    for (unwind, caller) in [
+        ("dwarf", "jit_demo::run_jit [fp];jit_spin_loop"),
+        ("fp", "jit_demo::run_jit;jit_spin_loop"),
+    ] {
+        let (out, truth, dir) = profile_target(
+            jit_demo,
+            &["--ms", "1500"],
+            &format!("profile-jit-{unwind}"),
+            &["--unwind", unwind],
+        );
+        let _ = std::fs::remove_file(format!("/tmp/perf-{}.map", truth["pid"]));
+        let oncpu = read(&dir, "oncpu.folded");
+        let total = folded_total(&oncpu);
+        // Inside the generated code, named from the perf map, under its caller.
+        let jit = folded_weight_where(&oncpu, |stack| stack.contains(caller));
+        eprintln!("--unwind {unwind}: {jit} of {total} us on CPU in jit_spin_loop\n{out}");
+        assert!(total > 200_000, "{oncpu}");
+        assert!(
+            jit * 100 >= total * 80,
+            "--unwind {unwind}: {jit} of {total} us:\n{oncpu}"
+        );
+        if unwind == "fp" {
+            assert!(!oncpu.contains(" [fp]"), "{oncpu}");
+        }
+    }
 }
 
 #[test]

@@ -38,9 +38,6 @@ pub struct ProfileArgs {
     /// Profile this process (all its threads); every process when absent.
     #[arg(long, short)]
     pub pid: Option<u32>,
-    /// On-CPU samples per second of CPU time, on every CPU.
-    #[arg(long, short = 'F', default_value_t = 99)]
-    pub frequency: u64,
     /// Stop after this long (e.g. 10s, 500ms, 2m); otherwise at Ctrl-C or target exit.
     #[arg(long, short)]
     pub duration: Option<String>,
@@ -51,20 +48,55 @@ pub struct ProfileArgs {
     /// Put each thread under its own frame, below the process.
     #[arg(long)]
     pub per_thread: bool,
-    /// How on-CPU user stacks are walked: `fp` (frame pointers, in the kernel) or `dwarf`
-    /// (a copy of the stack unwound in user space with the binaries' .eh_frame, for code
-    /// built without frame pointers; costlier).
-    #[arg(long, value_enum, default_value_t = UnwindMethod::Fp)]
-    pub unwind: UnwindMethod,
-    /// With --unwind dwarf: size of the buffer stack copies (16 KiB each) wait in until
-    /// they are unwound (e.g. 32M, 256M); more absorbs bursts. Rounded up to a power of two.
-    #[arg(long, default_value = "32M", value_name = "SIZE")]
-    pub unwind_buffer: String,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
     #[command(flatten)]
     pub maps: MapSizeArgs,
     /// Directory for the outputs [default: tracer-profile-PID, or tracer-profile].
     #[arg(long = "output", short = 'o')]
     pub output: Option<PathBuf>,
+}
+
+/// How stacks are sampled and walked, the same for every command that collects them.
+#[derive(Debug, Clone, Args)]
+pub struct SamplingArgs {
+    /// On-CPU samples per second of CPU time, on every CPU.
+    #[arg(long, short = 'F', default_value_t = 99)]
+    pub frequency: u64,
+    /// How user stacks are walked: `dwarf` (the binaries' call frame information,
+    /// .eh_frame and .debug_frame, unwound in user space from a copy of the stack, and
+    /// frame pointers for code no call frame information covers: works on distribution
+    /// binaries, which have no frame pointers) or `fp` (frame pointers only, walked in
+    /// the kernel: cheapest, but callers in code built without them are lost).
+    #[arg(long, value_enum, default_value_t = UnwindMethod::Dwarf)]
+    pub unwind: UnwindMethod,
+    /// With --unwind dwarf: size of the buffer stack copies (16 KiB each) wait in until
+    /// they are unwound (e.g. 32M, 256M); more absorbs bursts. Rounded up to a power of two.
+    #[arg(long, default_value = "32M", value_name = "SIZE")]
+    pub unwind_buffer: String,
+}
+
+/// [`SamplingArgs`], validated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sampling {
+    pub frequency_hz: u64,
+    pub unwind: UnwindMethod,
+    pub unwind_buffer_bytes: u32,
+}
+
+impl TryFrom<&SamplingArgs> for Sampling {
+    type Error = ConfigError;
+
+    fn try_from(args: &SamplingArgs) -> Result<Self, ConfigError> {
+        if !(1..=MAX_FREQUENCY_HZ).contains(&args.frequency) {
+            return Err(ConfigError::Frequency(args.frequency));
+        }
+        Ok(Self {
+            frequency_hz: args.frequency,
+            unwind: args.unwind,
+            unwind_buffer_bytes: parse_buffer_size("unwind-buffer", &args.unwind_buffer)?,
+        })
+    }
 }
 
 /// Sizes of the kernel's aggregation maps: what fills them is counted and reported as
@@ -152,6 +184,8 @@ pub struct AttachArgs {
     #[arg(long, value_enum, default_value_t = Format::Text)]
     pub format: Format,
     #[command(flatten)]
+    pub sampling: SamplingArgs,
+    #[command(flatten)]
     pub maps: MapSizeArgs,
 }
 
@@ -193,6 +227,7 @@ pub struct AttachConfig {
     pub latencies: Vec<LatencyRequest>,
     pub per_thread: bool,
     pub format: Format,
+    pub sampling: Sampling,
     pub map_sizes: MapSizes,
 }
 
@@ -215,6 +250,7 @@ impl TryFrom<AttachArgs> for AttachConfig {
                 .collect::<Result<_, _>>()?,
             per_thread: args.per_thread,
             format: args.format,
+            sampling: Sampling::try_from(&args.sampling)?,
             map_sizes: map_sizes(&args.maps)?,
         })
     }
@@ -224,7 +260,7 @@ impl TryFrom<AttachArgs> for AttachConfig {
 /// `kernel.perf_event_max_sample_rate`, is 100000 and it lowers it under load).
 pub const MAX_FREQUENCY_HZ: u64 = 100_000;
 
-/// How `tracer profile` walks on-CPU user stacks.
+/// How user stacks are walked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum UnwindMethod {
     /// Frame pointers, walked in the kernel.
@@ -238,12 +274,10 @@ pub enum UnwindMethod {
 pub struct ProfileConfig {
     /// The process to profile; every process when `None`.
     pub pid: Option<NonZeroU32>,
-    pub frequency_hz: u64,
     pub duration: Option<Duration>,
     pub min_block: Duration,
     pub per_thread: bool,
-    pub unwind: UnwindMethod,
-    pub unwind_buffer_bytes: u32,
+    pub sampling: Sampling,
     pub map_sizes: MapSizes,
     pub output_dir: PathBuf,
 }
@@ -253,17 +287,12 @@ impl TryFrom<ProfileArgs> for ProfileConfig {
 
     fn try_from(args: ProfileArgs) -> Result<Self, ConfigError> {
         let pid = args.pid.map(nonzero_pid).transpose()?;
-        if !(1..=MAX_FREQUENCY_HZ).contains(&args.frequency) {
-            return Err(ConfigError::Frequency(args.frequency));
-        }
         Ok(Self {
             pid,
-            frequency_hz: args.frequency,
             duration: args.duration.as_deref().map(parse_duration).transpose()?,
             min_block: parse_duration(&args.min_block)?,
             per_thread: args.per_thread,
-            unwind: args.unwind,
-            unwind_buffer_bytes: parse_buffer_size("unwind-buffer", &args.unwind_buffer)?,
+            sampling: Sampling::try_from(&args.sampling)?,
             map_sizes: map_sizes(&args.maps)?,
             output_dir: args.output.unwrap_or_else(|| match pid {
                 Some(pid) => PathBuf::from(format!("tracer-profile-{pid}")),
@@ -479,11 +508,11 @@ mod tests {
     fn profile_config_validates() {
         let config = profile_config(&[]).unwrap();
         assert_eq!(config.pid, None);
-        assert_eq!(config.frequency_hz, 99);
+        assert_eq!(config.sampling.frequency_hz, 99);
         assert_eq!(config.output_dir, PathBuf::from("tracer-profile"));
         let config = profile_config(&["-p", "7", "-F", "499", "-d", "2s", "--per-thread"]).unwrap();
         assert_eq!(config.pid.map(NonZeroU32::get), Some(7));
-        assert_eq!(config.frequency_hz, 499);
+        assert_eq!(config.sampling.frequency_hz, 499);
         assert_eq!(config.duration, Some(Duration::from_secs(2)));
         assert!(config.per_thread);
         assert_eq!(config.output_dir, PathBuf::from("tracer-profile-7"));
@@ -499,18 +528,35 @@ mod tests {
     }
 
     #[test]
-    fn profile_unwinds_with_frame_pointers_unless_told() {
-        assert_eq!(profile_config(&[]).unwrap().unwind, UnwindMethod::Fp);
-        let dwarf = profile_config(&["--unwind", "dwarf"]).unwrap();
-        assert_eq!(dwarf.unwind, UnwindMethod::Dwarf);
+    fn stacks_are_unwound_with_call_frame_information_unless_told() {
+        assert_eq!(
+            profile_config(&[]).unwrap().sampling.unwind,
+            UnwindMethod::Dwarf
+        );
+        let fp = profile_config(&["--unwind", "fp"]).unwrap();
+        assert_eq!(fp.sampling.unwind, UnwindMethod::Fp);
         assert!(Cli::try_parse_from(["tracer", "profile", "--unwind", "lbr"]).is_err());
+        let attach = |args: &[&str]| {
+            let cli = Cli::try_parse_from([&["tracer", "attach", "-p", "7"], args].concat());
+            let Command::Attach(args) = cli.unwrap().command else {
+                panic!("not attach")
+            };
+            AttachConfig::try_from(args)
+        };
+        let config = attach(&[]).unwrap();
+        assert_eq!(config.sampling.unwind, UnwindMethod::Dwarf);
+        assert_eq!(config.sampling.frequency_hz, 99);
+        let config = attach(&["--unwind", "fp", "-F", "199"]).unwrap();
+        assert_eq!(config.sampling.unwind, UnwindMethod::Fp);
+        assert_eq!(config.sampling.frequency_hz, 199);
+        assert_eq!(attach(&["-F", "0"]).unwrap_err(), ConfigError::Frequency(0));
     }
 
     #[test]
     fn map_sizes_default_to_the_objects_and_are_bounded() {
         let config = profile_config(&[]).unwrap();
         assert_eq!(config.map_sizes, MapSizes::default());
-        assert_eq!(config.unwind_buffer_bytes, 32 << 20);
+        assert_eq!(config.sampling.unwind_buffer_bytes, 32 << 20);
         let config = profile_config(&["--stack-map-size", "1000", "--map-size", "300000"]).unwrap();
         assert_eq!(config.map_sizes.stacks, Some(1000));
         assert_eq!(config.map_sizes.entries, Some(300000));

@@ -5,6 +5,8 @@
 //! - `probe_plan`: which sites to attach and what the kernel does at each;
 //! - `loader` (with `btf`): the only module that talks to aya and the kernel;
 //! - `runtimes`: the runtimes recognised by their probes and what is measured for each;
+//! - `sampling`: on-CPU sampling and off-CPU accounting attached and driven for a
+//!   wall-clock profile (`profile` and `attach` alike);
 //! - `histogram`, `offcpu`, `tasks`, `wallclock`: aggregation of what the kernel collected
 //!   (`wallclock` also writes pprof and speedscope files);
 //! - `symbolize`: naming addresses (blazesym);
@@ -27,6 +29,7 @@ pub mod probe_plan;
 pub mod render;
 pub mod report;
 pub mod runtimes;
+pub mod sampling;
 pub mod stop;
 pub mod symbolize;
 pub mod tasks;

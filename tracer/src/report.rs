@@ -13,10 +13,13 @@ use crate::{
     render::{
         ViewFiles,
         hist::{MICROSECONDS, format_ns, render_latency, summary_json},
+        views::ProfileFiles,
     },
     runtimes::LatencyDef,
     stop::StopReason,
     tasks::TaskProfile,
+    unwind::UnwindStats,
+    wallclock::{OFF_CPU_FRAME, WallClockProfile},
 };
 
 /// Runtime tasks: the profile and where its flamegraph went (`None`: not written).
@@ -58,6 +61,11 @@ pub struct AttachReport {
     pub offcpu: OffCpuProfile,
     /// The off-CPU flame graph's files; `None` when they could not be written.
     pub offcpu_files: Option<ViewFiles>,
+    /// The whole wall-clock profile (on and off CPU) and its files.
+    pub wall: WallClockProfile,
+    pub files: ProfileFiles,
+    /// With `--unwind dwarf`: how the user stacks were unwound.
+    pub unwind_stats: Option<UnwindStats>,
     pub tasks: Option<TaskReport>,
     pub losses: Losses,
 }
@@ -108,6 +116,26 @@ impl AttachReport {
                 ),
                 None => "flamegraph not written (see the error below)".into(),
             }
+        );
+        let shown = |path: Option<&std::path::Path>| match path {
+            Some(path) => path.display().to_string(),
+            None => "(not written, see the error below)".into(),
+        };
+        let _ = writeln!(
+            out,
+            "On-CPU: {} samples, {}; flamegraph {}.",
+            self.wall.oncpu_samples,
+            format_ns(self.wall.oncpu_ns),
+            shown(self.files.oncpu.as_ref().map(|f| f.svg.as_path())),
+        );
+        let _ = writeln!(
+            out,
+            "Wall-clock: {} on and off CPU; flamegraph {} (blocked time under {OFF_CPU_FRAME} \
+             leaf frames), pprof {}, speedscope {}.",
+            format_ns(self.wall.oncpu_ns + self.wall.offcpu_ns),
+            shown(self.files.wall.as_ref().map(|f| f.svg.as_path())),
+            shown(self.files.pprof.as_deref()),
+            shown(self.files.speedscope.as_deref()),
         );
         if let Some(tasks) = &self.tasks {
             let _ = writeln!(
@@ -190,6 +218,28 @@ impl AttachReport {
                 "folded": self.offcpu_files.as_ref().map(|f| &f.folded),
                 "svg": self.offcpu_files.as_ref().map(|f| &f.svg),
             },
+            "oncpu": {
+                "samples": self.wall.oncpu_samples,
+                "total_ns": self.wall.oncpu_ns,
+                "folded": self.files.oncpu.as_ref().map(|f| &f.folded),
+                "svg": self.files.oncpu.as_ref().map(|f| &f.svg),
+            },
+            "wallclock": {
+                "total_ns": self.wall.oncpu_ns + self.wall.offcpu_ns,
+                "threads": self.wall.threads,
+                "folded": self.files.wall.as_ref().map(|f| &f.folded),
+                "svg": self.files.wall.as_ref().map(|f| &f.svg),
+                "pprof": self.files.pprof,
+                "speedscope": self.files.speedscope,
+            },
+            "unwind": self.unwind_stats.as_ref().map(|u| json!({
+                "method": "dwarf",
+                "samples": u.samples,
+                "offcpu_snapshots": u.offcpu_snapshots,
+                "frames": u.frames,
+                "frame_pointer_frames": u.frame_pointer_frames,
+                "max_depth": u.max_depth,
+            })),
             "tasks": self.tasks.as_ref().map(|t| json!({
                 "count": t.profile.tasks.len(),
                 "folded": t.files.as_ref().map(|f| &f.folded),

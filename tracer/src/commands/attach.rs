@@ -1,7 +1,12 @@
-//! `tracer attach --pid PID`: GC and other latencies from the target's USDT probes, and an
-//! off-CPU profile of its threads, until the duration ends, Ctrl-C, or the target exits.
+//! `tracer attach --pid PID`: GC and other latencies from the target's USDT probes, its
+//! runtime tasks, and the wall-clock profile of its threads (on-CPU samples and off-CPU
+//! time, as `tracer profile` takes it), until the duration ends, Ctrl-C, or the target
+//! exits.
 
-use std::path::Path;
+use std::{
+    path::Path,
+    time::{SystemTime, UNIX_EPOCH},
+};
 
 use anyhow::{Result, bail};
 use tracer_common::{counter, site_flags};
@@ -10,19 +15,22 @@ use crate::{
     cli::{AttachConfig, Format},
     histogram::LatencyHistogram,
     loader::{Features, Loader, LoaderError, Settings},
-    offcpu::{self, StackSource, ThreadNames},
+    offcpu::{OffCpuProfile, StackSource},
     privileges,
     probe_plan::{ProbePlan, SiteInput, SiteMode},
     render::{
         self,
         flamegraph::{Palette, SvgOptions},
+        views::write_profile_files,
     },
     report::{AttachReport, LatencyReport, Losses, ProbeReport, TaskReport},
     runtimes::{self, LatencyDef, Runtime, TaskProbeDef},
+    sampling::{self, Collected, WallClockSampler},
     stop::{self, ProcessWatch, StopReason},
     symbolize::{ProcessMaps, StackSymbolizer},
     tasks,
     usdt::{self, ProbePattern},
+    wallclock::{ExportInfo, Processes},
 };
 
 impl StackSource for Loader {
@@ -72,20 +80,22 @@ pub fn run(config: AttachConfig) -> Result<()> {
     // Before anything is attached: a trace whose files cannot be written fails now.
     render::prepare_output_dir(&config.output_dir)?;
 
-    let mut maps =
-        ProcessMaps::capture(pid).map_err(|_| anyhow::anyhow!("process {pid} exited"))?;
-    let mut threads = ThreadNames::default();
-    threads.refresh(pid);
+    let mut processes = Processes::default();
+    processes.observe(pid);
+    if processes.get(pid).is_none_or(|p| p.maps.is_none()) {
+        bail!("process {pid} exited");
+    }
 
+    let sampling = config.sampling;
     let mut loader = Loader::load(&Settings {
         target_tgid: Some(pid),
         min_block: config.min_block,
         features: Features {
             latencies: true,
-            offcpu: true,
             tasks: true,
-            ..Features::NONE
+            ..WallClockSampler::features(&sampling)
         },
+        unwind_ring_bytes: WallClockSampler::unwind_ring_bytes(&sampling),
         map_sizes: config.map_sizes,
         plan_sizes: Some(plan.sizes()),
         ..Settings::default()
@@ -93,8 +103,18 @@ pub fn run(config: AttachConfig) -> Result<()> {
     loader
         .attach_usdt_sites(&plan.usdt_sites(), warm_up)
         .map_err(|e| gone_or(e, pid))?;
-    loader.attach_sched_switch()?;
-    let started = stop::monotonic_ns();
+    let mut sampler =
+        WallClockSampler::attach(&mut loader, Some(pid), sampling).map_err(|e| match e
+            .downcast::<LoaderError>()
+        {
+            Ok(e) => gone_or(e, pid),
+            Err(e) => e,
+        })?;
+    let started = sampler.started_ns;
+    let start_unix_ns = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or_default();
 
     // Ctrl-C from the moment the line below is printed must stop the trace, not kill us.
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -103,12 +123,18 @@ pub fn run(config: AttachConfig) -> Result<()> {
     let signals = stop::StopSignals::catch(&runtime)?;
     let runtime_names = runtime_names(&plan);
     crate::status!(
-        "Attached to process {pid} ({process_name}): {} probe sites{}, sched_switch. {}",
+        "Attached to process {pid} ({process_name}): {} probe sites{}, on-CPU sampling at {} \
+         Hz{}, sched_switch. {}",
         loader.usdt_site_count(),
         if runtime_names.is_empty() {
             " (no known runtime probes found)".into()
         } else {
             format!(" of {}", runtime_names.join(", "))
+        },
+        sampling.frequency_hz,
+        match sampling.unwind {
+            crate::cli::UnwindMethod::Dwarf => " (DWARF unwinding)",
+            crate::cli::UnwindMethod::Fp => " (frame pointers)",
         },
         match config.duration {
             Some(d) => format!("Tracing for {d:?}; Ctrl-C to stop early."),
@@ -120,35 +146,46 @@ pub fn run(config: AttachConfig) -> Result<()> {
         signals,
         Some(watch),
         config.duration,
-        stop::every_second(|| {
-            let _ = maps.refresh();
-            threads.refresh(pid);
-        }),
+        sampling::run_sampler(&mut sampler, &loader, &mut processes),
     ))?;
 
-    // Collect first, detach next, so what was measured up to now is what is reported; the
-    // target keeps running untouched from here on.
+    // What was measured up to now is what is reported; the target keeps running untouched
+    // from here on.
     let now = stop::monotonic_ns();
-    if reason != StopReason::TargetExited {
-        let _ = maps.refresh();
-        threads.refresh(pid);
-    }
     loader.stop_recording()?;
     loader.detach_usdt()?;
-    loader.detach_sched_switch()?;
+    sampler.detach(&mut loader, &mut processes)?;
     stop::restore_default_signals();
     crate::status!("Stopped: {reason}. Detached from process {pid}.");
 
+    let mut symbolizer = StackSymbolizer::new();
+    let collected = sampler.finish(
+        &loader,
+        &mut processes,
+        &mut symbolizer,
+        reason,
+        now,
+        config.per_thread,
+    )?;
+    let Some(maps) = processes.get(pid).and_then(|p| p.maps.as_ref()) else {
+        bail!("process {pid} exited");
+    };
+    let export = ExportInfo {
+        name: &process_name,
+        frequency_hz: sampling.frequency_hz,
+        start_unix_ns,
+        duration_ns: now - started,
+    };
     let (report, output_error) = collect(
         &loader,
         &plan,
         &config,
-        &maps,
-        &threads,
-        &process_name,
+        maps,
+        &mut symbolizer,
+        collected,
+        &export,
         reason,
         now,
-        now - started,
     )?;
     let text = match config.format {
         Format::Text => report.to_text(),
@@ -232,12 +269,14 @@ fn collect(
     plan: &ProbePlan,
     config: &AttachConfig,
     maps: &ProcessMaps,
-    threads: &ThreadNames,
-    process_name: &str,
+    symbolizer: &mut StackSymbolizer,
+    collected: Collected,
+    export: &ExportInfo<'_>,
     reason: StopReason,
     now: u64,
-    elapsed_ns: u64,
 ) -> Result<(AttachReport, Option<anyhow::Error>)> {
+    let process_name = export.name;
+    let elapsed_ns = export.duration_ns;
     let mut latencies = Vec::new();
     for (id, def) in plan.latencies.iter().enumerate() {
         let data = loader.latency(id as u32)?;
@@ -261,40 +300,20 @@ fn collect(
         });
     }
 
-    let totals = loader.offcpu_totals()?;
-    // Threads still blocked when the target exited will never be woken; only a live
-    // target's pending intervals are real blocked time.
-    let pending = if reason == StopReason::TargetExited {
-        Vec::new()
-    } else {
-        loader.offcpu_pending()?
-    };
-    let mut symbolizer = StackSymbolizer::new();
-    let threads = config.per_thread.then_some(threads);
-    let profile = offcpu::build_profile(
-        &totals,
-        &pending,
-        now,
-        loader,
-        &mut symbolizer,
-        maps,
-        process_name,
-        threads,
-    );
-
     // The report is printed even when a file cannot be written (and names only the files
     // that were); the error comes after.
-    let mut output_error = None;
-    let title = format!("Off-CPU time of {process_name} (pid {})", config.pid);
-    let subtitle = format!(
-        "{:.1} s traced, {} blocked intervals, {:.3} s blocked in all",
-        elapsed_ns as f64 / 1e9,
-        profile.intervals,
-        profile.total_ns as f64 / 1e9
-    );
-    let offcpu_files = write_view(&profile.folded, config, "offcpu", &title, &subtitle)
-        .map_err(|e| output_error.get_or_insert(e.into()))
-        .ok();
+    let what = format!("{process_name} (pid {})", config.pid);
+    let Collected {
+        profile: wall,
+        unwind_stats,
+    } = collected;
+    let (files, mut output_error) = write_profile_files(&wall, &config.output_dir, &what, export);
+    let profile = OffCpuProfile {
+        folded: wall.offcpu.folded(),
+        total_ns: wall.offcpu_ns,
+        intervals: wall.offcpu_intervals,
+        missing_stacks: wall.missing_stacks,
+    };
 
     let has_task_probes = plan
         .sites
@@ -309,7 +328,7 @@ fn collect(
             loader.task_states()?
         };
         let times = tasks::with_open_intervals(loader.task_times()?, &open, now);
-        let profile = tasks::build_profile(&times, loader, &mut symbolizer, maps, process_name);
+        let profile = tasks::build_profile(&times, loader, symbolizer, maps, process_name);
         let title = format!(
             "Where the tasks of {process_name} (pid {}) waited",
             config.pid
@@ -335,7 +354,10 @@ fn collect(
         probes,
         latencies,
         offcpu: profile,
-        offcpu_files,
+        offcpu_files: files.offcpu.clone(),
+        wall,
+        files,
+        unwind_stats,
         tasks,
         losses: Losses {
             events_lost: counters[counter::EVENTS_LOST as usize],

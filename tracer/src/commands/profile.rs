@@ -13,36 +13,28 @@
 
 use std::{
     num::NonZeroU32,
-    path::{Path, PathBuf},
-    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+    path::Path,
+    time::{SystemTime, UNIX_EPOCH},
 };
 
-use anyhow::{Context as _, Result};
-use tracer_common::{OffCpuStart, STACK_BEFORE_START, SnapshotCheck, UNWIND_STACK_BYTES, counter};
+use anyhow::Result;
+use tracer_common::counter;
 
 use crate::{
     cli::{ProfileConfig, UnwindMethod},
-    loader::{Features, Loader, Settings},
+    loader::{Loader, Settings},
     privileges,
     render::{
-        self, ViewFiles,
-        flamegraph::{FoldedStacks, Palette, SvgOptions},
+        self,
+        views::{ProfileFiles, write_profile_files},
     },
-    stop::{self, ProcessWatch, StopReason},
+    sampling::{self, Collected, WallClockSampler, unwind_summary},
+    stop::{self, ProcessWatch},
     symbolize::StackSymbolizer,
-    unwind::{DwarfUnwinder, FRAME_POINTER_SUFFIX, Snapshot, UnwindStats, WithUnwound},
-    wallclock::{
-        self, BuildOptions, ExportInfo, OFF_CPU_FRAME, Processes, RawProfile, StackProfile,
-        WallClockProfile,
-    },
+    wallclock::{ExportInfo, OFF_CPU_FRAME, Processes, WallClockProfile},
 };
 
-/// How often the ring buffer of stack snapshots is drained with `--unwind dwarf` (the
-/// default 32 MiB hold about 2000 snapshots of 16 KiB).
-const UNWIND_DRAIN_PERIOD: Duration = Duration::from_millis(10);
-
 pub fn run(config: ProfileConfig) -> Result<()> {
-    let dwarf = config.unwind == UnwindMethod::Dwarf;
     privileges::check()?;
     let pid = config.pid.map(NonZeroU32::get);
     let watch = pid
@@ -66,69 +58,17 @@ pub fn run(config: ProfileConfig) -> Result<()> {
     };
     // Before anything is attached: a profile whose files cannot be written fails now.
     render::prepare_output_dir(&config.output_dir)?;
+    let sampling = config.sampling;
 
     let mut loader = Loader::load(&Settings {
         target_tgid: pid,
         min_block: config.min_block,
-        features: Features {
-            offcpu: true,
-            oncpu: true,
-            offcpu_snapshots: dwarf,
-            ..Features::NONE
-        },
-        unwind_ring_bytes: if dwarf {
-            config.unwind_buffer_bytes
-        } else {
-            Settings::default().unwind_ring_bytes
-        },
+        features: WallClockSampler::features(&sampling),
+        unwind_ring_bytes: WallClockSampler::unwind_ring_bytes(&sampling),
         map_sizes: config.map_sizes,
         ..Settings::default()
     })?;
-    if dwarf {
-        loader.attach_sched_switch_dwarf()?;
-    } else {
-        loader.attach_sched_switch()?;
-    }
-    let attached = if dwarf {
-        loader.attach_oncpu_sampling_dwarf(config.frequency_hz)
-    } else {
-        loader.attach_oncpu_sampling(config.frequency_hz)
-    };
-    let cpus = attached.with_context(|| {
-        format!(
-            "cannot sample at {} Hz (see kernel.perf_event_max_sample_rate)",
-            config.frequency_hz
-        )
-    })?;
-    // With DWARF unwinding, user-mode samples come as stack snapshots through a ring
-    // buffer, unwound as they arrive (the process's mappings are needed, so while it runs).
-    let mut unwinding = match dwarf {
-        true => Some(Unwinding {
-            ring: loader.take_unwind_samples()?,
-            checks: loader.take_snapshot_checks()?,
-            unwinder: DwarfUnwinder::new(),
-        }),
-        false => None,
-    };
-    let started = stop::monotonic_ns();
-    if let Some(pid) = pid {
-        // Threads blocked since before now would otherwise be missed until they wake (or
-        // entirely): mark them all off CPU from now; running ones replace the mark.
-        let marks: Vec<(u32, OffCpuStart)> = thread_ids(pid)
-            .into_iter()
-            .map(|tid| {
-                let start = OffCpuStart {
-                    ts_ns: started,
-                    tgid: pid,
-                    user_stack_id: STACK_BEFORE_START,
-                    kernel_stack_id: STACK_BEFORE_START,
-                    _pad: 0,
-                };
-                (tid, start)
-            })
-            .collect();
-        loader.seed_offcpu_starts(&marks)?;
-    }
+    let mut sampler = WallClockSampler::attach(&mut loader, pid, sampling)?;
     let start_unix_ns = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64)
@@ -139,107 +79,51 @@ pub fn run(config: ProfileConfig) -> Result<()> {
         .build()?;
     let signals = stop::StopSignals::catch(&runtime)?;
     crate::status!(
-        "Attached to {what}: on-CPU sampling at {} Hz{} on {cpus} CPUs, sched_switch. {}",
-        config.frequency_hz,
-        if dwarf { " (DWARF unwinding)" } else { "" },
+        "Attached to {what}: on-CPU sampling at {} Hz{} on {} CPUs, sched_switch. {}",
+        sampling.frequency_hz,
+        match sampling.unwind {
+            UnwindMethod::Dwarf => " (DWARF unwinding)",
+            UnwindMethod::Fp => " (frame pointers)",
+        },
+        sampler.cpus,
         match config.duration {
             Some(d) => format!("Profiling for {d:?}; Ctrl-C to stop early."),
             None => "Ctrl-C to stop.".into(),
         }
     );
 
-    let work = async {
-        let Some(unwinding) = unwinding.as_mut() else {
-            return stop::every_second(|| refresh(&loader, &mut processes, pid)).await;
-        };
-        let mut ticker = tokio::time::interval(UNWIND_DRAIN_PERIOD);
-        let mut refreshed: Option<Instant> = None;
-        loop {
-            ticker.tick().await;
-            unwinding.drain(&mut processes);
-            if refreshed.is_none_or(|at| at.elapsed() >= Duration::from_secs(1)) {
-                refresh(&loader, &mut processes, pid);
-                refreshed = Some(Instant::now());
-            }
-        }
-    };
     let reason = runtime.block_on(stop::run_until_stopped_with(
         signals,
         watch,
         config.duration,
-        work,
+        sampling::run_sampler(&mut sampler, &loader, &mut processes),
     ))?;
 
     let now = stop::monotonic_ns();
-    if dwarf {
-        loader.detach_oncpu_sampling_dwarf()?;
-        loader.detach_sched_switch_dwarf()?;
-    } else {
-        loader.detach_oncpu_sampling()?;
-        loader.detach_sched_switch()?;
-    }
-    if let Some(unwinding) = unwinding.as_mut() {
-        unwinding.drain(&mut processes);
-    }
+    sampler.detach(&mut loader, &mut processes)?;
     stop::restore_default_signals();
     crate::status!("Stopped: {reason}. Detached.");
-    if pid.is_none() {
-        observe_seen(&loader, &mut processes);
-    }
-    if reason != StopReason::TargetExited {
-        processes.refresh();
-    }
-
-    // Threads still blocked are blocked right now, unless they are gone: a target that
-    // exited, or (system-wide) a thread that exited while switched out, never wakes up.
-    let pending = if reason == StopReason::TargetExited {
-        Vec::new()
-    } else {
-        still_alive(loader.offcpu_pending()?)
-    };
-    let mut oncpu = loader.oncpu_samples()?;
-    let (unwind_stats, unwound) = match unwinding {
-        Some(Unwinding { unwinder, .. }) => {
-            let stats = unwinder.stats;
-            let (entries, stacks) = unwinder.finish();
-            oncpu.extend(entries);
-            (Some(stats), Some(stacks))
-        }
-        None => (None, None),
-    };
-    let raw = RawProfile {
-        oncpu,
-        offcpu: loader.offcpu_totals()?,
-        pending,
-        now_ns: now,
-    };
+    let started = sampler.started_ns;
     let mut symbolizer = StackSymbolizer::new();
-    let options = BuildOptions {
-        frequency_hz: config.frequency_hz,
-        per_thread: config.per_thread,
-    };
-    // Only a DWARF-unwound profile tells frames found by frame pointers apart.
-    let profile = match &unwound {
-        Some(unwound) => wallclock::build_profile(
-            &raw,
-            options,
-            &WithUnwound {
-                kernel: &loader,
-                unwound,
-            },
-            &mut symbolizer,
-            &processes,
-        ),
-        None => wallclock::build_profile(&raw, options, &loader, &mut symbolizer, &processes),
-    };
+    let Collected {
+        profile,
+        unwind_stats,
+    } = sampler.finish(
+        &loader,
+        &mut processes,
+        &mut symbolizer,
+        reason,
+        now,
+        config.per_thread,
+    )?;
     let elapsed_ns = now - started;
-    let (outputs, output_error) = write_outputs(
+    let (outputs, output_error) = write_profile_files(
         &profile,
-        &config,
+        &config.output_dir,
         &what,
         &ExportInfo {
             name: &what,
-            frequency_hz: config.frequency_hz,
+            frequency_hz: sampling.frequency_hz,
             start_unix_ns,
             duration_ns: elapsed_ns,
         },
@@ -248,7 +132,7 @@ pub fn run(config: ProfileConfig) -> Result<()> {
     let mut text = summary(
         &profile,
         &what,
-        config.frequency_hz,
+        sampling.frequency_hz,
         elapsed_ns,
         &outputs,
         counters[counter::STACK_ERRORS as usize],
@@ -265,227 +149,6 @@ pub fn run(config: ProfileConfig) -> Result<()> {
     }
 }
 
-/// What is captured about the processes once a second while profiling.
-fn refresh(loader: &Loader, processes: &mut Processes, pid: Option<u32>) {
-    if pid.is_none() {
-        observe_seen(loader, processes);
-    }
-    processes.refresh();
-}
-
-/// `--unwind dwarf`: the snapshots from the kernel, and what user space tells it back.
-struct Unwinding {
-    ring: aya::maps::RingBuf<aya::maps::MapData>,
-    checks: aya::maps::HashMap<aya::maps::MapData, i32, SnapshotCheck>,
-    unwinder: DwarfUnwinder,
-}
-
-impl Unwinding {
-    /// Unwinds every stack snapshot waiting in the ring buffer, capturing the mappings
-    /// of processes seen for the first time, and lets the kernel reuse the off-CPU ones.
-    fn drain(&mut self, processes: &mut Processes) {
-        while let Some(record) = self.ring.next() {
-            let Some(snapshot) = Snapshot::parse(&record) else {
-                continue;
-            };
-            processes.observe(snapshot.tgid);
-            let maps = processes
-                .get(snapshot.tgid)
-                .and_then(|info| info.maps.as_ref());
-            if let Some(check) = self.unwinder.add(&snapshot, maps)
-                && let Err(e) = self.checks.insert(snapshot.snapshot_id as i32, check, 0)
-            {
-                // The kernel then sends a new snapshot each time: slower, not wrong.
-                log::debug!(
-                    "cannot publish the check of snapshot {}: {e}",
-                    snapshot.snapshot_id
-                );
-            }
-        }
-    }
-}
-
-/// The `--unwind dwarf` line: how many stacks were unwound, how deep, with which method,
-/// and how many were walked with frame pointers instead.
-fn unwind_summary(stats: &UnwindStats, counters: &[u64]) -> String {
-    let no_regs = counters[counter::UNWIND_NO_USER_REGS as usize];
-    let ring_full = counters[counter::UNWIND_RING_FULL as usize];
-    let unreadable = counters[counter::UNWIND_STACK_UNREADABLE as usize];
-    let stacks = stats.samples + stats.offcpu_snapshots;
-    let mean = stats.frames as f64 / stacks.max(1) as f64;
-    format!(
-        "Unwinding: {} on-CPU samples ({} of them in kernel mode) and {} off-CPU snapshots \
-         unwound with DWARF: {} user frames, {mean:.1} per stack, deepest {}; {} frames \
-         found by frame pointers where no call frame information covered the callee \
-         (marked{FRAME_POINTER_SUFFIX}); {} stacks deeper than the {} KiB copied, {} \
-         stopped early where unwind information ended, {} without mappings, \
-         {unreadable} with an unreadable stack. {} stacks walked with frame pointers in \
-         the kernel instead (marked{FRAME_POINTER_SUFFIX}; {no_regs} without user \
-         registers, {ring_full} with the snapshot ring buffer full).\n",
-        stats.samples,
-        stats.in_kernel,
-        stats.offcpu_snapshots,
-        stats.frames,
-        stats.max_depth,
-        stats.frame_pointer_frames,
-        stats.out_of_stack,
-        UNWIND_STACK_BYTES / 1024,
-        stats.truncated,
-        stats.no_maps,
-        no_regs + ring_full,
-    )
-}
-
-/// Captures the processes that have samples or blocked time so far, so their stacks can be
-/// named even if they exit before the end.
-fn observe_seen(loader: &Loader, processes: &mut Processes) {
-    let oncpu = loader.oncpu_samples().unwrap_or_default();
-    let offcpu = loader.offcpu_totals().unwrap_or_default();
-    let pending = loader.offcpu_pending().unwrap_or_default();
-    let tgids = oncpu
-        .iter()
-        .map(|(k, _)| k.tgid)
-        .chain(offcpu.iter().map(|(k, _)| k.tgid))
-        .chain(pending.iter().map(|(_, s)| s.tgid));
-    for tgid in tgids {
-        processes.observe(tgid);
-    }
-}
-
-/// The threads of process `pid` now.
-fn thread_ids(pid: u32) -> Vec<u32> {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return Vec::new();
-    };
-    tasks
-        .flatten()
-        .filter_map(|task| task.file_name().to_str()?.parse().ok())
-        .collect()
-}
-
-fn still_alive(pending: Vec<(u32, OffCpuStart)>) -> Vec<(u32, OffCpuStart)> {
-    pending
-        .into_iter()
-        .filter(|(tid, start)| Path::new(&format!("/proc/{}/task/{tid}", start.tgid)).exists())
-        .collect()
-}
-
-/// Where each output went; `None` for a file that could not be written.
-struct Outputs {
-    wall: Option<ViewFiles>,
-    oncpu: Option<ViewFiles>,
-    offcpu: Option<ViewFiles>,
-    pprof: Option<PathBuf>,
-    speedscope: Option<PathBuf>,
-}
-
-/// Writes every output file it can, and returns which were written and the first error.
-fn write_outputs(
-    profile: &WallClockProfile,
-    config: &ProfileConfig,
-    what: &str,
-    info: &ExportInfo<'_>,
-) -> (Outputs, Option<anyhow::Error>) {
-    let dir = &config.output_dir;
-    let mut first_error: Option<anyhow::Error> = None;
-    let keep =
-        |result: std::io::Result<()>, path: PathBuf, first_error: &mut Option<_>| match result {
-            Ok(()) => Some(path),
-            Err(e) => {
-                first_error.get_or_insert(
-                    anyhow::Error::new(e).context(format!("writing {}", path.display())),
-                );
-                None
-            }
-        };
-    let seconds = |ns: u64| ns as f64 / 1e9;
-    let traced = format!("{:.1} s profiled", seconds(info.duration_ns));
-    let oncpu_text = format!(
-        "{} on-CPU samples at {} Hz ({:.3} s)",
-        profile.oncpu_samples,
-        config.frequency_hz,
-        seconds(profile.oncpu_ns)
-    );
-    let offcpu_text = format!(
-        "{} off-CPU intervals ({:.3} s)",
-        profile.offcpu_intervals,
-        seconds(profile.offcpu_ns)
-    );
-    let view = |name: &str, stacks: &StackProfile, title: String, subtitle: String, palette| {
-        let folded: FoldedStacks = stacks.folded();
-        let options = SvgOptions {
-            title: &title,
-            subtitle: Some(&subtitle),
-            count_name: "us",
-            palette,
-        };
-        render::write_view(&folded, dir, name, &options)
-    };
-    let mut views = Vec::new();
-    for (name, stacks, title, subtitle, palette) in [
-        (
-            "wallclock",
-            &profile.wall,
-            format!("Wall-clock time of {what}"),
-            format!("{traced}; {oncpu_text} + {offcpu_text}; blocked time ends in {OFF_CPU_FRAME}"),
-            Palette::OnCpu,
-        ),
-        (
-            "oncpu",
-            &profile.oncpu,
-            format!("On-CPU time of {what}"),
-            format!("{traced}; {oncpu_text}"),
-            Palette::OnCpu,
-        ),
-        (
-            "offcpu",
-            &profile.offcpu,
-            format!("Off-CPU time of {what}"),
-            format!("{traced}; {offcpu_text}"),
-            Palette::OffCpu,
-        ),
-    ] {
-        views.push(match view(name, stacks, title, subtitle, palette) {
-            Ok(files) => Some(files),
-            Err(e) => {
-                first_error.get_or_insert(e.into());
-                None
-            }
-        });
-    }
-    let pprof = dir.join("wallclock.pb.gz");
-    let pprof = keep(
-        wallclock::write_pprof(&profile.wall, info, &pprof),
-        pprof,
-        &mut first_error,
-    );
-    let speedscope = dir.join("wallclock.speedscope.json");
-    let speedscope = keep(
-        wallclock::write_speedscope(
-            &[
-                ("wall-clock", &profile.wall),
-                ("on-CPU", &profile.oncpu),
-                ("off-CPU", &profile.offcpu),
-            ],
-            info,
-            &speedscope,
-        ),
-        speedscope,
-        &mut first_error,
-    );
-    let [wall, oncpu, offcpu] = <[Option<ViewFiles>; 3]>::try_from(views).expect("three views");
-    (
-        Outputs {
-            wall,
-            oncpu,
-            offcpu,
-            pprof,
-            speedscope,
-        },
-        first_error,
-    )
-}
-
 /// A written file's path, or what the summary says of one that could not be written.
 fn shown(path: Option<&Path>) -> String {
     match path {
@@ -499,7 +162,7 @@ fn summary(
     what: &str,
     frequency_hz: u64,
     elapsed_ns: u64,
-    outputs: &Outputs,
+    outputs: &ProfileFiles,
     stack_errors: u64,
     map_full: u64,
 ) -> String {

@@ -3,6 +3,7 @@
 
 pub mod flamegraph;
 pub mod hist;
+pub mod views;
 
 use std::fs::OpenOptions;
 use std::io::{self, BufWriter, Write};

@@ -1,0 +1,125 @@
+//! The files of a wall-clock profile: three flame graph views (wall-clock, on-CPU,
+//! off-CPU; folded stacks and SVG each), pprof and speedscope.
+
+use std::path::{Path, PathBuf};
+
+use super::{
+    ViewFiles,
+    flamegraph::{FoldedStacks, Palette, SvgOptions},
+};
+use crate::wallclock::{self, ExportInfo, OFF_CPU_FRAME, StackProfile, WallClockProfile};
+
+/// Where each output went; `None` for a file that could not be written.
+pub struct ProfileFiles {
+    pub wall: Option<ViewFiles>,
+    pub oncpu: Option<ViewFiles>,
+    pub offcpu: Option<ViewFiles>,
+    pub pprof: Option<PathBuf>,
+    pub speedscope: Option<PathBuf>,
+}
+
+/// Writes every output file it can, and returns which were written and the first error.
+pub fn write_profile_files(
+    profile: &WallClockProfile,
+    dir: &Path,
+    what: &str,
+    info: &ExportInfo<'_>,
+) -> (ProfileFiles, Option<anyhow::Error>) {
+    let mut first_error: Option<anyhow::Error> = None;
+    let keep =
+        |result: std::io::Result<()>, path: PathBuf, first_error: &mut Option<_>| match result {
+            Ok(()) => Some(path),
+            Err(e) => {
+                first_error.get_or_insert(
+                    anyhow::Error::new(e).context(format!("writing {}", path.display())),
+                );
+                None
+            }
+        };
+    let seconds = |ns: u64| ns as f64 / 1e9;
+    let traced = format!("{:.1} s profiled", seconds(info.duration_ns));
+    let oncpu_text = format!(
+        "{} on-CPU samples at {} Hz ({:.3} s)",
+        profile.oncpu_samples,
+        info.frequency_hz,
+        seconds(profile.oncpu_ns)
+    );
+    let offcpu_text = format!(
+        "{} off-CPU intervals ({:.3} s)",
+        profile.offcpu_intervals,
+        seconds(profile.offcpu_ns)
+    );
+    let view = |name: &str, stacks: &StackProfile, title: String, subtitle: String, palette| {
+        let folded: FoldedStacks = stacks.folded();
+        let options = SvgOptions {
+            title: &title,
+            subtitle: Some(&subtitle),
+            count_name: "us",
+            palette,
+        };
+        super::write_view(&folded, dir, name, &options)
+    };
+    let mut views = Vec::new();
+    for (name, stacks, title, subtitle, palette) in [
+        (
+            "wallclock",
+            &profile.wall,
+            format!("Wall-clock time of {what}"),
+            format!("{traced}; {oncpu_text} + {offcpu_text}; blocked time ends in {OFF_CPU_FRAME}"),
+            Palette::OnCpu,
+        ),
+        (
+            "oncpu",
+            &profile.oncpu,
+            format!("On-CPU time of {what}"),
+            format!("{traced}; {oncpu_text}"),
+            Palette::OnCpu,
+        ),
+        (
+            "offcpu",
+            &profile.offcpu,
+            format!("Off-CPU time of {what}"),
+            format!("{traced}; {offcpu_text}"),
+            Palette::OffCpu,
+        ),
+    ] {
+        views.push(match view(name, stacks, title, subtitle, palette) {
+            Ok(files) => Some(files),
+            Err(e) => {
+                first_error.get_or_insert(e.into());
+                None
+            }
+        });
+    }
+    let pprof = dir.join("wallclock.pb.gz");
+    let pprof = keep(
+        wallclock::write_pprof(&profile.wall, info, &pprof),
+        pprof,
+        &mut first_error,
+    );
+    let speedscope = dir.join("wallclock.speedscope.json");
+    let speedscope = keep(
+        wallclock::write_speedscope(
+            &[
+                ("wall-clock", &profile.wall),
+                ("on-CPU", &profile.oncpu),
+                ("off-CPU", &profile.offcpu),
+            ],
+            info,
+            &speedscope,
+        ),
+        speedscope,
+        &mut first_error,
+    );
+    let [wall, oncpu, offcpu] = <[Option<ViewFiles>; 3]>::try_from(views).expect("three views");
+    (
+        ProfileFiles {
+            wall,
+            oncpu,
+            offcpu,
+            pprof,
+            speedscope,
+        },
+        first_error,
+    )
+}

@@ -1,0 +1,335 @@
+//! The kernel side of a wall-clock profile, driven from user space, shared by `profile`
+//! and `attach`: on-CPU sampling and off-CPU accounting (`sched_switch`) attached with one
+//! unwinding method, threads blocked since before the start marked off CPU from the
+//! start, DWARF stack snapshots drained and unwound while the targets run, and at the end
+//! the profile built from what the kernel collected.
+
+use std::{path::Path, time::Duration};
+
+use anyhow::{Context as _, Result};
+use tracer_common::{OffCpuStart, STACK_BEFORE_START, SnapshotCheck, UNWIND_STACK_BYTES, counter};
+
+use crate::{
+    cli::{Sampling, UnwindMethod},
+    loader::{Features, Loader, Settings},
+    stop::{self, StopReason},
+    symbolize::StackSymbolizer,
+    unwind::{DwarfUnwinder, FRAME_POINTER_SUFFIX, Snapshot, UnwindStats, WithUnwound},
+    wallclock::{self, BuildOptions, Processes, RawProfile, WallClockProfile},
+};
+
+/// How often the ring buffer of stack snapshots is drained with `--unwind dwarf` (the
+/// snapshots are unwound while the process's mappings are still there).
+pub const DRAIN_PERIOD: Duration = Duration::from_millis(10);
+
+/// On-CPU sampling and off-CPU accounting, attached.
+pub struct WallClockSampler {
+    sampling: Sampling,
+    pid: Option<u32>,
+    unwinding: Option<Unwinding>,
+    /// CLOCK_MONOTONIC when sampling started.
+    pub started_ns: u64,
+    /// How many CPUs are sampled.
+    pub cpus: usize,
+}
+
+/// What the profile is made of, once the sampler stopped.
+pub struct Collected {
+    pub profile: WallClockProfile,
+    /// With `--unwind dwarf`: how the unwinding went.
+    pub unwind_stats: Option<UnwindStats>,
+}
+
+impl WallClockSampler {
+    /// The kernel features a sampler needs, for [`Settings::features`].
+    pub fn features(sampling: &Sampling) -> Features {
+        Features {
+            offcpu: true,
+            oncpu: true,
+            offcpu_snapshots: sampling.unwind == UnwindMethod::Dwarf,
+            ..Features::NONE
+        }
+    }
+
+    /// The size of the snapshot ring buffer, for [`Settings::unwind_ring_bytes`].
+    pub fn unwind_ring_bytes(sampling: &Sampling) -> u32 {
+        match sampling.unwind {
+            UnwindMethod::Dwarf => sampling.unwind_buffer_bytes,
+            UnwindMethod::Fp => Settings::default().unwind_ring_bytes,
+        }
+    }
+
+    /// Attaches off-CPU accounting and on-CPU sampling, of process `pid` or of every
+    /// process. Every thread of `pid` is marked off CPU from now: threads blocked since
+    /// before would otherwise be missed until they wake (or entirely); running ones
+    /// replace the mark at their next switch.
+    pub fn attach(loader: &mut Loader, pid: Option<u32>, sampling: Sampling) -> Result<Self> {
+        let dwarf = sampling.unwind == UnwindMethod::Dwarf;
+        if dwarf {
+            loader.attach_sched_switch_dwarf()?;
+        } else {
+            loader.attach_sched_switch()?;
+        }
+        let attached = if dwarf {
+            loader.attach_oncpu_sampling_dwarf(sampling.frequency_hz)
+        } else {
+            loader.attach_oncpu_sampling(sampling.frequency_hz)
+        };
+        let cpus = attached.with_context(|| {
+            format!(
+                "cannot sample at {} Hz (see kernel.perf_event_max_sample_rate)",
+                sampling.frequency_hz
+            )
+        })?;
+        let unwinding = match dwarf {
+            true => Some(Unwinding {
+                ring: loader.take_unwind_samples()?,
+                checks: loader.take_snapshot_checks()?,
+                unwinder: DwarfUnwinder::new(),
+            }),
+            false => None,
+        };
+        let started_ns = stop::monotonic_ns();
+        if let Some(pid) = pid {
+            let marks: Vec<(u32, OffCpuStart)> = thread_ids(pid)
+                .into_iter()
+                .map(|tid| {
+                    let start = OffCpuStart {
+                        ts_ns: started_ns,
+                        tgid: pid,
+                        user_stack_id: STACK_BEFORE_START,
+                        kernel_stack_id: STACK_BEFORE_START,
+                        _pad: 0,
+                    };
+                    (tid, start)
+                })
+                .collect();
+            loader.seed_offcpu_starts(&marks)?;
+        }
+        Ok(Self {
+            sampling,
+            pid,
+            unwinding,
+            started_ns,
+            cpus,
+        })
+    }
+
+    /// Whether snapshots must be drained every [`DRAIN_PERIOD`].
+    pub fn unwinds(&self) -> bool {
+        self.unwinding.is_some()
+    }
+
+    /// Unwinds the snapshots waiting (with `--unwind dwarf`); call every [`DRAIN_PERIOD`].
+    pub fn drain(&mut self, processes: &mut Processes) {
+        if let Some(unwinding) = self.unwinding.as_mut() {
+            unwinding.drain(processes);
+        }
+    }
+
+    /// Captures what a system-wide profile has seen so far; call about once a second.
+    pub fn refresh(&self, loader: &Loader, processes: &mut Processes) {
+        if self.pid.is_none() {
+            observe_seen(loader, processes);
+        }
+        processes.refresh();
+    }
+
+    /// Detaches sampling and accounting (the maps stay readable) and unwinds what is left.
+    pub fn detach(&mut self, loader: &mut Loader, processes: &mut Processes) -> Result<()> {
+        if self.unwinding.is_some() {
+            loader.detach_oncpu_sampling_dwarf()?;
+            loader.detach_sched_switch_dwarf()?;
+        } else {
+            loader.detach_oncpu_sampling()?;
+            loader.detach_sched_switch()?;
+        }
+        self.drain(processes);
+        Ok(())
+    }
+
+    /// Builds the profile from what the kernel collected, up to `now_ns` (when it was
+    /// detached); `reason` says whether threads still blocked are blocked right now.
+    pub fn finish(
+        self,
+        loader: &Loader,
+        processes: &mut Processes,
+        symbolizer: &mut StackSymbolizer,
+        reason: StopReason,
+        now_ns: u64,
+        per_thread: bool,
+    ) -> Result<Collected> {
+        if self.pid.is_none() {
+            observe_seen(loader, processes);
+        }
+        if reason != StopReason::TargetExited {
+            processes.refresh();
+        }
+        // Threads still blocked are blocked right now, unless they are gone: a target that
+        // exited, or (system-wide) a thread that exited while switched out, never wakes up.
+        let pending = if reason == StopReason::TargetExited {
+            Vec::new()
+        } else {
+            still_alive(loader.offcpu_pending()?)
+        };
+        let mut oncpu = loader.oncpu_samples()?;
+        let (unwind_stats, unwound) = match self.unwinding {
+            Some(Unwinding { unwinder, .. }) => {
+                let stats = unwinder.stats;
+                let (entries, stacks) = unwinder.finish();
+                oncpu.extend(entries);
+                (Some(stats), Some(stacks))
+            }
+            None => (None, None),
+        };
+        let raw = RawProfile {
+            oncpu,
+            offcpu: loader.offcpu_totals()?,
+            pending,
+            now_ns,
+        };
+        let options = BuildOptions {
+            frequency_hz: self.sampling.frequency_hz,
+            per_thread,
+        };
+        // Only a DWARF-unwound profile tells frames found by frame pointers apart.
+        let profile = match &unwound {
+            Some(unwound) => wallclock::build_profile(
+                &raw,
+                options,
+                &WithUnwound {
+                    kernel: loader,
+                    unwound,
+                },
+                symbolizer,
+                processes,
+            ),
+            None => wallclock::build_profile(&raw, options, loader, symbolizer, processes),
+        };
+        Ok(Collected {
+            profile,
+            unwind_stats,
+        })
+    }
+}
+
+/// What runs while a sampler is attached: snapshots unwound every [`DRAIN_PERIOD`] (with
+/// `--unwind dwarf`) and the processes' mappings and thread names captured about once a
+/// second. Never finishes on its own.
+pub async fn run_sampler(
+    sampler: &mut WallClockSampler,
+    loader: &Loader,
+    processes: &mut Processes,
+) -> std::io::Result<StopReason> {
+    let mut ticker = tokio::time::interval(if sampler.unwinds() {
+        DRAIN_PERIOD
+    } else {
+        Duration::from_secs(1)
+    });
+    let mut refreshed: Option<std::time::Instant> = None;
+    loop {
+        ticker.tick().await;
+        sampler.drain(processes);
+        if refreshed.is_none_or(|at| at.elapsed() >= Duration::from_secs(1)) {
+            sampler.refresh(loader, processes);
+            refreshed = Some(std::time::Instant::now());
+        }
+    }
+}
+
+/// `--unwind dwarf`: the snapshots from the kernel, and what user space tells it back.
+struct Unwinding {
+    ring: aya::maps::RingBuf<aya::maps::MapData>,
+    checks: aya::maps::HashMap<aya::maps::MapData, i32, SnapshotCheck>,
+    unwinder: DwarfUnwinder,
+}
+
+impl Unwinding {
+    /// Unwinds every stack snapshot waiting in the ring buffer, capturing the mappings
+    /// of processes seen for the first time, and lets the kernel reuse the off-CPU ones.
+    fn drain(&mut self, processes: &mut Processes) {
+        while let Some(record) = self.ring.next() {
+            let Some(snapshot) = Snapshot::parse(&record) else {
+                continue;
+            };
+            processes.observe(snapshot.tgid);
+            let maps = processes
+                .get(snapshot.tgid)
+                .and_then(|info| info.maps.as_ref());
+            if let Some(check) = self.unwinder.add(&snapshot, maps)
+                && let Err(e) = self.checks.insert(snapshot.snapshot_id as i32, check, 0)
+            {
+                // The kernel then sends a new snapshot each time: slower, not wrong.
+                log::debug!(
+                    "cannot publish the check of snapshot {}: {e}",
+                    snapshot.snapshot_id
+                );
+            }
+        }
+    }
+}
+
+/// The `--unwind dwarf` line: how many stacks were unwound, how deep, with which method,
+/// and how many were walked with frame pointers instead.
+pub fn unwind_summary(stats: &UnwindStats, counters: &[u64]) -> String {
+    let no_regs = counters[counter::UNWIND_NO_USER_REGS as usize];
+    let ring_full = counters[counter::UNWIND_RING_FULL as usize];
+    let unreadable = counters[counter::UNWIND_STACK_UNREADABLE as usize];
+    let stacks = stats.samples + stats.offcpu_snapshots;
+    let mean = stats.frames as f64 / stacks.max(1) as f64;
+    format!(
+        "Unwinding: {} on-CPU samples ({} of them in kernel mode) and {} off-CPU snapshots \
+         unwound with DWARF: {} user frames, {mean:.1} per stack, deepest {}; {} frames \
+         found by frame pointers where no call frame information covered the callee \
+         (marked{FRAME_POINTER_SUFFIX}); {} stacks deeper than the {} KiB copied, {} \
+         stopped early where unwind information ended, {} without mappings, \
+         {unreadable} with an unreadable stack. {} stacks walked with frame pointers in \
+         the kernel instead (marked{FRAME_POINTER_SUFFIX}; {no_regs} without user \
+         registers, {ring_full} with the snapshot ring buffer full).\n",
+        stats.samples,
+        stats.in_kernel,
+        stats.offcpu_snapshots,
+        stats.frames,
+        stats.max_depth,
+        stats.frame_pointer_frames,
+        stats.out_of_stack,
+        UNWIND_STACK_BYTES / 1024,
+        stats.truncated,
+        stats.no_maps,
+        no_regs + ring_full,
+    )
+}
+
+/// Captures the processes that have samples or blocked time so far, so their stacks can be
+/// named even if they exit before the end.
+fn observe_seen(loader: &Loader, processes: &mut Processes) {
+    let oncpu = loader.oncpu_samples().unwrap_or_default();
+    let offcpu = loader.offcpu_totals().unwrap_or_default();
+    let pending = loader.offcpu_pending().unwrap_or_default();
+    let tgids = oncpu
+        .iter()
+        .map(|(k, _)| k.tgid)
+        .chain(offcpu.iter().map(|(k, _)| k.tgid))
+        .chain(pending.iter().map(|(_, s)| s.tgid));
+    for tgid in tgids {
+        processes.observe(tgid);
+    }
+}
+
+/// The threads of process `pid` now.
+fn thread_ids(pid: u32) -> Vec<u32> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    tasks
+        .flatten()
+        .filter_map(|task| task.file_name().to_str()?.parse().ok())
+        .collect()
+}
+
+fn still_alive(pending: Vec<(u32, OffCpuStart)>) -> Vec<(u32, OffCpuStart)> {
+    pending
+        .into_iter()
+        .filter(|(tid, start)| Path::new(&format!("/proc/{}/task/{tid}", start.tgid)).exists())
+        .collect()
+}
