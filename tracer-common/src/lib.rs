@@ -212,7 +212,8 @@ pub struct OffCpuStart {
     pub tgid: u32,
     pub user_stack_id: i32,
     pub kernel_stack_id: i32,
-    pub _pad: u32,
+    /// Why the thread left the CPU: an [`offcpu_state`].
+    pub state: u32,
 }
 
 /// Key of `OFFCPU_TIME`: a thread and the stacks where it blocked.
@@ -224,6 +225,16 @@ pub struct OffCpuKey {
     /// Id in the `STACKS` map, or a negative errno when the stack could not be taken.
     pub user_stack_id: i32,
     pub kernel_stack_id: i32,
+    /// Off CPU: why the thread left it, an [`offcpu_state`]; 0 for on-CPU samples.
+    pub state: u32,
+}
+
+/// Why a thread was off CPU.
+pub mod offcpu_state {
+    /// It waited for something (a lock, IO, a timer): `prev_state` was not running.
+    pub const BLOCKED: u32 = 0;
+    /// It could have run but was preempted (or yielded): runnable, waiting for a CPU.
+    pub const RUNNABLE: u32 = 1;
 }
 
 /// Key of `ONCPU_SAMPLES` (whose value is a sample count): a thread and the stacks it was

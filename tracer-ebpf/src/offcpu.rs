@@ -20,7 +20,7 @@ use aya_ebpf::{
 };
 use tracer_common::{
     FIRST_SNAPSHOT_ID, LastSnapshot, MAX_SNAPSHOT_CHECKS, NO_STACK, OffCpuKey, OffCpuStart,
-    OffCpuTotal, counter,
+    OffCpuTotal, counter, offcpu_state,
 };
 
 use crate::{
@@ -64,12 +64,19 @@ fn record_switch_out<const DWARF: bool>(ctx: &BtfTracePointContext, now: u64) {
         stack_id(ctx, BPF_F_USER_STACK as u64)
     };
     let kernel_stack_id = stack_id(ctx, 0);
+    // A thread switched out while still TASK_RUNNING was preempted (or yielded): it waits
+    // for a CPU, not for an event.
+    let state = if prev_state as u32 & TASK_STATE_MASK == TASK_RUNNING {
+        offcpu_state::RUNNABLE
+    } else {
+        offcpu_state::BLOCKED
+    };
     let start = OffCpuStart {
         ts_ns: now,
         tgid,
         user_stack_id,
         kernel_stack_id,
-        _pad: 0,
+        state,
     };
     if OFFCPU_STARTS.insert(&tid, &start, 0).is_err() {
         count(counter::MAP_FULL);
@@ -157,6 +164,11 @@ fn next_snapshot_id() -> i32 {
 
 /// `TASK_DEAD` in `prev_state` (include/linux/sched.h).
 const TASK_DEAD: u32 = 0x80;
+/// `TASK_RUNNING`, and the bits of `prev_state` that say how a task sleeps
+/// (`TASK_REPORT` in include/linux/sched.h: interruptible, uninterruptible, stopped,
+/// traced, dead, zombie, parked).
+const TASK_RUNNING: u32 = 0;
+const TASK_STATE_MASK: u32 = 0xff;
 
 /// Whether the current thread's process is the target that was started at
 /// `TARGET_START_TICKS`, not another process that reused its PID number.
@@ -216,6 +228,7 @@ fn account_switch_in(next: *const u8, now: u64) {
         tid: next_tid,
         user_stack_id: start.user_stack_id,
         kernel_stack_id: start.kernel_stack_id,
+        state: start.state,
     };
     match OFFCPU_TIME.get_ptr_mut(&key) {
         Some(total) => {

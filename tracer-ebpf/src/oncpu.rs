@@ -73,6 +73,7 @@ fn aggregate(ctx: &PerfEventContext, tgid: u32, tid: u32) {
         tid,
         user_stack_id: stack_id(ctx, BPF_F_USER_STACK as u64),
         kernel_stack_id: stack_id(ctx, 0),
+        state: 0,
     };
     match ONCPU_SAMPLES.get_ptr_mut(&key) {
         Some(samples) => {

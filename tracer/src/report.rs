@@ -19,7 +19,7 @@ use crate::{
     stop::StopReason,
     tasks::TaskProfile,
     unwind::UnwindStats,
-    wallclock::{OFF_CPU_FRAME, WallClockProfile},
+    wallclock::{OFF_CPU_FRAME, RUNNABLE_FRAME, WallClockProfile},
 };
 
 /// Runtime tasks: the profile and where its flamegraph went (`None`: not written).
@@ -130,9 +130,15 @@ impl AttachReport {
         );
         let _ = writeln!(
             out,
+            "Runnable: {} preempted and waiting for a CPU, in {} intervals.",
+            format_ns(self.wall.runnable_ns),
+            self.wall.runnable_intervals,
+        );
+        let _ = writeln!(
+            out,
             "Wall-clock: {} on and off CPU; flamegraph {} (blocked time under {OFF_CPU_FRAME} \
-             leaf frames), pprof {}, speedscope {}.",
-            format_ns(self.wall.oncpu_ns + self.wall.offcpu_ns),
+             and preempted time under {RUNNABLE_FRAME} leaf frames), pprof {}, speedscope {}.",
+            format_ns(self.wall.oncpu_ns + self.wall.offcpu_ns + self.wall.runnable_ns),
             shown(self.files.wall.as_ref().map(|f| f.svg.as_path())),
             shown(self.files.pprof.as_deref()),
             shown(self.files.speedscope.as_deref()),
@@ -215,6 +221,8 @@ impl AttachReport {
                 "intervals": self.offcpu.intervals,
                 "stacks": self.offcpu.folded.len(),
                 "missing_stacks": self.offcpu.missing_stacks,
+                "runnable_ns": self.wall.runnable_ns,
+                "runnable_intervals": self.wall.runnable_intervals,
                 "folded": self.offcpu_files.as_ref().map(|f| &f.folded),
                 "svg": self.offcpu_files.as_ref().map(|f| &f.svg),
             },
@@ -225,7 +233,7 @@ impl AttachReport {
                 "svg": self.files.oncpu.as_ref().map(|f| &f.svg),
             },
             "wallclock": {
-                "total_ns": self.wall.oncpu_ns + self.wall.offcpu_ns,
+                "total_ns": self.wall.oncpu_ns + self.wall.offcpu_ns + self.wall.runnable_ns,
                 "threads": self.wall.threads,
                 "folded": self.files.wall.as_ref().map(|f| &f.folded),
                 "svg": self.files.wall.as_ref().map(|f| &f.svg),

@@ -7,7 +7,9 @@
 use std::{path::Path, time::Duration};
 
 use anyhow::{Context as _, Result};
-use tracer_common::{OffCpuStart, STACK_BEFORE_START, SnapshotCheck, UNWIND_STACK_BYTES, counter};
+use tracer_common::{
+    OffCpuStart, STACK_BEFORE_START, SnapshotCheck, UNWIND_STACK_BYTES, counter, offcpu_state,
+};
 
 use crate::{
     cli::{Sampling, UnwindMethod},
@@ -99,7 +101,7 @@ impl WallClockSampler {
                         tgid: pid,
                         user_stack_id: STACK_BEFORE_START,
                         kernel_stack_id: STACK_BEFORE_START,
-                        _pad: 0,
+                        state: offcpu_state::BLOCKED,
                     };
                     (tid, start)
                 })

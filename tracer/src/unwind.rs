@@ -463,6 +463,7 @@ impl DwarfUnwinder {
                 tid,
                 user_stack_id: next_id,
                 kernel_stack_id,
+                state: 0,
             };
             entries.push((key, samples));
             stacks.insert(next_id, stack);

@@ -5,16 +5,20 @@
 //! (1/frequency s) of running; an off-CPU interval for the time the thread was blocked.
 //!
 //! Frames, root first: the process name (`comm`), then with `--per-thread` the thread
-//! (`name [tid]`), the user frames, the kernel frames (suffixed `_[k]`), and for blocked
-//! time a last frame [`OFF_CPU_FRAME`]. So in the wall-clock flame graph a function's box
-//! is all the wall time spent in it, and the `[off-cpu]` boxes on top show which part of
-//! that was spent blocked (and, under them, the kernel path that blocked).
+//! (`name [tid]`), the user frames, the kernel frames (suffixed `_[k]`), and for time off
+//! CPU a last frame: [`OFF_CPU_FRAME`] for blocked time, [`RUNNABLE_FRAME`] for time a
+//! thread was preempted and waited for a CPU. So in the wall-clock flame graph a
+//! function's box is all the wall time spent in it, and the `[off-cpu]` boxes on top show
+//! which part of that was spent blocked (and, under them, the kernel path that blocked).
+//! The off-CPU view holds blocked time only.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{self, Write};
 use std::path::Path;
 
-use tracer_common::{NO_STACK, OffCpuKey, OffCpuStart, OffCpuTotal, OnCpuKey, STACK_BEFORE_START};
+use tracer_common::{
+    NO_STACK, OffCpuKey, OffCpuStart, OffCpuTotal, OnCpuKey, STACK_BEFORE_START, offcpu_state,
+};
 
 use crate::{
     offcpu::{StackSource, ThreadNames, kernel_stack_frames, user_stack_frames},
@@ -24,6 +28,10 @@ use crate::{
 
 /// The leaf frame added to blocked time in the wall-clock view.
 pub const OFF_CPU_FRAME: &str = "[off-cpu]";
+
+/// The leaf frame added to time a thread was runnable but not running (preempted,
+/// waiting for a CPU) in the wall-clock view.
+pub const RUNNABLE_FRAME: &str = "[runnable]";
 
 /// The frame standing for the stacks of threads that were already off CPU when profiling
 /// started (see [`tracer_common::STACK_BEFORE_START`]): where they blocked is not known.
@@ -157,8 +165,12 @@ pub struct WallClockProfile {
     pub offcpu: StackProfile,
     pub oncpu_samples: u64,
     pub oncpu_ns: u64,
+    /// Blocked time (waiting for an event: a lock, IO, a timer).
     pub offcpu_intervals: u64,
     pub offcpu_ns: u64,
+    /// Time runnable but not on a CPU (preempted), in the wall-clock view only.
+    pub runnable_intervals: u64,
+    pub runnable_ns: u64,
     /// Distinct (thread, stacks) entries whose user or kernel stack could not be taken.
     pub missing_stacks: u64,
     /// Threads seen on or off CPU.
@@ -215,6 +227,7 @@ pub fn build_profile(
             tid: *tid,
             user_stack_id: start.user_stack_id,
             kernel_stack_id: start.kernel_stack_id,
+            state: start.state,
         };
         offcpu.entry(key).or_default().add(Weight {
             events: 1,
@@ -244,10 +257,16 @@ pub fn build_profile(
     for (key, weight) in offcpu {
         profile.missing_stacks += u64::from(is_missing(&key));
         let mut frames = namer.frames(&key);
-        profile.offcpu_intervals += weight.events;
-        profile.offcpu_ns += weight.ns;
-        profile.offcpu.add(frames.clone(), weight);
-        frames.push(OFF_CPU_FRAME.to_string());
+        if key.state == offcpu_state::RUNNABLE {
+            profile.runnable_intervals += weight.events;
+            profile.runnable_ns += weight.ns;
+            frames.push(RUNNABLE_FRAME.to_string());
+        } else {
+            profile.offcpu_intervals += weight.events;
+            profile.offcpu_ns += weight.ns;
+            profile.offcpu.add(frames.clone(), weight);
+            frames.push(OFF_CPU_FRAME.to_string());
+        }
         profile.wall.add(frames, weight);
     }
     let ids = || {
@@ -739,7 +758,7 @@ mod tests {
             tgid: 7,
             user_stack_id: STACK_BEFORE_START,
             kernel_stack_id: STACK_BEFORE_START,
-            _pad: 0,
+            state: offcpu_state::BLOCKED,
         }
     }
 
@@ -751,17 +770,31 @@ mod tests {
             tid: 8,
             user_stack_id: user,
             kernel_stack_id: kernel,
+            state: offcpu_state::BLOCKED,
         };
         let raw = RawProfile {
             // One sample in user mode, one whose user stack collided in the stack map.
             oncpu: vec![(key(1, NO_STACK), 4), (key(-17, NO_STACK), 1)],
-            offcpu: vec![(
-                key(1, 2),
-                OffCpuTotal {
-                    total_ns: 5_000_000,
-                    count: 2,
-                },
-            )],
+            offcpu: vec![
+                (
+                    key(1, 2),
+                    OffCpuTotal {
+                        total_ns: 5_000_000,
+                        count: 2,
+                    },
+                ),
+                // Preempted there: runnable, not blocked.
+                (
+                    OffCpuKey {
+                        state: offcpu_state::RUNNABLE,
+                        ..key(1, 2)
+                    },
+                    OffCpuTotal {
+                        total_ns: 3_000_000,
+                        count: 3,
+                    },
+                ),
+            ],
             pending: vec![
                 (
                     8,
@@ -770,7 +803,7 @@ mod tests {
                         tgid: 7,
                         user_stack_id: 1,
                         kernel_stack_id: 2,
-                        _pad: 0,
+                        state: offcpu_state::BLOCKED,
                     },
                 ),
                 // Marked at the start and never switched out: it ran (it has samples).
@@ -796,16 +829,22 @@ mod tests {
         assert_eq!(profile.oncpu_ns, 50_000_000);
         assert_eq!(profile.offcpu_intervals, 4);
         assert_eq!(profile.offcpu_ns, 6_000_100);
+        assert_eq!(
+            (profile.runnable_intervals, profile.runnable_ns),
+            (3, 3_000_000)
+        );
         assert_eq!(profile.missing_stacks, 1);
         assert_eq!((profile.threads, profile.processes), (2, 1));
-        assert_eq!(profile.wall.total_us(), 56_001);
+        assert_eq!(profile.wall.total_us(), 59_001);
         assert_eq!(profile.oncpu.total_us() + profile.offcpu.total_us(), 56_001);
         let wall = profile.wall.folded().to_string();
         // The process exited unseen: its user frames are unknown, its root says its pid.
         assert!(wall.contains("[pid 7];? [8];[unknown] 40000"), "{wall}");
         assert!(wall.contains("[missing user stack] 10000"), "{wall}");
         assert!(wall.contains(&format!(";{OFF_CPU_FRAME} 6000")), "{wall}");
+        assert!(wall.contains(&format!(";{RUNNABLE_FRAME} 3000")), "{wall}");
         assert!(!profile.offcpu.folded().to_string().contains(OFF_CPU_FRAME));
+        assert!(!profile.offcpu.folded().to_string().contains(RUNNABLE_FRAME));
         assert!(
             wall.contains(&format!(
                 "[pid 7];? [9];{BEFORE_START_FRAME};{OFF_CPU_FRAME} 1"

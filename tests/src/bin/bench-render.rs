@@ -15,7 +15,7 @@
 //!
 //! Each round (default 3) alternates two measurements:
 //! - tracer: exactly what `tracer attach` does once tracing stops, through the `tracer`
-//!   library: `offcpu::build_profile` (symbolize every stack with a fresh
+//!   library: `wallclock::build_profile` (symbolize every stack with a fresh
 //!   `StackSymbolizer`, fold), `write_folded`, `write_flamegraph_svg`;
 //! - inferno: `inferno::flamegraph::from_lines` with the same options on the folded text the
 //!   tracer wrote (read beforehand, not timed), into a file.
@@ -33,9 +33,10 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use inferno::flamegraph::{self, color::BasicPalette};
 use tests::{Args, json_array, print_line};
-use tracer::offcpu::{StackSource, build_profile};
+use tracer::offcpu::StackSource;
 use tracer::render::flamegraph::{Palette, SvgOptions, write_flamegraph_svg, write_folded};
-use tracer::symbolize::{ProcessMaps, StackSymbolizer};
+use tracer::symbolize::StackSymbolizer;
+use tracer::wallclock::{BuildOptions, Processes, RawProfile, build_profile};
 use tracer_common::{OffCpuKey, OffCpuTotal};
 
 const TITLE: &str = "Off-CPU time of bench-render";
@@ -221,6 +222,7 @@ fn synthesize(samples: u64, keys: usize) -> Result<Profile> {
             tid: tgid + rng.below(16) as u32,
             user_stack_id: rng.below(kernel_base as u64) as i32,
             kernel_stack_id: kernel_base + rng.below(kernel.len() as u64) as i32,
+            state: 0,
         };
         if seen.insert(key) {
             chosen.push(key);
@@ -304,7 +306,12 @@ fn main() -> Result<()> {
     let inferno_path = dir.join("inferno.svg");
 
     let profile = synthesize(samples, keys)?;
-    let maps = ProcessMaps::capture(std::process::id())?;
+    let mut processes = Processes::default();
+    processes.observe(std::process::id());
+    let raw = RawProfile {
+        offcpu: profile.totals.clone(),
+        ..RawProfile::default()
+    };
     let subtitle = format!("{samples} blocked intervals");
 
     let mut tracer_ns = Vec::new();
@@ -318,25 +325,26 @@ fn main() -> Result<()> {
             let start = Instant::now();
             let mut symbolizer = StackSymbolizer::new();
             let built = build_profile(
-                &profile.totals,
-                &[],
-                0,
+                &raw,
+                BuildOptions {
+                    frequency_hz: 99,
+                    per_thread: false,
+                },
                 &profile.stacks,
                 &mut symbolizer,
-                &maps,
-                "bench-render",
-                None,
+                &processes,
             );
+            let built_folded = built.offcpu.folded();
             let symbolized = Instant::now();
-            write_folded(&built.folded, &folded_path)?;
+            write_folded(&built_folded, &folded_path)?;
             let folded = Instant::now();
-            write_flamegraph_svg(&built.folded, &svg_path, &svg_options(&subtitle))?;
+            write_flamegraph_svg(&built_folded, &svg_path, &svg_options(&subtitle))?;
             let end = Instant::now();
             tracer_ns.push((end - start).as_nanos());
             symbolize_ns.push((symbolized - start).as_nanos());
             folded_ns.push((folded - symbolized).as_nanos());
             render_ns.push((end - folded).as_nanos());
-            folded_stacks = built.folded.len();
+            folded_stacks = built_folded.len();
             Ok(())
         };
         // The first round needs the tracer's folded file; later ones alternate the order.

@@ -31,7 +31,7 @@ use crate::{
     sampling::{self, Collected, WallClockSampler, unwind_summary},
     stop::{self, ProcessWatch},
     symbolize::StackSymbolizer,
-    wallclock::{ExportInfo, OFF_CPU_FRAME, Processes, WallClockProfile},
+    wallclock::{ExportInfo, OFF_CPU_FRAME, Processes, RUNNABLE_FRAME, WallClockProfile},
 };
 
 pub fn run(config: ProfileConfig) -> Result<()> {
@@ -188,9 +188,15 @@ fn summary(
         shown(outputs.offcpu.as_ref().map(|f| f.svg.as_path()))
     );
     out += &format!(
+        "Runnable: {:.3} s preempted and waiting for a CPU, in {} intervals (under \
+         {RUNNABLE_FRAME} leaf frames in the wall-clock view)\n",
+        seconds(profile.runnable_ns),
+        profile.runnable_intervals,
+    );
+    out += &format!(
         "Wall-clock: {:.3} s on and off CPU; flamegraph {} (blocked time under {OFF_CPU_FRAME} \
          leaf frames), pprof {}, speedscope {}\n",
-        seconds(profile.oncpu_ns + profile.offcpu_ns),
+        seconds(profile.oncpu_ns + profile.offcpu_ns + profile.runnable_ns),
         shown(outputs.wall.as_ref().map(|f| f.svg.as_path())),
         shown(outputs.pprof.as_deref()),
         shown(outputs.speedscope.as_deref())
