@@ -11,7 +11,9 @@
 //! - `unwind`: DWARF unwinding of user stack snapshots (framehop), for binaries without
 //!   frame pointers;
 //! - `render`, `report`: histograms, flamegraphs and reports;
-//! - `cli`, `commands`, `stop`, `privileges`: the command line and a run's lifecycle.
+//! - `cli`, `commands`, `stop`, `privileges`: the command line and a run's lifecycle;
+//! - `procfs`, `oserror`: what a failure means: a target that exited or that /proc hides,
+//!   the open-file limit, permissions.
 
 pub mod btf;
 pub mod cli;
@@ -20,8 +22,10 @@ pub mod histogram;
 pub mod launch;
 pub mod loader;
 pub mod offcpu;
+pub mod oserror;
 pub mod privileges;
 pub mod probe_plan;
+pub mod procfs;
 pub mod render;
 pub mod report;
 pub mod runtimes;

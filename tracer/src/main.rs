@@ -3,7 +3,7 @@
 use clap::Parser as _;
 use tracer::{
     cli::{AttachConfig, Cli, Command, ListConfig, ProfileConfig, TraceConfig},
-    commands,
+    commands, oserror,
 };
 
 fn main() {
@@ -24,7 +24,11 @@ fn main() {
             .and_then(commands::profile::run),
     };
     if let Err(error) = result {
-        eprintln!("tracer: error: {error:#}");
+        // Out of file descriptors wherever it happened: say it is the open-file limit.
+        let hint = oserror::open_file_hint(&error)
+            .map(|limit| format!(" ({limit})"))
+            .unwrap_or_default();
+        eprintln!("tracer: error: {error:#}{hint}");
         std::process::exit(1);
     }
 }
