@@ -32,8 +32,8 @@ impl ThreadNames {
             let Some(tid) = task.file_name().to_str().and_then(|t| t.parse().ok()) else {
                 continue;
             };
-            if let Ok(comm) = std::fs::read_to_string(task.path().join("comm")) {
-                self.names.insert(tid, comm.trim_end().to_string());
+            if let Ok(comm) = crate::procfs::read_name(&task.path().join("comm")) {
+                self.names.insert(tid, comm);
             }
         }
     }

@@ -18,9 +18,14 @@ use tracer_common::{NO_STACK, OffCpuKey, OffCpuStart, OffCpuTotal, OnCpuKey, STA
 
 use crate::{
     offcpu::{StackSource, ThreadNames, kernel_stack_frames, user_stack_frames},
+    procfs,
     render::{create_output_file, flamegraph::FoldedStacks},
     symbolize::{ProcessMaps, StackSymbolizer},
 };
+
+fn read_name(path: &str) -> io::Result<String> {
+    procfs::read_name(Path::new(path))
+}
 
 /// The leaf frame added to blocked time in the wall-clock view.
 pub const OFF_CPU_FRAME: &str = "[off-cpu]";
@@ -51,12 +56,24 @@ impl Processes {
         if self.processes.contains_key(&tgid) {
             return;
         }
-        let name = std::fs::read_to_string(format!("/proc/{tgid}/comm"))
-            .map(|s| s.trim_end().to_string())
-            .unwrap_or_else(|_| format!("[pid {tgid}]"));
+        let name =
+            read_name(&format!("/proc/{tgid}/comm")).unwrap_or_else(|_| format!("[pid {tgid}]"));
         let maps = ProcessMaps::capture(tgid).ok();
         self.threads.refresh(tgid);
         self.processes.insert(tgid, ProcessInfo { name, maps });
+    }
+
+    /// Captures the target `tgid` (its name, mappings and thread names), failing with
+    /// what kept them from being read.
+    pub fn observe_target(&mut self, tgid: u32) -> io::Result<&ProcessInfo> {
+        let maps = ProcessMaps::capture(tgid)?;
+        let name = read_name(&format!("/proc/{tgid}/comm"))?;
+        self.threads.refresh(tgid);
+        let info = ProcessInfo {
+            name,
+            maps: Some(maps),
+        };
+        Ok(self.processes.entry(tgid).insert_entry(info).into_mut())
     }
 
     /// Re-reads the mappings and thread names of every known process still running.

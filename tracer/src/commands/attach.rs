@@ -9,17 +9,18 @@ use tracer_common::{counter, site_flags};
 use crate::{
     cli::{AttachConfig, Format},
     histogram::LatencyHistogram,
-    loader::{Features, Loader, LoaderError, Settings},
+    loader::{Features, Loader, Settings},
     offcpu::{self, StackSource, ThreadNames},
     privileges,
     probe_plan::{ProbePlan, SiteInput, SiteMode},
+    procfs,
     render::flamegraph::{FoldedStacks, Palette, SvgOptions, write_flamegraph_svg, write_folded},
     report::{AttachReport, LatencyReport, Losses, ProbeReport, TaskReport},
     runtimes::{self, LatencyDef, Runtime, TaskProbeDef},
     stop::{self, ProcessWatch, StopReason},
     symbolize::{ProcessMaps, StackSymbolizer},
     tasks,
-    usdt::{self, ProbePattern},
+    usdt::{self, ProbePattern, UsdtError},
 };
 
 impl StackSource for Loader {
@@ -33,15 +34,18 @@ pub fn run(config: AttachConfig) -> Result<()> {
     // At once: the first uprobe waits for an RCU grace period, the longest step of a launch.
     let warm_up = Loader::warm_up_uprobes();
     let pid = config.pid.get();
-    let watch = ProcessWatch::new(pid).map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound => anyhow::anyhow!("no such process: {pid}"),
-        _ => anyhow::Error::new(e).context(format!("cannot watch process {pid}")),
+    let watch = ProcessWatch::target(pid)?;
+    // From here on the target is known to have existed: wherever it is missing, it
+    // exited (or /proc hides it).
+    let comm = format!("/proc/{pid}/comm");
+    let process_name = procfs::read_name(Path::new(&comm)).map_err(|e| {
+        procfs::target_error(
+            pid,
+            anyhow::Error::new(e).context(format!("cannot read {comm}")),
+        )
     })?;
-    let process_name = std::fs::read_to_string(format!("/proc/{pid}/comm"))
-        .map(|s| s.trim_end().to_string())
-        .map_err(|_| anyhow::anyhow!("process {pid} exited"))?;
 
-    let scan = usdt::scan_process(pid, &ProbePattern::any())?;
+    let scan = usdt::scan_process(pid, &ProbePattern::any()).map_err(UsdtError::of_target)?;
     for (object, error) in &scan.skipped {
         log::debug!("skipped {}: {error}", object.path.display());
     }
@@ -58,8 +62,10 @@ pub fn run(config: AttachConfig) -> Result<()> {
         Some(pid),
     )?;
 
-    let mut maps =
-        ProcessMaps::capture(pid).map_err(|_| anyhow::anyhow!("process {pid} exited"))?;
+    let mut maps = ProcessMaps::capture(pid).map_err(|e| {
+        let context = format!("cannot read the memory maps of process {pid}");
+        procfs::target_error(pid, anyhow::Error::new(e).context(context))
+    })?;
     let mut threads = ThreadNames::default();
     threads.refresh(pid);
 
@@ -78,7 +84,7 @@ pub fn run(config: AttachConfig) -> Result<()> {
     })?;
     loader
         .attach_usdt_sites(&plan.usdt_sites(), warm_up)
-        .map_err(|e| gone_or(e, pid))?;
+        .map_err(|e| procfs::target_error(pid, e))?;
     loader.attach_sched_switch()?;
     let started = stop::monotonic_ns();
 
@@ -195,14 +201,6 @@ fn runtime_names(plan: &ProbePlan) -> Vec<&'static str> {
         .collect();
     names.dedup();
     names
-}
-
-/// An attach failure caused by the target exiting meanwhile reads as such.
-fn gone_or(error: LoaderError, pid: u32) -> anyhow::Error {
-    if !Path::new(&format!("/proc/{pid}")).exists() {
-        return anyhow::anyhow!("process {pid} exited");
-    }
-    error.into()
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -23,7 +23,7 @@ use tracer_common::{OffCpuStart, STACK_BEFORE_START, SnapshotCheck, UNWIND_STACK
 use crate::{
     cli::{ProfileConfig, UnwindMethod},
     loader::{Features, Loader, Settings},
-    privileges,
+    privileges, procfs,
     render::flamegraph::{FoldedStacks, Palette, SvgOptions, write_flamegraph_svg, write_folded},
     stop::{self, ProcessWatch, StopReason},
     symbolize::StackSymbolizer,
@@ -42,22 +42,15 @@ pub fn run(config: ProfileConfig) -> Result<()> {
     let dwarf = config.unwind == UnwindMethod::Dwarf;
     privileges::check()?;
     let pid = config.pid.map(NonZeroU32::get);
-    let watch = pid
-        .map(|pid| {
-            ProcessWatch::new(pid).map_err(|e| match e.kind() {
-                std::io::ErrorKind::NotFound => anyhow::anyhow!("no such process: {pid}"),
-                _ => anyhow::Error::new(e).context(format!("cannot watch process {pid}")),
-            })
-        })
-        .transpose()?;
+    let watch = pid.map(ProcessWatch::target).transpose()?;
     let mut processes = Processes::default();
     let what = match pid {
         Some(pid) => {
-            processes.observe(pid);
-            match processes.get(pid) {
-                Some(info) if info.maps.is_some() => format!("{} (pid {pid})", info.name),
-                _ => anyhow::bail!("process {pid} exited"),
-            }
+            let info = processes.observe_target(pid).map_err(|e| {
+                let context = format!("cannot read /proc/{pid} (its name and memory maps)");
+                procfs::target_error(pid, anyhow::Error::new(e).context(context))
+            })?;
+            format!("{} (pid {pid})", info.name)
         }
         None => "all processes".to_string(),
     };

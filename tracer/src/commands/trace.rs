@@ -14,8 +14,9 @@ use crate::{
     loader::{Features, Loader, Settings},
     privileges,
     probe_plan::{ProbePlan, SiteInput, SiteMode},
+    procfs,
     stop::{self, ProcessWatch},
-    usdt::{self, Scope},
+    usdt::{self, Scope, UsdtError},
 };
 
 pub fn run(config: TraceConfig) -> Result<()> {
@@ -42,13 +43,9 @@ pub fn run(config: TraceConfig) -> Result<()> {
         ),
         (None, None) => (Scope::Files { exe: None }, None),
     };
-    let watch = match pid {
-        Some(pid) => {
-            Some(ProcessWatch::new(pid).map_err(|_| anyhow::anyhow!("no such process: {pid}"))?)
-        }
-        None => None,
-    };
-    let sites = usdt::resolve(&specs, scope)?;
+    let watch = pid.map(ProcessWatch::target).transpose()?;
+    // A target watched is known to have existed: missing, it exited.
+    let sites = usdt::resolve(&specs, scope).map_err(UsdtError::of_target)?;
     let inputs: Vec<SiteInput> = sites.iter().map(SiteInput::from).collect();
     let mode = if config.count {
         SiteMode::Count
@@ -68,7 +65,12 @@ pub fn run(config: TraceConfig) -> Result<()> {
         },
         ..Settings::default()
     })?;
-    loader.attach_usdt_sites(&plan.usdt_sites(), warm_up)?;
+    loader
+        .attach_usdt_sites(&plan.usdt_sites(), warm_up)
+        .map_err(|e| match pid {
+            Some(pid) => procfs::target_error(pid, e),
+            None => e.into(),
+        })?;
     let events = loader.take_events()?;
     // Ctrl-C from the moment the line below is printed (and the command runs) must stop
     // the trace, not kill us.
