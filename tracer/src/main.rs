@@ -26,7 +26,7 @@ fn main() {
     if let Err(error) = result {
         // Out of file descriptors wherever it happened: say it is the open-file limit.
         let hint = oserror::open_file_hint(&error)
-            .map(|limit| format!(" ({limit})"))
+            .map(|limit| format!(": {limit}"))
             .unwrap_or_default();
         eprintln!("tracer: error: {error:#}{hint}");
         std::process::exit(1);
