@@ -65,13 +65,36 @@ pub struct OffCpuProfile {
     pub missing_stacks: u64,
 }
 
-/// Builds the profile. `pending` are threads still off CPU at `now_ns`; their time so
-/// far counts (they are blocked right now), like any finished interval.
-#[allow(clippy::too_many_arguments)]
+/// Threads still off CPU when tracing stopped (from the kernel's map of interval starts):
+/// their time so far counts, as a finished interval's would (they are blocked right
+/// now), unless it is shorter than `--min-block`, which the kernel applies to finished
+/// intervals only.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct OpenIntervals<'a> {
+    /// Thread id and when (and where) it blocked.
+    pub starts: &'a [(u32, OffCpuStart)],
+    /// When tracing stopped (CLOCK_MONOTONIC ns).
+    pub now_ns: u64,
+    /// `--min-block`: shorter intervals are left out.
+    pub min_block_ns: u64,
+}
+
+impl<'a> OpenIntervals<'a> {
+    /// Each interval long enough to count: its thread, its start, and how long it has
+    /// lasted. Like the kernel, keeps intervals of exactly `min_block_ns`.
+    pub fn iter(&self) -> impl Iterator<Item = (u32, &'a OffCpuStart, u64)> + use<'a> {
+        let (now_ns, min_block_ns) = (self.now_ns, self.min_block_ns);
+        self.starts.iter().filter_map(move |(tid, start)| {
+            let ns = now_ns.saturating_sub(start.ts_ns);
+            (ns >= min_block_ns).then_some((*tid, start, ns))
+        })
+    }
+}
+
+/// Builds the profile from the kernel's totals and the intervals still `open`.
 pub fn build_profile(
     totals: &[(OffCpuKey, OffCpuTotal)],
-    pending: &[(u32, OffCpuStart)],
-    now_ns: u64,
+    open: OpenIntervals<'_>,
     stacks: &impl StackSource,
     symbolizer: &mut StackSymbolizer,
     maps: &ProcessMaps,
@@ -84,17 +107,17 @@ pub fn build_profile(
         *merged.entry(*key).or_default() += total.total_ns;
         profile.intervals += total.count;
     }
-    for (tid, start) in pending {
+    for (tid, start, ns) in open.iter() {
         if start.tgid != maps.pid() {
             continue;
         }
         let key = OffCpuKey {
             tgid: start.tgid,
-            tid: *tid,
+            tid,
             user_stack_id: start.user_stack_id,
             kernel_stack_id: start.kernel_stack_id,
         };
-        *merged.entry(key).or_default() += now_ns.saturating_sub(start.ts_ns);
+        *merged.entry(key).or_default() += ns;
         profile.intervals += 1;
     }
 
@@ -348,8 +371,7 @@ mod tests {
         for per_thread in [None, Some(&threads)] {
             let profile = build_profile(
                 &totals,
-                &[],
-                0,
+                OpenIntervals::default(),
                 &stacks,
                 &mut StackSymbolizer::new(),
                 &maps,
@@ -392,5 +414,76 @@ mod tests {
             assert_eq!(profile.folded.to_string(), expected.to_string());
             assert!(profile.folded.len() > 20, "{}", profile.folded);
         }
+    }
+
+    /// Intervals still open when tracing stops count with their time so far, unless
+    /// shorter than `--min-block` (one exactly as long counts, as in the kernel).
+    #[test]
+    fn min_block_applies_to_intervals_still_open() {
+        let pid = std::process::id();
+        let start = |ts_ns, tgid| OffCpuStart {
+            ts_ns,
+            tgid,
+            user_stack_id: -14,
+            kernel_stack_id: -14,
+            _pad: 0,
+        };
+        // Open for 10 ms, 2 ms and 50 µs; and one of another process.
+        let starts = [
+            (pid, start(0, pid)),
+            (pid + 1, start(8_000_000, pid)),
+            (pid + 2, start(9_950_000, pid)),
+            (1, start(0, 1)),
+        ];
+        let open = |min_block_ns| OpenIntervals {
+            starts: &starts,
+            now_ns: 10_000_000,
+            min_block_ns,
+        };
+        let lasted = |min_block_ns| -> Vec<(u32, u64)> {
+            open(min_block_ns)
+                .iter()
+                .map(|(tid, _, ns)| (tid, ns))
+                .collect()
+        };
+        assert_eq!(lasted(0).len(), 4);
+        assert_eq!(
+            lasted(2_000_000),
+            [(pid, 10_000_000), (pid + 1, 2_000_000), (1, 10_000_000)]
+        );
+        assert_eq!(lasted(10_000_001), []);
+
+        let maps = ProcessMaps::capture(pid).unwrap();
+        let totals = [(
+            OffCpuKey {
+                tgid: pid,
+                tid: pid,
+                user_stack_id: -14,
+                kernel_stack_id: -14,
+            },
+            OffCpuTotal {
+                total_ns: 3_000_000,
+                count: 1,
+            },
+        )];
+        let build = |min_block_ns| {
+            build_profile(
+                &totals,
+                open(min_block_ns),
+                &Stacks(HashMap::default()),
+                &mut StackSymbolizer::new(),
+                &maps,
+                "app",
+                None,
+            )
+        };
+        let all = build(0);
+        assert_eq!((all.intervals, all.total_ns), (4, 15_050_000));
+        let long = build(2_000_001);
+        assert_eq!((long.intervals, long.total_ns), (2, 13_000_000));
+        assert_eq!(
+            long.folded.to_string(),
+            "app;[missing user stack];[missing kernel stack] 13000\n"
+        );
     }
 }

@@ -17,7 +17,7 @@ use std::path::Path;
 use tracer_common::{NO_STACK, OffCpuKey, OffCpuStart, OffCpuTotal, OnCpuKey, STACK_BEFORE_START};
 
 use crate::{
-    offcpu::{StackSource, ThreadNames, kernel_stack_frames, user_stack_frames},
+    offcpu::{OpenIntervals, StackSource, ThreadNames, kernel_stack_frames, user_stack_frames},
     procfs,
     render::{create_output_file, flamegraph::FoldedStacks},
     symbolize::{ProcessMaps, StackSymbolizer},
@@ -195,6 +195,9 @@ pub struct RawProfile {
     /// out.
     pub pending: Vec<(u32, OffCpuStart)>,
     pub now_ns: u64,
+    /// `--min-block`: pending intervals shorter than this are left out, as the kernel
+    /// leaves out finished ones.
+    pub min_block_ns: u64,
 }
 
 /// How to build the views.
@@ -223,20 +226,22 @@ pub fn build_profile(
         });
     }
     let sampled: HashSet<u32> = raw.oncpu.iter().map(|(k, _)| k.tid).collect();
-    for (tid, start) in &raw.pending {
-        if start.user_stack_id == STACK_BEFORE_START && sampled.contains(tid) {
+    let open = OpenIntervals {
+        starts: &raw.pending,
+        now_ns: raw.now_ns,
+        min_block_ns: raw.min_block_ns,
+    };
+    for (tid, start, ns) in open.iter() {
+        if start.user_stack_id == STACK_BEFORE_START && sampled.contains(&tid) {
             continue;
         }
         let key = OffCpuKey {
             tgid: start.tgid,
-            tid: *tid,
+            tid,
             user_stack_id: start.user_stack_id,
             kernel_stack_id: start.kernel_stack_id,
         };
-        offcpu.entry(key).or_default().add(Weight {
-            events: 1,
-            ns: raw.now_ns.saturating_sub(start.ts_ns),
-        });
+        offcpu.entry(key).or_default().add(Weight { events: 1, ns });
     }
 
     let keys: Vec<OffCpuKey> = raw
@@ -793,6 +798,7 @@ mod tests {
                 (9, before_start(1_000_000)),
             ],
             now_ns: 1_000_100,
+            min_block_ns: 0,
         };
         let mut symbolizer = StackSymbolizer::new();
         let processes = Processes::default();
@@ -826,5 +832,57 @@ mod tests {
             )),
             "{wall}"
         );
+    }
+
+    /// `--min-block` leaves out intervals still open at the end that are shorter, as the
+    /// kernel leaves out finished ones; one exactly as long counts.
+    #[test]
+    fn min_block_applies_to_intervals_still_open() {
+        let stacks = Stacks(HashMap::from([(1, vec![0x10]), (2, vec![0x20])]));
+        let blocked_at = |tid, ts_ns| {
+            (
+                tid,
+                OffCpuStart {
+                    ts_ns,
+                    tgid: 7,
+                    user_stack_id: 1,
+                    kernel_stack_id: 2,
+                    _pad: 0,
+                },
+            )
+        };
+        let build = |min_block_ns| {
+            let raw = RawProfile {
+                // Open for 10 ms, 2 ms, 50 µs, and since before profiling started (5 ms).
+                pending: vec![
+                    blocked_at(8, 0),
+                    blocked_at(9, 8_000_000),
+                    blocked_at(10, 9_950_000),
+                    (11, before_start(5_000_000)),
+                ],
+                now_ns: 10_000_000,
+                min_block_ns,
+                ..RawProfile::default()
+            };
+            let options = BuildOptions {
+                frequency_hz: 99,
+                per_thread: false,
+            };
+            build_profile(
+                &raw,
+                options,
+                &stacks,
+                &mut StackSymbolizer::new(),
+                &Processes::default(),
+            )
+        };
+        let all = build(0);
+        assert_eq!((all.offcpu_intervals, all.offcpu_ns), (4, 17_050_000));
+        let some = build(2_000_000);
+        assert_eq!((some.offcpu_intervals, some.offcpu_ns), (3, 17_000_000));
+        assert_eq!(some.wall.total_us(), 17_000);
+        let none = build(10_000_001);
+        assert_eq!((none.offcpu_intervals, none.offcpu_ns), (0, 0));
+        assert!(none.wall.is_empty() && none.offcpu.is_empty());
     }
 }

@@ -33,7 +33,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use inferno::flamegraph::{self, color::BasicPalette};
 use tests::{Args, json_array, print_line};
-use tracer::offcpu::{StackSource, build_profile};
+use tracer::offcpu::{OpenIntervals, StackSource, build_profile};
 use tracer::render::flamegraph::{Palette, SvgOptions, write_flamegraph_svg, write_folded};
 use tracer::symbolize::{ProcessMaps, StackSymbolizer};
 use tracer_common::{OffCpuKey, OffCpuTotal};
@@ -319,8 +319,7 @@ fn main() -> Result<()> {
             let mut symbolizer = StackSymbolizer::new();
             let built = build_profile(
                 &profile.totals,
-                &[],
-                0,
+                OpenIntervals::default(),
                 &profile.stacks,
                 &mut symbolizer,
                 &maps,

@@ -248,10 +248,14 @@ fn collect(
     };
     let mut symbolizer = StackSymbolizer::new();
     let threads = config.per_thread.then_some(threads);
+    let open = offcpu::OpenIntervals {
+        starts: &pending,
+        now_ns: now,
+        min_block_ns: duration_ns(config.min_block),
+    };
     let profile = offcpu::build_profile(
         &totals,
-        &pending,
-        now,
+        open,
         loader,
         &mut symbolizer,
         maps,
@@ -331,6 +335,10 @@ fn collect(
         },
     };
     Ok((report, output_error))
+}
+
+fn duration_ns(duration: std::time::Duration) -> u64 {
+    u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// Writes one flame graph view: its folded stacks and its SVG (creating the directory).

@@ -199,6 +199,7 @@ pub fn run(config: ProfileConfig) -> Result<()> {
         offcpu: loader.offcpu_totals()?,
         pending,
         now_ns: now,
+        min_block_ns: u64::try_from(config.min_block.as_nanos()).unwrap_or(u64::MAX),
     };
     let mut symbolizer = StackSymbolizer::new();
     let options = BuildOptions {
