@@ -3,7 +3,7 @@
 use clap::Parser as _;
 use tracer::{
     cli::{AttachConfig, Cli, Command, ListConfig, ProfileConfig, TraceConfig},
-    commands, oserror,
+    commands, oserror, render,
 };
 
 fn main() {
@@ -28,7 +28,11 @@ fn main() {
         let hint = oserror::open_file_hint(&error)
             .map(|limit| format!(": {limit}"))
             .unwrap_or_default();
-        eprintln!("tracer: error: {error:#}{hint}");
+        // Names from the target (paths, probes) may be in it: no raw control characters,
+        // though the lines of a verifier log stay lines.
+        let message = format!("{error:#}{hint}");
+        let lines: Vec<_> = message.split('\n').map(render::escape_text).collect();
+        eprintln!("tracer: error: {}", lines.join("\n"));
         std::process::exit(1);
     }
 }

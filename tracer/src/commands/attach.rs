@@ -14,7 +14,10 @@ use crate::{
     privileges,
     probe_plan::{ProbePlan, SiteInput, SiteMode},
     procfs,
-    render::flamegraph::{FoldedStacks, Palette, SvgOptions, write_flamegraph_svg, write_folded},
+    render::{
+        escape_text,
+        flamegraph::{FoldedStacks, Palette, SvgOptions, write_flamegraph_svg, write_folded},
+    },
     report::{AttachReport, LatencyReport, Losses, ProbeReport, TaskReport},
     runtimes::{self, LatencyDef, Runtime, TaskProbeDef},
     stop::{self, ProcessWatch, StopReason},
@@ -95,7 +98,8 @@ pub fn run(config: AttachConfig) -> Result<()> {
     let signals = stop::StopSignals::catch(&runtime)?;
     let runtime_names = runtime_names(&plan);
     eprintln!(
-        "Attached to process {pid} ({process_name}): {} probe sites{}, sched_switch. {}",
+        "Attached to process {pid} ({}): {} probe sites{}, sched_switch. {}",
+        escape_text(&process_name),
         loader.usdt_site_count(),
         if runtime_names.is_empty() {
             " (no known runtime probes found)".into()

@@ -7,6 +7,7 @@ use anyhow::Result;
 
 use crate::{
     cli::ListConfig,
+    render::escape_text,
     usdt::{self, ProbeSite, Scope, UsdtSpecifier},
 };
 
@@ -59,7 +60,9 @@ fn render(sites: &[ProbeSite], verbose: bool) -> String {
     }
     let mut out = String::new();
     for ((path, provider, name), sites) in probes {
-        out.push_str(&format!("usdt:{}:{provider}:{name}\n", path.display()));
+        let probe = format!("usdt:{}:{provider}:{name}", path.display());
+        out.push_str(&escape_text(&probe));
+        out.push('\n');
         if !verbose {
             continue;
         }
@@ -80,8 +83,11 @@ fn render(sites: &[ProbeSite], verbose: bool) -> String {
                 Err(reason) => format!("undecodable: {reason}"),
             };
             out.push_str(&format!(
-                "  site pc {:#x} (file offset {:#x}), {semaphore}\n    args \"{}\": {args}\n",
-                note.pc, note.file_offset, note.arg_spec
+                "  site pc {:#x} (file offset {:#x}), {semaphore}\n    args \"{}\": {}\n",
+                note.pc,
+                note.file_offset,
+                escape_text(&note.arg_spec),
+                escape_text(&args)
             ));
         }
     }
@@ -91,6 +97,36 @@ fn render(sites: &[ProbeSite], verbose: bool) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Paths, providers, names and argument specs are the target's: control characters
+    /// in them are escaped, one probe per line whatever its name holds.
+    #[test]
+    fn names_are_escaped() {
+        let site = ProbeSite {
+            binary: usdt::MappedObject::from_path(std::path::Path::new("/tmp/x\x1b]0;t\x07")),
+            note: usdt::UsdtNote {
+                provider: "p\x1b[31m".into(),
+                name: "gc\nusdt:/bin/sh:fake:probe".into(),
+                pc: 0x10,
+                file_offset: 0x10,
+                semaphore: None,
+                semaphore_file_offset: None,
+                arg_spec: "8@%rdi\x1b[A".into(),
+            },
+            args: Err("bad \x1b[A".into()),
+        };
+        let text = render(std::slice::from_ref(&site), false);
+        assert_eq!(
+            text,
+            "usdt:/tmp/x\\x1b]0;t\\x07:p\\x1b[31m:gc\\x0ausdt:/bin/sh:fake:probe\n"
+        );
+        let verbose = render(&[site], true);
+        assert!(!verbose.contains('\x1b'), "{verbose}");
+        assert!(
+            verbose.contains("args \"8@%rdi\\x1b[A\": undecodable: bad \\x1b[A\n"),
+            "{verbose}"
+        );
+    }
 
     #[test]
     fn targets_become_specifiers() {

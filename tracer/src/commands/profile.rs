@@ -24,7 +24,10 @@ use crate::{
     cli::{ProfileConfig, UnwindMethod},
     loader::{Features, Loader, Settings},
     privileges, procfs,
-    render::flamegraph::{FoldedStacks, Palette, SvgOptions, write_flamegraph_svg, write_folded},
+    render::{
+        escape_text,
+        flamegraph::{FoldedStacks, Palette, SvgOptions, write_flamegraph_svg, write_folded},
+    },
     stop::{self, ProcessWatch, StopReason},
     symbolize::StackSymbolizer,
     unwind::{DwarfUnwinder, FRAME_POINTER_SUFFIX, Snapshot, UnwindStats, WithUnwound},
@@ -127,7 +130,8 @@ pub fn run(config: ProfileConfig) -> Result<()> {
         .build()?;
     let signals = stop::StopSignals::catch(&runtime)?;
     eprintln!(
-        "Attached to {what}: on-CPU sampling at {} Hz{} on {cpus} CPUs, sched_switch. {}",
+        "Attached to {}: on-CPU sampling at {} Hz{} on {cpus} CPUs, sched_switch. {}",
+        escape_text(&what),
         config.frequency_hz,
         if dwarf { " (DWARF unwinding)" } else { "" },
         match config.duration {
@@ -459,7 +463,8 @@ fn summary(
 ) -> String {
     let seconds = |ns: u64| ns as f64 / 1e9;
     let mut out = format!(
-        "Wall-clock profile of {what}: {:.1} s, {} thread{} in {} process{}.\n",
+        "Wall-clock profile of {}: {:.1} s, {} thread{} in {} process{}.\n",
+        escape_text(what),
         seconds(elapsed_ns),
         profile.threads,
         if profile.threads == 1 { "" } else { "s" },

@@ -15,6 +15,7 @@ use crate::{
     privileges,
     probe_plan::{ProbePlan, SiteInput, SiteMode},
     procfs,
+    render::escape_text,
     stop::{self, ProcessWatch},
     usdt::{self, Scope, UsdtError},
 };
@@ -158,7 +159,7 @@ fn print_counts(loader: &Loader, plan: &ProbePlan, format: Format) -> Result<()>
         Format::Text => {
             counts.sort_by_key(|&(_, n)| n);
             for (probe, n) in counts {
-                println!("@[{probe}]: {n}");
+                println!("@[{}]: {n}", escape_text(&probe));
             }
         }
     }
@@ -248,6 +249,8 @@ impl EventPrinter {
             }
             Format::Text => {
                 let secs = event.ts_ns.saturating_sub(self.started_ns) as f64 / 1e9;
+                // Probe names come from the target's notes and paths.
+                let name = escape_text(name);
                 write!(out, "{secs:>12.6} {:>7} {:>7} {name}", event.pid, event.tid)?;
                 for (i, &v) in args.iter().enumerate() {
                     if signs.get(i) == Some(&true) {
@@ -259,5 +262,44 @@ impl EventPrinter {
                 writeln!(out)
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Probe names (provider, name, path: the target's) reach the terminal with their
+    /// control characters escaped in text lines, as JSON escapes them in JSON lines.
+    #[test]
+    fn probe_names_are_escaped_in_text_lines() {
+        let mut printer = EventPrinter {
+            format: Format::Text,
+            names: vec!["usdt:/tmp/a\x07:p\x1b[31m:n\r".into()],
+            signed: vec![vec![true]],
+            started_ns: 0,
+            count: 0,
+        };
+        // SAFETY: UsdtEvent is plain old data; all zeroes is a valid value.
+        let mut event: UsdtEvent = unsafe { std::mem::zeroed() };
+        event.ts_ns = 1_500_000_000;
+        event.pid = 7;
+        event.tid = 8;
+        event.arg_count = 1;
+        event.args[0] = -3i64 as u64;
+        let mut out = Vec::new();
+        printer.print(&mut out, &event).unwrap();
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "    1.500000       7       8 usdt:/tmp/a\\x07:p\\x1b[31m:n\\x0d -3\n"
+        );
+        printer.format = Format::Json;
+        let mut out = Vec::new();
+        printer.print(&mut out, &event).unwrap();
+        let line = String::from_utf8(out).unwrap();
+        assert!(
+            line.contains(r#""probe":"usdt:/tmp/a\u0007:p\u001b[31m:n\r""#),
+            "{line}"
+        );
     }
 }
