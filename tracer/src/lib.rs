@@ -15,6 +15,8 @@
 //! - `render`, `report`: histograms, flamegraphs and reports;
 //! - `cli`, `commands`, `stop`, `privileges`: the command line and a run's lifecycle;
 //! - `console`: standard output and error, which never panic nor hold up a stop.
+//! - `procfs`, `oserror`: what a failure means: a target that exited or that /proc hides,
+//!   the open-file limit, permissions.
 
 pub mod btf;
 pub mod cli;
@@ -24,8 +26,10 @@ pub mod histogram;
 pub mod launch;
 pub mod loader;
 pub mod offcpu;
+pub mod oserror;
 pub mod privileges;
 pub mod probe_plan;
+pub mod procfs;
 pub mod render;
 pub mod report;
 pub mod runtimes;

@@ -5,6 +5,7 @@ use tracer::{
     cli::{AttachConfig, Cli, Command, ListConfig, ProfileConfig, TraceConfig},
     commands,
     console::OutputError,
+    oserror, render,
 };
 
 fn main() {
@@ -35,7 +36,15 @@ fn main() {
         ) {
             std::process::exit(0);
         }
-        tracer::status!("tracer: error: {error:#}");
+        // Out of file descriptors wherever it happened: say it is the open-file limit.
+        let hint = oserror::open_file_hint(&error)
+            .map(|limit| format!(": {limit}"))
+            .unwrap_or_default();
+        // Names from the target (paths, probes) may be in it: no raw control characters,
+        // though the lines of a verifier log stay lines.
+        let message = format!("{error:#}{hint}");
+        let lines: Vec<_> = message.split('\n').map(render::escape_text).collect();
+        tracer::status!("tracer: error: {}", lines.join("\n"));
         std::process::exit(1);
     }
 }

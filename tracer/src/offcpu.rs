@@ -4,6 +4,7 @@
 use std::borrow::Cow;
 
 use foldhash::HashMap;
+use tracer_common::OffCpuStart;
 
 use crate::{
     render::flamegraph::FoldedStacks,
@@ -30,8 +31,8 @@ impl ThreadNames {
             let Some(tid) = task.file_name().to_str().and_then(|t| t.parse().ok()) else {
                 continue;
             };
-            if let Ok(comm) = std::fs::read_to_string(task.path().join("comm")) {
-                self.names.insert(tid, comm.trim_end().to_string());
+            if let Ok(comm) = crate::procfs::read_name(&task.path().join("comm")) {
+                self.names.insert(tid, comm);
             }
         }
     }
@@ -61,6 +62,32 @@ pub struct OffCpuProfile {
     pub intervals: u64,
     /// Intervals whose user or kernel stack could not be captured.
     pub missing_stacks: u64,
+}
+
+/// Threads still off CPU when tracing stopped (from the kernel's map of interval starts):
+/// their time so far counts, as a finished interval's would (they are blocked right
+/// now), unless it is shorter than `--min-block`, which the kernel applies to finished
+/// intervals only.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct OpenIntervals<'a> {
+    /// Thread id and when (and where) it blocked.
+    pub starts: &'a [(u32, OffCpuStart)],
+    /// When tracing stopped (CLOCK_MONOTONIC ns).
+    pub now_ns: u64,
+    /// `--min-block`: shorter intervals are left out.
+    pub min_block_ns: u64,
+}
+
+impl<'a> OpenIntervals<'a> {
+    /// Each interval long enough to count: its thread, its start, and how long it has
+    /// lasted. Like the kernel, keeps intervals of exactly `min_block_ns`.
+    pub fn iter(&self) -> impl Iterator<Item = (u32, &'a OffCpuStart, u64)> + use<'a> {
+        let (now_ns, min_block_ns) = (self.now_ns, self.min_block_ns);
+        self.starts.iter().filter_map(move |(tid, start)| {
+            let ns = now_ns.saturating_sub(start.ts_ns);
+            (ns >= min_block_ns).then_some((*tid, start, ns))
+        })
+    }
 }
 
 /// Frames of each distinct user stack in `ids` of the process `maps` was captured from,
@@ -186,5 +213,42 @@ mod tests {
         );
         let untouched = names(&["__schedule", "schedule", "do_nanosleep"]);
         assert_eq!(without_bpf_frames(untouched.clone()), untouched);
+    }
+    /// Intervals still open when tracing stops count with their time so far, unless
+    /// shorter than `--min-block` (one exactly as long counts, as in the kernel).
+    #[test]
+    fn min_block_applies_to_intervals_still_open() {
+        let pid = std::process::id();
+        let start = |ts_ns, tgid| OffCpuStart {
+            ts_ns,
+            tgid,
+            user_stack_id: -14,
+            kernel_stack_id: -14,
+            state: 0,
+        };
+        // Open for 10 ms, 2 ms and 50 µs; and one of another process.
+        let starts = [
+            (pid, start(0, pid)),
+            (pid + 1, start(8_000_000, pid)),
+            (pid + 2, start(9_950_000, pid)),
+            (1, start(0, 1)),
+        ];
+        let open = |min_block_ns| OpenIntervals {
+            starts: &starts,
+            now_ns: 10_000_000,
+            min_block_ns,
+        };
+        let lasted = |min_block_ns| -> Vec<(u32, u64)> {
+            open(min_block_ns)
+                .iter()
+                .map(|(tid, _, ns)| (tid, ns))
+                .collect()
+        };
+        assert_eq!(lasted(0).len(), 4);
+        assert_eq!(
+            lasted(2_000_000),
+            [(pid, 10_000_000), (pid + 1, 2_000_000), (1, 10_000_000)]
+        );
+        assert_eq!(lasted(10_000_001), []);
     }
 }

@@ -11,7 +11,7 @@ use crate::{
     offcpu::OffCpuProfile,
     probe_plan::ProbeInfo,
     render::{
-        ViewFiles,
+        ViewFiles, escape_text,
         hist::{MICROSECONDS, format_ns, render_latency, summary_json},
         views::ProfileFiles,
     },
@@ -81,7 +81,9 @@ impl AttachReport {
         let _ = writeln!(
             out,
             "Traced process {} ({}) for {secs:.2} s; stopped: {}.",
-            self.pid, self.process_name, self.stopped_by
+            self.pid,
+            escape_text(&self.process_name),
+            self.stopped_by
         );
         if let Some(gc) = self.gc_pause() {
             let share = gc.hist.total_ns() as f64 / self.elapsed_ns.max(1) as f64 * 100.0;
@@ -98,7 +100,7 @@ impl AttachReport {
             }
             let _ = writeln!(out);
             out.push_str(&render_latency(
-                &format!("{}_us", latency.def.name),
+                &format!("{}_us", escape_text(&latency.def.name)),
                 &latency.hist,
                 MICROSECONDS,
             ));
@@ -268,5 +270,45 @@ impl AttachReport {
                 "arg_read_errors": self.losses.arg_read_errors,
             },
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A process name is the target's to choose: control characters in it reach the
+    /// terminal escaped in the text report, and as JSON escapes them in the JSON one.
+    #[test]
+    fn names_from_the_target_are_escaped_in_text() {
+        let report = AttachReport {
+            pid: 42,
+            process_name: "evil\x1b[2J\nGC: 0 collections".into(),
+            stopped_by: StopReason::DurationElapsed,
+            elapsed_ns: 1_000_000_000,
+            probes: Vec::new(),
+            latencies: Vec::new(),
+            offcpu: OffCpuProfile::default(),
+            offcpu_files: None,
+            wall: WallClockProfile::default(),
+            files: ProfileFiles::default(),
+            unwind_stats: None,
+            tasks: None,
+            losses: Losses::default(),
+        };
+        let text = report.to_text();
+        assert!(
+            text.starts_with(
+                "Traced process 42 (evil\\x1b[2J\\x0aGC: 0 collections) for 1.00 s; \
+                 stopped: duration elapsed.\n"
+            ),
+            "{text}"
+        );
+        assert!(!text.contains('\x1b'), "{text}");
+        let json = serde_json::to_string(&report.to_json()).unwrap();
+        assert!(
+            json.contains(r#""process":"evil\u001b[2J\nGC: 0 collections""#),
+            "{json}"
+        );
     }
 }

@@ -160,6 +160,7 @@ impl WallClockSampler {
         reason: StopReason,
         now_ns: u64,
         per_thread: bool,
+        min_block: Duration,
     ) -> Result<Collected> {
         if self.pid.is_none() {
             observe_seen(loader, processes);
@@ -189,6 +190,7 @@ impl WallClockSampler {
             offcpu: loader.offcpu_totals()?,
             pending,
             now_ns,
+            min_block_ns: u64::try_from(min_block.as_nanos()).unwrap_or(u64::MAX),
         };
         let options = BuildOptions {
             frequency_hz: self.sampling.frequency_hz,

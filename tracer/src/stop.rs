@@ -60,6 +60,15 @@ impl ProcessWatch {
         Ok(Self { fd })
     }
 
+    /// Watches target `pid` of a command: "no such process" when there is none, and
+    /// other failures (out of file descriptors, say) as what they are.
+    pub fn target(pid: u32) -> anyhow::Result<Self> {
+        Self::new(pid).map_err(|e| match e.kind() {
+            io::ErrorKind::NotFound => crate::procfs::ProcessError::NoSuch(pid).into(),
+            _ => anyhow::Error::new(e).context(format!("cannot watch process {pid}")),
+        })
+    }
+
     /// Resolves when the process has exited. Must run inside the tokio runtime.
     pub async fn exited(self) {
         // SAFETY: the pidfd is owned by the AsyncFd from here on and stays open until it

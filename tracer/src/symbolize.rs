@@ -775,7 +775,8 @@ impl StackSymbolizer {
                 .collect(),
             Err(err) => {
                 // Not an ELF file (e.g. a JIT's memfd) or unreadable: fall back, once.
-                log::warn!("cannot read symbols of {}: {err}", object.path);
+                let path = crate::render::escape_text(&object.path);
+                log::warn!("cannot read symbols of {path}: {err}");
                 self.unreadable.insert(key);
                 none()
             }

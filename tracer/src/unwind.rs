@@ -422,7 +422,10 @@ impl DwarfUnwinder {
                 .or_insert_with(|| {
                     let tables = ObjectTables::read(file).map(Arc::new);
                     if tables.is_none() {
-                        log::warn!("cannot read the unwind tables of {}", mapping.path);
+                        log::warn!(
+                            "cannot read the unwind tables of {}",
+                            crate::render::escape_text(mapping.path)
+                        );
                     }
                     tables
                 })

@@ -21,10 +21,15 @@ use tracer_common::{
 };
 
 use crate::{
-    offcpu::{StackSource, ThreadNames, kernel_stack_frames, user_stack_frames},
+    offcpu::{OpenIntervals, StackSource, ThreadNames, kernel_stack_frames, user_stack_frames},
+    procfs,
     render::{flamegraph::FoldedStacks, write_output},
     symbolize::{ProcessMaps, StackSymbolizer},
 };
+
+fn read_name(path: &str) -> io::Result<String> {
+    procfs::read_name(Path::new(path))
+}
 
 /// The leaf frame added to blocked time in the wall-clock view.
 pub const OFF_CPU_FRAME: &str = "[off-cpu]";
@@ -59,12 +64,24 @@ impl Processes {
         if self.processes.contains_key(&tgid) {
             return;
         }
-        let name = std::fs::read_to_string(format!("/proc/{tgid}/comm"))
-            .map(|s| s.trim_end().to_string())
-            .unwrap_or_else(|_| format!("[pid {tgid}]"));
+        let name =
+            read_name(&format!("/proc/{tgid}/comm")).unwrap_or_else(|_| format!("[pid {tgid}]"));
         let maps = ProcessMaps::capture(tgid).ok();
         self.threads.refresh(tgid);
         self.processes.insert(tgid, ProcessInfo { name, maps });
+    }
+
+    /// Captures the target `tgid` (its name, mappings and thread names), failing with
+    /// what kept them from being read.
+    pub fn observe_target(&mut self, tgid: u32) -> io::Result<&ProcessInfo> {
+        let maps = ProcessMaps::capture(tgid)?;
+        let name = read_name(&format!("/proc/{tgid}/comm"))?;
+        self.threads.refresh(tgid);
+        let info = ProcessInfo {
+            name,
+            maps: Some(maps),
+        };
+        Ok(self.processes.entry(tgid).insert_entry(info).into_mut())
     }
 
     /// Re-reads the mappings and thread names of every known process still running.
@@ -190,6 +207,9 @@ pub struct RawProfile {
     /// out.
     pub pending: Vec<(u32, OffCpuStart)>,
     pub now_ns: u64,
+    /// `--min-block`: pending intervals shorter than this are left out, as the kernel
+    /// leaves out finished ones.
+    pub min_block_ns: u64,
 }
 
 /// How to build the views.
@@ -218,21 +238,23 @@ pub fn build_profile(
         });
     }
     let sampled: HashSet<u32> = raw.oncpu.iter().map(|(k, _)| k.tid).collect();
-    for (tid, start) in &raw.pending {
-        if start.user_stack_id == STACK_BEFORE_START && sampled.contains(tid) {
+    let open = OpenIntervals {
+        starts: &raw.pending,
+        now_ns: raw.now_ns,
+        min_block_ns: raw.min_block_ns,
+    };
+    for (tid, start, ns) in open.iter() {
+        if start.user_stack_id == STACK_BEFORE_START && sampled.contains(&tid) {
             continue;
         }
         let key = OffCpuKey {
             tgid: start.tgid,
-            tid: *tid,
+            tid,
             user_stack_id: start.user_stack_id,
             kernel_stack_id: start.kernel_stack_id,
             state: start.state,
         };
-        offcpu.entry(key).or_default().add(Weight {
-            events: 1,
-            ns: raw.now_ns.saturating_sub(start.ts_ns),
-        });
+        offcpu.entry(key).or_default().add(Weight { events: 1, ns });
     }
 
     let keys: Vec<OffCpuKey> = raw
@@ -812,6 +834,7 @@ mod tests {
                 (9, before_start(1_000_000)),
             ],
             now_ns: 1_000_100,
+            min_block_ns: 0,
         };
         let mut symbolizer = StackSymbolizer::new();
         let processes = Processes::default();
@@ -851,5 +874,57 @@ mod tests {
             )),
             "{wall}"
         );
+    }
+
+    /// `--min-block` leaves out intervals still open at the end that are shorter, as the
+    /// kernel leaves out finished ones; one exactly as long counts.
+    #[test]
+    fn min_block_applies_to_intervals_still_open() {
+        let stacks = Stacks(HashMap::from([(1, vec![0x10]), (2, vec![0x20])]));
+        let blocked_at = |tid, ts_ns| {
+            (
+                tid,
+                OffCpuStart {
+                    ts_ns,
+                    tgid: 7,
+                    user_stack_id: 1,
+                    kernel_stack_id: 2,
+                    state: offcpu_state::BLOCKED,
+                },
+            )
+        };
+        let build = |min_block_ns| {
+            let raw = RawProfile {
+                // Open for 10 ms, 2 ms, 50 µs, and since before profiling started (5 ms).
+                pending: vec![
+                    blocked_at(8, 0),
+                    blocked_at(9, 8_000_000),
+                    blocked_at(10, 9_950_000),
+                    (11, before_start(5_000_000)),
+                ],
+                now_ns: 10_000_000,
+                min_block_ns,
+                ..RawProfile::default()
+            };
+            let options = BuildOptions {
+                frequency_hz: 99,
+                per_thread: false,
+            };
+            build_profile(
+                &raw,
+                options,
+                &stacks,
+                &mut StackSymbolizer::new(),
+                &Processes::default(),
+            )
+        };
+        let all = build(0);
+        assert_eq!((all.offcpu_intervals, all.offcpu_ns), (4, 17_050_000));
+        let some = build(2_000_000);
+        assert_eq!((some.offcpu_intervals, some.offcpu_ns), (3, 17_000_000));
+        assert_eq!(some.wall.total_us(), 17_000);
+        let none = build(10_000_001);
+        assert_eq!((none.offcpu_intervals, none.offcpu_ns), (0, 0));
+        assert!(none.wall.is_empty() && none.offcpu.is_empty());
     }
 }

@@ -643,8 +643,10 @@ fn figure_offcpu(config: &Config, memory: &mut Memory) -> Result<Vec<Row>> {
     }
     let rate = |kind: usize| n as f64 / (median(&times[kind]) / 1e9);
     let untraced = rate(0);
+    // A kind past the tools measured (BCC when it is not installed) has no loss.
     let loss = |kind: usize| -> Option<f64> {
-        (!times[kind].is_empty()).then(|| 1.0 - rate(kind) / untraced)
+        let measured = times.get(kind).is_some_and(|t| !t.is_empty());
+        measured.then(|| 1.0 - rate(kind) / untraced)
     };
     println!(
         "{n} round trips per run, {} rounds; throughput from the median run",
@@ -699,14 +701,15 @@ fn figure_offcpu(config: &Config, memory: &mut Memory) -> Result<Vec<Row>> {
         Some(b) => format!("bpftrace -{:.1}%", b * 100.0),
         None => "bpftrace n/a".into(),
     };
-    match (
-        &bcc,
-        loss(3).filter(|_| failures.get(3).is_some_and(Option::is_none)),
-    ) {
-        (Some(_), Some(l)) => {
+    let bcc_loss = bcc
+        .as_ref()
+        .and_then(|_| loss(3))
+        .filter(|_| failures.get(3).is_some_and(Option::is_none));
+    match bcc_loss {
+        Some(l) => {
             let _ = write!(baselines, "; BCC -{:.1}%", l * 100.0);
         }
-        _ => baselines.push_str("; BCC n/a"),
+        None => baselines.push_str("; BCC n/a"),
     }
     Ok(vec![Row {
         figure: "3. ping-pong throughput loss".into(),

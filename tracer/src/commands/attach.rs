@@ -14,12 +14,13 @@ use tracer_common::{counter, site_flags};
 use crate::{
     cli::{AttachConfig, Format},
     histogram::LatencyHistogram,
-    loader::{Features, Loader, LoaderError, Settings},
+    loader::{Features, Loader, Settings},
     offcpu::{OffCpuProfile, StackSource},
     privileges,
     probe_plan::{ProbePlan, SiteInput, SiteMode},
+    procfs,
     render::{
-        self,
+        self, escape_text,
         flamegraph::{Palette, SvgOptions},
         views::write_profile_files,
     },
@@ -29,7 +30,7 @@ use crate::{
     stop::{self, ProcessWatch, StopReason},
     symbolize::{ProcessMaps, StackSymbolizer},
     tasks,
-    usdt::{self, ProbePattern},
+    usdt::{self, ProbePattern, UsdtError},
     wallclock::{ExportInfo, Processes},
 };
 
@@ -44,15 +45,18 @@ pub fn run(config: AttachConfig) -> Result<()> {
     // At once: the first uprobe waits for an RCU grace period, the longest step of a launch.
     let warm_up = Loader::warm_up_uprobes();
     let pid = config.pid.get();
-    let watch = ProcessWatch::new(pid).map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound => anyhow::anyhow!("no such process: {pid}"),
-        _ => anyhow::Error::new(e).context(format!("cannot watch process {pid}")),
+    let watch = ProcessWatch::target(pid)?;
+    // From here on the target is known to have existed: wherever it is missing, it
+    // exited (or /proc hides it).
+    let comm = format!("/proc/{pid}/comm");
+    let process_name = procfs::read_name(Path::new(&comm)).map_err(|e| {
+        procfs::target_error(
+            pid,
+            anyhow::Error::new(e).context(format!("cannot read {comm}")),
+        )
     })?;
-    let process_name = std::fs::read_to_string(format!("/proc/{pid}/comm"))
-        .map(|s| s.trim_end().to_string())
-        .map_err(|_| anyhow::anyhow!("process {pid} exited"))?;
 
-    let scan = usdt::scan_process(pid, &ProbePattern::any())?;
+    let scan = usdt::scan_process(pid, &ProbePattern::any()).map_err(UsdtError::of_target)?;
     for (object, error) in &scan.skipped {
         log::debug!("skipped {}: {error}", object.path.display());
     }
@@ -81,10 +85,10 @@ pub fn run(config: AttachConfig) -> Result<()> {
     render::prepare_output_dir(&config.output_dir)?;
 
     let mut processes = Processes::default();
-    processes.observe(pid);
-    if processes.get(pid).is_none_or(|p| p.maps.is_none()) {
-        bail!("process {pid} exited");
-    }
+    processes.observe_target(pid).map_err(|e| {
+        let context = format!("cannot read /proc/{pid} (its name and memory maps)");
+        procfs::target_error(pid, anyhow::Error::new(e).context(context))
+    })?;
 
     let sampling = config.sampling;
     let mut loader = Loader::load(&Settings {
@@ -102,14 +106,9 @@ pub fn run(config: AttachConfig) -> Result<()> {
     })?;
     loader
         .attach_usdt_sites(&plan.usdt_sites(), warm_up)
-        .map_err(|e| gone_or(e, pid))?;
-    let mut sampler =
-        WallClockSampler::attach(&mut loader, Some(pid), sampling).map_err(|e| match e
-            .downcast::<LoaderError>()
-        {
-            Ok(e) => gone_or(e, pid),
-            Err(e) => e,
-        })?;
+        .map_err(|e| procfs::target_error(pid, e))?;
+    let mut sampler = WallClockSampler::attach(&mut loader, Some(pid), sampling)
+        .map_err(|e| procfs::target_error(pid, e))?;
     let started = sampler.started_ns;
     let start_unix_ns = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -123,8 +122,9 @@ pub fn run(config: AttachConfig) -> Result<()> {
     let signals = stop::StopSignals::catch(&runtime)?;
     let runtime_names = runtime_names(&plan);
     crate::status!(
-        "Attached to process {pid} ({process_name}): {} probe sites{}, on-CPU sampling at {} \
+        "Attached to process {pid} ({}): {} probe sites{}, on-CPU sampling at {} \
          Hz{}, sched_switch. {}",
+        escape_text(&process_name),
         loader.usdt_site_count(),
         if runtime_names.is_empty() {
             " (no known runtime probes found)".into()
@@ -166,6 +166,7 @@ pub fn run(config: AttachConfig) -> Result<()> {
         reason,
         now,
         config.per_thread,
+        config.min_block,
     )?;
     let Some(maps) = processes.get(pid).and_then(|p| p.maps.as_ref()) else {
         bail!("process {pid} exited");
@@ -253,14 +254,6 @@ fn runtime_names(plan: &ProbePlan) -> Vec<&'static str> {
         .collect();
     names.dedup();
     names
-}
-
-/// An attach failure caused by the target exiting meanwhile reads as such.
-fn gone_or(error: LoaderError, pid: u32) -> anyhow::Error {
-    if !Path::new(&format!("/proc/{pid}")).exists() {
-        return anyhow::anyhow!("process {pid} exited");
-    }
-    error.into()
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -8,6 +8,7 @@ use anyhow::Result;
 
 use crate::{
     cli::ListConfig,
+    render::escape_text,
     usdt::{self, ProbeSite, Scope, UsdtSpecifier},
 };
 
@@ -64,7 +65,8 @@ fn render(sites: &[ProbeSite], verbose: bool) -> String {
     }
     let mut out = String::new();
     for ((path, provider, name), sites) in probes {
-        out.push_str(&format!("usdt:{}:{provider}:{name}", path.display()));
+        let probe = format!("usdt:{}:{provider}:{name}", path.display());
+        out.push_str(&escape_text(&probe));
         let malformed = sites.iter().filter(|s| !s.is_valid()).count();
         if malformed > 0 {
             out.push_str(&format!(
@@ -110,7 +112,11 @@ fn render(sites: &[ProbeSite], verbose: bool) -> String {
                     note.note_offset
                 )),
             }
-            out.push_str(&format!("    args \"{}\": {args}\n", note.arg_spec));
+            out.push_str(&format!(
+                "    args \"{}\": {}\n",
+                escape_text(&note.arg_spec),
+                escape_text(&args)
+            ));
         }
     }
     out
@@ -119,6 +125,39 @@ fn render(sites: &[ProbeSite], verbose: bool) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Paths, providers, names and argument specs are the target's: control characters
+    /// in them are escaped, one probe per line whatever its name holds.
+    #[test]
+    fn names_are_escaped() {
+        let site = ProbeSite {
+            binary: usdt::MappedObject::from_path(std::path::Path::new("/tmp/x\x1b]0;t\x07")),
+            note: usdt::UsdtNote {
+                provider: "p\x1b[31m".into(),
+                name: "gc\nusdt:/bin/sh:fake:probe".into(),
+                pc: 0x10,
+                semaphore: None,
+                arg_spec: "8@%rdi\x1b[A".into(),
+                note_offset: 0x200,
+                location: Ok(usdt::SiteOffsets {
+                    probe: 0x10,
+                    semaphore: None,
+                }),
+            },
+            args: Err("bad \x1b[A".into()),
+        };
+        let text = render(std::slice::from_ref(&site), false);
+        assert_eq!(
+            text,
+            "usdt:/tmp/x\\x1b]0;t\\x07:p\\x1b[31m:gc\\x0ausdt:/bin/sh:fake:probe\n"
+        );
+        let verbose = render(&[site], true);
+        assert!(!verbose.contains('\x1b'), "{verbose}");
+        assert!(
+            verbose.contains("args \"8@%rdi\\x1b[A\": undecodable: bad \\x1b[A\n"),
+            "{verbose}"
+        );
+    }
 
     #[test]
     fn targets_become_specifiers() {

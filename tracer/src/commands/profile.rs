@@ -23,9 +23,9 @@ use tracer_common::counter;
 use crate::{
     cli::{ProfileConfig, UnwindMethod},
     loader::{Loader, Settings},
-    privileges,
+    privileges, procfs,
     render::{
-        self,
+        self, escape_text,
         views::{ProfileFiles, write_profile_files},
     },
     sampling::{self, Collected, WallClockSampler, unwind_summary},
@@ -37,22 +37,15 @@ use crate::{
 pub fn run(config: ProfileConfig) -> Result<()> {
     privileges::check()?;
     let pid = config.pid.map(NonZeroU32::get);
-    let watch = pid
-        .map(|pid| {
-            ProcessWatch::new(pid).map_err(|e| match e.kind() {
-                std::io::ErrorKind::NotFound => anyhow::anyhow!("no such process: {pid}"),
-                _ => anyhow::Error::new(e).context(format!("cannot watch process {pid}")),
-            })
-        })
-        .transpose()?;
+    let watch = pid.map(ProcessWatch::target).transpose()?;
     let mut processes = Processes::default();
     let what = match pid {
         Some(pid) => {
-            processes.observe(pid);
-            match processes.get(pid) {
-                Some(info) if info.maps.is_some() => format!("{} (pid {pid})", info.name),
-                _ => anyhow::bail!("process {pid} exited"),
-            }
+            let info = processes.observe_target(pid).map_err(|e| {
+                let context = format!("cannot read /proc/{pid} (its name and memory maps)");
+                procfs::target_error(pid, anyhow::Error::new(e).context(context))
+            })?;
+            format!("{} (pid {pid})", info.name)
         }
         None => "all processes".to_string(),
     };
@@ -79,7 +72,8 @@ pub fn run(config: ProfileConfig) -> Result<()> {
         .build()?;
     let signals = stop::StopSignals::catch(&runtime)?;
     crate::status!(
-        "Attached to {what}: on-CPU sampling at {} Hz{} on {} CPUs, sched_switch. {}",
+        "Attached to {}: on-CPU sampling at {} Hz{} on {} CPUs, sched_switch. {}",
+        escape_text(&what),
         sampling.frequency_hz,
         match sampling.unwind {
             UnwindMethod::Dwarf => " (DWARF unwinding)",
@@ -115,6 +109,7 @@ pub fn run(config: ProfileConfig) -> Result<()> {
         reason,
         now,
         config.per_thread,
+        config.min_block,
     )?;
     let elapsed_ns = now - started;
     let (outputs, output_error) = write_profile_files(
@@ -168,7 +163,8 @@ fn summary(
 ) -> String {
     let seconds = |ns: u64| ns as f64 / 1e9;
     let mut out = format!(
-        "Wall-clock profile of {what}: {:.1} s, {} thread{} in {} process{}.\n",
+        "Wall-clock profile of {}: {:.1} s, {} thread{} in {} process{}.\n",
+        escape_text(what),
         seconds(elapsed_ns),
         profile.threads,
         if profile.threads == 1 { "" } else { "s" },

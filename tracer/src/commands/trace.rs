@@ -13,8 +13,10 @@ use crate::{
     loader::{Features, Loader, Settings},
     privileges,
     probe_plan::{ProbePlan, SiteInput, SiteMode},
+    procfs,
+    render::escape_text,
     stop::{self, ProcessWatch, StopReason},
-    usdt::{self, Scope},
+    usdt::{self, Scope, UsdtError},
 };
 
 pub fn run(config: TraceConfig) -> Result<()> {
@@ -41,13 +43,9 @@ pub fn run(config: TraceConfig) -> Result<()> {
         ),
         (None, None) => (Scope::Files { exe: None }, None),
     };
-    let watch = match pid {
-        Some(pid) => {
-            Some(ProcessWatch::new(pid).map_err(|_| anyhow::anyhow!("no such process: {pid}"))?)
-        }
-        None => None,
-    };
-    let resolved = usdt::resolve(&specs, scope)?;
+    let watch = pid.map(ProcessWatch::target).transpose()?;
+    // A target watched is known to have existed: missing, it exited.
+    let resolved = usdt::resolve(&specs, scope).map_err(UsdtError::of_target)?;
     for skipped in &resolved.skipped {
         log::warn!("skipped a probe site: {skipped}");
     }
@@ -74,7 +72,12 @@ pub fn run(config: TraceConfig) -> Result<()> {
         },
         ..Settings::default()
     })?;
-    loader.attach_usdt_sites(&plan.usdt_sites(), warm_up)?;
+    loader
+        .attach_usdt_sites(&plan.usdt_sites(), warm_up)
+        .map_err(|e| match pid {
+            Some(pid) => procfs::target_error(pid, e),
+            None => e.into(),
+        })?;
     let events = loader.take_events()?;
     // Ctrl-C from the moment the line below is printed (and the command runs) must stop
     // the trace, not kill us.
@@ -185,7 +188,7 @@ fn count_text(loader: &Loader, plan: &ProbePlan, format: Format) -> Result<Strin
         Format::Text => {
             counts.sort_by_key(|&(_, n)| n);
             for (probe, n) in counts {
-                text += &format!("@[{probe}]: {n}\n");
+                text += &format!("@[{}]: {n}\n", escape_text(&probe));
             }
         }
     }
@@ -289,6 +292,8 @@ impl EventPrinter {
             }
             Format::Text => {
                 let secs = event.ts_ns.saturating_sub(self.started_ns) as f64 / 1e9;
+                // Probe names come from the target's notes and paths.
+                let name = escape_text(name);
                 write!(out, "{secs:>12.6} {:>7} {:>7} {name}", event.pid, event.tid)?;
                 for (i, &v) in args.iter().enumerate() {
                     if signs.get(i) == Some(&true) {
@@ -300,5 +305,44 @@ impl EventPrinter {
                 writeln!(out)
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Probe names (provider, name, path: the target's) reach the terminal with their
+    /// control characters escaped in text lines, as JSON escapes them in JSON lines.
+    #[test]
+    fn probe_names_are_escaped_in_text_lines() {
+        let mut printer = EventPrinter {
+            format: Format::Text,
+            names: vec!["usdt:/tmp/a\x07:p\x1b[31m:n\r".into()],
+            signed: vec![vec![true]],
+            started_ns: 0,
+            count: 0,
+        };
+        // SAFETY: UsdtEvent is plain old data; all zeroes is a valid value.
+        let mut event: UsdtEvent = unsafe { std::mem::zeroed() };
+        event.ts_ns = 1_500_000_000;
+        event.pid = 7;
+        event.tid = 8;
+        event.arg_count = 1;
+        event.args[0] = -3i64 as u64;
+        let mut out = Vec::new();
+        printer.print(&mut out, &event).unwrap();
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "    1.500000       7       8 usdt:/tmp/a\\x07:p\\x1b[31m:n\\x0d -3\n"
+        );
+        printer.format = Format::Json;
+        let mut out = Vec::new();
+        printer.print(&mut out, &event).unwrap();
+        let line = String::from_utf8(out).unwrap();
+        assert!(
+            line.contains(r#""probe":"usdt:/tmp/a\u0007:p\u001b[31m:n\r""#),
+            "{line}"
+        );
     }
 }

@@ -23,7 +23,11 @@ use tracer_common::{
 
 pub use sys::supports_ref_ctr_offset;
 
-use crate::btf::{self, Btf};
+use crate::{
+    btf::{self, Btf},
+    oserror::{self, OpenFileLimit},
+    procfs::ProcessError,
+};
 
 /// The eBPF object built from `tracer-ebpf` by build.rs.
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tracer-ebpf"));
@@ -34,6 +38,21 @@ const KERNEL_BTF: &str = "/sys/kernel/btf/vmlinux";
 pub enum LoaderError {
     #[error("kernel feature missing: {0}")]
     KernelFeature(String),
+    /// EMFILE or ENFILE: every map, program, link and perf event is a file descriptor.
+    #[error("{what}: {limit}")]
+    TooManyOpenFiles { what: String, limit: OpenFileLimit },
+    /// EPERM or EACCES from a BPF or perf syscall, once the capabilities were checked.
+    #[error(
+        "{what}: permission denied: tracer needs root, or CAP_BPF and CAP_PERFMON, and a \
+         security module (SELinux, AppArmor) or kernel lockdown may refuse it still"
+    )]
+    NotPermitted {
+        what: String,
+        source: std::io::Error,
+    },
+    /// The target exited, or /proc hides it.
+    #[error(transparent)]
+    Process(#[from] ProcessError),
     #[error(transparent)]
     Btf(#[from] btf::BtfError),
     #[error("loading the eBPF programs failed")]
@@ -229,9 +248,38 @@ const DEFERRED_MAPS: [&str; 10] = [
 /// The smallest ring buffer the kernel accepts (one page).
 const MIN_RING_BUFFER_BYTES: u32 = 4096;
 
+/// What `error`, returned by the system while doing `what`, means: too many open files,
+/// permission denied, or (otherwise) a kernel feature missing.
+pub(crate) fn os_error(what: impl Into<String>, error: std::io::Error) -> LoaderError {
+    let what = what.into();
+    match oserror::cause(&error) {
+        Some(oserror::Cause::TooManyOpenFiles { system }) => LoaderError::TooManyOpenFiles {
+            what,
+            limit: OpenFileLimit::now(system),
+        },
+        Some(oserror::Cause::NotPermitted) => LoaderError::NotPermitted {
+            what,
+            source: error,
+        },
+        None => LoaderError::KernelFeature(format!("{what}: {error}")),
+    }
+}
+
 /// When process `pid` started, in clock ticks since boot (field 22 of /proc/PID/stat).
-fn process_start_ticks(pid: u32) -> Option<u64> {
-    parse_start_ticks(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+/// A target that exited (a zombie's start time is still there) or that /proc hides is
+/// reported as such.
+fn process_start_ticks(pid: u32) -> Result<u64> {
+    let path = format!("/proc/{pid}/stat");
+    let stat =
+        std::fs::read_to_string(&path).map_err(|e| match ProcessError::check_target(pid) {
+            Some(gone) => gone.into(),
+            None => os_error(format!("reading {path}"), e),
+        })?;
+    if let Some(gone) = ProcessError::check_target(pid) {
+        return Err(gone.into());
+    }
+    parse_start_ticks(&stat)
+        .ok_or_else(|| LoaderError::KernelFeature(format!("no start time in {path}: {stat:?}")))
 }
 
 /// Field 22 of a /proc/PID/stat line; the name (field 2) may contain spaces and
@@ -317,7 +365,12 @@ impl Loader {
         // Only the off-CPU programs read task_struct and attach to sched_switch; reading
         // kernel BTF costs milliseconds.
         let (task_offsets, sched_switch_btf_id) = if features.offcpu {
-            let kernel = Btf::read(Path::new(KERNEL_BTF))?;
+            let kernel = Btf::read(Path::new(KERNEL_BTF)).map_err(|e| match e {
+                btf::BtfError::Read { path, source } if oserror::cause(&source).is_some() => {
+                    os_error(format!("reading kernel BTF at {path}"), source)
+                }
+                e => e.into(),
+            })?;
             let members = ["pid", "group_leader", "start_boottime"];
             (
                 kernel.member_offsets("task_struct", &members)?,
@@ -331,9 +384,7 @@ impl Loader {
         // The target is its PID *and* its start time, so a process reusing the PID after
         // the target exited is not accounted as the target.
         let target_start_ticks = match settings.target_tgid {
-            Some(pid) if features.offcpu => process_start_ticks(pid).ok_or_else(|| {
-                LoaderError::KernelFeature(format!("cannot read the start time of process {pid}"))
-            })?,
+            Some(pid) if features.offcpu => process_start_ticks(pid)?,
             _ => 0,
         };
         // SAFETY: sysconf has no memory preconditions.
@@ -567,9 +618,8 @@ impl Loader {
     fn attach_switch_program(&mut self, name: &'static str) -> Result<()> {
         self.finish_maps()?;
         let program = self.program_fd(name, self.sched_switch_btf_id)?;
-        let link = sys::attach_btf_tracepoint(program).map_err(|e| {
-            LoaderError::KernelFeature(format!("attaching {name} to sched_switch: {e}"))
-        })?;
+        let link = sys::attach_btf_tracepoint(program)
+            .map_err(|e| os_error(format!("attaching {name} to sched_switch"), e))?;
         self.links.insert(
             name,
             vec![Link {
@@ -627,17 +677,15 @@ impl Loader {
 
     /// Attaches perf_event program `name` to one CPU_CLOCK event per online CPU.
     fn attach_sampler(&mut self, name: &'static str, frequency_hz: u64) -> Result<usize> {
-        let cpus = aya::util::online_cpus().map_err(|(what, e)| {
-            LoaderError::KernelFeature(format!("cannot list the online CPUs ({what}): {e}"))
-        })?;
+        let cpus = aya::util::online_cpus()
+            .map_err(|(what, e)| os_error(format!("cannot list the online CPUs ({what})"), e))?;
         self.finish_maps()?;
         let program = self.program_fd(name, None)?;
         let links = cpus
             .iter()
             .map(|&cpu| {
-                let sampling = |e: std::io::Error| {
-                    LoaderError::KernelFeature(format!("CPU_CLOCK sampling on CPU {cpu}: {e}"))
-                };
+                let sampling =
+                    |e: std::io::Error| os_error(format!("CPU_CLOCK sampling on CPU {cpu}"), e);
                 let perf_event = sys::open_cpu_clock(cpu, frequency_hz).map_err(sampling)?;
                 let link =
                     sys::link_perf_event(program, perf_event.as_fd(), 0).map_err(sampling)?;
@@ -885,11 +933,18 @@ impl UprobeWarmUp {
 
 /// What a failure to attach to `target` means for the user.
 fn attach_error(target: &UsdtAttachment, source: std::io::Error) -> LoaderError {
-    match source.kind() {
-        std::io::ErrorKind::PermissionDenied => LoaderError::UprobeNotPermitted {
+    if let Some(gone) = target.pid.and_then(ProcessError::check_target) {
+        return gone.into();
+    }
+    match oserror::cause(&source) {
+        Some(oserror::Cause::NotPermitted) => LoaderError::UprobeNotPermitted {
             path: target.path.clone(),
         },
-        _ => LoaderError::AttachUprobe {
+        Some(oserror::Cause::TooManyOpenFiles { .. }) => os_error(
+            format!("attaching uprobes to {}", target.path.display()),
+            source,
+        ),
+        None => LoaderError::AttachUprobe {
             path: target.path.clone(),
             offset: target.offset,
             pid: target.pid,
@@ -908,7 +963,43 @@ mod tests {
                     123456 1000 100 18446744073709551615";
         assert_eq!(parse_start_ticks(line), Some(123456));
         assert_eq!(parse_start_ticks("garbage"), None);
-        assert!(process_start_ticks(std::process::id()).is_some_and(|t| t > 0));
+        assert!(process_start_ticks(std::process::id()).is_ok_and(|t| t > 0));
+        let err = process_start_ticks(4194304).unwrap_err();
+        assert_eq!(err.to_string(), "process 4194304 exited");
+    }
+
+    #[test]
+    fn os_errors_name_their_cause() {
+        let error = |errno| {
+            os_error(
+                "creating eBPF map X",
+                std::io::Error::from_raw_os_error(errno),
+            )
+        };
+        let emfile = error(libc::EMFILE).to_string();
+        assert!(
+            emfile.starts_with("creating eBPF map X: too many open files: the open-file limit"),
+            "{emfile}"
+        );
+        assert!(emfile.contains("ulimit -n is "), "{emfile}");
+        assert!(!emfile.contains("kernel feature"), "{emfile}");
+        assert!(error(libc::ENFILE).to_string().contains("fs.file-max"));
+        let eperm = error(libc::EPERM).to_string();
+        assert!(
+            eperm.contains("permission denied: tracer needs root"),
+            "{eperm}"
+        );
+        assert!(matches!(
+            error(libc::EACCES),
+            LoaderError::NotPermitted { .. }
+        ));
+        assert_eq!(
+            error(libc::EINVAL).to_string(),
+            format!(
+                "kernel feature missing: creating eBPF map X: {}",
+                std::io::Error::from_raw_os_error(libc::EINVAL)
+            )
+        );
     }
 
     #[test]

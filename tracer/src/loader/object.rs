@@ -20,7 +20,7 @@ use aya_obj::{
     generated::{bpf_attach_type, bpf_insn, bpf_prog_type},
 };
 
-use super::{LoaderError, sys};
+use super::{LoaderError, os_error, sys};
 
 /// The object's programs, each relocated and verified when first asked for, and its maps.
 pub(super) struct Programs {
@@ -115,7 +115,14 @@ fn create_map(
     map: aya_obj::Map,
 ) -> Result<(String, aya_obj::Map, MapData), LoaderError> {
     let definition = map.clone();
-    let data = MapData::create(map, &name, None).map_err(|e| LoaderError::Load(e.into()))?;
+    let data = MapData::create(map, &name, None).map_err(|e| match e {
+        aya::maps::MapError::CreateError { io_error, .. }
+            if crate::oserror::cause(&io_error).is_some() =>
+        {
+            os_error(format!("creating eBPF map {name}"), io_error)
+        }
+        e => LoaderError::Load(e.into()),
+    })?;
     let kind = definition.section_kind();
     if matches!(
         kind,
@@ -127,7 +134,7 @@ fn create_map(
             definition.data(),
             kind == EbpfSectionKind::Rodata,
         )
-        .map_err(|e| LoaderError::KernelFeature(format!("global data of {name}: {e}")))?;
+        .map_err(|e| os_error(format!("global data of {name}"), e))?;
     }
     Ok((name, definition, data))
 }
@@ -141,7 +148,7 @@ impl Programs {
                     .fd()
                     .as_fd()
                     .try_clone_to_owned()
-                    .map_err(|e| LoaderError::KernelFeature(format!("map {name}: {e}")))?;
+                    .map_err(|e| os_error(format!("duplicating the fd of map {name}"), e))?;
                 self.created.push((name.clone(), definition, fd));
                 let map = Map::from_map_data(data).map_err(|e| LoaderError::Load(e.into()))?;
                 Ok((name, map))
@@ -265,10 +272,8 @@ impl Programs {
                 },
                 _ => return Err(LoaderError::Missing(name)),
             };
-            let fd =
-                sys::load_program(&kind, name, &instructions, &program.license).map_err(|e| {
-                    LoaderError::KernelFeature(format!("loading eBPF program {name}: {e}"))
-                })?;
+            let fd = sys::load_program(&kind, name, &instructions, &program.license)
+                .map_err(|e| os_error(format!("loading eBPF program {name}"), e))?;
             self.loaded.insert(name, fd);
         }
         Ok(waited_for)

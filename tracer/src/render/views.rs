@@ -10,6 +10,7 @@ use super::{
 use crate::wallclock::{self, ExportInfo, OFF_CPU_FRAME, StackProfile, WallClockProfile};
 
 /// Where each output went; `None` for a file that could not be written.
+#[derive(Debug, Default)]
 pub struct ProfileFiles {
     pub wall: Option<ViewFiles>,
     pub oncpu: Option<ViewFiles>,

@@ -21,6 +21,8 @@ use std::path::{Path, PathBuf};
 
 use tracer_common::UsdtArg;
 
+use crate::procfs::ProcessError;
+
 pub use notes::{NoteDesc, UsdtNote, parse_note_desc, parse_notes, read_notes};
 pub use pattern::{Glob, ProbePattern, UsdtSpecifier, parse_specifier};
 pub use process::{MappedObject, MapsEntry, executable, mapped_objects, parse_maps};
@@ -82,9 +84,9 @@ pub enum UsdtError {
         /// How many others there are.
         more: usize,
     },
-    /// `/proc/PID` does not exist: the process never existed or has exited.
-    #[error("no such process: {0}")]
-    NoSuchProcess(u32),
+    /// The process is not there (never existed, exited, a zombie), or /proc hides it.
+    #[error(transparent)]
+    Process(#[from] ProcessError),
     /// An argument spec string from a note could not be decoded.
     #[error("bad argument spec \"{spec}\": {reason}")]
     BadArgSpec {
@@ -129,6 +131,15 @@ impl UsdtError {
         UsdtError::Io {
             path: path.to_path_buf(),
             source,
+        }
+    }
+
+    /// This error for a process known to have existed (tracer watches it): a process not
+    /// there any more has exited.
+    pub fn of_target(self) -> Self {
+        match self {
+            UsdtError::Process(e) => UsdtError::Process(e.of_target()),
+            other => other,
         }
     }
 }
@@ -299,10 +310,17 @@ mod tests {
         let pattern: ProbePattern = "*:*".parse().unwrap();
         // PIDs are capped well below this (pid_max is at most 2^22).
         let err = find_probes_in_process(u32::MAX - 1, &pattern).unwrap_err();
-        assert!(matches!(err, UsdtError::NoSuchProcess(_)), "{err}");
+        assert!(
+            matches!(err, UsdtError::Process(ProcessError::NoSuch(_))),
+            "{err}"
+        );
         assert_eq!(
             err.to_string(),
             format!("no such process: {}", u32::MAX - 1)
+        );
+        assert_eq!(
+            err.of_target().to_string(),
+            format!("process {} exited", u32::MAX - 1)
         );
     }
 }

@@ -4,6 +4,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use super::UsdtError;
+use crate::procfs::ProcessError;
 
 /// A file a process has mapped, under the two names it has.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -162,16 +163,18 @@ fn proc_path(pid: u32, entry: &str) -> PathBuf {
     PathBuf::from(format!("/proc/{pid}/{entry}"))
 }
 
-/// Tells "the process is gone" apart from other failures (permissions, a kernel thread
-/// without an executable): a missing file under `/proc/PID` only means the former if
-/// `/proc/PID` itself is missing.
+/// Tells "the process is gone" (or a zombie, or hidden by /proc's hidepid option) apart
+/// from other failures (permissions, a kernel thread without an executable, out of file
+/// descriptors): see [`ProcessError::check`].
 fn proc_error(pid: u32, path: &Path, error: io::Error) -> UsdtError {
-    let gone = matches!(error.raw_os_error(), Some(libc::ESRCH))
-        || (error.kind() == io::ErrorKind::NotFound && !proc_path(pid, "").exists());
-    if gone {
-        UsdtError::NoSuchProcess(pid)
-    } else {
-        UsdtError::io(path, error)
+    let about_the_process = matches!(error.raw_os_error(), Some(libc::ESRCH))
+        || matches!(
+            error.kind(),
+            io::ErrorKind::NotFound | io::ErrorKind::PermissionDenied
+        );
+    match ProcessError::check(pid) {
+        Some(gone) if about_the_process => UsdtError::Process(gone),
+        _ => UsdtError::io(path, error),
     }
 }
 
@@ -283,7 +286,8 @@ not a maps line
     #[test]
     fn missing_process() {
         let pid = u32::MAX - 1;
-        assert!(matches!(executable(pid), Err(UsdtError::NoSuchProcess(p)) if p == pid));
-        assert!(matches!(mapped_objects(pid), Err(UsdtError::NoSuchProcess(p)) if p == pid));
+        let gone = |r: Result<_, UsdtError>| matches!(r, Err(UsdtError::Process(ProcessError::NoSuch(p))) if p == pid);
+        assert!(gone(executable(pid).map(|_| ())));
+        assert!(gone(mapped_objects(pid).map(|_| ())));
     }
 }

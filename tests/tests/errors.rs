@@ -1,0 +1,488 @@
+//! Error messages of the right class (issue 12, case 6), each with exit code 1 and no
+//! panic: a target that exits while the tracer attaches is "process N exited", never a
+//! kernel feature missing; a low open-file limit names `ulimit -n` and its value; a live
+//! process that /proc hides (the hidepid mount option) is said to be hidden, not gone.
+
+mod common;
+
+use std::{
+    io::{BufRead as _, BufReader},
+    os::{
+        fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
+        unix::{fs::PermissionsExt as _, process::CommandExt as _},
+    },
+    path::{Path, PathBuf},
+    process::{Child, Command, Output, Stdio},
+    time::{Duration, Instant},
+};
+
+use common::*;
+
+const GC_DEMO: &str = env!("CARGO_BIN_EXE_gc-demo");
+const KERNEL_BTF: &str = "/sys/kernel/btf/vmlinux";
+
+/// gc-demo waiting for SIGUSR1 (it never gets it), killed and reaped when dropped.
+struct Victim {
+    child: Child,
+    pid: u32,
+}
+
+impl Victim {
+    /// Starts it and returns once it is ready.
+    fn start() -> Self {
+        let mut child = Command::new(GC_DEMO)
+            .arg("--wait-for-signal")
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("cannot start gc-demo");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let pid = line
+            .trim()
+            .strip_prefix("ready pid=")
+            .unwrap()
+            .parse()
+            .unwrap();
+        Self { child, pid }
+    }
+
+    /// Kills it and waits until it is gone (`reap`) or a zombie.
+    fn kill(&mut self, reap: bool) {
+        self.child.kill().unwrap();
+        if reap {
+            self.child.wait().unwrap();
+            return;
+        }
+        let stat = format!("/proc/{}/stat", self.pid);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !std::fs::read_to_string(&stat)
+            .unwrap()
+            .rsplit_once(") ")
+            .is_some_and(|(_, rest)| rest.starts_with('Z'))
+        {
+            assert!(
+                Instant::now() < deadline,
+                "{} never became a zombie",
+                self.pid
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+impl Drop for Victim {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Asserts the run failed with exit code 1, said `expected`, and did not panic.
+fn assert_fails_with(out: &Output, expected: &str, what: &str) {
+    let err = stderr(out);
+    assert_eq!(out.status.code(), Some(1), "{what}: {err}");
+    assert!(
+        err.contains(expected),
+        "{what}: expected {expected:?} in: {err}"
+    );
+    assert!(!err.contains("kernel feature missing"), "{what}: {err}");
+    assert!(!err.contains("panicked"), "{what}: {err}");
+}
+
+/// Holds opens of a file by one process until let go (fanotify permission events), and
+/// lets everyone else's through at once: a test can then act at a known point of the
+/// tracer's start (kernel BTF is read first thing in `Loader::load`, just before the
+/// target's start time).
+struct OpenGate {
+    fd: OwnedFd,
+}
+
+/// An open held by [`OpenGate::wait_for`]; dropping it lets the open proceed.
+struct HeldOpen<'a> {
+    gate: &'a OpenGate,
+    event_fd: i32,
+}
+
+impl Drop for HeldOpen<'_> {
+    fn drop(&mut self) {
+        self.gate.allow(self.event_fd);
+    }
+}
+
+impl OpenGate {
+    fn new(path: &str) -> Self {
+        // SAFETY: plain syscalls; the path is NUL-terminated.
+        let fd = unsafe {
+            libc::fanotify_init(
+                libc::FAN_CLASS_CONTENT | libc::FAN_CLOEXEC,
+                (libc::O_RDONLY | libc::O_CLOEXEC) as u32,
+            )
+        };
+        assert!(
+            fd >= 0,
+            "fanotify_init: {}",
+            std::io::Error::last_os_error()
+        );
+        // SAFETY: fanotify_init returned a new fd nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let path = std::ffi::CString::new(path).unwrap();
+        // SAFETY: as above.
+        let rc = unsafe {
+            libc::fanotify_mark(
+                fd.as_raw_fd(),
+                libc::FAN_MARK_ADD,
+                libc::FAN_OPEN_PERM,
+                libc::AT_FDCWD,
+                path.as_ptr(),
+            )
+        };
+        assert_eq!(rc, 0, "fanotify_mark: {}", std::io::Error::last_os_error());
+        Self { fd }
+    }
+
+    fn allow(&self, event_fd: i32) {
+        let response = libc::fanotify_response {
+            fd: event_fd,
+            response: libc::FAN_ALLOW,
+        };
+        // SAFETY: writes one fanotify_response; closes the event's fd, ours.
+        unsafe {
+            libc::write(
+                self.fd.as_raw_fd(),
+                (&response as *const libc::fanotify_response).cast(),
+                std::mem::size_of::<libc::fanotify_response>(),
+            );
+            libc::close(event_fd);
+        }
+    }
+
+    /// Waits for process `pid` to open the file, letting other processes' opens through,
+    /// and returns with that open held; `None` if `pid` did not open it before `timeout`
+    /// or while `alive` says it runs.
+    fn wait_for(
+        &self,
+        pid: u32,
+        timeout: Duration,
+        mut alive: impl FnMut() -> bool,
+    ) -> Option<HeldOpen<'_>> {
+        let deadline = Instant::now() + timeout;
+        let mut buf = vec![0u8; 4096];
+        let mut held = None;
+        while held.is_none() && Instant::now() < deadline && alive() {
+            let mut poll = libc::pollfd {
+                fd: self.fd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd.
+            if unsafe { libc::poll(&mut poll, 1, 50) } <= 0 {
+                continue;
+            }
+            // SAFETY: reads into buf, of the length given.
+            let n = unsafe { libc::read(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+            assert!(
+                n > 0,
+                "reading fanotify: {}",
+                std::io::Error::last_os_error()
+            );
+            let mut at = 0;
+            while at + std::mem::size_of::<libc::fanotify_event_metadata>() <= n as usize {
+                // SAFETY: the kernel wrote whole event records; read_unaligned copes with
+                // any alignment.
+                let event: libc::fanotify_event_metadata =
+                    unsafe { std::ptr::read_unaligned(buf[at..].as_ptr().cast()) };
+                at += event.event_len as usize;
+                if event.fd < 0 {
+                    continue;
+                }
+                if event.pid as u32 == pid && held.is_none() {
+                    held = Some(HeldOpen {
+                        gate: self,
+                        event_fd: event.fd,
+                    });
+                } else {
+                    self.allow(event.fd);
+                }
+            }
+        }
+        held
+    }
+}
+
+/// Starts `tracer COMMAND --pid PID`, kills the target (reaped or left a zombie) while the
+/// tracer's open of kernel BTF is held, so it exits just before the tracer reads its start
+/// time, and returns the tracer's output.
+fn exit_while_loading(command: &str, reap: bool) -> (u32, Output) {
+    let gate = OpenGate::new(KERNEL_BTF);
+    let mut target = Victim::start();
+    let pid = target.pid;
+    let dir = out_dir(&format!("exit-{command}"));
+    let mut tracer = Command::new(tracer_bin())
+        .args([command, "--pid", &pid.to_string(), "--duration", "5s", "-o"])
+        .arg(&dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let tracer_pid = tracer.id();
+    let held = gate.wait_for(tracer_pid, Duration::from_secs(60), || {
+        Path::new(&format!("/proc/{tracer_pid}")).exists()
+            && tracer.try_wait().ok().flatten().is_none()
+    });
+    assert!(
+        held.is_some(),
+        "{command}: the tracer never read {KERNEL_BTF}"
+    );
+    target.kill(reap);
+    drop(held);
+    drop(gate);
+    (pid, tracer.wait_with_output().unwrap())
+}
+
+/// A target that exits while `attach` or `profile` loads (after it was found, before
+/// tracing starts), reaped or still a zombie: "process N exited", every time (it was
+/// "kernel feature missing: cannot read the start time of process N", or a uprobe error).
+#[test]
+fn a_target_that_exits_while_the_tracer_loads_is_reported_as_exited() {
+    if !privileged() {
+        return;
+    }
+    for command in ["attach", "profile"] {
+        for reap in [true, false] {
+            for _ in 0..3 {
+                let (pid, out) = exit_while_loading(command, reap);
+                let what = format!(
+                    "{command}, target {}",
+                    if reap { "reaped" } else { "a zombie" }
+                );
+                assert_fails_with(
+                    &out,
+                    &format!("tracer: error: process {pid} exited\n"),
+                    &what,
+                );
+            }
+        }
+    }
+}
+
+/// A target that has exited but is not reaped yet (a zombie: its PID still there, its
+/// /proc entries mostly not): "process N exited" from every command that takes a PID (it
+/// was "cannot read /proc/N/exe: No such file or directory").
+#[test]
+fn a_zombie_target_is_reported_as_exited_by_every_command() {
+    if !privileged() {
+        return;
+    }
+    let mut target = Victim::start();
+    let pid = target.pid;
+    target.kill(false);
+    let pid_arg = pid.to_string();
+    let dir = out_dir("zombie");
+    let dir = dir.to_str().unwrap();
+    let commands: [&[&str]; 4] = [
+        &["attach", "--pid", &pid_arg, "-o", dir],
+        &["profile", "--pid", &pid_arg, "-o", dir],
+        &["trace", "--pid", &pid_arg, "usdt:*:tracer:gc__begin"],
+        &["list", "--pid", &pid_arg],
+    ];
+    for args in commands {
+        let out = run_tracer(args);
+        assert_fails_with(
+            &out,
+            &format!("tracer: error: process {pid} exited\n"),
+            args[0],
+        );
+    }
+}
+
+/// A target killed at various points of the tracer's start: whatever the tracer was doing
+/// then, it either says the process exited (or that there is none, when it was gone
+/// before the tracer looked) or traces it until "target exited"; never anything else.
+#[test]
+fn a_target_killed_at_any_point_of_the_start_is_never_misreported() {
+    if !privileged() {
+        return;
+    }
+    let mut exited = 0;
+    for command in ["attach", "profile", "trace"] {
+        for delay_ms in [0, 1, 2, 5, 10, 20, 40] {
+            let mut target = Victim::start();
+            let pid = target.pid;
+            let pid_arg = pid.to_string();
+            let dir = out_dir(&format!("killed-{command}"));
+            let mut args = vec![command, "--pid", &pid_arg, "--duration", "10s"];
+            match command {
+                "trace" => args.push("usdt:*:tracer:gc__begin"),
+                _ => args.extend(["-o", dir.to_str().unwrap()]),
+            }
+            let tracer = Command::new(tracer_bin())
+                .args(&args)
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            std::thread::sleep(Duration::from_millis(delay_ms));
+            target.kill(true);
+            let out = tracer.wait_with_output().unwrap();
+            let err = stderr(&out);
+            let what = format!("{command} killed after {delay_ms} ms: {err}");
+            assert!(!err.contains("panicked"), "{what}");
+            if out.status.success() {
+                assert!(err.contains("Stopped: target exited"), "{what}");
+                continue;
+            }
+            assert_eq!(out.status.code(), Some(1), "{what}");
+            let line = err.lines().last().unwrap_or_default();
+            assert!(
+                line == format!("tracer: error: process {pid} exited")
+                    || line == format!("tracer: error: no such process: {pid}"),
+                "{what}"
+            );
+            exited += 1;
+        }
+    }
+    eprintln!("{exited} of 21 starts failed with the target gone, the others traced it");
+}
+
+/// Starts the tracer with at most `limit` open files (soft and hard, as `ulimit -n` sets
+/// them).
+fn run_with_open_file_limit(limit: u64, args: &[&str]) -> Output {
+    let mut command = Command::new(tracer_bin());
+    command.args(args);
+    // SAFETY: setrlimit is async-signal-safe; nothing else runs in the child.
+    unsafe {
+        command.pre_exec(move || {
+            let rlimit = libc::rlimit {
+                rlim_cur: limit,
+                rlim_max: limit,
+            };
+            match libc::setrlimit(libc::RLIMIT_NOFILE, &rlimit) {
+                0 => Ok(()),
+                _ => Err(std::io::Error::last_os_error()),
+            }
+        });
+    }
+    command.output().unwrap()
+}
+
+/// With `ulimit -n` too low for its maps, programs and perf events, each command says the
+/// open-file limit is too low, with its value (it was "kernel feature missing: map
+/// CONTROL: Too many open files", or "loading the eBPF programs failed").
+#[test]
+fn a_low_open_file_limit_is_named() {
+    if !privileged() {
+        return;
+    }
+    let target = Victim::start();
+    let pid_arg = target.pid.to_string();
+    let dir = out_dir("nofile");
+    let dir = dir.to_str().unwrap();
+    let commands: [&[&str]; 3] = [
+        &["attach", "--pid", &pid_arg, "--duration", "1s", "-o", dir],
+        &["profile", "--pid", &pid_arg, "--duration", "1s", "-o", dir],
+        &[
+            "trace",
+            "--pid",
+            &pid_arg,
+            "--duration",
+            "1s",
+            "usdt:*:tracer:gc__begin",
+        ],
+    ];
+    for args in commands {
+        for limit in [16, 24] {
+            let out = run_with_open_file_limit(limit, args);
+            assert_fails_with(
+                &out,
+                &format!(
+                    ": too many open files: the open-file limit is too low for tracer \
+                     (ulimit -n is {limit}, the hard limit too); raise it, e.g. `ulimit -n \
+                     4096`, and run tracer again\n"
+                ),
+                &format!("{} with ulimit -n {limit}", args[0]),
+            );
+        }
+    }
+}
+
+/// A copy of the tracer that `nobody` can run whatever the permissions of the checkout.
+fn public_tracer() -> PathBuf {
+    let dir = out_dir("public-tracer");
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let copy = executable_copy(tracer_bin().to_str().unwrap(), &dir);
+    std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).unwrap();
+    copy
+}
+
+/// A process of root's, while the tracer runs as `nobody` with CAP_BPF and CAP_PERFMON in
+/// a mount namespace of its own whose /proc is mounted with `options` (hidepid): every
+/// command says /proc hides the process, how it is mounted and what to do (it was
+/// "process N exited" or "no such process: N"). Root would see through hidepid.
+#[test]
+fn a_process_hidden_by_hidepid_is_said_to_be_hidden() {
+    if !privileged() {
+        return;
+    }
+    let tracer = public_tracer();
+    let target = Victim::start();
+    let pid = target.pid;
+    let pid_arg = pid.to_string();
+    let dir = out_dir("hidepid");
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let dir = dir.to_str().unwrap();
+    let commands: [&[&str]; 4] = [
+        &["attach", "--pid", &pid_arg, "--duration", "1s", "-o", dir],
+        &["profile", "--pid", &pid_arg, "--duration", "1s", "-o", dir],
+        &[
+            "trace",
+            "--pid",
+            &pid_arg,
+            "--duration",
+            "1s",
+            "usdt:*:tracer:gc__begin",
+        ],
+        &["list", "--pid", &pid_arg],
+    ];
+    for (options, shown) in [
+        ("hidepid=invisible", "(mounted with hidepid=invisible)"),
+        ("hidepid=2", "(mounted with hidepid=invisible)"),
+        (
+            "hidepid=noaccess,gid=4242",
+            "(mounted with gid=4242,hidepid=noaccess)",
+        ),
+    ] {
+        for args in commands {
+            let script = format!(
+                "mount -t proc -o {options} proc /proc && exec setpriv --reuid=65534 \
+                 --regid=65534 --clear-groups --inh-caps=+bpf,+perfmon \
+                 --ambient-caps=+bpf,+perfmon \"$0\" \"$@\""
+            );
+            let out = Command::new("unshare")
+                .args(["--mount", "--fork", "sh", "-c", &script])
+                .arg(&tracer)
+                .args(args)
+                .output()
+                .expect("unshare and setpriv (util-linux) are needed");
+            let group = match options.contains("gid=") {
+                true => "as a member of group 4242 (/proc's gid= option)\n",
+                false => "as a member of the group given by /proc's gid= mount option\n",
+            };
+            let what = format!("{} with {options}", args[0]);
+            assert_fails_with(
+                &out,
+                &format!(
+                    "tracer: error: process {pid} is running, but /proc hides it from tracer \
+                     {shown}: remount /proc with `mount -o remount,hidepid=0 /proc`, or run \
+                     tracer as root, with CAP_SYS_PTRACE, or {group}"
+                ),
+                &what,
+            );
+        }
+    }
+}
