@@ -85,7 +85,7 @@ fn wall_clock_shares_match_the_three_threads() {
     }
 
     // The spinner's on-CPU samples add up to the CPU time it got (less than its wall
-    // time on a busy machine: the rest is preemption, under [off-cpu]).
+    // time on a busy machine: the rest is preemption, under [runnable]).
     let oncpu = read(&dir, "oncpu.folded");
     let spin_cpu_us = truth["spin_cpu_ns"].as_u64().unwrap() / 1000;
     let sampled_us = folded_weight(&oncpu, SPIN);
@@ -110,10 +110,25 @@ fn wall_clock_shares_match_the_three_threads() {
             "{frame}\n{wall}"
         );
     }
-    // The two halves make up the whole.
+    // On CPU, blocked, and runnable (preempted, waiting for a CPU) make up the whole.
+    let ends_in = |leaf: &'static str| move |stack: &str| stack.ends_with(leaf);
+    let runnable = folded_weight_where(&wall, ends_in(";[runnable]"));
     assert_eq!(
-        folded_total(&oncpu) + folded_total(&offcpu),
+        folded_total(&oncpu) + folded_total(&offcpu) + runnable,
         folded_total(&wall)
+    );
+    // The spinner never blocks: its time off CPU is preemption, [runnable], not blocked.
+    let spin_blocked = folded_weight_where(&wall, |stack| {
+        stack.contains(SPIN) && stack.ends_with(";[off-cpu]")
+    });
+    let spin_runnable = folded_weight_where(&wall, |stack| {
+        stack.contains(SPIN) && stack.ends_with(";[runnable]")
+    });
+    eprintln!("spinner off CPU: {spin_runnable} us runnable, {spin_blocked} us blocked");
+    assert!(
+        spin_blocked * 50 <= weights[0],
+        "spinner: {spin_blocked} us blocked of {} us\n{wall}",
+        weights[0]
     );
     // Titles say what, for how long, from how many samples.
     for (svg, title, count) in [

@@ -30,7 +30,7 @@ use crate::{
     stop::{self, ProcessWatch, StopReason},
     symbolize::{ProcessMaps, StackSymbolizer},
     tasks,
-    usdt::{self, ProbePattern, UsdtError},
+    usdt::{self, ProbePattern},
     wallclock::{ExportInfo, Processes},
 };
 
@@ -56,7 +56,9 @@ pub fn run(config: AttachConfig) -> Result<()> {
         )
     })?;
 
-    let scan = usdt::scan_process(pid, &ProbePattern::any()).map_err(UsdtError::of_target)?;
+    // Any failure to read the target's files while it vanishes means it exited.
+    let scan = usdt::scan_process(pid, &ProbePattern::any())
+        .map_err(|e| procfs::target_error(pid, e.of_target()))?;
     for (object, error) in &scan.skipped {
         log::debug!("skipped {}: {error}", object.path.display());
     }

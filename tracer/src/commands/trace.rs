@@ -16,7 +16,7 @@ use crate::{
     procfs,
     render::escape_text,
     stop::{self, ProcessWatch, StopReason},
-    usdt::{self, Scope, UsdtError},
+    usdt::{self, Scope},
 };
 
 pub fn run(config: TraceConfig) -> Result<()> {
@@ -45,7 +45,10 @@ pub fn run(config: TraceConfig) -> Result<()> {
     };
     let watch = pid.map(ProcessWatch::target).transpose()?;
     // A target watched is known to have existed: missing, it exited.
-    let resolved = usdt::resolve(&specs, scope).map_err(UsdtError::of_target)?;
+    let resolved = usdt::resolve(&specs, scope).map_err(|e| match pid {
+        Some(pid) => procfs::target_error(pid, e.of_target()),
+        None => e.into(),
+    })?;
     for skipped in &resolved.skipped {
         log::warn!("skipped a probe site: {skipped}");
     }
