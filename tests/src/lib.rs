@@ -10,6 +10,9 @@
 //!   (`/tmp/perf-PID.map`), as JIT compilers do.
 //! - `usdt-args`: USDT probes under provider `tracer_test` whose argument specs cover every
 //!   x86-64 form, with known values, to check decoded arguments one by one.
+//! - `blocked-threads`: named threads blocked for good in futex, clock_nanosleep and read,
+//!   and one spinning, for `tracer stacks` (it prints its thread ids once they block and
+//!   exits after a while rather than at the end of a workload).
 //!
 //! They follow the same protocol so a tracer can attach before the workload starts: they
 //! print `ready pid=<PID>` on stdout (flushed), then, with `--wait-for-signal`, wait for

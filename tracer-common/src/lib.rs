@@ -68,6 +68,9 @@ pub mod program_names {
     /// Off-CPU accounting whose user stacks are snapshots unwound in user space with
     /// DWARF (`UNWIND_SAMPLES`), identified by snapshot ids instead of `STACKS` ids.
     pub const SCHED_SWITCH_DWARF: &str = "sched_switch_dwarf";
+    /// A task iterator (`iter/task`) writing each thread's saved user registers
+    /// ([`super::ThreadRegs`]) for `tracer stacks`.
+    pub const THREAD_REGS: &str = "thread_regs";
 }
 
 /// Names of the read-only globals fixed before load.
@@ -362,6 +365,21 @@ pub struct UnwindSample {
     pub stack: [u8; UNWIND_STACK_BYTES],
 }
 
+/// One thread's user registers as saved when it last entered the kernel, written by the
+/// `thread_regs` task iterator: `/proc/PID/task/TID/syscall` gives the instruction and
+/// stack pointers of a blocked thread but not its frame pointer, which unwinding code built
+/// with frame pointers needs (their call frame information is relative to it).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ThreadRegs {
+    /// The thread id (the kernel's `pid`).
+    pub tid: u32,
+    pub _pad: u32,
+    pub ip: u64,
+    pub sp: u64,
+    pub bp: u64,
+}
+
 /// Off-CPU snapshot ids start here, above every `STACKS` id and every id user space
 /// gives the on-CPU stacks it unwinds, so one `i32` stack id space holds all three.
 pub const FIRST_SNAPSHOT_ID: i32 = 1 << 30;
@@ -415,4 +433,5 @@ mod pod {
     unsafe impl aya::Pod for UnwindSample {}
     unsafe impl aya::Pod for LastSnapshot {}
     unsafe impl aya::Pod for SnapshotCheck {}
+    unsafe impl aya::Pod for ThreadRegs {}
 }

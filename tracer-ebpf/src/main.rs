@@ -8,6 +8,7 @@ mod offcpu;
 mod oncpu;
 mod snapshot;
 mod tasks;
+mod threads;
 mod usdt;
 
 use aya_ebpf::{
@@ -206,6 +207,15 @@ pub fn oncpu_sample(ctx: PerfEventContext) -> u32 {
 #[perf_event]
 pub fn oncpu_sample_dwarf(ctx: PerfEventContext) -> u32 {
     oncpu::on_sample_dwarf(&ctx);
+    0
+}
+
+/// Every thread's saved user registers, from a task iterator (`tracer stacks`). Written
+/// out as aya's macros would (they have none for iterators).
+#[unsafe(no_mangle)]
+#[unsafe(link_section = "iter/task")]
+pub fn thread_regs(ctx: *mut core::ffi::c_void) -> i32 {
+    threads::on_task(ctx as *const threads::IterTask);
     0
 }
 

@@ -5,7 +5,7 @@
 use core::ffi::c_void;
 
 use aya_ebpf::{
-    bindings::pt_regs,
+    bindings::{pt_regs, task_struct},
     helpers::{
         bpf_probe_read_kernel,
         generated::{bpf_get_current_task_btf, bpf_probe_read_user, bpf_task_pt_regs},
@@ -35,9 +35,17 @@ pub fn is_user(regs: &Regs) -> bool {
 /// kernel stack); `None` for a kernel thread or if they cannot be read.
 #[inline(always)]
 pub fn saved_user_regs() -> Option<Regs> {
-    // SAFETY: both helpers take no memory from us; the first returns the current task
-    // (trusted by the verifier), the second its saved user registers.
-    let regs = unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) } as *const pt_regs;
+    // SAFETY: the helper takes no memory from us and returns the current task (trusted by
+    // the verifier).
+    task_user_regs(unsafe { bpf_get_current_task_btf() })
+}
+
+/// The user registers `task` last entered the kernel with; `None` for a kernel thread
+/// or if they cannot be read. `task` must be a pointer the verifier trusts.
+#[inline(always)]
+pub fn task_user_regs(task: *mut task_struct) -> Option<Regs> {
+    // SAFETY: the helper takes no memory from us and returns the task's saved registers.
+    let regs = unsafe { bpf_task_pt_regs(task) } as *const pt_regs;
     // SAFETY: the helper validates the kernel addresses.
     let regs = unsafe {
         Regs {

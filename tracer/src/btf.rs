@@ -12,6 +12,7 @@ const BTF_MAGIC: u16 = 0xeb9f;
 const HEADER_MIN_LEN: usize = 24;
 const KIND_STRUCT: u32 = 4;
 const KIND_TYPEDEF: u32 = 8;
+const KIND_FUNC: u32 = 12;
 
 #[derive(Debug, Error)]
 pub enum BtfError {
@@ -28,6 +29,8 @@ pub enum BtfError {
     NoMember(String, String),
     #[error("kernel BTF has no typedef {0}")]
     NoTypedef(String),
+    #[error("kernel BTF has no function {0}")]
+    NoFunction(String),
 }
 
 /// BTF type information, read once and searched by name.
@@ -121,6 +124,16 @@ impl Btf {
         Ok(self
             .find(&btf, KIND_TYPEDEF, name)?
             .ok_or_else(|| BtfError::NoTypedef(name.into()))?
+            .id)
+    }
+
+    /// The type id of function `name` (`bpf_iter_task`, which a task iterator program is
+    /// verified against).
+    pub fn function_id(&self, name: &str) -> Result<u32, BtfError> {
+        let btf = Sections::parse(&self.data)?;
+        Ok(self
+            .find(&btf, KIND_FUNC, name)?
+            .ok_or_else(|| BtfError::NoFunction(name.into()))?
             .id)
     }
 
@@ -220,9 +233,10 @@ fn u32_at(data: &[u8], at: usize) -> Result<u32, BtfError> {
 mod tests {
     use super::*;
 
-    /// A tiny BTF blob: `int`, `struct s { int a; int b; }` and `typedef struct s t`.
+    /// A tiny BTF blob: `int`, `struct s { int a; int b; }`, `typedef struct s t` and a
+    /// function `f`.
     fn tiny_btf() -> Vec<u8> {
-        let strings = b"\0int\0s\0a\0b\0t\0".to_vec();
+        let strings = b"\0int\0s\0a\0b\0t\0f\0".to_vec();
         let mut types = Vec::new();
         let push = |v: &mut Vec<u8>, x: u32| v.extend_from_slice(&x.to_le_bytes());
         // [1] INT "int" size 4
@@ -243,6 +257,10 @@ mod tests {
         push(&mut types, 11);
         push(&mut types, KIND_TYPEDEF << 24);
         push(&mut types, 2);
+        // [4] FUNC "f" (its prototype would be type 0: void)
+        push(&mut types, 13);
+        push(&mut types, KIND_FUNC << 24);
+        push(&mut types, 0);
         let mut data = Vec::new();
         data.extend_from_slice(&BTF_MAGIC.to_le_bytes());
         data.extend_from_slice(&[1, 0]);
@@ -270,6 +288,11 @@ mod tests {
         ));
         assert_eq!(btf.typedef_id("t").unwrap(), 3);
         assert!(matches!(btf.typedef_id("s"), Err(BtfError::NoTypedef(..))));
+        assert_eq!(btf.function_id("f").unwrap(), 4);
+        assert!(matches!(
+            btf.function_id("t"),
+            Err(BtfError::NoFunction(..))
+        ));
     }
 
     #[test]
@@ -293,5 +316,6 @@ mod tests {
         };
         assert_eq!(tgid, pid + 4, "pid and tgid are adjacent in task_struct");
         assert!(btf.typedef_id("btf_trace_sched_switch").unwrap() > 0);
+        assert!(btf.function_id("bpf_iter_task").unwrap() > 0);
     }
 }

@@ -31,6 +31,19 @@ pub enum Command {
     /// Wall-clock profile: on-CPU samples and off-CPU (blocked) time of a process, or of
     /// every process, as flame graphs, folded stacks, pprof and speedscope files.
     Profile(ProfileArgs),
+    /// What every thread of a running process is doing now, without stopping it: state,
+    /// the system call it is blocked in and for how long, kernel and user stacks.
+    Stacks(StacksArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct StacksArgs {
+    /// The process whose threads to show.
+    #[arg(long, short)]
+    pub pid: u32,
+    /// Output format: text, or one JSON document.
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    pub format: Format,
 }
 
 #[derive(Debug, Args)]
@@ -322,6 +335,24 @@ impl TryFrom<ListArgs> for ListConfig {
     }
 }
 
+/// `tracer stacks`, validated.
+#[derive(Debug, Clone)]
+pub struct StacksConfig {
+    pub pid: NonZeroU32,
+    pub format: Format,
+}
+
+impl TryFrom<StacksArgs> for StacksConfig {
+    type Error = ConfigError;
+
+    fn try_from(args: StacksArgs) -> Result<Self, ConfigError> {
+        Ok(Self {
+            pid: nonzero_pid(args.pid)?,
+            format: args.format,
+        })
+    }
+}
+
 /// `tracer trace`, validated.
 #[derive(Debug, Clone)]
 pub struct TraceConfig {
@@ -566,6 +597,27 @@ mod tests {
         );
         assert!(profile_config(&["--stack-map-size", "16777217"]).is_err());
         assert!(profile_config(&["--unwind-buffer", "1K"]).is_err());
+    }
+
+    #[test]
+    fn stacks_needs_a_pid() {
+        let config = |args: &[&str]| {
+            let cli = Cli::try_parse_from([&["tracer", "stacks"], args].concat())?;
+            let Command::Stacks(args) = cli.command else {
+                panic!("not stacks")
+            };
+            Ok::<_, clap::Error>(StacksConfig::try_from(args))
+        };
+        let stacks = config(&["--pid", "42", "--format", "json"])
+            .unwrap()
+            .unwrap();
+        assert_eq!((stacks.pid.get(), stacks.format), (42, Format::Json));
+        assert_eq!(config(&["-p", "7"]).unwrap().unwrap().format, Format::Text);
+        assert_eq!(
+            config(&["--pid", "0"]).unwrap().unwrap_err(),
+            ConfigError::ZeroPid
+        );
+        assert!(config(&[]).is_err(), "--pid is required");
     }
 
     #[test]

@@ -10,6 +10,7 @@
 //! - `histogram`, `offcpu`, `tasks`, `wallclock`: aggregation of what the kernel collected
 //!   (`wallclock` also writes pprof and speedscope files);
 //! - `symbolize`: naming addresses (blazesym);
+//! - `threads`: what each thread of a process is doing now, read from /proc (`tracer stacks`);
 //! - `unwind`: DWARF unwinding of user stack snapshots (framehop), for binaries without
 //!   frame pointers;
 //! - `render`, `report`: histograms, flamegraphs and reports;
@@ -37,6 +38,7 @@ pub mod sampling;
 pub mod stop;
 pub mod symbolize;
 pub mod tasks;
+pub mod threads;
 pub mod unwind;
 pub mod usdt;
 pub mod wallclock;

@@ -2,7 +2,7 @@
 
 use clap::Parser as _;
 use tracer::{
-    cli::{AttachConfig, Cli, Command, ListConfig, ProfileConfig, TraceConfig},
+    cli::{AttachConfig, Cli, Command, ListConfig, ProfileConfig, StacksConfig, TraceConfig},
     commands,
     console::OutputError,
     oserror, render,
@@ -27,6 +27,9 @@ fn main() {
         Command::Profile(args) => ProfileConfig::try_from(args)
             .map_err(anyhow::Error::from)
             .and_then(commands::profile::run),
+        Command::Stacks(args) => StacksConfig::try_from(args)
+            .map_err(anyhow::Error::from)
+            .and_then(commands::stacks::run),
     };
     if let Err(error) = result {
         // A reader that went away (`tracer list | head -1`) wanted no more: not an error.

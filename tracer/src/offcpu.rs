@@ -13,7 +13,7 @@ use crate::{
 };
 
 /// Marks kernel frames the way inferno's palettes and flamegraph.pl recognise them.
-const KERNEL_SUFFIX: &str = "_[k]";
+pub const KERNEL_SUFFIX: &str = "_[k]";
 
 /// Names of a process's threads, remembered while it runs.
 #[derive(Debug, Default)]

@@ -100,6 +100,18 @@ impl<'a> Snapshot<'a> {
     }
 }
 
+/// How unwinding one stack ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UnwindEnd {
+    /// At the outermost frame (its unwind rules say there is no caller).
+    Complete,
+    /// The stack goes on beyond the bytes copied (or [`MAX_STACK_DEPTH`]).
+    OutOfStack,
+    /// Before the stack's end otherwise: an address had no unwind information and no
+    /// usable frame pointer (often the outermost frame of code without CFI).
+    Truncated,
+}
+
 /// What unwinding did, for the summary.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct UnwindStats {
@@ -306,7 +318,15 @@ impl DwarfUnwinder {
             values: [0; MAX_SNAPSHOT_CHECKS],
         };
         let stack = match maps {
-            Some(maps) => self.unwind(snapshot, maps, &mut check),
+            Some(maps) => {
+                let (stack, end) = self.unwind(snapshot, maps, &mut check);
+                match end {
+                    UnwindEnd::Complete => {}
+                    UnwindEnd::OutOfStack => self.stats.out_of_stack += 1,
+                    UnwindEnd::Truncated => self.stats.truncated += 1,
+                }
+                stack
+            }
             None => {
                 self.stats.no_maps += 1;
                 UnwoundStack {
@@ -334,6 +354,24 @@ impl DwarfUnwinder {
         None
     }
 
+    /// Unwinds one snapshot taken outside a profile (a thread's registers and stack read
+    /// from /proc, see [`crate::threads`]) and returns its stack and how unwinding ended,
+    /// counting it nowhere: neither in [`DwarfUnwinder::stats`] nor in
+    /// [`DwarfUnwinder::finish`]. The process's unwind tables are kept for its next one.
+    pub fn unwind_one(
+        &mut self,
+        snapshot: &Snapshot<'_>,
+        maps: &ProcessMaps,
+    ) -> (UnwoundStack, UnwindEnd) {
+        let mut reads = SnapshotCheck {
+            count: 0,
+            offsets: [0; MAX_SNAPSHOT_CHECKS],
+            _pad: 0,
+            values: [0; MAX_SNAPSHOT_CHECKS],
+        };
+        self.unwind(snapshot, maps, &mut reads)
+    }
+
     /// Unwinds `snapshot`, noting in `reads` the first stack words read (unwinding is a
     /// function of the registers and of those words only).
     fn unwind(
@@ -341,7 +379,7 @@ impl DwarfUnwinder {
         snapshot: &Snapshot<'_>,
         maps: &ProcessMaps,
         reads: &mut SnapshotCheck,
-    ) -> UnwoundStack {
+    ) -> (UnwoundStack, UnwindEnd) {
         let mapping_count = maps.mapped_files().count();
         let stale = self
             .processes
@@ -371,6 +409,7 @@ impl DwarfUnwinder {
                 .unwinder
                 .iter_frames(snapshot.ip, regs, &mut self.cache, &mut read_stack);
         let mut unwound = UnwoundStack::default();
+        let mut end = UnwindEnd::Complete;
         // The address whose unwind rule found the next frame: the instruction pointer,
         // then each return address minus one (the call instruction).
         let mut lookup = snapshot.ip;
@@ -387,17 +426,17 @@ impl DwarfUnwinder {
                 Ok(None) => break,
                 Err(framehop::Error::CouldNotReadStack(addr)) => {
                     log::debug!("unwinding ran out of stack at {addr:#x}");
-                    self.stats.out_of_stack += 1;
+                    end = UnwindEnd::OutOfStack;
                     break;
                 }
                 Err(e) => {
                     log::debug!("unwinding stopped: {e}");
-                    self.stats.truncated += 1;
+                    end = UnwindEnd::Truncated;
                     break;
                 }
             }
             if unwound.addrs.len() >= MAX_STACK_DEPTH {
-                self.stats.out_of_stack += 1;
+                end = UnwindEnd::OutOfStack;
                 break;
             }
         }
@@ -405,7 +444,7 @@ impl DwarfUnwinder {
             unwound.addrs.push(snapshot.ip);
             unwound.by_frame_pointer.push(false);
         }
-        unwound
+        (unwound, end)
     }
 
     fn build(&mut self, maps: &ProcessMaps, mappings: usize) -> ProcessUnwinder {
@@ -599,6 +638,12 @@ mod tests {
         let mut unwinder = DwarfUnwinder::new();
         unwinder.add(&snapshot, Some(&maps));
         assert!(unwinder.stats.max_depth >= 3, "{:?}", unwinder.stats);
+        let stats = unwinder.stats;
+        // The same snapshot on its own: the same stack, and nothing counted.
+        let (stack, _) = unwinder.unwind_one(&snapshot, &maps);
+        assert_eq!(stack.addrs.len() as u64, stats.max_depth, "{stack:x?}");
+        assert_eq!(stack.addrs[0], ip);
+        assert_eq!(unwinder.stats, stats);
     }
 
     #[test]

@@ -70,6 +70,18 @@ impl Target {
         Target { pid, child }
     }
 
+    /// The next line the target prints after its `ready` line (read a byte at a time, so
+    /// nothing after it is taken from [`Target::finish`]).
+    pub fn read_line(&mut self) -> String {
+        let stdout = self.child.stdout.as_mut().unwrap();
+        let mut line = Vec::new();
+        let mut byte = [0u8];
+        while stdout.read(&mut byte).unwrap() == 1 && byte[0] != b'\n' {
+            line.push(byte[0]);
+        }
+        String::from_utf8(line).unwrap()
+    }
+
     /// Lets the workload start.
     pub fn release(&self) {
         // SAFETY: kill has no memory preconditions; the pid is our child's.

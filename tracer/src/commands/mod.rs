@@ -3,4 +3,5 @@
 pub mod attach;
 pub mod list;
 pub mod profile;
+pub mod stacks;
 pub mod trace;

@@ -17,7 +17,7 @@ use aya::maps::{Array, HashMap, Map, MapData, PerCpuArray, RingBuf, StackTraceMa
 use thiserror::Error;
 use tracer_common::{
     LatencyStats, OffCpuKey, OffCpuStart, OffCpuTotal, OnCpuKey, ProbeHits, SnapshotCheck, TaskId,
-    TaskKey, TaskState, UsdtSite, control, counter, global_names, histogram, map_names,
+    TaskKey, TaskState, ThreadRegs, UsdtSite, control, counter, global_names, histogram, map_names,
     program_names, site_flags,
 };
 
@@ -161,6 +161,8 @@ pub struct Features {
     pub tasks: bool,
     /// Off-CPU user stacks as snapshots for DWARF unwinding (`sched_switch_dwarf`).
     pub offcpu_snapshots: bool,
+    /// Threads' saved user registers from a task iterator (`tracer stacks`).
+    pub thread_regs: bool,
 }
 
 impl Features {
@@ -171,6 +173,7 @@ impl Features {
         oncpu: true,
         tasks: true,
         offcpu_snapshots: true,
+        thread_regs: true,
     };
     pub const NONE: Features = Features {
         events: false,
@@ -179,6 +182,7 @@ impl Features {
         oncpu: false,
         tasks: false,
         offcpu_snapshots: false,
+        thread_regs: false,
     };
 
     /// The maps only needed by features this run does not use.
@@ -339,6 +343,8 @@ pub struct Loader {
     programs: object::Programs,
     /// The kernel's BTF type id of `btf_trace_sched_switch` (off-CPU runs only).
     sched_switch_btf_id: Option<u32>,
+    /// The kernel's BTF type id of function `bpf_iter_task` (`Features::thread_regs`).
+    iter_task_btf_id: Option<u32>,
     /// Holds the uprobe_multi links (one per program and file, at most
     /// [`keeper::MAX_UPROBES_PER_LINK`] sites each) out of this process's reach: see
     /// [`keeper`]. Started with the first USDT attach.
@@ -362,23 +368,34 @@ impl Loader {
                 return Err(LoaderError::NestedPidNamespace(ns.ino()));
             }
         }
-        // Only the off-CPU programs read task_struct and attach to sched_switch; reading
-        // kernel BTF costs milliseconds.
-        let (task_offsets, sched_switch_btf_id) = if features.offcpu {
-            let kernel = Btf::read(Path::new(KERNEL_BTF)).map_err(|e| match e {
-                btf::BtfError::Read { path, source } if oserror::cause(&source).is_some() => {
-                    os_error(format!("reading kernel BTF at {path}"), source)
-                }
-                e => e.into(),
-            })?;
-            let members = ["pid", "group_leader", "start_boottime"];
-            (
-                kernel.member_offsets("task_struct", &members)?,
-                Some(kernel.typedef_id("btf_trace_sched_switch")?),
-            )
-        } else {
-            (vec![0; 3], None)
+        // Only the off-CPU programs and the thread iterator read task_struct, and only
+        // they are verified against kernel types; reading kernel BTF costs milliseconds.
+        let kernel = (features.offcpu || features.thread_regs)
+            .then(|| {
+                Btf::read(Path::new(KERNEL_BTF)).map_err(|e| match e {
+                    btf::BtfError::Read { path, source } if oserror::cause(&source).is_some() => {
+                        os_error(format!("reading kernel BTF at {path}"), source)
+                    }
+                    e => e.into(),
+                })
+            })
+            .transpose()?;
+        let task_offsets = match &kernel {
+            Some(kernel) => {
+                let members = ["pid", "group_leader", "start_boottime"];
+                kernel.member_offsets("task_struct", &members)?
+            }
+            None => vec![0; 3],
         };
+        let kernel_type_id =
+            |wanted: bool, id: fn(&Btf) -> Result<u32, btf::BtfError>| match (&kernel, wanted) {
+                (Some(kernel), true) => id(kernel).map(Some),
+                _ => Ok(None),
+            };
+        let sched_switch_btf_id =
+            kernel_type_id(features.offcpu, |k| k.typedef_id("btf_trace_sched_switch"))?;
+        let iter_task_btf_id =
+            kernel_type_id(features.thread_regs, |k| k.function_id("bpf_iter_task"))?;
         let (task_pid_offset, group_leader_offset, start_boottime_offset) =
             (task_offsets[0], task_offsets[1], task_offsets[2]);
         // The target is its PID *and* its start time, so a process reusing the PID after
@@ -456,6 +473,7 @@ impl Loader {
             maps,
             programs,
             sched_switch_btf_id,
+            iter_task_btf_id,
             keeper,
             usdt_sites_attached: 0,
             links: StdHashMap::new(),
@@ -633,6 +651,49 @@ impl Loader {
     fn detach_switch_program(&mut self, name: &'static str) -> Result<()> {
         self.links.remove(name);
         Ok(())
+    }
+
+    /// The user registers every thread of process `tgid` last entered the kernel with,
+    /// as saved at the top of its kernel stack (the frame pointer included, which /proc
+    /// does not give), from a task iterator; load with `Features::thread_regs`. Reading
+    /// them does not stop the threads; those running now give stale values (or none).
+    pub fn thread_registers(&mut self, tgid: u32) -> Result<Vec<ThreadRegs>> {
+        let name = program_names::THREAD_REGS;
+        let program = self.program_fd(name, self.iter_task_btf_id)?;
+        let error = |e: std::io::Error| {
+            LoaderError::KernelFeature(format!("reading threads with task iterator {name}: {e}"))
+        };
+        // Only the process's threads (Linux 6.1); before that, every task, sorted out here.
+        let link = sys::link_task_iterator(program, Some(tgid))
+            .or_else(|_| sys::link_task_iterator(program, None))
+            .map_err(error)?;
+        let iterator = sys::create_iterator(link.as_fd()).map_err(error)?;
+        let mut bytes = Vec::new();
+        std::io::Read::read_to_end(&mut std::fs::File::from(iterator), &mut bytes)
+            .map_err(error)?;
+        let tids = std::fs::read_dir(format!("/proc/{tgid}/task"))
+            .map(|tasks| {
+                tasks
+                    .flatten()
+                    .filter_map(|t| t.file_name().to_str()?.parse::<u32>().ok())
+                    .collect::<std::collections::HashSet<u32>>()
+            })
+            .unwrap_or_default();
+        Ok(bytes
+            .chunks_exact(std::mem::size_of::<ThreadRegs>())
+            .map(|record| {
+                let u64_at =
+                    |at: usize| u64::from_ne_bytes(record[at..at + 8].try_into().expect("8 bytes"));
+                ThreadRegs {
+                    tid: u32::from_ne_bytes(record[0..4].try_into().expect("4 bytes")),
+                    _pad: 0,
+                    ip: u64_at(8),
+                    sp: u64_at(16),
+                    bp: u64_at(24),
+                }
+            })
+            .filter(|regs| tids.contains(&regs.tid))
+            .collect())
     }
 
     /// Attaches on-CPU sampling: one CPU_CLOCK perf event per online CPU, firing

@@ -232,7 +232,8 @@ impl Programs {
 
     /// Relocates program `name` and has the kernel verify it, unless that was done
     /// already. BTF tracepoint programs are verified against the kernel type
-    /// `attach_btf_id` (the tracepoint's `btf_trace_*` typedef); the others ignore it.
+    /// `attach_btf_id` (the tracepoint's `btf_trace_*` typedef), iterators against
+    /// theirs (`bpf_iter_task`); the others ignore it.
     /// Returns the maps it had to wait for (see [`Programs::finish_maps`]).
     pub(super) fn load(
         &mut self,
@@ -267,6 +268,17 @@ impl Programs {
                     attach_btf_id: Some(attach_btf_id.ok_or_else(|| {
                         LoaderError::KernelFeature(format!(
                             "program {name} needs the kernel's BTF type id of its tracepoint"
+                        ))
+                    })?),
+                },
+                // Task iterators are verified against the kernel function
+                // `bpf_iter_task` (`attach_btf_id`).
+                ProgramSection::Iter { sleepable: false } => sys::ProgramKind {
+                    prog_type: bpf_prog_type::BPF_PROG_TYPE_TRACING,
+                    expected_attach_type: Some(bpf_attach_type::BPF_TRACE_ITER),
+                    attach_btf_id: Some(attach_btf_id.ok_or_else(|| {
+                        LoaderError::KernelFeature(format!(
+                            "program {name} needs the kernel's BTF type id of bpf_iter_task"
                         ))
                     })?),
                 },

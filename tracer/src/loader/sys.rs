@@ -230,6 +230,77 @@ pub fn attach_btf_tracepoint(prog: BorrowedFd<'_>) -> io::Result<OwnedFd> {
     owned_fd(fd)
 }
 
+/// The `link_create` member of `union bpf_attr` for an iterator.
+#[repr(C)]
+struct LinkCreateIter {
+    prog_fd: u32,
+    target_fd: u32,
+    attach_type: u32,
+    flags: u32,
+    /// A `union bpf_iter_link_info`, or 0.
+    iter_info: u64,
+    iter_info_len: u32,
+    _pad: u32,
+}
+
+/// The `task` member of `union bpf_iter_link_info`: which tasks a task iterator visits.
+#[repr(C)]
+struct IterLinkInfoTask {
+    tid: u32,
+    /// Every thread of this process (Linux 6.1), in our PID namespace.
+    pid: u32,
+    pid_fd: u32,
+}
+
+/// Links a loaded task iterator program, to visit the threads of process `pid` only or
+/// every task. Read it through [`create_iterator`].
+pub fn link_task_iterator(prog: BorrowedFd<'_>, pid: Option<u32>) -> io::Result<OwnedFd> {
+    let info = IterLinkInfoTask {
+        tid: 0,
+        pid: pid.unwrap_or(0),
+        pid_fd: 0,
+    };
+    let attr = LinkCreateIter {
+        prog_fd: prog.as_raw_fd() as u32,
+        target_fd: 0,
+        attach_type: bpf_attach_type::BPF_TRACE_ITER as u32,
+        flags: 0,
+        iter_info: if pid.is_some() {
+            &info as *const IterLinkInfoTask as u64
+        } else {
+            0
+        },
+        iter_info_len: if pid.is_some() {
+            mem::size_of::<IterLinkInfoTask>() as u32
+        } else {
+            0
+        },
+        _pad: 0,
+    };
+    // SAFETY: attr is the link_create member; the link info it points to outlives the call.
+    let fd = unsafe { bpf(bpf_cmd::BPF_LINK_CREATE, &attr) };
+    owned_fd(fd)
+}
+
+/// The `iter_create` member of `union bpf_attr`.
+#[repr(C)]
+struct IterCreate {
+    link_fd: u32,
+    flags: u32,
+}
+
+/// A new run of the iterator `link`: reading the returned file runs the program over
+/// every object it visits and returns what the program wrote.
+pub fn create_iterator(link: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+    let attr = IterCreate {
+        link_fd: link.as_raw_fd() as u32,
+        flags: 0,
+    };
+    // SAFETY: attr is a valid bpf_attr prefix of the size passed, alive for the call.
+    let fd = unsafe { bpf(bpf_cmd::BPF_ITER_CREATE, &attr) };
+    owned_fd(fd)
+}
+
 /// Opens a CPU_CLOCK software event on `cpu` for every process, sampling `frequency_hz`
 /// times per second of CPU time; it runs the program linked to it at each sample.
 pub fn open_cpu_clock(cpu: u32, frequency_hz: u64) -> io::Result<OwnedFd> {

@@ -1,0 +1,375 @@
+//! `tracer stacks --pid`: what each thread of `blocked-threads` is doing, without stopping
+//! it: threads blocked in futex (a lock held for good), clock_nanosleep and read (a pipe
+//! nobody writes), each named with its state and system call, its kernel stack, and its
+//! user stack from the function it blocks in down to the thread's start; as text and as
+//! JSON. The target is never stopped (its spinning thread keeps running), and a missing
+//! process or privilege is an error, not a panic.
+
+mod common;
+
+use std::{
+    collections::HashMap,
+    os::unix::process::CommandExt as _,
+    process::Command,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use common::*;
+use serde_json::Value;
+
+const BLOCKED_THREADS: &str = env!("CARGO_BIN_EXE_blocked-threads");
+
+/// (thread name, state, system call names accepted, function it blocks in).
+const BLOCKED: [(&str, &str, &[&str], &str); 3] = [
+    ("futex-waiter", "sleeping", &["futex"], "block_in_futex"),
+    (
+        "sleeper",
+        "sleeping",
+        &["clock_nanosleep", "nanosleep"],
+        "block_in_nanosleep",
+    ),
+    ("pipe-reader", "sleeping", &["read"], "block_in_read"),
+];
+
+/// System call numbers (x86-64) of each blocked thread's call, to wait for.
+fn syscall_nrs(name: &str) -> &'static [&'static str] {
+    match name {
+        "futex-waiter" => &["202"],
+        "sleeper" => &["230", "35"],
+        "pipe-reader" => &["0"],
+        _ => &[],
+    }
+}
+
+/// A running `blocked-threads` whose threads are all blocked, and their ids by name.
+struct Blocked {
+    target: Target,
+    tids: HashMap<String, u32>,
+    /// When the threads were all in their system calls.
+    blocked_at: Instant,
+}
+
+fn start_blocked() -> Blocked {
+    let mut target = Target::start(BLOCKED_THREADS, &["--seconds", "120"]);
+    target.release();
+    let line = target.read_line();
+    let info: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{line:?}: {e}"));
+    let tids: HashMap<String, u32> = info["tids"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(name, tid)| (name.clone(), tid.as_u64().unwrap() as u32))
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for (name, ..) in BLOCKED {
+        let path = format!("/proc/{}/task/{}/syscall", target.pid, tids[name]);
+        loop {
+            let line = std::fs::read_to_string(&path).unwrap_or_default();
+            let nr = line.split(' ').next().unwrap_or("");
+            if syscall_nrs(name).contains(&nr) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{name} never blocked: {line:?}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    Blocked {
+        target,
+        tids,
+        blocked_at: Instant::now(),
+    }
+}
+
+fn stacks(pid: u32, extra: &[&str]) -> (String, String) {
+    let pid = pid.to_string();
+    let out = run_tracer(&[&["stacks", "--pid", &pid], extra].concat());
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        out.status.success(),
+        "tracer stacks failed: {stderr}\n{stdout}"
+    );
+    (stdout, stderr)
+}
+
+/// The text output's section of thread `tid`: its line and its frames.
+fn text_section(text: &str, tid: u32) -> (String, Vec<String>) {
+    let head = format!("Thread {tid} ");
+    let mut lines = text.lines().skip_while(|l| !l.starts_with(&head));
+    let first = lines
+        .next()
+        .unwrap_or_else(|| panic!("no {head:?} in {text}"))
+        .to_string();
+    let frames = lines
+        .take_while(|l| l.starts_with("    "))
+        .map(|l| l.trim().to_string())
+        .collect();
+    (first, frames)
+}
+
+/// Asserts what a blocked thread's frames must hold: kernel frames first, then user
+/// frames with `function` in them, down to the start of a thread.
+fn assert_frames(name: &str, kernel: &[String], user: &[String], function: &str) {
+    assert!(!kernel.is_empty(), "{name}: no kernel stack");
+    assert!(
+        kernel.iter().all(|f| f.ends_with("_[k]")),
+        "{name}: {kernel:?}"
+    );
+    let at = user
+        .iter()
+        .position(|f| f.ends_with(&format!("::{function}")))
+        .unwrap_or_else(|| panic!("{name}: no {function} in {user:#?}"));
+    assert!(
+        at > 0,
+        "{name}: {function} is the innermost frame: {user:?}"
+    );
+    let outer = &user[at..];
+    assert!(
+        outer
+            .iter()
+            .any(|f| f == "start_thread" || f.starts_with("clone")),
+        "{name}: does not reach start_thread/clone: {user:#?}"
+    );
+}
+
+#[test]
+fn text_names_each_thread_its_state_syscall_and_stacks() {
+    if !privileged() {
+        return;
+    }
+    let blocked = start_blocked();
+    std::thread::sleep(Duration::from_millis(500));
+    let (text, stderr) = stacks(blocked.target.pid, &[]);
+    let elapsed = blocked.blocked_at.elapsed();
+    assert!(
+        !stderr.contains("frame pointers"),
+        "frame pointers were not read: {stderr}"
+    );
+    assert!(
+        text.starts_with(&format!(
+            "Process {} \"blocked-threads\": 6 threads\n",
+            blocked.target.pid
+        )),
+        "{text}"
+    );
+    for (name, state, syscalls, function) in BLOCKED {
+        let (line, frames) = text_section(&text, blocked.tids[name]);
+        let prefix = format!("Thread {} \"{name}\": {state} in ", blocked.tids[name]);
+        let rest = line
+            .strip_prefix(&prefix)
+            .unwrap_or_else(|| panic!("{line:?} is not {prefix:?}..."));
+        let (syscall, since) = rest.split_once(" for ").unwrap();
+        assert!(syscalls.contains(&syscall), "{line}");
+        // Blocked since before `blocked_at`, and at most since the JSON line was read.
+        let seconds = parse_seconds(since);
+        assert!(
+            seconds >= 0.45 && seconds < elapsed.as_secs_f64() + 2.0,
+            "{line}: blocked {since}, expected 0.5 to {elapsed:?}"
+        );
+        let kernel: Vec<String> = frames
+            .iter()
+            .take_while(|f| f.ends_with("_[k]"))
+            .cloned()
+            .collect();
+        assert_frames(name, &kernel, &frames[kernel.len()..], function);
+    }
+    // The main thread sleeps in main.
+    let (line, frames) = text_section(&text, blocked.target.pid);
+    assert!(
+        line.contains("\"blocked-threads\": sleeping in clock_nanosleep for "),
+        "{line}"
+    );
+    assert!(
+        frames.iter().any(|f| f == "blocked_threads::main"),
+        "{frames:#?}"
+    );
+    assert!(frames.iter().any(|f| f == "main"), "{frames:#?}");
+    // The spinner is on a CPU or waiting for one.
+    let (line, _) = text_section(&text, blocked.tids["spinner"]);
+    assert!(
+        line.contains("\"spinner\": running") || line.contains("\"spinner\": runnable"),
+        "{line}"
+    );
+}
+
+/// `3.20s`, `850ms`, `12.5us` in seconds.
+fn parse_seconds(text: &str) -> f64 {
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: f64 = number.parse().unwrap_or_else(|_| panic!("{text:?}"));
+    number
+        * match unit {
+            "s" => 1.0,
+            "ms" => 1e-3,
+            "us" => 1e-6,
+            "ns" => 1e-9,
+            _ => panic!("unit of {text:?}"),
+        }
+}
+
+#[test]
+fn json_names_each_thread_its_state_syscall_and_stacks() {
+    if !privileged() {
+        return;
+    }
+    let blocked = start_blocked();
+    std::thread::sleep(Duration::from_millis(500));
+    let (out, _) = stacks(blocked.target.pid, &["--format", "json"]);
+    let elapsed = blocked.blocked_at.elapsed();
+    let json: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{out}: {e}"));
+    assert_eq!(json["pid"], blocked.target.pid);
+    assert_eq!(json["process"], "blocked-threads");
+    let threads = json["threads"].as_array().unwrap();
+    assert_eq!(threads.len(), 6, "{json:#}");
+    assert_eq!(threads[0]["tid"], blocked.target.pid, "main thread first");
+    let by_name = |name: &str| {
+        threads
+            .iter()
+            .find(|t| t["name"] == name)
+            .unwrap_or_else(|| panic!("no thread {name} in {json:#}"))
+    };
+    let strings = |value: &Value| -> Vec<String> {
+        value
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f.as_str().unwrap().to_string())
+            .collect()
+    };
+    for (name, state, syscalls, function) in BLOCKED {
+        let thread = by_name(name);
+        assert_eq!(thread["tid"], blocked.tids[name]);
+        assert_eq!(thread["state"], state, "{thread:#}");
+        let syscall = thread["syscall"].as_str().unwrap();
+        assert!(syscalls.contains(&syscall), "{thread:#}");
+        let since = thread["since_last_ran_ns"].as_u64().unwrap();
+        assert!(
+            since >= 450_000_000 && since < (elapsed.as_nanos() as u64 + 2_000_000_000),
+            "{name}: blocked {since} ns, expected 0.5 s to {elapsed:?}"
+        );
+        assert_eq!(thread["user_stack_truncated"], false);
+        assert_frames(
+            name,
+            &strings(&thread["kernel_stack"]),
+            &strings(&thread["user_stack"]),
+            function,
+        );
+    }
+    let spinner = by_name("spinner");
+    assert!(
+        spinner["state"] == "running" || spinner["state"] == "runnable",
+        "{spinner:#}"
+    );
+    assert_eq!(spinner["syscall"], Value::Null);
+}
+
+/// CPU time of a thread so far, in ns.
+fn cpu_time_ns(pid: u32, tid: u32) -> u64 {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/schedstat")).unwrap();
+    text.split(' ').next().unwrap().parse().unwrap()
+}
+
+#[test]
+fn never_stops_the_target() {
+    if !privileged() {
+        return;
+    }
+    let blocked = start_blocked();
+    let pid = blocked.target.pid;
+    let tids: Vec<u32> = blocked.tids.values().copied().chain([pid]).collect();
+    // Every thread's state, read over and over while the tracer runs: never stopped
+    // (`T`) nor in a tracing stop (`t`), as a debugger's or ptrace-based tool's would be.
+    let done = Arc::new(AtomicBool::new(false));
+    let watcher = {
+        let done = Arc::clone(&done);
+        let tids = tids.clone();
+        std::thread::spawn(move || {
+            let mut reads = 0u64;
+            while !done.load(Ordering::Relaxed) {
+                for tid in &tids {
+                    let stat = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat"))
+                        .unwrap_or_default();
+                    let state = stat.rsplit_once(") ").map(|(_, rest)| &rest[..1]);
+                    assert!(
+                        !matches!(state, Some("t" | "T")),
+                        "thread {tid} stopped: {stat}"
+                    );
+                    reads += 1;
+                }
+            }
+            reads
+        })
+    };
+    let spinner = blocked.tids["spinner"];
+    let (cpu_before, wall) = (cpu_time_ns(pid, spinner), Instant::now());
+    for _ in 0..5 {
+        stacks(pid, &[]);
+    }
+    let (cpu, wall) = (cpu_time_ns(pid, spinner) - cpu_before, wall.elapsed());
+    done.store(true, Ordering::Relaxed);
+    let reads = watcher
+        .join()
+        .unwrap_or_else(|e| std::panic::resume_unwind(e));
+    assert!(
+        reads > 100,
+        "the watcher read the states {reads} times only"
+    );
+    // Two CPUs, shared with the tracer and this test: the spinner still got a good part
+    // of the wall time.
+    assert!(
+        cpu as f64 > wall.as_nanos() as f64 * 0.2,
+        "the spinner ran {cpu} ns in {wall:?}"
+    );
+    // And its threads are still where they were.
+    for (name, ..) in BLOCKED {
+        let line =
+            std::fs::read_to_string(format!("/proc/{pid}/task/{}/syscall", blocked.tids[name]))
+                .unwrap();
+        let nr = line.split(' ').next().unwrap();
+        assert!(syscall_nrs(name).contains(&nr), "{name}: {line}");
+    }
+}
+
+#[test]
+fn a_missing_process_or_privilege_is_an_error() {
+    if !privileged() {
+        return;
+    }
+    // No such process (a child that exited and was reaped).
+    let mut child = Command::new("true").spawn().unwrap();
+    child.wait().unwrap();
+    let out = run_tracer(&["stacks", "--pid", &child.id().to_string()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("no such process"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+
+    // Not root: the registers, memory and kernel stacks of another user's process.
+    let blocked = start_blocked();
+    let out = Command::new(tracer_bin())
+        .args(["stacks", "--pid", &blocked.target.pid.to_string()])
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("permission denied"), "{stderr}");
+    assert!(stderr.contains("root"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(
+        out.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+
+    // PID 0 is refused by the command line.
+    let out = run_tracer(&["stacks", "--pid", "0"]);
+    assert_eq!(out.status.code(), Some(1));
+}

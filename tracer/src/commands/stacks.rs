@@ -1,0 +1,367 @@
+//! `tracer stacks --pid PID [--format json]`: what every thread of a process is doing
+//! now, like `py-spy dump`, `jstack` or `eu-stack`, without stopping it: each thread's
+//! state, the system call it is blocked in and how long since it last ran, its kernel
+//! stack and its user stack (unwound with call frame information, symbolized and
+//! demangled). Everything comes from `/proc` (see [`crate::threads`]) but the threads'
+//! frame pointers, which a task iterator reads from the kernel: without them (no BPF),
+//! user stacks through code built with frame pointers stop early.
+
+use std::{borrow::Cow, collections::HashMap, fmt::Write as _};
+
+use anyhow::Result;
+use serde_json::{Value, json};
+use tracer_common::{ThreadRegs, UNWIND_STACK_BYTES};
+
+use crate::{
+    cli::{Format, StacksConfig},
+    loader::{Features, Loader, Settings},
+    privileges,
+    render::hist::format_ns,
+    symbolize::{ProcessMaps, StackSymbolizer},
+    threads::{self, SnapshotError, SnapshotOptions, ThreadSnapshot, ThreadState, UserStack},
+    unwind::{DwarfUnwinder, UnwindEnd},
+};
+
+pub fn run(config: StacksConfig) -> Result<()> {
+    let pid = process_of(config.pid.get())?;
+    let name = std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .map(|comm| comm.trim_end_matches('\n').to_string())
+        .map_err(|_| SnapshotError::Exited(pid))?;
+    // Read first, so that the threads' registers are those /proc then shows.
+    let registers = frame_pointers(pid);
+    let options = SnapshotOptions {
+        registers: registers.as_ref().cloned().unwrap_or_default(),
+        ..SnapshotOptions::default()
+    };
+    let threads = threads::snapshot_threads_with(pid, &options)?;
+    if let Err(e) = registers {
+        crate::status!(
+            "tracer: cannot read the threads' frame pointers ({e:#}): user stacks through \
+             code built with frame pointers stop early"
+        );
+    }
+    let stacks = match ProcessMaps::capture(pid) {
+        Ok(maps) => threads::user_stacks(
+            pid,
+            &threads,
+            &maps,
+            &mut DwarfUnwinder::new(),
+            &mut StackSymbolizer::new(),
+        ),
+        Err(_) => {
+            crate::status!("tracer: process {pid} exited while being read: no user stacks");
+            vec![None; threads.len()]
+        }
+    };
+    let dump = Dump {
+        pid,
+        name,
+        threads,
+        stacks,
+    };
+    let out = match config.format {
+        Format::Text => dump.to_text(),
+        Format::Json => format!("{}\n", dump.to_json()),
+    };
+    crate::console::print(out)?;
+    Ok(())
+}
+
+/// The saved user registers of every thread of `pid`, by thread id, from the kernel.
+fn frame_pointers(pid: u32) -> Result<HashMap<u32, ThreadRegs>> {
+    privileges::check()?;
+    let mut loader = Loader::load(&Settings {
+        features: Features {
+            thread_regs: true,
+            ..Features::NONE
+        },
+        ..Settings::default()
+    })?;
+    Ok(loader
+        .thread_registers(pid)?
+        .into_iter()
+        .map(|regs| (regs.tid, regs))
+        .collect())
+}
+
+/// The process `pid` belongs to (itself, unless it is a thread of another).
+fn process_of(pid: u32) -> Result<u32, SnapshotError> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .map_err(|_| SnapshotError::NoSuchProcess(pid))?;
+    let tgid = status
+        .lines()
+        .find_map(|line| line.strip_prefix("Tgid:"))
+        .and_then(|tgid| tgid.trim().parse().ok())
+        .unwrap_or(pid);
+    if tgid != pid {
+        crate::status!("tracer: {pid} is a thread of process {tgid}: showing every thread of it");
+    }
+    Ok(tgid)
+}
+
+/// Every thread of one process, with its user stack.
+struct Dump {
+    pid: u32,
+    name: String,
+    threads: Vec<ThreadSnapshot>,
+    /// Per thread.
+    stacks: Vec<Option<UserStack>>,
+}
+
+impl Dump {
+    fn to_text(&self) -> String {
+        let mut out = String::new();
+        let count = self.threads.len();
+        let _ = writeln!(
+            out,
+            "Process {} \"{}\": {count} thread{}",
+            self.pid,
+            escape(&self.name, true),
+            if count == 1 { "" } else { "s" }
+        );
+        for (thread, stack) in self.threads.iter().zip(&self.stacks) {
+            let _ = writeln!(
+                out,
+                "\nThread {} \"{}\": {}",
+                thread.tid,
+                escape(&thread.name, true),
+                describe(thread)
+            );
+            for frame in thread.kernel_frame_names() {
+                let _ = writeln!(out, "    {}", escape(&frame, false));
+            }
+            match stack {
+                Some(stack) => {
+                    for frame in &stack.frames {
+                        let _ = writeln!(out, "    {}", escape(frame, false));
+                    }
+                    if stack.end == UnwindEnd::OutOfStack {
+                        let _ = writeln!(
+                            out,
+                            "    ... (the stack goes deeper than the {} KiB read)",
+                            UNWIND_STACK_BYTES / 1024
+                        );
+                    }
+                }
+                None if matches!(thread.state, ThreadState::Running | ThreadState::Runnable) => {
+                    let _ = writeln!(
+                        out,
+                        "    (user stack unknown: the registers of a thread on a CPU or \
+                         waiting for one cannot be read without stopping it)"
+                    );
+                }
+                None => {}
+            }
+        }
+        out
+    }
+
+    fn to_json(&self) -> Value {
+        let threads: Vec<Value> = self
+            .threads
+            .iter()
+            .zip(&self.stacks)
+            .map(|(thread, stack)| {
+                json!({
+                    "tid": thread.tid,
+                    "name": thread.name,
+                    "state": thread.state.name(),
+                    "syscall": thread.syscall.map(|s| s.name()),
+                    "syscall_nr": thread.syscall.map(|s| s.nr),
+                    "cpu": thread.cpu,
+                    "since_last_ran_ns": thread.since_last_ran_ns,
+                    "kernel_stack": thread.kernel_frame_names(),
+                    "user_stack": stack.as_ref().map_or(&[][..], |s| s.frames.as_slice()),
+                    "user_stack_truncated":
+                        stack.as_ref().is_some_and(|s| s.end == UnwindEnd::OutOfStack),
+                })
+            })
+            .collect();
+        json!({
+            "pid": self.pid,
+            "process": self.name,
+            "threads": threads,
+        })
+    }
+}
+
+/// `sleeping in futex for 3.20s`, `running on CPU 1`, `runnable for 2.10ms`.
+fn describe(thread: &ThreadSnapshot) -> String {
+    if thread.state == ThreadState::Running {
+        return match thread.cpu {
+            Some(cpu) => format!("running on CPU {cpu}"),
+            None => "running".to_string(),
+        };
+    }
+    let mut text = match thread.state {
+        ThreadState::Runnable => "runnable (waiting for a CPU)".to_string(),
+        ThreadState::Other(letter) => format!("state {}", escape(&letter.to_string(), false)),
+        state => state.name().to_string(),
+    };
+    if let Some(syscall) = thread.syscall {
+        let _ = write!(text, " in {}", syscall.name());
+    }
+    match thread.since_last_ran_ns {
+        Some(ns) => {
+            let _ = write!(text, " for {}", format_ns(ns));
+        }
+        None => text.push_str(" (since when: unknown)"),
+    }
+    text
+}
+
+/// `text` with control characters escaped (`\n`, `\u{1b}`), and within quotes `"` and
+/// `\` too: a thread may name itself anything.
+fn escape(text: &str, quoted: bool) -> Cow<'_, str> {
+    let special = |c: char| c.is_control() || (quoted && (c == '"' || c == '\\'));
+    if !text.chars().any(special) {
+        return Cow::Borrowed(text);
+    }
+    let mut escaped = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if special(c) {
+            escaped.extend(c.escape_debug());
+        } else {
+            escaped.push(c);
+        }
+    }
+    Cow::Owned(escaped)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::threads::{Syscall, UserState};
+    use crate::unwind::UnwoundStack;
+
+    fn thread(state: ThreadState, syscall: Option<u64>, since: Option<u64>) -> ThreadSnapshot {
+        ThreadSnapshot {
+            tid: 4243,
+            name: "worker-1".to_string(),
+            state,
+            syscall: syscall.map(|nr| Syscall { nr, args: [0; 6] }),
+            cpu: Some(1),
+            since_last_ran_ns: since,
+            kernel_stack: vec!["futex_do_wait".to_string(), "do_syscall_64".to_string()],
+            user: Some(UserState {
+                pc: 0x1000,
+                sp: 0x2000,
+                bp: None,
+                stack: Vec::new(),
+            }),
+        }
+    }
+
+    #[test]
+    fn describes_threads() {
+        let sleeping = thread(ThreadState::Sleeping, Some(202), Some(3_200_000_000));
+        assert_eq!(describe(&sleeping), "sleeping in futex for 3.20s");
+        let disk = thread(ThreadState::DiskSleep, Some(0), None);
+        assert_eq!(describe(&disk), "disk sleep in read (since when: unknown)");
+        let fault = thread(ThreadState::Sleeping, None, Some(1_500_000));
+        assert_eq!(describe(&fault), "sleeping for 1.50ms");
+        let odd = thread(ThreadState::Sleeping, Some(999), Some(1000));
+        assert_eq!(describe(&odd), "sleeping in syscall 999 for 1.00us");
+        assert_eq!(
+            describe(&thread(ThreadState::Running, None, Some(0))),
+            "running on CPU 1"
+        );
+        assert_eq!(
+            describe(&thread(ThreadState::Runnable, None, Some(2_000_000))),
+            "runnable (waiting for a CPU) for 2.00ms"
+        );
+    }
+
+    #[test]
+    fn escapes_control_characters() {
+        assert_eq!(escape("worker-1", true), "worker-1");
+        assert_eq!(escape("a\nb\x1b[31m", false), "a\\nb\\u{1b}[31m");
+        assert_eq!(escape("say \"hi\" \\", true), "say \\\"hi\\\" \\\\");
+        assert_eq!(escape("say \"hi\"", false), "say \"hi\"");
+    }
+
+    fn dump() -> Dump {
+        let mut evil = thread(ThreadState::Sleeping, Some(230), Some(5_000_000_000));
+        evil.tid = 4244;
+        evil.name = "evil\n\"x\"".to_string();
+        let mut running = thread(ThreadState::Running, None, Some(0));
+        running.tid = 4245;
+        running.user = None;
+        running.kernel_stack.clear();
+        Dump {
+            pid: 4242,
+            name: "app".to_string(),
+            threads: vec![
+                thread(ThreadState::Sleeping, Some(202), Some(3_200_000_000)),
+                evil,
+                running,
+            ],
+            stacks: vec![
+                Some(UserStack {
+                    unwound: UnwoundStack::default(),
+                    frames: vec!["syscall".into(), "app::block".into(), "main".into()],
+                    end: UnwindEnd::Complete,
+                }),
+                Some(UserStack {
+                    unwound: UnwoundStack::default(),
+                    frames: vec!["clock_nanosleep".into()],
+                    end: UnwindEnd::OutOfStack,
+                }),
+                None,
+            ],
+        }
+    }
+
+    #[test]
+    fn renders_text() {
+        assert_eq!(
+            dump().to_text(),
+            "Process 4242 \"app\": 3 threads\n\
+             \n\
+             Thread 4243 \"worker-1\": sleeping in futex for 3.20s\n\
+             \x20   futex_do_wait_[k]\n\
+             \x20   do_syscall_64_[k]\n\
+             \x20   syscall\n\
+             \x20   app::block\n\
+             \x20   main\n\
+             \n\
+             Thread 4244 \"evil\\n\\\"x\\\"\": sleeping in clock_nanosleep for 5.00s\n\
+             \x20   futex_do_wait_[k]\n\
+             \x20   do_syscall_64_[k]\n\
+             \x20   clock_nanosleep\n\
+             \x20   ... (the stack goes deeper than the 16 KiB read)\n\
+             \n\
+             Thread 4245 \"worker-1\": running on CPU 1\n\
+             \x20   (user stack unknown: the registers of a thread on a CPU or waiting for \
+             one cannot be read without stopping it)\n"
+        );
+    }
+
+    #[test]
+    fn renders_json() {
+        let json = dump().to_json();
+        assert_eq!(json["pid"], 4242);
+        assert_eq!(json["process"], "app");
+        let threads = json["threads"].as_array().unwrap();
+        assert_eq!(threads.len(), 3);
+        assert_eq!(
+            threads[0],
+            json!({
+                "tid": 4243,
+                "name": "worker-1",
+                "state": "sleeping",
+                "syscall": "futex",
+                "syscall_nr": 202,
+                "cpu": 1,
+                "since_last_ran_ns": 3_200_000_000u64,
+                "kernel_stack": ["futex_do_wait_[k]", "do_syscall_64_[k]"],
+                "user_stack": ["syscall", "app::block", "main"],
+                "user_stack_truncated": false,
+            })
+        );
+        assert_eq!(threads[1]["name"], "evil\n\"x\"");
+        assert_eq!(threads[1]["user_stack_truncated"], true);
+        assert_eq!(threads[2]["syscall"], Value::Null);
+        assert_eq!(threads[2]["user_stack"], json!([]));
+    }
+}
