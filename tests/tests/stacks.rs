@@ -373,3 +373,77 @@ fn a_missing_process_or_privilege_is_an_error() {
     let out = run_tracer(&["stacks", "--pid", "0"]);
     assert_eq!(out.status.code(), Some(1));
 }
+
+/// Threads blocked before tracing starts and still blocked at its end (a mutex waiter, a
+/// sleeper, a reader of a pipe nobody writes) never run while traced: `profile` and
+/// `attach` alike put their whole time under the function each is blocked in, with its
+/// stack down to the thread's start, as read from /proc at the start; the spinner's time
+/// is on CPU; and both commands give the same totals for the same process.
+#[test]
+fn threads_blocked_throughout_are_profiled_under_their_real_stacks() {
+    if !privileged() {
+        return;
+    }
+    let blocked = start_blocked();
+    let pid = blocked.target.pid.to_string();
+    let mut totals = Vec::new();
+    for command in ["profile", "attach"] {
+        let dir = out_dir(&format!("blocked-throughout-{command}"));
+        let out = run_tracer(&[
+            command,
+            "--pid",
+            &pid,
+            "-d",
+            "2s",
+            "-o",
+            dir.to_str().unwrap(),
+        ]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{command}: {err}");
+        let wall = std::fs::read_to_string(dir.join("wallclock.folded")).unwrap();
+        let traced_us = 2_000_000.0;
+        for function in [
+            "blocked_threads::block_in_futex",
+            "blocked_threads::block_in_nanosleep",
+            "blocked_threads::block_in_read",
+            "blocked_threads::spin_forever",
+        ] {
+            let weight = folded_weight_where(&wall, |stack| stack.contains(function));
+            let from_start = folded_weight_where(&wall, |stack| {
+                stack.contains(function) && stack.contains("start_thread")
+            });
+            assert!(
+                (weight as f64 - traced_us).abs() <= 0.1 * traced_us,
+                "{command}: {function} has {weight} us of {traced_us} us\n{wall}"
+            );
+            assert!(
+                from_start as f64 >= 0.95 * weight as f64,
+                "{command}: {function}: {from_start} of {weight} us reach start_thread\n{wall}"
+            );
+        }
+        // The blocked ones under the kernel path they block in, ending in [off-cpu].
+        let futex = folded_weight_where(&wall, |stack| {
+            stack.contains("block_in_futex")
+                && stack.contains("futex_wait")
+                && stack.ends_with(";[off-cpu]")
+        });
+        assert!(
+            futex as f64 >= 0.9 * traced_us,
+            "{command}: {futex} us\n{wall}"
+        );
+        let unknown = folded_weight_where(&wall, |stack| {
+            stack.contains("[blocked since before profiling started]")
+        });
+        let total = folded_weight_where(&wall, |_| true);
+        assert!(
+            unknown * 20 <= total,
+            "{command}: {unknown} of {total} us unknown\n{wall}"
+        );
+        totals.push(total);
+    }
+    let (profile, attach) = (totals[0] as f64, totals[1] as f64);
+    assert!(
+        (profile - attach).abs() <= 0.05 * profile,
+        "profile {profile} us, attach {attach} us"
+    );
+}

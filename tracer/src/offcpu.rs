@@ -51,6 +51,13 @@ pub trait StackSource {
     fn user_frames_by_frame_pointer(&self, _id: i32) -> Vec<bool> {
         Vec::new()
     }
+
+    /// Stack `id` already named, innermost first, where its frames come as names rather
+    /// than addresses (the kernel stacks /proc gives of threads blocked since before
+    /// tracing started); `None` for stacks named from their addresses.
+    fn named(&self, _id: i32) -> Option<Vec<String>> {
+        None
+    }
 }
 
 /// What the off-CPU profile holds and what could not be recorded.
@@ -184,6 +191,10 @@ fn stack_frames<'s, T>(
     let mut frames = HashMap::with_capacity_and_hasher(ids.len(), Default::default());
     let mut recorded = Vec::with_capacity(ids.len());
     for id in ids {
+        if let Some(names) = stacks.named(id) {
+            frames.insert(id, names.iter().rev().map(|name| frame(name)).collect());
+            continue;
+        }
         let addrs = if id < 0 { Vec::new() } else { stacks.stack(id) };
         if addrs.is_empty() {
             frames.insert(id, vec![frame(missing)]);

@@ -1,23 +1,29 @@
 //! The kernel side of a wall-clock profile, driven from user space, shared by `profile`
 //! and `attach`: on-CPU sampling and off-CPU accounting (`sched_switch`) attached with one
 //! unwinding method, threads blocked since before the start marked off CPU from the
-//! start, DWARF stack snapshots drained and unwound while the targets run, and at the end
-//! the profile built from what the kernel collected.
+//! start under the stacks they are blocked in (read from /proc and unwound: see
+//! [`crate::threads`]), DWARF stack snapshots drained and unwound while the targets run,
+//! and at the end the profile built from what the kernel collected.
 
-use std::{path::Path, time::Duration};
+use std::{collections::HashMap, path::Path, time::Duration};
 
 use anyhow::{Context as _, Result};
 use tracer_common::{
-    OffCpuStart, STACK_BEFORE_START, SnapshotCheck, UNWIND_STACK_BYTES, counter, offcpu_state,
+    NO_STACK, OffCpuStart, STACK_BEFORE_START, SnapshotCheck, UNWIND_STACK_BYTES, counter,
+    offcpu_state,
 };
 
 use crate::{
     cli::{Sampling, UnwindMethod},
     loader::{Features, Loader, Settings},
+    offcpu::StackSource,
     stop::{self, StopReason},
     symbolize::StackSymbolizer,
-    unwind::{DwarfUnwinder, FRAME_POINTER_SUFFIX, Snapshot, UnwindStats, WithUnwound},
-    wallclock::{self, BuildOptions, Processes, RawProfile, WallClockProfile},
+    threads::{self, SnapshotOptions, ThreadState},
+    unwind::{
+        DwarfUnwinder, FRAME_POINTER_SUFFIX, Snapshot, UnwindStats, UnwoundStack, WithUnwound,
+    },
+    wallclock::{self, BuildOptions, FIRST_SEEDED_ID, Processes, RawProfile, WallClockProfile},
 };
 
 /// How often the ring buffer of stack snapshots is drained with `--unwind dwarf` (the
@@ -29,6 +35,8 @@ pub struct WallClockSampler {
     sampling: Sampling,
     pid: Option<u32>,
     unwinding: Option<Unwinding>,
+    /// The stacks of the threads blocked when sampling started.
+    seeds: Seeds,
     /// CLOCK_MONOTONIC when sampling started.
     pub started_ns: u64,
     /// How many CPUs are sampled.
@@ -49,6 +57,8 @@ impl WallClockSampler {
             offcpu: true,
             oncpu: true,
             offcpu_snapshots: sampling.unwind == UnwindMethod::Dwarf,
+            // The saved frame pointers of the threads blocked at the start.
+            thread_regs: true,
             ..Features::NONE
         }
     }
@@ -64,8 +74,15 @@ impl WallClockSampler {
     /// Attaches off-CPU accounting and on-CPU sampling, of process `pid` or of every
     /// process. Every thread of `pid` is marked off CPU from now: threads blocked since
     /// before would otherwise be missed until they wake (or entirely); running ones
-    /// replace the mark at their next switch.
-    pub fn attach(loader: &mut Loader, pid: Option<u32>, sampling: Sampling) -> Result<Self> {
+    /// replace the mark at their next switch. A blocked thread's mark carries the stacks
+    /// it is blocked in, read from /proc without stopping it ([`threads`]); `processes`
+    /// must know `pid`'s mappings to unwind them.
+    pub fn attach(
+        loader: &mut Loader,
+        pid: Option<u32>,
+        sampling: Sampling,
+        processes: &Processes,
+    ) -> Result<Self> {
         let dwarf = sampling.unwind == UnwindMethod::Dwarf;
         if dwarf {
             loader.attach_sched_switch_dwarf()?;
@@ -92,26 +109,16 @@ impl WallClockSampler {
             false => None,
         };
         let started_ns = stop::monotonic_ns();
+        let mut seeds = Seeds::default();
         if let Some(pid) = pid {
-            let marks: Vec<(u32, OffCpuStart)> = thread_ids(pid)
-                .into_iter()
-                .map(|tid| {
-                    let start = OffCpuStart {
-                        ts_ns: started_ns,
-                        tgid: pid,
-                        user_stack_id: STACK_BEFORE_START,
-                        kernel_stack_id: STACK_BEFORE_START,
-                        state: offcpu_state::BLOCKED,
-                    };
-                    (tid, start)
-                })
-                .collect();
+            let marks = seeds.mark_threads(loader, pid, started_ns, processes);
             loader.seed_offcpu_starts(&marks)?;
         }
         Ok(Self {
             sampling,
             pid,
             unwinding,
+            seeds,
             started_ns,
             cpus,
         })
@@ -185,6 +192,7 @@ impl WallClockSampler {
             }
             None => (None, None),
         };
+        let seeds = &self.seeds;
         let raw = RawProfile {
             oncpu,
             offcpu: loader.offcpu_totals()?,
@@ -201,14 +209,26 @@ impl WallClockSampler {
             Some(unwound) => wallclock::build_profile(
                 &raw,
                 options,
-                &WithUnwound {
-                    kernel: loader,
-                    unwound,
+                &WithSeeds {
+                    inner: &WithUnwound {
+                        kernel: loader,
+                        unwound,
+                    },
+                    seeds,
                 },
                 symbolizer,
                 processes,
             ),
-            None => wallclock::build_profile(&raw, options, loader, symbolizer, processes),
+            None => wallclock::build_profile(
+                &raw,
+                options,
+                &WithSeeds {
+                    inner: loader,
+                    seeds,
+                },
+                symbolizer,
+                processes,
+            ),
         };
         Ok(Collected {
             profile,
@@ -237,6 +257,118 @@ pub async fn run_sampler(
         if refreshed.is_none_or(|at| at.elapsed() >= Duration::from_secs(1)) {
             sampler.refresh(loader, processes);
             refreshed = Some(std::time::Instant::now());
+        }
+    }
+}
+
+/// The stacks of the threads found blocked when sampling started, by the ids their marks
+/// carry (from [`FIRST_SEEDED_ID`]): user stacks unwound from the registers and stack
+/// bytes /proc gives, kernel stacks as /proc names them.
+#[derive(Debug, Default)]
+struct Seeds {
+    user: HashMap<i32, UnwoundStack>,
+    kernel: HashMap<i32, Vec<String>>,
+}
+
+impl Seeds {
+    /// Marks for every thread of `pid`, from `started_ns`: a blocked thread's under the
+    /// stacks it is blocked in, any other's (and one whose stacks cannot be read) under
+    /// [`STACK_BEFORE_START`].
+    fn mark_threads(
+        &mut self,
+        loader: &mut Loader,
+        pid: u32,
+        started_ns: u64,
+        processes: &Processes,
+    ) -> Vec<(u32, OffCpuStart)> {
+        // The frame pointers /proc does not give, read first, so that they are those of
+        // the registers /proc then shows (the snapshot checks they agree).
+        let registers = match loader.thread_registers(pid) {
+            Ok(regs) => regs.into_iter().map(|r| (r.tid, r)).collect(),
+            Err(e) => {
+                log::debug!("no frame pointers for the threads of {pid}: {e}");
+                HashMap::new()
+            }
+        };
+        let options = SnapshotOptions {
+            registers,
+            ..SnapshotOptions::default()
+        };
+        let snapshots = threads::snapshot_threads_with(pid, &options).unwrap_or_default();
+        let maps = processes.get(pid).and_then(|p| p.maps.as_ref());
+        let mut unwinder = DwarfUnwinder::new();
+        let mut next_id = FIRST_SEEDED_ID;
+        let mut id_for = |stacks: &mut Self, user: Option<UnwoundStack>, kernel: Vec<String>| {
+            let mut ids = [NO_STACK, NO_STACK];
+            if let Some(user) = user.filter(|u| !u.addrs.is_empty()) {
+                stacks.user.insert(next_id, user);
+                ids[0] = next_id;
+                next_id += 1;
+            }
+            if !kernel.is_empty() {
+                stacks.kernel.insert(next_id, kernel);
+                ids[1] = next_id;
+                next_id += 1;
+            }
+            ids
+        };
+        thread_ids(pid)
+            .into_iter()
+            .map(|tid| {
+                let blocked = snapshots.iter().find(|t| {
+                    t.tid == tid && !matches!(t.state, ThreadState::Running | ThreadState::Runnable)
+                });
+                let ids = match blocked {
+                    Some(thread) => {
+                        let user = maps
+                            .zip(thread.unwind_snapshot(pid))
+                            .map(|(maps, snapshot)| unwinder.unwind_one(&snapshot, maps).0);
+                        id_for(self, user, thread.kernel_frame_names())
+                    }
+                    None => [NO_STACK, NO_STACK],
+                };
+                let ids = match ids {
+                    [NO_STACK, NO_STACK] => [STACK_BEFORE_START, STACK_BEFORE_START],
+                    ids => ids,
+                };
+                let start = OffCpuStart {
+                    ts_ns: started_ns,
+                    tgid: pid,
+                    user_stack_id: ids[0],
+                    kernel_stack_id: ids[1],
+                    state: offcpu_state::BLOCKED,
+                };
+                (tid, start)
+            })
+            .collect()
+    }
+}
+
+/// `inner`'s stacks, and the [`Seeds`].
+struct WithSeeds<'a, S> {
+    inner: &'a S,
+    seeds: &'a Seeds,
+}
+
+impl<S: StackSource> StackSource for WithSeeds<'_, S> {
+    fn stack(&self, id: i32) -> Vec<u64> {
+        match self.seeds.user.get(&id) {
+            Some(stack) => stack.addrs.clone(),
+            None => self.inner.stack(id),
+        }
+    }
+
+    fn user_frames_by_frame_pointer(&self, id: i32) -> Vec<bool> {
+        match self.seeds.user.get(&id) {
+            Some(stack) => stack.by_frame_pointer.clone(),
+            None => self.inner.user_frames_by_frame_pointer(id),
+        }
+    }
+
+    fn named(&self, id: i32) -> Option<Vec<String>> {
+        match self.seeds.kernel.get(&id) {
+            Some(names) => Some(names.clone()),
+            None => self.inner.named(id),
         }
     }
 }

@@ -539,6 +539,10 @@ impl<S: StackSource> StackSource for WithUnwound<'_, S> {
             }
         }
     }
+
+    fn named(&self, id: i32) -> Option<Vec<String>> {
+        self.kernel.named(id)
+    }
 }
 
 /// Names of the user frames of one stack, suffixed with [`FRAME_POINTER_SUFFIX`] where

@@ -42,6 +42,16 @@ pub const RUNNABLE_FRAME: &str = "[runnable]";
 /// started (see [`tracer_common::STACK_BEFORE_START`]): where they blocked is not known.
 pub const BEFORE_START_FRAME: &str = "[blocked since before profiling started]";
 
+/// Stack ids from here to [`tracer_common::FIRST_SNAPSHOT_ID`] are the stacks user space
+/// read from /proc for threads already blocked when profiling started (above the
+/// kernel's stack map ids and the unwound on-CPU ids, which start at 1 << 24).
+pub const FIRST_SEEDED_ID: i32 = 1 << 29;
+
+/// Whether `id` is a stack read at the start for a thread blocked since before.
+pub fn is_seeded(id: i32) -> bool {
+    (FIRST_SEEDED_ID..tracer_common::FIRST_SNAPSHOT_ID).contains(&id)
+}
+
 /// What we know of one profiled process: its name and its mappings (`None` once it
 /// exited before we could read them: its user stacks stay unnamed).
 #[derive(Debug)]
@@ -244,7 +254,12 @@ pub fn build_profile(
         min_block_ns: raw.min_block_ns,
     };
     for (tid, start, ns) in open.iter() {
-        if start.user_stack_id == STACK_BEFORE_START && sampled.contains(&tid) {
+        // Marked at the start but sampled on CPU: it was running, not blocked, and never
+        // switched out since.
+        let marked_at_start = |id: i32| id == STACK_BEFORE_START || is_seeded(id);
+        if (marked_at_start(start.user_stack_id) || marked_at_start(start.kernel_stack_id))
+            && sampled.contains(&tid)
+        {
             continue;
         }
         let key = OffCpuKey {

@@ -109,7 +109,7 @@ pub fn run(config: AttachConfig) -> Result<()> {
     loader
         .attach_usdt_sites(&plan.usdt_sites(), warm_up)
         .map_err(|e| procfs::target_error(pid, e))?;
-    let mut sampler = WallClockSampler::attach(&mut loader, Some(pid), sampling)
+    let mut sampler = WallClockSampler::attach(&mut loader, Some(pid), sampling, &processes)
         .map_err(|e| procfs::target_error(pid, e))?;
     let started = sampler.started_ns;
     let start_unix_ns = SystemTime::now()

@@ -61,7 +61,7 @@ pub fn run(config: ProfileConfig) -> Result<()> {
         map_sizes: config.map_sizes,
         ..Settings::default()
     })?;
-    let mut sampler = WallClockSampler::attach(&mut loader, pid, sampling)?;
+    let mut sampler = WallClockSampler::attach(&mut loader, pid, sampling, &processes)?;
     let start_unix_ns = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64)
