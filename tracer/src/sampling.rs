@@ -43,6 +43,15 @@ pub struct WallClockSampler {
     pub cpus: usize,
 }
 
+/// How the profile is built from what was collected.
+#[derive(Debug, Clone, Copy)]
+pub struct ViewOptions {
+    /// A `name [tid]` frame for each thread, under its process.
+    pub per_thread: bool,
+    /// Off-CPU intervals shorter than this are left out (`--min-block`).
+    pub min_block: Duration,
+}
+
 /// What the profile is made of, once the sampler stopped.
 pub struct Collected {
     pub profile: WallClockProfile,
@@ -166,8 +175,7 @@ impl WallClockSampler {
         symbolizer: &mut StackSymbolizer,
         reason: StopReason,
         now_ns: u64,
-        per_thread: bool,
-        min_block: Duration,
+        view: ViewOptions,
     ) -> Result<Collected> {
         if self.pid.is_none() {
             observe_seen(loader, processes);
@@ -198,11 +206,11 @@ impl WallClockSampler {
             offcpu: loader.offcpu_totals()?,
             pending,
             now_ns,
-            min_block_ns: u64::try_from(min_block.as_nanos()).unwrap_or(u64::MAX),
+            min_block_ns: u64::try_from(view.min_block.as_nanos()).unwrap_or(u64::MAX),
         };
         let options = BuildOptions {
             frequency_hz: self.sampling.frequency_hz,
-            per_thread,
+            per_thread: view.per_thread,
         };
         // Only a DWARF-unwound profile tells frames found by frame pointers apart.
         let profile = match &unwound {

@@ -26,7 +26,7 @@ use crate::{
     },
     report::{AttachReport, LatencyReport, Losses, ProbeReport, TaskReport},
     runtimes::{self, LatencyDef, Runtime, TaskProbeDef},
-    sampling::{self, Collected, WallClockSampler},
+    sampling::{self, Collected, ViewOptions, WallClockSampler},
     stop::{self, ProcessWatch, StopReason},
     symbolize::{ProcessMaps, StackSymbolizer},
     tasks,
@@ -167,8 +167,10 @@ pub fn run(config: AttachConfig) -> Result<()> {
         &mut symbolizer,
         reason,
         now,
-        config.per_thread,
-        config.min_block,
+        ViewOptions {
+            per_thread: config.per_thread,
+            min_block: config.min_block,
+        },
     )?;
     let Some(maps) = processes.get(pid).and_then(|p| p.maps.as_ref()) else {
         bail!("process {pid} exited");

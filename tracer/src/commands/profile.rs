@@ -28,7 +28,7 @@ use crate::{
         self, escape_text,
         views::{ProfileFiles, write_profile_files},
     },
-    sampling::{self, Collected, WallClockSampler, unwind_summary},
+    sampling::{self, Collected, ViewOptions, WallClockSampler, unwind_summary},
     stop::{self, ProcessWatch},
     symbolize::StackSymbolizer,
     wallclock::{ExportInfo, OFF_CPU_FRAME, Processes, RUNNABLE_FRAME, WallClockProfile},
@@ -108,8 +108,10 @@ pub fn run(config: ProfileConfig) -> Result<()> {
         &mut symbolizer,
         reason,
         now,
-        config.per_thread,
-        config.min_block,
+        ViewOptions {
+            per_thread: config.per_thread,
+            min_block: config.min_block,
+        },
     )?;
     let elapsed_ns = now - started;
     let (outputs, output_error) = write_profile_files(
