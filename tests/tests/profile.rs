@@ -299,7 +299,7 @@ fn full_maps_are_reported_not_hidden() {
 }
 
 #[test]
-fn threads_blocked_since_before_the_start_are_accounted() {
+fn threads_blocked_since_before_the_start_are_accounted_under_their_stacks() {
     if !privileged() {
         return;
     }
@@ -337,11 +337,22 @@ fn threads_blocked_since_before_the_start_are_accounted() {
         (waiter as f64 - spinner as f64).abs() <= 0.2 * spinner as f64,
         "waiter {waiter} us, spinner {spinner} us\n{wall}"
     );
+    // And it is under the function it waits in, read from /proc when profiling started,
+    // down through the kernel's futex wait: not under an unknown frame.
+    let waiter_prefix = format!("wallclock-demo;waiter [{}];", truth["waiter_tid"]);
+    let in_wait = folded_weight_where(&wall, |stack| {
+        stack.starts_with(&waiter_prefix)
+            && stack.contains("start_thread")
+            && stack.contains(WAIT)
+            && stack.contains("futex")
+            && stack.ends_with(";[off-cpu]")
+    });
     assert!(
-        wall.lines().any(|l| l.starts_with(&format!(
-            "wallclock-demo;waiter [{}];[blocked since before profiling started];[off-cpu] ",
-            truth["waiter_tid"]
-        ))),
+        in_wait as f64 >= 0.9 * waiter as f64,
+        "waiter: {in_wait} of {waiter} us under {WAIT}\n{wall}"
+    );
+    assert!(
+        !wall.contains("[blocked since before profiling started]"),
         "{wall}"
     );
 }
