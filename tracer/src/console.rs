@@ -204,12 +204,16 @@ impl OutputStream {
         self.progress.items_written.load(Ordering::Relaxed)
     }
 
+    /// Whether the writer is stuck in write(2): busy with a chunk and nothing got out for
+    /// [`STALL_TIMEOUT`]. An idle writer is never stalled (it has nothing to write).
     fn stalled(&self) -> bool {
-        self.progress
-            .last_progress
-            .lock()
-            .unwrap()
-            .is_none_or(|at| at.elapsed() >= STALL_TIMEOUT)
+        self.progress.busy.load(Ordering::Acquire)
+            && self
+                .progress
+                .last_progress
+                .lock()
+                .unwrap()
+                .is_none_or(|at| at.elapsed() >= STALL_TIMEOUT)
     }
 
     /// Writes out what is queued, waiting as long as the reader makes progress but not
