@@ -389,7 +389,7 @@ fn threads_blocked_throughout_are_profiled_under_their_real_stacks() {
     let mut totals = Vec::new();
     for command in ["profile", "attach"] {
         let dir = out_dir(&format!("blocked-throughout-{command}"));
-        let out = run_tracer(&[
+        let mut args = vec![
             command,
             "--pid",
             &pid,
@@ -397,9 +397,63 @@ fn threads_blocked_throughout_are_profiled_under_their_real_stacks() {
             "2s",
             "-o",
             dir.to_str().unwrap(),
-        ]);
+        ];
+        if command == "attach" {
+            args.extend(["--format", "json"]);
+        }
+        let out = run_tracer(&args);
         let err = String::from_utf8_lossy(&out.stderr);
+        let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(out.status.success(), "{command}: {err}");
+        // Each thread's time, split, by its name and decimal id.
+        let split: Vec<(String, u64, u64, u64)> = if command == "attach" {
+            let report: Value = serde_json::from_str(&stdout).unwrap();
+            report["threads"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| {
+                    let ns = |f: &str| t[f].as_u64().unwrap();
+                    let name = t["name"].as_str().unwrap_or("?").to_string();
+                    (name, ns("oncpu_ns"), ns("blocked_ns"), ns("runnable_ns"))
+                })
+                .collect()
+        } else {
+            let table = stdout.split_once("with the most wall time:\n").unwrap().1;
+            table
+                .lines()
+                .skip(1)
+                .take_while(|l| !l.starts_with("Nothing lost") && !l.starts_with("Lost"))
+                .filter_map(|l| {
+                    let f: Vec<&str> = l.split_whitespace().collect();
+                    let ns = |s: &str| {
+                        s.trim_end_matches('s')
+                            .parse::<f64>()
+                            .ok()
+                            .map(|secs| (secs * 1e9) as u64)
+                    };
+                    Some((f[1].to_string(), ns(f[3])?, ns(f[4])?, ns(f[5])?))
+                })
+                .collect()
+        };
+        let thread = |name: &str| {
+            split
+                .iter()
+                .find(|t| t.0 == name)
+                .unwrap_or_else(|| panic!("{command}: no thread {name} in {split:?}\n{stdout}"))
+        };
+        for name in ["futex-waiter", "sleeper", "pipe-reader"] {
+            let (_, oncpu, blocked, _) = thread(name);
+            assert!(
+                *oncpu == 0 && *blocked > 1_800_000_000,
+                "{command}: {name} {split:?}"
+            );
+        }
+        let (_, oncpu, blocked, _) = thread("spinner");
+        assert!(
+            *oncpu > 1_800_000_000 && *blocked == 0,
+            "{command}: spinner {split:?}"
+        );
         let wall = std::fs::read_to_string(dir.join("wallclock.folded")).unwrap();
         let traced_us = 2_000_000.0;
         for function in [

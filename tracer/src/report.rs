@@ -19,7 +19,7 @@ use crate::{
     stop::StopReason,
     tasks::TaskProfile,
     unwind::UnwindStats,
-    wallclock::{OFF_CPU_FRAME, RUNNABLE_FRAME, WallClockProfile},
+    wallclock::{OFF_CPU_FRAME, RUNNABLE_FRAME, WallClockProfile, thread_table},
 };
 
 /// Runtime tasks: the profile and where its flamegraph went (`None`: not written).
@@ -30,6 +30,9 @@ pub struct TaskReport {
 
 /// How many tasks the text report lists.
 const TASKS_SHOWN: usize = 10;
+
+/// How many threads the text report lists.
+pub const THREADS_SHOWN: usize = 10;
 
 pub struct ProbeReport {
     pub info: ProbeInfo,
@@ -145,6 +148,13 @@ impl AttachReport {
             shown(self.files.pprof.as_deref()),
             shown(self.files.speedscope.as_deref()),
         );
+        let _ = writeln!(
+            out,
+            "\nThreads: {}; the {} with the most wall time:",
+            self.wall.per_thread.len(),
+            THREADS_SHOWN.min(self.wall.per_thread.len())
+        );
+        out.push_str(&thread_table(&self.wall, THREADS_SHOWN));
         if let Some(tasks) = &self.tasks {
             let _ = writeln!(
                 out,
@@ -242,6 +252,14 @@ impl AttachReport {
                 "pprof": self.files.pprof,
                 "speedscope": self.files.speedscope,
             },
+            "threads": self.wall.per_thread.iter().map(|t| json!({
+                "tid": t.tid,
+                "pid": t.tgid,
+                "name": t.name,
+                "oncpu_ns": t.oncpu_ns,
+                "blocked_ns": t.blocked_ns,
+                "runnable_ns": t.runnable_ns,
+            })).collect::<Vec<_>>(),
             "unwind": self.unwind_stats.as_ref().map(|u| json!({
                 "method": "dwarf",
                 "samples": u.samples,

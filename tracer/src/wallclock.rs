@@ -202,8 +202,30 @@ pub struct WallClockProfile {
     pub missing_stacks: u64,
     /// Threads seen on or off CPU.
     pub threads: usize,
+    /// Each thread's time on CPU, blocked and runnable, most wall time first.
+    pub per_thread: Vec<ThreadTime>,
     /// Processes seen on or off CPU.
     pub processes: usize,
+}
+
+/// One thread's wall time, split.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ThreadTime {
+    pub tgid: u32,
+    pub tid: u32,
+    /// Its name (`comm`) as last seen; `None` when it was never seen.
+    pub name: Option<String>,
+    pub oncpu_ns: u64,
+    /// Blocked: waiting for an event.
+    pub blocked_ns: u64,
+    /// Preempted: runnable, waiting for a CPU.
+    pub runnable_ns: u64,
+}
+
+impl ThreadTime {
+    pub fn wall_ns(&self) -> u64 {
+        self.oncpu_ns + self.blocked_ns + self.runnable_ns
+    }
 }
 
 /// What the kernel collected, as read back from the maps.
@@ -279,6 +301,21 @@ pub fn build_profile(
         .chain(offcpu.keys().copied())
         .collect();
     let namer = Namer::new(&keys, stacks, symbolizer, processes, options.per_thread);
+    let mut per_thread: HashMap<(u32, u32), ThreadTime> = HashMap::new();
+    fn thread<'t>(
+        per_thread: &'t mut HashMap<(u32, u32), ThreadTime>,
+        processes: &Processes,
+        key: &OffCpuKey,
+    ) -> &'t mut ThreadTime {
+        per_thread
+            .entry((key.tgid, key.tid))
+            .or_insert_with(|| ThreadTime {
+                tgid: key.tgid,
+                tid: key.tid,
+                name: processes.thread_name(key.tid).map(str::to_string),
+                ..ThreadTime::default()
+            })
+    }
     for &(key, samples) in &raw.oncpu {
         let weight = Weight {
             events: samples,
@@ -288,6 +325,7 @@ pub fn build_profile(
         let frames = namer.frames(&key);
         profile.oncpu_samples += weight.events;
         profile.oncpu_ns += weight.ns;
+        thread(&mut per_thread, processes, &key).oncpu_ns += weight.ns;
         profile.oncpu.add(frames.clone(), weight);
         profile.wall.add(frames, weight);
     }
@@ -297,10 +335,12 @@ pub fn build_profile(
         if key.state == offcpu_state::RUNNABLE {
             profile.runnable_intervals += weight.events;
             profile.runnable_ns += weight.ns;
+            thread(&mut per_thread, processes, &key).runnable_ns += weight.ns;
             frames.push(RUNNABLE_FRAME.to_string());
         } else {
             profile.offcpu_intervals += weight.events;
             profile.offcpu_ns += weight.ns;
+            thread(&mut per_thread, processes, &key).blocked_ns += weight.ns;
             profile.offcpu.add(frames.clone(), weight);
             frames.push(OFF_CPU_FRAME.to_string());
         }
@@ -315,7 +355,36 @@ pub fn build_profile(
     };
     profile.threads = ids().map(|(_, tid)| tid).collect::<HashSet<_>>().len();
     profile.processes = ids().map(|(tgid, _)| tgid).collect::<HashSet<_>>().len();
+    profile.per_thread = per_thread.into_values().collect();
     profile
+        .per_thread
+        .sort_by_key(|t| (std::cmp::Reverse(t.wall_ns()), t.tid));
+    profile
+}
+
+/// The threads of `profile` with the most wall time, as a table: id (decimal), name, and
+/// their time on CPU, blocked and runnable. At most `shown` rows.
+pub fn thread_table(profile: &WallClockProfile, shown: usize) -> String {
+    use std::fmt::Write as _;
+    let seconds = |ns: u64| format!("{:.3}s", ns as f64 / 1e9);
+    let mut out = format!(
+        "{:>8} {:<20} {:>10} {:>10} {:>10} {:>10}\n",
+        "TID", "THREAD", "WALL", "ON-CPU", "BLOCKED", "RUNNABLE"
+    );
+    for t in profile.per_thread.iter().take(shown) {
+        let name = t.name.as_deref().unwrap_or("?");
+        let _ = writeln!(
+            out,
+            "{:>8} {:<20} {:>10} {:>10} {:>10} {:>10}",
+            t.tid,
+            crate::render::escape_text(name),
+            seconds(t.wall_ns()),
+            seconds(t.oncpu_ns),
+            seconds(t.blocked_ns),
+            seconds(t.runnable_ns)
+        );
+    }
+    out
 }
 
 /// A stack that should be there and is not (not the legitimately absent kind).
@@ -873,6 +942,24 @@ mod tests {
         );
         assert_eq!(profile.missing_stacks, 1);
         assert_eq!((profile.threads, profile.processes), (2, 1));
+        // Per thread: 8 ran 50 ms, was blocked 5 ms + 1 ms still open, preempted 3 ms; 9
+        // was blocked from its mark at the start on (100 ns), most wall time first.
+        let split: Vec<_> = profile
+            .per_thread
+            .iter()
+            .map(|t| (t.tid, t.oncpu_ns, t.blocked_ns, t.runnable_ns))
+            .collect();
+        assert_eq!(
+            split,
+            [(8, 50_000_000, 6_000_000, 3_000_000), (9, 0, 100, 0)]
+        );
+        let table = thread_table(&profile, 10);
+        assert!(
+            table.contains(
+                "       8 ?                        0.059s     0.050s     0.006s     0.003s"
+            ),
+            "{table}"
+        );
         assert_eq!(profile.wall.total_us(), 59_001);
         assert_eq!(profile.oncpu.total_us() + profile.offcpu.total_us(), 56_001);
         let wall = profile.wall.folded().to_string();

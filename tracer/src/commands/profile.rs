@@ -28,10 +28,13 @@ use crate::{
         self, escape_text,
         views::{ProfileFiles, write_profile_files},
     },
+    report::THREADS_SHOWN,
     sampling::{self, Collected, ViewOptions, WallClockSampler, unwind_summary},
     stop::{self, ProcessWatch},
     symbolize::StackSymbolizer,
-    wallclock::{ExportInfo, OFF_CPU_FRAME, Processes, RUNNABLE_FRAME, WallClockProfile},
+    wallclock::{
+        ExportInfo, OFF_CPU_FRAME, Processes, RUNNABLE_FRAME, WallClockProfile, thread_table,
+    },
 };
 
 pub fn run(config: ProfileConfig) -> Result<()> {
@@ -199,6 +202,12 @@ fn summary(
         shown(outputs.pprof.as_deref()),
         shown(outputs.speedscope.as_deref())
     );
+    out += &format!(
+        "Threads: {}; the {} with the most wall time:\n",
+        profile.per_thread.len(),
+        THREADS_SHOWN.min(profile.per_thread.len())
+    );
+    out += &thread_table(profile, THREADS_SHOWN);
     if stack_errors + map_full + profile.missing_stacks == 0 {
         out += "Nothing lost: every sample and interval was recorded with its stacks.\n";
     } else {
