@@ -235,7 +235,41 @@ fn jit_compiled_frames_are_named_from_the_perf_map() {
         if unwind == "fp" {
             assert!(!oncpu.contains(" [fp]"), "{oncpu}");
         }
+        // Named: nothing to say about unnamed code.
+        assert!(!out.contains("Unnamed:"), "{out}");
     }
+}
+
+/// Without its perf map, the JIT code cannot be named: the summary says how much of the
+/// wall time that is and how to get names.
+#[test]
+fn unnamed_jit_code_comes_with_a_hint_to_name_it() {
+    if !privileged() {
+        return;
+    }
+    let jit_demo = env!("CARGO_BIN_EXE_jit-demo");
+    let dir = out_dir("profile-jit-unnamed");
+    let target = Target::start(jit_demo, &["--ms", "1500"]);
+    let map = format!("/tmp/perf-{}.map", target.pid);
+    std::fs::remove_file(&map).unwrap();
+    let pid = target.pid.to_string();
+    let tracer = Tracer::start(&["profile", "--pid", &pid, "-o", dir.to_str().unwrap()]);
+    target.release();
+    target.finish();
+    let (ok, out, err) = tracer.finish();
+    assert!(ok, "{err}");
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("Unnamed: "))
+        .unwrap_or_else(|| panic!("no Unnamed line:\n{out}"));
+    let share: f64 = line["Unnamed: ".len()..]
+        .split('%')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(share >= 80.0, "{line}");
+    assert!(line.contains(&map), "{line}");
 }
 
 #[test]

@@ -69,6 +69,8 @@ pub struct AttachReport {
     pub files: ProfileFiles,
     /// With `--unwind dwarf`: how the user stacks were unwound.
     pub unwind_stats: Option<UnwindStats>,
+    /// How to get names for the code that could not be named, when much could not.
+    pub unnamed: Option<String>,
     pub tasks: Option<TaskReport>,
     pub losses: Losses,
 }
@@ -148,6 +150,9 @@ impl AttachReport {
             shown(self.files.pprof.as_deref()),
             shown(self.files.speedscope.as_deref()),
         );
+        if let Some(line) = &self.unnamed {
+            let _ = writeln!(out, "{line}");
+        }
         let _ = writeln!(
             out,
             "\nThreads: {}; the {} with the most wall time:",
@@ -251,6 +256,8 @@ impl AttachReport {
                 "svg": self.files.wall.as_ref().map(|f| &f.svg),
                 "pprof": self.files.pprof,
                 "speedscope": self.files.speedscope,
+                "unnamed_ns": self.wall.unnamed_ns,
+                "unnamed_hint": self.unnamed,
             },
             "threads": self.wall.per_thread.iter().map(|t| json!({
                 "tid": t.tid,
@@ -311,6 +318,7 @@ mod tests {
             wall: WallClockProfile::default(),
             files: ProfileFiles::default(),
             unwind_stats: None,
+            unnamed: None,
             tasks: None,
             losses: Losses::default(),
         };

@@ -120,6 +120,24 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_hint_names_the_runtime_by_its_files() {
+        let jvm = jit_naming_hint(
+            42,
+            [
+                "/usr/bin/java",
+                "/usr/lib/jvm/java-17-openjdk-amd64/lib/server/libjvm.so",
+            ],
+        );
+        assert!(jvm.contains("jcmd 42 Compiler.perfmap") && jvm.contains("PreserveFramePointer"));
+        assert!(
+            jit_naming_hint(1, ["/opt/julia/lib/julia/libjulia-internal.so.1"])
+                .contains("ENABLE_JITPROFILING=1")
+        );
+        assert!(jit_naming_hint(1, ["/usr/bin/node"]).contains("--perf-basic-prof"));
+        assert!(jit_naming_hint(7, ["/usr/bin/app"]).contains("/tmp/perf-7.map"));
+    }
+
+    #[test]
     fn knows_the_seed_runtimes() {
         for provider in ["tracer", "julia", "hotspot", "python"] {
             let runtime = by_provider(provider).unwrap();
@@ -129,5 +147,40 @@ mod tests {
             );
         }
         assert!(by_provider("nodejs").is_none());
+    }
+}
+
+/// How to get names for the JIT-compiled code of a process that maps `files`: what the
+/// runtime recognised by its files can be asked to write (a perf map tracer reads, frame
+/// pointers for the callers), or a generic word when none is recognised.
+pub fn jit_naming_hint<'a>(pid: u32, files: impl IntoIterator<Item = &'a str>) -> String {
+    let names: Vec<&str> = files
+        .into_iter()
+        .filter_map(|path| path.rsplit('/').next())
+        .collect();
+    let maps = |prefix: &str| names.iter().any(|name| name.starts_with(prefix));
+    if maps("libjvm.so") {
+        format!(
+            "this is a JVM: `jcmd {pid} Compiler.perfmap` (JDK 17 and later) writes \
+             /tmp/perf-{pid}.map, from which tracer names the JIT-compiled Java methods; \
+             starting it with -XX:+PreserveFramePointer lets their callers be found too"
+        )
+    } else if maps("libjulia") {
+        "this is Julia: start it with ENABLE_JITPROFILING=1 to have it write a perf map \
+         tracer reads"
+            .to_string()
+    } else if maps("node") || maps("libnode") {
+        "this is Node.js: start it with --perf-basic-prof to have it write a perf map \
+         tracer reads"
+            .to_string()
+    } else if maps("python3.1") || maps("libpython3.1") {
+        "this is CPython: from 3.12, `-X perf` (or PYTHONPERFSUPPORT=1) writes a perf map \
+         tracer reads"
+            .to_string()
+    } else {
+        format!(
+            "code without symbols is named from /tmp/perf-{pid}.map when the runtime writes \
+             one (most JITs can)"
+        )
     }
 }

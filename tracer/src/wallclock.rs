@@ -204,6 +204,9 @@ pub struct WallClockProfile {
     pub threads: usize,
     /// Each thread's time on CPU, blocked and runnable, most wall time first.
     pub per_thread: Vec<ThreadTime>,
+    /// Wall time whose user stack has a frame that could not be named (JIT-compiled code
+    /// without a perf map, code without symbols).
+    pub unnamed_ns: u64,
     /// Processes seen on or off CPU.
     pub processes: usize,
 }
@@ -323,6 +326,7 @@ pub fn build_profile(
         };
         profile.missing_stacks += u64::from(is_missing(&key));
         let frames = namer.frames(&key);
+        profile.unnamed_ns += weight.ns * u64::from(has_unnamed(&frames));
         profile.oncpu_samples += weight.events;
         profile.oncpu_ns += weight.ns;
         thread(&mut per_thread, processes, &key).oncpu_ns += weight.ns;
@@ -332,6 +336,7 @@ pub fn build_profile(
     for (key, weight) in offcpu {
         profile.missing_stacks += u64::from(is_missing(&key));
         let mut frames = namer.frames(&key);
+        profile.unnamed_ns += weight.ns * u64::from(has_unnamed(&frames));
         if key.state == offcpu_state::RUNNABLE {
             profile.runnable_intervals += weight.events;
             profile.runnable_ns += weight.ns;
@@ -385,6 +390,33 @@ pub fn thread_table(profile: &WallClockProfile, shown: usize) -> String {
         );
     }
     out
+}
+
+/// Whether a stack has a frame that could not be named.
+fn has_unnamed(frames: &[String]) -> bool {
+    frames
+        .iter()
+        .any(|f| f.starts_with(crate::symbolize::UNKNOWN))
+}
+
+/// The share of a profile's wall time above which the reports say how to name what
+/// could not be named.
+pub const UNNAMED_HINT_SHARE: f64 = 0.1;
+
+/// When more than [`UNNAMED_HINT_SHARE`] of `profile`'s wall time has unnamed frames,
+/// the line saying so and how to get names (see [`crate::runtimes::jit_naming_hint`]).
+pub fn unnamed_line(profile: &WallClockProfile, hint: impl FnOnce() -> String) -> Option<String> {
+    let wall = profile.oncpu_ns + profile.offcpu_ns + profile.runnable_ns;
+    let share = profile.unnamed_ns as f64 / wall.max(1) as f64;
+    (share > UNNAMED_HINT_SHARE).then(|| {
+        format!(
+            "Unnamed: {:.0}% of the wall time is in stacks with frames that could not be \
+             named ({}): {}.",
+            share * 100.0,
+            crate::symbolize::UNKNOWN,
+            hint()
+        )
+    })
 }
 
 /// A stack that should be there and is not (not the legitimately absent kind).

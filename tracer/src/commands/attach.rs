@@ -31,7 +31,7 @@ use crate::{
     symbolize::{ProcessMaps, StackSymbolizer},
     tasks,
     usdt::{self, ProbePattern},
-    wallclock::{ExportInfo, Processes},
+    wallclock::{self, ExportInfo, Processes},
 };
 
 impl StackSource for Loader {
@@ -305,6 +305,9 @@ fn collect(
         unwind_stats,
     } = collected;
     let (files, mut output_error) = write_profile_files(&wall, &config.output_dir, &what, export);
+    let unnamed = wallclock::unnamed_line(&wall, || {
+        runtimes::jit_naming_hint(config.pid.get(), maps.mapped_files().map(|f| f.path))
+    });
     let profile = OffCpuProfile {
         folded: wall.offcpu.folded(),
         total_ns: wall.offcpu_ns,
@@ -355,6 +358,7 @@ fn collect(
         wall,
         files,
         unwind_stats,
+        unnamed,
         tasks,
         losses: Losses {
             events_lost: counters[counter::EVENTS_LOST as usize],

@@ -29,11 +29,12 @@ use crate::{
         views::{ProfileFiles, write_profile_files},
     },
     report::THREADS_SHOWN,
+    runtimes,
     sampling::{self, Collected, ViewOptions, WallClockSampler, unwind_summary},
     stop::{self, ProcessWatch},
     symbolize::StackSymbolizer,
     wallclock::{
-        ExportInfo, OFF_CPU_FRAME, Processes, RUNNABLE_FRAME, WallClockProfile, thread_table,
+        self, ExportInfo, OFF_CPU_FRAME, Processes, RUNNABLE_FRAME, WallClockProfile, thread_table,
     },
 };
 
@@ -140,6 +141,18 @@ pub fn run(config: ProfileConfig) -> Result<()> {
     );
     if let Some(stats) = unwind_stats {
         text += &unwind_summary(&stats, &counters);
+    }
+    if let Some(pid) = pid {
+        let maps = processes.get(pid).and_then(|p| p.maps.as_ref());
+        let files = maps
+            .into_iter()
+            .flat_map(|m| m.mapped_files().map(|f| f.path));
+        if let Some(line) =
+            wallclock::unnamed_line(&profile, || runtimes::jit_naming_hint(pid, files))
+        {
+            text += &line;
+            text.push('\n');
+        }
     }
     crate::console::print(text)?;
     // The summary is printed even when a file could not be written; the error comes after.
