@@ -495,3 +495,65 @@ fn bad_arguments_and_missing_processes_are_clear_errors() {
     assert!(err.contains("no such process: 4194304"), "{err}");
     assert!(!err.contains("panicked"), "{err}");
 }
+
+/// A binary stripped of every symbol, whose names are in a separate debug file it points
+/// to with `.gnu_debuglink` (as distributions ship `-dbgsym` packages): its frames are
+/// named from that file, static functions included.
+#[test]
+fn frames_are_named_from_separate_debug_files() {
+    if !privileged() {
+        return;
+    }
+    let bin = compile_target(
+        "gcc",
+        "src/debuglink/debuglink-demo.c",
+        "debuglink-demo",
+        &["-g", "-O1"],
+    );
+    let debug = bin.with_extension("debug");
+    let run = |program: &str, args: &[&std::ffi::OsStr]| {
+        let status = std::process::Command::new(program)
+            .args(args)
+            .status()
+            .unwrap();
+        assert!(status.success(), "{program} {args:?}");
+    };
+    run(
+        "objcopy",
+        &[
+            "--only-keep-debug".as_ref(),
+            bin.as_os_str(),
+            debug.as_os_str(),
+        ],
+    );
+    run("strip", &["--strip-all".as_ref(), bin.as_os_str()]);
+    let link = format!("--add-gnu-debuglink={}", debug.display());
+    run("objcopy", &[link.as_ref(), bin.as_os_str()]);
+    let nm = std::process::Command::new("nm").arg(&bin).output().unwrap();
+    assert!(
+        String::from_utf8_lossy(&nm.stderr).contains("no symbols"),
+        "the binary keeps symbols: {nm:?}"
+    );
+    let dir = out_dir("profile-debuglink");
+    let mut target = std::process::Command::new(&bin)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(target.stdout.as_mut().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let pid = target.id().to_string();
+    let out = run_tracer(&["profile", "--pid", &pid, "-o", dir.to_str().unwrap()]);
+    assert!(target.wait().unwrap().success());
+    assert!(out.status.success(), "{out:?}");
+    let oncpu = read(&dir, "oncpu.folded");
+    let named = folded_weight_where(&oncpu, |s| s.contains("main;spin_in_static_function"));
+    let total = folded_total(&oncpu);
+    assert!(
+        named * 100 >= total * 90,
+        "{named} of {total} us named\n{oncpu}"
+    );
+}
