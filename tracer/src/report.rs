@@ -76,6 +76,16 @@ pub struct AttachReport {
 }
 
 impl AttachReport {
+    /// The name of task `task` where it is a thread of the target (the runtime's tasks
+    /// are its threads, as the JVM's parks are).
+    fn task_name(&self, task: u64) -> Option<&str> {
+        self.wall
+            .per_thread
+            .iter()
+            .find(|t| u64::from(t.tid) == task && t.tgid == self.pid)
+            .and_then(|t| t.name.as_deref())
+    }
+
     fn gc_pause(&self) -> Option<&LatencyReport> {
         self.latencies.iter().find(|l| l.def.name == "gc_pause")
     }
@@ -171,16 +181,20 @@ impl AttachReport {
                     None => "flamegraph not written".into(),
                 }
             );
+            // Where the runtime's tasks are its threads (the JVM's parks), a task is named
+            // by its thread. Time between a run and the next park is "unparked": on CPU or
+            // not (a task blocked in a system call is unparked).
             let _ = writeln!(
                 out,
-                "{:>18} {:>10} {:>10} {:>7} {:>7}",
-                "TASK", "PARKED", "RUNNING", "PARKS", "RUNS"
+                "{:>20} {:<20} {:>10} {:>10} {:>7} {:>7}",
+                "TASK", "NAME", "PARKED", "UNPARKED", "PARKS", "RUNS"
             );
             for task in tasks.profile.tasks.iter().take(TASKS_SHOWN) {
                 let _ = writeln!(
                     out,
-                    "{:>18} {:>10} {:>10} {:>7} {:>7}",
-                    format!("{:#x}", task.task),
+                    "{:>20} {:<20} {:>10} {:>10} {:>7} {:>7}",
+                    task.task,
+                    escape_text(self.task_name(task.task).unwrap_or("-")),
                     format_ns(task.parked_ns),
                     format_ns(task.running_ns),
                     task.parks,
@@ -281,6 +295,7 @@ impl AttachReport {
                 "svg": t.files.as_ref().map(|f| &f.svg),
                 "list": t.profile.tasks.iter().map(|task| json!({
                     "task": task.task,
+                    "name": self.task_name(task.task),
                     "running_ns": task.running_ns,
                     "parked_ns": task.parked_ns,
                     "runs": task.runs,
@@ -336,5 +351,55 @@ mod tests {
             json.contains(r#""process":"evil\u001b[2J\nGC: 0 collections""#),
             "{json}"
         );
+    }
+
+    /// Where the tasks are the target's threads (the JVM's parks), they carry the
+    /// thread's name, and every id is decimal.
+    #[test]
+    fn tasks_that_are_threads_carry_their_names() {
+        use crate::tasks::{TaskProfile, TaskSummary};
+        let mut wall = WallClockProfile::default();
+        wall.per_thread.push(crate::wallclock::ThreadTime {
+            tgid: 42,
+            tid: 4711,
+            name: Some("parker-0".into()),
+            ..Default::default()
+        });
+        let task = |task| TaskSummary {
+            task,
+            ..Default::default()
+        };
+        let report = AttachReport {
+            pid: 42,
+            process_name: "java".into(),
+            stopped_by: StopReason::DurationElapsed,
+            elapsed_ns: 1_000_000_000,
+            probes: Vec::new(),
+            latencies: Vec::new(),
+            offcpu: OffCpuProfile::default(),
+            offcpu_files: None,
+            wall,
+            files: ProfileFiles::default(),
+            unwind_stats: None,
+            unnamed: None,
+            tasks: Some(TaskReport {
+                profile: TaskProfile {
+                    tasks: vec![task(4711), task(0x7f00_1234)],
+                    ..Default::default()
+                },
+                files: None,
+            }),
+            losses: Losses::default(),
+        };
+        let text = report.to_text();
+        assert!(text.contains("                4711 parker-0 "), "{text}");
+        assert!(
+            text.contains(&format!("{:>20} - ", 0x7f00_1234u64)),
+            "{text}"
+        );
+        assert!(!text.contains("0x7f"), "{text}");
+        let json = report.to_json();
+        assert_eq!(json["tasks"]["list"][0]["name"], "parker-0");
+        assert!(json["tasks"]["list"][1]["name"].is_null());
     }
 }

@@ -27,7 +27,7 @@ pub struct TaskSummary {
 #[derive(Debug, Default)]
 pub struct TaskProfile {
     pub tasks: Vec<TaskSummary>,
-    /// Parked time in microseconds: process;task N;stack where it parked.
+    /// Parked time in microseconds: process;task #N (decimal);stack where it parked.
     pub parked: FoldedStacks,
 }
 
@@ -94,7 +94,7 @@ pub fn build_profile(
         }
         summary.parked_ns += total.total_ns;
         summary.parks += total.count;
-        let mut frames = vec![process_name.to_string(), format!("task {:#x}", key.task)];
+        let mut frames = vec![process_name.to_string(), format!("task #{}", key.task)];
         frames.extend(names[&key.stack_id].iter().cloned());
         *parked_ns.entry(frames).or_default() += total.total_ns;
     }
