@@ -1361,7 +1361,7 @@ fn unwritable_standard_output_or_error_is_an_error_never_a_panic() {
         return;
     }
     let dir = out_dir("dev-full");
-    let target = Target::start(GC_DEMO, &["--gcs", "200", "--interval-ms", "20"]);
+    let target = Target::start(GC_DEMO, &["--gcs", "3000", "--interval-ms", "20"]);
     target.release();
     let pid = target.pid.to_string();
     let out = dir.to_str().unwrap();
@@ -1436,7 +1436,7 @@ fn an_unusable_output_directory_is_refused_before_attaching() {
     let file = dir.join("a-file");
     std::fs::write(&file, "x").unwrap();
     let long = dir.join("n".repeat(300));
-    let target = Target::start(GC_DEMO, &["--gcs", "200", "--interval-ms", "20"]);
+    let target = Target::start(GC_DEMO, &["--gcs", "3000", "--interval-ms", "20"]);
     target.release();
     let sites = ProbeSites::of(target.pid);
     let pid = target.pid.to_string();

@@ -157,15 +157,17 @@ impl Tracer {
 
     /// Waits for the tracer to exit; returns (success, stdout, all of stderr).
     pub fn finish(mut self) -> (bool, String, String) {
+        // Both at once: a report larger than a pipe's buffer would otherwise wait for a
+        // reader that waits for standard error to close.
+        let mut stdout = self.child.stdout.take().unwrap();
+        let reader = std::thread::spawn(move || {
+            let mut out = String::new();
+            stdout.read_to_string(&mut out).unwrap();
+            out
+        });
         let mut err = self.early_stderr.clone();
         self.stderr.read_to_string(&mut err).unwrap();
-        let mut out = String::new();
-        self.child
-            .stdout
-            .take()
-            .unwrap()
-            .read_to_string(&mut out)
-            .unwrap();
+        let out = reader.join().unwrap();
         let status = self.child.wait().unwrap();
         (status.success(), out, err)
     }
