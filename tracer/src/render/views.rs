@@ -7,7 +7,9 @@ use super::{
     ViewFiles,
     flamegraph::{FoldedStacks, Palette, SvgOptions},
 };
-use crate::wallclock::{self, ExportInfo, OFF_CPU_FRAME, StackProfile, WallClockProfile};
+use crate::wallclock::{
+    self, ExportInfo, OFF_CPU_FRAME, RUNNABLE_FRAME, StackProfile, WallClockProfile,
+};
 
 /// Where each output went; `None` for a file that could not be written.
 #[derive(Debug, Default)]
@@ -66,7 +68,10 @@ pub fn write_profile_files(
             "wallclock",
             &profile.wall,
             format!("Wall-clock time of {what}"),
-            format!("{traced}; {oncpu_text} + {offcpu_text}; blocked time ends in {OFF_CPU_FRAME}"),
+            format!(
+                "{traced}; {oncpu_text} + {offcpu_text}; blocked time ends in {OFF_CPU_FRAME}, \
+                 preempted time in {RUNNABLE_FRAME}"
+            ),
             Palette::OnCpu,
         ),
         (
