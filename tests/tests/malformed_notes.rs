@@ -15,7 +15,7 @@ mod common;
 
 use std::{
     collections::HashMap,
-    os::unix::fs::{FileExt as _, MetadataExt as _, PermissionsExt as _},
+    os::unix::fs::{FileExt as _, PermissionsExt as _},
     path::{Path, PathBuf},
     process::{Command, Stdio},
     time::{Duration, Instant},
@@ -218,24 +218,7 @@ struct Untouched {
 
 impl Untouched {
     fn record(pid: u32, layout: &Layout, vaddr: u64) -> Untouched {
-        let exe = format!("/proc/{pid}/exe");
-        let inode = std::fs::metadata(&exe).unwrap().ino();
-        let maps: Vec<(u64, u64, u64)> = std::fs::read_to_string(format!("/proc/{pid}/maps"))
-            .unwrap()
-            .lines()
-            .filter_map(|line| {
-                let fields: Vec<&str> = line.split_whitespace().collect();
-                if fields.len() < 6 || fields[4].parse::<u64>().ok()? != inode {
-                    return None;
-                }
-                let (start, end) = fields[0].split_once('-')?;
-                Some((
-                    u64::from_str_radix(start, 16).ok()?,
-                    u64::from_str_radix(end, 16).ok()?,
-                    u64::from_str_radix(fields[2], 16).ok()?,
-                ))
-            })
-            .collect();
+        let maps = exe_mappings(pid);
         let bias = maps
             .iter()
             .find(|m| m.2 == 0)

@@ -231,6 +231,28 @@ pub fn folded_weight_where(folded: &str, keep: impl Fn(&str) -> bool) -> u64 {
         .sum()
 }
 
+/// (start, end, file offset, permissions) of each mapping of process `pid`'s executable.
+pub fn exe_mappings(pid: u32) -> Vec<(u64, u64, u64, String)> {
+    let inode = std::fs::metadata(format!("/proc/{pid}/exe")).unwrap().ino();
+    std::fs::read_to_string(format!("/proc/{pid}/maps"))
+        .unwrap()
+        .lines()
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            if fields.len() < 6 || fields[4].parse::<u64>().ok()? != inode {
+                return None;
+            }
+            let (start, end) = fields[0].split_once('-')?;
+            Some((
+                u64::from_str_radix(start, 16).ok()?,
+                u64::from_str_radix(end, 16).ok()?,
+                u64::from_str_radix(fields[2], 16).ok()?,
+                fields[1].to_string(),
+            ))
+        })
+        .collect()
+}
+
 /// The USDT sites and semaphores of a running process's executable, at run-time addresses,
 /// from `tracer list -v` of /proc/PID/exe (the very file the process maps).
 pub struct ProbeSites {
@@ -255,26 +277,7 @@ impl ProbeSites {
         let listing = String::from_utf8_lossy(&out.stdout);
         assert!(out.status.success(), "{out:?}");
         let file = std::fs::read(&exe).unwrap();
-        let inode = std::fs::metadata(&exe).unwrap().ino();
-        // (start, end, offset, permissions) of each mapping of the executable.
-        let maps: Vec<(u64, u64, u64, String)> =
-            std::fs::read_to_string(format!("/proc/{pid}/maps"))
-                .unwrap()
-                .lines()
-                .filter_map(|line| {
-                    let fields: Vec<&str> = line.split_whitespace().collect();
-                    if fields.len() < 6 || fields[4].parse::<u64>().ok()? != inode {
-                        return None;
-                    }
-                    let (start, end) = fields[0].split_once('-')?;
-                    Some((
-                        u64::from_str_radix(start, 16).ok()?,
-                        u64::from_str_radix(end, 16).ok()?,
-                        u64::from_str_radix(fields[2], 16).ok()?,
-                        fields[1].to_string(),
-                    ))
-                })
-                .collect();
+        let maps = exe_mappings(pid);
         // Segments share their boundary pages, so one file offset can be in two mappings:
         // the kernel puts a uprobe's breakpoint in each (both may execute, as far as it
         // knows), and counts a semaphore in the writable one.
