@@ -115,41 +115,6 @@ pub fn by_provider(provider: &str) -> Option<&'static Runtime> {
     RUNTIMES.iter().find(|r| r.provider == provider)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_hint_names_the_runtime_by_its_files() {
-        let jvm = jit_naming_hint(
-            42,
-            [
-                "/usr/bin/java",
-                "/usr/lib/jvm/java-17-openjdk-amd64/lib/server/libjvm.so",
-            ],
-        );
-        assert!(jvm.contains("jcmd 42 Compiler.perfmap") && jvm.contains("PreserveFramePointer"));
-        assert!(
-            jit_naming_hint(1, ["/opt/julia/lib/julia/libjulia-internal.so.1"])
-                .contains("ENABLE_JITPROFILING=1")
-        );
-        assert!(jit_naming_hint(1, ["/usr/bin/node"]).contains("--perf-basic-prof"));
-        assert!(jit_naming_hint(7, ["/usr/bin/app"]).contains("/tmp/perf-7.map"));
-    }
-
-    #[test]
-    fn knows_the_seed_runtimes() {
-        for provider in ["tracer", "julia", "hotspot", "python"] {
-            let runtime = by_provider(provider).unwrap();
-            assert!(
-                runtime.latency_defs().any(|l| l.name == "gc_pause"),
-                "{provider}"
-            );
-        }
-        assert!(by_provider("nodejs").is_none());
-    }
-}
-
 /// How to get names for the JIT-compiled code of a process that maps `files`: what the
 /// runtime recognised by its files can be asked to write (a perf map tracer reads, frame
 /// pointers for the callers), or a generic word when none is recognised.
@@ -182,5 +147,40 @@ pub fn jit_naming_hint<'a>(pid: u32, files: impl IntoIterator<Item = &'a str>) -
             "code without symbols is named from /tmp/perf-{pid}.map when the runtime writes \
              one (most JITs can)"
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_hint_names_the_runtime_by_its_files() {
+        let jvm = jit_naming_hint(
+            42,
+            [
+                "/usr/bin/java",
+                "/usr/lib/jvm/java-17-openjdk-amd64/lib/server/libjvm.so",
+            ],
+        );
+        assert!(jvm.contains("jcmd 42 Compiler.perfmap") && jvm.contains("PreserveFramePointer"));
+        assert!(
+            jit_naming_hint(1, ["/opt/julia/lib/julia/libjulia-internal.so.1"])
+                .contains("ENABLE_JITPROFILING=1")
+        );
+        assert!(jit_naming_hint(1, ["/usr/bin/node"]).contains("--perf-basic-prof"));
+        assert!(jit_naming_hint(7, ["/usr/bin/app"]).contains("/tmp/perf-7.map"));
+    }
+
+    #[test]
+    fn knows_the_seed_runtimes() {
+        for provider in ["tracer", "julia", "hotspot", "python"] {
+            let runtime = by_provider(provider).unwrap();
+            assert!(
+                runtime.latency_defs().any(|l| l.name == "gc_pause"),
+                "{provider}"
+            );
+        }
+        assert!(by_provider("nodejs").is_none());
     }
 }
