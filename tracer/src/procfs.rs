@@ -77,10 +77,15 @@ impl ProcessError {
 /// `error`, unless the target `pid` (known to have existed) is the reason it happened:
 /// then that it exited or that /proc hides it.
 pub fn target_error(pid: u32, error: impl Into<anyhow::Error>) -> anyhow::Error {
-    match ProcessError::check_target(pid) {
-        Some(gone) => gone.into(),
-        None => error.into(),
+    // A process in the middle of exiting loses its files (/proc/PID/exe, its maps) a
+    // moment before it shows as a zombie: give it that moment (this is an error path).
+    for _ in 0..20 {
+        if let Some(gone) = ProcessError::check_target(pid) {
+            return gone.into();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
     }
+    error.into()
 }
 
 /// How process `pid` looks through /proc.
