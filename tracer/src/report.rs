@@ -317,26 +317,35 @@ impl AttachReport {
 mod tests {
     use super::*;
 
-    /// A process name is the target's to choose: control characters in it reach the
-    /// terminal escaped in the text report, and as JSON escapes them in the JSON one.
-    #[test]
-    fn names_from_the_target_are_escaped_in_text() {
-        let report = AttachReport {
+    /// A report of process 42 traced for 1 s, with nothing but `wall` and `tasks`.
+    fn report_of(name: &str, wall: WallClockProfile, tasks: Option<TaskReport>) -> AttachReport {
+        AttachReport {
             pid: 42,
-            process_name: "evil\x1b[2J\nGC: 0 collections".into(),
+            process_name: name.into(),
             stopped_by: StopReason::DurationElapsed,
             elapsed_ns: 1_000_000_000,
             probes: Vec::new(),
             latencies: Vec::new(),
             offcpu: OffCpuProfile::default(),
             offcpu_files: None,
-            wall: WallClockProfile::default(),
+            wall,
             files: ProfileFiles::default(),
             unwind_stats: None,
             unnamed: None,
-            tasks: None,
+            tasks,
             losses: Losses::default(),
-        };
+        }
+    }
+
+    /// A process name is the target's to choose: control characters in it reach the
+    /// terminal escaped in the text report, and as JSON escapes them in the JSON one.
+    #[test]
+    fn names_from_the_target_are_escaped_in_text() {
+        let report = report_of(
+            "evil\x1b[2J\nGC: 0 collections",
+            WallClockProfile::default(),
+            None,
+        );
         let text = report.to_text();
         assert!(
             text.starts_with(
@@ -369,28 +378,14 @@ mod tests {
             task,
             ..Default::default()
         };
-        let report = AttachReport {
-            pid: 42,
-            process_name: "java".into(),
-            stopped_by: StopReason::DurationElapsed,
-            elapsed_ns: 1_000_000_000,
-            probes: Vec::new(),
-            latencies: Vec::new(),
-            offcpu: OffCpuProfile::default(),
-            offcpu_files: None,
-            wall,
-            files: ProfileFiles::default(),
-            unwind_stats: None,
-            unnamed: None,
-            tasks: Some(TaskReport {
-                profile: TaskProfile {
-                    tasks: vec![task(4711), task(0x7f00_1234)],
-                    ..Default::default()
-                },
-                files: None,
-            }),
-            losses: Losses::default(),
+        let tasks = TaskReport {
+            profile: TaskProfile {
+                tasks: vec![task(4711), task(0x7f00_1234)],
+                ..Default::default()
+            },
+            files: None,
         };
+        let report = report_of("java", wall, Some(tasks));
         let text = report.to_text();
         assert!(text.contains("                4711 parker-0 "), "{text}");
         assert!(
