@@ -45,6 +45,10 @@ pub mod map_names {
     pub const SNAPSHOT_SEQ: &str = "SNAPSHOT_SEQ";
     /// What to check before reusing an off-CPU snapshot ([`super::SnapshotCheck`]).
     pub const SNAPSHOT_CHECKS: &str = "SNAPSHOT_CHECKS";
+    /// The processes traced, by tgid ([`super::TargetProcess`]).
+    pub const TARGETS: &str = "TARGETS";
+    /// Latency totals per process ([`super::LatencyProcessKey`]).
+    pub const LATENCY_BY_PROCESS: &str = "LATENCY_BY_PROCESS";
 }
 
 /// Names of the eBPF programs (their function names in `tracer-ebpf`).
@@ -71,25 +75,95 @@ pub mod program_names {
     /// A task iterator (`iter/task`) writing each thread's saved user registers
     /// ([`super::ThreadRegs`]) for `tracer stacks`.
     pub const THREAD_REGS: &str = "thread_regs";
+    /// `sched_process_fork`: a process forked by a target becomes one (`--children`).
+    pub const PROCESS_FORK: &str = "process_fork";
+    /// `sched_process_exec`: a process that starts the `--exe` file (or takes the
+    /// `--comm` name) becomes a target.
+    pub const PROCESS_EXEC: &str = "process_exec";
 }
 
 /// Names of the read-only globals fixed before load.
 pub mod global_names {
-    /// Process (tgid) whose threads are profiled (off-CPU and on-CPU sampling); 0 means
-    /// every process.
+    /// The one process (tgid) traced when it is the only one and no other can join: a
+    /// comparison instead of a `TARGETS` lookup. 0 otherwise.
     pub const TARGET_TGID: &str = "TARGET_TGID";
+    /// That process's start time in clock ticks (as /proc/PID/stat gives it), so a
+    /// process that reuses its PID is not taken for it; 0: no check.
+    pub const TARGET_START_TICKS: &str = "TARGET_START_TICKS";
+    /// Which programs trace only the processes in `TARGETS` (bits of
+    /// [`super::target_filter`]); 0 means every process.
+    pub const TARGET_FILTER: &str = "TARGET_FILTER";
     /// Off-CPU intervals shorter than this are not recorded.
     pub const MIN_BLOCK_NS: &str = "MIN_BLOCK_NS";
-    /// Byte offset of `pid` (the thread id) in the kernel's `struct task_struct`.
+    /// Byte offsets of `pid` (the thread id), `tgid`, `group_leader`, `start_boottime`
+    /// and `comm` in the kernel's `struct task_struct`.
     pub const TASK_PID_OFFSET: &str = "TASK_PID_OFFSET";
-    /// Byte offsets of `group_leader` and `start_boottime` in `struct task_struct`.
+    pub const TASK_TGID_OFFSET: &str = "TASK_TGID_OFFSET";
     pub const TASK_GROUP_LEADER_OFFSET: &str = "TASK_GROUP_LEADER_OFFSET";
     pub const TASK_START_BOOTTIME_OFFSET: &str = "TASK_START_BOOTTIME_OFFSET";
-    /// The target's start time in clock ticks (as /proc/PID/stat gives it), so a process
-    /// that reuses its PID is not taken for it; 0: no check.
-    pub const TARGET_START_TICKS: &str = "TARGET_START_TICKS";
+    pub const TASK_COMM_OFFSET: &str = "TASK_COMM_OFFSET";
+    /// Byte offsets of `linux_binprm.file`, `file.f_inode`, `inode.i_ino`, `inode.i_sb`
+    /// and `super_block.s_dev`: the file a process executes (`--exe`).
+    pub const BPRM_FILE_OFFSET: &str = "BPRM_FILE_OFFSET";
+    pub const FILE_INODE_OFFSET: &str = "FILE_INODE_OFFSET";
+    pub const INODE_INO_OFFSET: &str = "INODE_INO_OFFSET";
+    pub const INODE_SB_OFFSET: &str = "INODE_SB_OFFSET";
+    pub const SB_DEV_OFFSET: &str = "SB_DEV_OFFSET";
+    /// What makes an executing process a target (bits of [`super::target_match`]).
+    pub const TARGET_MATCH: &str = "TARGET_MATCH";
+    /// The `--exe` file: the kernel's device number (`MKDEV(major, minor)`) and inode.
+    pub const MATCH_EXE_DEV: &str = "MATCH_EXE_DEV";
+    pub const MATCH_EXE_INO: &str = "MATCH_EXE_INO";
+    /// The `--comm` name, zero-padded to the kernel's 16 bytes.
+    pub const MATCH_COMM: &str = "MATCH_COMM";
     /// Nanoseconds per clock tick (1e9 / USER_HZ).
     pub const CLOCK_TICK_NS: &str = "CLOCK_TICK_NS";
+}
+
+/// Bits of the `TARGET_FILTER` global: which programs look processes up in `TARGETS`.
+pub mod target_filter {
+    /// Off-CPU accounting and on-CPU sampling.
+    pub const SCHED: u32 = 1;
+    /// USDT probes (when their uprobes are not already limited to one process).
+    pub const USDT: u32 = 2;
+}
+
+/// Bits of the `TARGET_MATCH` global.
+pub mod target_match {
+    /// A process that executes the `--exe` file.
+    pub const EXE: u32 = 1;
+    /// A process whose name becomes the `--comm` name when it executes.
+    pub const COMM: u32 = 2;
+}
+
+/// Bits of [`TargetProcess::flags`].
+pub mod target_flags {
+    /// The processes it forks become targets too (`--children`, and processes found by
+    /// file or name: their forks run the same file under the same name).
+    pub const FOLLOW_FORKS: u32 = 1;
+    /// A target because of what it runs (`--exe`, `--comm`): it stops being one when it
+    /// executes something else.
+    pub const BY_MATCH: u32 = 2;
+}
+
+/// Value of `TARGETS` (keyed by tgid): a process traced.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TargetProcess {
+    /// When it started, in clock ticks since boot (as /proc/PID/stat gives it), so a
+    /// process that reuses the PID is not taken for it; 0: not checked.
+    pub start_ticks: u64,
+    /// Bits of [`target_flags`].
+    pub flags: u32,
+    pub _pad: u32,
+}
+
+/// Key of `LATENCY_BY_PROCESS`: one latency in one process.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct LatencyProcessKey {
+    pub tgid: u32,
+    pub latency_id: u32,
 }
 
 /// How a USDT argument is located at the probe site.
@@ -423,6 +497,8 @@ mod pod {
     unsafe impl aya::Pod for UsdtEvent {}
     unsafe impl aya::Pod for LatencyStartKey {}
     unsafe impl aya::Pod for LatencyStats {}
+    unsafe impl aya::Pod for TargetProcess {}
+    unsafe impl aya::Pod for LatencyProcessKey {}
     unsafe impl aya::Pod for ProbeHits {}
     unsafe impl aya::Pod for OffCpuStart {}
     unsafe impl aya::Pod for OffCpuKey {}

@@ -7,19 +7,20 @@
 mod offcpu;
 mod oncpu;
 mod snapshot;
+mod targets;
 mod tasks;
 mod threads;
 mod usdt;
 
 use aya_ebpf::{
     macros::{btf_tracepoint, map, perf_event, uprobe},
-    maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf, StackTrace},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf, StackTrace},
     programs::{BtfTracePointContext, PerfEventContext, ProbeContext},
 };
 use tracer_common::{
-    LastSnapshot, LatencyStartKey, LatencyStats, MAX_LATENCIES, MAX_PROBES, MAX_USDT_SITES,
-    OffCpuKey, OffCpuStart, OffCpuTotal, OnCpuKey, ProbeHits, SnapshotCheck, TaskId, TaskKey,
-    TaskState, UsdtSite, control, counter, histogram,
+    LastSnapshot, LatencyProcessKey, LatencyStartKey, LatencyStats, MAX_LATENCIES, MAX_PROBES,
+    MAX_USDT_SITES, OffCpuKey, OffCpuStart, OffCpuTotal, OnCpuKey, ProbeHits, SnapshotCheck,
+    TargetProcess, TaskId, TaskKey, TaskState, UsdtSite, control, counter, histogram,
 };
 
 /// Per-site argument specs and latency roles, indexed by the uprobe's BPF cookie.
@@ -48,6 +49,16 @@ static LATENCY_HIST: PerCpuArray<u64> =
 /// Count, total, min and max of every latency.
 #[map]
 static LATENCY_STATS: PerCpuArray<LatencyStats> = PerCpuArray::with_max_entries(MAX_LATENCIES, 0);
+
+/// Count, total, min and max of every latency in each process (allocated as processes
+/// come: most runs have one).
+#[map]
+static LATENCY_BY_PROCESS: PerCpuHashMap<LatencyProcessKey, LatencyStats> =
+    PerCpuHashMap::with_max_entries(16384, NO_PREALLOC);
+
+/// The processes traced, when more than one can be (see `targets`).
+#[map]
+static TARGETS: HashMap<u32, TargetProcess> = HashMap::with_max_entries(16384, 0);
 
 /// Hits per probe id, whatever else the probe does.
 #[map]
@@ -114,15 +125,39 @@ static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::COUNT
 #[unsafe(no_mangle)]
 static TARGET_TGID: u32 = 0;
 #[unsafe(no_mangle)]
+static TARGET_START_TICKS: u64 = 0;
+#[unsafe(no_mangle)]
+static TARGET_FILTER: u32 = 0;
+#[unsafe(no_mangle)]
 static MIN_BLOCK_NS: u64 = 0;
 #[unsafe(no_mangle)]
 static TASK_PID_OFFSET: u32 = 0;
+#[unsafe(no_mangle)]
+static TASK_TGID_OFFSET: u32 = 0;
 #[unsafe(no_mangle)]
 static TASK_GROUP_LEADER_OFFSET: u32 = 0;
 #[unsafe(no_mangle)]
 static TASK_START_BOOTTIME_OFFSET: u32 = 0;
 #[unsafe(no_mangle)]
-static TARGET_START_TICKS: u64 = 0;
+static TASK_COMM_OFFSET: u32 = 0;
+#[unsafe(no_mangle)]
+static BPRM_FILE_OFFSET: u32 = 0;
+#[unsafe(no_mangle)]
+static FILE_INODE_OFFSET: u32 = 0;
+#[unsafe(no_mangle)]
+static INODE_INO_OFFSET: u32 = 0;
+#[unsafe(no_mangle)]
+static INODE_SB_OFFSET: u32 = 0;
+#[unsafe(no_mangle)]
+static SB_DEV_OFFSET: u32 = 0;
+#[unsafe(no_mangle)]
+static TARGET_MATCH: u32 = 0;
+#[unsafe(no_mangle)]
+static MATCH_EXE_DEV: u64 = 0;
+#[unsafe(no_mangle)]
+static MATCH_EXE_INO: u64 = 0;
+#[unsafe(no_mangle)]
+static MATCH_COMM: [u8; 16] = [0; 16];
 #[unsafe(no_mangle)]
 static CLOCK_TICK_NS: u64 = 10_000_000;
 
@@ -207,6 +242,20 @@ pub fn oncpu_sample(ctx: PerfEventContext) -> u32 {
 #[perf_event]
 pub fn oncpu_sample_dwarf(ctx: PerfEventContext) -> u32 {
     oncpu::on_sample_dwarf(&ctx);
+    0
+}
+
+/// Processes forked by targets become targets (`--children`).
+#[btf_tracepoint(function = "sched_process_fork")]
+pub fn process_fork(ctx: BtfTracePointContext) -> i32 {
+    targets::on_fork(&ctx);
+    0
+}
+
+/// Processes that start the `--exe` file or take the `--comm` name become targets.
+#[btf_tracepoint(function = "sched_process_exec")]
+pub fn process_exec(ctx: BtfTracePointContext) -> i32 {
+    targets::on_exec(&ctx);
     0
 }
 

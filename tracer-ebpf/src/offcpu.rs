@@ -14,19 +14,18 @@ use aya_ebpf::{
     bindings::BPF_F_USER_STACK,
     helpers::{
         bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns,
-        bpf_probe_read_kernel, bpf_probe_read_user, generated::bpf_get_current_task,
+        bpf_probe_read_kernel, bpf_probe_read_user,
     },
     programs::{BtfTracePointContext, tracing::StackIdContext as _},
 };
 use tracer_common::{
     FIRST_SNAPSHOT_ID, LastSnapshot, MAX_SNAPSHOT_CHECKS, NO_STACK, OffCpuKey, OffCpuStart,
-    OffCpuTotal, counter, offcpu_state,
+    OffCpuTotal, counter, offcpu_state, target_filter,
 };
 
 use crate::{
-    CLOCK_TICK_NS, MIN_BLOCK_NS, OFFCPU_SNAPSHOTS, OFFCPU_STARTS, OFFCPU_TIME, SNAPSHOT_CHECKS,
-    SNAPSHOT_SEQ, STACKS, TARGET_START_TICKS, TARGET_TGID, TASK_GROUP_LEADER_OFFSET,
-    TASK_PID_OFFSET, TASK_START_BOOTTIME_OFFSET, count, setting, snapshot,
+    MIN_BLOCK_NS, OFFCPU_SNAPSHOTS, OFFCPU_STARTS, OFFCPU_TIME, SNAPSHOT_CHECKS, SNAPSHOT_SEQ,
+    STACKS, TASK_PID_OFFSET, count, setting, snapshot, targets,
 };
 
 /// `DWARF`: the user stack is a snapshot for user space to unwind (see the module docs).
@@ -45,17 +44,13 @@ fn record_switch_out<const DWARF: bool>(ctx: &BtfTracePointContext, now: u64) {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
     let tid = pid_tgid as u32;
-    let target = setting(&TARGET_TGID);
-    if tid == 0 || (target != 0 && tgid != target) {
+    if tid == 0 || !targets::is_traced(tgid, target_filter::SCHED) {
         return;
     }
     // A dying thread never switches back in; its interval would be closed by whichever
     // thread reuses its id.
     let prev_state: u64 = ctx.arg(3);
     if prev_state as u32 & TASK_DEAD != 0 {
-        return;
-    }
-    if target != 0 && !is_target_process() {
         return;
     }
     let user_stack_id = if DWARF {
@@ -169,28 +164,6 @@ const TASK_DEAD: u32 = 0x80;
 /// traced, dead, zombie, parked).
 const TASK_RUNNING: u32 = 0;
 const TASK_STATE_MASK: u32 = 0xff;
-
-/// Whether the current thread's process is the target that was started at
-/// `TARGET_START_TICKS`, not another process that reused its PID number.
-#[inline(always)]
-fn is_target_process() -> bool {
-    let start_ticks = setting(&TARGET_START_TICKS);
-    if start_ticks == 0 {
-        return true;
-    }
-    // SAFETY: bpf_get_current_task returns the running task; the reads below go through
-    // bpf_probe_read_kernel, which validates the addresses (offsets from kernel BTF).
-    let task = unsafe { bpf_get_current_task() } as *const u8;
-    let leader_field = task.wrapping_add(setting(&TASK_GROUP_LEADER_OFFSET) as usize);
-    let Ok(leader) = (unsafe { bpf_probe_read_kernel(leader_field as *const *const u8) }) else {
-        return false;
-    };
-    let start_field = leader.wrapping_add(setting(&TASK_START_BOOTTIME_OFFSET) as usize);
-    let Ok(start_ns) = (unsafe { bpf_probe_read_kernel(start_field as *const u64) }) else {
-        return false;
-    };
-    start_ns / setting(&CLOCK_TICK_NS).max(1) == start_ticks
-}
 
 #[inline(always)]
 fn stack_id(ctx: &BtfTracePointContext, flags: u64) -> i32 {

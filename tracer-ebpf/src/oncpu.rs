@@ -14,11 +14,12 @@ use aya_ebpf::{
     helpers::bpf_get_current_pid_tgid,
     programs::{PerfEventContext, tracing::StackIdContext as _},
 };
-use tracer_common::{NO_STACK, OnCpuKey, counter};
+use tracer_common::{NO_STACK, OnCpuKey, counter, target_filter};
 
 use crate::{
-    ONCPU_SAMPLES, STACKS, TARGET_TGID, count, setting,
+    ONCPU_SAMPLES, STACKS, count,
     snapshot::{self, Regs, is_user, saved_user_regs},
+    targets,
 };
 
 #[inline(always)]
@@ -58,9 +59,8 @@ fn sampled_thread() -> Option<(u32, u32)> {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
     let tid = pid_tgid as u32;
-    let target = setting(&TARGET_TGID);
     // tid 0 is the idle task: the CPU had nothing to run.
-    if tid == 0 || (target != 0 && tgid != target) {
+    if tid == 0 || !targets::is_traced(tgid, target_filter::SCHED) {
         return None;
     }
     Some((tgid, tid))

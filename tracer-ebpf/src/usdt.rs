@@ -16,19 +16,24 @@ use aya_ebpf::{
     programs::ProbeContext,
 };
 use tracer_common::{
-    LatencyStartKey, MAX_LATENCIES, MAX_LATENCIES_PER_PROBE, MAX_USDT_ARGS, UsdtArg, UsdtEvent,
-    UsdtSite, arg_kind, counter, histogram, site_flags,
+    LatencyProcessKey, LatencyStartKey, LatencyStats, MAX_LATENCIES, MAX_LATENCIES_PER_PROBE,
+    MAX_USDT_ARGS, UsdtArg, UsdtEvent, UsdtSite, arg_kind, counter, histogram, site_flags,
+    target_filter,
 };
 
 use crate::{
-    LATENCY_HIST, LATENCY_STARTS, LATENCY_STATS, PROBE_HITS, USDT_EVENTS, USDT_SPECS, count,
-    count_by,
+    LATENCY_BY_PROCESS, LATENCY_HIST, LATENCY_STARTS, LATENCY_STATS, PROBE_HITS, USDT_EVENTS,
+    USDT_SPECS, count, count_by,
 };
 
 /// The site whose uprobe fired, found through the link's BPF cookie, counted as a hit.
 #[inline(always)]
 fn hit_site(ctx: &ProbeContext) -> Option<&'static UsdtSite> {
     if crate::stopped() {
+        return None;
+    }
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    if !crate::targets::is_traced(tgid, target_filter::USDT) {
         return None;
     }
     // SAFETY: the helper only reads the cookie of the link that ran this program.
@@ -61,7 +66,7 @@ pub fn on_hit<const TASKS: bool>(ctx: &ProbeContext) {
     let now = unsafe { bpf_ktime_get_ns() };
     let pid_tgid = bpf_get_current_pid_tgid();
     let tid = pid_tgid as u32;
-    end_latencies(site, tid, now);
+    end_latencies(site, (pid_tgid >> 32) as u32, tid, now);
     begin_latencies(site, tid, now);
     if task_switch {
         crate::tasks::on_task_probe(ctx, site, pid_tgid, now);
@@ -95,7 +100,7 @@ fn begin_latencies(site: &UsdtSite, tid: u32, now: u64) {
 }
 
 #[inline(always)]
-fn end_latencies(site: &UsdtSite, tid: u32, now: u64) {
+fn end_latencies(site: &UsdtSite, tgid: u32, tid: u32, now: u64) {
     for i in 0..MAX_LATENCIES_PER_PROBE {
         if i >= site.latency_end_count as usize {
             break;
@@ -106,7 +111,7 @@ fn end_latencies(site: &UsdtSite, tid: u32, now: u64) {
         match unsafe { LATENCY_STARTS.get(&key) } {
             Some(&start) => {
                 let _ = LATENCY_STARTS.remove(&key);
-                record_latency(latency_id, now.saturating_sub(start));
+                record_latency(latency_id, tgid, now.saturating_sub(start));
             }
             None => count(counter::UNMATCHED_ENDS),
         }
@@ -114,7 +119,7 @@ fn end_latencies(site: &UsdtSite, tid: u32, now: u64) {
 }
 
 #[inline(always)]
-fn record_latency(latency_id: u32, ns: u64) {
+fn record_latency(latency_id: u32, tgid: u32, ns: u64) {
     if latency_id >= MAX_LATENCIES {
         return;
     }
@@ -125,16 +130,36 @@ fn record_latency(latency_id: u32, ns: u64) {
     }
     if let Some(stats) = LATENCY_STATS.get_ptr_mut(latency_id) {
         // SAFETY: as above.
-        let stats = unsafe { &mut *stats };
-        if stats.count == 0 || ns < stats.min_ns {
-            stats.min_ns = ns;
-        }
-        if ns > stats.max_ns {
-            stats.max_ns = ns;
-        }
-        stats.count += 1;
-        stats.total_ns += ns;
+        add_to(unsafe { &mut *stats }, ns);
     }
+    let key = LatencyProcessKey { tgid, latency_id };
+    match LATENCY_BY_PROCESS.get_ptr_mut(&key) {
+        // SAFETY: per-CPU value, no concurrent writer on this CPU.
+        Some(stats) => add_to(unsafe { &mut *stats }, ns),
+        None => {
+            let stats = LatencyStats {
+                count: 1,
+                total_ns: ns,
+                min_ns: ns,
+                max_ns: ns,
+            };
+            if LATENCY_BY_PROCESS.insert(&key, &stats, 0).is_err() {
+                count(counter::MAP_FULL);
+            }
+        }
+    }
+}
+
+#[inline(always)]
+fn add_to(stats: &mut LatencyStats, ns: u64) {
+    if stats.count == 0 || ns < stats.min_ns {
+        stats.min_ns = ns;
+    }
+    if ns > stats.max_ns {
+        stats.max_ns = ns;
+    }
+    stats.count += 1;
+    stats.total_ns += ns;
 }
 
 #[inline(always)]

@@ -6,7 +6,7 @@ use std::{num::NonZeroU32, path::PathBuf, time::Duration};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use thiserror::Error;
 
-use crate::loader::MapSizes;
+use crate::{loader::MapSizes, targets::TargetSpec};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -48,9 +48,9 @@ pub struct StacksArgs {
 
 #[derive(Debug, Args)]
 pub struct ProfileArgs {
-    /// Profile this process (all its threads); every process when absent.
-    #[arg(long, short)]
-    pub pid: Option<u32>,
+    /// What to profile (every thread of each process); every process when absent.
+    #[command(flatten)]
+    pub targets: TargetArgs,
     /// Stop after this long (e.g. 10s, 500ms, 2m); otherwise at Ctrl-C or target exit.
     #[arg(long, short)]
     pub duration: Option<String>,
@@ -68,6 +68,60 @@ pub struct ProfileArgs {
     /// Directory for the outputs [default: tracer-profile-PID, or tracer-profile].
     #[arg(long = "output", short = 'o')]
     pub output: Option<PathBuf>,
+}
+
+/// Which processes to trace, the same for every command that traces processes. The
+/// options add up: `--pid 1 --pid 2 --exe /usr/bin/x` traces all of them.
+#[derive(Debug, Clone, Default, Args)]
+pub struct TargetArgs {
+    /// A process to trace (all its threads). May be repeated.
+    #[arg(long, short, value_name = "PID")]
+    pub pid: Vec<u32>,
+    /// Every process running this executable, those started while tracing included.
+    #[arg(long, value_name = "PATH")]
+    pub exe: Option<PathBuf>,
+    /// Every process of this name (as `ps -o comm` shows it; names are cut to 15
+    /// bytes), those started while tracing included.
+    #[arg(long, value_name = "NAME")]
+    pub comm: Option<String>,
+    /// Every process in this cgroup or below it: a systemd service
+    /// (/sys/fs/cgroup/system.slice/NAME.service) or a container.
+    #[arg(long, value_name = "DIR")]
+    pub cgroup: Option<PathBuf>,
+    /// Also every process the targets fork while tracing, and theirs (the backends of a
+    /// server that forks one per connection).
+    #[arg(long)]
+    pub children: bool,
+}
+
+impl TryFrom<&TargetArgs> for TargetSpec {
+    type Error = ConfigError;
+
+    fn try_from(args: &TargetArgs) -> Result<Self, ConfigError> {
+        let mut pids = Vec::new();
+        for &pid in &args.pid {
+            let pid = nonzero_pid(pid)?;
+            if !pids.contains(&pid) {
+                pids.push(pid);
+            }
+        }
+        if let Some(comm) = &args.comm
+            && comm.is_empty()
+        {
+            return Err(ConfigError::EmptyComm);
+        }
+        let spec = TargetSpec {
+            pids,
+            exe: args.exe.clone(),
+            comm: args.comm.clone(),
+            cgroup: args.cgroup.clone(),
+            children: args.children,
+        };
+        if spec.children && spec.is_everything() {
+            return Err(ConfigError::ChildrenOfNothing);
+        }
+        Ok(spec)
+    }
 }
 
 /// How stacks are sampled and walked, the same for every command that collects them.
@@ -140,9 +194,10 @@ pub struct ListArgs {
 
 #[derive(Debug, Args)]
 pub struct TraceArgs {
-    /// Only hits in this process (its probes are searched in every object it maps).
-    #[arg(long, short)]
-    pub pid: Option<u32>,
+    /// Only hits in these processes (their probes are searched in every object they
+    /// map); every process running the probes' files when absent.
+    #[command(flatten)]
+    pub targets: TargetArgs,
     /// Output format: one line per event, or one JSON object per line.
     #[arg(long, value_enum, default_value_t = Format::Text)]
     pub format: Format,
@@ -174,13 +229,14 @@ pub enum Format {
 
 #[derive(Debug, Args)]
 pub struct AttachArgs {
-    /// The process to trace.
-    #[arg(long, short)]
-    pub pid: u32,
+    /// The processes to trace: at least one of --pid, --exe, --comm, --cgroup.
+    #[command(flatten)]
+    pub targets: TargetArgs,
     /// Stop after this long (e.g. 10s, 500ms, 2m); otherwise at Ctrl-C or target exit.
     #[arg(long, short)]
     pub duration: Option<String>,
-    /// Directory for the flamegraph (SVG) and folded stacks [default: tracer-PID].
+    /// Directory for the flamegraph (SVG) and folded stacks [default: tracer-PID, or
+    /// tracer-NAME for --exe, --comm, --cgroup].
     #[arg(long = "output", short = 'o')]
     pub output: Option<PathBuf>,
     /// Ignore off-CPU intervals shorter than this (e.g. 100us).
@@ -208,6 +264,16 @@ pub enum ConfigError {
     ZeroPid,
     #[error("--pid and a command after -- cannot be used together")]
     PidAndCommand,
+    #[error("--exe, --comm and --cgroup cannot be used with a command after --")]
+    MatchAndCommand,
+    #[error("attach needs a target: --pid PID, --exe PATH, --comm NAME or --cgroup DIR")]
+    NoTarget,
+    #[error(
+        "--children needs processes to follow: --pid, --exe, --comm or --cgroup (or a command after --)"
+    )]
+    ChildrenOfNothing,
+    #[error("--comm needs a name")]
+    EmptyComm,
     #[error("invalid --{0} {1:?}: expected a size from 4K to 1G, like 4M or 65536")]
     BufferSize(&'static str, String),
     #[error("invalid --{0} {1}: expected 1 to {MAX_MAP_ENTRIES} entries")]
@@ -233,7 +299,7 @@ pub struct LatencyRequest {
 /// `tracer attach`, validated.
 #[derive(Debug, Clone)]
 pub struct AttachConfig {
-    pub pid: NonZeroU32,
+    pub targets: TargetSpec,
     pub duration: Option<Duration>,
     pub output_dir: PathBuf,
     pub min_block: Duration,
@@ -248,13 +314,16 @@ impl TryFrom<AttachArgs> for AttachConfig {
     type Error = ConfigError;
 
     fn try_from(args: AttachArgs) -> Result<Self, ConfigError> {
-        let pid = nonzero_pid(args.pid)?;
+        let targets = TargetSpec::try_from(&args.targets)?;
+        if targets.is_everything() {
+            return Err(ConfigError::NoTarget);
+        }
         Ok(Self {
-            pid,
             duration: args.duration.as_deref().map(parse_duration).transpose()?,
             output_dir: args
                 .output
-                .unwrap_or_else(|| PathBuf::from(format!("tracer-{pid}"))),
+                .unwrap_or_else(|| PathBuf::from(format!("tracer-{}", targets.short_name()))),
+            targets,
             min_block: parse_duration(&args.min_block)?,
             latencies: args
                 .latencies
@@ -285,8 +354,8 @@ pub enum UnwindMethod {
 /// `tracer profile`, validated.
 #[derive(Debug, Clone)]
 pub struct ProfileConfig {
-    /// The process to profile; every process when `None`.
-    pub pid: Option<NonZeroU32>,
+    /// What to profile ([`TargetSpec::is_everything`]: every process).
+    pub targets: TargetSpec,
     pub duration: Option<Duration>,
     pub min_block: Duration,
     pub per_thread: bool,
@@ -299,18 +368,20 @@ impl TryFrom<ProfileArgs> for ProfileConfig {
     type Error = ConfigError;
 
     fn try_from(args: ProfileArgs) -> Result<Self, ConfigError> {
-        let pid = args.pid.map(nonzero_pid).transpose()?;
+        let targets = TargetSpec::try_from(&args.targets)?;
         Ok(Self {
-            pid,
             duration: args.duration.as_deref().map(parse_duration).transpose()?,
             min_block: parse_duration(&args.min_block)?,
             per_thread: args.per_thread,
             sampling: Sampling::try_from(&args.sampling)?,
             map_sizes: map_sizes(&args.maps)?,
-            output_dir: args.output.unwrap_or_else(|| match pid {
-                Some(pid) => PathBuf::from(format!("tracer-profile-{pid}")),
-                None => PathBuf::from("tracer-profile"),
-            }),
+            output_dir: args
+                .output
+                .unwrap_or_else(|| match targets.is_everything() {
+                    false => PathBuf::from(format!("tracer-profile-{}", targets.short_name())),
+                    true => PathBuf::from("tracer-profile"),
+                }),
+            targets,
         })
     }
 }
@@ -356,7 +427,8 @@ impl TryFrom<StacksArgs> for StacksConfig {
 /// `tracer trace`, validated.
 #[derive(Debug, Clone)]
 pub struct TraceConfig {
-    pub pid: Option<NonZeroU32>,
+    /// Whose hits ([`TargetSpec::is_everything`]: every process running the probes).
+    pub targets: TargetSpec,
     pub format: Format,
     pub duration: Option<Duration>,
     pub count: bool,
@@ -369,11 +441,24 @@ impl TryFrom<TraceArgs> for TraceConfig {
     type Error = ConfigError;
 
     fn try_from(args: TraceArgs) -> Result<Self, ConfigError> {
-        if args.pid.is_some() && !args.command.is_empty() {
+        let command = !args.command.is_empty();
+        let t = &args.targets;
+        if command && !t.pid.is_empty() {
             return Err(ConfigError::PidAndCommand);
         }
+        if command && (t.exe.is_some() || t.comm.is_some() || t.cgroup.is_some()) {
+            return Err(ConfigError::MatchAndCommand);
+        }
+        // The command's children are followed once it runs (its PID joins the targets).
+        let targets = match command && t.children {
+            true => TargetSpec {
+                children: true,
+                ..TargetSpec::default()
+            },
+            false => TargetSpec::try_from(t)?,
+        };
         Ok(Self {
-            pid: args.pid.map(nonzero_pid).transpose()?,
+            targets,
             format: args.format,
             duration: args.duration.as_deref().map(parse_duration).transpose()?,
             count: args.count,
@@ -538,11 +623,11 @@ mod tests {
     #[test]
     fn profile_config_validates() {
         let config = profile_config(&[]).unwrap();
-        assert_eq!(config.pid, None);
+        assert!(config.targets.is_everything());
         assert_eq!(config.sampling.frequency_hz, 99);
         assert_eq!(config.output_dir, PathBuf::from("tracer-profile"));
         let config = profile_config(&["-p", "7", "-F", "499", "-d", "2s", "--per-thread"]).unwrap();
-        assert_eq!(config.pid.map(NonZeroU32::get), Some(7));
+        assert_eq!(config.targets.single_pid(), Some(7));
         assert_eq!(config.sampling.frequency_hz, 499);
         assert_eq!(config.duration, Some(Duration::from_secs(2)));
         assert!(config.per_thread);
@@ -618,6 +703,66 @@ mod tests {
             ConfigError::ZeroPid
         );
         assert!(config(&[]).is_err(), "--pid is required");
+    }
+
+    #[test]
+    fn targets_add_up_and_children_need_parents() {
+        let cli = Cli::try_parse_from([
+            "tracer",
+            "attach",
+            "-p",
+            "7",
+            "--pid",
+            "8",
+            "-p",
+            "7",
+            "--children",
+            "--exe",
+            "/bin/x",
+            "--comm",
+            "postgres",
+            "--cgroup",
+            "/sys/fs/cgroup/a",
+        ])
+        .unwrap();
+        let Command::Attach(args) = cli.command else {
+            panic!("not attach")
+        };
+        let config = AttachConfig::try_from(args).unwrap();
+        let t = &config.targets;
+        assert_eq!(t.pids.iter().map(|p| p.get()).collect::<Vec<_>>(), [7, 8]);
+        assert!(t.children && t.can_grow() && t.single_pid().is_none());
+        assert_eq!(t.comm.as_deref(), Some("postgres"));
+        assert_eq!(config.output_dir, PathBuf::from("tracer-postgres"));
+        let attach = |args: &[&str]| {
+            let cli = Cli::try_parse_from([&["tracer", "attach"], args].concat()).unwrap();
+            let Command::Attach(args) = cli.command else {
+                panic!("not attach")
+            };
+            AttachConfig::try_from(args)
+        };
+        assert_eq!(attach(&[]).unwrap_err(), ConfigError::NoTarget);
+        assert_eq!(
+            attach(&["--children"]).unwrap_err(),
+            ConfigError::ChildrenOfNothing
+        );
+        assert_eq!(attach(&["--comm", ""]).unwrap_err(), ConfigError::EmptyComm);
+        let config = attach(&["-p", "9"]).unwrap();
+        assert_eq!(config.targets.single_pid(), Some(9));
+        assert_eq!(config.output_dir, PathBuf::from("tracer-9"));
+        let trace = |args: &[&str]| {
+            let cli = Cli::try_parse_from([&["tracer", "trace"], args].concat()).unwrap();
+            let Command::Trace(args) = cli.command else {
+                panic!("not trace")
+            };
+            TraceConfig::try_from(args)
+        };
+        let config = trace(&["--children", "usdt:./a:p:n", "--", "./a"]).unwrap();
+        assert!(config.targets.children && config.targets.pids.is_empty());
+        assert_eq!(
+            trace(&["--exe", "/bin/x", "usdt:./a:p:n", "--", "./a"]).unwrap_err(),
+            ConfigError::MatchAndCommand
+        );
     }
 
     #[test]

@@ -4,6 +4,8 @@
 //! - `usdt`: USDT note parsing, argument specs, probe patterns, process discovery;
 //! - `probe_plan`: which sites to attach and what the kernel does at each;
 //! - `loader` (with `btf`): the only module that talks to aya and the kernel;
+//! - `targets`: which processes a run traces (PIDs, `--children`, `--exe`, `--comm`,
+//!   `--cgroup`), found at the start and followed by the kernel;
 //! - `runtimes`: the runtimes recognised by their probes and what is measured for each;
 //! - `sampling`: on-CPU sampling and off-CPU accounting attached and driven for a
 //!   wall-clock profile (`profile` and `attach` alike);
@@ -37,6 +39,7 @@ pub mod runtimes;
 pub mod sampling;
 pub mod stop;
 pub mod symbolize;
+pub mod targets;
 pub mod tasks;
 pub mod threads;
 pub mod unwind;

@@ -4,6 +4,7 @@
 use std::fmt::Write as _;
 
 use serde_json::{Value, json};
+use tracer_common::LatencyStats;
 
 use crate::{
     histogram::LatencyHistogram,
@@ -42,7 +43,20 @@ pub struct ProbeReport {
 pub struct LatencyReport {
     pub def: LatencyDef,
     pub hist: LatencyHistogram,
+    /// The same latency split by process.
+    pub per_process: Vec<ProcessLatency>,
 }
+
+/// One latency's totals in one process.
+#[derive(Debug, Clone)]
+pub struct ProcessLatency {
+    pub pid: u32,
+    pub name: String,
+    pub stats: LatencyStats,
+}
+
+/// How many processes the text report lists per latency.
+const PROCESSES_SHOWN: usize = 10;
 
 /// Everything the eBPF side could not record, reported rather than hidden.
 #[derive(Debug, Default)]
@@ -55,8 +69,12 @@ pub struct Losses {
 }
 
 pub struct AttachReport {
+    /// The one process traced (or the first of a set).
     pub pid: u32,
+    /// Its name, or what the set is (`every process running /usr/bin/x`).
     pub process_name: String,
+    /// Every process traced: PID and name.
+    pub processes: Vec<(u32, String)>,
     pub stopped_by: StopReason,
     pub elapsed_ns: u64,
     pub probes: Vec<ProbeReport>,
@@ -75,14 +93,44 @@ pub struct AttachReport {
     pub losses: Losses,
 }
 
+/// The processes with the most time in one latency: PID, name, count, mean, max, total.
+fn process_latency_table(per_process: &[ProcessLatency]) -> String {
+    let mut rows: Vec<&ProcessLatency> = per_process.iter().collect();
+    rows.sort_by_key(|p| (std::cmp::Reverse(p.stats.total_ns), p.pid));
+    let mut out = format!(
+        "By process ({} processes; the {} with the most time):\n{:>8} {:<16} {:>8} {:>10} {:>10} {:>10}\n",
+        rows.len(),
+        PROCESSES_SHOWN.min(rows.len()),
+        "PID",
+        "NAME",
+        "COUNT",
+        "MEAN",
+        "MAX",
+        "TOTAL"
+    );
+    for p in rows.iter().take(PROCESSES_SHOWN) {
+        let _ = writeln!(
+            out,
+            "{:>8} {:<16} {:>8} {:>10} {:>10} {:>10}",
+            p.pid,
+            escape_text(&p.name),
+            p.stats.count,
+            format_ns(p.stats.total_ns / p.stats.count.max(1)),
+            format_ns(p.stats.max_ns),
+            format_ns(p.stats.total_ns)
+        );
+    }
+    out
+}
+
 impl AttachReport {
     /// The name of task `task` where it is a thread of the target (the runtime's tasks
     /// are its threads, as the JVM's parks are).
-    fn task_name(&self, task: u64) -> Option<&str> {
+    fn task_name(&self, task: &crate::tasks::TaskSummary) -> Option<&str> {
         self.wall
             .per_thread
             .iter()
-            .find(|t| u64::from(t.tid) == task && t.tgid == self.pid)
+            .find(|t| u64::from(t.tid) == task.task && t.tgid == task.tgid)
             .and_then(|t| t.name.as_deref())
     }
 
@@ -93,13 +141,26 @@ impl AttachReport {
     pub fn to_text(&self) -> String {
         let mut out = String::new();
         let secs = self.elapsed_ns as f64 / 1e9;
-        let _ = writeln!(
-            out,
-            "Traced process {} ({}) for {secs:.2} s; stopped: {}.",
-            self.pid,
-            escape_text(&self.process_name),
-            self.stopped_by
-        );
+        match self.processes.as_slice() {
+            [(pid, _)] if *pid == self.pid => {
+                let _ = writeln!(
+                    out,
+                    "Traced process {} ({}) for {secs:.2} s; stopped: {}.",
+                    self.pid,
+                    escape_text(&self.process_name),
+                    self.stopped_by
+                );
+            }
+            processes => {
+                let _ = writeln!(
+                    out,
+                    "Traced {}: {} processes, for {secs:.2} s; stopped: {}.",
+                    escape_text(&self.process_name),
+                    processes.len(),
+                    self.stopped_by
+                );
+            }
+        }
         if let Some(gc) = self.gc_pause() {
             let share = gc.hist.total_ns() as f64 / self.elapsed_ns.max(1) as f64 * 100.0;
             let _ = writeln!(
@@ -119,6 +180,9 @@ impl AttachReport {
                 &latency.hist,
                 MICROSECONDS,
             ));
+            if latency.per_process.len() > 1 {
+                out.push_str(&process_latency_table(&latency.per_process));
+            }
         }
         let _ = writeln!(
             out,
@@ -194,7 +258,7 @@ impl AttachReport {
                     out,
                     "{:>20} {:<20} {:>10} {:>10} {:>7} {:>7}",
                     task.task,
-                    escape_text(self.task_name(task.task).unwrap_or("-")),
+                    escape_text(self.task_name(task).unwrap_or("-")),
                     format_ns(task.parked_ns),
                     format_ns(task.running_ns),
                     task.parks,
@@ -227,12 +291,30 @@ impl AttachReport {
                 let mut summary = summary_json(&l.hist);
                 summary["begin"] = json!(format!("{}:{}", l.def.provider, l.def.begin));
                 summary["end"] = json!(format!("{}:{}", l.def.provider, l.def.end));
+                summary["per_process"] = l
+                    .per_process
+                    .iter()
+                    .map(|p| {
+                        json!({
+                            "pid": p.pid,
+                            "name": p.name,
+                            "count": p.stats.count,
+                            "total_ns": p.stats.total_ns,
+                            "min_ns": p.stats.min_ns,
+                            "max_ns": p.stats.max_ns,
+                        })
+                    })
+                    .collect();
                 (l.def.name.clone(), summary)
             })
             .collect();
         json!({
             "pid": self.pid,
             "process": self.process_name,
+            "processes": self.processes.iter().map(|(pid, name)| json!({
+                "pid": pid,
+                "name": name,
+            })).collect::<Vec<_>>(),
             "stopped_by": self.stopped_by.to_string(),
             "duration_ns": self.elapsed_ns,
             "probes": self.probes.iter().map(|p| json!({
@@ -295,7 +377,8 @@ impl AttachReport {
                 "svg": t.files.as_ref().map(|f| &f.svg),
                 "list": t.profile.tasks.iter().map(|task| json!({
                     "task": task.task,
-                    "name": self.task_name(task.task),
+                    "pid": task.tgid,
+                    "name": self.task_name(task),
                     "running_ns": task.running_ns,
                     "parked_ns": task.parked_ns,
                     "runs": task.runs,
@@ -322,6 +405,7 @@ mod tests {
         AttachReport {
             pid: 42,
             process_name: name.into(),
+            processes: vec![(42, name.into())],
             stopped_by: StopReason::DurationElapsed,
             elapsed_ns: 1_000_000_000,
             probes: Vec::new(),
@@ -376,6 +460,7 @@ mod tests {
         });
         let task = |task| TaskSummary {
             task,
+            tgid: 42,
             ..Default::default()
         };
         let tasks = TaskReport {

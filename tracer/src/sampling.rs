@@ -15,10 +15,11 @@ use tracer_common::{
 
 use crate::{
     cli::{Sampling, UnwindMethod},
-    loader::{Features, Loader, Settings},
+    loader::{Features, Loader, Settings, TargetsMap},
     offcpu::StackSource,
     stop::{self, StopReason},
     symbolize::StackSymbolizer,
+    targets::KernelTargets,
     threads::{self, SnapshotOptions, ThreadState},
     unwind::{
         DwarfUnwinder, FRAME_POINTER_SUFFIX, Snapshot, UnwindStats, UnwoundStack, WithUnwound,
@@ -30,10 +31,18 @@ use crate::{
 /// snapshots are unwound while the process's mappings are still there).
 pub const DRAIN_PERIOD: Duration = Duration::from_millis(10);
 
+/// How often the processes that joined a set of targets are looked at: a process that
+/// lives longer than this gets named stacks.
+pub const OBSERVE_PERIOD: Duration = Duration::from_millis(100);
+
 /// On-CPU sampling and off-CPU accounting, attached.
 pub struct WallClockSampler {
     sampling: Sampling,
-    pid: Option<u32>,
+    /// The processes sampled, when a set that can change (`None`: one process, or every
+    /// process).
+    targets: Option<TargetsMap>,
+    /// Every process is sampled.
+    system_wide: bool,
     unwinding: Option<Unwinding>,
     /// The stacks of the threads blocked when sampling started.
     seeds: Seeds,
@@ -80,15 +89,15 @@ impl WallClockSampler {
         }
     }
 
-    /// Attaches off-CPU accounting and on-CPU sampling, of process `pid` or of every
-    /// process. Every thread of `pid` is marked off CPU from now: threads blocked since
-    /// before would otherwise be missed until they wake (or entirely); running ones
-    /// replace the mark at their next switch. A blocked thread's mark carries the stacks
-    /// it is blocked in, read from /proc without stopping it ([`threads`]); `processes`
-    /// must know `pid`'s mappings to unwind them.
+    /// Attaches off-CPU accounting and on-CPU sampling, of the `targets` the loader was
+    /// given or (`None`) of every process. Every thread of the targets is marked off CPU
+    /// from now: threads blocked since before would otherwise be missed until they wake
+    /// (or entirely); running ones replace the mark at their next switch. A blocked
+    /// thread's mark carries the stacks it is blocked in, read from /proc without stopping
+    /// it ([`threads`]); `processes` must know the targets' mappings to unwind them.
     pub fn attach(
         loader: &mut Loader,
-        pid: Option<u32>,
+        targets: Option<&KernelTargets>,
         sampling: Sampling,
         processes: &Processes,
     ) -> Result<Self> {
@@ -119,13 +128,15 @@ impl WallClockSampler {
         };
         let started_ns = stop::monotonic_ns();
         let mut seeds = Seeds::default();
-        if let Some(pid) = pid {
-            let marks = seeds.mark_threads(loader, pid, started_ns, processes);
+        for member in targets.iter().flat_map(|t| &t.members) {
+            let marks = seeds.mark_threads(loader, member.pid, started_ns, processes);
             loader.seed_offcpu_starts(&marks)?;
         }
+        let set = targets.filter(|t| t.single.is_none());
         Ok(Self {
             sampling,
-            pid,
+            targets: set.map(|_| loader.targets_map()).transpose()?,
+            system_wide: targets.is_none(),
             unwinding,
             seeds,
             started_ns,
@@ -145,9 +156,19 @@ impl WallClockSampler {
         }
     }
 
+    /// Captures the processes that joined a set of targets (their names and mappings,
+    /// while they run); call every [`OBSERVE_PERIOD`].
+    pub fn observe_targets(&self, processes: &mut Processes) {
+        if let Some(targets) = &self.targets {
+            for pid in targets.pids() {
+                processes.observe(pid);
+            }
+        }
+    }
+
     /// Captures what a system-wide profile has seen so far; call about once a second.
     pub fn refresh(&self, loader: &Loader, processes: &mut Processes) {
-        if self.pid.is_none() {
+        if self.system_wide {
             observe_seen(loader, processes);
         }
         processes.refresh();
@@ -177,9 +198,10 @@ impl WallClockSampler {
         now_ns: u64,
         view: ViewOptions,
     ) -> Result<Collected> {
-        if self.pid.is_none() {
+        if self.system_wide {
             observe_seen(loader, processes);
         }
+        self.observe_targets(processes);
         if reason != StopReason::TargetExited {
             processes.refresh();
         }
@@ -253,15 +275,20 @@ pub async fn run_sampler(
     loader: &Loader,
     processes: &mut Processes,
 ) -> std::io::Result<StopReason> {
-    let mut ticker = tokio::time::interval(if sampler.unwinds() {
-        DRAIN_PERIOD
-    } else {
-        Duration::from_secs(1)
+    let mut ticker = tokio::time::interval(match (sampler.unwinds(), &sampler.targets) {
+        (true, _) => DRAIN_PERIOD,
+        (false, Some(_)) => OBSERVE_PERIOD,
+        (false, None) => Duration::from_secs(1),
     });
     let mut refreshed: Option<std::time::Instant> = None;
+    let mut observed: Option<std::time::Instant> = None;
     loop {
         ticker.tick().await;
         sampler.drain(processes);
+        if observed.is_none_or(|at| at.elapsed() >= OBSERVE_PERIOD) {
+            sampler.observe_targets(processes);
+            observed = Some(std::time::Instant::now());
+        }
         if refreshed.is_none_or(|at| at.elapsed() >= Duration::from_secs(1)) {
             sampler.refresh(loader, processes);
             refreshed = Some(std::time::Instant::now());

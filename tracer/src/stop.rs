@@ -146,6 +146,17 @@ pub async fn run_until_stopped_with(
     }
 }
 
+/// Runs `work` and `watch` until either finishes (with its reason to stop, or error).
+pub async fn either(
+    work: impl Future<Output = io::Result<StopReason>>,
+    watch: impl Future<Output = io::Result<StopReason>>,
+) -> io::Result<StopReason> {
+    tokio::select! {
+        result = work => result,
+        result = watch => result,
+    }
+}
+
 /// Calls `tick` about once a second, forever: for what must be captured while the target
 /// lives (its memory maps, its thread names).
 pub async fn every_second(mut tick: impl FnMut()) -> io::Result<StopReason> {

@@ -8,13 +8,16 @@ use tracer_common::{OffCpuTotal, TaskId, TaskKey, TaskState, task_phase};
 use crate::{
     offcpu::{StackSource, user_stack_frames},
     render::flamegraph::FoldedStacks,
-    symbolize::{ProcessMaps, StackSymbolizer},
+    symbolize::StackSymbolizer,
+    wallclock::{Processes, process_frame},
 };
 
 /// One task's totals.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TaskSummary {
     pub task: u64,
+    /// The process it belongs to.
+    pub tgid: u32,
     pub running_ns: u64,
     pub parked_ns: u64,
     /// Finished running intervals.
@@ -62,31 +65,43 @@ pub fn with_open_intervals(
     times
 }
 
+/// Builds the task profile; the parked stacks of each process are named with its mappings
+/// in `processes`, under a `name` frame (`name [pid]` when there are several processes).
 pub fn build_profile(
     times: &[(TaskKey, OffCpuTotal)],
     stacks: &impl StackSource,
     symbolizer: &mut StackSymbolizer,
-    maps: &ProcessMaps,
-    process_name: &str,
+    processes: &Processes,
 ) -> TaskProfile {
-    let mut summaries: HashMap<u64, TaskSummary> = HashMap::new();
-    let parked_stacks = times
+    let mut summaries: HashMap<(u32, u64), TaskSummary> = HashMap::new();
+    let mut parked_ids: HashMap<u32, Vec<i32>> = HashMap::new();
+    for (key, _) in times
         .iter()
         .filter(|(key, _)| key.phase != task_phase::RUNNING)
-        .map(|(key, _)| key.stack_id);
-    let names = user_stack_frames(
-        parked_stacks,
-        stacks,
-        symbolizer,
-        Some(maps),
-        str::to_string,
-    );
+    {
+        parked_ids.entry(key.tgid).or_default().push(key.stack_id);
+    }
+    let several = times
+        .iter()
+        .map(|(key, _)| key.tgid)
+        .collect::<std::collections::HashSet<_>>()
+        .len()
+        > 1;
+    let mut names: HashMap<(u32, i32), Vec<String>> = HashMap::new();
+    for (tgid, ids) in parked_ids {
+        let maps = processes.get(tgid).and_then(|p| p.maps.as_ref());
+        let named = user_stack_frames(ids, stacks, symbolizer, maps, str::to_string);
+        names.extend(named.into_iter().map(|(id, frames)| ((tgid, id), frames)));
+    }
     let mut parked_ns: HashMap<Vec<String>, u64> = HashMap::new();
     for (key, total) in times {
-        let summary = summaries.entry(key.task).or_insert_with(|| TaskSummary {
-            task: key.task,
-            ..Default::default()
-        });
+        let summary = summaries
+            .entry((key.tgid, key.task))
+            .or_insert_with(|| TaskSummary {
+                task: key.task,
+                tgid: key.tgid,
+                ..Default::default()
+            });
         if key.phase == task_phase::RUNNING {
             summary.running_ns += total.total_ns;
             summary.runs += total.count;
@@ -94,8 +109,11 @@ pub fn build_profile(
         }
         summary.parked_ns += total.total_ns;
         summary.parks += total.count;
-        let mut frames = vec![process_name.to_string(), format!("task #{}", key.task)];
-        frames.extend(names[&key.stack_id].iter().cloned());
+        let mut frames = vec![
+            process_frame(processes, key.tgid, several),
+            format!("task #{}", key.task),
+        ];
+        frames.extend(names[&(key.tgid, key.stack_id)].iter().cloned());
         *parked_ns.entry(frames).or_default() += total.total_ns;
     }
     let mut profile = TaskProfile {
@@ -124,9 +142,10 @@ mod tests {
 
     #[test]
     fn sums_running_and_parked_time_per_task() {
+        let me = std::process::id();
         let key = |task, phase, stack_id| TaskKey {
             task,
-            tgid: 1,
+            tgid: me,
             phase,
             stack_id,
             _pad: 0,
@@ -141,12 +160,14 @@ mod tests {
             (key(2, task_phase::PARKED, 6), total(1_000, 1)),
             (key(3, task_phase::PARKED, 5), total(50_000, 1)),
         ];
-        let maps = ProcessMaps::capture(std::process::id()).unwrap();
-        let profile = build_profile(&times, &NoStacks, &mut StackSymbolizer::new(), &maps, "app");
+        let mut processes = Processes::default();
+        processes.observe_target(me).unwrap();
+        let profile = build_profile(&times, &NoStacks, &mut StackSymbolizer::new(), &processes);
         assert_eq!(
             profile.tasks[0],
             TaskSummary {
                 task: 3,
+                tgid: me,
                 running_ns: 0,
                 parked_ns: 50_000,
                 runs: 0,
@@ -157,6 +178,7 @@ mod tests {
             profile.tasks[1],
             TaskSummary {
                 task: 2,
+                tgid: me,
                 running_ns: 1_000,
                 parked_ns: 10_000,
                 runs: 3,

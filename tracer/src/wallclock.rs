@@ -122,6 +122,17 @@ impl Processes {
     }
 }
 
+/// The root frame of process `tgid`'s stacks: its name, and its PID when the profile has
+/// `several` processes.
+pub fn process_frame(processes: &Processes, tgid: u32, several: bool) -> String {
+    let name = processes.get(tgid).map(|p| p.name.as_str());
+    match (name, several) {
+        (Some(name), false) => name.to_string(),
+        (Some(name), true) => format!("{name} [{tgid}]"),
+        (None, _) => format!("[pid {tgid}]"),
+    }
+}
+
 /// Weight of one stack: how many events made it up and how long they lasted.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Weight {
@@ -430,6 +441,8 @@ fn is_missing(key: &OffCpuKey) -> bool {
 struct Namer<'a> {
     processes: &'a Processes,
     per_thread: bool,
+    /// More than one process: each root frame says which (`name [pid]`).
+    several: bool,
     user: foldhash::HashMap<(u32, i32), Vec<String>>,
     kernel: foldhash::HashMap<i32, Vec<String>>,
 }
@@ -461,20 +474,19 @@ impl<'a> Namer<'a> {
             .map(|k| k.kernel_stack_id)
             .filter(|&id| id != NO_STACK);
         let kernel = kernel_stack_frames(kernel_ids, stacks, symbolizer, str::to_string);
+        let mut tgids = keys.iter().map(|k| k.tgid);
+        let first = tgids.next();
         Self {
             processes,
             per_thread,
+            several: tgids.any(|t| Some(t) != first),
             user,
             kernel,
         }
     }
 
     fn frames(&self, key: &OffCpuKey) -> Vec<String> {
-        let process = self.processes.get(key.tgid);
-        let mut frames = vec![match process {
-            Some(p) => p.name.clone(),
-            None => format!("[pid {}]", key.tgid),
-        }];
+        let mut frames = vec![process_frame(self.processes, key.tgid, self.several)];
         if self.per_thread {
             let name = self.processes.thread_name(key.tid).unwrap_or("?");
             frames.push(format!("{name} [{}]", key.tid));

@@ -24,11 +24,12 @@ use crate::{
         flamegraph::{Palette, SvgOptions},
         views::write_profile_files,
     },
-    report::{AttachReport, LatencyReport, Losses, ProbeReport, TaskReport},
+    report::{AttachReport, LatencyReport, Losses, ProbeReport, ProcessLatency, TaskReport},
     runtimes::{self, LatencyDef, Runtime, TaskProbeDef},
     sampling::{self, Collected, ViewOptions, WallClockSampler},
     stop::{self, ProcessWatch, StopReason},
-    symbolize::{ProcessMaps, StackSymbolizer},
+    symbolize::StackSymbolizer,
+    targets::{self, TargetTracker},
     tasks,
     usdt::{self, ProbePattern},
     wallclock::{self, ExportInfo, Processes},
@@ -44,21 +45,40 @@ pub fn run(config: AttachConfig) -> Result<()> {
     privileges::check()?;
     // At once: the first uprobe waits for an RCU grace period, the longest step of a launch.
     let warm_up = Loader::warm_up_uprobes();
-    let pid = config.pid.get();
-    let watch = ProcessWatch::target(pid)?;
-    // From here on the target is known to have existed: wherever it is missing, it
+    let spec = &config.targets;
+    let single = spec.single_pid();
+    let watch = single.map(ProcessWatch::target).transpose()?;
+    let targets = spec.find()?;
+    let pids: Vec<u32> = targets.members.iter().map(|m| m.pid).collect();
+    // From here on the targets are known to have existed: wherever one is missing, it
     // exited (or /proc hides it).
-    let comm = format!("/proc/{pid}/comm");
-    let process_name = procfs::read_name(Path::new(&comm)).map_err(|e| {
-        procfs::target_error(
-            pid,
-            anyhow::Error::new(e).context(format!("cannot read {comm}")),
-        )
-    })?;
+    let on_target = |e: anyhow::Error| match single {
+        Some(pid) => procfs::target_error(pid, e),
+        None => e,
+    };
+    let what = match single {
+        Some(pid) => {
+            let comm = format!("/proc/{pid}/comm");
+            let name = procfs::read_name(Path::new(&comm)).map_err(|e| {
+                on_target(anyhow::Error::new(e).context(format!("cannot read {comm}")))
+            })?;
+            Target {
+                pid: Some(pid),
+                name,
+            }
+        }
+        None => Target {
+            pid: None,
+            name: spec.to_string(),
+        },
+    };
 
     // Any failure to read the target's files while it vanishes means it exited.
-    let scan = usdt::scan_process(pid, &ProbePattern::any())
-        .map_err(|e| procfs::target_error(pid, e.of_target()))?;
+    let scan = match single {
+        Some(pid) => usdt::scan_process(pid, &ProbePattern::any()),
+        None => usdt::scan_processes(&pids, spec.exe.as_deref(), &ProbePattern::any()),
+    }
+    .map_err(|e| on_target(e.of_target().into()))?;
     for (object, error) in &scan.skipped {
         log::debug!("skipped {}: {error}", object.path.display());
     }
@@ -75,26 +95,35 @@ pub fn run(config: AttachConfig) -> Result<()> {
     let task_probes: Vec<TaskProbeDef> = known_runtimes(&sites)
         .flat_map(|r| r.task_probe_defs())
         .collect();
+    // One process's sites are attached for it alone; a set's for every process mapping
+    // the files, the kernel keeping the hits of the targets.
     let plan = ProbePlan::build(
         &sites,
         &latencies,
         &task_probes,
         SiteMode::LatenciesOnly,
-        Some(pid),
+        single,
     )?;
 
     // Before anything is attached: a trace whose files cannot be written fails now.
     render::prepare_output_dir(&config.output_dir)?;
 
     let mut processes = Processes::default();
-    processes.observe_target(pid).map_err(|e| {
-        let context = format!("cannot read /proc/{pid} (its name and memory maps)");
-        procfs::target_error(pid, anyhow::Error::new(e).context(context))
-    })?;
+    for &pid in &pids {
+        if let Err(e) = processes.observe_target(pid) {
+            let context = format!("cannot read /proc/{pid} (its name and memory maps)");
+            let error = procfs::target_error(pid, anyhow::Error::new(e).context(context));
+            // One of a set may exit at any time; the one target may not.
+            match single {
+                Some(_) => return Err(error),
+                None => log::debug!("{error:#}"),
+            }
+        }
+    }
 
     let sampling = config.sampling;
     let mut loader = Loader::load(&Settings {
-        target_tgid: Some(pid),
+        targets: Some(targets.clone()),
         min_block: config.min_block,
         features: Features {
             latencies: true,
@@ -105,12 +134,21 @@ pub fn run(config: AttachConfig) -> Result<()> {
         map_sizes: config.map_sizes,
         plan_sizes: Some(plan.sizes()),
         ..Settings::default()
-    })?;
+    })
+    .map_err(|e| on_target(e.into()))?;
+    let mut tracker = match single {
+        Some(_) => None,
+        None => {
+            let mut map = loader.targets_map()?;
+            targets::catch_up(spec, &mut map);
+            Some(TargetTracker::new(spec.clone(), map))
+        }
+    };
     loader
         .attach_usdt_sites(&plan.usdt_sites(), warm_up)
-        .map_err(|e| procfs::target_error(pid, e))?;
-    let mut sampler = WallClockSampler::attach(&mut loader, Some(pid), sampling, &processes)
-        .map_err(|e| procfs::target_error(pid, e))?;
+        .map_err(|e| on_target(e.into()))?;
+    let mut sampler = WallClockSampler::attach(&mut loader, Some(&targets), sampling, &processes)
+        .map_err(on_target)?;
     let started = sampler.started_ns;
     let start_unix_ns = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -124,9 +162,8 @@ pub fn run(config: AttachConfig) -> Result<()> {
     let signals = stop::StopSignals::catch(&runtime)?;
     let runtime_names = runtime_names(&plan);
     crate::status!(
-        "Attached to process {pid} ({}): {} probe sites{}, on-CPU sampling at {} \
-         Hz{}, sched_switch. {}",
-        escape_text(&process_name),
+        "Attached to {}: {} probe sites{}, on-CPU sampling at {} Hz{}, sched_switch. {}",
+        escape_text(&what.describe(pids.len(), spec.can_grow())),
         loader.usdt_site_count(),
         if runtime_names.is_empty() {
             " (no known runtime probes found)".into()
@@ -146,19 +183,39 @@ pub fn run(config: AttachConfig) -> Result<()> {
 
     let reason = runtime.block_on(stop::run_until_stopped_with(
         signals,
-        Some(watch),
+        watch,
         config.duration,
-        sampling::run_sampler(&mut sampler, &loader, &mut processes),
+        stop::either(
+            sampling::run_sampler(&mut sampler, &loader, &mut processes),
+            async {
+                match tracker.as_mut() {
+                    Some(tracker) => tracker.run().await,
+                    None => std::future::pending().await,
+                }
+            },
+        ),
     ))?;
 
-    // What was measured up to now is what is reported; the target keeps running untouched
+    // What was measured up to now is what is reported; the targets keep running untouched
     // from here on.
     let now = stop::monotonic_ns();
     loader.stop_recording()?;
     loader.detach_usdt()?;
     sampler.detach(&mut loader, &mut processes)?;
     stop::restore_default_signals();
-    crate::status!("Stopped: {reason}. Detached from process {pid}.");
+    let traced: Vec<u32> = match &tracker {
+        Some(tracker) => tracker.pids(),
+        None => pids.clone(),
+    };
+    drop(tracker);
+    loader.detach_targets();
+    crate::status!(
+        "Stopped: {reason}. Detached from {}.",
+        match single {
+            Some(pid) => format!("process {pid}"),
+            None => format!("{} processes", traced.len()),
+        }
+    );
 
     let mut symbolizer = StackSymbolizer::new();
     let collected = sampler.finish(
@@ -172,20 +229,31 @@ pub fn run(config: AttachConfig) -> Result<()> {
             min_block: config.min_block,
         },
     )?;
-    let Some(maps) = processes.get(pid).and_then(|p| p.maps.as_ref()) else {
+    if let Some(pid) = single
+        && processes.get(pid).and_then(|p| p.maps.as_ref()).is_none()
+    {
         bail!("process {pid} exited");
-    };
+    }
     let export = ExportInfo {
-        name: &process_name,
+        name: &what.name,
         frequency_hz: sampling.frequency_hz,
         start_unix_ns,
         duration_ns: now - started,
     };
+    let traced: Vec<(u32, String)> = traced
+        .into_iter()
+        .map(|pid| {
+            let name = processes.get(pid).map(|p| p.name.clone());
+            (pid, name.unwrap_or_else(|| "?".into()))
+        })
+        .collect();
     let (report, output_error) = collect(
         &loader,
         &plan,
         &config,
-        maps,
+        &what,
+        traced,
+        &processes,
         &mut symbolizer,
         collected,
         &export,
@@ -208,6 +276,30 @@ pub fn run(config: AttachConfig) -> Result<()> {
     }
 }
 
+/// What the report is about: one process (its PID and name), or a set (its description).
+struct Target {
+    pid: Option<u32>,
+    name: String,
+}
+
+impl Target {
+    /// For the status line: `process 42 (name)`, or the set and how many it has now.
+    fn describe(&self, processes: usize, can_grow: bool) -> String {
+        match self.pid {
+            Some(pid) => format!("process {pid} ({})", self.name),
+            None => format!(
+                "{} ({processes} now{})",
+                self.name,
+                if can_grow {
+                    ", and those that join"
+                } else {
+                    ""
+                }
+            ),
+        }
+    }
+}
+
 /// The latencies to measure: every known runtime whose provider the target carries, plus
 /// those asked for with --latency (whose probes must exist).
 fn latencies_for(sites: &[SiteInput], config: &AttachConfig) -> Result<Vec<LatencyDef>> {
@@ -220,11 +312,7 @@ fn latencies_for(sites: &[SiteInput], config: &AttachConfig) -> Result<Vec<Laten
                 .iter()
                 .any(|s| s.provider == request.provider && &s.name == name)
             {
-                bail!(
-                    "no probe {}:{name} in process {}",
-                    request.provider,
-                    config.pid
-                );
+                bail!("no probe {}:{name} in {}", request.provider, config.targets);
             }
         }
         defs.push(LatencyDef {
@@ -265,15 +353,25 @@ fn collect(
     loader: &Loader,
     plan: &ProbePlan,
     config: &AttachConfig,
-    maps: &ProcessMaps,
+    target: &Target,
+    traced: Vec<(u32, String)>,
+    processes: &Processes,
     symbolizer: &mut StackSymbolizer,
     collected: Collected,
     export: &ExportInfo<'_>,
     reason: StopReason,
     now: u64,
 ) -> Result<(AttachReport, Option<anyhow::Error>)> {
-    let process_name = export.name;
     let elapsed_ns = export.duration_ns;
+    let by_process = loader.latency_by_process()?;
+    let name_of = |pid: u32| {
+        traced
+            .iter()
+            .find(|(p, _)| *p == pid)
+            .map(|(_, name)| name.clone())
+            .or_else(|| processes.get(pid).map(|p| p.name.clone()))
+            .unwrap_or_else(|| "?".into())
+    };
     let mut latencies = Vec::new();
     for (id, def) in plan.latencies.iter().enumerate() {
         let data = loader.latency(id as u32)?;
@@ -284,9 +382,19 @@ fn collect(
             }
         }
         hist.merge_stats(&data.stats);
+        let per_process = by_process
+            .iter()
+            .filter(|(key, _)| key.latency_id == id as u32)
+            .map(|(key, stats)| ProcessLatency {
+                pid: key.tgid,
+                name: name_of(key.tgid),
+                stats: *stats,
+            })
+            .collect();
         latencies.push(LatencyReport {
             def: def.clone(),
             hist,
+            per_process,
         });
     }
     let mut probes = Vec::new();
@@ -299,14 +407,24 @@ fn collect(
 
     // The report is printed even when a file cannot be written (and names only the files
     // that were); the error comes after.
-    let what = format!("{process_name} (pid {})", config.pid);
+    let what = match target.pid {
+        Some(pid) => format!("{} (pid {pid})", target.name),
+        None => target.name.clone(),
+    };
     let Collected {
         profile: wall,
         unwind_stats,
     } = collected;
     let (files, mut output_error) = write_profile_files(&wall, &config.output_dir, &what, export);
     let unnamed = wallclock::unnamed_line(&wall, || {
-        runtimes::jit_naming_hint(config.pid.get(), maps.mapped_files().map(|f| f.path))
+        // The hint is the same for every process of one runtime: the first one's.
+        let Some((pid, maps)) = traced
+            .iter()
+            .find_map(|(pid, _)| Some((*pid, processes.get(*pid)?.maps.as_ref()?)))
+        else {
+            return String::new();
+        };
+        runtimes::jit_naming_hint(pid, maps.mapped_files().map(|f| f.path))
     });
     let profile = OffCpuProfile {
         folded: wall.offcpu.folded(),
@@ -328,11 +446,8 @@ fn collect(
             loader.task_states()?
         };
         let times = tasks::with_open_intervals(loader.task_times()?, &open, now);
-        let profile = tasks::build_profile(&times, loader, symbolizer, maps, process_name);
-        let title = format!(
-            "Where the tasks of {process_name} (pid {}) waited",
-            config.pid
-        );
+        let profile = tasks::build_profile(&times, loader, symbolizer, processes);
+        let title = format!("Where the tasks of {what} waited");
         let subtitle = format!(
             "{} tasks; parked time by the stack where each parked",
             profile.tasks.len()
@@ -347,8 +462,12 @@ fn collect(
 
     let counters = loader.counters()?;
     let report = AttachReport {
-        pid: config.pid.get(),
-        process_name: process_name.to_string(),
+        pid: target
+            .pid
+            .or(traced.first().map(|(pid, _)| *pid))
+            .unwrap_or(0),
+        process_name: target.name.clone(),
+        processes: traced,
         stopped_by: reason,
         elapsed_ns,
         probes,

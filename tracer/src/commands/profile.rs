@@ -12,7 +12,6 @@
 //! are microseconds.
 
 use std::{
-    num::NonZeroU32,
     path::Path,
     time::{SystemTime, UNIX_EPOCH},
 };
@@ -33,6 +32,7 @@ use crate::{
     sampling::{self, Collected, ViewOptions, WallClockSampler, unwind_summary},
     stop::{self, ProcessWatch},
     symbolize::StackSymbolizer,
+    targets::{self, TargetTracker},
     wallclock::{
         self, ExportInfo, OFF_CPU_FRAME, Processes, RUNNABLE_FRAME, WallClockProfile, thread_table,
     },
@@ -40,10 +40,15 @@ use crate::{
 
 pub fn run(config: ProfileConfig) -> Result<()> {
     privileges::check()?;
-    let pid = config.pid.map(NonZeroU32::get);
-    let watch = pid.map(ProcessWatch::target).transpose()?;
+    let spec = &config.targets;
+    let single = spec.single_pid();
+    let watch = single.map(ProcessWatch::target).transpose()?;
+    let targets = match spec.is_everything() {
+        true => None,
+        false => Some(spec.find()?),
+    };
     let mut processes = Processes::default();
-    let what = match pid {
+    let what = match single {
         Some(pid) => {
             let info = processes.observe_target(pid).map_err(|e| {
                 let context = format!("cannot read /proc/{pid} (its name and memory maps)");
@@ -51,21 +56,38 @@ pub fn run(config: ProfileConfig) -> Result<()> {
             })?;
             format!("{} (pid {pid})", info.name)
         }
+        None if targets.is_some() => spec.to_string(),
         None => "all processes".to_string(),
     };
+    if single.is_none() {
+        for member in targets.iter().flat_map(|t| &t.members) {
+            if let Err(e) = processes.observe_target(member.pid) {
+                log::debug!("cannot read process {}: {e}", member.pid);
+            }
+        }
+    }
     // Before anything is attached: a profile whose files cannot be written fails now.
     render::prepare_output_dir(&config.output_dir)?;
     let sampling = config.sampling;
 
     let mut loader = Loader::load(&Settings {
-        target_tgid: pid,
+        targets: targets.clone(),
         min_block: config.min_block,
         features: WallClockSampler::features(&sampling),
         unwind_ring_bytes: WallClockSampler::unwind_ring_bytes(&sampling),
         map_sizes: config.map_sizes,
         ..Settings::default()
     })?;
-    let mut sampler = WallClockSampler::attach(&mut loader, pid, sampling, &processes)?;
+    let mut tracker = match (&targets, single) {
+        (Some(_), None) => {
+            let mut map = loader.targets_map()?;
+            targets::catch_up(spec, &mut map);
+            Some(TargetTracker::new(spec.clone(), map))
+        }
+        _ => None,
+    };
+    let mut sampler =
+        WallClockSampler::attach(&mut loader, targets.as_ref(), sampling, &processes)?;
     let start_unix_ns = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64)
@@ -94,11 +116,20 @@ pub fn run(config: ProfileConfig) -> Result<()> {
         signals,
         watch,
         config.duration,
-        sampling::run_sampler(&mut sampler, &loader, &mut processes),
+        stop::either(
+            sampling::run_sampler(&mut sampler, &loader, &mut processes),
+            async {
+                match tracker.as_mut() {
+                    Some(tracker) => tracker.run().await,
+                    None => std::future::pending().await,
+                }
+            },
+        ),
     ))?;
 
     let now = stop::monotonic_ns();
     sampler.detach(&mut loader, &mut processes)?;
+    loader.detach_targets();
     stop::restore_default_signals();
     crate::status!("Stopped: {reason}. Detached.");
     let started = sampler.started_ns;
@@ -142,7 +173,12 @@ pub fn run(config: ProfileConfig) -> Result<()> {
     if let Some(stats) = unwind_stats {
         text += &unwind_summary(&stats, &counters);
     }
-    if let Some(pid) = pid {
+    let first = targets
+        .iter()
+        .flat_map(|t| &t.members)
+        .next()
+        .map(|m| m.pid);
+    if let Some(pid) = first {
         let maps = processes.get(pid).and_then(|p| p.maps.as_ref());
         let files = maps
             .into_iter()

@@ -1,5 +1,7 @@
 //! `tracer trace PROBE... [-- CMD]`: one line per probe hit with its decoded arguments.
 
+use std::num::NonZeroU32;
+
 use anyhow::{Result, bail};
 use aya::maps::{MapData, RingBuf};
 use serde_json::json;
@@ -16,6 +18,7 @@ use crate::{
     procfs,
     render::escape_text,
     stop::{self, ProcessWatch, StopReason},
+    targets::{self, TargetSpec, TargetTracker},
     usdt::{self, Scope},
 };
 
@@ -33,19 +36,43 @@ pub fn run(config: TraceConfig) -> Result<()> {
     };
     // Now: the first uprobe waits for an RCU grace period, the longest step of a launch.
     let warm_up = Loader::warm_up_uprobes();
-    let (scope, pid) = match (config.pid, &child) {
-        (Some(pid), _) => (Scope::Process(pid.get()), Some(pid.get())),
-        (None, Some(child)) => (
-            Scope::Files {
-                exe: Some(&child.exe),
-            },
-            Some(child.pid),
-        ),
-        (None, None) => (Scope::Files { exe: None }, None),
+    // Whose hits: the command (and with --children its forks), the targets, or every
+    // process running the probes' files.
+    let spec = match &child {
+        Some(child) => TargetSpec {
+            pids: NonZeroU32::new(child.pid).into_iter().collect(),
+            ..config.targets.clone()
+        },
+        None => config.targets.clone(),
     };
-    let watch = pid.map(ProcessWatch::target).transpose()?;
+    let single = spec.single_pid();
+    let targets = match spec.is_everything() {
+        true => None,
+        false => Some(spec.find()?),
+    };
+    let pids: Vec<u32> = targets
+        .iter()
+        .flat_map(|t| &t.members)
+        .map(|m| m.pid)
+        .collect();
+    let scope = match (&child, single) {
+        (Some(child), _) => Scope::Files {
+            exe: Some(&child.exe),
+        },
+        (None, Some(pid)) => Scope::Process(pid),
+        (None, None) if targets.is_some() => Scope::Processes {
+            pids: &pids,
+            exe: spec.exe.as_deref(),
+        },
+        (None, None) => Scope::Files { exe: None },
+    };
+    let watch = single.map(ProcessWatch::target).transpose()?;
     // A target watched is known to have existed: missing, it exited.
-    let resolved = usdt::resolve(&specs, scope).map_err(|e| match pid {
+    let on_target = |e: anyhow::Error| match single {
+        Some(pid) => procfs::target_error(pid, e),
+        None => e,
+    };
+    let resolved = usdt::resolve(&specs, scope).map_err(|e| match single {
         Some(pid) => procfs::target_error(pid, e.of_target()),
         None => e.into(),
     })?;
@@ -62,11 +89,13 @@ pub fn run(config: TraceConfig) -> Result<()> {
     } else {
         SiteMode::Events
     };
-    let plan = ProbePlan::build(&inputs, &[], &[], mode, pid)?;
+    // One process's sites are attached for it alone; a set's for every process mapping
+    // the files, the kernel keeping the targets' hits.
+    let plan = ProbePlan::build(&inputs, &[], &[], mode, single)?;
     let signed: Vec<Vec<bool>> = probe_signedness(&plan);
 
     let mut loader = Loader::load(&Settings {
-        target_tgid: pid,
+        targets: targets.clone(),
         ring_buffer_bytes: config.ring_buffer_bytes,
         plan_sizes: Some(plan.sizes()),
         features: Features {
@@ -75,12 +104,17 @@ pub fn run(config: TraceConfig) -> Result<()> {
         },
         ..Settings::default()
     })?;
+    let mut tracker = match (&targets, single) {
+        (Some(_), None) => {
+            let mut map = loader.targets_map()?;
+            targets::catch_up(&spec, &mut map);
+            Some(TargetTracker::new(spec.clone(), map))
+        }
+        _ => None,
+    };
     loader
         .attach_usdt_sites(&plan.usdt_sites(), warm_up)
-        .map_err(|e| match pid {
-            Some(pid) => procfs::target_error(pid, e),
-            None => e.into(),
-        })?;
+        .map_err(|e| on_target(e.into()))?;
     let events = loader.take_events()?;
     // Ctrl-C from the moment the line below is printed (and the command runs) must stop
     // the trace, not kill us.
@@ -92,9 +126,10 @@ pub fn run(config: TraceConfig) -> Result<()> {
         "Attached {} probes ({} sites){}. Ctrl-C to stop.",
         plan.probes.len(),
         loader.usdt_site_count(),
-        match pid {
-            Some(pid) => format!(" in process {pid}"),
-            None => " in every process running them".into(),
+        match (single, &targets) {
+            (Some(pid), _) => format!(" in process {pid}"),
+            (None, Some(_)) => format!(" in {spec}"),
+            (None, None) => " in every process running them".into(),
         }
     );
     if let Some(child) = child.as_mut() {
@@ -125,13 +160,20 @@ pub fn run(config: TraceConfig) -> Result<()> {
             signals,
             watch,
             config.duration,
-            pump(&mut events, &mut printer, &out),
+            stop::either(pump(&mut events, &mut printer, &out), async {
+                match tracker.as_mut() {
+                    Some(tracker) => tracker.run().await,
+                    None => std::future::pending().await,
+                }
+            }),
         )
         .await?;
         Ok::<_, std::io::Error>((reason, events.into_inner()))
     })?;
     loader.stop_recording()?;
     loader.detach_usdt()?;
+    drop(tracker);
+    loader.detach_targets();
     stop::restore_default_signals();
     // The target is as it was; now what is left for standard output, for as long as its
     // reader takes it.

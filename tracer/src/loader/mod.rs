@@ -5,6 +5,7 @@
 pub mod keeper;
 mod object;
 mod sys;
+mod targets;
 
 use std::{
     collections::HashMap as StdHashMap,
@@ -13,20 +14,22 @@ use std::{
     time::Duration,
 };
 
-use aya::maps::{Array, HashMap, Map, MapData, PerCpuArray, RingBuf, StackTraceMap};
+use aya::maps::{Array, HashMap, Map, MapData, PerCpuArray, PerCpuHashMap, RingBuf, StackTraceMap};
 use thiserror::Error;
 use tracer_common::{
-    LatencyStats, OffCpuKey, OffCpuStart, OffCpuTotal, OnCpuKey, ProbeHits, SnapshotCheck, TaskId,
-    TaskKey, TaskState, ThreadRegs, UsdtSite, control, counter, global_names, histogram, map_names,
-    program_names, site_flags,
+    LatencyProcessKey, LatencyStats, OffCpuKey, OffCpuStart, OffCpuTotal, OnCpuKey, ProbeHits,
+    SnapshotCheck, TaskId, TaskKey, TaskState, ThreadRegs, UsdtSite, control, counter,
+    global_names, histogram, map_names, program_names, site_flags, target_filter, target_match,
 };
 
 pub use sys::supports_ref_ctr_offset;
+pub use targets::TargetsMap;
 
 use crate::{
     btf::{self, Btf},
     oserror::{self, OpenFileLimit},
     procfs::ProcessError,
+    targets::KernelTargets,
 };
 
 /// The eBPF object built from `tracer-ebpf` by build.rs.
@@ -93,8 +96,8 @@ type Result<T, E = LoaderError> = std::result::Result<T, E>;
 /// Settings fixed before load (the eBPF side reads them as constants).
 #[derive(Debug, Clone)]
 pub struct Settings {
-    /// Off-CPU accounting only for this process; every process when `None`.
-    pub target_tgid: Option<u32>,
+    /// The processes traced (off-CPU, on-CPU and USDT hits); every process when `None`.
+    pub targets: Option<KernelTargets>,
     /// Off-CPU intervals shorter than this are dropped in the kernel.
     pub min_block: Duration,
     /// Size of the event ring buffer (a power of two, multiple of the page size).
@@ -195,6 +198,7 @@ impl Features {
                     map_names::LATENCY_STARTS,
                     map_names::LATENCY_HIST,
                     map_names::LATENCY_STATS,
+                    map_names::LATENCY_BY_PROCESS,
                 ][..],
             ),
             (
@@ -222,7 +226,7 @@ impl Features {
 impl Default for Settings {
     fn default() -> Self {
         Self {
-            target_tgid: None,
+            targets: None,
             min_block: Duration::ZERO,
             ring_buffer_bytes: 1 << 22,
             features: Features::ALL,
@@ -360,7 +364,7 @@ impl Loader {
         let features = settings.features;
         // The scheduler programs compare the target's PID with the kernel's (host) view;
         // from a nested PID namespace they would silently never match.
-        if settings.target_tgid.is_some() && (features.offcpu || features.oncpu) {
+        if settings.targets.is_some() && (features.offcpu || features.oncpu) {
             use std::os::unix::fs::MetadataExt as _;
             if let Ok(ns) = std::fs::metadata("/proc/self/ns/pid")
                 && is_nested_pid_namespace(ns.ino())
@@ -368,9 +372,13 @@ impl Loader {
                 return Err(LoaderError::NestedPidNamespace(ns.ino()));
             }
         }
-        // Only the off-CPU programs and the thread iterator read task_struct, and only
-        // they are verified against kernel types; reading kernel BTF costs milliseconds.
-        let kernel = (features.offcpu || features.thread_regs)
+        let targets = settings.targets.as_ref();
+        let follow_forks = targets.is_some_and(|t| t.follow_forks);
+        let follow_execs = targets.is_some_and(|t| t.exe.is_some() || t.comm.is_some());
+        // Only the off-CPU programs, the process trackers and the thread iterator read
+        // kernel structures, and only they are verified against kernel types; reading
+        // kernel BTF costs milliseconds.
+        let kernel = (features.offcpu || features.thread_regs || follow_forks || follow_execs)
             .then(|| {
                 Btf::read(Path::new(KERNEL_BTF)).map_err(|e| match e {
                     btf::BtfError::Read { path, source } if oserror::cause(&source).is_some() => {
@@ -380,66 +388,95 @@ impl Loader {
                 })
             })
             .transpose()?;
-        let task_offsets = match &kernel {
-            Some(kernel) => {
-                let members = ["pid", "group_leader", "start_boottime"];
-                kernel.member_offsets("task_struct", &members)?
-            }
-            None => vec![0; 3],
+        let offsets = |wanted: bool, structure: &str, members: &[&str]| match (&kernel, wanted) {
+            (Some(kernel), true) => kernel.member_offsets(structure, members),
+            _ => Ok(vec![0; members.len()]),
         };
+        let task = offsets(
+            true,
+            "task_struct",
+            &["pid", "group_leader", "start_boottime", "tgid", "comm"],
+        )?;
+        let exe = targets.and_then(|t| t.exe);
+        let file_offsets = [
+            offsets(exe.is_some(), "linux_binprm", &["file"])?,
+            offsets(exe.is_some(), "file", &["f_inode"])?,
+            offsets(exe.is_some(), "inode", &["i_ino", "i_sb"])?,
+            offsets(exe.is_some(), "super_block", &["s_dev"])?,
+        ];
         let kernel_type_id =
-            |wanted: bool, id: fn(&Btf) -> Result<u32, btf::BtfError>| match (&kernel, wanted) {
+            |wanted: bool, id: &dyn Fn(&Btf) -> Result<u32, btf::BtfError>| match (&kernel, wanted)
+            {
                 (Some(kernel), true) => id(kernel).map(Some),
                 _ => Ok(None),
             };
         let sched_switch_btf_id =
-            kernel_type_id(features.offcpu, |k| k.typedef_id("btf_trace_sched_switch"))?;
+            kernel_type_id(features.offcpu, &|k| k.typedef_id("btf_trace_sched_switch"))?;
+        let fork_btf_id = kernel_type_id(follow_forks, &|k| {
+            k.typedef_id("btf_trace_sched_process_fork")
+        })?;
+        let exec_btf_id = kernel_type_id(follow_execs, &|k| {
+            k.typedef_id("btf_trace_sched_process_exec")
+        })?;
         let iter_task_btf_id =
-            kernel_type_id(features.thread_regs, |k| k.function_id("bpf_iter_task"))?;
-        let (task_pid_offset, group_leader_offset, start_boottime_offset) =
-            (task_offsets[0], task_offsets[1], task_offsets[2]);
-        // The target is its PID *and* its start time, so a process reusing the PID after
-        // the target exited is not accounted as the target.
-        let target_start_ticks = match settings.target_tgid {
-            Some(pid) if features.offcpu => process_start_ticks(pid)?,
-            _ => 0,
+            kernel_type_id(features.thread_regs, &|k| k.function_id("bpf_iter_task"))?;
+        // One target that nothing can join is a constant to compare with: its PID *and*
+        // its start time, so a process reusing the PID after it exited is not taken for it.
+        let single = targets.and_then(|t| t.single);
+        let single_start_ticks = match single {
+            Some(pid) => process_start_ticks(pid)?,
+            None => 0,
         };
+        let filter = match targets {
+            None => 0,
+            // One process's USDT sites are attached for it alone.
+            Some(t) if t.single.is_some() => target_filter::SCHED,
+            Some(_) => target_filter::SCHED | target_filter::USDT,
+        };
+        let matching = targets.map_or(0, |t| {
+            let mut bits = 0;
+            if t.exe.is_some() {
+                bits |= target_match::EXE;
+            }
+            if t.comm.is_some() {
+                bits |= target_match::COMM;
+            }
+            bits
+        });
         // SAFETY: sysconf has no memory preconditions.
         let ticks_per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
         let clock_tick_ns = 1_000_000_000 / ticks_per_second;
-        let target_tgid = settings.target_tgid.unwrap_or(0);
         let min_block_ns = settings.min_block.as_nanos().min(u64::MAX as u128) as u64;
         let ring_buffer_bytes = if features.events {
             settings.ring_buffer_bytes
         } else {
             MIN_RING_BUFFER_BYTES
         };
+        let u32s = |name: &'static str, value: u32| (name, value.to_ne_bytes().to_vec());
+        let u64s = |name: &'static str, value: u64| (name, value.to_ne_bytes().to_vec());
         let globals: Vec<(&'static str, Vec<u8>)> = vec![
-            (global_names::TARGET_TGID, target_tgid.to_ne_bytes().into()),
+            u32s(global_names::TARGET_TGID, single.unwrap_or(0)),
+            u64s(global_names::TARGET_START_TICKS, single_start_ticks),
+            u32s(global_names::TARGET_FILTER, filter),
+            u64s(global_names::MIN_BLOCK_NS, min_block_ns),
+            u32s(global_names::TASK_PID_OFFSET, task[0]),
+            u32s(global_names::TASK_GROUP_LEADER_OFFSET, task[1]),
+            u32s(global_names::TASK_START_BOOTTIME_OFFSET, task[2]),
+            u32s(global_names::TASK_TGID_OFFSET, task[3]),
+            u32s(global_names::TASK_COMM_OFFSET, task[4]),
+            u32s(global_names::BPRM_FILE_OFFSET, file_offsets[0][0]),
+            u32s(global_names::FILE_INODE_OFFSET, file_offsets[1][0]),
+            u32s(global_names::INODE_INO_OFFSET, file_offsets[2][0]),
+            u32s(global_names::INODE_SB_OFFSET, file_offsets[2][1]),
+            u32s(global_names::SB_DEV_OFFSET, file_offsets[3][0]),
+            u32s(global_names::TARGET_MATCH, matching),
+            u64s(global_names::MATCH_EXE_DEV, exe.map_or(0, |e| e.dev)),
+            u64s(global_names::MATCH_EXE_INO, exe.map_or(0, |e| e.ino)),
             (
-                global_names::MIN_BLOCK_NS,
-                min_block_ns.to_ne_bytes().into(),
+                global_names::MATCH_COMM,
+                targets.and_then(|t| t.comm).unwrap_or_default().to_vec(),
             ),
-            (
-                global_names::TASK_PID_OFFSET,
-                task_pid_offset.to_ne_bytes().into(),
-            ),
-            (
-                global_names::TASK_GROUP_LEADER_OFFSET,
-                group_leader_offset.to_ne_bytes().into(),
-            ),
-            (
-                global_names::TASK_START_BOOTTIME_OFFSET,
-                start_boottime_offset.to_ne_bytes().into(),
-            ),
-            (
-                global_names::TARGET_START_TICKS,
-                target_start_ticks.to_ne_bytes().into(),
-            ),
-            (
-                global_names::CLOCK_TICK_NS,
-                clock_tick_ns.to_ne_bytes().into(),
-            ),
+            u64s(global_names::CLOCK_TICK_NS, clock_tick_ns),
         ];
         let mut max_entries = StdHashMap::from([
             (map_names::USDT_EVENTS, ring_buffer_bytes),
@@ -456,6 +493,9 @@ impl Loader {
         for name in features.unused_maps() {
             max_entries.insert(name, 1);
         }
+        if targets.is_none_or(|t| t.single.is_some()) {
+            max_entries.insert(map_names::TARGETS, 1);
+        }
         if let Some(plan) = settings.plan_sizes {
             let latencies = plan.latencies.max(1);
             max_entries.insert(map_names::USDT_SPECS, plan.sites.max(1));
@@ -469,7 +509,7 @@ impl Loader {
             _ => None,
         };
         let (maps, programs) = object::load(EBPF_OBJECT, &globals, &max_entries, &DEFERRED_MAPS)?;
-        Ok(Self {
+        let mut loader = Self {
             maps,
             programs,
             sched_switch_btf_id,
@@ -477,7 +517,62 @@ impl Loader {
             keeper,
             usdt_sites_attached: 0,
             links: StdHashMap::new(),
-        })
+        };
+        if let Some(targets) = targets.filter(|t| t.single.is_none()) {
+            loader.targets_map()?.add_members(&targets.members)?;
+            // From here on the kernel adds the processes that join.
+            if let Some(id) = fork_btf_id {
+                loader.attach_btf_tracepoint(
+                    program_names::PROCESS_FORK,
+                    "sched_process_fork",
+                    id,
+                )?;
+            }
+            if let Some(id) = exec_btf_id {
+                loader.attach_btf_tracepoint(
+                    program_names::PROCESS_EXEC,
+                    "sched_process_exec",
+                    id,
+                )?;
+            }
+        }
+        Ok(loader)
+    }
+
+    /// A handle on the set of target processes, to add to it and read it while the
+    /// programs run (a set of processes: see [`KernelTargets`]).
+    pub fn targets_map(&self) -> Result<TargetsMap> {
+        let name = map_names::TARGETS;
+        match self.maps.get(name) {
+            Some(Map::HashMap(data)) => TargetsMap::from_map(data),
+            _ => Err(LoaderError::Missing(name)),
+        }
+    }
+
+    /// Stops adding the processes that fork from targets or start the `--exe` file.
+    pub fn detach_targets(&mut self) {
+        self.links.remove(program_names::PROCESS_FORK);
+        self.links.remove(program_names::PROCESS_EXEC);
+    }
+
+    /// Attaches BTF tracepoint program `name` to `tracepoint` (BTF type id `btf_id`).
+    fn attach_btf_tracepoint(
+        &mut self,
+        name: &'static str,
+        tracepoint: &str,
+        btf_id: u32,
+    ) -> Result<()> {
+        let program = self.program_fd(name, Some(btf_id))?;
+        let link = sys::attach_btf_tracepoint(program)
+            .map_err(|e| os_error(format!("attaching {name} to {tracepoint}"), e))?;
+        self.links.insert(
+            name,
+            vec![Link {
+                _link: link,
+                _perf_event: None,
+            }],
+        );
+        Ok(())
     }
 
     /// Describes what a USDT site at BPF cookie `cookie` does when hit.
@@ -635,17 +730,10 @@ impl Loader {
 
     fn attach_switch_program(&mut self, name: &'static str) -> Result<()> {
         self.finish_maps()?;
-        let program = self.program_fd(name, self.sched_switch_btf_id)?;
-        let link = sys::attach_btf_tracepoint(program)
-            .map_err(|e| os_error(format!("attaching {name} to sched_switch"), e))?;
-        self.links.insert(
-            name,
-            vec![Link {
-                _link: link,
-                _perf_event: None,
-            }],
-        );
-        Ok(())
+        let btf_id = self
+            .sched_switch_btf_id
+            .ok_or(LoaderError::Missing("btf_trace_sched_switch"))?;
+        self.attach_btf_tracepoint(name, "sched_switch", btf_id)
     }
 
     fn detach_switch_program(&mut self, name: &'static str) -> Result<()> {
@@ -858,6 +946,32 @@ impl Loader {
                 .sum();
         }
         Ok(data)
+    }
+
+    /// The totals of every latency per process: `(tgid, latency_id)` and the stats,
+    /// summed over CPUs.
+    pub fn latency_by_process(&self) -> Result<Vec<(LatencyProcessKey, LatencyStats)>> {
+        let name = map_names::LATENCY_BY_PROCESS;
+        let map = self.maps.get(name).ok_or(LoaderError::Missing(name))?;
+        let map: PerCpuHashMap<&MapData, LatencyProcessKey, LatencyStats> =
+            PerCpuHashMap::try_from(map).map_err(|source| LoaderError::Map { name, source })?;
+        let mut out = Vec::new();
+        for entry in map.iter() {
+            let (key, per_cpu) = entry.map_err(|source| LoaderError::Map { name, source })?;
+            let mut total = LatencyStats {
+                min_ns: u64::MAX,
+                ..LatencyStats::default()
+            };
+            for cpu in per_cpu.iter().filter(|cpu| cpu.count > 0) {
+                total.count += cpu.count;
+                total.total_ns += cpu.total_ns;
+                total.min_ns = total.min_ns.min(cpu.min_ns);
+                total.max_ns = total.max_ns.max(cpu.max_ns);
+            }
+            out.push((key, total));
+        }
+        out.sort_by_key(|(key, _)| (key.latency_id, key.tgid));
+        Ok(out)
     }
 
     /// How often probe `probe_id` fired, and when it first did.

@@ -231,6 +231,58 @@ pub fn scan_process(pid: u32, pattern: &ProbePattern) -> Result<ProcessScan, Usd
     Ok(scan)
 }
 
+/// [`scan_process`] over several processes (and the file `exe`, which may run in none of
+/// them yet), each file's sites once however many processes map it. Processes that
+/// exited meanwhile are passed over; fails only when none of them could be read and
+/// there is no `exe`.
+pub fn scan_processes(
+    pids: &[u32],
+    exe: Option<&Path>,
+    pattern: &ProbePattern,
+) -> Result<ProcessScan, UsdtError> {
+    let mut scan = ProcessScan::default();
+    let mut first_error = None;
+    let mut scanned = 0;
+    for &pid in pids {
+        match scan_process(pid, pattern) {
+            Ok(one) => {
+                scanned += 1;
+                scan.sites.extend(one.sites);
+                scan.skipped.extend(one.skipped);
+            }
+            Err(e) => {
+                log::debug!("cannot scan process {pid}: {e}");
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    if let Some(exe) = exe {
+        scan.sites
+            .extend(sites_in(&MappedObject::from_path(exe), pattern)?);
+        scanned += 1;
+    }
+    if scanned == 0
+        && let Some(error) = first_error
+    {
+        return Err(error);
+    }
+    dedup_by_file(&mut scan.sites);
+    Ok(scan)
+}
+
+/// Keeps each site once: the same file seen through two processes (under
+/// /proc/PID/root of each) is one file, so one uprobe per address.
+pub fn dedup_by_file(sites: &mut Vec<ProbeSite>) {
+    use std::os::unix::fs::MetadataExt as _;
+    let mut seen = HashSet::new();
+    sites.retain(|site| {
+        let id = std::fs::metadata(&site.binary.host_path)
+            .map(|m| (m.dev(), m.ino(), PathBuf::new()))
+            .unwrap_or_else(|_| (0, 0, site.binary.host_path.clone()));
+        seen.insert((id, site.note.pc))
+    });
+}
+
 /// [`scan_process`] without the list of skipped libraries, for callers that only want
 /// the sites.
 pub fn find_probes_in_process(

@@ -1,14 +1,11 @@
 //! From what the user typed (`usdt:PATH:PROVIDER:NAME`, with or without a PID) to the
 //! probe sites to attach.
 
-use std::{
-    collections::HashSet,
-    path::{Path, PathBuf},
-};
+use std::path::{Path, PathBuf};
 
 use super::{
-    Glob, MappedObject, ProbePattern, ProbeSite, UsdtError, UsdtSpecifier, find_probes_in_file,
-    scan_process,
+    Glob, MappedObject, ProbePattern, ProbeSite, UsdtError, UsdtSpecifier, dedup_by_file,
+    find_probes_in_file, scan_process, scan_processes,
 };
 
 /// Where to look for probes.
@@ -16,6 +13,12 @@ use super::{
 pub enum Scope<'a> {
     /// A running process: its executable and every library it maps.
     Process(u32),
+    /// Several processes, as [`Scope::Process`] each, and the file `exe` (which may run
+    /// in none of them yet).
+    Processes {
+        pids: &'a [u32],
+        exe: Option<&'a Path>,
+    },
     /// Files only, for any process that runs them (and, with a command, `exe` stands in
     /// for a specifier without a path).
     Files { exe: Option<&'a Path> },
@@ -55,6 +58,28 @@ pub fn find(specs: &[UsdtSpecifier], scope: Scope<'_>) -> Result<Found, UsdtErro
                 }
             }
         }
+        Scope::Processes { pids, exe } => {
+            let scan = scan_processes(pids, exe, &ProbePattern::any())?;
+            found.unreadable = scan.skipped;
+            for site in scan.sites {
+                if specs.iter().any(|spec| matches(spec, &site)) {
+                    found.sites.push(site);
+                }
+            }
+            // A file named by path is searched too: a process that joins later (a fork
+            // that executes it) may run it though none of those running now maps it.
+            for spec in specs {
+                if let Some(path) = spec.path.as_deref()
+                    && path.contains('/')
+                    && Glob::new(path).is_literal()
+                {
+                    let path = absolute(Path::new(path))?;
+                    found
+                        .sites
+                        .extend(find_probes_in_file(&path, &spec.pattern)?);
+                }
+            }
+        }
         Scope::Files { exe } => {
             let mut files: Vec<(PathBuf, &UsdtSpecifier)> = Vec::new();
             for spec in specs {
@@ -73,10 +98,7 @@ pub fn find(specs: &[UsdtSpecifier], scope: Scope<'_>) -> Result<Found, UsdtErro
             }
         }
     }
-    let mut seen = HashSet::new();
-    found
-        .sites
-        .retain(|s| seen.insert((s.binary.host_path.clone(), s.note.pc)));
+    dedup_by_file(&mut found.sites);
     Ok(found)
 }
 
@@ -159,6 +181,14 @@ fn nothing_matches(specs: &[UsdtSpecifier], scope: Scope<'_>) -> UsdtError {
     let wanted: Vec<String> = specs.iter().map(describe).collect();
     let place = match scope {
         Scope::Process(pid) => format!("process {pid}"),
+        Scope::Processes { pids, exe } => {
+            let mut places: Vec<String> = pids.iter().map(|p| format!("process {p}")).collect();
+            places.extend(exe.map(|e| e.display().to_string()));
+            match places.is_empty() {
+                true => "the traced processes (none is running)".into(),
+                false => places.join(", "),
+            }
+        }
         Scope::Files { .. } => "the given files".to_string(),
     };
     UsdtError::NoProbes {
@@ -201,7 +231,7 @@ fn matches_in(spec: &UsdtSpecifier, site: &ProbeSite, scope: Scope<'_>) -> bool 
         return false;
     }
     match (scope, spec.path.as_deref()) {
-        (Scope::Process(_), _) => matches(spec, site),
+        (Scope::Process(_) | Scope::Processes { .. }, _) => matches(spec, site),
         (Scope::Files { exe }, None | Some("*")) => exe == Some(site.binary.path.as_path()),
         (Scope::Files { .. }, Some(path)) => {
             absolute(Path::new(path)).is_ok_and(|path| path == site.binary.path)

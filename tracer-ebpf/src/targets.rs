@@ -1,0 +1,179 @@
+//! Which processes are traced. One process and nothing that can join it: its tgid is a
+//! constant (`TARGET_TGID`). A set of processes (several PIDs, `--children`, `--exe`,
+//! `--comm`, `--cgroup`): the `TARGETS` map, which user space fills with the processes
+//! found at the start and which `sched_process_fork` and `sched_process_exec` keep up to
+//! date in the kernel, before a new process runs its first instruction.
+//!
+//! A target is its PID *and* its start time, so a process that reuses the PID of one that
+//! exited is not taken for it.
+
+use aya_ebpf::{
+    helpers::{bpf_get_current_pid_tgid, bpf_probe_read_kernel, generated::bpf_get_current_task},
+    programs::BtfTracePointContext,
+};
+use tracer_common::{TargetProcess, counter, target_flags, target_match};
+
+use crate::{
+    BPRM_FILE_OFFSET, CLOCK_TICK_NS, FILE_INODE_OFFSET, INODE_INO_OFFSET, INODE_SB_OFFSET,
+    MATCH_COMM, MATCH_EXE_DEV, MATCH_EXE_INO, SB_DEV_OFFSET, TARGET_FILTER, TARGET_MATCH,
+    TARGET_START_TICKS, TARGET_TGID, TARGETS, TASK_COMM_OFFSET, TASK_GROUP_LEADER_OFFSET,
+    TASK_PID_OFFSET, TASK_START_BOOTTIME_OFFSET, TASK_TGID_OFFSET, count, setting,
+};
+
+/// Whether the current thread, of process `tgid`, is traced by the programs of `kind` (a
+/// bit of `tracer_common::target_filter`).
+#[inline(always)]
+pub fn is_traced(tgid: u32, kind: u32) -> bool {
+    if setting(&TARGET_FILTER) & kind == 0 {
+        return true;
+    }
+    let single = setting(&TARGET_TGID);
+    if single != 0 {
+        let start = setting(&TARGET_START_TICKS);
+        return tgid == single && (start == 0 || current_start_ticks() == start);
+    }
+    // SAFETY: the value is copied out at once.
+    match unsafe { TARGETS.get(&tgid) }.copied() {
+        Some(target) => target.start_ticks == 0 || current_start_ticks() == target.start_ticks,
+        None => false,
+    }
+}
+
+/// `sched_process_fork(parent, child)`, run by the parent: a process forked by a target
+/// that follows its forks is a target from its first instruction. Threads are not
+/// processes: a child in the parent's thread group is left alone.
+#[inline(always)]
+pub fn on_fork(ctx: &BtfTracePointContext) {
+    let parent_tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    // SAFETY: the value is copied out at once.
+    let Some(parent) = (unsafe { TARGETS.get(&parent_tgid) }).copied() else {
+        return;
+    };
+    if parent.flags & target_flags::FOLLOW_FORKS == 0
+        || (parent.start_ticks != 0 && current_start_ticks() != parent.start_ticks)
+    {
+        return;
+    }
+    let child: *const u8 = ctx.arg(1);
+    let (Some(child_pid), Some(child_tgid)) = (
+        read_u32(child, setting(&TASK_PID_OFFSET)),
+        read_u32(child, setting(&TASK_TGID_OFFSET)),
+    ) else {
+        return;
+    };
+    if child_tgid != child_pid || child_tgid == parent_tgid {
+        return;
+    }
+    let start_ns = read_u64(child, setting(&TASK_START_BOOTTIME_OFFSET)).unwrap_or(0);
+    let target = TargetProcess {
+        start_ticks: start_ns / setting(&CLOCK_TICK_NS).max(1),
+        flags: parent.flags,
+        _pad: 0,
+    };
+    if TARGETS.insert(&child_tgid, &target, 0).is_err() {
+        count(counter::MAP_FULL);
+    }
+}
+
+/// `sched_process_exec(task, old_pid, bprm)`, run by the process that executes: it joins
+/// the targets when it now runs the `--exe` file or has the `--comm` name, and one that
+/// was a target only for that leaves them when it runs something else.
+#[inline(always)]
+pub fn on_exec(ctx: &BtfTracePointContext) {
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    let matching = setting(&TARGET_MATCH);
+    let bprm: *const u8 = ctx.arg(2);
+    let matches = (matching & target_match::EXE != 0 && runs_exe(bprm))
+        || (matching & target_match::COMM != 0 && has_comm());
+    // SAFETY: the value is copied out at once.
+    match unsafe { TARGETS.get(&tgid) }.copied() {
+        Some(target) if !matches && target.flags & target_flags::BY_MATCH != 0 => {
+            let _ = TARGETS.remove(&tgid);
+        }
+        None if matches => {
+            let target = TargetProcess {
+                start_ticks: current_start_ticks(),
+                flags: target_flags::FOLLOW_FORKS | target_flags::BY_MATCH,
+                _pad: 0,
+            };
+            if TARGETS.insert(&tgid, &target, 0).is_err() {
+                count(counter::MAP_FULL);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Whether the file `bprm` executes is the `--exe` file (same device and inode).
+#[inline(always)]
+fn runs_exe(bprm: *const u8) -> bool {
+    let Some(file) = read_ptr(bprm, setting(&BPRM_FILE_OFFSET)) else {
+        return false;
+    };
+    let Some(inode) = read_ptr(file, setting(&FILE_INODE_OFFSET)) else {
+        return false;
+    };
+    let Some(ino) = read_u64(inode, setting(&INODE_INO_OFFSET)) else {
+        return false;
+    };
+    if ino != setting(&MATCH_EXE_INO) {
+        return false;
+    }
+    let Some(sb) = read_ptr(inode, setting(&INODE_SB_OFFSET)) else {
+        return false;
+    };
+    read_u32(sb, setting(&SB_DEV_OFFSET))
+        .is_some_and(|dev| u64::from(dev) == setting(&MATCH_EXE_DEV))
+}
+
+/// Whether the current task's name is the `--comm` name (both zero-padded to 16 bytes).
+#[inline(always)]
+fn has_comm() -> bool {
+    // SAFETY: bpf_get_current_task returns the running task; the read is validated.
+    let task = unsafe { bpf_get_current_task() } as *const u8;
+    let field = task.wrapping_add(setting(&TASK_COMM_OFFSET) as usize) as *const [u8; 16];
+    // SAFETY: bpf_probe_read_kernel validates the address.
+    let Ok(comm) = (unsafe { bpf_probe_read_kernel(field) }) else {
+        return false;
+    };
+    let wanted = setting(&MATCH_COMM);
+    let mut i = 0;
+    while i < 16 {
+        if comm[i] != wanted[i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
+
+/// When the current thread's process started, in clock ticks since boot (0 if unknown).
+#[inline(always)]
+fn current_start_ticks() -> u64 {
+    // SAFETY: bpf_get_current_task returns the running task; the reads below go through
+    // bpf_probe_read_kernel, which validates the addresses (offsets from kernel BTF).
+    let task = unsafe { bpf_get_current_task() } as *const u8;
+    let Some(leader) = read_ptr(task, setting(&TASK_GROUP_LEADER_OFFSET)) else {
+        return 0;
+    };
+    let start_ns = read_u64(leader, setting(&TASK_START_BOOTTIME_OFFSET)).unwrap_or(0);
+    start_ns / setting(&CLOCK_TICK_NS).max(1)
+}
+
+#[inline(always)]
+fn read_ptr(base: *const u8, offset: u32) -> Option<*const u8> {
+    // SAFETY: bpf_probe_read_kernel validates the address.
+    unsafe { bpf_probe_read_kernel(base.wrapping_add(offset as usize) as *const *const u8) }.ok()
+}
+
+#[inline(always)]
+fn read_u64(base: *const u8, offset: u32) -> Option<u64> {
+    // SAFETY: as above.
+    unsafe { bpf_probe_read_kernel(base.wrapping_add(offset as usize) as *const u64) }.ok()
+}
+
+#[inline(always)]
+fn read_u32(base: *const u8, offset: u32) -> Option<u32> {
+    // SAFETY: as above.
+    unsafe { bpf_probe_read_kernel(base.wrapping_add(offset as usize) as *const u32) }.ok()
+}
