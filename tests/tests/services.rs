@@ -1131,6 +1131,18 @@ fn postgresql_backends_forked_after_attach_are_traced_like_bpftrace_and_pgbench_
         "--latency",
         "postgresql:transaction__start,postgresql:transaction__commit",
     ]);
+    let count = Running::start(&[
+        "trace",
+        "--count",
+        "--format",
+        "json",
+        "--pid",
+        &pm,
+        "--children",
+        "-d",
+        SAFETY_DURATION,
+        "usdt:*:postgresql:transaction__start",
+    ]);
     // bpftrace over the binary, counting only this cluster's processes (the postmaster's
     // children: every backend is one); `@all` counts every postgres on the machine.
     let script = format!(
@@ -1166,7 +1178,10 @@ fn postgresql_backends_forked_after_attach_are_traced_like_bpftrace_and_pgbench_
         std::thread::sleep(Duration::from_millis(20));
     }
     tracer.interrupt();
+    count.interrupt();
     let report = tracer.finish_json(&dir);
+    // Its counts are read after bpftrace's and pgbench's are checked.
+    let (count_ok, count_out, count_err) = count.finish();
     let bt = bpftrace.stop();
     eprintln!(
         "pgbench: {processed} transactions processed with {CLIENTS} clients\nbpftrace:\n{}",
@@ -1213,6 +1228,15 @@ fn postgresql_backends_forked_after_attach_are_traced_like_bpftrace_and_pgbench_
         report.hits("postgresql:transaction__start"),
         starts,
         "tracer's transaction__start hits, bpftrace's count\n{}",
+        ctx()
+    );
+    let count_output = format!("trace --count stdout:\n{count_out}\nstderr:\n{count_err}");
+    assert!(count_ok, "tracer trace failed\n{count_output}");
+    let counts = trace_counts(&count_out);
+    assert_eq!(
+        counts.get("postgresql:transaction__start"),
+        Some(&starts),
+        "trace --count --children, bpftrace's count\n{count_output}\n{}",
         ctx()
     );
     assert_eq!(
