@@ -13,6 +13,10 @@
 //! - `blocked-threads`: named threads blocked for good in futex, clock_nanosleep and read,
 //!   and one spinning, for `tracer stacks` (it prints its thread ids once they block and
 //!   exits after a while rather than at the end of a workload).
+//! - `forking-server`: a parent that forks N children, each firing K probe pairs of a known
+//!   length and blocking for a known time in a named function, as pre-fork servers do; it
+//!   prints every child's pid and its own account of each, for tracing services of many
+//!   processes.
 //!
 //! They follow the same protocol so a tracer can attach before the workload starts: they
 //! print `ready pid=<PID>` on stdout (flushed), then, with `--wait-for-signal`, wait for

@@ -16,10 +16,10 @@
 mod common;
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::BTreeMap,
     io::{BufRead as _, BufReader, Read as _, Write as _},
     path::{Path, PathBuf},
-    process::{Child, ChildStderr, ChildStdout, Command, Stdio},
+    process::{Child, ChildStdout, Command, Stdio},
 };
 
 use common::*;
@@ -31,158 +31,6 @@ fn script(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../probes/scripts")
         .join(name)
-}
-
-/// A running `bpftrace -p PID ...` whose scripts print a line starting with `Tracing` in
-/// BEGIN, which bpftrace runs once every probe is attached.
-struct Bpftrace {
-    child: Child,
-    stdout: BufReader<ChildStdout>,
-    stderr: ChildStderr,
-}
-
-impl Bpftrace {
-    /// Starts `bpftrace -p PID ARGS` and returns once it is attached.
-    fn start(pid: u32, args: &[&str]) -> Bpftrace {
-        let mut child = Command::new("bpftrace")
-            .arg("-p")
-            .arg(pid.to_string())
-            .args(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("bpftrace is installed by `cargo xtask setup`");
-        let mut bpftrace = Bpftrace {
-            stdout: BufReader::new(child.stdout.take().unwrap()),
-            stderr: child.stderr.take().unwrap(),
-            child,
-        };
-        let mut early = String::new();
-        loop {
-            let mut line = String::new();
-            if bpftrace.stdout.read_line(&mut line).unwrap() == 0 {
-                let mut err = String::new();
-                bpftrace.stderr.read_to_string(&mut err).unwrap();
-                let status = bpftrace.child.wait().unwrap();
-                panic!("bpftrace {args:?} exited before attaching ({status}): {early}{err}");
-            }
-            early.push_str(&line);
-            if line.starts_with("Tracing") {
-                return bpftrace;
-            }
-        }
-    }
-
-    /// Waits for bpftrace to exit (it does when the traced process exits) and parses the
-    /// maps it printed.
-    fn finish(mut self) -> BpftraceMaps {
-        let mut out = String::new();
-        self.stdout.read_to_string(&mut out).unwrap();
-        let mut err = String::new();
-        self.stderr.read_to_string(&mut err).unwrap();
-        let status = self.child.wait().unwrap();
-        assert!(status.success(), "bpftrace failed ({status}): {err}\n{out}");
-        BpftraceMaps::parse(&out)
-    }
-}
-
-impl Drop for Bpftrace {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// The maps bpftrace prints at exit, by name with the key (`count`, `runs[2]`): the text
-/// after `: `, and for histograms the sum of their bucket counts.
-struct BpftraceMaps {
-    values: BTreeMap<String, String>,
-    hist_totals: BTreeMap<String, u64>,
-    text: String,
-}
-
-impl BpftraceMaps {
-    fn parse(text: &str) -> BpftraceMaps {
-        let mut values = BTreeMap::new();
-        let mut hist_totals = BTreeMap::new();
-        let mut current_hist: Option<String> = None;
-        for line in text.lines() {
-            if let Some(rest) = line.strip_prefix('@') {
-                let (name, value) = rest
-                    .split_once(": ")
-                    .or_else(|| rest.strip_suffix(':').map(|n| (n, "")))
-                    .unwrap_or_else(|| panic!("unexpected map line {line:?}"));
-                let value = value.trim();
-                current_hist = value.is_empty().then(|| name.to_string());
-                if value.is_empty() {
-                    hist_totals.insert(name.to_string(), 0);
-                } else {
-                    values.insert(name.to_string(), value.to_string());
-                }
-            } else if let (Some(hist), Some(bucket)) = (&current_hist, line.strip_prefix('[')) {
-                // `[8K, 16K)     12 |@@@@|`, or `[0]     1 |@|` for the smallest buckets.
-                let count = bucket
-                    .split_once([')', ']'])
-                    .and_then(|(_, rest)| rest.split_whitespace().next())
-                    .and_then(|n| n.parse::<u64>().ok())
-                    .unwrap_or_else(|| panic!("unexpected bucket line {line:?}"));
-                *hist_totals.get_mut(hist).unwrap() += count;
-            } else if line.trim().is_empty() {
-                current_hist = None;
-            }
-        }
-        BpftraceMaps {
-            values,
-            hist_totals,
-            text: text.to_string(),
-        }
-    }
-
-    /// A map holding one integer (`count()`, `sum()`, `min()`, `max()`).
-    fn int(&self, name: &str) -> u64 {
-        let value = self
-            .values
-            .get(name)
-            .unwrap_or_else(|| panic!("bpftrace printed no @{name}:\n{}", self.text));
-        value
-            .parse()
-            .unwrap_or_else(|e| panic!("@{name}: {value:?}: {e}"))
-    }
-
-    /// A `stats()` map, `count N, average A, total T`: (count, total).
-    fn stats(&self, name: &str) -> (u64, u64) {
-        let value = self
-            .values
-            .get(name)
-            .unwrap_or_else(|| panic!("bpftrace printed no @{name}:\n{}", self.text));
-        let field = |field: &str| -> u64 {
-            value
-                .split(", ")
-                .find_map(|part| part.strip_prefix(field))
-                .and_then(|n| n.trim().parse().ok())
-                .unwrap_or_else(|| panic!("@{name}: no {field} in {value:?}"))
-        };
-        (field("count "), field("total "))
-    }
-
-    /// The sum of the bucket counts of histogram `name`.
-    fn hist_total(&self, name: &str) -> u64 {
-        *self
-            .hist_totals
-            .get(name)
-            .unwrap_or_else(|| panic!("bpftrace printed no histogram @{name}:\n{}", self.text))
-    }
-
-    /// The keys of the maps `name[KEY]`, with their integer values.
-    fn keyed(&self, name: &str) -> BTreeMap<String, u64> {
-        self.values
-            .iter()
-            .filter_map(|(k, v)| {
-                let key = k.strip_prefix(name)?.strip_prefix('[')?.strip_suffix(']')?;
-                Some((key.to_string(), v.parse().ok()?))
-            })
-            .collect()
-    }
 }
 
 /// `a` and `b` within `relative` of `b`, or `absolute_ns` apart.
@@ -213,7 +61,7 @@ fn gc_demo_with_script(
     ];
     args.extend_from_slice(tracer_args);
     let tracer = Tracer::start(&args);
-    let bpftrace = Bpftrace::start(target.pid, &[script(script_name).to_str().unwrap()]);
+    let bpftrace = Bpftrace::for_pid(target.pid, &[script(script_name).to_str().unwrap()]);
     target.release();
     let truth = target.finish();
     let (ok, out, err) = tracer.finish();
@@ -478,29 +326,6 @@ fn a_latency_pair_given_with_the_flag_measures_what_the_builtin_pair_does() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// `tracer trace --count` output: probe (without its path) → hits.
-fn counts(stdout: &str) -> HashMap<String, u64> {
-    let counts = stdout
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .find(|v| {
-            v.as_object()
-                .is_some_and(|o| o.keys().any(|k| k.starts_with("usdt:")))
-        })
-        .unwrap_or_else(|| panic!("no counts in {stdout}"));
-    counts
-        .as_object()
-        .unwrap()
-        .iter()
-        .map(|(probe, n)| {
-            let mut parts = probe.rsplitn(3, ':');
-            let name = parts.next().unwrap();
-            let provider = parts.next().unwrap();
-            (format!("{provider}:{name}"), n.as_u64().unwrap())
-        })
-        .collect()
-}
-
 /// A target that prints `ready pid=PID` (other lines before it are skipped), waits for a
 /// line on its standard input, works, and exits; killed if the test fails first.
 struct StdinTarget {
@@ -643,7 +468,7 @@ fn a_jvm_reports_one_gc_per_system_gc() {
         &pid_arg,
         "usdt:*:hotspot:gc__*",
     ]);
-    let bpftrace = Bpftrace::start(pid, &["-e", JVM_BT]);
+    let bpftrace = Bpftrace::for_pid(pid, &["-e", JVM_BT]);
 
     let rest = java.release_and_finish();
     assert!(rest.contains(&format!("{{\"gcs\":{N}}}")), "{rest}");
@@ -673,7 +498,7 @@ fn a_jvm_reports_one_gc_per_system_gc() {
     assert_eq!(log_pauses.len() as u64, N, "{log}");
 
     // Every probe hit, counted in the kernel: one gc__begin and one gc__end per collection.
-    let hits = counts(&count_out);
+    let hits = trace_counts(&count_out);
     assert_eq!(hits.get("hotspot:gc__begin"), Some(&N), "{count_out}");
     assert_eq!(hits.get("hotspot:gc__end"), Some(&N), "{count_out}");
 
@@ -865,7 +690,7 @@ fn cpython_reports_one_gc_pause_per_collect() {
     assert!(ok, "{err}");
     let report: serde_json::Value =
         serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
-    let hits = counts(&count_out);
+    let hits = trace_counts(&count_out);
     assert_eq!(hits.get("python:gc__start"), Some(&9), "{count_out}");
     assert_eq!(hits.get("python:gc__done"), Some(&9), "{count_out}");
     assert_eq!(report["gc"]["count"], 9, "{report:#}");
@@ -993,7 +818,7 @@ fn every_tokio_task_fires_the_task_probes_through_the_hooks() {
         &pid,
         "usdt:*:tracer:rt__*",
     ]);
-    let bpftrace = Bpftrace::start(target.pid, &[script("task_run_park.bt").to_str().unwrap()]);
+    let bpftrace = Bpftrace::for_pid(target.pid, &[script("task_run_park.bt").to_str().unwrap()]);
     let out = target.release_and_finish();
     let (ok, events_out, err) = trace.finish();
     assert!(ok, "{err}");

@@ -2,8 +2,14 @@
 //! that waits for SIGUSR1, attach, release the target, collect both outputs.
 #![allow(dead_code)]
 
+mod bpftrace;
+
+// Not every test file uses them.
+#[allow(unused_imports)]
+pub use bpftrace::{Bpftrace, BpftraceMaps};
+
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeSet, HashMap},
     io::{BufRead as _, BufReader, Read as _},
     os::unix::fs::{FileExt as _, MetadataExt as _},
     path::{Path, PathBuf},
@@ -443,7 +449,13 @@ pub fn attach_json(program: &str, target_args: &[&str], name: &str, extra: &[&st
 /// may briefly hold the copy open for writing (exec fails with ETXTBSY), so this waits
 /// until the copy runs (`--help`).
 pub fn executable_copy(program: &str, dir: &Path) -> PathBuf {
-    let copy = dir.join(Path::new(program).file_name().unwrap());
+    executable_copy_as(program, dir, Path::new(program).file_name().unwrap())
+}
+
+/// [`executable_copy`] under another file name (so another command name, its first 15
+/// bytes).
+pub fn executable_copy_as(program: &str, dir: &Path, name: impl AsRef<Path>) -> PathBuf {
+    let copy = dir.join(name);
     std::fs::copy(program, &copy).unwrap();
     for _ in 0..100 {
         match Command::new(&copy)
@@ -459,4 +471,28 @@ pub fn executable_copy(program: &str, dir: &Path) -> PathBuf {
         }
     }
     panic!("{} stays busy", copy.display());
+}
+
+/// `tracer trace --count --format json` output: `PROVIDER:NAME` (the probe without its
+/// path) → hits.
+pub fn trace_counts(stdout: &str) -> HashMap<String, u64> {
+    let counts = stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|v| {
+            v.as_object()
+                .is_some_and(|o| o.keys().any(|k| k.starts_with("usdt:")))
+        })
+        .unwrap_or_else(|| panic!("no counts in {stdout}"));
+    counts
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(probe, n)| {
+            let mut parts = probe.rsplitn(3, ':');
+            let name = parts.next().unwrap();
+            let provider = parts.next().unwrap();
+            (format!("{provider}:{name}"), n.as_u64().unwrap())
+        })
+        .collect()
 }
