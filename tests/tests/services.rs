@@ -813,12 +813,23 @@ fn wait_until_traced(pid: u32, tracer: &Running) {
 /// process ran when the tracer attached), calls `place(pid)` (e.g. to move it into a
 /// cgroup), waits until it is traced and lets it run; interrupts the tracer once the server
 /// exited (these tracers run until interrupted) and returns the report and the truth.
+///
+/// With `early`, one server is started (and placed) before the tracer and never released:
+/// selections by name or cgroup find the probes in the processes that match at the
+/// start, so one must. It is in the report's processes, with no pairs; its PID is
+/// returned.
 fn attach_then_start(
     select: &[&str],
     program: &Path,
     dir: &Path,
-    place: impl FnOnce(u32),
-) -> (Report, Truth) {
+    early: bool,
+    place: impl Fn(u32),
+) -> (Report, Truth, Option<u32>) {
+    let early = early.then(|| {
+        let server = start_server(program.to_str().unwrap(), &server_args(1, 1, 1, 1, 1));
+        place(server.pid);
+        server
+    });
     let out = dir.join("attach");
     let mut args = vec!["attach"];
     args.extend_from_slice(select);
@@ -845,13 +856,16 @@ fn attach_then_start(
     );
     tracer.interrupt();
     let report = tracer.finish_json(&out);
-    (report, truth)
+    let early_pid = early.map(|server| server.pid);
+    (report, truth, early_pid)
 }
 
 /// A server started after the tracer, and its children (they run the same executable),
 /// are all traced.
-fn assert_started_later_traced(report: &Report, truth: &Truth, name: &str) {
-    assert_processes(report, &truth.all_pids(), name, truth);
+fn assert_started_later_traced(report: &Report, truth: &Truth, name: &str, early: Option<u32>) {
+    let mut pids = truth.all_pids();
+    pids.extend(early);
+    assert_processes(report, &pids, name, truth);
     assert_pairs(report, truth, &truth.all_pids(), name);
     assert_threads(report, truth);
 }
@@ -863,13 +877,14 @@ fn exe_traces_a_server_started_after_the_tracer() {
     }
     let dir = out_dir("services-exe");
     let program = executable_copy(SERVER, &dir);
-    let (report, truth) = attach_then_start(
+    let (report, truth, early) = attach_then_start(
         &["--exe", program.to_str().unwrap()],
         &program,
         &dir,
+        false,
         |_| {},
     );
-    assert_started_later_traced(&report, &truth, "forking-server");
+    assert_started_later_traced(&report, &truth, "forking-server", early);
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -881,8 +896,9 @@ fn comm_traces_a_server_started_after_the_tracer() {
     // A command name of its own (at most 15 bytes, the kernel's comm).
     let dir = out_dir("services-comm");
     let program = executable_copy_as(SERVER, &dir, "fsrv-comm-test");
-    let (report, truth) = attach_then_start(&["--comm", "fsrv-comm-test"], &program, &dir, |_| {});
-    assert_started_later_traced(&report, &truth, "fsrv-comm-test");
+    let (report, truth, early) =
+        attach_then_start(&["--comm", "fsrv-comm-test"], &program, &dir, true, |_| {});
+    assert_started_later_traced(&report, &truth, "fsrv-comm-test", early);
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -940,13 +956,19 @@ fn cgroup_test(hierarchy: &str, name: &str) {
     let dir = out_dir(name);
     let program = executable_copy(SERVER, &dir);
     let cgroup = TestCgroup::create(hierarchy, name);
-    let (report, truth) = attach_then_start(
+    let (report, truth, early) = attach_then_start(
         &["--cgroup", cgroup.0.to_str().unwrap()],
         &program,
         &dir,
-        |pid| cgroup.add(pid),
+        true,
+        |pid| {
+            cgroup.add(pid);
+            // A process moved into a cgroup (neither forked nor executed there) joins
+            // the targets at the tracer's next look, within 200 ms.
+            std::thread::sleep(Duration::from_millis(600));
+        },
     );
-    assert_started_later_traced(&report, &truth, "forking-server");
+    assert_started_later_traced(&report, &truth, "forking-server", early);
     drop(cgroup);
     let _ = std::fs::remove_dir_all(dir);
 }

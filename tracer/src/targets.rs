@@ -279,9 +279,9 @@ impl TargetSpec {
         }
         Ok(KernelTargets {
             single: self.single_pid(),
-            follow_forks: merged
-                .iter()
-                .any(|m| m.flags & target_flags::FOLLOW_FORKS != 0),
+            // Processes that join (by file, name or cgroup) follow their forks, whether or
+            // not one runs now.
+            follow_forks: self.can_grow(),
             members: merged,
             exe,
             comm: self.comm_bytes(),
