@@ -64,6 +64,9 @@ pub struct ContainerArgs {
     /// The run in the container's own PID namespace must pass too (no known failure).
     #[arg(long)]
     require_own_pidns: bool,
+    /// Only make the build context (target/container/context), for `docker build`.
+    #[arg(long)]
+    context_only: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -96,6 +99,15 @@ pub fn run(args: ContainerArgs) -> Result<()> {
 
 /// The container test, with the release binaries already built.
 pub fn run_built(args: ContainerArgs) -> Result<()> {
+    let root = workspace_root().join("target/container");
+    if args.context_only {
+        let context = make_context(&root.join("context"))?;
+        eprintln!(
+            "xtask container: build context in {}; build it with -f {DOCKERFILE}",
+            context.display()
+        );
+        return Ok(());
+    }
     let in_ci = std::env::var("CI").is_ok_and(|v| v == "true");
     if let Err(reason) = preflight() {
         if in_ci {
@@ -104,7 +116,6 @@ pub fn run_built(args: ContainerArgs) -> Result<()> {
         eprintln!("xtask container: SKIPPED: {reason:#}");
         return Ok(());
     }
-    let root = workspace_root().join("target/container");
     let conf = root.join("containers.conf");
     std::fs::create_dir_all(&root)?;
     // The container runtime may not set rlimits on these machines: no default ulimits.
