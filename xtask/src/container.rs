@@ -512,9 +512,10 @@ fn check_results(dir: &Path, mode: PidMode) -> Result<String> {
             let truth_min = *truth.pause_ns.iter().min().context("no pauses")? as f64;
             let truth_max = *truth.pause_ns.iter().max().context("no pauses")? as f64;
             // Printed to 3 significant digits; the probes fire just inside gc-demo's own
-            // clock readings.
+            // clock readings, a little later when the collector is preempted between the
+            // two on a busy machine (130 µs was seen): within 5%, gross errors only.
             let close = |seen: Option<f64>, truth: f64| {
-                seen.is_some_and(|s| (s - truth).abs() <= truth * 0.01 + 100_000.0)
+                seen.is_some_and(|s| (s - truth).abs() <= truth * 0.05)
             };
             if !close(min, truth_min) || !close(max, truth_max) {
                 return Err(fail(format!(
@@ -600,4 +601,80 @@ fn check_results(dir: &Path, mode: PidMode) -> Result<String> {
         svg.len()
     )?;
     Ok(checked)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A directory like the one a smoke run leaves: the report and gc-demo's truth of a
+    /// real run (testdata/smoke), edited by `edit`, and small stand-ins for the profile.
+    fn results(edit: impl Fn(String) -> String) -> PathBuf {
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("xtask-smoke-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("profile")).unwrap();
+        let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/smoke");
+        let report = std::fs::read_to_string(data.join("report.txt")).unwrap();
+        std::fs::write(dir.join("report.txt"), edit(report)).unwrap();
+        std::fs::copy(data.join("demo.out"), dir.join("demo.out")).unwrap();
+        let stacks = "gc-demo;sleeper_thread;sleep_in_demo_io 10\n\
+                      gc-demo;lock_waiter_thread;wait_for_demo_lock 10\n";
+        std::fs::write(dir.join("profile/offcpu.folded"), stacks).unwrap();
+        std::fs::write(
+            dir.join("profile/offcpu.svg"),
+            format!("<svg>{stacks}</svg>"),
+        )
+        .unwrap();
+        dir
+    }
+
+    fn check(edit: impl Fn(String) -> String) -> Result<String> {
+        let dir = results(edit);
+        let result = check_results(&dir, PidMode::Host);
+        let _ = std::fs::remove_dir_all(&dir);
+        result
+    }
+
+    #[test]
+    fn a_real_run_passes() {
+        let checked = check(|r| r).unwrap();
+        assert!(checked.starts_with("10 GCs"), "{checked}");
+    }
+
+    #[test]
+    fn every_miscount_fails() {
+        type Edit = fn(String) -> String;
+        let cases: [(&str, Edit); 6] = [
+            ("GC: 10 collections", |r| {
+                r.replace("GC: 10 collections", "GC: 9 collections")
+            }),
+            ("@gc_mark_us:", |r| {
+                r.replace("[4K, 8K)              10", "[4K, 8K)               9")
+            }),
+            ("task 3", |r| {
+                r.replace("       5       5", "       5       4")
+            }),
+            ("max", |r| {
+                r.replace("max 10.0ms, p50 9.94ms", "max 12.0ms, p50 9.94ms")
+            }),
+            ("thread 17425", |r| r.replace("17425", "99999")),
+            ("Traced process 17409", |r| {
+                r.replace("process 17409", "process 1")
+            }),
+        ];
+        for (what, edit) in cases {
+            let err = format!("{:#}", check(edit).expect_err(what));
+            assert!(err.contains(what), "{what}: {err}");
+        }
+    }
+
+    #[test]
+    fn durations_as_printed() {
+        assert_eq!(parse_duration("9.99ms"), Some(9_990_000.0));
+        assert_eq!(parse_duration("56.9us,"), Some(56_900.0));
+        assert_eq!(parse_duration("2.41s"), Some(2_410_000_000.0));
+        assert_eq!(parse_duration("850ns"), Some(850.0));
+    }
 }
