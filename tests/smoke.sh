@@ -6,20 +6,29 @@
 # Runs as is on a host (as root) and in the privileged container of tests/docker:
 #   TRACER=target/release/tracer GC_DEMO=target/release/gc-demo sh tests/smoke.sh
 # TRACER and GC_DEMO default to `tracer` and `gc-demo` on $PATH; GCS (default 10) is the
-# number of collections gc-demo runs.
+# number of collections gc-demo runs. With OUT set (the container sets OUT=/out), the
+# results stay in that directory, for whoever mounted it to check them: report.txt (the
+# tracer's report: GC histograms, tasks, threads), tracer.err, demo.out (gc-demo's
+# `ready pid=` line and its own measurements, one JSON line) and profile/ (flamegraphs).
 set -u
 
 TRACER=${TRACER:-tracer}
 GC_DEMO=${GC_DEMO:-gc-demo}
 GCS=${GCS:-10}
 
-work=$(mktemp -d "${TMPDIR:-/tmp}/tracer-smoke.XXXXXX") || exit 1
+if [ -n "${OUT:-}" ]; then
+    work=$OUT
+    mkdir -p "$work" || exit 1
+    rm -rf "$work/profile" "$work/report.txt" "$work/tracer.err" "$work/demo.out"
+else
+    work=$(mktemp -d "${TMPDIR:-/tmp}/tracer-smoke.XXXXXX") || exit 1
+fi
 demo_pid=
 tracer_pid=
 cleanup() {
     [ -n "$tracer_pid" ] && kill "$tracer_pid" 2>/dev/null
     [ -n "$demo_pid" ] && kill "$demo_pid" 2>/dev/null
-    rm -rf "$work"
+    [ -n "${OUT:-}" ] || rm -rf "$work"
 }
 trap cleanup EXIT
 trap 'exit 1' INT TERM
@@ -51,6 +60,7 @@ wait_for_line() {
     >"$work/demo.out" 2>&1 &
 demo_pid=$!
 wait_for_line "$work/demo.out" "ready pid=" "$demo_pid" "gc-demo"
+echo "smoke: gc-demo is pid $demo_pid in PID namespace $(readlink /proc/self/ns/pid)"
 
 "$TRACER" attach --pid "$demo_pid" -o "$work/profile" \
     >"$work/report.txt" 2>"$work/tracer.err" &

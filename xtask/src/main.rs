@@ -1,9 +1,10 @@
-//! Project tasks: `cargo xtask setup | build | demo | test | bench`.
+//! Project tasks: `cargo xtask setup | build | demo | test | container | bench | fuzz`.
 //!
 //! Everything a fresh machine lacks is installed by `setup`, which every other task runs
 //! first; it caches what it builds so a second run costs nothing.
 
 mod bench;
+mod container;
 mod demo;
 mod fuzz;
 mod setup;
@@ -26,7 +27,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Task {
-    /// Install what the eBPF build and the tests need (rust-src, bpf-linker, bpftrace).
+    /// Install what the eBPF build and the tests need (rust-src, bpf-linker, bpftrace,
+    /// podman).
     Setup,
     /// Set up, then build the tracer (with its eBPF programs) and the target programs.
     Build,
@@ -34,6 +36,9 @@ enum Task {
     Demo,
     /// Set up, build and run every test, privileged end-to-end tests included.
     Test,
+    /// Set up, build, and run the smoke test in a privileged podman container, in the
+    /// host's PID namespace and in its own (part of `test`; root).
+    Container(container::ContainerArgs),
     /// Set up, build, and measure issue 6's figures against bpftrace and inferno (root).
     Bench(bench::BenchArgs),
     /// Fuzz the USDT note parser, object discovery and argument specs with cargo-fuzz (nightly).
@@ -50,6 +55,7 @@ fn main() -> Result<()> {
         Task::Build => build(),
         Task::Demo => demo::run(),
         Task::Test => test::run(),
+        Task::Container(args) => container::run(args),
         Task::Bench(args) => bench::run(args),
         Task::Fuzz { seconds } => fuzz::run(seconds),
     }

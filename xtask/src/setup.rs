@@ -145,9 +145,22 @@ fn have(program: &str) -> bool {
         .is_ok_and(|s| s.success())
 }
 
+/// Whether the Debian package `package` is installed.
+fn have_package(package: &str) -> bool {
+    Command::new("dpkg-query")
+        .args(["-W", "-f", "${Status}", package])
+        .stderr(Stdio::null())
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).ends_with(" installed"))
+}
+
 /// bpftrace is the reference the comparison tests check us against; bpftool lists the
 /// kernel's BPF programs and links, to check none of ours outlive the tracer; gcc and g++
 /// build the C and C++ test targets, with sys/sdt.h for the probes real C programs carry.
+/// The container smoke test (`cargo xtask container`) builds and runs its image with
+/// podman and runc (crun, podman's default, refuses the cgroup v1 these machines mount),
+/// with busybox-static's /bin/busybox as the image's shell (the `busybox` package's is
+/// linked dynamically, so only the package says which one is there).
 fn ensure_test_tools() -> Result<()> {
     let tools = [
         ("bpftrace", "bpftrace"),
@@ -158,12 +171,17 @@ fn ensure_test_tools() -> Result<()> {
             "/usr/include/x86_64-linux-gnu/sys/sdt.h",
             "systemtap-sdt-dev",
         ),
+        ("podman", "podman"),
+        ("/usr/sbin/runc", "runc"),
     ];
-    let missing: Vec<&str> = tools
+    let mut missing: Vec<&str> = tools
         .into_iter()
         .filter(|(bin, _)| !have(bin))
         .map(|(_, pkg)| pkg)
         .collect();
+    if !have_package("busybox-static") {
+        missing.push("busybox-static");
+    }
     if missing.is_empty() {
         return Ok(());
     }

@@ -1,5 +1,6 @@
 //! `cargo xtask test`: every test, privileged end-to-end tests included. Under CI=true
-//! those must run; a missing capability fails them instead of skipping.
+//! those must run; a missing capability fails them instead of skipping. Last, the smoke
+//! test in a privileged container (`cargo xtask container`).
 
 use anyhow::Result;
 
@@ -17,5 +18,6 @@ pub fn run() -> Result<()> {
             "tracer-ebpf",
         ])
         .env("TRACER_BIN", release_dir().join("tracer")),
-    )
+    )?;
+    crate::container::run_built(Default::default())
 }
