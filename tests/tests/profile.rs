@@ -398,6 +398,7 @@ fn system_wide_names_each_process() {
     }
     let dir = out_dir("profile-all");
     let target = Target::start(WALLCLOCK_DEMO, &["--ms", "1500"]);
+    let demo = format!("wallclock-demo [{}];", target.pid);
     let tracer = Tracer::start(&["profile", "--duration", "1s", "-o", dir.to_str().unwrap()]);
     target.release();
     let (ok, out, err) = tracer.finish();
@@ -406,10 +407,11 @@ fn system_wide_names_each_process() {
     assert!(err.contains("duration elapsed"), "{err}");
     assert!(out.contains("processes"), "{out}");
     let wall = read(&dir, "wallclock.folded");
-    // The demo, seen only through its samples, is captured and symbolized on the fly.
+    // The demo, seen only through its samples, is captured and symbolized on the fly,
+    // under a frame with its name and PID (the profile has many processes).
     assert!(
         wall.lines()
-            .any(|l| l.starts_with("wallclock-demo;") && l.contains(SPIN)),
+            .any(|l| l.starts_with(&demo) && l.contains(SPIN)),
         "{wall}"
     );
 }

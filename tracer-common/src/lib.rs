@@ -118,6 +118,19 @@ pub mod global_names {
     pub const MATCH_COMM: &str = "MATCH_COMM";
     /// Nanoseconds per clock tick (1e9 / USER_HZ).
     pub const CLOCK_TICK_NS: &str = "CLOCK_TICK_NS";
+    /// The inode of the tracer's PID namespace when it is not the host's (a container's):
+    /// every id the programs record or compare is then that namespace's, and tasks
+    /// outside it are not traced. 0 on the host.
+    pub const PID_NS_INO: &str = "PID_NS_INO";
+    /// Byte offsets to read a task's number in a PID namespace: `task_struct.thread_pid`,
+    /// `pid.level`, `pid.numbers`, the size of a `struct upid`, `upid.ns`, and
+    /// `pid_namespace.ns.inum` (the namespace's inode).
+    pub const TASK_THREAD_PID_OFFSET: &str = "TASK_THREAD_PID_OFFSET";
+    pub const PID_LEVEL_OFFSET: &str = "PID_LEVEL_OFFSET";
+    pub const PID_NUMBERS_OFFSET: &str = "PID_NUMBERS_OFFSET";
+    pub const UPID_SIZE: &str = "UPID_SIZE";
+    pub const UPID_NS_OFFSET: &str = "UPID_NS_OFFSET";
+    pub const PID_NS_INUM_OFFSET: &str = "PID_NS_INUM_OFFSET";
 }
 
 /// Bits of the `TARGET_FILTER` global: which programs look processes up in `TARGETS`.

@@ -160,6 +160,20 @@ static MATCH_EXE_INO: u64 = 0;
 static MATCH_COMM: [u8; 16] = [0; 16];
 #[unsafe(no_mangle)]
 static CLOCK_TICK_NS: u64 = 10_000_000;
+#[unsafe(no_mangle)]
+static PID_NS_INO: u32 = 0;
+#[unsafe(no_mangle)]
+static TASK_THREAD_PID_OFFSET: u32 = 0;
+#[unsafe(no_mangle)]
+static PID_LEVEL_OFFSET: u32 = 0;
+#[unsafe(no_mangle)]
+static PID_NUMBERS_OFFSET: u32 = 0;
+#[unsafe(no_mangle)]
+static UPID_SIZE: u32 = 16;
+#[unsafe(no_mangle)]
+static UPID_NS_OFFSET: u32 = 8;
+#[unsafe(no_mangle)]
+static PID_NS_INUM_OFFSET: u32 = 0;
 
 /// Reads a global set before load; volatile so the compiler cannot fold the default in.
 #[inline(always)]

@@ -12,10 +12,7 @@
 
 use aya_ebpf::{
     bindings::BPF_F_USER_STACK,
-    helpers::{
-        bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns,
-        bpf_probe_read_kernel, bpf_probe_read_user,
-    },
+    helpers::{bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_probe_read_user},
     programs::{BtfTracePointContext, tracing::StackIdContext as _},
 };
 use tracer_common::{
@@ -25,7 +22,7 @@ use tracer_common::{
 
 use crate::{
     MIN_BLOCK_NS, OFFCPU_SNAPSHOTS, OFFCPU_STARTS, OFFCPU_TIME, SNAPSHOT_CHECKS, SNAPSHOT_SEQ,
-    STACKS, TASK_PID_OFFSET, count, setting, snapshot, targets,
+    STACKS, count, setting, snapshot, targets,
 };
 
 /// `DWARF`: the user stack is a snapshot for user space to unwind (see the module docs).
@@ -41,9 +38,9 @@ pub fn on_switch<const DWARF: bool>(ctx: &BtfTracePointContext) {
 /// `prev` is still current here, so its ids and stacks are the current ones.
 #[inline(always)]
 fn record_switch_out<const DWARF: bool>(ctx: &BtfTracePointContext, now: u64) {
-    let pid_tgid = bpf_get_current_pid_tgid();
-    let tgid = (pid_tgid >> 32) as u32;
-    let tid = pid_tgid as u32;
+    let Some((tgid, tid)) = targets::current_ids() else {
+        return;
+    };
     if tid == 0 || !targets::is_traced(tgid, target_filter::SCHED) {
         return;
     }
@@ -180,13 +177,9 @@ fn stack_id(ctx: &BtfTracePointContext, flags: u64) -> i32 {
 
 #[inline(always)]
 fn account_switch_in(next: *const u8, now: u64) {
-    let pid_field = next.wrapping_add(setting(&TASK_PID_OFFSET) as usize) as *const i32;
-    // SAFETY: the helper validates the kernel address; `next` is the task_struct the
-    // tracepoint passed and the offset comes from the running kernel's BTF.
-    let Ok(next_tid) = (unsafe { bpf_probe_read_kernel(pid_field) }) else {
+    let Some(next_tid) = targets::task_tid(next) else {
         return;
     };
-    let next_tid = next_tid as u32;
     // SAFETY: the value is copied out before the entry is removed.
     let Some(start) = (unsafe { OFFCPU_STARTS.get(&next_tid) }).copied() else {
         return;

@@ -11,7 +11,6 @@
 
 use aya_ebpf::{
     bindings::{BPF_F_USER_STACK, pt_regs},
-    helpers::bpf_get_current_pid_tgid,
     programs::{PerfEventContext, tracing::StackIdContext as _},
 };
 use tracer_common::{NO_STACK, OnCpuKey, counter, target_filter};
@@ -56,9 +55,7 @@ pub fn on_sample_dwarf(ctx: &PerfEventContext) {
 /// target.
 #[inline(always)]
 fn sampled_thread() -> Option<(u32, u32)> {
-    let pid_tgid = bpf_get_current_pid_tgid();
-    let tgid = (pid_tgid >> 32) as u32;
-    let tid = pid_tgid as u32;
+    let (tgid, tid) = targets::current_ids()?;
     // tid 0 is the idle task: the CPU had nothing to run.
     if tid == 0 || !targets::is_traced(tgid, target_filter::SCHED) {
         return None;

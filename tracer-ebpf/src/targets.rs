@@ -15,10 +15,71 @@ use tracer_common::{TargetProcess, counter, target_flags, target_match};
 
 use crate::{
     BPRM_FILE_OFFSET, CLOCK_TICK_NS, FILE_INODE_OFFSET, INODE_INO_OFFSET, INODE_SB_OFFSET,
-    MATCH_COMM, MATCH_EXE_DEV, MATCH_EXE_INO, SB_DEV_OFFSET, TARGET_FILTER, TARGET_MATCH,
-    TARGET_START_TICKS, TARGET_TGID, TARGETS, TASK_COMM_OFFSET, TASK_GROUP_LEADER_OFFSET,
-    TASK_PID_OFFSET, TASK_START_BOOTTIME_OFFSET, TASK_TGID_OFFSET, count, setting,
+    MATCH_COMM, MATCH_EXE_DEV, MATCH_EXE_INO, PID_LEVEL_OFFSET, PID_NS_INO, PID_NS_INUM_OFFSET,
+    PID_NUMBERS_OFFSET, SB_DEV_OFFSET, TARGET_FILTER, TARGET_MATCH, TARGET_START_TICKS,
+    TARGET_TGID, TARGETS, TASK_COMM_OFFSET, TASK_GROUP_LEADER_OFFSET, TASK_PID_OFFSET,
+    TASK_START_BOOTTIME_OFFSET, TASK_TGID_OFFSET, TASK_THREAD_PID_OFFSET, UPID_NS_OFFSET,
+    UPID_SIZE, count, setting,
 };
+
+/// The current thread's process and thread ids as user space sees them: the host's, or
+/// in a nested PID namespace that namespace's (`None` for a task outside it).
+#[inline(always)]
+pub fn current_ids() -> Option<(u32, u32)> {
+    if setting(&PID_NS_INO) == 0 {
+        let pid_tgid = bpf_get_current_pid_tgid();
+        return Some(((pid_tgid >> 32) as u32, pid_tgid as u32));
+    }
+    // SAFETY: bpf_get_current_task returns the running task; reads are validated.
+    let task = unsafe { bpf_get_current_task() } as *const u8;
+    let tid = ns_number(task)?;
+    let leader = read_ptr(task, setting(&TASK_GROUP_LEADER_OFFSET))?;
+    Some((ns_number(leader)?, tid))
+}
+
+/// [`current_ids`] as one `tgid << 32 | tid` (0 outside the namespace).
+#[inline(always)]
+pub fn current_pid_tgid() -> u64 {
+    match current_ids() {
+        Some((tgid, tid)) => (u64::from(tgid) << 32) | u64::from(tid),
+        None => 0,
+    }
+}
+
+/// The thread id of `task` as user space sees it (see [`current_ids`]).
+#[inline(always)]
+pub fn task_tid(task: *const u8) -> Option<u32> {
+    if setting(&PID_NS_INO) == 0 {
+        return read_u32(task, setting(&TASK_PID_OFFSET));
+    }
+    ns_number(task)
+}
+
+/// How deep below the tracer's PID namespace a task's own namespace may be.
+const MAX_PID_NS_DEPTH: u32 = 4;
+
+/// `task`'s number in the tracer's PID namespace: `thread_pid->numbers[level]` for the
+/// level (the task's own, or up to [`MAX_PID_NS_DEPTH`] above it) whose namespace is the
+/// tracer's.
+#[inline(always)]
+fn ns_number(task: *const u8) -> Option<u32> {
+    let pid = read_ptr(task, setting(&TASK_THREAD_PID_OFFSET))?;
+    let level = read_u32(pid, setting(&PID_LEVEL_OFFSET))?;
+    let wanted = setting(&PID_NS_INO);
+    for depth in 0..MAX_PID_NS_DEPTH {
+        if depth > level {
+            break;
+        }
+        let offset = setting(&PID_NUMBERS_OFFSET) + (level - depth) * setting(&UPID_SIZE);
+        let upid = pid.wrapping_add(offset as usize);
+        let ns = read_ptr(upid, setting(&UPID_NS_OFFSET))?;
+        if read_u32(ns, setting(&PID_NS_INUM_OFFSET))? == wanted {
+            // `upid.nr` comes first.
+            return read_u32(upid, 0);
+        }
+    }
+    None
+}
 
 /// Whether the current thread, of process `tgid`, is traced by the programs of `kind` (a
 /// bit of `tracer_common::target_filter`).
@@ -44,7 +105,9 @@ pub fn is_traced(tgid: u32, kind: u32) -> bool {
 /// processes: a child in the parent's thread group is left alone.
 #[inline(always)]
 pub fn on_fork(ctx: &BtfTracePointContext) {
-    let parent_tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    let Some((parent_tgid, _)) = current_ids() else {
+        return;
+    };
     // SAFETY: the value is copied out at once.
     let Some(parent) = (unsafe { TARGETS.get(&parent_tgid) }).copied() else {
         return;
@@ -61,9 +124,14 @@ pub fn on_fork(ctx: &BtfTracePointContext) {
     ) else {
         return;
     };
-    if child_tgid != child_pid || child_tgid == parent_tgid {
+    // The host's ids tell a process from a thread; the key is the child's own id.
+    let parent_host_tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    if child_tgid != child_pid || child_tgid == parent_host_tgid {
         return;
     }
+    let Some(child_tgid) = task_tid(child) else {
+        return;
+    };
     let start_ns = read_u64(child, setting(&TASK_START_BOOTTIME_OFFSET)).unwrap_or(0);
     let target = TargetProcess {
         start_ticks: start_ns / setting(&CLOCK_TICK_NS).max(1),
@@ -80,7 +148,9 @@ pub fn on_fork(ctx: &BtfTracePointContext) {
 /// was a target only for that leaves them when it runs something else.
 #[inline(always)]
 pub fn on_exec(ctx: &BtfTracePointContext) {
-    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    let Some((tgid, _)) = current_ids() else {
+        return;
+    };
     let matching = setting(&TARGET_MATCH);
     let bprm: *const u8 = ctx.arg(2);
     let matches = (matching & target_match::EXE != 0 && runs_exe(bprm))

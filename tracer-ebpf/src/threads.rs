@@ -7,11 +7,11 @@ use core::ffi::c_void;
 
 use aya_ebpf::{
     bindings::{seq_file, task_struct},
-    helpers::{bpf_probe_read_kernel, generated::bpf_seq_write},
+    helpers::generated::bpf_seq_write,
 };
 use tracer_common::ThreadRegs;
 
-use crate::{TASK_PID_OFFSET, setting, snapshot};
+use crate::snapshot;
 
 /// `struct bpf_iter_meta` (include/linux/bpf.h): only `seq` is read.
 #[repr(C)]
@@ -45,9 +45,8 @@ pub fn on_task(ctx: *const IterTask) {
     let Some(regs) = snapshot::task_user_regs(task) else {
         return;
     };
-    let pid_field = (task as *const u8).wrapping_add(setting(&TASK_PID_OFFSET) as usize);
-    // SAFETY: the helper validates the address; the offset comes from the kernel's BTF.
-    let Ok(tid) = (unsafe { bpf_probe_read_kernel(pid_field as *const i32) }) else {
+    // The thread id as user space sees it (in the tracer's PID namespace).
+    let Some(tid) = crate::targets::task_tid(task as *const u8) else {
         return;
     };
     let record = ThreadRegs {

@@ -7,7 +7,7 @@ use aya_ebpf::{
     bindings::pt_regs,
     cty::c_void,
     helpers::{
-        bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel,
+        bpf_ktime_get_ns, bpf_probe_read_kernel,
         generated::{
             bpf_get_attach_cookie, bpf_probe_read_kernel as bpf_probe_read_kernel_raw,
             bpf_probe_read_user as bpf_probe_read_user_raw,
@@ -26,14 +26,16 @@ use crate::{
     USDT_SPECS, count, count_by,
 };
 
-/// The site whose uprobe fired, found through the link's BPF cookie, counted as a hit.
+/// The site whose uprobe fired, found through the link's BPF cookie, counted as a hit,
+/// and the `tgid << 32 | tid` of the thread that hit it (see `targets::current_ids`).
 #[inline(always)]
-fn hit_site(ctx: &ProbeContext) -> Option<&'static UsdtSite> {
+fn hit_site(ctx: &ProbeContext) -> Option<(&'static UsdtSite, u64)> {
     if crate::stopped() {
         return None;
     }
-    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-    if !crate::targets::is_traced(tgid, target_filter::USDT) {
+    let pid_tgid = crate::targets::current_pid_tgid();
+    // 0: a task outside the tracer's PID namespace.
+    if pid_tgid == 0 || !crate::targets::is_traced((pid_tgid >> 32) as u32, target_filter::USDT) {
         return None;
     }
     // SAFETY: the helper only reads the cookie of the link that ran this program.
@@ -48,14 +50,14 @@ fn hit_site(ctx: &ProbeContext) -> Option<&'static UsdtSite> {
         }
         hits.count += 1;
     }
-    Some(site)
+    Some((site, pid_tgid))
 }
 
 /// Counting, latencies and, with `TASKS`, task switches: no argument decoding but a task
 /// id's.
 #[inline(always)]
 pub fn on_hit<const TASKS: bool>(ctx: &ProbeContext) {
-    let Some(site) = hit_site(ctx) else {
+    let Some((site, pid_tgid)) = hit_site(ctx) else {
         return;
     };
     let task_flags = site_flags::TASK_RUN | site_flags::TASK_PAUSE | site_flags::TASK_FINISH;
@@ -64,7 +66,6 @@ pub fn on_hit<const TASKS: bool>(ctx: &ProbeContext) {
         return;
     }
     let now = unsafe { bpf_ktime_get_ns() };
-    let pid_tgid = bpf_get_current_pid_tgid();
     let tid = pid_tgid as u32;
     end_latencies(site, (pid_tgid >> 32) as u32, tid, now);
     begin_latencies(site, tid, now);
@@ -76,11 +77,11 @@ pub fn on_hit<const TASKS: bool>(ctx: &ProbeContext) {
 /// Every hit with its decoded arguments, through the ring buffer (`tracer trace`).
 #[inline(always)]
 pub fn on_hit_with_event<const MAX_ARGS: usize>(ctx: &ProbeContext) {
-    let Some(site) = hit_site(ctx) else {
+    let Some((site, pid_tgid)) = hit_site(ctx) else {
         return;
     };
     let now = unsafe { bpf_ktime_get_ns() };
-    emit_event::<MAX_ARGS>(ctx, site, bpf_get_current_pid_tgid(), now);
+    emit_event::<MAX_ARGS>(ctx, site, pid_tgid, now);
 }
 
 #[inline(always)]

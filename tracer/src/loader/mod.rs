@@ -76,11 +76,6 @@ pub enum LoaderError {
     UprobeNotPermitted { path: PathBuf },
     #[error("the link keeper (the process that holds tracer's uprobes) failed")]
     Keeper(#[source] std::io::Error),
-    #[error(
-        "tracer runs in a PID namespace of its own (pid:[{0}]), but the kernel-side filters \
-         see host PIDs: run it in the host's PID namespace (with docker: --pid=host)"
-    )]
-    NestedPidNamespace(u64),
     #[error("attaching a uprobe to {path} at offset {offset:#x}{}",
         pid.map(|p| format!(" in process {p}")).unwrap_or_default())]
     AttachUprobe {
@@ -362,23 +357,28 @@ impl Loader {
     /// Loads the eBPF object with `settings`. Programs are verified when first attached.
     pub fn load(settings: &Settings) -> Result<Self> {
         let features = settings.features;
-        // The scheduler programs compare the target's PID with the kernel's (host) view;
-        // from a nested PID namespace they would silently never match.
-        if settings.targets.is_some() && (features.offcpu || features.oncpu) {
+        // In a container's PID namespace, PIDs given and shown are the namespace's: the
+        // programs then read each task's number in it (0: the host's namespace).
+        let pid_ns_ino = {
             use std::os::unix::fs::MetadataExt as _;
-            if let Ok(ns) = std::fs::metadata("/proc/self/ns/pid")
-                && is_nested_pid_namespace(ns.ino())
-            {
-                return Err(LoaderError::NestedPidNamespace(ns.ino()));
-            }
-        }
+            std::fs::metadata("/proc/self/ns/pid")
+                .map(|ns| ns.ino())
+                .ok()
+                .filter(|&ino| is_nested_pid_namespace(ino))
+                .unwrap_or(0)
+        };
+        let nested = pid_ns_ino != 0;
         let targets = settings.targets.as_ref();
         let follow_forks = targets.is_some_and(|t| t.follow_forks);
         let follow_execs = targets.is_some_and(|t| t.exe.is_some() || t.comm.is_some());
         // Only the off-CPU programs, the process trackers and the thread iterator read
         // kernel structures, and only they are verified against kernel types; reading
         // kernel BTF costs milliseconds.
-        let kernel = (features.offcpu || features.thread_regs || follow_forks || follow_execs)
+        let kernel = (features.offcpu
+            || features.thread_regs
+            || follow_forks
+            || follow_execs
+            || nested)
             .then(|| {
                 Btf::read(Path::new(KERNEL_BTF)).map_err(|e| match e {
                     btf::BtfError::Read { path, source } if oserror::cause(&source).is_some() => {
@@ -404,6 +404,15 @@ impl Loader {
             offsets(exe.is_some(), "inode", &["i_ino", "i_sb"])?,
             offsets(exe.is_some(), "super_block", &["s_dev"])?,
         ];
+        let pid_numbers = [
+            offsets(nested, "task_struct", &["thread_pid"])?,
+            offsets(nested, "pid", &["level", "numbers"])?,
+            offsets(nested, "upid", &["ns"])?,
+            offsets(nested, "pid_namespace", &["ns"])?,
+            offsets(nested, "ns_common", &["inum"])?,
+        ];
+        // `struct upid` is an int and a pointer: the pointer's offset and its size.
+        let upid_ns_offset = pid_numbers[2][0];
         let kernel_type_id =
             |wanted: bool, id: &dyn Fn(&Btf) -> Result<u32, btf::BtfError>| match (&kernel, wanted)
             {
@@ -477,6 +486,16 @@ impl Loader {
                 targets.and_then(|t| t.comm).unwrap_or_default().to_vec(),
             ),
             u64s(global_names::CLOCK_TICK_NS, clock_tick_ns),
+            u32s(global_names::PID_NS_INO, pid_ns_ino as u32),
+            u32s(global_names::TASK_THREAD_PID_OFFSET, pid_numbers[0][0]),
+            u32s(global_names::PID_LEVEL_OFFSET, pid_numbers[1][0]),
+            u32s(global_names::PID_NUMBERS_OFFSET, pid_numbers[1][1]),
+            u32s(global_names::UPID_NS_OFFSET, upid_ns_offset),
+            u32s(global_names::UPID_SIZE, upid_ns_offset + 8),
+            u32s(
+                global_names::PID_NS_INUM_OFFSET,
+                pid_numbers[3][0] + pid_numbers[4][0],
+            ),
         ];
         let mut max_entries = StdHashMap::from([
             (map_names::USDT_EVENTS, ring_buffer_bytes),
