@@ -634,6 +634,70 @@ fn attach_follows_forked_children_latencies_processes_and_stacks() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// The forking server and the tracer both in a new PID namespace (as in a container
+/// without `--pid=host`): the tracer takes and prints the namespace's PIDs, follows the
+/// forks by them, and counts every pair, by process, as the server numbers them.
+#[test]
+fn in_a_pid_namespace_of_its_own_a_service_is_traced_by_the_namespaces_pids() {
+    if !privileged() {
+        return;
+    }
+    let dir = out_dir("services-pidns");
+    let args = server_args(3, 4, 1, 2, 200).join(" ");
+    let script = format!(
+        r#"set -u
+        d={dir}
+        {SERVER} {args} --wait-for-signal > $d/server.out &
+        s=$!
+        until grep -q '^ready' $d/server.out; do sleep 0.02; done
+        {tracer} attach --pid $s --children --format json -o $d/attach --latency {PAIR} \
+            -d {SAFETY_DURATION} > $d/report.json 2> $d/tracer.err &
+        t=$!
+        until grep -q '^Attached' $d/tracer.err; do kill -0 $t || exit 1; sleep 0.02; done
+        kill -USR1 $s
+        wait $s
+        wait $t"#,
+        dir = dir.display(),
+        tracer = tracer_bin().display(),
+    );
+    let status = std::process::Command::new("unshare")
+        .args(["--pid", "--fork", "--mount-proc", "sh", "-c", &script])
+        .status()
+        .expect("cannot run unshare");
+    let read = |file: &str| std::fs::read_to_string(dir.join(file)).unwrap_or_default();
+    assert!(
+        status.success(),
+        "the run in a new PID namespace failed ({status})
+tracer stderr:
+{}",
+        read("tracer.err")
+    );
+    let server_out = read("server.out");
+    let truth_line = server_out.lines().last().unwrap_or_default();
+    let truth = Truth::parse(
+        serde_json::from_str(truth_line).unwrap_or_else(|e| panic!("{e}: {server_out}")),
+    );
+    let report = Report {
+        json: serde_json::from_str(&read("report.json"))
+            .unwrap_or_else(|e| panic!("{e}: {}\n{}", read("report.json"), read("tracer.err"))),
+        stderr: read("tracer.err"),
+        dir: dir.join("attach"),
+    };
+    // The server is the first process of the namespace after the shell: a small number,
+    // not a host PID.
+    assert!(
+        truth.pid < 100,
+        "the server's pid in its namespace: {}",
+        truth.pid
+    );
+    assert_eq!(report.json["pid"], truth.pid, "{}", report.context());
+    assert_processes(&report, &truth.all_pids(), "forking-server", &truth);
+    assert_pairs(&report, &truth, &truth.all_pids(), "forking-server");
+    assert_folded_per_process(&report, &truth, "forking-server");
+    assert_threads(&report, &truth);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 #[test]
 fn profile_follows_forked_children() {
     if !privileged() {

@@ -37,6 +37,25 @@ impl ThreadNames {
         }
     }
 
+    /// Reads the names of the threads of `pid` not seen before: one directory listing
+    /// when there are none, so it can run often (short-lived threads are named too).
+    pub fn add_new(&mut self, pid: u32) {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            return;
+        };
+        for task in tasks.flatten() {
+            let Some(tid) = task.file_name().to_str().and_then(|t| t.parse().ok()) else {
+                continue;
+            };
+            if self.names.contains_key(&tid) {
+                continue;
+            }
+            if let Ok(comm) = crate::procfs::read_name(&task.path().join("comm")) {
+                self.names.insert(tid, comm);
+            }
+        }
+    }
+
     pub fn get(&self, tid: u32) -> Option<&str> {
         self.names.get(&tid).map(String::as_str)
     }

@@ -157,12 +157,16 @@ impl WallClockSampler {
     }
 
     /// Captures the processes that joined a set of targets (their names and mappings,
-    /// while they run); call every [`OBSERVE_PERIOD`].
+    /// while they run) and names the targets' new threads; call every [`OBSERVE_PERIOD`].
     pub fn observe_targets(&self, processes: &mut Processes) {
         if let Some(targets) = &self.targets {
             for pid in targets.pids() {
                 processes.observe(pid);
             }
+        }
+        // System-wide, every process is known: names are read once a second.
+        if !self.system_wide {
+            processes.name_new_threads();
         }
     }
 
@@ -275,10 +279,10 @@ pub async fn run_sampler(
     loader: &Loader,
     processes: &mut Processes,
 ) -> std::io::Result<StopReason> {
-    let mut ticker = tokio::time::interval(match (sampler.unwinds(), &sampler.targets) {
+    let mut ticker = tokio::time::interval(match (sampler.unwinds(), sampler.system_wide) {
         (true, _) => DRAIN_PERIOD,
-        (false, Some(_)) => OBSERVE_PERIOD,
-        (false, None) => Duration::from_secs(1),
+        (false, false) => OBSERVE_PERIOD,
+        (false, true) => Duration::from_secs(1),
     });
     let mut refreshed: Option<std::time::Instant> = None;
     let mut observed: Option<std::time::Instant> = None;

@@ -105,6 +105,16 @@ impl Processes {
         }
     }
 
+    /// Names the threads started since the last look, in every known process still
+    /// running (a thread that lives less than a second would otherwise go unnamed).
+    pub fn name_new_threads(&mut self) {
+        for (&tgid, info) in &self.processes {
+            if info.maps.is_some() {
+                self.threads.add_new(tgid);
+            }
+        }
+    }
+
     pub fn get(&self, tgid: u32) -> Option<&ProcessInfo> {
         self.processes.get(&tgid)
     }

@@ -5,7 +5,10 @@
 //! at /out:
 //!
 //! 1. `--pid=host`: the tracer and its target in the host's PID namespace;
-//! 2. the container's own PID namespace (the usual CI job container).
+//! 2. the container's own PID namespace (the usual CI job container);
+//!
+//! and once more on the host, in a new PID namespace (`unshare --pid --fork
+//! --mount-proc`), without a container.
 //!
 //! Inside, the smoke script starts gc-demo and traces it with `tracer attach --pid`; here,
 //! on the host, every count of the report it leaves in /out is checked against the
@@ -13,10 +16,8 @@
 //! latency histogram, each task's runs and parks, the threads by the ids the target itself
 //! sees, and the off-CPU flamegraph with the functions the workers block in.
 //!
-//! In its own PID namespace the tracer refuses off-CPU accounting today (issue 17, item
-//! 2): that run is checked against the same full expectations, and its failure is
-//! tolerated only when it is exactly that refusal ([`KNOWN_OWN_PIDNS_ERROR`]);
-//! `--require-own-pidns` makes it count like the other.
+//! In a PID namespace of its own the tracer takes and prints the namespace's PIDs, and
+//! its kernel side follows the target by them: every run is checked alike.
 //!
 //! Binaries: the image gets the very glibc builds every other test runs, plus the four
 //! shared libraries `ldd` names for them (the loader, libc, libm, libgcc_s), copied from
@@ -54,16 +55,8 @@ const GCS: u64 = 10;
 /// Longest a smoke run may take (it takes a second or two).
 const RUN_TIMEOUT_S: u32 = 120;
 
-/// What the tracer says today when it runs in a PID namespace of its own; the run in the
-/// container's own namespace may fail with exactly this until issue 17's item 2 lands.
-/// Set it to `None` then (or run with `--require-own-pidns`).
-pub const KNOWN_OWN_PIDNS_ERROR: Option<&str> = Some("tracer runs in a PID namespace of its own");
-
 #[derive(clap::Args, Debug, Default)]
 pub struct ContainerArgs {
-    /// The run in the container's own PID namespace must pass too (no known failure).
-    #[arg(long)]
-    require_own_pidns: bool,
     /// Only make the build context (target/container/context), for `docker build`.
     #[arg(long)]
     context_only: bool,
@@ -73,6 +66,8 @@ pub struct ContainerArgs {
 enum PidMode {
     Host,
     Own,
+    /// No container: a new PID namespace on the host.
+    Unshare,
 }
 
 impl PidMode {
@@ -80,6 +75,7 @@ impl PidMode {
         match self {
             PidMode::Host => "host PID namespace (--pid=host)",
             PidMode::Own => "the container's own PID namespace",
+            PidMode::Unshare => "a new PID namespace on the host (unshare)",
         }
     }
 
@@ -87,6 +83,7 @@ impl PidMode {
         match self {
             PidMode::Host => "out-pid-host",
             PidMode::Own => "out-pid-own",
+            PidMode::Unshare => "out-unshare",
         }
     }
 }
@@ -145,39 +142,23 @@ pub fn run_built(args: ContainerArgs) -> Result<()> {
     );
 
     let mut summary = vec![format!("image build {:.1} s", build_time.as_secs_f64())];
-    for mode in [PidMode::Host, PidMode::Own] {
+    for mode in [PidMode::Host, PidMode::Own, PidMode::Unshare] {
         let out = root.join(mode.dir());
         let _ = std::fs::remove_dir_all(&out);
         std::fs::create_dir_all(&out)?;
         let started = Instant::now();
-        let result = smoke_run(&conf, mode, &out);
+        let result = match mode {
+            PidMode::Unshare => unshared_run(&out),
+            _ => smoke_run(&conf, mode, &out),
+        };
         let took = started.elapsed().as_secs_f64();
-        match (mode, result) {
-            (_, Ok(checked)) => {
+        match result {
+            Ok(checked) => {
                 eprintln!("xtask container: PASS in {}: {checked}", mode.name());
                 summary.push(format!("{}: pass ({took:.1} s)", mode.name()));
             }
-            (PidMode::Own, Err(err)) if !args.require_own_pidns => {
-                let Some(known) = KNOWN_OWN_PIDNS_ERROR else {
-                    return Err(err);
-                };
-                let said = std::fs::read_to_string(out.join("tracer.err")).unwrap_or_default();
-                if !said.contains(known) {
-                    return Err(err);
-                }
-                eprintln!(
-                    "xtask container: KNOWN FAILURE in {} (issue 17, item 2; tolerated until \
-                     the tracer works in a PID namespace: `cargo xtask container \
-                     --require-own-pidns` requires it): {err:#}",
-                    mode.name()
-                );
-                summary.push(format!(
-                    "{}: known failure, {known:?} ({took:.1} s)",
-                    mode.name()
-                ));
-            }
-            (_, Err(err)) => {
-                return Err(err.context(format!("the container smoke test in {}", mode.name())));
+            Err(err) => {
+                return Err(err.context(format!("the smoke test in {}", mode.name())));
             }
         }
     }
@@ -339,7 +320,7 @@ fn podman_quiet(conf: &Path, args: &[&str]) -> Result<()> {
 fn smoke_run(conf: &Path, mode: PidMode, out: &Path) -> Result<String> {
     let name = match mode {
         PidMode::Host => "tracer-smoke-pid-host",
-        PidMode::Own => "tracer-smoke-pid-own",
+        PidMode::Own | PidMode::Unshare => "tracer-smoke-pid-own",
     };
     // A container a killed earlier run left behind would hold the name.
     let _ = podman_quiet(conf, &["rm", "-f", name]);
@@ -370,6 +351,30 @@ fn smoke_run(conf: &Path, mode: PidMode, out: &Path) -> Result<String> {
         "the smoke script failed in the container ({status})"
     );
     check_results(out, mode)
+}
+
+/// The smoke script on the host in a new PID namespace (with its own /proc), then the
+/// checks of what it left in `out`.
+fn unshared_run(out: &Path) -> Result<String> {
+    let timeout = RUN_TIMEOUT_S.to_string();
+    let mut command = Command::new("timeout");
+    command
+        .args(["--kill-after=10", &timeout])
+        .args(["unshare", "--pid", "--fork", "--mount-proc", "sh"])
+        .arg(workspace_root().join("tests/smoke.sh"))
+        .env("OUT", out)
+        .env("TRACER", release_dir().join("tracer"))
+        .env("GC_DEMO", release_dir().join("gc-demo"));
+    eprintln!("xtask container: + {command:?}");
+    let status = command.status().context("cannot run unshare")?;
+    if status.code() == Some(124) {
+        bail!("the smoke run did not end within {RUN_TIMEOUT_S} s");
+    }
+    ensure!(
+        status.success(),
+        "the smoke script failed in a new PID namespace ({status})"
+    );
+    check_results(out, PidMode::Unshare)
 }
 
 /// gc-demo's ground truth (the JSON line it prints at the end).
@@ -579,6 +584,7 @@ fn check_results(dir: &Path, mode: PidMode) -> Result<String> {
         match mode {
             PidMode::Host => "host pids",
             PidMode::Own => "the container's pids",
+            PidMode::Unshare => "the namespace's pids",
         }
     )?;
 

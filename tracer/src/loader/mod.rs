@@ -374,20 +374,19 @@ impl Loader {
         // Only the off-CPU programs, the process trackers and the thread iterator read
         // kernel structures, and only they are verified against kernel types; reading
         // kernel BTF costs milliseconds.
-        let kernel = (features.offcpu
-            || features.thread_regs
-            || follow_forks
-            || follow_execs
-            || nested)
-            .then(|| {
-                Btf::read(Path::new(KERNEL_BTF)).map_err(|e| match e {
-                    btf::BtfError::Read { path, source } if oserror::cause(&source).is_some() => {
-                        os_error(format!("reading kernel BTF at {path}"), source)
-                    }
-                    e => e.into(),
+        let kernel =
+            (features.offcpu || features.thread_regs || follow_forks || follow_execs || nested)
+                .then(|| {
+                    Btf::read(Path::new(KERNEL_BTF)).map_err(|e| match e {
+                        btf::BtfError::Read { path, source }
+                            if oserror::cause(&source).is_some() =>
+                        {
+                            os_error(format!("reading kernel BTF at {path}"), source)
+                        }
+                        e => e.into(),
+                    })
                 })
-            })
-            .transpose()?;
+                .transpose()?;
         let offsets = |wanted: bool, structure: &str, members: &[&str]| match (&kernel, wanted) {
             (Some(kernel), true) => kernel.member_offsets(structure, members),
             _ => Ok(vec![0; members.len()]),
