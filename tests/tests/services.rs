@@ -698,6 +698,76 @@ tracer stderr:
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// From the host, a server in a PID namespace below (a container's) is traced by its
+/// host PIDs, and the report gives each process's PID in its own namespace beside them.
+#[test]
+fn from_the_host_processes_in_a_pid_namespace_show_their_namespace_pids() {
+    if !privileged() {
+        return;
+    }
+    let dir = out_dir("services-host-into-ns");
+    let mut args = vec!["--pid", "--fork", "--kill-child", SERVER];
+    let server_args = server_args(2, 3, 0, 2, 100);
+    args.extend(server_args.iter().map(String::as_str));
+    args.push("--wait-for-signal");
+    let mut unshare = std::process::Command::new("unshare")
+        .args(&args)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("cannot run unshare");
+    let mut stdout = std::io::BufReader::new(unshare.stdout.take().unwrap());
+    let mut ready = String::new();
+    std::io::BufRead::read_line(&mut stdout, &mut ready).unwrap();
+    assert_eq!(
+        ready.trim(),
+        "ready pid=1",
+        "the server is its namespace's first process"
+    );
+    let host_pid = *children_of(unshare.id())
+        .iter()
+        .next()
+        .expect("unshare's child, the server");
+    let pid = host_pid.to_string();
+    let out = dir.join("attach");
+    let tracer = Running::start(&[
+        "attach",
+        "--pid",
+        &pid,
+        "--children",
+        "-d",
+        SAFETY_DURATION,
+        "--format",
+        "json",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    // SAFETY: kill has no memory preconditions.
+    assert_eq!(unsafe { libc::kill(host_pid as i32, libc::SIGUSR1) }, 0);
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stdout, &mut rest).unwrap();
+    let _ = unshare.wait();
+    let truth =
+        Truth::parse(serde_json::from_str(rest.trim()).unwrap_or_else(|e| panic!("{e}: {rest}")));
+    let report = tracer.finish_json(&out);
+    let processes = report.json["processes"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let server = processes
+        .iter()
+        .find(|p| p["pid"] == host_pid)
+        .unwrap_or_else(|| panic!("the server {host_pid} is not traced\n{}", report.context()));
+    assert_eq!(server["namespace_pid"], 1, "{}", report.context());
+    // The children, by the PIDs the server saw them with.
+    let inner: BTreeSet<u32> = processes
+        .iter()
+        .filter(|p| p["pid"] != host_pid)
+        .filter_map(|p| p["namespace_pid"].as_u64().map(|n| n as u32))
+        .collect();
+    assert_eq!(inner, truth.child_pids(), "{}", report.context());
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 #[test]
 fn profile_follows_forked_children() {
     if !privileged() {

@@ -175,9 +175,37 @@ pub fn read_name(path: &Path) -> io::Result<String> {
     Ok(text.strip_suffix('\n').unwrap_or(&text).to_string())
 }
 
+/// Process `pid`'s PID in its own PID namespace, when that is not ours (a process in a
+/// container, seen from the host): the last number of the `NSpid:` line of its status.
+pub fn namespace_pid(pid: u32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    parse_namespace_pid(&status)
+}
+
+fn parse_namespace_pid(status: &str) -> Option<u32> {
+    let line = status.lines().find_map(|l| l.strip_prefix("NSpid:"))?;
+    let numbers: Vec<u32> = line
+        .split_whitespace()
+        .filter_map(|n| n.parse().ok())
+        .collect();
+    match numbers.as_slice() {
+        [_, .., inner] => Some(*inner),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_process_in_a_namespace_below_has_two_pids() {
+        let status = "Name:\tgc-demo\nTgid:\t31418\nNSpid:\t31418\t8\nPPid:\t1\n";
+        assert_eq!(parse_namespace_pid(status), Some(8));
+        assert_eq!(parse_namespace_pid("NSpid:\t31418\n"), None);
+        assert_eq!(parse_namespace_pid("Name:\tx\n"), None);
+        assert_eq!(namespace_pid(std::process::id()), None);
+    }
 
     #[test]
     fn tells_zombies_from_the_living() {

@@ -47,6 +47,15 @@ pub struct LatencyReport {
     pub per_process: Vec<ProcessLatency>,
 }
 
+/// A process traced: its PID (as the tracer sees it), name, and its PID in its own PID
+/// namespace when that is below the tracer's (a container's).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TracedProcess {
+    pub pid: u32,
+    pub name: String,
+    pub namespace_pid: Option<u32>,
+}
+
 /// One latency's totals in one process.
 #[derive(Debug, Clone)]
 pub struct ProcessLatency {
@@ -73,8 +82,8 @@ pub struct AttachReport {
     pub pid: u32,
     /// Its name, or what the set is (`every process running /usr/bin/x`).
     pub process_name: String,
-    /// Every process traced: PID and name.
-    pub processes: Vec<(u32, String)>,
+    /// Every process traced.
+    pub processes: Vec<TracedProcess>,
     pub stopped_by: StopReason,
     pub elapsed_ns: u64,
     pub probes: Vec<ProbeReport>,
@@ -142,12 +151,16 @@ impl AttachReport {
         let mut out = String::new();
         let secs = self.elapsed_ns as f64 / 1e9;
         match self.processes.as_slice() {
-            [(pid, _)] if *pid == self.pid => {
+            [one] if one.pid == self.pid => {
                 let _ = writeln!(
                     out,
-                    "Traced process {} ({}) for {secs:.2} s; stopped: {}.",
+                    "Traced process {} ({}{}) for {secs:.2} s; stopped: {}.",
                     self.pid,
                     escape_text(&self.process_name),
+                    match one.namespace_pid {
+                        Some(inner) => format!("; pid {inner} in its PID namespace"),
+                        None => String::new(),
+                    },
                     self.stopped_by
                 );
             }
@@ -311,9 +324,10 @@ impl AttachReport {
         json!({
             "pid": self.pid,
             "process": self.process_name,
-            "processes": self.processes.iter().map(|(pid, name)| json!({
-                "pid": pid,
-                "name": name,
+            "processes": self.processes.iter().map(|p| json!({
+                "pid": p.pid,
+                "name": p.name,
+                "namespace_pid": p.namespace_pid,
             })).collect::<Vec<_>>(),
             "stopped_by": self.stopped_by.to_string(),
             "duration_ns": self.elapsed_ns,
@@ -405,7 +419,11 @@ mod tests {
         AttachReport {
             pid: 42,
             process_name: name.into(),
-            processes: vec![(42, name.into())],
+            processes: vec![TracedProcess {
+                pid: 42,
+                name: name.into(),
+                namespace_pid: None,
+            }],
             stopped_by: StopReason::DurationElapsed,
             elapsed_ns: 1_000_000_000,
             probes: Vec::new(),

@@ -58,6 +58,8 @@ pub fn is_seeded(id: i32) -> bool {
 pub struct ProcessInfo {
     pub name: String,
     pub maps: Option<ProcessMaps>,
+    /// Its PID in its own PID namespace, when that is below ours (a container's).
+    pub namespace_pid: Option<u32>,
 }
 
 /// The processes seen in the profile, captured while they run so their stacks can be
@@ -78,7 +80,15 @@ impl Processes {
             read_name(&format!("/proc/{tgid}/comm")).unwrap_or_else(|_| format!("[pid {tgid}]"));
         let maps = ProcessMaps::capture(tgid).ok();
         self.threads.refresh(tgid);
-        self.processes.insert(tgid, ProcessInfo { name, maps });
+        let namespace_pid = procfs::namespace_pid(tgid);
+        self.processes.insert(
+            tgid,
+            ProcessInfo {
+                name,
+                maps,
+                namespace_pid,
+            },
+        );
     }
 
     /// Captures the target `tgid` (its name, mappings and thread names), failing with
@@ -90,6 +100,7 @@ impl Processes {
         let info = ProcessInfo {
             name,
             maps: Some(maps),
+            namespace_pid: procfs::namespace_pid(tgid),
         };
         Ok(self.processes.entry(tgid).insert_entry(info).into_mut())
     }

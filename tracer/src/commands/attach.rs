@@ -24,7 +24,9 @@ use crate::{
         flamegraph::{Palette, SvgOptions},
         views::write_profile_files,
     },
-    report::{AttachReport, LatencyReport, Losses, ProbeReport, ProcessLatency, TaskReport},
+    report::{
+        AttachReport, LatencyReport, Losses, ProbeReport, ProcessLatency, TaskReport, TracedProcess,
+    },
     runtimes::{self, LatencyDef, Runtime, TaskProbeDef},
     sampling::{self, Collected, ViewOptions, WallClockSampler},
     stop::{self, ProcessWatch, StopReason},
@@ -240,11 +242,15 @@ pub fn run(config: AttachConfig) -> Result<()> {
         start_unix_ns,
         duration_ns: now - started,
     };
-    let traced: Vec<(u32, String)> = traced
+    let traced: Vec<TracedProcess> = traced
         .into_iter()
         .map(|pid| {
-            let name = processes.get(pid).map(|p| p.name.clone());
-            (pid, name.unwrap_or_else(|| "?".into()))
+            let info = processes.get(pid);
+            TracedProcess {
+                pid,
+                name: info.map_or_else(|| "?".into(), |p| p.name.clone()),
+                namespace_pid: info.and_then(|p| p.namespace_pid),
+            }
         })
         .collect();
     let (report, output_error) = collect(
@@ -354,7 +360,7 @@ fn collect(
     plan: &ProbePlan,
     config: &AttachConfig,
     target: &Target,
-    traced: Vec<(u32, String)>,
+    traced: Vec<TracedProcess>,
     processes: &Processes,
     symbolizer: &mut StackSymbolizer,
     collected: Collected,
@@ -367,8 +373,8 @@ fn collect(
     let name_of = |pid: u32| {
         traced
             .iter()
-            .find(|(p, _)| *p == pid)
-            .map(|(_, name)| name.clone())
+            .find(|p| p.pid == pid)
+            .map(|p| p.name.clone())
             .or_else(|| processes.get(pid).map(|p| p.name.clone()))
             .unwrap_or_else(|| "?".into())
     };
@@ -420,7 +426,7 @@ fn collect(
         // The hint is the same for every process of one runtime: the first one's.
         let Some((pid, maps)) = traced
             .iter()
-            .find_map(|(pid, _)| Some((*pid, processes.get(*pid)?.maps.as_ref()?)))
+            .find_map(|p| Some((p.pid, processes.get(p.pid)?.maps.as_ref()?)))
         else {
             return String::new();
         };
@@ -462,10 +468,7 @@ fn collect(
 
     let counters = loader.counters()?;
     let report = AttachReport {
-        pid: target
-            .pid
-            .or(traced.first().map(|(pid, _)| *pid))
-            .unwrap_or(0),
+        pid: target.pid.or(traced.first().map(|p| p.pid)).unwrap_or(0),
         process_name: target.name.clone(),
         processes: traced,
         stopped_by: reason,
