@@ -10,7 +10,7 @@ use anyhow::{Context as _, Result};
 
 use super::{
     Config, PeakMemory, Row,
-    harness::{Stream, Tool, bin, json_u64, json_u64_all, ready_pid, sys},
+    harness::{Stream, Tool, bin, json_u64, json_u64_all, monotonic_ns, ready_pid},
     stats::{list_ms, median},
     yes_no,
 };
@@ -41,7 +41,7 @@ pub(super) fn measure(config: &Config, memory: &mut PeakMemory) -> Result<Vec<Ro
                 "bench-usdt-loop",
             )?;
             let pid = ready_pid(&mut target)?.to_string();
-            let t0 = sys::monotonic_ns();
+            let t0 = monotonic_ns();
             let first = launch_to_first_event(launchers[which], &pid, &probe, &out_dir, memory);
             target.kill();
             ms[which].push(first?.saturating_sub(t0) as f64 / 1e6);

@@ -78,7 +78,7 @@ pub(super) fn traced_run(
         }
         None => None,
     };
-    target.signal(sys::SIGUSR1);
+    target.signal(libc::SIGUSR1);
     let target_out = target.finish(Duration::from_secs(600))?;
     if !target_out.success {
         bail!("the target failed: {}", target_out.stderr);
@@ -161,8 +161,8 @@ impl Tool {
         })
     }
 
-    pub(super) fn pid(&self) -> i32 {
-        self.child.id() as i32
+    fn pid(&self) -> libc::pid_t {
+        self.child.id() as libc::pid_t
     }
 
     /// Reads `stream` until a line matches; fails at its end or after `timeout`.
@@ -197,19 +197,19 @@ impl Tool {
         }
     }
 
-    pub(super) fn signal(&self, signal: i32) {
+    pub(super) fn signal(&self, signal: libc::c_int) {
         if !self.reaped {
             // SAFETY: kill has no memory preconditions; the pid is our unreaped child's.
-            unsafe { sys::kill(self.pid(), signal) };
+            unsafe { libc::kill(self.pid(), signal) };
         }
     }
 
     pub(super) fn interrupt(&self) {
-        self.signal(sys::SIGINT);
+        self.signal(libc::SIGINT);
     }
 
     pub(super) fn kill(&mut self) {
-        self.signal(sys::SIGKILL);
+        self.signal(libc::SIGKILL);
         let _ = self.reap(Some(Duration::from_secs(5)));
     }
 
@@ -222,7 +222,7 @@ impl Tool {
                 match self.reap(Some(Duration::from_secs(5))) {
                     Ok(done) => done,
                     Err(_) => {
-                        self.signal(sys::SIGKILL);
+                        self.signal(libc::SIGKILL);
                         self.reap(None)?
                     }
                 }
@@ -246,17 +246,18 @@ impl Tool {
     }
 
     /// wait4 with a deadline (None: block): (raw wait status, ru_maxrss in KiB).
-    pub(super) fn reap(&mut self, timeout: Option<Duration>) -> Result<(i32, u64)> {
+    fn reap(&mut self, timeout: Option<Duration>) -> Result<(i32, u64)> {
         if self.reaped {
             bail!("{} was already reaped", self.name);
         }
         let deadline = timeout.map(|t| Instant::now() + t);
         loop {
-            let flags = if deadline.is_some() { sys::WNOHANG } else { 0 };
+            let flags = if deadline.is_some() { libc::WNOHANG } else { 0 };
             let mut status = 0;
-            let mut usage = sys::Rusage::default();
+            // SAFETY: struct rusage is plain integers, for which all zeroes is a value.
+            let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
             // SAFETY: valid out-pointers; the pid is our child's.
-            let rc = unsafe { sys::wait4(self.pid(), &mut status, flags, &mut usage) };
+            let rc = unsafe { libc::wait4(self.pid(), &mut status, flags, &mut usage) };
             if rc == self.pid() {
                 self.reaped = true;
                 return Ok((status, usage.ru_maxrss.max(0) as u64));
@@ -279,7 +280,7 @@ impl Tool {
 impl Drop for Tool {
     fn drop(&mut self) {
         if !self.reaped {
-            self.signal(sys::SIGKILL);
+            self.signal(libc::SIGKILL);
             let _ = self.reap(Some(Duration::from_secs(5)));
         }
     }
@@ -445,46 +446,13 @@ pub(super) fn json_array(text: &str, key: &str) -> Result<Vec<f64>> {
         .collect()
 }
 
-/// The few libc calls the harness needs, declared by hand: xtask does not depend on the
-/// libc crate. 64-bit Linux layouts.
-pub(super) mod sys {
-    pub const SIGINT: i32 = 2;
-    pub const SIGKILL: i32 = 9;
-    pub const SIGUSR1: i32 = 10;
-    pub const WNOHANG: i32 = 1;
-    const CLOCK_MONOTONIC: i32 = 1;
-
-    #[repr(C)]
-    struct Timespec {
-        tv_sec: i64,
-        tv_nsec: i64,
-    }
-
-    /// struct rusage: two timevals, then 14 longs of which ru_maxrss (KiB) is the first.
-    #[repr(C)]
-    #[derive(Default)]
-    pub struct Rusage {
-        ru_utime: [i64; 2],
-        ru_stime: [i64; 2],
-        pub ru_maxrss: i64,
-        rest: [i64; 13],
-    }
-
-    unsafe extern "C" {
-        fn clock_gettime(clock: i32, tp: *mut Timespec) -> i32;
-        pub fn kill(pid: i32, signal: i32) -> i32;
-        pub fn wait4(pid: i32, status: *mut i32, options: i32, usage: *mut Rusage) -> i32;
-        pub fn geteuid() -> u32;
-    }
-
-    /// CLOCK_MONOTONIC in nanoseconds: the clock of bpf_ktime_get_ns and bpftrace's nsecs.
-    pub fn monotonic_ns() -> u64 {
-        let mut ts = Timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: `ts` is a valid out-pointer; CLOCK_MONOTONIC always exists.
-        unsafe { clock_gettime(CLOCK_MONOTONIC, &mut ts) };
-        ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-    }
+/// CLOCK_MONOTONIC in nanoseconds: the clock of bpf_ktime_get_ns and bpftrace's nsecs.
+pub(super) fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid out-pointer; CLOCK_MONOTONIC always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }

@@ -30,7 +30,7 @@ use std::{
 use anyhow::{Result, bail};
 
 use fig6_peak_memory::PeakMemory;
-use harness::{TracefsMount, load_average, sys};
+use harness::{TracefsMount, load_average};
 
 #[derive(clap::Args, Debug)]
 pub struct BenchArgs {
@@ -123,7 +123,7 @@ struct Row {
 pub fn run(args: BenchArgs) -> Result<()> {
     let config = Config::new(args)?;
     // SAFETY: geteuid has no preconditions.
-    if unsafe { sys::geteuid() } != 0 {
+    if unsafe { libc::geteuid() } != 0 {
         bail!("cargo xtask bench loads eBPF programs: run it as root");
     }
     crate::build()?;
