@@ -8,7 +8,7 @@ use anyhow::{Context as _, Result, bail};
 
 use super::{
     Config, Row,
-    harness::{bin, json_array},
+    harness::{bin, json_numbers, last_json_line},
     stats::{median, spread},
     yes_no,
 };
@@ -27,9 +27,9 @@ pub(super) fn measure(config: &Config) -> Result<Vec<Row>> {
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    let text = String::from_utf8_lossy(&out.stdout);
-    let with = json_array(&text, "with_probe_ns")?;
-    let without = json_array(&text, "without_probe_ns")?;
+    let runs = last_json_line(&String::from_utf8_lossy(&out.stdout))?;
+    let with = json_numbers(&runs, "with_probe_ns")?;
+    let without = json_numbers(&runs, "without_probe_ns")?;
     let per_iter = |ns: f64| ns / n as f64;
     let diffs: Vec<f64> = with.iter().zip(&without).map(|(w, o)| w - o).collect();
     let diff = per_iter(median(&diffs));

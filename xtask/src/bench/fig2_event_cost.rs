@@ -14,7 +14,7 @@ use super::{
     Config, PeakMemory, Row,
     harness::{
         BPFTRACE_ATTACHED, Finished, Stream, ToolSpec, bin, bpftrace_program, first_lines,
-        json_u64, strings, traced_run,
+        json_lines, json_u64, last_json_line, strings, traced_run,
     },
     stats::{median, min_max},
 };
@@ -94,7 +94,7 @@ pub(super) fn measure(config: &Config, memory: &mut PeakMemory) -> Result<Vec<Ro
             let tool = kind.checked_sub(1).map(|t| &tools[t]);
             match traced_run(&loop_bin, &target_args, tool) {
                 Ok(run) => {
-                    times[kind].push(json_u64(&run.target, "ns")? as f64);
+                    times[kind].push(json_u64(&last_json_line(&run.target)?, "ns")? as f64);
                     if let (Some(tool), Some(out)) = (tool, &run.tool) {
                         memory.note(tool.tool, "trace --count", out.max_rss_kib);
                         if let Some(count) = tool_count(tool, out)?
@@ -249,21 +249,59 @@ fn probe_sites(binary: &Path) -> Result<(Vec<u64>, u64)> {
 /// The event count a figure-2 tool reported; None for a tool that counts nothing.
 fn tool_count(tool: &ToolSpec, out: &Finished) -> Result<Option<u64>> {
     let text = &out.stdout;
-    let number = |s: &str| s.trim().trim_end_matches('}').trim().parse::<u64>().ok();
     let count = match tool.tool {
         // An empty action counts nothing.
         "bpftrace-empty" => return Ok(None),
         // @: N
         "bpftrace" => text
             .lines()
-            .find_map(|l| number(l.trim().strip_prefix("@:")?)),
-        // tracer: {"usdt:...:gc__begin":N}; bench-uprobe-count: {"count":N}
-        _ => text
-            .lines()
-            .rev()
-            .find_map(|l| number(l.rsplit(':').next()?)),
+            .find_map(|l| l.trim().strip_prefix("@:")?.trim().parse().ok()),
+        // The one value of the last JSON line: tracer's {"usdt:...:gc__begin":N},
+        // bench-uprobe-count's {"count":N}.
+        _ => json_lines(text).last().and_then(|counts| {
+            let counts = counts.as_object()?;
+            let [count] = counts.values().collect::<Vec<_>>()[..] else {
+                return None;
+            };
+            count.as_u64()
+        }),
     };
     count
         .map(Some)
         .with_context(|| format!("no count in the output of {}: {text}", tool.label))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn count(tool: &'static str, stdout: &str) -> Result<Option<u64>> {
+        let spec = ToolSpec {
+            tool,
+            label: tool,
+            program: "true".into(),
+            args: Vec::new(),
+            ready: (Stream::Stdout, ""),
+            stops_with_target: true,
+        };
+        let out = Finished {
+            success: true,
+            stdout: stdout.into(),
+            stderr: String::new(),
+            max_rss_kib: 0,
+        };
+        tool_count(&spec, &out)
+    }
+
+    #[test]
+    fn counts_are_read_from_each_tools_output() {
+        let tracer = "{\"usdt:/t/bench-usdt-loop:tracer:gc__begin\":1000}\n";
+        assert_eq!(count("tracer", tracer).unwrap(), Some(1000));
+        assert_eq!(count("perf-uprobe", "{\"count\":7}\n").unwrap(), Some(7));
+        let bpftrace = "Attaching 2 probes...\nbench: attached\n\n\n@: 1000\n";
+        assert_eq!(count("bpftrace", bpftrace).unwrap(), Some(1000));
+        assert_eq!(count("bpftrace-empty", "").unwrap(), None);
+        // Two probes: no single count.
+        assert!(count("tracer", "{\"a\":1,\"b\":2}\n").is_err());
+    }
 }

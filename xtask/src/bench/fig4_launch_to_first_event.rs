@@ -7,10 +7,11 @@
 use std::{path::Path, process::Command, time::Duration};
 
 use anyhow::{Context as _, Result};
+use serde_json::Value;
 
 use super::{
     Config, PeakMemory, Row,
-    harness::{Stream, Tool, bin, json_u64, json_u64_all, monotonic_ns, ready_pid},
+    harness::{Stream, Tool, bin, json_lines, monotonic_ns, ready_pid},
     stats::{list_ms, median},
     yes_no,
 };
@@ -125,8 +126,9 @@ fn launch_to_first_event(
             .wait_line(Stream::Stderr, timeout, |l| l.starts_with("Attached"))
             .map(|_| std::thread::sleep(Duration::from_millis(20))),
         Launcher::TracerTrace => tool
-            .wait_line(Stream::Stdout, timeout, |l| l.contains("\"time_ns\""))
-            .and_then(|l| json_u64(&l, "time_ns"))
+            .wait_line(Stream::Stdout, timeout, |l| {
+                serde_json::from_str::<Value>(l).is_ok_and(|event| event["time_ns"].is_u64())
+            })
             .map(|_| ()),
         Launcher::Bpftrace => tool
             .wait_line(Stream::Stdout, timeout, |l| l.starts_with("first "))
@@ -139,11 +141,21 @@ fn launch_to_first_event(
     memory.note(name, what, finished.max_rss_kib);
     match launcher {
         // attach reports when each probe first fired; the earliest is its first event.
-        Launcher::TracerAttach => json_u64_all(&finished.stdout, "first_hit_monotonic_ns")
-            .into_iter()
-            .min()
-            .with_context(|| format!("no probe hit in {}", finished.stdout)),
-        Launcher::TracerTrace => json_u64(&finished.stdout, "time_ns"),
+        // Its stdout is the report, one pretty-printed JSON object; probes not hit have null.
+        Launcher::TracerAttach => {
+            let report: Value = serde_json::from_str(&finished.stdout)
+                .with_context(|| format!("tracer attach's report: {}", finished.stdout))?;
+            report["probes"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|probe| probe["first_hit_monotonic_ns"].as_u64())
+                .min()
+                .with_context(|| format!("no probe hit in {}", finished.stdout))
+        }
+        Launcher::TracerTrace => json_lines(&finished.stdout)
+            .find_map(|event| event["time_ns"].as_u64())
+            .with_context(|| format!("no event in {}", finished.stdout)),
         Launcher::Bpftrace => {
             let line = finished
                 .stdout

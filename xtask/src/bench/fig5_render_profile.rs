@@ -8,7 +8,7 @@ use anyhow::{Context as _, Result, bail};
 
 use super::{
     Config, Row,
-    harness::{bin, json_array, json_u64},
+    harness::{bin, json_numbers, json_u64, last_json_line},
     stats::median,
     yes_no,
 };
@@ -24,8 +24,8 @@ pub(super) fn measure(config: &Config) -> Result<Vec<Row>> {
     if !out.status.success() {
         bail!("bench-render failed ({})", out.status);
     }
-    let text = String::from_utf8_lossy(&out.stdout);
-    let med = |key: &str| -> Result<f64> { Ok(median(&json_array(&text, key)?) / 1e9) };
+    let result = last_json_line(&String::from_utf8_lossy(&out.stdout))?;
+    let med = |key: &str| -> Result<f64> { Ok(median(&json_numbers(&result, key)?) / 1e9) };
     let (total, symbolize, folded, render, inferno) = (
         med("tracer_ns")?,
         med("symbolize_ns")?,
@@ -33,12 +33,12 @@ pub(super) fn measure(config: &Config) -> Result<Vec<Row>> {
         med("render_ns")?,
         med("inferno_ns")?,
     );
-    let stacks = json_u64(&text, "folded_stacks")?;
-    let bytes = json_u64(&text, "folded_bytes")?;
+    let stacks = json_u64(&result, "folded_stacks")?;
+    let bytes = json_u64(&result, "folded_bytes")?;
     println!(
         "profile: {} blocked intervals over {} keys -> {stacks} distinct folded stacks, {:.0} MB folded; {} round(s)",
-        json_u64(&text, "samples")?,
-        json_u64(&text, "keys")?,
+        json_u64(&result, "samples")?,
+        json_u64(&result, "keys")?,
         bytes as f64 / 1e6,
         config.render_rounds
     );

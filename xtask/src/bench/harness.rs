@@ -10,7 +10,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{Context as _, Result, anyhow, bail};
+use anyhow::{Context as _, Result, bail};
+use serde_json::Value;
 
 use crate::release_dir;
 
@@ -394,54 +395,38 @@ pub(super) fn error_lines(text: &str, n: usize) -> String {
         .join(" / ")
 }
 
-/// The number after `"key":` in a one-line JSON object.
-/// Every number after `"key":` in `text` (other values, such as null, are skipped).
-pub(super) fn json_u64_all(text: &str, key: &str) -> Vec<u64> {
-    let pattern = format!("\"{key}\":");
-    text.match_indices(&pattern)
-        .filter_map(|(at, _)| {
-            let digits: String = text[at + pattern.len()..]
-                .trim_start()
-                .chars()
-                .take_while(char::is_ascii_digit)
-                .collect();
-            digits.parse().ok()
-        })
-        .collect()
+/// Every line of `text` that is a JSON object: the targets print one after their
+/// `ready pid=N` line, `tracer trace --format json` one per event.
+pub(super) fn json_lines(text: &str) -> impl Iterator<Item = Value> + '_ {
+    text.lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .filter(Value::is_object)
 }
 
-pub(super) fn json_u64(text: &str, key: &str) -> Result<u64> {
-    let pattern = format!("\"{key}\":");
-    let at = text
-        .find(&pattern)
-        .with_context(|| format!("no {key:?} in {text:?}"))?;
-    let digits: String = text[at + pattern.len()..]
-        .trim_start()
-        .chars()
-        .take_while(char::is_ascii_digit)
-        .collect();
-    digits
-        .parse()
-        .with_context(|| format!("{key:?} is not a number in {text:?}"))
+/// The last JSON object line of `text` (a target's or tool's result).
+pub(super) fn last_json_line(text: &str) -> Result<Value> {
+    json_lines(text)
+        .last()
+        .with_context(|| format!("no JSON object line in {text:?}"))
 }
 
-/// The numbers of the array after `"key":` in a one-line JSON object.
-pub(super) fn json_array(text: &str, key: &str) -> Result<Vec<f64>> {
-    let pattern = format!("\"{key}\":[");
-    let at = text
-        .find(&pattern)
-        .with_context(|| format!("no {key:?} array in {text:?}"))?;
-    let rest = &text[at + pattern.len()..];
-    let end = rest
-        .find(']')
-        .ok_or_else(|| anyhow!("unterminated {key:?}"))?;
-    rest[..end]
-        .split(',')
-        .filter(|s| !s.trim().is_empty())
-        .map(|s| {
-            s.trim()
-                .parse::<f64>()
-                .with_context(|| format!("{key:?}: {s:?}"))
+/// `object[key]`, a whole number.
+pub(super) fn json_u64(object: &Value, key: &str) -> Result<u64> {
+    object[key]
+        .as_u64()
+        .with_context(|| format!("no whole number {key:?} in {object}"))
+}
+
+/// `object[key]`, an array of numbers.
+pub(super) fn json_numbers(object: &Value, key: &str) -> Result<Vec<f64>> {
+    let array = object[key]
+        .as_array()
+        .with_context(|| format!("no {key:?} array in {object}"))?;
+    array
+        .iter()
+        .map(|v| {
+            v.as_f64()
+                .with_context(|| format!("{key:?}: {v} is not a number"))
         })
         .collect()
 }
@@ -455,4 +440,32 @@ pub(super) fn monotonic_ns() -> u64 {
     // SAFETY: `ts` is a valid out-pointer; CLOCK_MONOTONIC always exists.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_targets_result_is_its_last_json_line() {
+        let stdout =
+            "ready pid=42\n{\"iters\":3,\"with_probe_ns\":[389,388],\"without_probe_ns\":[376]}\n";
+        let result = last_json_line(stdout).unwrap();
+        assert_eq!(json_u64(&result, "iters").unwrap(), 3);
+        assert_eq!(
+            json_numbers(&result, "with_probe_ns").unwrap(),
+            [389.0, 388.0]
+        );
+        assert!(json_u64(&result, "ns").is_err());
+        assert!(last_json_line("ready pid=42\n").is_err());
+    }
+
+    #[test]
+    fn json_lines_skip_what_is_not_an_object() {
+        let stdout = "Attaching 1 probe...\n[1]\n{\"time_ns\":5}\n{\"time_ns\":7}\n";
+        let times: Vec<u64> = json_lines(stdout)
+            .filter_map(|event| event["time_ns"].as_u64())
+            .collect();
+        assert_eq!(times, [5, 7]);
+    }
 }
