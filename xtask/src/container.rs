@@ -171,7 +171,7 @@ pub fn run_built(args: ContainerArgs) -> Result<()> {
 fn preflight() -> Result<()> {
     // SAFETY: geteuid has no preconditions.
     ensure!(
-        unsafe { geteuid() } == 0,
+        unsafe { libc::geteuid() } == 0,
         "not root (the tracer in the container loads eBPF programs)"
     );
     ensure!(
@@ -196,10 +196,6 @@ fn preflight() -> Result<()> {
         String::from_utf8_lossy(&info.stderr).trim()
     );
     Ok(())
-}
-
-unsafe extern "C" {
-    fn geteuid() -> u32;
 }
 
 /// Fills the build context: the binaries, their shared libraries under rootfs/ at the
