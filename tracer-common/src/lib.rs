@@ -49,6 +49,29 @@ pub mod map_names {
     pub const TARGETS: &str = "TARGETS";
     /// Latency totals per process ([`super::LatencyProcessKey`]).
     pub const LATENCY_BY_PROCESS: &str = "LATENCY_BY_PROCESS";
+    /// Every name above, for the test that each is in the eBPF object.
+    pub const ALL: &[&str] = &[
+        USDT_SPECS,
+        USDT_EVENTS,
+        LATENCY_STARTS,
+        LATENCY_HIST,
+        LATENCY_STATS,
+        PROBE_HITS,
+        OFFCPU_STARTS,
+        OFFCPU_TIME,
+        TASK_STATES,
+        TASK_TIME,
+        ONCPU_SAMPLES,
+        STACKS,
+        COUNTERS,
+        CONTROL,
+        UNWIND_SAMPLES,
+        OFFCPU_SNAPSHOTS,
+        SNAPSHOT_SEQ,
+        SNAPSHOT_CHECKS,
+        TARGETS,
+        LATENCY_BY_PROCESS,
+    ];
 }
 
 /// Names of the eBPF programs (their function names in `tracer-ebpf`).
@@ -80,6 +103,20 @@ pub mod program_names {
     /// `sched_process_exec`: a process that starts the `--exe` file (or takes the
     /// `--comm` name) becomes a target.
     pub const PROCESS_EXEC: &str = "process_exec";
+    /// Every name above, for the test that each is in the eBPF object.
+    pub const ALL: &[&str] = &[
+        USDT,
+        USDT_TASK,
+        USDT_EVENT,
+        USDT_EVENT_FEW,
+        SCHED_SWITCH,
+        ONCPU_SAMPLE,
+        ONCPU_SAMPLE_DWARF,
+        SCHED_SWITCH_DWARF,
+        THREAD_REGS,
+        PROCESS_FORK,
+        PROCESS_EXEC,
+    ];
 }
 
 /// Names of the read-only globals fixed before load.
@@ -131,6 +168,35 @@ pub mod global_names {
     pub const UPID_SIZE: &str = "UPID_SIZE";
     pub const UPID_NS_OFFSET: &str = "UPID_NS_OFFSET";
     pub const PID_NS_INUM_OFFSET: &str = "PID_NS_INUM_OFFSET";
+    /// Every name above, for the test that each is in the eBPF object.
+    pub const ALL: &[&str] = &[
+        TARGET_TGID,
+        TARGET_START_TICKS,
+        TARGET_FILTER,
+        MIN_BLOCK_NS,
+        TASK_PID_OFFSET,
+        TASK_TGID_OFFSET,
+        TASK_GROUP_LEADER_OFFSET,
+        TASK_START_BOOTTIME_OFFSET,
+        TASK_COMM_OFFSET,
+        BPRM_FILE_OFFSET,
+        FILE_INODE_OFFSET,
+        INODE_INO_OFFSET,
+        INODE_SB_OFFSET,
+        SB_DEV_OFFSET,
+        TARGET_MATCH,
+        MATCH_EXE_DEV,
+        MATCH_EXE_INO,
+        MATCH_COMM,
+        CLOCK_TICK_NS,
+        PID_NS_INO,
+        TASK_THREAD_PID_OFFSET,
+        PID_LEVEL_OFFSET,
+        PID_NUMBERS_OFFSET,
+        UPID_SIZE,
+        UPID_NS_OFFSET,
+        PID_NS_INUM_OFFSET,
+    ];
 }
 
 /// Bits of the `TARGET_FILTER` global: which programs look processes up in `TARGETS`.
@@ -169,6 +235,9 @@ pub struct TargetProcess {
     /// Bits of [`target_flags`].
     pub flags: u32,
     pub _pad: u32,
+    /// Its name when it joined (the kernel's `comm`, zero-padded): a process that exits
+    /// before user space looks at it is still named.
+    pub comm: [u8; 16],
 }
 
 /// Key of `LATENCY_BY_PROCESS`: one latency in one process.

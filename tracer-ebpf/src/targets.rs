@@ -137,6 +137,7 @@ pub fn on_fork(ctx: &BtfTracePointContext) {
         start_ticks: start_ns / setting(&CLOCK_TICK_NS).max(1),
         flags: parent.flags,
         _pad: 0,
+        comm: comm_of(child),
     };
     if TARGETS.insert(&child_tgid, &target, 0).is_err() {
         count(counter::MAP_FULL);
@@ -161,10 +162,13 @@ pub fn on_exec(ctx: &BtfTracePointContext) {
             let _ = TARGETS.remove(&tgid);
         }
         None if matches => {
+            // SAFETY: bpf_get_current_task returns the running task.
+            let task = unsafe { bpf_get_current_task() } as *const u8;
             let target = TargetProcess {
                 start_ticks: current_start_ticks(),
                 flags: target_flags::FOLLOW_FORKS | target_flags::BY_MATCH,
                 _pad: 0,
+                comm: comm_of(task),
             };
             if TARGETS.insert(&tgid, &target, 0).is_err() {
                 count(counter::MAP_FULL);
@@ -196,16 +200,20 @@ fn runs_exe(bprm: *const u8) -> bool {
         .is_some_and(|dev| u64::from(dev) == setting(&MATCH_EXE_DEV))
 }
 
+/// `task`'s name (`comm`), zeros if unreadable.
+#[inline(always)]
+fn comm_of(task: *const u8) -> [u8; 16] {
+    let field = task.wrapping_add(setting(&TASK_COMM_OFFSET) as usize) as *const [u8; 16];
+    // SAFETY: bpf_probe_read_kernel validates the address.
+    unsafe { bpf_probe_read_kernel(field) }.unwrap_or([0; 16])
+}
+
 /// Whether the current task's name is the `--comm` name (both zero-padded to 16 bytes).
 #[inline(always)]
 fn has_comm() -> bool {
-    // SAFETY: bpf_get_current_task returns the running task; the read is validated.
+    // SAFETY: bpf_get_current_task returns the running task.
     let task = unsafe { bpf_get_current_task() } as *const u8;
-    let field = task.wrapping_add(setting(&TASK_COMM_OFFSET) as usize) as *const [u8; 16];
-    // SAFETY: bpf_probe_read_kernel validates the address.
-    let Ok(comm) = (unsafe { bpf_probe_read_kernel(field) }) else {
-        return false;
-    };
+    let comm = comm_of(task);
     let wanted = setting(&MATCH_COMM);
     let mut i = 0;
     while i < 16 {

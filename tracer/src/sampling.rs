@@ -160,8 +160,8 @@ impl WallClockSampler {
     /// while they run) and names the targets' new threads; call every [`OBSERVE_PERIOD`].
     pub fn observe_targets(&self, processes: &mut Processes) {
         if let Some(targets) = &self.targets {
-            for pid in targets.pids() {
-                processes.observe(pid);
+            for (pid, name) in targets.named() {
+                processes.observe_named(pid, Some(&name));
             }
         }
         // System-wide, every process is known: names are read once a second.

@@ -408,9 +408,10 @@ impl TargetTracker {
         Self { spec, targets }
     }
 
-    /// Every process traced so far (some may have exited).
-    pub fn pids(&self) -> Vec<u32> {
-        self.targets.pids()
+    /// Every process traced so far (some may have exited), with the name it had when
+    /// it joined.
+    pub fn named(&self) -> Vec<(u32, String)> {
+        self.targets.named()
     }
 
     /// Runs until every target has exited (when the set [ends with its

@@ -73,11 +73,26 @@ pub struct Processes {
 impl Processes {
     /// Captures `tgid`'s name, mappings and thread names unless already known.
     pub fn observe(&mut self, tgid: u32) {
-        if self.processes.contains_key(&tgid) {
+        self.observe_named(tgid, None);
+    }
+
+    /// [`Processes::observe`], with the name to give it if it already exited (as the
+    /// kernel recorded it).
+    pub fn observe_named(&mut self, tgid: u32, known_name: Option<&str>) {
+        if let Some(info) = self.processes.get_mut(&tgid) {
+            // Seen first after it exited, through a late stack snapshot: now it has a name.
+            if let Some(name) = known_name.filter(|n| !n.is_empty())
+                && info.maps.is_none()
+                && info.name.starts_with("[pid ")
+            {
+                info.name = name.to_string();
+            }
             return;
         }
-        let name =
-            read_name(&format!("/proc/{tgid}/comm")).unwrap_or_else(|_| format!("[pid {tgid}]"));
+        let name = read_name(&format!("/proc/{tgid}/comm")).unwrap_or_else(|_| match known_name {
+            Some(name) if !name.is_empty() => name.to_string(),
+            _ => format!("[pid {tgid}]"),
+        });
         let maps = ProcessMaps::capture(tgid).ok();
         self.threads.refresh(tgid);
         let namespace_pid = procfs::namespace_pid(tgid);

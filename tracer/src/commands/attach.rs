@@ -1,7 +1,7 @@
-//! `tracer attach --pid PID`: GC and other latencies from the target's USDT probes, its
-//! runtime tasks, and the wall-clock profile of its threads (on-CPU samples and off-CPU
-//! time, as `tracer profile` takes it), until the duration ends, Ctrl-C, or the target
-//! exits.
+//! `tracer attach --pid PID` (or a service: `--children`, `--exe`, `--comm`, `--cgroup`):
+//! GC and other latencies from the targets' USDT probes, their runtime tasks, and the
+//! wall-clock profile of their threads (on-CPU samples and off-CPU time, as `tracer
+//! profile` takes it), until the duration ends, Ctrl-C, or the targets exit.
 
 use std::{
     path::Path,
@@ -64,12 +64,12 @@ pub fn run(config: AttachConfig) -> Result<()> {
             let name = procfs::read_name(Path::new(&comm)).map_err(|e| {
                 on_target(anyhow::Error::new(e).context(format!("cannot read {comm}")))
             })?;
-            Target {
+            Subject {
                 pid: Some(pid),
                 name,
             }
         }
-        None => Target {
+        None => Subject {
             pid: None,
             name: spec.to_string(),
         },
@@ -206,7 +206,14 @@ pub fn run(config: AttachConfig) -> Result<()> {
     sampler.detach(&mut loader, &mut processes)?;
     stop::restore_default_signals();
     let traced: Vec<u32> = match &tracker {
-        Some(tracker) => tracker.pids(),
+        Some(tracker) => {
+            let named = tracker.named();
+            // A process that exited before it was looked at keeps the kernel's name.
+            for (pid, name) in &named {
+                processes.observe_named(*pid, Some(name));
+            }
+            named.into_iter().map(|(pid, _)| pid).collect()
+        }
         None => pids.clone(),
     };
     drop(tracker);
@@ -283,12 +290,12 @@ pub fn run(config: AttachConfig) -> Result<()> {
 }
 
 /// What the report is about: one process (its PID and name), or a set (its description).
-struct Target {
+struct Subject {
     pid: Option<u32>,
     name: String,
 }
 
-impl Target {
+impl Subject {
     /// For the status line: `process 42 (name)`, or the set and how many it has now.
     fn describe(&self, processes: usize, can_grow: bool) -> String {
         match self.pid {
@@ -359,7 +366,7 @@ fn collect(
     loader: &Loader,
     plan: &ProbePlan,
     config: &AttachConfig,
-    target: &Target,
+    target: &Subject,
     traced: Vec<TracedProcess>,
     processes: &Processes,
     symbolizer: &mut StackSymbolizer,

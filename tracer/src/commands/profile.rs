@@ -1,10 +1,11 @@
-//! `tracer profile [--pid PID]`: a wall-clock profile. On-CPU stacks sampled at a fixed
-//! frequency on every CPU and off-CPU (blocked) time from `sched_switch`, of one process
-//! or of every process, until the duration ends, Ctrl-C, or the target exits.
+//! `tracer profile [--pid PID ...]`: a wall-clock profile. On-CPU stacks sampled at a
+//! fixed frequency on every CPU and off-CPU (blocked) time from `sched_switch`, of the
+//! selected processes (see [`crate::targets`]) or of every process, until the duration
+//! ends, Ctrl-C, or the targets exit.
 //!
-//! With `--pid`, every thread of the target is marked off CPU when profiling starts
-//! (running threads replace the mark at their next switch), so threads blocked since
-//! before are accounted, under a `[blocked since before profiling started]` frame.
+//! Every thread of the processes selected at the start is marked off CPU when profiling
+//! starts, under the stacks it is blocked in (running threads replace the mark at their
+//! next switch), so threads blocked since before are accounted.
 //!
 //! Outputs in the output directory: `wallclock.{svg,folded}` (both together; blocked
 //! stacks end in an `[off-cpu]` frame), `oncpu.{svg,folded}`, `offcpu.{svg,folded}`,

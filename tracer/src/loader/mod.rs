@@ -1150,6 +1150,26 @@ fn attach_error(target: &UsdtAttachment, source: std::io::Error) -> LoaderError 
 mod tests {
     use super::*;
 
+    /// A name in `tracer-common` that the eBPF object lacks would only fail at run time
+    /// (a map not found), or silently (a global whose setting is never applied).
+    #[test]
+    fn every_shared_name_is_in_the_embedded_object() {
+        use ::object::{Object as _, ObjectSymbol as _};
+        let parsed = aya_obj::Object::parse(EBPF_OBJECT).expect("the embedded object parses");
+        for name in map_names::ALL {
+            assert!(parsed.maps.contains_key(*name), "no map {name}");
+        }
+        for name in program_names::ALL {
+            assert!(parsed.programs.contains_key(*name), "no program {name}");
+        }
+        let elf = ::object::File::parse(EBPF_OBJECT).expect("the embedded object is ELF");
+        let symbols: std::collections::HashSet<&str> =
+            elf.symbols().filter_map(|s| s.name().ok()).collect();
+        for name in global_names::ALL {
+            assert!(symbols.contains(name), "no global {name}");
+        }
+    }
+
     #[test]
     fn reads_the_start_time_from_proc_stat() {
         let line = "42 (a (weird) name) S 1 42 42 0 -1 4194560 100 0 0 0 5 3 0 0 20 0 1 0 \

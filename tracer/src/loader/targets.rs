@@ -38,10 +38,17 @@ impl TargetsMap {
             let Ok(start_ticks) = process_start_ticks(member.pid) else {
                 continue;
             };
+            let mut comm = [0; 16];
+            if let Ok(name) = std::fs::read(format!("/proc/{}/comm", member.pid)) {
+                let name = name.strip_suffix(b"\n").unwrap_or(&name);
+                let len = name.len().min(15);
+                comm[..len].copy_from_slice(&name[..len]);
+            }
             let target = TargetProcess {
                 start_ticks,
                 flags: member.flags,
                 _pad: 0,
+                comm,
             };
             self.map
                 .insert(member.pid, target, 0)
@@ -64,6 +71,24 @@ impl TargetsMap {
         let mut pids: Vec<u32> = self.map.keys().flatten().collect();
         pids.sort_unstable();
         pids
+    }
+
+    /// Every process traced now or before, with the name it had when it joined.
+    pub fn named(&self) -> Vec<(u32, String)> {
+        let mut named: Vec<(u32, String)> = self
+            .map
+            .iter()
+            .flatten()
+            .map(|(pid, target)| {
+                let len = target.comm.iter().position(|&b| b == 0).unwrap_or(16);
+                (
+                    pid,
+                    String::from_utf8_lossy(&target.comm[..len]).into_owned(),
+                )
+            })
+            .collect();
+        named.sort();
+        named
     }
 
     /// Whether any target is still running: the same PID, started at the same time.
