@@ -373,25 +373,6 @@ pub fn cgroup_processes(path: &Path) -> Result<Vec<u32>> {
     Ok(pids)
 }
 
-/// Adds to `map` the processes of `spec` that started between [`TargetSpec::find`] and
-/// the kernel following forks and executions (the loader starts that when it loads).
-pub fn catch_up(spec: &TargetSpec, map: &mut crate::loader::TargetsMap) {
-    if !spec.can_grow() {
-        return;
-    }
-    let known = map.pids();
-    if let Ok(now) = spec.find() {
-        let new: Vec<Member> = now
-            .members
-            .into_iter()
-            .filter(|m| !known.contains(&m.pid))
-            .collect();
-        if let Err(e) = map.add_members(&new) {
-            log::warn!("cannot add processes to the targets: {e}");
-        }
-    }
-}
-
 /// While a trace runs: adds the processes that joined the `--cgroup` since (the kernel
 /// only sees forks), and ends the trace when every target has exited, for a set that
 /// cannot get new members.
@@ -404,8 +385,32 @@ pub struct TargetTracker {
 const TRACK_PERIOD: Duration = Duration::from_millis(200);
 
 impl TargetTracker {
-    pub fn new(spec: TargetSpec, targets: crate::loader::TargetsMap) -> Self {
-        Self { spec, targets }
+    /// The tracker a set of processes needs (`None` for one process alone, or every
+    /// process), with the processes of `spec` that started between [`TargetSpec::find`]
+    /// and the kernel following forks and executions (from [`Loader::load`]) added.
+    ///
+    /// [`Loader::load`]: crate::loader::Loader::load
+    pub fn for_set(
+        spec: &TargetSpec,
+        loader: &crate::loader::Loader,
+    ) -> anyhow::Result<Option<Self>> {
+        if spec.is_everything() || spec.single_pid().is_some() {
+            return Ok(None);
+        }
+        let mut targets = loader.targets_map()?;
+        let known = targets.pids();
+        if let Ok(now) = spec.find() {
+            let new: Vec<Member> = now
+                .members
+                .into_iter()
+                .filter(|m| !known.contains(&m.pid))
+                .collect();
+            targets.add_members(&new)?;
+        }
+        Ok(Some(Self {
+            spec: spec.clone(),
+            targets,
+        }))
     }
 
     /// Every process traced so far (some may have exited), with the name it had when
@@ -431,6 +436,14 @@ impl TargetTracker {
                 return Ok(StopReason::TargetExited);
             }
         }
+    }
+}
+
+/// Runs `tracker` ([`TargetTracker::run`]); without one, never finishes.
+pub async fn track(tracker: Option<&mut TargetTracker>) -> io::Result<StopReason> {
+    match tracker {
+        Some(tracker) => tracker.run().await,
+        None => std::future::pending().await,
     }
 }
 

@@ -138,14 +138,7 @@ pub fn run(config: AttachConfig) -> Result<()> {
         ..Settings::default()
     })
     .map_err(|e| on_target(e.into()))?;
-    let mut tracker = match single {
-        Some(_) => None,
-        None => {
-            let mut map = loader.targets_map()?;
-            targets::catch_up(spec, &mut map);
-            Some(TargetTracker::new(spec.clone(), map))
-        }
-    };
+    let mut tracker = TargetTracker::for_set(spec, &loader)?;
     loader
         .attach_usdt_sites(&plan.usdt_sites(), warm_up)
         .map_err(|e| on_target(e.into()))?;
@@ -189,12 +182,7 @@ pub fn run(config: AttachConfig) -> Result<()> {
         config.duration,
         stop::either(
             sampling::run_sampler(&mut sampler, &loader, &mut processes),
-            async {
-                match tracker.as_mut() {
-                    Some(tracker) => tracker.run().await,
-                    None => std::future::pending().await,
-                }
-            },
+            targets::track(tracker.as_mut()),
         ),
     ))?;
 

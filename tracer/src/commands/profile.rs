@@ -79,14 +79,7 @@ pub fn run(config: ProfileConfig) -> Result<()> {
         map_sizes: config.map_sizes,
         ..Settings::default()
     })?;
-    let mut tracker = match (&targets, single) {
-        (Some(_), None) => {
-            let mut map = loader.targets_map()?;
-            targets::catch_up(spec, &mut map);
-            Some(TargetTracker::new(spec.clone(), map))
-        }
-        _ => None,
-    };
+    let mut tracker = TargetTracker::for_set(spec, &loader)?;
     let mut sampler =
         WallClockSampler::attach(&mut loader, targets.as_ref(), sampling, &processes)?;
     let start_unix_ns = SystemTime::now()
@@ -119,12 +112,7 @@ pub fn run(config: ProfileConfig) -> Result<()> {
         config.duration,
         stop::either(
             sampling::run_sampler(&mut sampler, &loader, &mut processes),
-            async {
-                match tracker.as_mut() {
-                    Some(tracker) => tracker.run().await,
-                    None => std::future::pending().await,
-                }
-            },
+            targets::track(tracker.as_mut()),
         ),
     ))?;
 

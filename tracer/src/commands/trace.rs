@@ -104,14 +104,7 @@ pub fn run(config: TraceConfig) -> Result<()> {
         },
         ..Settings::default()
     })?;
-    let mut tracker = match (&targets, single) {
-        (Some(_), None) => {
-            let mut map = loader.targets_map()?;
-            targets::catch_up(&spec, &mut map);
-            Some(TargetTracker::new(spec.clone(), map))
-        }
-        _ => None,
-    };
+    let mut tracker = TargetTracker::for_set(&spec, &loader)?;
     loader
         .attach_usdt_sites(&plan.usdt_sites(), warm_up)
         .map_err(|e| on_target(e.into()))?;
@@ -160,12 +153,10 @@ pub fn run(config: TraceConfig) -> Result<()> {
             signals,
             watch,
             config.duration,
-            stop::either(pump(&mut events, &mut printer, &out), async {
-                match tracker.as_mut() {
-                    Some(tracker) => tracker.run().await,
-                    None => std::future::pending().await,
-                }
-            }),
+            stop::either(
+                pump(&mut events, &mut printer, &out),
+                targets::track(tracker.as_mut()),
+            ),
         )
         .await?;
         Ok::<_, std::io::Error>((reason, events.into_inner()))
