@@ -4,7 +4,8 @@
 //! also for samples taken in the kernel, in a system call made through glibc, and for
 //! off-CPU stacks (blocked in nanosleep through glibc). Built the other way round (frame
 //! pointers, no unwind tables), the frames DWARF unwinding had to find with frame
-//! pointers are marked as such.
+//! pointers are marked as such. Code running in a signal handler unwinds through the
+//! signal frame to the code the signal interrupted.
 
 mod common;
 
@@ -48,6 +49,42 @@ fn compile_demo(name: &str, flags: &[&str]) -> PathBuf {
 
 /// Profiles one nofp-demo run (1.5 s; `workload` is `spin`, `read` or `sleep`) with
 /// `--unwind METHOD`; returns the tracer's stdout and the on-CPU folded stacks.
+/// Everything runs inside a signal handler (on CPU and in 2 ms sleeps): its stacks go
+/// through the kernel's signal frame (glibc's `__restore_rt`) down to the interrupted
+/// chain from `main`, on CPU and off CPU alike.
+#[test]
+fn dwarf_unwinds_through_signal_frames() {
+    if !privileged() {
+        return;
+    }
+    let (out, folded) = profile_view(nofp_demo(), "dwarf", "signal", "wallclock");
+    let mut handler = 0;
+    let mut through = 0;
+    let mut blocked_through = 0;
+    for line in folded.lines() {
+        let (stack, weight) = line.rsplit_once(' ').unwrap();
+        let weight: u64 = weight.parse().unwrap();
+        if !stack.contains("handler_leaf") {
+            continue;
+        }
+        handler += weight;
+        if stack.contains(&format!("{CHAIN};")) && stack.contains("_start") {
+            through += weight;
+            blocked_through += weight * u64::from(stack.ends_with("[off-cpu]"));
+        }
+    }
+    eprintln!("{out}");
+    assert!(
+        handler > 1_000_000,
+        "too little time in the handler:\n{folded}"
+    );
+    assert!(
+        through * 100 >= handler * 95,
+        "only {through} of {handler} us in the handler reach main through the signal frame\n{folded}"
+    );
+    assert!(blocked_through > 300_000, "blocked time too:\n{folded}");
+}
+
 fn profile(method: &str, workload: &str) -> (String, String) {
     profile_view(nofp_demo(), method, workload, "oncpu")
 }

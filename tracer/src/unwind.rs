@@ -273,7 +273,40 @@ struct ProcessUnwinder {
     mappings: usize,
 }
 
+/// The signal return trampoline (glibc's `__restore_rt`, musl's `__restore_rt` alike):
+/// `mov $15, %rax; syscall` (rt_sigreturn). A signal handler returns into it.
+const SIGRETURN_CODE: [u8; 9] = [0x48, 0xc7, 0xc0, 0x0f, 0x00, 0x00, 0x00, 0x0f, 0x05];
+
+/// In the kernel's `struct rt_sigframe` on x86-64, after the return address: the
+/// `ucontext`, whose `uc_mcontext` (`struct sigcontext`) starts 40 bytes in and holds
+/// the interrupted `rbp`, `rsp` and `rip` at 80, 120 and 128.
+const SIGFRAME_RBP: u64 = 8 + 40 + 80;
+const SIGFRAME_RSP: u64 = 8 + 40 + 120;
+const SIGFRAME_RIP: u64 = 8 + 40 + 128;
+
+/// How many nested signal frames one stack is unwound through.
+const MAX_SIGNAL_FRAMES: usize = 4;
+
 impl ProcessUnwinder {
+    /// Whether `avma` is the start of a signal return trampoline: the frame below is the
+    /// context the signal interrupted, saved on the stack.
+    fn is_sigreturn(&self, avma: u64) -> bool {
+        self.modules
+            .iter()
+            .find(|(range, _, _)| range.contains(&avma))
+            .is_some_and(|(_, base, tables)| {
+                let svma = avma.wrapping_sub(*base);
+                let (Some(range), Some(text)) = (&tables.sections.text_svma, &tables.sections.text)
+                else {
+                    return false;
+                };
+                range.contains(&svma)
+                    && usize::try_from(svma - range.start).is_ok_and(|at| {
+                        text.get(at..at + SIGRETURN_CODE.len()) == Some(&SIGRETURN_CODE[..])
+                    })
+            })
+    }
+
     /// Whether call frame information covers `avma` (else framehop follows the frame
     /// pointer to find its caller).
     fn has_cfi(&self, avma: u64) -> bool {
@@ -391,10 +424,17 @@ impl DwarfUnwinder {
         }
         let process = &self.processes[&snapshot.tgid];
         let (sp, stack) = (snapshot.sp, snapshot.stack);
+        // The last few words read, to find where a signal frame starts.
+        let recent: std::cell::RefCell<Vec<(u64, u64)>> = Default::default();
         let mut read_stack = |addr: u64| -> Result<u64, ()> {
             let at = usize::try_from(addr.checked_sub(sp).ok_or(())?).map_err(|_| ())?;
             let bytes = stack.get(at..at.checked_add(8).ok_or(())?).ok_or(())?;
             let value = u64::from_le_bytes(bytes.try_into().map_err(|_| ())?);
+            let mut recent = recent.borrow_mut();
+            if recent.len() == 4 {
+                recent.remove(0);
+            }
+            recent.push((addr, value));
             let n = reads.count as usize;
             if n < MAX_SNAPSHOT_CHECKS {
                 reads.offsets[n] = at as u32;
@@ -403,42 +443,80 @@ impl DwarfUnwinder {
             }
             Ok(value)
         };
-        let regs = UnwindRegsX86_64::new(snapshot.ip, snapshot.sp, snapshot.bp);
-        let mut iter =
-            process
-                .unwinder
-                .iter_frames(snapshot.ip, regs, &mut self.cache, &mut read_stack);
         let mut unwound = UnwoundStack::default();
         let mut end = UnwindEnd::Complete;
-        // The address whose unwind rule found the next frame: the instruction pointer,
-        // then each return address minus one (the call instruction).
-        let mut lookup = snapshot.ip;
-        loop {
-            match iter.next() {
-                Ok(Some(frame)) => {
-                    let first = unwound.addrs.is_empty();
-                    unwound
-                        .by_frame_pointer
-                        .push(!first && !process.has_cfi(lookup));
-                    unwound.addrs.push(frame.address());
-                    lookup = frame.address_for_lookup();
+        let (mut ip, mut regs) = (
+            snapshot.ip,
+            UnwindRegsX86_64::new(snapshot.ip, snapshot.sp, snapshot.bp),
+        );
+        // A stack with signal handlers running unwinds in parts: down to the signal
+        // return trampoline, then from the interrupted registers the kernel saved on the
+        // stack (framehop does not unwind through signal frames).
+        for _ in 0..=MAX_SIGNAL_FRAMES {
+            let mut iter = process
+                .unwinder
+                .iter_frames(ip, regs, &mut self.cache, &mut read_stack);
+            // The address whose unwind rule found the next frame: the instruction
+            // pointer, then each return address minus one (the call instruction).
+            let mut lookup = ip;
+            let mut first = true;
+            let mut sigreturn = None;
+            loop {
+                match iter.next() {
+                    Ok(Some(frame)) => {
+                        unwound
+                            .by_frame_pointer
+                            .push(!first && !process.has_cfi(lookup));
+                        unwound.addrs.push(frame.address());
+                        lookup = frame.address_for_lookup();
+                        if !first && process.is_sigreturn(frame.address()) {
+                            sigreturn = Some(frame.address());
+                            break;
+                        }
+                        first = false;
+                    }
+                    Ok(None) => break,
+                    Err(framehop::Error::CouldNotReadStack(addr)) => {
+                        log::debug!("unwinding ran out of stack at {addr:#x}");
+                        end = UnwindEnd::OutOfStack;
+                        break;
+                    }
+                    Err(e) => {
+                        log::debug!("unwinding stopped: {e}");
+                        end = UnwindEnd::Truncated;
+                        break;
+                    }
                 }
-                Ok(None) => break,
-                Err(framehop::Error::CouldNotReadStack(addr)) => {
-                    log::debug!("unwinding ran out of stack at {addr:#x}");
+                if unwound.addrs.len() >= MAX_STACK_DEPTH {
                     end = UnwindEnd::OutOfStack;
                     break;
                 }
-                Err(e) => {
-                    log::debug!("unwinding stopped: {e}");
-                    end = UnwindEnd::Truncated;
-                    break;
-                }
             }
-            if unwound.addrs.len() >= MAX_STACK_DEPTH {
+            let Some(trampoline) = sigreturn else {
+                break;
+            };
+            // The handler's return address was read from the signal frame's first word:
+            // the saved context follows it.
+            let slot = recent
+                .borrow()
+                .iter()
+                .rev()
+                .find(|(_, v)| *v == trampoline)
+                .map(|r| r.0);
+            let Some(frame) = slot else {
+                end = UnwindEnd::Truncated;
+                break;
+            };
+            let mut saved = |offset: u64| read_stack(frame + offset);
+            let (Ok(rip), Ok(rsp), Ok(rbp)) = (
+                saved(SIGFRAME_RIP),
+                saved(SIGFRAME_RSP),
+                saved(SIGFRAME_RBP),
+            ) else {
                 end = UnwindEnd::OutOfStack;
                 break;
-            }
+            };
+            (ip, regs) = (rip, UnwindRegsX86_64::new(rip, rsp, rbp));
         }
         if unwound.addrs.is_empty() {
             unwound.addrs.push(snapshot.ip);
