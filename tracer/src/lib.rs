@@ -9,8 +9,10 @@
 //! - `runtimes`: the runtimes recognised by their probes and what is measured for each;
 //! - `sampling`: on-CPU sampling and off-CPU accounting attached and driven for a
 //!   wall-clock profile (`profile` and `attach` alike);
-//! - `histogram`, `offcpu`, `tasks`, `wallclock`: aggregation of what the kernel collected
+//! - `histogram`, `tasks`, `wallclock`: aggregation of what the kernel collected
 //!   (`wallclock` also writes pprof and speedscope files);
+//! - `stacks`: naming recorded stacks as frames (user, kernel, process; the `_[k]` and
+//!   ` [fp]` marks), the one home of stack naming;
 //! - `symbolize`: naming addresses (blazesym);
 //! - `threads`: what each thread of a process is doing now, read from /proc (`tracer stacks`);
 //! - `unwind`: DWARF unwinding of user stack snapshots (framehop), for binaries without
@@ -28,7 +30,6 @@ pub mod console;
 pub mod histogram;
 pub mod launch;
 pub mod loader;
-pub mod offcpu;
 pub mod oserror;
 pub mod privileges;
 pub mod probe_plan;
@@ -37,6 +38,7 @@ pub mod render;
 pub mod report;
 pub mod runtimes;
 pub mod sampling;
+pub mod stacks;
 pub mod stop;
 pub mod symbolize;
 pub mod targets;

@@ -6,6 +6,8 @@
 
 use std::{io, path::Path};
 
+use foldhash::HashMap;
+
 use thiserror::Error;
 
 /// Why a process's /proc entries cannot be read, when the process is the reason.
@@ -191,6 +193,52 @@ fn parse_namespace_pid(status: &str) -> Option<u32> {
     match numbers.as_slice() {
         [_, .., inner] => Some(*inner),
         _ => None,
+    }
+}
+
+/// Names of a process's threads, remembered while it runs.
+#[derive(Debug, Default)]
+pub struct ThreadNames {
+    names: HashMap<u32, String>,
+}
+
+impl ThreadNames {
+    /// Reads the names of every current thread of `pid` (threads seen before are kept).
+    pub fn refresh(&mut self, pid: u32) {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            return;
+        };
+        for task in tasks.flatten() {
+            let Some(tid) = task.file_name().to_str().and_then(|t| t.parse().ok()) else {
+                continue;
+            };
+            if let Ok(comm) = read_name(&task.path().join("comm")) {
+                self.names.insert(tid, comm);
+            }
+        }
+    }
+
+    /// Reads the names of the threads of `pid` not seen before: one directory listing
+    /// when there are none, so it can run often (short-lived threads are named too).
+    pub fn add_new(&mut self, pid: u32) {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            return;
+        };
+        for task in tasks.flatten() {
+            let Some(tid) = task.file_name().to_str().and_then(|t| t.parse().ok()) else {
+                continue;
+            };
+            if self.names.contains_key(&tid) {
+                continue;
+            }
+            if let Ok(comm) = read_name(&task.path().join("comm")) {
+                self.names.insert(tid, comm);
+            }
+        }
+    }
+
+    pub fn get(&self, tid: u32) -> Option<&str> {
+        self.names.get(&tid).map(String::as_str)
     }
 }
 

@@ -9,10 +9,10 @@ use tracer_common::LatencyStats;
 use crate::{
     histogram::LatencyHistogram,
     loader::ProbeHitTotals,
-    offcpu::OffCpuProfile,
     probe_plan::ProbeInfo,
     render::{
         ViewFiles, escape_text,
+        flamegraph::FoldedStacks,
         hist::{MICROSECONDS, format_ns, render_latency, summary_json},
         views::ProfileFiles,
     },
@@ -22,6 +22,17 @@ use crate::{
     unwind::UnwindStats,
     wallclock::{OFF_CPU_FRAME, RUNNABLE_FRAME, WallClockProfile, thread_table},
 };
+
+/// What the off-CPU profile holds and what could not be recorded.
+#[derive(Debug, Default)]
+pub struct OffCpuProfile {
+    /// Weights in microseconds.
+    pub folded: FoldedStacks,
+    pub total_ns: u64,
+    pub intervals: u64,
+    /// Intervals whose user or kernel stack could not be captured.
+    pub missing_stacks: u64,
+}
 
 /// Runtime tasks: the profile and where its flamegraph went (`None`: not written).
 pub struct TaskReport {

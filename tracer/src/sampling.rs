@@ -16,14 +16,12 @@ use tracer_common::{
 use crate::{
     cli::{Sampling, UnwindMethod},
     loader::{Features, Loader, Settings, TargetsMap},
-    offcpu::StackSource,
+    stacks::{FRAME_POINTER_SUFFIX, StackSource},
     stop::{self, StopReason},
     symbolize::StackSymbolizer,
     targets::KernelTargets,
     threads::{self, SnapshotOptions, ThreadState},
-    unwind::{
-        DwarfUnwinder, FRAME_POINTER_SUFFIX, Snapshot, UnwindStats, UnwoundStack, WithUnwound,
-    },
+    unwind::{DwarfUnwinder, Snapshot, UnwindStats, UnwoundStack, WithUnwound},
     wallclock::{self, BuildOptions, FIRST_SEEDED_ID, Processes, RawProfile, WallClockProfile},
 };
 

@@ -6,10 +6,10 @@ use std::collections::HashMap;
 use tracer_common::{OffCpuTotal, TaskId, TaskKey, TaskState, task_phase};
 
 use crate::{
-    offcpu::{StackSource, user_stack_frames},
     render::flamegraph::FoldedStacks,
+    stacks::{StackSource, process_frame, user_stack_frames},
     symbolize::StackSymbolizer,
-    wallclock::{Processes, process_frame},
+    wallclock::Processes,
 };
 
 /// One task's totals.

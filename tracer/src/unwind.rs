@@ -13,7 +13,6 @@
 //! are counted per thread and given ids of their own, so the rest of the profile names
 //! them like the kernel's stacks ([`WithUnwound`]).
 
-use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fs::File;
 use std::ops::Range;
@@ -28,10 +27,7 @@ use tracer_common::{
     UNWIND_STACK_BYTES,
 };
 
-use crate::{
-    offcpu::StackSource,
-    symbolize::{Frame, ProcessMaps},
-};
+use crate::{stacks::StackSource, symbolize::ProcessMaps};
 
 /// Ids given to unwound on-CPU stacks start here, far above the kernel's stack map ids
 /// and below the off-CPU snapshot ids ([`FIRST_SNAPSHOT_ID`]).
@@ -49,10 +45,6 @@ pub struct UnwoundStack {
 
 /// Unwound user stacks by their ids.
 pub type UnwoundStacks = HashMap<i32, UnwoundStack>;
-
-/// Appended to the name of a frame found by following frame pointers in a profile
-/// otherwise unwound with call frame information.
-pub const FRAME_POINTER_SUFFIX: &str = " [fp]";
 
 /// Byte offsets of the fields of [`tracer_common::UnwindSample`].
 const TGID_AT: usize = 0;
@@ -623,31 +615,6 @@ impl<S: StackSource> StackSource for WithUnwound<'_, S> {
     }
 }
 
-/// Names of the user frames of one stack, suffixed with [`FRAME_POINTER_SUFFIX`] where
-/// found by frame pointers: `frames` as the symbolizer gives them for the stack's
-/// addresses (inlined functions first, then the function of each address),
-/// `by_frame_pointer` per address (empty: no suffixes).
-pub fn user_frame_names<'f>(
-    frames: impl IntoIterator<Item = &'f Frame>,
-    by_frame_pointer: &[bool],
-) -> Vec<Cow<'f, str>> {
-    let mut address = 0;
-    frames
-        .into_iter()
-        .map(|frame| {
-            let fp = by_frame_pointer.get(address).copied().unwrap_or(false);
-            if !frame.inlined {
-                address += 1;
-            }
-            if fp {
-                Cow::Owned(format!("{}{FRAME_POINTER_SUFFIX}", frame.name))
-            } else {
-                Cow::Borrowed(frame.name.as_str())
-            }
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -738,34 +705,6 @@ mod tests {
         let here = knows_which_code_has_call_frame_information as *const () as u64;
         assert!(process.has_cfi(here));
         assert!(!process.has_cfi(16));
-    }
-
-    #[test]
-    fn marks_frames_found_by_frame_pointers() {
-        let frame = |name: &str, inlined| Frame {
-            name: name.to_string(),
-            module: None,
-            inlined,
-        };
-        // Three addresses: `leaf`; `helper` inlined into `middle`; `main`.
-        let frames = vec![
-            frame("leaf", false),
-            frame("helper", true),
-            frame("middle", false),
-            frame("main", false),
-        ];
-        assert_eq!(
-            user_frame_names(&frames, &[false, true, true]),
-            ["leaf", "helper [fp]", "middle [fp]", "main [fp]"]
-        );
-        assert_eq!(
-            user_frame_names(&frames, &[false, false, true]),
-            ["leaf", "helper", "middle", "main [fp]"]
-        );
-        assert_eq!(
-            user_frame_names(&frames, &[]),
-            ["leaf", "helper", "middle", "main"]
-        );
     }
 
     /// Registers and stack bytes (how many) at a point in this function, as the kernel

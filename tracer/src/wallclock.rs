@@ -21,9 +21,10 @@ use tracer_common::{
 };
 
 use crate::{
-    offcpu::{OpenIntervals, StackSource, ThreadNames, kernel_stack_frames, user_stack_frames},
     procfs,
+    procfs::ThreadNames,
     render::{flamegraph::FoldedStacks, write_output},
+    stacks::{StackSource, kernel_stack_frames, process_frame, user_stack_frames},
     symbolize::{ProcessMaps, StackSymbolizer},
 };
 
@@ -158,17 +159,6 @@ impl Processes {
     }
 }
 
-/// The root frame of process `tgid`'s stacks: its name, and its PID when the profile has
-/// `several` processes.
-pub fn process_frame(processes: &Processes, tgid: u32, several: bool) -> String {
-    let name = processes.get(tgid).map(|p| p.name.as_str());
-    match (name, several) {
-        (Some(name), false) => name.to_string(),
-        (Some(name), true) => format!("{name} [{tgid}]"),
-        (None, _) => format!("[pid {tgid}]"),
-    }
-}
-
 /// Weight of one stack: how many events made it up and how long they lasted.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Weight {
@@ -292,6 +282,32 @@ pub struct RawProfile {
     /// `--min-block`: pending intervals shorter than this are left out, as the kernel
     /// leaves out finished ones.
     pub min_block_ns: u64,
+}
+
+/// Threads still off CPU when tracing stopped (from the kernel's map of interval starts):
+/// their time so far counts, as a finished interval's would (they are blocked right
+/// now), unless it is shorter than `--min-block`, which the kernel applies to finished
+/// intervals only.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct OpenIntervals<'a> {
+    /// Thread id and when (and where) it blocked.
+    pub starts: &'a [(u32, OffCpuStart)],
+    /// When tracing stopped (CLOCK_MONOTONIC ns).
+    pub now_ns: u64,
+    /// `--min-block`: shorter intervals are left out.
+    pub min_block_ns: u64,
+}
+
+impl<'a> OpenIntervals<'a> {
+    /// Each interval long enough to count: its thread, its start, and how long it has
+    /// lasted. Like the kernel, keeps intervals of exactly `min_block_ns`.
+    pub fn iter(&self) -> impl Iterator<Item = (u32, &'a OffCpuStart, u64)> + use<'a> {
+        let (now_ns, min_block_ns) = (self.now_ns, self.min_block_ns);
+        self.starts.iter().filter_map(move |(tid, start)| {
+            let ns = now_ns.saturating_sub(start.ts_ns);
+            (ns >= min_block_ns).then_some((*tid, start, ns))
+        })
+    }
 }
 
 /// How to build the views.
@@ -767,6 +783,44 @@ pub fn write_speedscope(
 mod tests {
     use super::*;
 
+    /// Intervals still open when tracing stops count with their time so far, unless
+    /// shorter than `--min-block` (one exactly as long counts, as in the kernel).
+    #[test]
+    fn min_block_applies_to_intervals_still_open() {
+        let pid = std::process::id();
+        let start = |ts_ns, tgid| OffCpuStart {
+            ts_ns,
+            tgid,
+            user_stack_id: -14,
+            kernel_stack_id: -14,
+            state: 0,
+        };
+        // Open for 10 ms, 2 ms and 50 µs; and one of another process.
+        let starts = [
+            (pid, start(0, pid)),
+            (pid + 1, start(8_000_000, pid)),
+            (pid + 2, start(9_950_000, pid)),
+            (1, start(0, 1)),
+        ];
+        let open = |min_block_ns| OpenIntervals {
+            starts: &starts,
+            now_ns: 10_000_000,
+            min_block_ns,
+        };
+        let lasted = |min_block_ns| -> Vec<(u32, u64)> {
+            open(min_block_ns)
+                .iter()
+                .map(|(tid, _, ns)| (tid, ns))
+                .collect()
+        };
+        assert_eq!(lasted(0).len(), 4);
+        assert_eq!(
+            lasted(2_000_000),
+            [(pid, 10_000_000), (pid + 1, 2_000_000), (1, 10_000_000)]
+        );
+        assert_eq!(lasted(10_000_001), []);
+    }
+
     struct Stacks(HashMap<i32, Vec<u64>>);
 
     impl StackSource for Stacks {
@@ -1061,7 +1115,7 @@ mod tests {
     /// `--min-block` leaves out intervals still open at the end that are shorter, as the
     /// kernel leaves out finished ones; one exactly as long counts.
     #[test]
-    fn min_block_applies_to_intervals_still_open() {
+    fn open_intervals_shorter_than_min_block_are_left_out() {
         let stacks = Stacks(HashMap::from([(1, vec![0x10]), (2, vec![0x20])]));
         let blocked_at = |tid, ts_ns| {
             (

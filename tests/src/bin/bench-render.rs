@@ -33,7 +33,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use inferno::flamegraph::{self, color::BasicPalette};
 use tests::{Args, json_array, print_line};
-use tracer::offcpu::StackSource;
+use tracer::stacks::StackSource;
 use tracer::render::flamegraph::{Palette, SvgOptions, write_flamegraph_svg, write_folded};
 use tracer::symbolize::StackSymbolizer;
 use tracer::wallclock::{BuildOptions, Processes, RawProfile, build_profile};

@@ -15,7 +15,6 @@ use crate::{
     cli::{AttachConfig, Format},
     histogram::LatencyHistogram,
     loader::{Features, Loader, Settings},
-    offcpu::{OffCpuProfile, StackSource},
     privileges,
     probe_plan::{ProbePlan, SiteInput, SiteMode},
     procfs,
@@ -25,7 +24,8 @@ use crate::{
         views::write_profile_files,
     },
     report::{
-        AttachReport, LatencyReport, Losses, ProbeReport, ProcessLatency, TaskReport, TracedProcess,
+        AttachReport, LatencyReport, Losses, OffCpuProfile, ProbeReport, ProcessLatency,
+        TaskReport, TracedProcess,
     },
     runtimes::{self, LatencyDef, Runtime, TaskProbeDef},
     sampling::{self, Collected, ViewOptions, WallClockSampler},
@@ -36,12 +36,6 @@ use crate::{
     usdt::{self, ProbePattern},
     wallclock::{self, ExportInfo, Processes},
 };
-
-impl StackSource for Loader {
-    fn stack(&self, id: i32) -> Vec<u64> {
-        Loader::stack(self, id).unwrap_or_default()
-    }
-}
 
 pub fn run(config: AttachConfig) -> Result<()> {
     privileges::check()?;

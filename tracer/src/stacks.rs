@@ -1,65 +1,24 @@
-//! Naming the stacks the kernel recorded: user and kernel stacks by id, in batches, as
-//! folded-stack frames; thread names; the off-CPU totals a report gives.
+//! Naming stacks: the one place that turns recorded stacks (instruction pointers from
+//! the kernel, unwound user stacks, or names /proc gave) into folded-stack frames: user
+//! and kernel frames by id, in batches, with the marks every output shares (`_[k]`,
+//! ` [fp]`), and the process frame at the root.
 
 use std::borrow::Cow;
 
 use foldhash::HashMap;
-use tracer_common::OffCpuStart;
 
 use crate::{
-    render::flamegraph::FoldedStacks,
-    symbolize::{ProcessMaps, StackSymbolizer, UNKNOWN},
-    unwind::user_frame_names,
+    loader::Loader,
+    symbolize::{Frame, ProcessMaps, StackSymbolizer, UNKNOWN},
+    wallclock::Processes,
 };
 
 /// Marks kernel frames the way inferno's palettes and flamegraph.pl recognise them.
 pub const KERNEL_SUFFIX: &str = "_[k]";
 
-/// Names of a process's threads, remembered while it runs.
-#[derive(Debug, Default)]
-pub struct ThreadNames {
-    names: HashMap<u32, String>,
-}
-
-impl ThreadNames {
-    /// Reads the names of every current thread of `pid` (threads seen before are kept).
-    pub fn refresh(&mut self, pid: u32) {
-        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-            return;
-        };
-        for task in tasks.flatten() {
-            let Some(tid) = task.file_name().to_str().and_then(|t| t.parse().ok()) else {
-                continue;
-            };
-            if let Ok(comm) = crate::procfs::read_name(&task.path().join("comm")) {
-                self.names.insert(tid, comm);
-            }
-        }
-    }
-
-    /// Reads the names of the threads of `pid` not seen before: one directory listing
-    /// when there are none, so it can run often (short-lived threads are named too).
-    pub fn add_new(&mut self, pid: u32) {
-        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-            return;
-        };
-        for task in tasks.flatten() {
-            let Some(tid) = task.file_name().to_str().and_then(|t| t.parse().ok()) else {
-                continue;
-            };
-            if self.names.contains_key(&tid) {
-                continue;
-            }
-            if let Ok(comm) = crate::procfs::read_name(&task.path().join("comm")) {
-                self.names.insert(tid, comm);
-            }
-        }
-    }
-
-    pub fn get(&self, tid: u32) -> Option<&str> {
-        self.names.get(&tid).map(String::as_str)
-    }
-}
+/// Appended to the name of a frame found by following frame pointers in a profile
+/// otherwise unwound with call frame information.
+pub const FRAME_POINTER_SUFFIX: &str = " [fp]";
 
 /// Raw stacks as the kernel stored them: instruction pointers, innermost first.
 pub trait StackSource {
@@ -79,40 +38,20 @@ pub trait StackSource {
     }
 }
 
-/// What the off-CPU profile holds and what could not be recorded.
-#[derive(Debug, Default)]
-pub struct OffCpuProfile {
-    /// Weights in microseconds.
-    pub folded: FoldedStacks,
-    pub total_ns: u64,
-    pub intervals: u64,
-    /// Intervals whose user or kernel stack could not be captured.
-    pub missing_stacks: u64,
+impl StackSource for Loader {
+    fn stack(&self, id: i32) -> Vec<u64> {
+        Loader::stack(self, id).unwrap_or_default()
+    }
 }
 
-/// Threads still off CPU when tracing stopped (from the kernel's map of interval starts):
-/// their time so far counts, as a finished interval's would (they are blocked right
-/// now), unless it is shorter than `--min-block`, which the kernel applies to finished
-/// intervals only.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct OpenIntervals<'a> {
-    /// Thread id and when (and where) it blocked.
-    pub starts: &'a [(u32, OffCpuStart)],
-    /// When tracing stopped (CLOCK_MONOTONIC ns).
-    pub now_ns: u64,
-    /// `--min-block`: shorter intervals are left out.
-    pub min_block_ns: u64,
-}
-
-impl<'a> OpenIntervals<'a> {
-    /// Each interval long enough to count: its thread, its start, and how long it has
-    /// lasted. Like the kernel, keeps intervals of exactly `min_block_ns`.
-    pub fn iter(&self) -> impl Iterator<Item = (u32, &'a OffCpuStart, u64)> + use<'a> {
-        let (now_ns, min_block_ns) = (self.now_ns, self.min_block_ns);
-        self.starts.iter().filter_map(move |(tid, start)| {
-            let ns = now_ns.saturating_sub(start.ts_ns);
-            (ns >= min_block_ns).then_some((*tid, start, ns))
-        })
+/// The root frame of process `tgid`'s stacks: its name, and its PID when the profile has
+/// `several` processes.
+pub fn process_frame(processes: &Processes, tgid: u32, several: bool) -> String {
+    let name = processes.get(tgid).map(|p| p.name.as_str());
+    match (name, several) {
+        (Some(name), false) => name.to_string(),
+        (Some(name), true) => format!("{name} [{tgid}]"),
+        (None, _) => format!("[pid {tgid}]"),
     }
 }
 
@@ -229,6 +168,31 @@ fn stack_frames<'s, T>(
     frames
 }
 
+/// Names of the user frames of one stack, suffixed with [`FRAME_POINTER_SUFFIX`] where
+/// found by frame pointers: `frames` as the symbolizer gives them for the stack's
+/// addresses (inlined functions first, then the function of each address),
+/// `by_frame_pointer` per address (empty: no suffixes).
+pub fn user_frame_names<'f>(
+    frames: impl IntoIterator<Item = &'f Frame>,
+    by_frame_pointer: &[bool],
+) -> Vec<Cow<'f, str>> {
+    let mut address = 0;
+    frames
+        .into_iter()
+        .map(|frame| {
+            let fp = by_frame_pointer.get(address).copied().unwrap_or(false);
+            if !frame.inlined {
+                address += 1;
+            }
+            if fp {
+                Cow::Owned(format!("{}{FRAME_POINTER_SUFFIX}", frame.name))
+            } else {
+                Cow::Borrowed(frame.name.as_str())
+            }
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -244,41 +208,32 @@ mod tests {
         let untouched = names(&["__schedule", "schedule", "do_nanosleep"]);
         assert_eq!(without_bpf_frames(untouched.clone()), untouched);
     }
-    /// Intervals still open when tracing stops count with their time so far, unless
-    /// shorter than `--min-block` (one exactly as long counts, as in the kernel).
+
     #[test]
-    fn min_block_applies_to_intervals_still_open() {
-        let pid = std::process::id();
-        let start = |ts_ns, tgid| OffCpuStart {
-            ts_ns,
-            tgid,
-            user_stack_id: -14,
-            kernel_stack_id: -14,
-            state: 0,
+    fn marks_frames_found_by_frame_pointers() {
+        let frame = |name: &str, inlined| Frame {
+            name: name.to_string(),
+            module: None,
+            inlined,
         };
-        // Open for 10 ms, 2 ms and 50 µs; and one of another process.
-        let starts = [
-            (pid, start(0, pid)),
-            (pid + 1, start(8_000_000, pid)),
-            (pid + 2, start(9_950_000, pid)),
-            (1, start(0, 1)),
+        // Three addresses: `leaf`; `helper` inlined into `middle`; `main`.
+        let frames = vec![
+            frame("leaf", false),
+            frame("helper", true),
+            frame("middle", false),
+            frame("main", false),
         ];
-        let open = |min_block_ns| OpenIntervals {
-            starts: &starts,
-            now_ns: 10_000_000,
-            min_block_ns,
-        };
-        let lasted = |min_block_ns| -> Vec<(u32, u64)> {
-            open(min_block_ns)
-                .iter()
-                .map(|(tid, _, ns)| (tid, ns))
-                .collect()
-        };
-        assert_eq!(lasted(0).len(), 4);
         assert_eq!(
-            lasted(2_000_000),
-            [(pid, 10_000_000), (pid + 1, 2_000_000), (1, 10_000_000)]
+            user_frame_names(&frames, &[false, true, true]),
+            ["leaf", "helper [fp]", "middle [fp]", "main [fp]"]
         );
-        assert_eq!(lasted(10_000_001), []);
+        assert_eq!(
+            user_frame_names(&frames, &[false, false, true]),
+            ["leaf", "helper", "middle", "main [fp]"]
+        );
+        assert_eq!(
+            user_frame_names(&frames, &[]),
+            ["leaf", "helper", "middle", "main"]
+        );
     }
 }
