@@ -169,6 +169,51 @@ fn proc_mount_options(mounts: &str) -> Option<Vec<&str>> {
     )
 }
 
+/// Field `n` of a `/proc/PID/stat` line, numbered as proc(5) numbers them (from 3: the
+/// fields after the name). The name (field 2) may hold spaces and parentheses, so fields
+/// count from its last `)`.
+pub fn stat_field(stat: &str, n: usize) -> Option<&str> {
+    let after_name = &stat[stat.rfind(')')? + 1..];
+    after_name.split_whitespace().nth(n.checked_sub(3)?)
+}
+
+/// Every process now, by PID.
+pub fn all_processes() -> Vec<u32> {
+    numbered_entries(Path::new("/proc"))
+}
+
+/// The threads of process `pid` now (none if it is gone).
+pub fn thread_ids(pid: u32) -> Vec<u32> {
+    numbered_entries(Path::new(&format!("/proc/{pid}/task")))
+}
+
+/// Whether thread `tid` of process `tgid` still exists.
+pub fn thread_exists(tgid: u32, tid: u32) -> bool {
+    Path::new(&format!("/proc/{tgid}/task/{tid}")).exists()
+}
+
+/// Every process's parent now, as `(pid, parent)`.
+pub fn parent_pids() -> Vec<(u32, u32)> {
+    all_processes()
+        .into_iter()
+        .filter_map(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            Some((pid, stat_field(&stat, 4)?.parse().ok()?))
+        })
+        .collect()
+}
+
+/// The entries of `dir` named by a number (PIDs, thread ids).
+fn numbered_entries(dir: &Path) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .collect()
+}
+
 /// A process or thread name (`comm`) as read from `path`: bytes that are not UTF-8 (a
 /// name is any 15 bytes) shown as U+FFFD rather than failing the read.
 pub fn read_name(path: &Path) -> io::Result<String> {
@@ -242,9 +287,101 @@ impl ThreadNames {
     }
 }
 
+/// One line of `/proc/PID/maps`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MapsEntry {
+    /// First address of the mapping.
+    pub start: u64,
+    /// One past its last address.
+    pub end: u64,
+    /// The four permission characters, e.g. `r-xp`.
+    pub perms: String,
+    /// File offset mapped at `start`.
+    pub offset: u64,
+    /// `major:minor` of the device holding the file.
+    pub dev: String,
+    /// Inode of the file, 0 for anonymous memory.
+    pub inode: u64,
+    /// The file name, a pseudo-name like `[vdso]` or `[heap]`, or `None` for anonymous
+    /// memory. A ` (deleted)` suffix is removed and recorded in `deleted`.
+    pub path: Option<String>,
+    /// The file was deleted (or replaced, e.g. by a package upgrade) after mapping, so
+    /// the name no longer leads to the mapped contents.
+    pub deleted: bool,
+}
+
+impl MapsEntry {
+    /// Whether the mapping is executable: only those hold probe sites.
+    pub fn is_executable(&self) -> bool {
+        self.perms.as_bytes().get(2) == Some(&b'x')
+    }
+}
+
+/// Parses the text of `/proc/PID/maps`. Lines that do not parse are skipped rather than
+/// failing the whole read, since the format is the kernel's and we only need a part.
+pub fn parse_maps(text: &str) -> Vec<MapsEntry> {
+    text.lines().filter_map(parse_maps_line).collect()
+}
+
+pub fn parse_maps_line(line: &str) -> Option<MapsEntry> {
+    // Five space-separated fields, then the path padded with spaces; the path itself may
+    // contain spaces, so it is everything after the padding.
+    let mut rest = line;
+    let mut field = || {
+        let trimmed = rest.trim_start_matches(' ');
+        let end = trimmed.find(' ').unwrap_or(trimmed.len());
+        let (f, r) = trimmed.split_at(end);
+        rest = r;
+        (!f.is_empty()).then_some(f)
+    };
+    let range = field()?;
+    let perms = field()?;
+    let offset = field()?;
+    let dev = field()?;
+    let inode = field()?;
+    let (start, end) = range.split_once('-')?;
+    if perms.len() != 4 {
+        return None;
+    }
+    let mut path = rest.trim_start_matches(' ');
+    let deleted = match path.strip_suffix(" (deleted)") {
+        Some(stripped) => {
+            path = stripped;
+            true
+        }
+        None => false,
+    };
+    Some(MapsEntry {
+        start: u64::from_str_radix(start, 16).ok()?,
+        end: u64::from_str_radix(end, 16).ok()?,
+        perms: perms.to_owned(),
+        offset: u64::from_str_radix(offset, 16).ok()?,
+        dev: dev.to_owned(),
+        inode: inode.parse().ok()?,
+        path: (!path.is_empty()).then(|| path.to_owned()),
+        deleted,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reads_stat_fields_after_any_name() {
+        let line = "42 (a (weird) name) S 1 42 42 0 -1 4194560 100 0 0 0 5 3 0 0 20 0 1 0 \
+                    123456 1000 100 18446744073709551615";
+        assert_eq!(stat_field(line, 22), Some("123456"));
+        assert_eq!(stat_field(line, 4), Some("1"));
+        assert_eq!(stat_field(line, 3), Some("S"));
+        assert_eq!(stat_field("garbage", 22), None);
+        let me = std::process::id();
+        assert!(all_processes().contains(&me));
+        assert!(thread_ids(me).contains(&me));
+        assert!(thread_exists(me, me));
+        let parent = std::os::unix::process::parent_id();
+        assert!(parent_pids().contains(&(me, parent)));
+    }
 
     #[test]
     fn a_process_in_a_namespace_below_has_two_pids() {

@@ -5,7 +5,7 @@
 //! [`crate::threads`]), DWARF stack snapshots drained and unwound while the targets run,
 //! and at the end the profile built from what the kernel collected.
 
-use std::{collections::HashMap, path::Path, time::Duration};
+use std::{collections::HashMap, time::Duration};
 
 use anyhow::{Context as _, Result};
 use tracer_common::{
@@ -16,6 +16,7 @@ use tracer_common::{
 use crate::{
     cli::{Sampling, UnwindMethod},
     loader::{Features, Loader, Settings, TargetsMap},
+    procfs,
     stacks::{FRAME_POINTER_SUFFIX, StackSource},
     stop::{self, StopReason},
     symbolize::StackSymbolizer,
@@ -349,7 +350,7 @@ impl Seeds {
             }
             ids
         };
-        thread_ids(pid)
+        procfs::thread_ids(pid)
             .into_iter()
             .map(|tid| {
                 let blocked = snapshots.iter().find(|t| {
@@ -489,20 +490,9 @@ fn observe_seen(loader: &Loader, processes: &mut Processes) {
     }
 }
 
-/// The threads of process `pid` now.
-fn thread_ids(pid: u32) -> Vec<u32> {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return Vec::new();
-    };
-    tasks
-        .flatten()
-        .filter_map(|task| task.file_name().to_str()?.parse().ok())
-        .collect()
-}
-
 fn still_alive(pending: Vec<(u32, OffCpuStart)>) -> Vec<(u32, OffCpuStart)> {
     pending
         .into_iter()
-        .filter(|(tid, start)| Path::new(&format!("/proc/{}/task/{tid}", start.tgid)).exists())
+        .filter(|(tid, start)| procfs::thread_exists(start.tgid, *tid))
         .collect()
 }

@@ -26,6 +26,8 @@ use blazesym::symbolize::source::{Elf, Kernel, Process, Source};
 use blazesym::symbolize::{Input, Sym, Symbolized, Symbolizer};
 use blazesym::{MaybeDefault, Pid};
 
+use crate::procfs::{MapsEntry, parse_maps_line};
+
 /// Name of frames that no mapping or symbol source can place.
 pub const UNKNOWN: &str = "[unknown]";
 /// Module of frames named from a JIT perf map.
@@ -59,55 +61,6 @@ impl Frame {
             module: Some(module.to_string()),
             inlined: false,
         }
-    }
-}
-
-/// One line of `/proc/PID/maps`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct MapsEntry {
-    pub start: u64,
-    pub end: u64,
-    pub executable: bool,
-    /// Offset in the file of the mapping's first byte.
-    pub offset: u64,
-    /// `major:minor` of the file's device, as printed.
-    pub dev: String,
-    pub inode: u64,
-    /// File path, `[vdso]`-style name, or empty for anonymous memory. Deleted files end
-    /// in ` (deleted)`.
-    pub path: String,
-}
-
-/// Parses one line of `/proc/PID/maps`; `None` if it is malformed.
-pub fn parse_maps_line(line: &str) -> Option<MapsEntry> {
-    let mut rest = line;
-    let mut field = || {
-        rest = rest.trim_start_matches(' ');
-        let (value, tail) = rest.split_once(' ').unwrap_or((rest, ""));
-        rest = tail;
-        Some(value).filter(|v| !v.is_empty())
-    };
-    let (start, end) = field()?.split_once('-')?;
-    let perms = field()?;
-    let offset = field()?;
-    let dev = field()?.to_string();
-    let inode = field()?.parse().ok()?;
-    Some(MapsEntry {
-        start: u64::from_str_radix(start, 16).ok()?,
-        end: u64::from_str_radix(end, 16).ok()?,
-        executable: perms.as_bytes().get(2) == Some(&b'x'),
-        offset: u64::from_str_radix(offset, 16).ok()?,
-        dev,
-        inode,
-        path: rest.trim_start_matches(' ').to_string(),
-    })
-}
-
-/// The path without the ` (deleted)` the kernel appends, and whether it was there.
-fn strip_deleted(path: &str) -> (&str, bool) {
-    match path.strip_suffix(" (deleted)") {
-        Some(path) => (path, true),
-        None => (path, false),
     }
 }
 
@@ -286,10 +239,10 @@ impl ProcessMaps {
     /// Turns executable entries into sorted mappings, opening files not seen before.
     fn add_entries(&mut self, entries: impl Iterator<Item = MapsEntry>) -> Vec<Mapping> {
         let mut mappings = Vec::new();
-        for entry in entries.filter(|e| e.executable && e.start < e.end) {
-            let target = if entry.path.starts_with('/') {
+        for entry in entries.filter(|e| e.is_executable() && e.start < e.end) {
+            let target = if entry.path.as_deref().is_some_and(|p| p.starts_with('/')) {
                 Target::Object(self.object_index(&entry))
-            } else if entry.path == VDSO {
+            } else if entry.path.as_deref() == Some(VDSO) {
                 Target::Vdso
             } else {
                 Target::Anonymous
@@ -306,7 +259,7 @@ impl ProcessMaps {
     }
 
     fn object_index(&mut self, entry: &MapsEntry) -> usize {
-        let (path, _) = strip_deleted(&entry.path);
+        let path = entry.path.as_deref().unwrap_or_default();
         let known = self
             .objects
             .iter()
@@ -354,8 +307,8 @@ fn open_mapped_file(pid: u32, entry: &MapsEntry) -> Option<File> {
     if let Some(file) = open_regular(Path::new(&map_file)) {
         return Some(file);
     }
-    let (path, deleted) = strip_deleted(&entry.path);
-    if deleted {
+    let path = entry.path.as_deref()?;
+    if entry.deleted {
         return None;
     }
     // The path as the process sees it, in its mount namespace.
@@ -790,7 +743,7 @@ impl StackSymbolizer {
             let maps = fs::read_to_string("/proc/self/maps").ok()?;
             maps.lines()
                 .filter_map(parse_maps_line)
-                .find(|e| e.path == VDSO)
+                .find(|e| e.path.as_deref() == Some(VDSO))
                 .map(|e| (e.start, e.end))
         });
         let Some((start, end)) = own else {
@@ -930,29 +883,6 @@ mod tests {
 7f1000000000-7f1000020000 r-xp 00028000 fd:01 5678                       /opt/lib with space/libfoo.so.1 (deleted)
 7fff00000000-7fff00002000 r-xp 00000000 00:00 0                          [vdso]
 ";
-
-    #[test]
-    fn parses_maps_lines() {
-        let entries: Vec<MapsEntry> = MAPS.lines().filter_map(parse_maps_line).collect();
-        assert_eq!(entries.len(), 5);
-        assert_eq!(
-            entries[1],
-            MapsEntry {
-                start: 0x55d0c8a02000,
-                end: 0x55d0c8a05000,
-                executable: true,
-                offset: 0x2000,
-                dev: "fd:01".to_string(),
-                inode: 1234,
-                path: "/usr/bin/app".to_string(),
-            }
-        );
-        assert!(!entries[0].executable);
-        assert_eq!(entries[2].path, "");
-        assert_eq!(entries[3].path, "/opt/lib with space/libfoo.so.1 (deleted)");
-        assert_eq!(parse_maps_line("garbage"), None);
-        assert_eq!(parse_maps_line(""), None);
-    }
 
     #[test]
     fn locates_addresses_in_a_snapshot() {
@@ -1226,7 +1156,7 @@ mod tests {
             .unwrap()
             .lines()
             .filter_map(parse_maps_line)
-            .find(|e| e.executable && e.path.contains("libc"))
+            .find(|e| e.is_executable() && e.path.as_deref().is_some_and(|p| p.contains("libc")))
             .map(|e| e.start);
         child.wait().unwrap();
         assert!(maps.refresh().is_err(), "the process is gone");

@@ -225,7 +225,7 @@ impl TargetSpec {
         };
         let comm = self.comm.as_ref().map(|c| truncated(c));
         if exe.is_some() || comm.is_some() {
-            for pid in all_processes() {
+            for pid in procfs::all_processes() {
                 let by_exe = exe.is_some_and(|id| {
                     FileId::of(Path::new(&format!("/proc/{pid}/exe"))).is_ok_and(|f| f == id)
                 });
@@ -252,7 +252,7 @@ impl TargetSpec {
         }
         // Processes that follow forks take their descendants running now along: those are
         // forks too, only earlier ones.
-        let parents = parent_pids();
+        let parents = procfs::parent_pids();
         let followed: Vec<Member> = members
             .iter()
             .filter(|m| m.flags & target_flags::FOLLOW_FORKS != 0)
@@ -289,24 +289,6 @@ impl TargetSpec {
     }
 }
 
-/// Every process's parent, from /proc/PID/stat.
-fn parent_pids() -> Vec<(u32, u32)> {
-    all_processes()
-        .into_iter()
-        .filter_map(|pid| {
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-            Some((pid, parse_parent(&stat)?))
-        })
-        .collect()
-}
-
-/// The parent PID (field 4) of a /proc/PID/stat line; the name in parentheses may hold
-/// anything, so fields count from its last `)`.
-fn parse_parent(stat: &str) -> Option<u32> {
-    let rest = &stat[stat.rfind(')')? + 1..];
-    rest.split_whitespace().nth(1)?.parse().ok()
-}
-
 /// The descendants of `pid` among `(pid, parent)` pairs.
 fn descendants(pid: u32, parents: &[(u32, u32)]) -> Vec<u32> {
     let mut found = Vec::new();
@@ -329,17 +311,6 @@ fn truncated(name: &str) -> String {
         end -= 1;
     }
     name[..end].to_string()
-}
-
-/// Every process now, by PID.
-fn all_processes() -> Vec<u32> {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse().ok())
-        .collect()
 }
 
 /// The processes in cgroup directory `path` and every cgroup below it (cgroup v1 or
@@ -549,7 +520,6 @@ mod tests {
 
     #[test]
     fn descendants_are_found_through_their_parents() {
-        assert_eq!(parse_parent("42 (a) b) S 7 42 42 0"), Some(7));
         let parents = [(2, 1), (3, 2), (4, 2), (5, 9), (6, 3)];
         let mut found = descendants(2, &parents);
         found.sort();

@@ -39,8 +39,9 @@ use std::os::unix::fs::FileExt as _;
 use thiserror::Error;
 use tracer_common::{ThreadRegs, UNWIND_STACK_BYTES};
 
+use crate::procfs::parse_maps_line;
 use crate::stacks::{KERNEL_SUFFIX, user_frame_names};
-use crate::symbolize::{ProcessMaps, StackSymbolizer, parse_maps_line};
+use crate::symbolize::{ProcessMaps, StackSymbolizer};
 use crate::unwind::{DwarfUnwinder, Snapshot, UnwindEnd, UnwoundStack};
 
 /// What a thread is doing, from its state letter in `/proc/PID/task/TID/stat`.

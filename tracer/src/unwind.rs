@@ -723,7 +723,7 @@ mod tests {
         let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
         let end = maps
             .lines()
-            .filter_map(crate::symbolize::parse_maps_line)
+            .filter_map(crate::procfs::parse_maps_line)
             .find(|m| (m.start..m.end).contains(&sp))
             .unwrap()
             .end;

@@ -281,15 +281,9 @@ fn process_start_ticks(pid: u32) -> Result<u64> {
     if let Some(gone) = ProcessError::check_target(pid) {
         return Err(gone.into());
     }
-    parse_start_ticks(&stat)
+    crate::procfs::stat_field(&stat, 22)
+        .and_then(|ticks| ticks.parse().ok())
         .ok_or_else(|| LoaderError::KernelFeature(format!("no start time in {path}: {stat:?}")))
-}
-
-/// Field 22 of a /proc/PID/stat line; the name (field 2) may contain spaces and
-/// parentheses, so fields are counted from the last `)`.
-fn parse_start_ticks(stat: &str) -> Option<u64> {
-    let after_name = &stat[stat.rfind(')')? + 1..];
-    after_name.split_whitespace().nth(22 - 3)?.parse().ok()
 }
 
 /// The kernel's inode number of the initial PID namespace (`PROC_PID_INIT_INO`).
@@ -777,14 +771,8 @@ impl Loader {
         let mut bytes = Vec::new();
         std::io::Read::read_to_end(&mut std::fs::File::from(iterator), &mut bytes)
             .map_err(error)?;
-        let tids = std::fs::read_dir(format!("/proc/{tgid}/task"))
-            .map(|tasks| {
-                tasks
-                    .flatten()
-                    .filter_map(|t| t.file_name().to_str()?.parse::<u32>().ok())
-                    .collect::<std::collections::HashSet<u32>>()
-            })
-            .unwrap_or_default();
+        let tids: std::collections::HashSet<u32> =
+            crate::procfs::thread_ids(tgid).into_iter().collect();
         Ok(bytes
             .chunks_exact(std::mem::size_of::<ThreadRegs>())
             .map(|record| {
@@ -1097,20 +1085,13 @@ extern "C" fn warm_up_site() {
 /// /proc/self/maps).
 fn own_code_site(address: u64) -> Option<(PathBuf, u64)> {
     let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
-    maps.lines().find_map(|line| {
-        // start-end perms offset dev inode path
-        let mut fields = line.split_whitespace();
-        let (start, end) = fields.next()?.split_once('-')?;
-        let (start, end) = (
-            u64::from_str_radix(start, 16).ok()?,
-            u64::from_str_radix(end, 16).ok()?,
-        );
-        let perms = fields.next()?;
-        let offset = u64::from_str_radix(fields.next()?, 16).ok()?;
-        let path = fields.nth(2)?;
-        (start <= address && address < end && perms.contains('x') && path.starts_with('/'))
-            .then(|| (PathBuf::from(path), address - start + offset))
-    })
+    crate::procfs::parse_maps(&maps)
+        .into_iter()
+        .find_map(|entry| {
+            let inside = entry.start <= address && address < entry.end && entry.is_executable();
+            let path = entry.path.filter(|p| inside && p.starts_with('/'))?;
+            Some((PathBuf::from(path), address - entry.start + entry.offset))
+        })
 }
 
 /// The uprobe opened by [`Loader::warm_up_uprobes`].
@@ -1172,10 +1153,6 @@ mod tests {
 
     #[test]
     fn reads_the_start_time_from_proc_stat() {
-        let line = "42 (a (weird) name) S 1 42 42 0 -1 4194560 100 0 0 0 5 3 0 0 20 0 1 0 \
-                    123456 1000 100 18446744073709551615";
-        assert_eq!(parse_start_ticks(line), Some(123456));
-        assert_eq!(parse_start_ticks("garbage"), None);
         assert!(process_start_ticks(std::process::id()).is_ok_and(|t| t > 0));
         let err = process_start_ticks(4194304).unwrap_err();
         assert_eq!(err.to_string(), "process 4194304 exited");

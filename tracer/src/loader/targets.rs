@@ -39,10 +39,10 @@ impl TargetsMap {
                 continue;
             };
             let mut comm = [0; 16];
-            if let Ok(name) = std::fs::read(format!("/proc/{}/comm", member.pid)) {
-                let name = name.strip_suffix(b"\n").unwrap_or(&name);
+            let path = format!("/proc/{}/comm", member.pid);
+            if let Ok(name) = crate::procfs::read_name(std::path::Path::new(&path)) {
                 let len = name.len().min(15);
-                comm[..len].copy_from_slice(&name[..len]);
+                comm[..len].copy_from_slice(&name.as_bytes()[..len]);
             }
             let target = TargetProcess {
                 start_ticks,

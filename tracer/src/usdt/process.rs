@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use super::UsdtError;
 use crate::procfs::ProcessError;
+pub use crate::procfs::{MapsEntry, parse_maps};
 
 /// A file a process has mapped, under the two names it has.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -35,82 +36,6 @@ impl MappedObject {
             host_path: proc_path(pid, "root").join(relative),
         }
     }
-}
-
-/// One line of `/proc/PID/maps`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct MapsEntry {
-    /// First address of the mapping.
-    pub start: u64,
-    /// One past its last address.
-    pub end: u64,
-    /// The four permission characters, e.g. `r-xp`.
-    pub perms: String,
-    /// File offset mapped at `start`.
-    pub offset: u64,
-    /// `major:minor` of the device holding the file.
-    pub dev: String,
-    /// Inode of the file, 0 for anonymous memory.
-    pub inode: u64,
-    /// The file name, a pseudo-name like `[vdso]` or `[heap]`, or `None` for anonymous
-    /// memory. A ` (deleted)` suffix is removed and recorded in `deleted`.
-    pub path: Option<String>,
-    /// The file was deleted (or replaced, e.g. by a package upgrade) after mapping, so
-    /// the name no longer leads to the mapped contents.
-    pub deleted: bool,
-}
-
-impl MapsEntry {
-    /// Whether the mapping is executable: only those hold probe sites.
-    pub fn is_executable(&self) -> bool {
-        self.perms.as_bytes().get(2) == Some(&b'x')
-    }
-}
-
-/// Parses the text of `/proc/PID/maps`. Lines that do not parse are skipped rather than
-/// failing the whole read, since the format is the kernel's and we only need a part.
-pub fn parse_maps(text: &str) -> Vec<MapsEntry> {
-    text.lines().filter_map(parse_maps_line).collect()
-}
-
-fn parse_maps_line(line: &str) -> Option<MapsEntry> {
-    // Five space-separated fields, then the path padded with spaces; the path itself may
-    // contain spaces, so it is everything after the padding.
-    let mut rest = line;
-    let mut field = || {
-        let trimmed = rest.trim_start_matches(' ');
-        let end = trimmed.find(' ').unwrap_or(trimmed.len());
-        let (f, r) = trimmed.split_at(end);
-        rest = r;
-        (!f.is_empty()).then_some(f)
-    };
-    let range = field()?;
-    let perms = field()?;
-    let offset = field()?;
-    let dev = field()?;
-    let inode = field()?;
-    let (start, end) = range.split_once('-')?;
-    if perms.len() != 4 {
-        return None;
-    }
-    let mut path = rest.trim_start_matches(' ');
-    let deleted = match path.strip_suffix(" (deleted)") {
-        Some(stripped) => {
-            path = stripped;
-            true
-        }
-        None => false,
-    };
-    Some(MapsEntry {
-        start: u64::from_str_radix(start, 16).ok()?,
-        end: u64::from_str_radix(end, 16).ok()?,
-        perms: perms.to_owned(),
-        offset: u64::from_str_radix(offset, 16).ok()?,
-        dev: dev.to_owned(),
-        inode: inode.parse().ok()?,
-        path: (!path.is_empty()).then(|| path.to_owned()),
-        deleted,
-    })
 }
 
 /// The files a process has mapped executable, each once, in address order: its
