@@ -1,9 +1,10 @@
 //! The tracer's eBPF programs. Entry points are thin: they call into `usdt`, `offcpu`,
-//! `oncpu` and `tasks`, which aggregate into the maps declared here. Names match
-//! `tracer_common::map_names` and `tracer_common::program_names`.
+//! `oncpu` and `tasks`, which aggregate into the maps declared here (`args` decodes USDT
+//! arguments). Names match `tracer_common::map_names` and `tracer_common::program_names`.
 #![no_std]
 #![no_main]
 
+mod args;
 mod offcpu;
 mod oncpu;
 mod snapshot;

@@ -11,7 +11,7 @@ use tracer_common::{
     site_flags, task_phase,
 };
 
-use crate::{STACKS, TASK_STATES, TASK_TIME, count, usdt::read_arg};
+use crate::{STACKS, TASK_STATES, TASK_TIME, args::read_arg, count};
 
 #[inline(always)]
 pub fn on_task_probe(ctx: &ProbeContext, site: &UsdtSite, pid_tgid: u64, now: u64) {
