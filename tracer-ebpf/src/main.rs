@@ -1,12 +1,15 @@
 //! The tracer's eBPF programs. Entry points are thin: they call into `usdt`, `offcpu`,
-//! `oncpu` and `tasks`, which aggregate into the maps declared here. Names match
+//! `oncpu` and `tasks`, which aggregate into the maps declared here (`args` decodes USDT
+//! arguments, `stacks` takes stack ids). Names match
 //! `tracer_common::map_names` and `tracer_common::program_names`.
 #![no_std]
 #![no_main]
 
+mod args;
 mod offcpu;
 mod oncpu;
 mod snapshot;
+mod stacks;
 mod targets;
 mod tasks;
 mod threads;

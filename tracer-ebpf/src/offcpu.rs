@@ -13,7 +13,7 @@
 use aya_ebpf::{
     bindings::BPF_F_USER_STACK,
     helpers::{bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_probe_read_user},
-    programs::{BtfTracePointContext, tracing::StackIdContext as _},
+    programs::BtfTracePointContext,
 };
 use tracer_common::{
     FIRST_SNAPSHOT_ID, LastSnapshot, MAX_SNAPSHOT_CHECKS, NO_STACK, OffCpuKey, OffCpuStart,
@@ -22,7 +22,7 @@ use tracer_common::{
 
 use crate::{
     MIN_BLOCK_NS, OFFCPU_SNAPSHOTS, OFFCPU_STARTS, OFFCPU_TIME, SNAPSHOT_CHECKS, SNAPSHOT_SEQ,
-    STACKS, count, setting, snapshot, targets,
+    count, setting, snapshot, stacks::stack_id, targets,
 };
 
 /// `DWARF`: the user stack is a snapshot for user space to unwind (see the module docs).
@@ -161,19 +161,6 @@ const TASK_DEAD: u32 = 0x80;
 /// traced, dead, zombie, parked).
 const TASK_RUNNING: u32 = 0;
 const TASK_STATE_MASK: u32 = 0xff;
-
-#[inline(always)]
-fn stack_id(ctx: &BtfTracePointContext, flags: u64) -> i32 {
-    match ctx.get_stackid(&STACKS, flags) {
-        Ok(id) => id as i32,
-        // A kernel thread has no user stack (system-wide profiling): not an error.
-        Err(NO_STACK) => NO_STACK,
-        Err(err) => {
-            count(counter::STACK_ERRORS);
-            err
-        }
-    }
-}
 
 #[inline(always)]
 fn account_switch_in(next: *const u8, now: u64) {

@@ -11,13 +11,14 @@
 
 use aya_ebpf::{
     bindings::{BPF_F_USER_STACK, pt_regs},
-    programs::{PerfEventContext, tracing::StackIdContext as _},
+    programs::PerfEventContext,
 };
 use tracer_common::{NO_STACK, OnCpuKey, counter, target_filter};
 
 use crate::{
-    ONCPU_SAMPLES, STACKS, count,
+    ONCPU_SAMPLES, count,
     snapshot::{self, Regs, is_user, saved_user_regs},
+    stacks::stack_id,
     targets,
 };
 
@@ -99,20 +100,6 @@ fn interrupted_regs(ctx: &PerfEventContext) -> Regs {
             sp: (*regs).rsp,
             bp: (*regs).rbp,
             cs: (*regs).cs,
-        }
-    }
-}
-
-/// The stack id, [`NO_STACK`] when there is none to take (user mode has no kernel stack,
-/// kernel threads no user stack), or the error, counted.
-#[inline(always)]
-fn stack_id(ctx: &PerfEventContext, flags: u64) -> i32 {
-    match ctx.get_stackid(&STACKS, flags) {
-        Ok(id) => id as i32,
-        Err(NO_STACK) => NO_STACK,
-        Err(err) => {
-            count(counter::STACK_ERRORS);
-            err
         }
     }
 }

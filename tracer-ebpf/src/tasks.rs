@@ -3,15 +3,13 @@
 //! parked. Keyed by the runtime's own task id, so tasks that migrate between threads are
 //! followed.
 
-use aya_ebpf::{
-    bindings::BPF_F_USER_STACK, programs::ProbeContext, programs::tracing::StackIdContext as _,
-};
+use aya_ebpf::{bindings::BPF_F_USER_STACK, programs::ProbeContext};
 use tracer_common::{
     MAX_USDT_ARGS, OffCpuTotal, TASK_IS_THREAD, TaskId, TaskKey, TaskState, UsdtSite, counter,
     site_flags, task_phase,
 };
 
-use crate::{STACKS, TASK_STATES, TASK_TIME, count, usdt::read_arg};
+use crate::{TASK_STATES, TASK_TIME, args::read_arg, count, stacks::stack_id};
 
 #[inline(always)]
 pub fn on_task_probe(ctx: &ProbeContext, site: &UsdtSite, pid_tgid: u64, now: u64) {
@@ -101,15 +99,10 @@ fn close_interval(state: &TaskState, task: u64, tgid: u32, now: u64) {
     }
 }
 
+/// The user stack where the task parks.
 #[inline(always)]
 fn park_stack(ctx: &ProbeContext) -> i32 {
-    match ctx.get_stackid(&STACKS, BPF_F_USER_STACK as u64) {
-        Ok(id) => id as i32,
-        Err(err) => {
-            count(counter::STACK_ERRORS);
-            err
-        }
-    }
+    stack_id(ctx, BPF_F_USER_STACK as u64)
 }
 
 #[inline(always)]

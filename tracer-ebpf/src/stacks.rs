@@ -1,0 +1,22 @@
+//! Stack ids in `STACKS`, taken the same way by every program.
+
+use aya_ebpf::programs::tracing::StackIdContext;
+use tracer_common::{NO_STACK, counter};
+
+use crate::{STACKS, count};
+
+/// The id in `STACKS` of the current user (`BPF_F_USER_STACK`) or kernel (`0`) stack,
+/// [`NO_STACK`] when there is none to take (a kernel thread has no user stack, a sample
+/// in user mode no kernel stack): not an error. Any other error is counted in
+/// `counter::STACK_ERRORS` and returned as the id (negative, so never a key of `STACKS`).
+#[inline(always)]
+pub fn stack_id<C: StackIdContext>(ctx: &C, flags: u64) -> i32 {
+    match ctx.get_stackid(&STACKS, flags) {
+        Ok(id) => id as i32,
+        Err(NO_STACK) => NO_STACK,
+        Err(err) => {
+            count(counter::STACK_ERRORS);
+            err
+        }
+    }
+}
