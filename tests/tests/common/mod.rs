@@ -1,5 +1,6 @@
 //! The harness shared by the privileged end-to-end tests: find the tracer, start a target
 //! that waits for SIGUSR1, attach, release the target, collect both outputs.
+// Each test file uses only part of the harness.
 #![allow(dead_code)]
 
 mod bpftrace;
