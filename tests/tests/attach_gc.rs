@@ -23,10 +23,9 @@ fn trace_gc_demo(
 }
 
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn counts_every_gc_and_buckets_the_known_pause() {
-    if !privileged() {
-        return;
-    }
+    require_privileged();
     let (report, truth, _) = trace_gc_demo(
         "gc",
         &["--gcs", "12", "--pause-ms", "20", "--interval-ms", "20"],
@@ -106,10 +105,9 @@ fn counts_every_gc_and_buckets_the_known_pause() {
 }
 
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn off_cpu_time_lands_under_the_blocking_functions() {
-    if !privileged() {
-        return;
-    }
+    require_privileged();
     let (report, truth, folded) = trace_gc_demo(
         "offcpu",
         &["--gcs", "10", "--pause-ms", "10", "--interval-ms", "40"],
@@ -137,10 +135,9 @@ fn off_cpu_time_lands_under_the_blocking_functions() {
 }
 
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn no_such_process_is_a_clear_error() {
-    if !privileged() {
-        return;
-    }
+    require_privileged();
     let out = run_tracer(&["attach", "--pid", "4194304"]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
@@ -178,10 +175,9 @@ fn without_privileges_it_names_what_is_missing() {
 }
 
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn tasks_running_and_parked_time_match_the_targets_own_accounting() {
-    if !privileged() {
-        return;
-    }
+    require_privileged();
     let (report, truth, _) = trace_gc_demo(
         "tasks",
         &["--gcs", "10", "--pause-ms", "10", "--interval-ms", "40"],
@@ -236,10 +232,9 @@ fn tasks_running_and_parked_time_match_the_targets_own_accounting() {
 }
 
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn a_tracer_in_its_own_pid_namespace_works_with_the_namespaces_pids() {
-    if !privileged() {
-        return;
-    }
+    require_privileged();
     // Inside the new namespace the tracer is PID 1, and traces itself: its kernel side
     // must follow it by that number (not the host's), and every output print it.
     let out = std::process::Command::new("unshare")

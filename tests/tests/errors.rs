@@ -249,10 +249,9 @@ fn exit_while_loading(command: &str, reap: bool) -> (u32, Output) {
 /// tracing starts), reaped or still a zombie: "process N exited", every time (it was
 /// "kernel feature missing: cannot read the start time of process N", or a uprobe error).
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn a_target_that_exits_while_the_tracer_loads_is_reported_as_exited() {
-    if !privileged() {
-        return;
-    }
+    require_privileged();
     for command in ["attach", "profile"] {
         for reap in [true, false] {
             for _ in 0..3 {
@@ -275,10 +274,9 @@ fn a_target_that_exits_while_the_tracer_loads_is_reported_as_exited() {
 /// /proc entries mostly not): "process N exited" from every command that takes a PID (it
 /// was "cannot read /proc/N/exe: No such file or directory").
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn a_zombie_target_is_reported_as_exited_by_every_command() {
-    if !privileged() {
-        return;
-    }
+    require_privileged();
     let mut target = Victim::start();
     let pid = target.pid;
     target.kill(false);
@@ -305,10 +303,9 @@ fn a_zombie_target_is_reported_as_exited_by_every_command() {
 /// then, it either says the process exited (or that there is none, when it was gone
 /// before the tracer looked) or traces it until "target exited"; never anything else.
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn a_target_killed_at_any_point_of_the_start_is_never_misreported() {
-    if !privileged() {
-        return;
-    }
+    require_privileged();
     let mut exited = 0;
     for command in ["attach", "profile", "trace"] {
         for delay_ms in [0, 1, 2, 5, 10, 20, 40] {
@@ -375,10 +372,9 @@ fn run_with_open_file_limit(limit: u64, args: &[&str]) -> Output {
 /// open-file limit is too low, with its value (it was "kernel feature missing: map
 /// CONTROL: Too many open files", or "loading the eBPF programs failed").
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn a_low_open_file_limit_is_named() {
-    if !privileged() {
-        return;
-    }
+    require_privileged();
     let target = Victim::start();
     let pid_arg = target.pid.to_string();
     let dir = out_dir("nofile");
@@ -425,10 +421,9 @@ fn public_tracer() -> PathBuf {
 /// command says /proc hides the process, how it is mounted and what to do (it was
 /// "process N exited" or "no such process: N"). Root would see through hidepid.
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn a_process_hidden_by_hidepid_is_said_to_be_hidden() {
-    if !privileged() {
-        return;
-    }
+    require_privileged();
     let tracer = public_tracer();
     let target = Victim::start();
     let pid = target.pid;

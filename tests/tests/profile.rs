@@ -57,10 +57,9 @@ fn folded_total(folded: &str) -> u64 {
 }
 
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn wall_clock_shares_match_the_three_threads() {
-    if !privileged() {
-        return;
-    }
+    require_privileged();
     let (out, truth, dir) = profile_demo("profile-shares", &[]);
     let wall = read(&dir, "wallclock.folded");
     let weights = [SPIN, SLEEP, WAIT].map(|f| folded_weight(&wall, f));
@@ -182,10 +181,9 @@ fn wall_clock_shares_match_the_three_threads() {
 }
 
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn per_thread_puts_each_thread_under_its_own_frame() {
-    if !privileged() {
-        return;
-    }
+    require_privileged();
     let (_, truth, dir) = profile_demo("profile-threads", &["--per-thread"]);
     let wall = read(&dir, "wallclock.folded");
     for (thread, field, frame) in [
@@ -203,10 +201,9 @@ fn per_thread_puts_each_thread_under_its_own_frame() {
 }
 
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn jit_compiled_frames_are_named_from_the_perf_map() {
-    if !privileged() {
-        return;
-    }
+    require_privileged();
     let jit_demo = env!("CARGO_BIN_EXE_jit-demo");
     // The default unwinds with call frame information; the generated code has none, so
     // its caller is found through the frame pointer the code keeps, and marked so. With
@@ -243,10 +240,9 @@ fn jit_compiled_frames_are_named_from_the_perf_map() {
 /// Without its perf map, the JIT code cannot be named: the summary says how much of the
 /// wall time that is and how to get names.
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn unnamed_jit_code_comes_with_a_hint_to_name_it() {
-    if !privileged() {
-        return;
-    }
+    require_privileged();
     let jit_demo = env!("CARGO_BIN_EXE_jit-demo");
     let dir = out_dir("profile-jit-unnamed");
     let target = Target::start(jit_demo, &["--ms", "1500"]);
@@ -273,10 +269,9 @@ fn unnamed_jit_code_comes_with_a_hint_to_name_it() {
 }
 
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn cpp_names_are_demangled() {
-    if !privileged() {
-        return;
-    }
+    require_privileged();
     let bin = compile_target(
         "g++",
         "src/cpp/cpp-demo.cpp",
@@ -293,10 +288,9 @@ fn cpp_names_are_demangled() {
 }
 
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn full_maps_are_reported_not_hidden() {
-    if !privileged() {
-        return;
-    }
+    require_privileged();
     // Room for 2 stacks and 4 keys: the rest cannot be recorded, and the summary says so.
     let (out, _, dir) = profile_demo(
         "profile-small-maps",
@@ -333,10 +327,9 @@ fn full_maps_are_reported_not_hidden() {
 }
 
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn threads_blocked_since_before_the_start_are_accounted_under_their_stacks() {
-    if !privileged() {
-        return;
-    }
+    require_privileged();
     // Attach once the waiter is already blocked on the lock (and the holder asleep).
     let dir = out_dir("profile-late");
     let target = Target::start(WALLCLOCK_DEMO, &["--ms", "1500"]);
@@ -392,10 +385,9 @@ fn threads_blocked_since_before_the_start_are_accounted_under_their_stacks() {
 }
 
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn system_wide_names_each_process() {
-    if !privileged() {
-        return;
-    }
+    require_privileged();
     let dir = out_dir("profile-all");
     let target = Target::start(WALLCLOCK_DEMO, &["--ms", "1500"]);
     let demo = format!("wallclock-demo [{}];", target.pid);
@@ -483,14 +475,17 @@ fn pprof_totals(profile: &[u8]) -> (u64, u64, Vec<String>) {
 }
 
 #[test]
-fn bad_arguments_and_missing_processes_are_clear_errors() {
+fn bad_arguments_are_clear_errors() {
     let out = run_tracer(&["profile", "--frequency", "0"]);
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("invalid --frequency 0"), "{err}");
-    if !privileged() {
-        return;
-    }
+}
+
+#[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+fn a_missing_process_is_a_clear_error() {
+    require_privileged();
     let out = run_tracer(&["profile", "--pid", "4194304"]);
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
@@ -502,10 +497,9 @@ fn bad_arguments_and_missing_processes_are_clear_errors() {
 /// to with `.gnu_debuglink` (as distributions ship `-dbgsym` packages): its frames are
 /// named from that file, static functions included.
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn frames_are_named_from_separate_debug_files() {
-    if !privileged() {
-        return;
-    }
+    require_privileged();
     let bin = compile_target(
         "gcc",
         "src/debuglink/debuglink-demo.c",

@@ -354,10 +354,9 @@ fn count_events(out: BufReader<ChildStdout>) -> u64 {
 /// the JSON report with its GC figures, the folded stacks and the SVG — and `trace
 /// --count` prints its counts.
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn a_target_that_exits_mid_trace_still_gets_its_report() {
-    if !privileged() {
-        return;
-    }
+    require_privileged();
     let attach = |name: &str, target: &Target| {
         let dir = out_dir(name);
         let tracer = Tracer::start(&[
@@ -470,10 +469,9 @@ fn a_target_that_exits_mid_trace_still_gets_its_report() {
 /// uprobe_multi link, ~0.1 s, more on a loaded machine), and tracers detaching at once
 /// wait for each other.
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn attach_survives_sigint_sigterm_and_sigkill_and_leaves_nothing_behind() {
-    if !privileged() {
-        return;
-    }
+    require_privileged();
     thread::scope(|s| {
         for (signal, delay_ms, reason) in SIGNALS {
             s.spawn(move || attach_signal_case(signal, delay_ms, reason));
@@ -607,10 +605,9 @@ fn stop_and_check<T: Send + 'static>(
 /// recording stops in the kernel at the signal, before the slower detach of its 5 sites,
 /// so nothing fired during the detach can overflow the ring buffer.
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn trace_survives_sigint_sigterm_and_sigkill_and_leaves_nothing_behind() {
-    if !privileged() {
-        return;
-    }
+    require_privileged();
     thread::scope(|s| {
         for (signal, delay_ms, reason) in SIGNALS {
             s.spawn(move || trace_signal_case(signal, delay_ms, reason));
@@ -668,10 +665,9 @@ fn trace_signal_case(signal: i32, delay_ms: u64, reason: &str) {
 /// recording in the kernel first (the CONTROL switch), so nothing fired after the stop can
 /// overflow the ring buffer.
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn stopping_a_busy_trace_loses_nothing() {
-    if !privileged() {
-        return;
-    }
+    require_privileged();
     let target = Target::start(EVENT_STORM, &["--tasks", "120000", "--rate", "60000"]);
     let mut tracer = LiveTracer::start(
         &[
@@ -704,10 +700,9 @@ fn stopping_a_busy_trace_loses_nothing() {
 /// every thread appears under its own name and thread id with the time it really spent
 /// blocked there (within 10%; all threads together within 3%), and nothing was dropped.
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn a_thousand_threads_are_each_profiled() {
-    if !privileged() {
-        return;
-    }
+    require_privileged();
     const THREADS: usize = 1000;
     let dir = out_dir("threads");
     // 20 sleeps of 100 ms: the threads live about 2 s, across the tracer's once-a-second
@@ -781,10 +776,9 @@ fn a_thousand_threads_are_each_profiled() {
 /// it can), traced with `trace --count` from its first instruction: every probe's count is
 /// exactly 100,000.
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn a_hundred_thousand_tasks_are_counted_exactly() {
-    if !privileged() {
-        return;
-    }
+    require_privileged();
     let out = run_tracer(&[
         "trace",
         "--count",
@@ -814,10 +808,9 @@ fn a_hundred_thousand_tasks_are_counted_exactly() {
 /// killed half way through changes nothing for them (the kernel counts each semaphore per
 /// attached probe, so the survivors keep theirs raised).
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn two_tracers_on_one_target_both_see_every_event() {
-    if !privileged() {
-        return;
-    }
+    require_privileged();
     const TASKS: u64 = 40_000;
     // 2 s: 20000 tasks (100k events) a second.
     let target = Target::start(
@@ -909,10 +902,9 @@ impl StreamTally {
 /// The full minute is kept on purpose: a shorter burst fits in the ring buffer's slack
 /// and would not show whether the reader keeps up for long.
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn a_hundred_thousand_events_a_second_for_a_minute_are_all_accounted_for() {
-    if !privileged() {
-        return;
-    }
+    require_privileged();
     const RATE: u64 = 20_000;
     const TASKS: u64 = 60 * RATE;
     const EVENTS: u64 = 5 * TASKS;
@@ -982,10 +974,9 @@ fn a_hundred_thousand_events_a_second_for_a_minute_are_all_accounted_for() {
 ///
 /// Off-CPU time has a test of its own below.
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn a_reused_pid_is_not_traced() {
-    if !privileged() {
-        return;
-    }
+    require_privileged();
     // trace: usdt-args fires probes without semaphores too, so the new process executes
     // probe sites (a breakpoint there would fire) during the whole window.
     let target = Target::start(USDT_ARGS, &["--loops", "3"]);
@@ -1047,10 +1038,9 @@ fn a_reused_pid_is_not_traced() {
 /// the exit must not land in the target's profile: `sched_switch` accounting
 /// (tracer-ebpf/src/offcpu.rs) identifies the target by its PID *and* its start time.
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn off_cpu_time_of_a_process_reusing_the_pid_is_not_attributed_to_the_target() {
-    if !privileged() {
-        return;
-    }
+    require_privileged();
     let target = Target::start(GC_DEMO, &["--gcs", "3", "--interval-ms", "10"]);
     let pid = target.pid;
     let dir = out_dir("reuse-offcpu");
@@ -1079,10 +1069,9 @@ fn off_cpu_time_of_a_process_reusing_the_pid_is_not_attributed_to_the_target() {
 /// tests/smoke.sh, the privileged container's smoke test, passes on this host with the
 /// binaries under test — and fails when the tracer is broken (here: `false`).
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn the_smoke_script_passes_and_catches_a_broken_tracer() {
-    if !privileged() {
-        return;
-    }
+    require_privileged();
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("smoke.sh");
     let run = |tracer: &Path| {
         Command::new("sh")
@@ -1167,10 +1156,9 @@ fn many_sites() -> &'static Path {
 /// link keeper removes them; every site and semaphore must be back, whatever the delay,
 /// and none of the tracer's programs or links may stay in the kernel.
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn a_sigkill_while_detaching_a_thousand_sites_leaves_nothing_behind() {
-    if !privileged() {
-        return;
-    }
+    require_privileged();
     three_at_a_time(&[0, 2, 5, 8, 12, 20], sigkill_while_detaching);
 }
 
@@ -1227,10 +1215,9 @@ fn sigkill_while_detaching(delay_ms: u64) {
 /// that fails half-way unregisters what it had registered, in the killed task's context
 /// if the tracer creates it): nothing may be left in the target.
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn a_sigkill_while_attaching_a_thousand_sites_leaves_nothing_behind() {
-    if !privileged() {
-        return;
-    }
+    require_privileged();
     three_at_a_time(&[5, 15, 30, 45, 60, 90], sigkill_while_attaching);
 }
 
@@ -1281,10 +1268,9 @@ fn stalled_reader(path: &Path) -> Child {
 /// collected and what could not be written, within a few seconds; and when the reader of
 /// its output dies instead, the tracer stops on its own, detached, with its report.
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn a_stalled_or_vanished_reader_of_standard_output_never_holds_a_stop() {
-    if !privileged() {
-        return;
-    }
+    require_privileged();
     let dir = out_dir("stalled-stdout");
     for reader_dies in [false, true] {
         let case = if reader_dies {
@@ -1356,10 +1342,9 @@ fn a_stalled_or_vanished_reader_of_standard_output_never_holds_a_stop() {
 /// error on a full device, for every subcommand: a clear error and exit 1, or (a reader
 /// that went away, `tracer list | head -1`) a quiet exit 0, never a panic.
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn unwritable_standard_output_or_error_is_an_error_never_a_panic() {
-    if !privileged() {
-        return;
-    }
+    require_privileged();
     let dir = out_dir("dev-full");
     let target = Target::start(GC_DEMO, &["--gcs", "3000", "--interval-ms", "20"]);
     target.release();
@@ -1428,10 +1413,9 @@ fn unwritable_standard_output_or_error_is_an_error_never_a_panic() {
 /// regular file, /dev/null, a pseudo file system, a name too long), so no trace runs its
 /// whole duration for nothing; the target never carries a breakpoint.
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn an_unusable_output_directory_is_refused_before_attaching() {
-    if !privileged() {
-        return;
-    }
+    require_privileged();
     let dir = out_dir("bad-output");
     let file = dir.join("a-file");
     std::fs::write(&file, "x").unwrap();
@@ -1473,10 +1457,9 @@ fn an_unusable_output_directory_is_refused_before_attaching() {
 /// file that was not written, and no partial or empty file is left; the exit is 1 with
 /// the reason. (A 64 KiB tmpfs, filled but for one page.)
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn a_full_disk_at_the_end_still_gets_the_report_and_no_empty_files() {
-    if !privileged() {
-        return;
-    }
+    require_privileged();
     let dir = out_dir("full-disk");
     let status = Command::new("mount")
         .args(["-t", "tmpfs", "-o", "size=64k", "tracer-test-full"])

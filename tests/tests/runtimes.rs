@@ -99,10 +99,9 @@ fn truth_list(truth: &serde_json::Value, field: &str) -> Vec<u64> {
 }
 
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn gc_pause_bt_and_tracer_count_and_time_every_pause_alike() {
-    if !privileged() {
-        return;
-    }
+    require_privileged();
     let (report, truth, bt) = gc_demo_with_script(
         "bt-pause",
         &["--gcs", "12", "--pause-ms", "20", "--interval-ms", "20"],
@@ -147,10 +146,9 @@ fn gc_pause_bt_and_tracer_count_and_time_every_pause_alike() {
 }
 
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn stop_the_world_bt_and_tracer_agree() {
-    if !privileged() {
-        return;
-    }
+    require_privileged();
     let (report, truth, bt) = gc_demo_with_script(
         "bt-stw",
         &["--gcs", "10", "--pause-ms", "5", "--interval-ms", "20"],
@@ -182,10 +180,9 @@ fn stop_the_world_bt_and_tracer_agree() {
 }
 
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn gc_all_bt_counts_every_phase_like_tracer_and_the_truth() {
-    if !privileged() {
-        return;
-    }
+    require_privileged();
     let gcs = 12u64;
     let (report, truth, bt) = gc_demo_with_script(
         "bt-all",
@@ -238,10 +235,9 @@ fn gc_all_bt_counts_every_phase_like_tracer_and_the_truth() {
 }
 
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn task_run_park_bt_counts_every_run_and_park_of_every_task() {
-    if !privileged() {
-        return;
-    }
+    require_privileged();
     let (report, truth, bt) = gc_demo_with_script(
         "bt-tasks",
         &[
@@ -298,10 +294,9 @@ fn task_run_park_bt_counts_every_run_and_park_of_every_task() {
 }
 
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn a_latency_pair_given_with_the_flag_measures_what_the_builtin_pair_does() {
-    if !privileged() {
-        return;
-    }
+    require_privileged();
     let AttachRun { report, dir, .. } = attach_json(
         GC_DEMO,
         &["--gcs", "8", "--pause-ms", "10", "--interval-ms", "10"],
@@ -442,10 +437,9 @@ END { clear(@start); }
 "#;
 
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn a_jvm_reports_one_gc_per_system_gc() {
-    if !privileged() {
-        return;
-    }
+    require_privileged();
     const N: u64 = 5;
     let dir = out_dir("jvm");
     let gc_log = dir.join("gc.log");
@@ -593,10 +587,9 @@ public class TracerPark {
 /// HotSpot's `thread__park__begin`/`thread__park__end` probes as task switches (the thread
 /// is the task): each worker's parks and parked time, against the threads' own clocks.
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn a_jvm_reports_each_threads_parks_and_parked_time() {
-    if !privileged() {
-        return;
-    }
+    require_privileged();
     const PARKS: u64 = 20;
     const PARK_MS: u64 = 10;
     let dir = out_dir("jvm-park");
@@ -643,10 +636,9 @@ fn a_jvm_reports_each_threads_parks_and_parked_time() {
 }
 
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn cpython_reports_one_gc_pause_per_collect() {
-    if !privileged() {
-        return;
-    }
+    require_privileged();
     let python = "/usr/bin/python3.11";
     // Automatic collections off and no interpreter shutdown: exactly N collections run,
     // each timed from outside by the script itself.
@@ -803,10 +795,9 @@ tokio = {{ version = "1.54", default-features = false, features = ["rt", "rt-mul
 }
 
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn every_tokio_task_fires_the_task_probes_through_the_hooks() {
-    if !privileged() {
-        return;
-    }
+    require_privileged();
     let binary = build_tokio_target();
     let target = StdinTarget::start(&mut Command::new(&binary));
     let pid = target.pid.to_string();

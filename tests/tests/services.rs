@@ -592,10 +592,9 @@ fn assert_bpftrace_saw_everything(bt: &BpftraceMaps, truth: &Truth) {
 // --pid --children
 
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn attach_follows_forked_children_latencies_processes_and_stacks() {
-    if !privileged() {
-        return;
-    }
+    require_privileged();
     let (n, k) = (3, 5);
     let dir = out_dir("services-children");
     let server = start_server(SERVER, &server_args(n, k, 0, 2, 300));
@@ -638,10 +637,9 @@ fn attach_follows_forked_children_latencies_processes_and_stacks() {
 /// without `--pid=host`): the tracer takes and prints the namespace's PIDs, follows the
 /// forks by them, and counts every pair, by process, as the server numbers them.
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn in_a_pid_namespace_of_its_own_a_service_is_traced_by_the_namespaces_pids() {
-    if !privileged() {
-        return;
-    }
+    require_privileged();
     let dir = out_dir("services-pidns");
     let args = server_args(3, 4, 1, 2, 200).join(" ");
     let script = format!(
@@ -701,10 +699,9 @@ tracer stderr:
 /// From the host, a server in a PID namespace below (a container's) is traced by its
 /// host PIDs, and the report gives each process's PID in its own namespace beside them.
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn from_the_host_processes_in_a_pid_namespace_show_their_namespace_pids() {
-    if !privileged() {
-        return;
-    }
+    require_privileged();
     let dir = out_dir("services-host-into-ns");
     let mut args = vec!["--pid", "--fork", "--kill-child", SERVER];
     let server_args = server_args(2, 3, 0, 2, 100);
@@ -769,10 +766,9 @@ fn from_the_host_processes_in_a_pid_namespace_show_their_namespace_pids() {
 }
 
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn profile_follows_forked_children() {
-    if !privileged() {
-        return;
-    }
+    require_privileged();
     let dir = out_dir("services-profile");
     let server = start_server(SERVER, &server_args(2, 3, 0, 2, 300));
     let pid = server.pid.to_string();
@@ -800,10 +796,9 @@ fn profile_follows_forked_children() {
 }
 
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn trace_count_with_children_counts_what_bpftrace_and_the_server_count() {
-    if !privileged() {
-        return;
-    }
+    require_privileged();
     // A copy of its own: bpftrace counts by path, every process that runs the file, and
     // other tests run the original at the same time.
     let dir = out_dir("services-count");
@@ -846,10 +841,9 @@ fn trace_count_with_children_counts_what_bpftrace_and_the_server_count() {
 }
 
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn without_children_only_the_parents_hits_count() {
-    if !privileged() {
-        return;
-    }
+    require_privileged();
     let dir = out_dir("services-no-children");
     let program = executable_copy(SERVER, &dir);
     let parent_pairs = 3;
@@ -1005,10 +999,9 @@ fn assert_started_later_traced(report: &Report, truth: &Truth, name: &str, early
 }
 
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn exe_traces_a_server_started_after_the_tracer() {
-    if !privileged() {
-        return;
-    }
+    require_privileged();
     let dir = out_dir("services-exe");
     let program = executable_copy(SERVER, &dir);
     let (report, truth, early) = attach_then_start(
@@ -1023,10 +1016,9 @@ fn exe_traces_a_server_started_after_the_tracer() {
 }
 
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn comm_traces_a_server_started_after_the_tracer() {
-    if !privileged() {
-        return;
-    }
+    require_privileged();
     // A command name of its own (at most 15 bytes, the kernel's comm).
     let dir = out_dir("services-comm");
     let program = executable_copy_as(SERVER, &dir, "fsrv-comm-test");
@@ -1108,10 +1100,9 @@ fn cgroup_test(hierarchy: &str, name: &str) {
 }
 
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn cgroup_v2_traces_a_server_moved_in_after_the_tracer_started() {
-    if !privileged() {
-        return;
-    }
+    require_privileged();
     let root = cgroup_v2_root();
     if !Path::new(root).join("cgroup.procs").exists() {
         panic!("no cgroup v2 hierarchy at {root}");
@@ -1120,10 +1111,9 @@ fn cgroup_v2_traces_a_server_moved_in_after_the_tracer_started() {
 }
 
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn cgroup_v1_traces_a_server_moved_in_after_the_tracer_started() {
-    if !privileged() {
-        return;
-    }
+    require_privileged();
     // The pids controller's hierarchy: mounted on every cgroup v1 (and hybrid) system.
     let root = "/sys/fs/cgroup/pids";
     if !Path::new(root).join("cgroup.procs").exists() {
@@ -1261,10 +1251,9 @@ fn children_of(pid: u32) -> BTreeSet<u32> {
 }
 
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn postgresql_backends_forked_after_attach_are_traced_like_bpftrace_and_pgbench_count() {
-    if !privileged() {
-        return;
-    }
+    require_privileged();
     const CLIENTS: u64 = 4;
     let cluster = PgCluster::start("services-pg");
     let postmaster = cluster.postmaster();

@@ -137,10 +137,9 @@ fn assert_frames(name: &str, kernel: &[String], user: &[String], function: &str)
 }
 
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn text_names_each_thread_its_state_syscall_and_stacks() {
-    if !privileged() {
-        return;
-    }
+    require_privileged();
     let blocked = start_blocked();
     std::thread::sleep(Duration::from_millis(500));
     let (text, stderr) = stacks(blocked.target.pid, &[]);
@@ -214,10 +213,9 @@ fn parse_seconds(text: &str) -> f64 {
 }
 
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn json_names_each_thread_its_state_syscall_and_stacks() {
-    if !privileged() {
-        return;
-    }
+    require_privileged();
     let blocked = start_blocked();
     std::thread::sleep(Duration::from_millis(500));
     let (out, _) = stacks(blocked.target.pid, &["--format", "json"]);
@@ -276,10 +274,9 @@ fn cpu_time_ns(pid: u32, tid: u32) -> u64 {
 }
 
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn never_stops_the_target() {
-    if !privileged() {
-        return;
-    }
+    require_privileged();
     let blocked = start_blocked();
     let pid = blocked.target.pid;
     let tids: Vec<u32> = blocked.tids.values().copied().chain([pid]).collect();
@@ -337,10 +334,9 @@ fn never_stops_the_target() {
 }
 
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn a_missing_process_or_privilege_is_an_error() {
-    if !privileged() {
-        return;
-    }
+    require_privileged();
     // No such process (a child that exited and was reaped).
     let mut child = Command::new("true").spawn().unwrap();
     child.wait().unwrap();
@@ -380,10 +376,9 @@ fn a_missing_process_or_privilege_is_an_error() {
 /// stack down to the thread's start, as read from /proc at the start; the spinner's time
 /// is on CPU; and both commands give the same totals for the same process.
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn threads_blocked_throughout_are_profiled_under_their_real_stacks() {
-    if !privileged() {
-        return;
-    }
+    require_privileged();
     let blocked = start_blocked();
     let pid = blocked.target.pid.to_string();
     let mut totals = Vec::new();

@@ -53,10 +53,9 @@ fn compile_demo(name: &str, flags: &[&str]) -> PathBuf {
 /// through the kernel's signal frame (glibc's `__restore_rt`) down to the interrupted
 /// chain from `main`, on CPU and off CPU alike.
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn dwarf_unwinds_through_signal_frames() {
-    if !privileged() {
-        return;
-    }
+    require_privileged();
     let (out, folded) = profile_view(nofp_demo(), "dwarf", "signal", "wallclock");
     let mut handler = 0;
     let mut through = 0;
@@ -139,10 +138,9 @@ fn leaf_stacks(folded: &str, in_kernel: bool) -> (u64, u64, usize) {
 }
 
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn dwarf_unwinding_recovers_callers_without_frame_pointers() {
-    if !privileged() {
-        return;
-    }
+    require_privileged();
     let (out, folded) = profile("dwarf", "spin");
     let (leaf, chain, depth) = leaf_stacks(&folded, false);
     eprintln!("--unwind dwarf: deepest spin_leaf stack {depth} user frames\n{out}");
@@ -156,10 +154,9 @@ fn dwarf_unwinding_recovers_callers_without_frame_pointers() {
 }
 
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn frame_pointers_lose_the_callers() {
-    if !privileged() {
-        return;
-    }
+    require_privileged();
     let (out, folded) = profile("fp", "spin");
     let (leaf, chain, depth) = leaf_stacks(&folded, false);
     eprintln!("--unwind fp: deepest spin_leaf stack {depth} user frames\n{out}");
@@ -176,10 +173,9 @@ fn frame_pointers_lose_the_callers() {
 }
 
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn dwarf_unwinds_samples_taken_in_system_calls() {
-    if !privileged() {
-        return;
-    }
+    require_privileged();
     // Samples in the kernel unwind from the user registers saved at kernel entry, through
     // glibc's read (no frame pointers either).
     let (out, folded) = profile("dwarf", "read");
@@ -202,10 +198,9 @@ fn dwarf_unwinds_samples_taken_in_system_calls() {
 }
 
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn dwarf_unwinds_where_threads_block() {
-    if !privileged() {
-        return;
-    }
+    require_privileged();
     // Off-CPU stacks: where the thread blocked in nanosleep, through glibc.
     let (out, folded) = profile_view(nofp_demo(), "dwarf", "sleep", "offcpu");
     let (leaf, chain, depth) = leaf_stacks(&folded, true);
@@ -235,10 +230,9 @@ fn dwarf_unwinds_where_threads_block() {
 }
 
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn frames_found_by_frame_pointers_are_marked() {
-    if !privileged() {
-        return;
-    }
+    require_privileged();
     let (out, folded) = profile_view(no_unwind_tables_demo(), "dwarf", "spin", "oncpu");
     eprintln!("--unwind dwarf, no unwind tables:\n{out}");
     // No function of the demo has call frame information: their callers were found
@@ -261,10 +255,9 @@ fn frames_found_by_frame_pointers_are_marked() {
 }
 
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn reused_snapshots_never_mix_up_callers() {
-    if !privileged() {
-        return;
-    }
+    require_privileged();
     // nap_short (1 ms) and nap_long (3 ms) alternate and block with the same registers:
     // only the return addresses on the stack differ. Reusing a snapshot without checking
     // them would put all the time under one of the two.

@@ -72,10 +72,9 @@ fn parse_events(stdout: &str) -> Vec<(String, Vec<i64>, u32)> {
 }
 
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn every_argument_form_decodes_from_the_first_instruction() {
-    if !privileged() {
-        return;
-    }
+    require_privileged();
     let out = run_tracer(&[
         "trace",
         "--format",
@@ -101,10 +100,9 @@ fn every_argument_form_decodes_from_the_first_instruction() {
 }
 
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn semaphores_fire_while_attached_by_pid_and_are_restored_even_after_sigkill() {
-    if !privileged() {
-        return;
-    }
+    require_privileged();
     for kill in [false, true] {
         // 30 rounds, 100 ms apart: the tracer leaves (stops or is killed) mid-run.
         let target = Target::start(USDT_ARGS, &["--loops", "30", "--interval-ms", "100"]);
@@ -166,10 +164,9 @@ fn semaphores_fire_while_attached_by_pid_and_are_restored_even_after_sigkill() {
 }
 
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn a_process_started_after_the_tracer_is_traced_by_path() {
-    if !privileged() {
-        return;
-    }
+    require_privileged();
     // A copy of its own: a tracer by path raises the semaphores of every process that runs
     // the file, other tests' targets included.
     let program = executable_copy(USDT_ARGS, &out_dir("by-path"));
@@ -196,10 +193,9 @@ fn a_process_started_after_the_tracer_is_traced_by_path() {
 }
 
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn bpftrace_and_tracer_agree_on_the_same_process() {
-    if !privileged() {
-        return;
-    }
+    require_privileged();
     let target = Target::start(USDT_ARGS, &["--loops", "3"]);
     let pid = target.pid.to_string();
     let tracer = Tracer::start(&[
@@ -254,10 +250,9 @@ fn bpftrace_and_tracer_agree_on_the_same_process() {
 }
 
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn cpython_gc_probes_are_counted_exactly() {
-    if !privileged() {
-        return;
-    }
+    require_privileged();
     let python = "/usr/bin/python3.11";
     // Automatic collections off and no interpreter shutdown, so exactly N collections run.
     let script = "import gc, os, signal, sys\n\
@@ -296,10 +291,9 @@ fn cpython_gc_probes_are_counted_exactly() {
 }
 
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn a_target_in_another_mount_namespace_is_found_through_proc_root() {
-    if !privileged() {
-        return;
-    }
+    require_privileged();
     // The binary exists only inside the target's private mount namespace.
     let dir = out_dir("mntns");
     let inner = "/mnt/tracer-private";
@@ -397,25 +391,28 @@ fn bad_input_gets_a_clear_error() {
         assert!(err.contains(message), "{args:?}: {err}");
         assert!(!err.contains("panicked"), "{err}");
     }
-    if privileged() {
-        let out = run_tracer(&["trace", "--pid", "4194304", "usdt:*:p:n"]);
-        assert!(String::from_utf8_lossy(&out.stderr).contains("no such process: 4194304"));
-        let out = run_tracer(&[
-            "trace",
-            &format!("usdt:{USDT_ARGS}:tracer_test:nope"),
-            "--",
-            USDT_ARGS,
-        ]);
-        assert!(!out.status.success());
-        assert!(String::from_utf8_lossy(&out.stderr).contains("no probes match"));
-    }
 }
 
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+fn bad_trace_targets_get_a_clear_error() {
+    require_privileged();
+    let out = run_tracer(&["trace", "--pid", "4194304", "usdt:*:p:n"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no such process: 4194304"));
+    let out = run_tracer(&[
+        "trace",
+        &format!("usdt:{USDT_ARGS}:tracer_test:nope"),
+        "--",
+        USDT_ARGS,
+    ]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no probes match"));
+}
+
+#[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn count_mode_counts_every_hit_in_the_kernel() {
-    if !privileged() {
-        return;
-    }
+    require_privileged();
     let out = run_tracer(&[
         "trace",
         "--count",

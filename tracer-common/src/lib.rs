@@ -572,24 +572,35 @@ pub struct SnapshotCheck {
 #[cfg(feature = "user")]
 mod pod {
     use super::*;
-    // SAFETY: all of these are #[repr(C)] structs of integers with explicit padding
-    // fields, so every bit pattern is valid and there are no implicit padding bytes.
-    unsafe impl aya::Pod for UsdtArg {}
-    unsafe impl aya::Pod for UsdtSite {}
-    unsafe impl aya::Pod for UsdtEvent {}
-    unsafe impl aya::Pod for LatencyStartKey {}
-    unsafe impl aya::Pod for LatencyStats {}
-    unsafe impl aya::Pod for TargetProcess {}
-    unsafe impl aya::Pod for LatencyProcessKey {}
-    unsafe impl aya::Pod for ProbeHits {}
-    unsafe impl aya::Pod for OffCpuStart {}
-    unsafe impl aya::Pod for OffCpuKey {}
-    unsafe impl aya::Pod for OffCpuTotal {}
-    unsafe impl aya::Pod for TaskState {}
-    unsafe impl aya::Pod for TaskId {}
-    unsafe impl aya::Pod for TaskKey {}
-    unsafe impl aya::Pod for UnwindSample {}
-    unsafe impl aya::Pod for LastSnapshot {}
-    unsafe impl aya::Pod for SnapshotCheck {}
-    unsafe impl aya::Pod for ThreadRegs {}
+    /// `unsafe impl aya::Pod` for each type.
+    macro_rules! pod {
+        ($($t:ty),* $(,)?) => {
+            $(
+                // SAFETY: all of these are #[repr(C)] structs of integers with explicit
+                // padding fields, so every bit pattern is valid and there are no implicit
+                // padding bytes.
+                unsafe impl aya::Pod for $t {}
+            )*
+        };
+    }
+    pod!(
+        UsdtArg,
+        UsdtSite,
+        UsdtEvent,
+        LatencyStartKey,
+        LatencyStats,
+        TargetProcess,
+        LatencyProcessKey,
+        ProbeHits,
+        OffCpuStart,
+        OffCpuKey,
+        OffCpuTotal,
+        TaskState,
+        TaskId,
+        TaskKey,
+        UnwindSample,
+        LastSnapshot,
+        SnapshotCheck,
+        ThreadRegs,
+    );
 }

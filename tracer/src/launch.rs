@@ -58,6 +58,7 @@ impl PausedChild {
         // execve, _exit) on memory prepared before the fork.
         match unsafe { libc::fork() } {
             -1 => Err(io::Error::last_os_error()).context("fork"),
+            // SAFETY: the child of the fork, as said above: only async-signal-safe calls.
             0 => unsafe {
                 libc::close(write_end.as_raw_fd());
                 let mut byte = 0u8;

@@ -27,6 +27,8 @@ pub mod btf;
 pub mod cli;
 pub mod commands;
 pub mod console;
+#[cfg(test)]
+mod golden;
 pub mod histogram;
 pub mod launch;
 pub mod loader;

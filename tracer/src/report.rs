@@ -511,4 +511,49 @@ mod tests {
         assert_eq!(json["tasks"]["list"][0]["name"], "parker-0");
         assert!(json["tasks"]["list"][1]["name"].is_null());
     }
+
+    /// The text and JSON of a fixed report, byte for byte (tracer/tests/data; regenerate
+    /// with TRACER_BLESS=1).
+    #[test]
+    fn report_text_and_json_match_the_golden_files() {
+        use crate::tasks::{TaskProfile, TaskSummary};
+        let mut wall = WallClockProfile {
+            oncpu_samples: 19,
+            oncpu_ns: 192_000_000,
+            offcpu_intervals: 119,
+            offcpu_ns: 3_100_000_000,
+            runnable_intervals: 58,
+            runnable_ns: 168_000_000,
+            threads: 2,
+            processes: 1,
+            ..Default::default()
+        };
+        for (tid, name, oncpu_ms, blocked_ms) in
+            [(42, "gc-demo", 150, 2_900), (43, "worker", 42, 200)]
+        {
+            wall.per_thread.push(crate::wallclock::ThreadTime {
+                tgid: 42,
+                tid,
+                name: Some(name.into()),
+                oncpu_ns: oncpu_ms * 1_000_000,
+                blocked_ns: blocked_ms * 1_000_000,
+                ..Default::default()
+            });
+        }
+        let tasks = TaskReport {
+            profile: TaskProfile {
+                tasks: vec![TaskSummary {
+                    task: 7,
+                    tgid: 42,
+                    ..Default::default()
+                }],
+                ..Default::default()
+            },
+            files: None,
+        };
+        let report = report_of("gc-demo", wall, Some(tasks));
+        crate::golden::assert_golden("attach-report.txt", &report.to_text());
+        let json = serde_json::to_string_pretty(&report.to_json()).unwrap() + "\n";
+        crate::golden::assert_golden("attach-report.json", &json);
+    }
 }

@@ -170,8 +170,9 @@ pub fn run_built(args: ContainerArgs) -> Result<()> {
 /// podman that cannot work.
 fn preflight() -> Result<()> {
     // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
     ensure!(
-        unsafe { libc::geteuid() } == 0,
+        euid == 0,
         "not root (the tracer in the container loads eBPF programs)"
     );
     ensure!(

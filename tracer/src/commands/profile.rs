@@ -258,3 +258,55 @@ fn summary(
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wallclock::ThreadTime;
+
+    /// The summary of a fixed profile, byte for byte (tracer/tests/data; regenerate with
+    /// TRACER_BLESS=1). No file was written, so each is shown as not written.
+    #[test]
+    fn summary_matches_the_golden_file() {
+        let mut profile = WallClockProfile {
+            oncpu_samples: 99,
+            oncpu_ns: 1_000_000_000,
+            offcpu_intervals: 12,
+            offcpu_ns: 2_500_000_000,
+            runnable_intervals: 3,
+            runnable_ns: 4_000_000,
+            missing_stacks: 1,
+            threads: 2,
+            processes: 1,
+            ..Default::default()
+        };
+        profile.per_thread = vec![
+            ThreadTime {
+                tgid: 42,
+                tid: 42,
+                name: Some("main".into()),
+                oncpu_ns: 900_000_000,
+                blocked_ns: 100_000_000,
+                ..Default::default()
+            },
+            ThreadTime {
+                tgid: 42,
+                tid: 44,
+                name: Some("io\x1b".into()),
+                oncpu_ns: 100_000_000,
+                blocked_ns: 2_400_000_000,
+                runnable_ns: 4_000_000,
+            },
+        ];
+        let text = summary(
+            &profile,
+            "process 42 (demo)",
+            99,
+            3_000_000_000,
+            &ProfileFiles::default(),
+            2,
+            0,
+        );
+        crate::golden::assert_golden("profile-summary.txt", &text);
+    }
+}

@@ -532,4 +532,24 @@ mod tests {
         assert!(svg.trim_end().ends_with("</svg>"));
         std::fs::remove_dir_all(dir).unwrap();
     }
+
+    /// A fixed folded profile's SVG, byte for byte (tracer/tests/data; regenerate with
+    /// TRACER_BLESS=1): colors come from the frame names (`hash`), nothing from the clock.
+    #[test]
+    fn svg_render_matches_the_golden_file() {
+        let options = SvgOptions {
+            title: "Off-CPU time",
+            subtitle: Some("pid 42"),
+            count_name: "us",
+            palette: Palette::OffCpu,
+        };
+        let render = || {
+            let mut svg = Vec::new();
+            render_flamegraph_svg(&sample(), &options, &mut svg).unwrap();
+            String::from_utf8(svg).unwrap()
+        };
+        let svg = render();
+        assert_eq!(svg, render(), "the render is not deterministic");
+        crate::golden::assert_golden("offcpu.svg", &svg);
+    }
 }

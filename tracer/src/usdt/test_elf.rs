@@ -7,6 +7,7 @@
 //! byte at [`BASE_OFF`]; the data segment (rw-) maps `.probes`, four 2-byte semaphore
 //! slots at [`PROBES_OFF`], followed in memory by [`BSS_SIZE`] zero-filled bytes on the
 //! same page. The notes follow at [`NOTES_OFF`] (not loaded), then the section headers.
+// Fixtures: not every test uses every constant and builder.
 #![allow(dead_code)]
 
 use object::elf;
