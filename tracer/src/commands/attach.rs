@@ -20,6 +20,7 @@ use crate::{
     procfs,
     render::{
         self, escape_text,
+        export::ExportInfo,
         flamegraph::{Palette, SvgOptions},
         views::write_profile_files,
     },
@@ -34,7 +35,7 @@ use crate::{
     targets::{self, TargetTracker},
     tasks,
     usdt::{self, ProbePattern},
-    wallclock::{self, ExportInfo, Processes},
+    wallclock::{self, Processes},
 };
 
 pub fn run(config: AttachConfig) -> Result<()> {

@@ -12,10 +12,7 @@
 //! `wallclock.pb.gz` (pprof) and `wallclock.speedscope.json` (the three views). Weights
 //! are microseconds.
 
-use std::{
-    path::Path,
-    time::{SystemTime, UNIX_EPOCH},
-};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::Result;
 use tracer_common::counter;
@@ -24,19 +21,14 @@ use crate::{
     cli::{ProfileConfig, UnwindMethod},
     loader::{Loader, Settings},
     privileges, procfs,
-    render::{
-        self, escape_text,
-        views::{ProfileFiles, write_profile_files},
-    },
-    report::THREADS_SHOWN,
+    render::{self, escape_text, export::ExportInfo, views::write_profile_files},
+    report::profile_summary,
     runtimes,
     sampling::{self, Collected, ViewOptions, WallClockSampler, unwind_summary},
     stop::{self, ProcessWatch},
     symbolize::StackSymbolizer,
     targets::{self, TargetTracker},
-    wallclock::{
-        self, ExportInfo, OFF_CPU_FRAME, Processes, RUNNABLE_FRAME, WallClockProfile, thread_table,
-    },
+    wallclock::{self, Processes},
 };
 
 pub fn run(config: ProfileConfig) -> Result<()> {
@@ -150,7 +142,7 @@ pub fn run(config: ProfileConfig) -> Result<()> {
         },
     );
     let counters = loader.counters()?;
-    let mut text = summary(
+    let mut text = profile_summary(
         &profile,
         &what,
         sampling.frequency_hz,
@@ -184,129 +176,5 @@ pub fn run(config: ProfileConfig) -> Result<()> {
     match output_error {
         Some(e) => Err(e),
         None => Ok(()),
-    }
-}
-
-/// A written file's path, or what the summary says of one that could not be written.
-fn shown(path: Option<&Path>) -> String {
-    match path {
-        Some(path) => path.display().to_string(),
-        None => "(not written, see the error below)".into(),
-    }
-}
-
-fn summary(
-    profile: &WallClockProfile,
-    what: &str,
-    frequency_hz: u64,
-    elapsed_ns: u64,
-    outputs: &ProfileFiles,
-    stack_errors: u64,
-    map_full: u64,
-) -> String {
-    let seconds = |ns: u64| ns as f64 / 1e9;
-    let mut out = format!(
-        "Wall-clock profile of {}: {:.1} s, {} thread{} in {} process{}.\n",
-        escape_text(what),
-        seconds(elapsed_ns),
-        profile.threads,
-        if profile.threads == 1 { "" } else { "s" },
-        profile.processes,
-        if profile.processes == 1 { "" } else { "es" },
-    );
-    out += &format!(
-        "On-CPU: {} samples at {frequency_hz} Hz, {:.3} s; flamegraph {}\n",
-        profile.oncpu_samples,
-        seconds(profile.oncpu_ns),
-        shown(outputs.oncpu.as_ref().map(|f| f.svg.as_path()))
-    );
-    out += &format!(
-        "Off-CPU: {:.3} s blocked in {} intervals; flamegraph {}\n",
-        seconds(profile.offcpu_ns),
-        profile.offcpu_intervals,
-        shown(outputs.offcpu.as_ref().map(|f| f.svg.as_path()))
-    );
-    out += &format!(
-        "Runnable: {:.3} s preempted and waiting for a CPU, in {} intervals (under \
-         {RUNNABLE_FRAME} leaf frames in the wall-clock view)\n",
-        seconds(profile.runnable_ns),
-        profile.runnable_intervals,
-    );
-    out += &format!(
-        "Wall-clock: {:.3} s on and off CPU; flamegraph {} (blocked time under {OFF_CPU_FRAME} \
-         leaf frames), pprof {}, speedscope {}\n",
-        seconds(profile.oncpu_ns + profile.offcpu_ns + profile.runnable_ns),
-        shown(outputs.wall.as_ref().map(|f| f.svg.as_path())),
-        shown(outputs.pprof.as_deref()),
-        shown(outputs.speedscope.as_deref())
-    );
-    out += &format!(
-        "Threads: {}; the {} with the most wall time:\n",
-        profile.per_thread.len(),
-        THREADS_SHOWN.min(profile.per_thread.len())
-    );
-    out += &thread_table(profile, THREADS_SHOWN);
-    if stack_errors + map_full + profile.missing_stacks == 0 {
-        out += "Nothing lost: every sample and interval was recorded with its stacks.\n";
-    } else {
-        out += &format!(
-            "Lost: {stack_errors} stacks not captured (stack map full or collision, or a \
-             fault; see --stack-map-size), {map_full} samples or intervals dropped (map \
-             full; see --map-size); {} stack entries shown as [missing ... stack].\n",
-            profile.missing_stacks
-        );
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::wallclock::ThreadTime;
-
-    /// The summary of a fixed profile, byte for byte (tracer/tests/data; regenerate with
-    /// TRACER_BLESS=1). No file was written, so each is shown as not written.
-    #[test]
-    fn summary_matches_the_golden_file() {
-        let mut profile = WallClockProfile {
-            oncpu_samples: 99,
-            oncpu_ns: 1_000_000_000,
-            offcpu_intervals: 12,
-            offcpu_ns: 2_500_000_000,
-            runnable_intervals: 3,
-            runnable_ns: 4_000_000,
-            missing_stacks: 1,
-            threads: 2,
-            processes: 1,
-            ..Default::default()
-        };
-        profile.per_thread = vec![
-            ThreadTime {
-                tgid: 42,
-                tid: 42,
-                name: Some("main".into()),
-                oncpu_ns: 900_000_000,
-                blocked_ns: 100_000_000,
-                ..Default::default()
-            },
-            ThreadTime {
-                tgid: 42,
-                tid: 44,
-                name: Some("io\x1b".into()),
-                oncpu_ns: 100_000_000,
-                blocked_ns: 2_400_000_000,
-                runnable_ns: 4_000_000,
-            },
-        ];
-        let text = summary(
-            &profile,
-            "process 42 (demo)",
-            99,
-            3_000_000_000,
-            &ProfileFiles::default(),
-            2,
-            0,
-        );
-        crate::golden::assert_golden("profile-summary.txt", &text);
     }
 }

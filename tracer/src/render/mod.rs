@@ -1,6 +1,7 @@
 //! Turning collected data into what users read: bpftrace-style histograms and summaries,
 //! folded stacks and flame graphs.
 
+pub mod export;
 pub mod flamegraph;
 pub mod hist;
 pub mod views;

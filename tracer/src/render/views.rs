@@ -7,9 +7,8 @@ use super::{
     ViewFiles,
     flamegraph::{FoldedStacks, Palette, SvgOptions},
 };
-use crate::wallclock::{
-    self, ExportInfo, OFF_CPU_FRAME, RUNNABLE_FRAME, StackProfile, WallClockProfile,
-};
+use crate::render::export::{self, ExportInfo};
+use crate::wallclock::{OFF_CPU_FRAME, RUNNABLE_FRAME, StackProfile, WallClockProfile};
 
 /// Where each output went; `None` for a file that could not be written.
 #[derive(Debug, Default)]
@@ -99,13 +98,13 @@ pub fn write_profile_files(
     }
     let pprof = dir.join("wallclock.pb.gz");
     let pprof = keep(
-        wallclock::write_pprof(&profile.wall, info, &pprof),
+        export::write_pprof(&profile.wall, info, &pprof),
         pprof,
         &mut first_error,
     );
     let speedscope = dir.join("wallclock.speedscope.json");
     let speedscope = keep(
-        wallclock::write_speedscope(
+        export::write_speedscope(
             &[
                 ("wall-clock", &profile.wall),
                 ("on-CPU", &profile.oncpu),
