@@ -12,7 +12,6 @@ use crate::{
     probe_plan::ProbeInfo,
     render::{
         ViewFiles, escape_text,
-        flamegraph::FoldedStacks,
         hist::{MICROSECONDS, format_ns, render_latency, summary_json},
         views::ProfileFiles,
     },
@@ -26,8 +25,8 @@ use crate::{
 /// What the off-CPU profile holds and what could not be recorded.
 #[derive(Debug, Default)]
 pub struct OffCpuProfile {
-    /// Weights in microseconds.
-    pub folded: FoldedStacks,
+    /// Distinct stacks.
+    pub stacks: usize,
     pub total_ns: u64,
     pub intervals: u64,
     /// Intervals whose user or kernel stack could not be captured.
@@ -353,7 +352,7 @@ impl AttachReport {
             "offcpu": {
                 "total_ns": self.offcpu.total_ns,
                 "intervals": self.offcpu.intervals,
-                "stacks": self.offcpu.folded.len(),
+                "stacks": self.offcpu.stacks,
                 "missing_stacks": self.offcpu.missing_stacks,
                 "runnable_ns": self.wall.runnable_ns,
                 "runnable_intervals": self.wall.runnable_intervals,

@@ -1,14 +1,16 @@
 //! Naming stacks: the one place that turns recorded stacks (instruction pointers from
 //! the kernel, unwound user stacks, or names /proc gave) into folded-stack frames: user
 //! and kernel frames by id, in batches, with the marks every output shares (`_[k]`,
-//! ` [fp]`), and the process frame at the root.
+//! ` [fp]`), the process frame at the root; and the weighted stacks every view is
+//! made of ([`StackProfile`]).
 
-use std::borrow::Cow;
+use std::{borrow::Cow, collections::BTreeMap};
 
 use foldhash::HashMap;
 
 use crate::{
     loader::Loader,
+    render::flamegraph::FoldedStacks,
     symbolize::{Frame, ProcessMaps, StackSymbolizer, UNKNOWN},
     wallclock::Processes,
 };
@@ -19,6 +21,72 @@ pub const KERNEL_SUFFIX: &str = "_[k]";
 /// Appended to the name of a frame found by following frame pointers in a profile
 /// otherwise unwound with call frame information.
 pub const FRAME_POINTER_SUFFIX: &str = " [fp]";
+
+/// Weight of one stack: how many events made it up and how long they lasted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Weight {
+    /// On-CPU samples, or off-CPU intervals.
+    pub events: u64,
+    pub ns: u64,
+}
+
+impl Weight {
+    pub fn add(&mut self, other: Weight) {
+        self.events += other.events;
+        self.ns += other.ns;
+    }
+
+    /// Microseconds, rounded up so no stack that took time shows 0.
+    pub fn us(&self) -> u64 {
+        self.ns.div_ceil(1000)
+    }
+}
+
+/// Stacks (root first) and their weights. Every export (folded, pprof, speedscope)
+/// derives its microseconds from here with [`Weight::us`], so their totals agree.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StackProfile {
+    stacks: BTreeMap<Vec<String>, Weight>,
+}
+
+impl StackProfile {
+    pub fn add(&mut self, frames: Vec<String>, weight: Weight) {
+        self.stacks.entry(frames).or_default().add(weight);
+    }
+
+    /// Stacks and weights, sorted by stack.
+    pub fn iter(&self) -> impl Iterator<Item = (&[String], Weight)> {
+        self.stacks.iter().map(|(f, w)| (f.as_slice(), *w))
+    }
+
+    /// How many distinct stacks.
+    pub fn len(&self) -> usize {
+        self.stacks.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.stacks.is_empty()
+    }
+
+    /// Sum of the stacks' microseconds.
+    pub fn total_us(&self) -> u64 {
+        self.stacks.values().map(Weight::us).sum()
+    }
+
+    /// Sum of the stacks' events.
+    pub fn total_events(&self) -> u64 {
+        self.stacks.values().map(|w| w.events).sum()
+    }
+
+    /// Folded stacks weighted in microseconds.
+    pub fn folded(&self) -> FoldedStacks {
+        let mut folded = FoldedStacks::new();
+        for (frames, weight) in self.iter() {
+            folded.add(frames, weight.us());
+        }
+        folded
+    }
+}
 
 /// Raw stacks as the kernel stored them: instruction pointers, innermost first.
 pub trait StackSource {

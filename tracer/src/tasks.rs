@@ -6,8 +6,7 @@ use std::collections::HashMap;
 use tracer_common::{OffCpuTotal, TaskId, TaskKey, TaskState, task_phase};
 
 use crate::{
-    render::flamegraph::FoldedStacks,
-    stacks::{StackSource, process_frame, user_stack_frames},
+    stacks::{StackProfile, StackSource, Weight, process_frame, user_stack_frames},
     symbolize::StackSymbolizer,
     wallclock::Processes,
 };
@@ -30,8 +29,8 @@ pub struct TaskSummary {
 #[derive(Debug, Default)]
 pub struct TaskProfile {
     pub tasks: Vec<TaskSummary>,
-    /// Parked time in microseconds: process;task #N (decimal);stack where it parked.
-    pub parked: FoldedStacks,
+    /// Parked time (and parks): process;task #N (decimal);stack where it parked.
+    pub parked: StackProfile,
 }
 
 /// Adds the intervals still open at `now` (tasks parked or running right now) to
@@ -93,7 +92,7 @@ pub fn build_profile(
         let named = user_stack_frames(ids, stacks, symbolizer, maps, str::to_string);
         names.extend(named.into_iter().map(|(id, frames)| ((tgid, id), frames)));
     }
-    let mut parked_ns: HashMap<Vec<String>, u64> = HashMap::new();
+    let mut parked = StackProfile::default();
     for (key, total) in times {
         let summary = summaries
             .entry((key.tgid, key.task))
@@ -114,18 +113,21 @@ pub fn build_profile(
             format!("task #{}", key.task),
         ];
         frames.extend(names[&(key.tgid, key.stack_id)].iter().cloned());
-        *parked_ns.entry(frames).or_default() += total.total_ns;
+        parked.add(
+            frames,
+            Weight {
+                events: total.count,
+                ns: total.total_ns,
+            },
+        );
     }
     let mut profile = TaskProfile {
         tasks: summaries.into_values().collect(),
-        ..Default::default()
+        parked,
     };
     profile
         .tasks
         .sort_by(|a, b| b.parked_ns.cmp(&a.parked_ns).then(a.task.cmp(&b.task)));
-    for (frames, ns) in parked_ns {
-        profile.parked.add(&frames, ns.div_ceil(1000));
-    }
     profile
 }
 
@@ -185,6 +187,7 @@ mod tests {
                 parks: 3
             }
         );
-        assert_eq!(profile.parked.total(), 60);
+        assert_eq!(profile.parked.total_us(), 60);
+        assert_eq!(profile.parked.total_events(), 4);
     }
 }

@@ -22,8 +22,9 @@ use tracer_common::{
 
 use crate::{
     procfs::{self, ThreadNames},
-    render::flamegraph::FoldedStacks,
-    stacks::{StackSource, kernel_stack_frames, process_frame, user_stack_frames},
+    stacks::{
+        StackProfile, StackSource, Weight, kernel_stack_frames, process_frame, user_stack_frames,
+    },
     symbolize::{ProcessMaps, StackSymbolizer},
 };
 
@@ -155,67 +156,6 @@ impl Processes {
 
     pub fn thread_name(&self, tid: u32) -> Option<&str> {
         self.threads.get(tid)
-    }
-}
-
-/// Weight of one stack: how many events made it up and how long they lasted.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Weight {
-    /// On-CPU samples, or off-CPU intervals.
-    pub events: u64,
-    pub ns: u64,
-}
-
-impl Weight {
-    fn add(&mut self, other: Weight) {
-        self.events += other.events;
-        self.ns += other.ns;
-    }
-
-    /// Microseconds, rounded up so no stack that took time shows 0.
-    pub fn us(&self) -> u64 {
-        self.ns.div_ceil(1000)
-    }
-}
-
-/// Stacks (root first) and their weights. Every export (folded, pprof, speedscope)
-/// derives its microseconds from here with [`Weight::us`], so their totals agree.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct StackProfile {
-    stacks: BTreeMap<Vec<String>, Weight>,
-}
-
-impl StackProfile {
-    pub fn add(&mut self, frames: Vec<String>, weight: Weight) {
-        self.stacks.entry(frames).or_default().add(weight);
-    }
-
-    /// Stacks and weights, sorted by stack.
-    pub fn iter(&self) -> impl Iterator<Item = (&[String], Weight)> {
-        self.stacks.iter().map(|(f, w)| (f.as_slice(), *w))
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.stacks.is_empty()
-    }
-
-    /// Sum of the stacks' microseconds.
-    pub fn total_us(&self) -> u64 {
-        self.stacks.values().map(Weight::us).sum()
-    }
-
-    /// Sum of the stacks' events.
-    pub fn total_events(&self) -> u64 {
-        self.stacks.values().map(|w| w.events).sum()
-    }
-
-    /// Folded stacks weighted in microseconds.
-    pub fn folded(&self) -> FoldedStacks {
-        let mut folded = FoldedStacks::new();
-        for (frames, weight) in self.iter() {
-            folded.add(frames, weight.us());
-        }
-        folded
     }
 }
 

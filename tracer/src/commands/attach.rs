@@ -423,7 +423,7 @@ fn collect(
         runtimes::jit_naming_hint(pid, maps.mapped_files().map(|f| f.path))
     });
     let profile = OffCpuProfile {
-        folded: wall.offcpu.folded(),
+        stacks: wall.offcpu.len(),
         total_ns: wall.offcpu_ns,
         intervals: wall.offcpu_intervals,
         missing_stacks: wall.missing_stacks,
@@ -486,7 +486,7 @@ fn collect(
 /// Writes one off-CPU flame graph view (`NAME.folded`, `NAME.svg`) into the output
 /// directory.
 fn write_view(
-    folded: &crate::render::flamegraph::FoldedStacks,
+    stacks: &crate::stacks::StackProfile,
     config: &AttachConfig,
     name: &str,
     title: &str,
@@ -498,7 +498,7 @@ fn write_view(
         count_name: "us",
         palette: Palette::OffCpu,
     };
-    render::write_view(folded, &config.output_dir, name, &options)
+    render::write_view(stacks, &config.output_dir, name, &options)
 }
 
 /// Only a valid site becomes something to attach: the offsets come from

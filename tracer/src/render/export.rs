@@ -7,7 +7,8 @@ use std::path::Path;
 
 use crate::{
     render::write_output,
-    wallclock::{OFF_CPU_FRAME, StackProfile, Weight},
+    stacks::{StackProfile, Weight},
+    wallclock::OFF_CPU_FRAME,
 };
 
 /// What the pprof and speedscope files say about the run.

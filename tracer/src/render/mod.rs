@@ -128,11 +128,12 @@ pub struct ViewFiles {
 /// (the folded file is removed again when the SVG cannot be written), so a report never
 /// names a file that is not there.
 pub fn write_view(
-    folded: &flamegraph::FoldedStacks,
+    stacks: &crate::stacks::StackProfile,
     dir: &Path,
     name: &str,
     options: &flamegraph::SvgOptions<'_>,
 ) -> io::Result<ViewFiles> {
+    let folded = stacks.folded();
     let files = ViewFiles {
         folded: dir.join(format!("{name}.folded")),
         svg: dir.join(format!("{name}.svg")),
@@ -143,8 +144,8 @@ pub fn write_view(
             io::Error::new(err.kind(), format!("writing {}: {err}", path.display()))
         }
     };
-    flamegraph::write_folded(folded, &files.folded).map_err(context(&files.folded))?;
-    if let Err(err) = flamegraph::write_flamegraph_svg(folded, &files.svg, options) {
+    flamegraph::write_folded(&folded, &files.folded).map_err(context(&files.folded))?;
+    if let Err(err) = flamegraph::write_flamegraph_svg(&folded, &files.svg, options) {
         let _ = std::fs::remove_file(&files.folded);
         return Err(context(&files.svg)(err));
     }

@@ -5,10 +5,11 @@ use std::path::{Path, PathBuf};
 
 use super::{
     ViewFiles,
-    flamegraph::{FoldedStacks, Palette, SvgOptions},
+    flamegraph::{Palette, SvgOptions},
 };
 use crate::render::export::{self, ExportInfo};
-use crate::wallclock::{OFF_CPU_FRAME, RUNNABLE_FRAME, StackProfile, WallClockProfile};
+use crate::stacks::StackProfile;
+use crate::wallclock::{OFF_CPU_FRAME, RUNNABLE_FRAME, WallClockProfile};
 
 /// Where each output went; `None` for a file that could not be written.
 #[derive(Debug, Default)]
@@ -52,14 +53,13 @@ pub fn write_profile_files(
         seconds(profile.offcpu_ns)
     );
     let view = |name: &str, stacks: &StackProfile, title: String, subtitle: String, palette| {
-        let folded: FoldedStacks = stacks.folded();
         let options = SvgOptions {
             title: &title,
             subtitle: Some(&subtitle),
             count_name: "us",
             palette,
         };
-        super::write_view(&folded, dir, name, &options)
+        super::write_view(stacks, dir, name, &options)
     };
     let mut views = Vec::new();
     for (name, stacks, title, subtitle, palette) in [
