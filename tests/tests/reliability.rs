@@ -804,6 +804,47 @@ fn a_hundred_thousand_tasks_are_counted_exactly() {
     assert_every_task_probe(&counts(&stdout), 100_000, "trace --count");
 }
 
+/// A command that outlives the trace (`-d`) is ended with it, as bpftrace's `-c` does:
+/// SIGTERM when tracing ends, and the tracer says so; nothing of it keeps running.
+#[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+fn a_command_that_outlives_the_trace_is_terminated_with_it() {
+    require_privileged();
+    let dir = out_dir("command-lifecycle");
+    let program = executable_copy(EVENT_STORM, &dir);
+    let started = std::time::Instant::now();
+    let out = run_tracer(&[
+        "trace",
+        "--count",
+        "-d",
+        "300ms",
+        &format!("usdt:{}:tracer:rt__*", program.display()),
+        "--",
+        program.to_str().unwrap(),
+        "--tasks",
+        "100000000",
+    ]);
+    let took = started.elapsed();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("duration elapsed")
+            && stderr.contains("command terminated with SIGTERM as tracing ended"),
+        "{stderr}"
+    );
+    // SIGTERM ends it at once: well before the SIGKILL grace period.
+    assert!(
+        took < std::time::Duration::from_secs(2),
+        "took {took:?}\n{stderr}"
+    );
+    let still_running = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .any(|p| std::fs::read_link(p.path().join("exe")).is_ok_and(|exe| exe == program));
+    assert!(!still_running, "the command outlived the trace");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// Two tracers count the same process at once, and each sees every event; a third one
 /// killed half way through changes nothing for them (the kernel counts each semaphore per
 /// attached probe, so the survivors keep theirs raised).

@@ -19,6 +19,8 @@ pub struct PausedChild {
     /// The absolute path of the program it will run.
     pub exe: PathBuf,
     go: Option<OwnedFd>,
+    /// How it ended, once reaped (its PID may be reused from then on: never signal it).
+    ended: std::cell::Cell<Option<CommandEnd>>,
 }
 
 impl PausedChild {
@@ -77,6 +79,7 @@ impl PausedChild {
                     pid: pid as u32,
                     exe,
                     go: Some(write_end),
+                    ended: std::cell::Cell::new(None),
                 })
             }
         }
@@ -96,16 +99,109 @@ impl PausedChild {
 
     /// Reaps the child once it has exited; returns its exit code (128+signal if killed).
     pub fn wait(&self) -> Option<i32> {
+        self.wait_with(0).map(CommandEnd::code)
+    }
+
+    /// Ends the command once tracing has ended, as bpftrace's `-c` does: a command still
+    /// running gets SIGTERM, then SIGKILL after [`TERMINATE_GRACE`]. Returns how it ended
+    /// (`None` if it was never started or already reaped).
+    pub fn finish(&self) -> Option<CommandEnd> {
+        if let Some(end) = self.ended.get() {
+            return Some(end);
+        }
+        if let Some(end) = self.wait_with(libc::WNOHANG) {
+            return Some(end);
+        }
+        // SAFETY: kill has no memory preconditions; the pid is our unreaped child.
+        unsafe { libc::kill(self.pid as i32, libc::SIGTERM) };
+        let deadline = std::time::Instant::now() + TERMINATE_GRACE;
+        while std::time::Instant::now() < deadline {
+            if let Some(end) = self.wait_with(libc::WNOHANG) {
+                self.ended.set(Some(end.terminated_by_us()));
+                return self.ended.get();
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        // SAFETY: as above.
+        unsafe { libc::kill(self.pid as i32, libc::SIGKILL) };
+        let end = self.wait_with(0).map(CommandEnd::terminated_by_us);
+        self.ended.set(end);
+        end
+    }
+
+    /// waitpid with `flags`: how the child ended, or `None` (still running with WNOHANG,
+    /// or not our child any more).
+    fn wait_with(&self, flags: i32) -> Option<CommandEnd> {
         let mut status = 0;
         // SAFETY: waitpid on our own child with a valid status pointer.
-        let r = unsafe { libc::waitpid(self.pid as i32, &mut status, 0) };
+        let r = unsafe { libc::waitpid(self.pid as i32, &mut status, flags) };
         if r != self.pid as i32 {
             return None;
         }
-        if libc::WIFEXITED(status) {
-            Some(libc::WEXITSTATUS(status))
+        let end = if libc::WIFEXITED(status) {
+            CommandEnd::Exited(libc::WEXITSTATUS(status))
         } else {
-            Some(128 + libc::WTERMSIG(status))
+            CommandEnd::Signaled {
+                signal: libc::WTERMSIG(status),
+                by_tracer: false,
+            }
+        };
+        self.ended.set(Some(end));
+        Some(end)
+    }
+}
+
+/// How long a command may take to exit after SIGTERM before it gets SIGKILL.
+pub const TERMINATE_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// How a traced command ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CommandEnd {
+    /// It exited with this status.
+    Exited(i32),
+    /// A signal ended it; `by_tracer` when the tracer sent it because tracing ended.
+    Signaled { signal: i32, by_tracer: bool },
+}
+
+impl CommandEnd {
+    /// The shell's view: the exit status, or 128 + the signal.
+    pub fn code(self) -> i32 {
+        match self {
+            Self::Exited(code) => code,
+            Self::Signaled { signal, .. } => 128 + signal,
+        }
+    }
+
+    fn terminated_by_us(self) -> Self {
+        match self {
+            Self::Signaled { signal, .. } => Self::Signaled {
+                signal,
+                by_tracer: true,
+            },
+            exited => exited,
+        }
+    }
+}
+
+impl std::fmt::Display for CommandEnd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let name = |signal: i32| match signal {
+            libc::SIGTERM => "SIGTERM".to_string(),
+            libc::SIGKILL => "SIGKILL".to_string(),
+            libc::SIGINT => "SIGINT".to_string(),
+            other => format!("signal {other}"),
+        };
+        match self {
+            Self::Exited(code) => write!(f, "command exited with {code}"),
+            Self::Signaled {
+                signal,
+                by_tracer: true,
+            } => write!(
+                f,
+                "command terminated with {} as tracing ended",
+                name(*signal)
+            ),
+            Self::Signaled { signal, .. } => write!(f, "command killed by {}", name(*signal)),
         }
     }
 }
@@ -115,6 +211,9 @@ impl Drop for PausedChild {
         // Never resumed: closing the pipe makes the child exit without running anything.
         if self.go.take().is_some() {
             let _ = self.wait();
+        } else if self.ended.get().is_none() {
+            // A trace that failed after the command started: it does not outlive it.
+            let _ = self.finish();
         }
     }
 }

@@ -181,7 +181,8 @@ pub fn run(config: TraceConfig) -> Result<()> {
     let (written, output) = out.finish();
     let not_written = printer.count.saturating_sub(written);
     let lost = loader.counters()?[counter::EVENTS_LOST as usize];
-    let exit = child.as_ref().and_then(|c| c.wait());
+    // Tracing has ended: so does the command.
+    let exit = child.as_ref().and_then(|c| c.finish());
     crate::status!(
         "Stopped: {reason}. {written} events{}{}{}.",
         if lost > 0 {
@@ -194,8 +195,7 @@ pub fn run(config: TraceConfig) -> Result<()> {
         } else {
             String::new()
         },
-        exit.map(|code| format!("; command exited with {code}"))
-            .unwrap_or_default()
+        exit.map(|end| format!("; {end}")).unwrap_or_default()
     );
     match output {
         // The reader went away: it wanted no more (like `| head`).
