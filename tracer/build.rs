@@ -2,14 +2,36 @@
 //! so `tracer` embeds them (see `loader.rs`). `cargo xtask setup` installs both; this
 //! script only checks for them, so a missing piece is named instead of failing in a linker.
 
-use std::{env, path::PathBuf};
+use std::{
+    env,
+    path::{Path, PathBuf},
+};
 
 use anyhow::{Context as _, bail};
 
-/// Where `cargo xtask setup` caches bpf-linker.
-fn cached_bpf_linker_dir() -> Option<PathBuf> {
+/// The pinned nightly of the eBPF build: the `channel` line of
+/// `tracer-ebpf/rust-toolchain.toml` (`cargo xtask setup` installs it from the same line).
+fn ebpf_toolchain(ebpf_dir: &Path) -> anyhow::Result<String> {
+    let path = ebpf_dir.join("rust-toolchain.toml");
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("cannot read {}", path.display()))?;
+    text.lines()
+        .filter_map(|line| line.trim().strip_prefix("channel"))
+        .filter_map(|rest| rest.trim().strip_prefix('='))
+        .map(|value| value.trim().trim_matches('"').to_owned())
+        .next()
+        .with_context(|| format!("no channel in {}", path.display()))
+}
+
+/// Where `cargo xtask setup` caches the bpf-linker built for `toolchain`'s LLVM.
+fn cached_bpf_linker_dir(toolchain: &str) -> Option<PathBuf> {
     let home = env::var_os("HOME")?;
-    Some(PathBuf::from(home).join(".cache/tracer/bpf-linker/bin"))
+    Some(
+        PathBuf::from(home)
+            .join(".cache/tracer/bpf-linker")
+            .join(toolchain)
+            .join("bin"),
+    )
 }
 
 fn find_on_path(program: &str) -> Option<PathBuf> {
@@ -30,20 +52,26 @@ fn main() -> anyhow::Result<()> {
     );
     println!("cargo:rerun-if-env-changed=PATH");
 
-    if find_on_path("bpf-linker").is_none() {
-        match cached_bpf_linker_dir().filter(|dir| dir.join("bpf-linker").is_file()) {
-            Some(dir) => {
-                let mut paths = vec![dir];
-                paths.extend(env::split_paths(&env::var_os("PATH").unwrap_or_default()));
-                // SAFETY: build scripts are single-threaded; this only affects the child
-                // cargo that aya-build spawns.
-                unsafe { env::set_var("PATH", env::join_paths(paths)?) };
-            }
-            None => bail!(
-                "bpf-linker is not installed: run `cargo xtask setup` (it builds bpf-linker \
-                 against the nightly toolchain's LLVM and caches it in ~/.cache/tracer)"
-            ),
+    let toolchain = ebpf_toolchain(&ebpf_dir)?;
+    println!(
+        "cargo:rerun-if-changed={}",
+        ebpf_dir.join("rust-toolchain.toml").display()
+    );
+    // The linker built for this toolchain's LLVM comes first: one on PATH may link another.
+    match cached_bpf_linker_dir(&toolchain).filter(|dir| dir.join("bpf-linker").is_file()) {
+        Some(dir) => {
+            let mut paths = vec![dir];
+            paths.extend(env::split_paths(&env::var_os("PATH").unwrap_or_default()));
+            // SAFETY: build scripts are single-threaded; this only affects the child
+            // cargo that aya-build spawns.
+            unsafe { env::set_var("PATH", env::join_paths(paths)?) };
         }
+        None if find_on_path("bpf-linker").is_some() => {}
+        None => bail!(
+            "bpf-linker is not installed: run `cargo xtask setup` (it installs the eBPF \
+             toolchain {toolchain} and builds bpf-linker against its LLVM, cached in \
+             ~/.cache/tracer)"
+        ),
     }
 
     let ebpf_dir_str = ebpf_dir.to_str().context("non-UTF-8 workspace path")?;
@@ -53,10 +81,12 @@ fn main() -> anyhow::Result<()> {
             root_dir: ebpf_dir_str,
             ..Default::default()
         }],
-        aya_build::Toolchain::Nightly,
+        aya_build::Toolchain::Custom(&toolchain),
     )
-    .context(
-        "building the eBPF programs failed; if the nightly toolchain lacks rust-src or \
-         bpf-linker is broken, run `cargo xtask setup`",
-    )
+    .with_context(|| {
+        format!(
+            "building the eBPF programs failed; if the {toolchain} toolchain or its rust-src \
+             is missing, or bpf-linker is broken, run `cargo xtask setup`"
+        )
+    })
 }

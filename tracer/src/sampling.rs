@@ -431,7 +431,9 @@ impl Unwinding {
                 .get(snapshot.tgid)
                 .and_then(|info| info.maps.as_ref());
             if let Some(check) = self.unwinder.add(&snapshot, maps)
-                && let Err(e) = self.checks.insert(snapshot.snapshot_id as i32, check, 0)
+                && let Err(e) = self
+                    .checks
+                    .insert(&(snapshot.snapshot_id as i32), &check, 0)
             {
                 // The kernel then sends a new snapshot each time: slower, not wrong.
                 log::debug!(

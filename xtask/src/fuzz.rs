@@ -20,13 +20,15 @@ pub fn run(seconds: u32) -> Result<()> {
         eprintln!("xtask fuzz: installing cargo-fuzz");
         crate::run(Command::new("cargo").args(["install", "cargo-fuzz", "--locked"]))?;
     }
+    let toolchain = crate::setup::ebpf_toolchain()?;
     for target in TARGETS {
         eprintln!("xtask fuzz: {target} for {seconds} s");
-        // libFuzzer's sanitizer flags need the nightly compiler.
+        // libFuzzer's sanitizer flags need a nightly compiler: the eBPF build's pinned one,
+        // new enough for what tracer depends on.
         let mut cmd = Command::new("rustup");
         cmd.args([
             "run",
-            "nightly",
+            &toolchain,
             "cargo",
             "fuzz",
             "run",

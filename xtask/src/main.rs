@@ -90,7 +90,7 @@ pub fn run(cmd: &mut Command) -> Result<()> {
 pub fn cargo(args: &[&str]) -> Command {
     let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
     cmd.args(args);
-    let mut paths = vec![setup::bpf_linker_bin_dir()];
+    let mut paths: Vec<_> = setup::bpf_linker_bin_dir().into_iter().collect();
     paths.extend(std::env::split_paths(
         &std::env::var_os("PATH").unwrap_or_default(),
     ));

@@ -8,19 +8,40 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 
 const BPF_LINKER_VERSION: &str = "0.13.0";
-/// The LLVM major of the nightly toolchain; bpf-linker must link the same one.
-const LLVM_FEATURE: &str = "llvm-22";
 
-fn cache_dir() -> PathBuf {
+/// The workspace root (xtask's parent directory).
+fn workspace() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in the workspace")
+        .to_path_buf()
+}
+
+/// The pinned nightly that builds the eBPF programs: the `channel` of
+/// `tracer-ebpf/rust-toolchain.toml` (tracer's build script reads the same line).
+pub fn ebpf_toolchain() -> Result<String> {
+    let path = workspace().join("tracer-ebpf/rust-toolchain.toml");
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("cannot read {}", path.display()))?;
+    text.lines()
+        .filter_map(|line| line.trim().strip_prefix("channel"))
+        .filter_map(|rest| rest.trim().strip_prefix('='))
+        .map(|value| value.trim().trim_matches('"').to_owned())
+        .next()
+        .with_context(|| format!("no channel in {}", path.display()))
+}
+
+/// bpf-linker is built per eBPF toolchain: it must link that nightly's LLVM.
+fn cache_dir(toolchain: &str) -> PathBuf {
     let home = std::env::var_os("HOME")
         .map(PathBuf::from)
         .unwrap_or_else(|| "/root".into());
-    home.join(".cache/tracer/bpf-linker")
+    home.join(".cache/tracer/bpf-linker").join(toolchain)
 }
 
 /// Where bpf-linker is installed (tracer's build script looks here too).
-pub fn bpf_linker_bin_dir() -> PathBuf {
-    cache_dir().join("bin")
+pub fn bpf_linker_bin_dir() -> Result<PathBuf> {
+    Ok(cache_dir(&ebpf_toolchain()?).join("bin"))
 }
 
 fn output(cmd: &mut Command) -> Result<String> {
@@ -35,34 +56,76 @@ fn output(cmd: &mut Command) -> Result<String> {
 }
 
 pub fn run() -> Result<()> {
-    ensure_nightly_rust_src()?;
-    ensure_bpf_linker()?;
+    let toolchain = ebpf_toolchain()?;
+    ensure_ebpf_toolchain(&toolchain)?;
+    ensure_bpf_linker(&toolchain)?;
     ensure_test_tools()?;
     Ok(())
 }
 
-fn ensure_nightly_rust_src() -> Result<()> {
-    let installed = output(Command::new("rustup").args(["component", "list", "--toolchain", "nightly", "--installed"]))
-        .context("the preinstalled `nightly` toolchain is required for the eBPF build (rustup toolchain list)")?;
-    if installed.lines().any(|l| l.starts_with("rust-src")) {
+/// Installs the pinned nightly with rust-src (`-Z build-std=core` needs it); a no-op when
+/// both are there.
+fn ensure_ebpf_toolchain(toolchain: &str) -> Result<()> {
+    let installed = Command::new("rustup")
+        .args(["component", "list", "--toolchain", toolchain, "--installed"])
+        .stderr(Stdio::null())
+        .output()
+        .context("rustup is required to install the eBPF toolchain")?;
+    if installed.status.success()
+        && String::from_utf8_lossy(&installed.stdout)
+            .lines()
+            .any(|l| l.starts_with("rust-src"))
+    {
         return Ok(());
     }
-    eprintln!(
-        "xtask setup: adding rust-src to the nightly toolchain (needed by -Z build-std=core)"
-    );
+    eprintln!("xtask setup: installing the eBPF toolchain {toolchain} with rust-src");
     crate::run(Command::new("rustup").args([
-        "component",
-        "add",
+        "toolchain",
+        "install",
+        toolchain,
+        "--profile",
+        "minimal",
+        "--component",
         "rust-src",
-        "--toolchain",
-        "nightly",
     ]))
 }
 
-fn ensure_bpf_linker() -> Result<()> {
+/// The LLVM major the toolchain's rustc was built with, as bpf-linker's feature name.
+fn llvm_feature(toolchain: &str) -> Result<String> {
+    let version = output(
+        Command::new("rustc")
+            .arg(format!("+{toolchain}"))
+            .arg("-vV"),
+    )?;
+    let major = version
+        .lines()
+        .find_map(|l| l.strip_prefix("LLVM version: "))
+        .and_then(|v| v.split('.').next())
+        .with_context(|| format!("`rustc +{toolchain} -vV` names no LLVM version"))?;
+    Ok(format!("llvm-{major}"))
+}
+
+fn ensure_bpf_linker(toolchain: &str) -> Result<()> {
+    let cache = cache_dir(toolchain);
+    let linker = cache.join("bin/bpf-linker");
+    let works = |linker: &std::path::Path| {
+        Command::new(linker)
+            .arg("--version")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if linker.is_file() && works(&linker) {
+        return Ok(());
+    }
     // No LLVM development package of the nightly's LLVM major exists on this distribution,
     // so bpf-linker links the libLLVM that ships inside the nightly toolchain itself.
-    let sysroot = output(Command::new("rustc").args(["+nightly", "--print", "sysroot"]))?;
+    let sysroot = output(
+        Command::new("rustc")
+            .arg(format!("+{toolchain}"))
+            .args(["--print", "sysroot"]),
+    )?;
     let nightly_lib = PathBuf::from(sysroot.trim()).join("lib");
     let libllvm = std::fs::read_dir(&nightly_lib)
         .with_context(|| format!("cannot read {}", nightly_lib.display()))?
@@ -75,13 +138,13 @@ fn ensure_bpf_linker() -> Result<()> {
         })
         .with_context(|| {
             format!(
-                "no libLLVM.so.* in {}: is the nightly toolchain complete?",
+                "no libLLVM.so.* in {}: is the {toolchain} toolchain complete?",
                 nightly_lib.display()
             )
         })?;
     // The build links `libLLVM.so`; the binary then loads the library by its soname
     // through its rpath, so both names must exist there.
-    let llvm_lib = cache_dir().join("llvm/lib");
+    let llvm_lib = cache.join("llvm/lib");
     std::fs::create_dir_all(&llvm_lib)?;
     for name in [
         std::ffi::OsStr::new("libLLVM.so"),
@@ -91,21 +154,9 @@ fn ensure_bpf_linker() -> Result<()> {
         let _ = std::fs::remove_file(&link);
         std::os::unix::fs::symlink(&libllvm, &link)?;
     }
-
-    let linker = bpf_linker_bin_dir().join("bpf-linker");
-    let works = |linker: &std::path::Path| {
-        Command::new(linker)
-            .arg("--version")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-    };
-    if linker.is_file() && works(&linker) {
-        return Ok(());
-    }
+    let feature = llvm_feature(toolchain)?;
     eprintln!(
-        "xtask setup: building bpf-linker {BPF_LINKER_VERSION} against {} (about 2 minutes, once)",
+        "xtask setup: building bpf-linker {BPF_LINKER_VERSION} ({feature}) against {} (about 2 minutes, once)",
         libllvm.display()
     );
     let status = Command::new("cargo")
@@ -117,16 +168,15 @@ fn ensure_bpf_linker() -> Result<()> {
             BPF_LINKER_VERSION,
             "--no-default-features",
             "--features",
-            LLVM_FEATURE,
+            &feature,
             "--root",
         ])
-        .arg(cache_dir())
-        .env("LLVM_PREFIX", cache_dir().join("llvm"))
+        .arg(&cache)
+        .env("LLVM_PREFIX", cache.join("llvm"))
         .status()?;
     if !status.success() || !works(&linker) {
         bail!(
-            "building bpf-linker failed: it needs the nightly toolchain's LLVM ({}) to be LLVM 22 \
-             (feature {LLVM_FEATURE}); check `rustc +nightly -vV`",
+            "building bpf-linker {BPF_LINKER_VERSION} with feature {feature} against {} failed",
             libllvm.display()
         );
     }

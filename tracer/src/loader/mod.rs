@@ -693,7 +693,7 @@ impl Loader {
         let mut control: Array<_, u32> =
             Array::try_from(map).map_err(|source| LoaderError::Map { name, source })?;
         control
-            .set(control::STOPPED, 1, 0)
+            .set(control::STOPPED, &1, 0)
             .map_err(|source| LoaderError::Map { name, source })
     }
 
@@ -773,8 +773,11 @@ impl Loader {
             .map_err(error)?;
         let tids: std::collections::HashSet<u32> =
             crate::procfs::thread_ids(tgid).into_iter().collect();
+        const RECORD: usize = std::mem::size_of::<ThreadRegs>();
         Ok(bytes
-            .chunks_exact(std::mem::size_of::<ThreadRegs>())
+            .as_chunks::<RECORD>()
+            .0
+            .iter()
             .map(|record| {
                 let u64_at =
                     |at: usize| u64::from_ne_bytes(record[at..at + 8].try_into().expect("8 bytes"));

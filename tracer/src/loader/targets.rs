@@ -51,7 +51,7 @@ impl TargetsMap {
                 comm,
             };
             self.map
-                .insert(member.pid, target, 0)
+                .insert(&member.pid, &target, 0)
                 .map_err(|source| LoaderError::Map { name, source })?;
         }
         Ok(())
