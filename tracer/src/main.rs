@@ -5,7 +5,7 @@ use tracer::{
     cli::{AttachConfig, Cli, Command, ListConfig, ProfileConfig, StacksConfig, TraceConfig},
     commands,
     console::OutputError,
-    oserror, render,
+    oserror, text,
 };
 
 fn main() {
@@ -46,7 +46,7 @@ fn main() {
         // Names from the target (paths, probes) may be in it: no raw control characters,
         // though the lines of a verifier log stay lines.
         let message = format!("{error:#}{hint}");
-        let lines: Vec<_> = message.split('\n').map(render::escape_text).collect();
+        let lines: Vec<_> = message.split('\n').map(text::escape_text).collect();
         tracer::status!("tracer: error: {}", lines.join("\n"));
         std::process::exit(1);
     }

@@ -11,13 +11,14 @@ use crate::{
     loader::ProbeHitTotals,
     probe_plan::ProbeInfo,
     render::{
-        ViewFiles, escape_text,
+        ViewFiles,
         hist::{MICROSECONDS, format_ns, render_latency, summary_json},
         views::ProfileFiles,
     },
     runtimes::LatencyDef,
     stop::StopReason,
     tasks::TaskProfile,
+    text::escape_text,
     unwind::UnwindStats,
     wallclock::{OFF_CPU_FRAME, RUNNABLE_FRAME, WallClockProfile, thread_table},
 };

@@ -9,13 +9,15 @@ use std::{collections::HashMap, time::Duration};
 
 use anyhow::{Context as _, Result};
 use tracer_common::{
-    NO_STACK, OffCpuStart, STACK_BEFORE_START, SnapshotCheck, UNWIND_STACK_BYTES, counter,
-    offcpu_state,
+    NO_STACK, OffCpuStart, STACK_BEFORE_START, UNWIND_STACK_BYTES, counter, offcpu_state,
 };
 
 use crate::{
     cli::{Sampling, UnwindMethod},
-    loader::{Features, Loader, Settings, TargetsMap},
+    loader::{
+        Attachment, Features, Loader, RecordRing, Settings, SnapshotChecks, TargetsMap, UserStacks,
+    },
+    processes::Processes,
     procfs,
     stacks::{FRAME_POINTER_SUFFIX, StackSource},
     stop::{self, StopReason},
@@ -23,7 +25,7 @@ use crate::{
     targets::KernelTargets,
     threads::{self, SnapshotOptions, ThreadState},
     unwind::{DwarfUnwinder, Snapshot, UnwindStats, UnwoundStack, WithUnwound},
-    wallclock::{self, BuildOptions, FIRST_SEEDED_ID, Processes, RawProfile, WallClockProfile},
+    wallclock::{self, BuildOptions, FIRST_SEEDED_ID, RawProfile, WallClockProfile},
 };
 
 /// How often the ring buffer of stack snapshots is drained with `--unwind dwarf` (the
@@ -49,6 +51,8 @@ pub struct WallClockSampler {
     pub started_ns: u64,
     /// How many CPUs are sampled.
     pub cpus: usize,
+    /// Off-CPU accounting and on-CPU sampling, while attached.
+    attached: Option<[Attachment; 2]>,
 }
 
 /// How the profile is built from what was collected.
@@ -101,22 +105,20 @@ impl WallClockSampler {
         processes: &Processes,
     ) -> Result<Self> {
         let dwarf = sampling.unwind == UnwindMethod::Dwarf;
-        if dwarf {
-            loader.attach_sched_switch_dwarf()?;
-        } else {
-            loader.attach_sched_switch()?;
-        }
-        let attached = if dwarf {
-            loader.attach_oncpu_sampling_dwarf(sampling.frequency_hz)
-        } else {
-            loader.attach_oncpu_sampling(sampling.frequency_hz)
+        let stacks = match sampling.unwind {
+            UnwindMethod::Dwarf => UserStacks::Snapshots,
+            UnwindMethod::Fp => UserStacks::FramePointers,
         };
-        let cpus = attached.with_context(|| {
-            format!(
-                "cannot sample at {} Hz (see kernel.perf_event_max_sample_rate)",
-                sampling.frequency_hz
-            )
-        })?;
+        let offcpu = loader.attach_offcpu(stacks)?;
+        let oncpu = loader
+            .attach_oncpu_sampling(stacks, sampling.frequency_hz)
+            .with_context(|| {
+                format!(
+                    "cannot sample at {} Hz (see kernel.perf_event_max_sample_rate)",
+                    sampling.frequency_hz
+                )
+            })?;
+        let cpus = oncpu.points();
         let unwinding = match dwarf {
             true => Some(Unwinding {
                 ring: loader.take_unwind_samples()?,
@@ -140,6 +142,7 @@ impl WallClockSampler {
             seeds,
             started_ns,
             cpus,
+            attached: Some([offcpu, oncpu]),
         })
     }
 
@@ -178,16 +181,12 @@ impl WallClockSampler {
     }
 
     /// Detaches sampling and accounting (the maps stay readable) and unwinds what is left.
-    pub fn detach(&mut self, loader: &mut Loader, processes: &mut Processes) -> Result<()> {
-        if self.unwinding.is_some() {
-            loader.detach_oncpu_sampling_dwarf()?;
-            loader.detach_sched_switch_dwarf()?;
-        } else {
-            loader.detach_oncpu_sampling()?;
-            loader.detach_sched_switch()?;
+    pub fn detach(&mut self, processes: &mut Processes) {
+        if let Some([offcpu, oncpu]) = self.attached.take() {
+            oncpu.detach();
+            offcpu.detach();
         }
         self.drain(processes);
-        Ok(())
     }
 
     /// Builds the profile from what the kernel collected, up to `now_ns` (when it was
@@ -413,8 +412,8 @@ impl<S: StackSource> StackSource for WithSeeds<'_, S> {
 
 /// `--unwind dwarf`: the snapshots from the kernel, and what user space tells it back.
 struct Unwinding {
-    ring: aya::maps::RingBuf<aya::maps::MapData>,
-    checks: aya::maps::HashMap<aya::maps::MapData, i32, SnapshotCheck>,
+    ring: RecordRing,
+    checks: SnapshotChecks,
     unwinder: DwarfUnwinder,
 }
 
@@ -422,18 +421,21 @@ impl Unwinding {
     /// Unwinds every stack snapshot waiting in the ring buffer, capturing the mappings
     /// of processes seen for the first time, and lets the kernel reuse the off-CPU ones.
     fn drain(&mut self, processes: &mut Processes) {
-        while let Some(record) = self.ring.next() {
-            let Some(snapshot) = Snapshot::parse(&record) else {
-                continue;
+        let Self {
+            ring,
+            checks,
+            unwinder,
+        } = self;
+        ring.drain(|record| {
+            let Some(snapshot) = Snapshot::parse(record) else {
+                return;
             };
             processes.observe(snapshot.tgid);
             let maps = processes
                 .get(snapshot.tgid)
                 .and_then(|info| info.maps.as_ref());
-            if let Some(check) = self.unwinder.add(&snapshot, maps)
-                && let Err(e) = self
-                    .checks
-                    .insert(&(snapshot.snapshot_id as i32), &check, 0)
+            if let Some(check) = unwinder.add(&snapshot, maps)
+                && let Err(e) = checks.publish(snapshot.snapshot_id, &check)
             {
                 // The kernel then sends a new snapshot each time: slower, not wrong.
                 log::debug!(
@@ -441,7 +443,7 @@ impl Unwinding {
                     snapshot.snapshot_id
                 );
             }
-        }
+        });
     }
 }
 

@@ -10,9 +10,8 @@ use foldhash::HashMap;
 
 use crate::{
     loader::Loader,
-    render::flamegraph::FoldedStacks,
+    processes::Processes,
     symbolize::{Frame, ProcessMaps, StackSymbolizer, UNKNOWN},
-    wallclock::Processes,
 };
 
 /// Marks kernel frames the way inferno's palettes and flamegraph.pl recognise them.
@@ -76,15 +75,6 @@ impl StackProfile {
     /// Sum of the stacks' events.
     pub fn total_events(&self) -> u64 {
         self.stacks.values().map(|w| w.events).sum()
-    }
-
-    /// Folded stacks weighted in microseconds.
-    pub fn folded(&self) -> FoldedStacks {
-        let mut folded = FoldedStacks::new();
-        for (frames, weight) in self.iter() {
-            folded.add(frames, weight.us());
-        }
-        folded
     }
 }
 

@@ -728,7 +728,7 @@ impl StackSymbolizer {
                 .collect(),
             Err(err) => {
                 // Not an ELF file (e.g. a JIT's memfd) or unreadable: fall back, once.
-                let path = crate::render::escape_text(&object.path);
+                let path = crate::text::escape_text(&object.path);
                 log::warn!("cannot read symbols of {path}: {err}");
                 self.unreadable.insert(key);
                 none()

@@ -8,7 +8,6 @@ use std::{
     collections::BTreeSet,
     fmt, io,
     num::NonZeroU32,
-    os::unix::fs::MetadataExt as _,
     path::{Path, PathBuf},
     time::Duration,
 };
@@ -16,6 +15,7 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 use tracer_common::target_flags;
 
+pub use crate::loader::{COMM_LEN, FileId, KernelTargets, Member};
 use crate::{procfs, stop::StopReason};
 
 /// The processes to trace, as the user selected them.
@@ -32,9 +32,6 @@ pub struct TargetSpec {
     /// `--children`: and every process they fork.
     pub children: bool,
 }
-
-/// The kernel's process name length, terminating zero included (`TASK_COMM_LEN`).
-pub const COMM_LEN: usize = 16;
 
 impl TargetSpec {
     /// One process given by PID.
@@ -140,54 +137,6 @@ impl fmt::Display for TargetSpec {
         }
         Ok(())
     }
-}
-
-/// A file by identity: the device (as the kernel numbers it, `MKDEV`) and inode.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FileId {
-    pub dev: u64,
-    pub ino: u64,
-}
-
-impl FileId {
-    pub fn of(path: &Path) -> io::Result<Self> {
-        let meta = std::fs::metadata(path)?;
-        Ok(Self {
-            dev: kernel_dev(meta.dev()),
-            ino: meta.ino(),
-        })
-    }
-}
-
-/// The kernel's internal device number (`MKDEV(major, minor)`: 12 bits of major above
-/// 20 of minor) of a device number as `stat` gives it.
-fn kernel_dev(dev: u64) -> u64 {
-    let major = libc::major(dev) as u64;
-    let minor = libc::minor(dev) as u64;
-    (major << 20) | minor
-}
-
-/// A process found to match, and how the kernel treats it (bits of
-/// [`tracer_common::target_flags`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Member {
-    pub pid: u32,
-    pub flags: u32,
-}
-
-/// What the kernel needs to follow a [`TargetSpec`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KernelTargets {
-    /// The processes traced from the start.
-    pub members: Vec<Member>,
-    /// Set when the processes the targets fork join them.
-    pub follow_forks: bool,
-    /// A process that executes this file joins (`--exe`).
-    pub exe: Option<FileId>,
-    /// A process that executes under this name joins (`--comm`).
-    pub comm: Option<[u8; COMM_LEN]>,
-    /// The one process, when nothing can join it: compared, not looked up.
-    pub single: Option<u32>,
 }
 
 impl TargetSpec {
@@ -541,13 +490,5 @@ mod tests {
         let _ = child.wait();
         assert!(found.members.iter().any(|m| m.pid == child.id()));
         assert!(found.follow_forks && found.single.is_none());
-    }
-
-    #[test]
-    fn the_kernel_device_number_is_major_above_minor() {
-        let dev = libc::makedev(8, 3);
-        assert_eq!(kernel_dev(dev), (8 << 20) | 3);
-        let big = libc::makedev(259, 300);
-        assert_eq!(kernel_dev(big), (259 << 20) | 300);
     }
 }

@@ -6,9 +6,9 @@ use std::collections::HashMap;
 use tracer_common::{OffCpuTotal, TaskId, TaskKey, TaskState, task_phase};
 
 use crate::{
+    processes::Processes,
     stacks::{StackProfile, StackSource, Weight, process_frame, user_stack_frames},
     symbolize::StackSymbolizer,
-    wallclock::Processes,
 };
 
 /// One task's totals.

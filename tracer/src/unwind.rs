@@ -533,7 +533,7 @@ impl DwarfUnwinder {
                     if tables.is_none() {
                         log::warn!(
                             "cannot read the unwind tables of {}",
-                            crate::render::escape_text(mapping.path)
+                            crate::text::escape_text(mapping.path)
                         );
                     }
                     tables

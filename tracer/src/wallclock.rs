@@ -13,24 +13,18 @@
 //! The off-CPU view holds blocked time only.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::io;
-use std::path::Path;
 
 use tracer_common::{
     NO_STACK, OffCpuKey, OffCpuStart, OffCpuTotal, OnCpuKey, STACK_BEFORE_START, offcpu_state,
 };
 
 use crate::{
-    procfs::{self, ThreadNames},
+    processes::Processes,
     stacks::{
         StackProfile, StackSource, Weight, kernel_stack_frames, process_frame, user_stack_frames,
     },
-    symbolize::{ProcessMaps, StackSymbolizer},
+    symbolize::StackSymbolizer,
 };
-
-fn read_name(path: &str) -> io::Result<String> {
-    procfs::read_name(Path::new(path))
-}
 
 /// The leaf frame added to blocked time in the wall-clock view.
 pub const OFF_CPU_FRAME: &str = "[off-cpu]";
@@ -51,112 +45,6 @@ pub const FIRST_SEEDED_ID: i32 = 1 << 29;
 /// Whether `id` is a stack read at the start for a thread blocked since before.
 pub fn is_seeded(id: i32) -> bool {
     (FIRST_SEEDED_ID..tracer_common::FIRST_SNAPSHOT_ID).contains(&id)
-}
-
-/// What we know of one profiled process: its name and its mappings (`None` once it
-/// exited before we could read them: its user stacks stay unnamed).
-#[derive(Debug)]
-pub struct ProcessInfo {
-    pub name: String,
-    pub maps: Option<ProcessMaps>,
-    /// Its PID in its own PID namespace, when that is below ours (a container's).
-    pub namespace_pid: Option<u32>,
-}
-
-/// The processes seen in the profile, captured while they run so their stacks can be
-/// named after they exit.
-#[derive(Debug, Default)]
-pub struct Processes {
-    processes: HashMap<u32, ProcessInfo>,
-    threads: ThreadNames,
-}
-
-impl Processes {
-    /// Captures `tgid`'s name, mappings and thread names unless already known.
-    pub fn observe(&mut self, tgid: u32) {
-        self.observe_named(tgid, None);
-    }
-
-    /// [`Processes::observe`], with the name to give it if it already exited (as the
-    /// kernel recorded it).
-    pub fn observe_named(&mut self, tgid: u32, known_name: Option<&str>) {
-        if let Some(info) = self.processes.get_mut(&tgid) {
-            // Seen first after it exited, through a late stack snapshot: now it has a name.
-            if let Some(name) = known_name.filter(|n| !n.is_empty())
-                && info.maps.is_none()
-                && info.name.starts_with("[pid ")
-            {
-                info.name = name.to_string();
-            }
-            return;
-        }
-        let name = read_name(&format!("/proc/{tgid}/comm")).unwrap_or_else(|_| match known_name {
-            Some(name) if !name.is_empty() => name.to_string(),
-            _ => format!("[pid {tgid}]"),
-        });
-        let maps = ProcessMaps::capture(tgid).ok();
-        self.threads.refresh(tgid);
-        let namespace_pid = procfs::namespace_pid(tgid);
-        self.processes.insert(
-            tgid,
-            ProcessInfo {
-                name,
-                maps,
-                namespace_pid,
-            },
-        );
-    }
-
-    /// Captures the target `tgid` (its name, mappings and thread names), failing with
-    /// what kept them from being read.
-    pub fn observe_target(&mut self, tgid: u32) -> io::Result<&ProcessInfo> {
-        let maps = ProcessMaps::capture(tgid)?;
-        let name = read_name(&format!("/proc/{tgid}/comm"))?;
-        self.threads.refresh(tgid);
-        let info = ProcessInfo {
-            name,
-            maps: Some(maps),
-            namespace_pid: procfs::namespace_pid(tgid),
-        };
-        Ok(self.processes.entry(tgid).insert_entry(info).into_mut())
-    }
-
-    /// Re-reads the mappings and thread names of every known process still running.
-    pub fn refresh(&mut self) {
-        for (&tgid, info) in &mut self.processes {
-            if let Some(maps) = &mut info.maps
-                && maps.refresh().is_ok()
-            {
-                self.threads.refresh(tgid);
-            }
-        }
-    }
-
-    /// Names the threads started since the last look, in every known process still
-    /// running (a thread that lives less than a second would otherwise go unnamed).
-    pub fn name_new_threads(&mut self) {
-        for (&tgid, info) in &self.processes {
-            if info.maps.is_some() {
-                self.threads.add_new(tgid);
-            }
-        }
-    }
-
-    pub fn get(&self, tgid: u32) -> Option<&ProcessInfo> {
-        self.processes.get(&tgid)
-    }
-
-    pub fn len(&self) -> usize {
-        self.processes.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.processes.is_empty()
-    }
-
-    pub fn thread_name(&self, tid: u32) -> Option<&str> {
-        self.threads.get(tid)
-    }
 }
 
 /// The three views and what went into them.
@@ -384,7 +272,7 @@ pub fn thread_table(profile: &WallClockProfile, shown: usize) -> String {
             out,
             "{:>8} {:<20} {:>10} {:>10} {:>10} {:>10}",
             t.tid,
-            crate::render::escape_text(name),
+            crate::text::escape_text(name),
             seconds(t.wall_ns()),
             seconds(t.oncpu_ns),
             seconds(t.blocked_ns),
@@ -650,14 +538,22 @@ mod tests {
         );
         assert_eq!(profile.wall.total_us(), 59_001);
         assert_eq!(profile.oncpu.total_us() + profile.offcpu.total_us(), 56_001);
-        let wall = profile.wall.folded().to_string();
+        let wall = crate::render::flamegraph::FoldedStacks::from(&profile.wall).to_string();
         // The process exited unseen: its user frames are unknown, its root says its pid.
         assert!(wall.contains("[pid 7];? [8];[unknown] 40000"), "{wall}");
         assert!(wall.contains("[missing user stack] 10000"), "{wall}");
         assert!(wall.contains(&format!(";{OFF_CPU_FRAME} 6000")), "{wall}");
         assert!(wall.contains(&format!(";{RUNNABLE_FRAME} 3000")), "{wall}");
-        assert!(!profile.offcpu.folded().to_string().contains(OFF_CPU_FRAME));
-        assert!(!profile.offcpu.folded().to_string().contains(RUNNABLE_FRAME));
+        assert!(
+            !crate::render::flamegraph::FoldedStacks::from(&profile.offcpu)
+                .to_string()
+                .contains(OFF_CPU_FRAME)
+        );
+        assert!(
+            !crate::render::flamegraph::FoldedStacks::from(&profile.offcpu)
+                .to_string()
+                .contains(RUNNABLE_FRAME)
+        );
         assert!(
             wall.contains(&format!(
                 "[pid 7];? [9];{BEFORE_START_FRAME};{OFF_CPU_FRAME} 1"

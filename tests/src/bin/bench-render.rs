@@ -33,10 +33,13 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use inferno::flamegraph::{self, color::BasicPalette};
 use tests::{Args, json_array, print_line};
-use tracer::render::flamegraph::{Palette, SvgOptions, write_flamegraph_svg, write_folded};
+use tracer::processes::Processes;
+use tracer::render::flamegraph::{
+    FoldedStacks, Palette, SvgOptions, write_flamegraph_svg, write_folded,
+};
 use tracer::stacks::StackSource;
 use tracer::symbolize::StackSymbolizer;
-use tracer::wallclock::{BuildOptions, Processes, RawProfile, build_profile};
+use tracer::wallclock::{BuildOptions, RawProfile, build_profile};
 use tracer_common::{OffCpuKey, OffCpuTotal};
 
 const TITLE: &str = "Off-CPU time of bench-render";
@@ -334,7 +337,7 @@ fn main() -> Result<()> {
                 &mut symbolizer,
                 &processes,
             );
-            let built_folded = built.offcpu.folded();
+            let built_folded = FoldedStacks::from(&built.offcpu);
             let symbolized = Instant::now();
             write_folded(&built_folded, &folded_path)?;
             let folded = Instant::now();

@@ -17,9 +17,10 @@ use crate::{
     loader::{Features, Loader, Settings},
     privileges,
     probe_plan::{ProbePlan, SiteInput, SiteMode},
+    processes::Processes,
     procfs,
     render::{
-        self, escape_text,
+        self,
         export::ExportInfo,
         flamegraph::{Palette, SvgOptions},
         views::write_profile_files,
@@ -34,8 +35,9 @@ use crate::{
     symbolize::StackSymbolizer,
     targets::{self, TargetTracker},
     tasks,
+    text::escape_text,
     usdt::{self, ProbePattern},
-    wallclock::{self, Processes},
+    wallclock,
 };
 
 pub fn run(config: AttachConfig) -> Result<()> {
@@ -186,7 +188,7 @@ pub fn run(config: AttachConfig) -> Result<()> {
     let now = stop::monotonic_ns();
     loader.stop_recording()?;
     loader.detach_usdt()?;
-    sampler.detach(&mut loader, &mut processes)?;
+    sampler.detach(&mut processes);
     stop::restore_default_signals();
     let traced: Vec<u32> = match &tracker {
         Some(tracker) => {

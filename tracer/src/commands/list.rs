@@ -8,7 +8,7 @@ use anyhow::Result;
 
 use crate::{
     cli::ListConfig,
-    render::escape_text,
+    text::escape_text,
     usdt::{self, ProbeSite, Scope, UsdtSpecifier},
 };
 

@@ -20,15 +20,18 @@ use tracer_common::counter;
 use crate::{
     cli::{ProfileConfig, UnwindMethod},
     loader::{Loader, Settings},
-    privileges, procfs,
-    render::{self, escape_text, export::ExportInfo, views::write_profile_files},
+    privileges,
+    processes::Processes,
+    procfs,
+    render::{self, export::ExportInfo, views::write_profile_files},
     report::profile_summary,
     runtimes,
     sampling::{self, Collected, ViewOptions, WallClockSampler, unwind_summary},
     stop::{self, ProcessWatch},
     symbolize::StackSymbolizer,
     targets::{self, TargetTracker},
-    wallclock::{self, Processes},
+    text::escape_text,
+    wallclock,
 };
 
 pub fn run(config: ProfileConfig) -> Result<()> {
@@ -109,7 +112,7 @@ pub fn run(config: ProfileConfig) -> Result<()> {
     ))?;
 
     let now = stop::monotonic_ns();
-    sampler.detach(&mut loader, &mut processes)?;
+    sampler.detach(&mut processes);
     loader.detach_targets();
     stop::restore_default_signals();
     crate::status!("Stopped: {reason}. Detached.");

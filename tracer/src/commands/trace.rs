@@ -3,7 +3,6 @@
 use std::num::NonZeroU32;
 
 use anyhow::{Result, bail};
-use aya::maps::{MapData, RingBuf};
 use serde_json::json;
 use tokio::io::{Interest, unix::AsyncFd};
 use tracer_common::{UsdtEvent, counter};
@@ -12,13 +11,13 @@ use crate::{
     cli::{Format, TraceConfig},
     console::{OutputError, OutputStream},
     launch::PausedChild,
-    loader::{Features, Loader, Settings},
+    loader::{Features, Loader, RecordRing, Settings},
     privileges,
     probe_plan::{ProbePlan, SiteInput, SiteMode},
     procfs,
-    render::escape_text,
     stop::{self, ProcessWatch, StopReason},
     targets::{self, TargetSpec, TargetTracker},
+    text::escape_text,
     usdt::{self, Scope},
 };
 
@@ -250,7 +249,7 @@ fn probe_signedness(plan: &ProbePlan) -> Vec<Vec<bool>> {
 /// the writer's queue is full (a reader that stalls), the ring buffer is not drained: its
 /// overflow is counted by the kernel, and stop signals are still seen meanwhile.
 async fn pump(
-    events: &mut AsyncFd<RingBuf<MapData>>,
+    events: &mut AsyncFd<RecordRing>,
     printer: &mut EventPrinter,
     out: &OutputStream,
 ) -> std::io::Result<StopReason> {
@@ -281,12 +280,12 @@ struct EventPrinter {
 
 impl EventPrinter {
     /// Formats every event waiting in the ring buffer: the text, and how many events.
-    fn format(&mut self, ring: &mut RingBuf<MapData>) -> (Vec<u8>, u64) {
+    fn format(&mut self, ring: &mut RecordRing) -> (Vec<u8>, u64) {
         let mut out = Vec::new();
         let mut count = 0;
-        while let Some(item) = ring.next() {
+        ring.drain(|item| {
             if item.len() < std::mem::size_of::<UsdtEvent>() {
-                continue;
+                return;
             }
             // SAFETY: the kernel wrote a whole UsdtEvent (checked length); read_unaligned
             // copes with the ring buffer's 8-byte alignment guarantee either way.
@@ -294,7 +293,7 @@ impl EventPrinter {
             // Writing into a Vec cannot fail.
             let _ = self.print(&mut out, &event);
             count += 1;
-        }
+        });
         self.count += count;
         (out, count)
     }

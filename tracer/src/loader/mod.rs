@@ -4,6 +4,7 @@
 
 pub mod keeper;
 mod object;
+mod rings;
 mod sys;
 mod targets;
 
@@ -18,18 +19,18 @@ use aya::maps::{Array, HashMap, Map, MapData, PerCpuArray, PerCpuHashMap, RingBu
 use thiserror::Error;
 use tracer_common::{
     LatencyProcessKey, LatencyStats, OffCpuKey, OffCpuStart, OffCpuTotal, OnCpuKey, ProbeHits,
-    SnapshotCheck, TaskId, TaskKey, TaskState, ThreadRegs, UsdtSite, control, counter,
-    global_names, histogram, map_names, program_names, site_flags, target_filter, target_match,
+    TaskId, TaskKey, TaskState, ThreadRegs, UsdtSite, control, counter, global_names, histogram,
+    map_names, program_names, site_flags, target_filter, target_match,
 };
 
+pub use rings::{RecordRing, SnapshotChecks};
 pub use sys::supports_ref_ctr_offset;
-pub use targets::TargetsMap;
+pub use targets::{COMM_LEN, FileId, KernelTargets, Member, TargetsMap};
 
 use crate::{
     btf::{self, Btf},
     oserror::{self, OpenFileLimit},
     procfs::ProcessError,
-    targets::KernelTargets,
 };
 
 /// The eBPF object built from `tracer-ebpf` by build.rs.
@@ -308,10 +309,38 @@ pub struct UsdtAttachment {
 }
 
 /// A program attached: dropping it detaches the program and closes the perf event it runs
-/// on, if any (for semaphore-guarded USDT probes the kernel then decrements the semaphore).
+/// on, if any.
 struct Link {
     _link: OwnedFd,
     _perf_event: Option<OwnedFd>,
+}
+
+/// A program attached to the scheduler, to CPU clocks or to a process tracepoint: it runs
+/// until this is dropped (or [`Attachment::detach`]ed); the maps stay readable after.
+#[must_use = "dropping an Attachment detaches its program at once"]
+pub struct Attachment {
+    links: Vec<Link>,
+}
+
+impl Attachment {
+    /// Where the program is attached: one per CPU for samplers, else one.
+    pub fn points(&self) -> usize {
+        self.links.len()
+    }
+
+    /// Detaches the program now.
+    pub fn detach(self) {}
+}
+
+/// How the kernel takes user stacks where a program captures them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UserStacks {
+    /// Walked by frame pointers in the kernel (a stack id in `STACKS`).
+    FramePointers,
+    /// Registers and stack bytes sent as snapshots for DWARF unwinding in user space, to
+    /// be read from [`Loader::take_unwind_samples`]; load with `Settings::unwind_ring_bytes`
+    /// set (and `Features::offcpu_snapshots` for off-CPU accounting).
+    Snapshots,
 }
 
 /// A probe's hits, summed over CPUs.
@@ -343,8 +372,8 @@ pub struct Loader {
     /// [`keeper`]. Started with the first USDT attach.
     keeper: Option<keeper::LinkKeeper>,
     usdt_sites_attached: usize,
-    /// Scheduler and sampling programs attached, by program name.
-    links: StdHashMap<&'static str, Vec<Link>>,
+    /// The programs that add processes forking from targets or executing `--exe`.
+    target_tracking: Vec<Attachment>,
 }
 
 impl Loader {
@@ -528,24 +557,26 @@ impl Loader {
             iter_task_btf_id,
             keeper,
             usdt_sites_attached: 0,
-            links: StdHashMap::new(),
+            target_tracking: Vec::new(),
         };
         if let Some(targets) = targets.filter(|t| t.single.is_none()) {
             loader.targets_map()?.add_members(&targets.members)?;
             // From here on the kernel adds the processes that join.
             if let Some(id) = fork_btf_id {
-                loader.attach_btf_tracepoint(
+                let tracking = loader.attach_btf_tracepoint(
                     program_names::PROCESS_FORK,
                     "sched_process_fork",
                     id,
                 )?;
+                loader.target_tracking.push(tracking);
             }
             if let Some(id) = exec_btf_id {
-                loader.attach_btf_tracepoint(
+                let tracking = loader.attach_btf_tracepoint(
                     program_names::PROCESS_EXEC,
                     "sched_process_exec",
                     id,
                 )?;
+                loader.target_tracking.push(tracking);
             }
         }
         Ok(loader)
@@ -563,8 +594,7 @@ impl Loader {
 
     /// Stops adding the processes that fork from targets or start the `--exe` file.
     pub fn detach_targets(&mut self) {
-        self.links.remove(program_names::PROCESS_FORK);
-        self.links.remove(program_names::PROCESS_EXEC);
+        self.target_tracking.clear();
     }
 
     /// Attaches BTF tracepoint program `name` to `tracepoint` (BTF type id `btf_id`).
@@ -573,18 +603,16 @@ impl Loader {
         name: &'static str,
         tracepoint: &str,
         btf_id: u32,
-    ) -> Result<()> {
+    ) -> Result<Attachment> {
         let program = self.program_fd(name, Some(btf_id))?;
         let link = sys::attach_btf_tracepoint(program)
             .map_err(|e| os_error(format!("attaching {name} to {tracepoint}"), e))?;
-        self.links.insert(
-            name,
-            vec![Link {
+        Ok(Attachment {
+            links: vec![Link {
                 _link: link,
                 _perf_event: None,
             }],
-        );
-        Ok(())
+        })
     }
 
     /// Describes what a USDT site at BPF cookie `cookie` does when hit.
@@ -717,40 +745,19 @@ impl Loader {
         self.keeper.as_ref().map(keeper::LinkKeeper::pid)
     }
 
-    /// Attaches off-CPU accounting to the scheduler's `sched_switch` BTF tracepoint.
-    pub fn attach_sched_switch(&mut self) -> Result<()> {
-        self.attach_switch_program(program_names::SCHED_SWITCH)
-    }
-
-    /// Detaches the off-CPU program (the maps stay readable).
-    pub fn detach_sched_switch(&mut self) -> Result<()> {
-        self.detach_switch_program(program_names::SCHED_SWITCH)
-    }
-
-    /// Like [`Loader::attach_sched_switch`], but the user stacks where threads block are
-    /// snapshots sent for DWARF unwinding (read from [`Loader::take_unwind_samples`]),
-    /// their ids in place of stack ids; load with `Features::offcpu_snapshots` and
-    /// `Settings::unwind_ring_bytes` set.
-    pub fn attach_sched_switch_dwarf(&mut self) -> Result<()> {
-        self.attach_switch_program(program_names::SCHED_SWITCH_DWARF)
-    }
-
-    /// Stops [`Loader::attach_sched_switch_dwarf`]'s accounting.
-    pub fn detach_sched_switch_dwarf(&mut self) -> Result<()> {
-        self.detach_switch_program(program_names::SCHED_SWITCH_DWARF)
-    }
-
-    fn attach_switch_program(&mut self, name: &'static str) -> Result<()> {
+    /// Attaches off-CPU accounting to the scheduler's `sched_switch` BTF tracepoint, the
+    /// user stacks where threads block taken as `stacks` says (with snapshots, their ids
+    /// stand in for stack ids).
+    pub fn attach_offcpu(&mut self, stacks: UserStacks) -> Result<Attachment> {
+        let name = match stacks {
+            UserStacks::FramePointers => program_names::SCHED_SWITCH,
+            UserStacks::Snapshots => program_names::SCHED_SWITCH_DWARF,
+        };
         self.finish_maps()?;
         let btf_id = self
             .sched_switch_btf_id
             .ok_or(LoaderError::Missing("btf_trace_sched_switch"))?;
         self.attach_btf_tracepoint(name, "sched_switch", btf_id)
-    }
-
-    fn detach_switch_program(&mut self, name: &'static str) -> Result<()> {
-        self.links.remove(name);
-        Ok(())
     }
 
     /// The user registers every thread of process `tgid` last entered the kernel with,
@@ -793,48 +800,17 @@ impl Loader {
             .collect())
     }
 
-    /// Attaches on-CPU sampling: one CPU_CLOCK perf event per online CPU, firing
-    /// `frequency_hz` times a second of CPU time. Returns how many CPUs are sampled.
-    pub fn attach_oncpu_sampling(&mut self, frequency_hz: u64) -> Result<usize> {
-        self.attach_sampler(program_names::ONCPU_SAMPLE, frequency_hz)
-    }
-
-    /// Stops on-CPU sampling (the maps stay readable).
-    pub fn detach_oncpu_sampling(&mut self) -> Result<()> {
-        self.detach_sampler(program_names::ONCPU_SAMPLE)
-    }
-
-    /// Like [`Loader::attach_oncpu_sampling`], but samples of user threads are sent as
-    /// snapshots (user registers and stack bytes) for DWARF unwinding, to be read from
-    /// [`Loader::take_unwind_samples`]; load with `Settings::unwind_ring_bytes` set.
-    pub fn attach_oncpu_sampling_dwarf(&mut self, frequency_hz: u64) -> Result<usize> {
-        self.attach_sampler(program_names::ONCPU_SAMPLE_DWARF, frequency_hz)
-    }
-
-    /// Stops [`Loader::attach_oncpu_sampling_dwarf`]'s sampling.
-    pub fn detach_oncpu_sampling_dwarf(&mut self) -> Result<()> {
-        self.detach_sampler(program_names::ONCPU_SAMPLE_DWARF)
-    }
-
-    /// Takes the ring buffer of user stack snapshots ([`tracer_common::UnwindSample`]).
-    pub fn take_unwind_samples(&mut self) -> Result<RingBuf<MapData>> {
-        self.finish_maps()?;
-        let name = map_names::UNWIND_SAMPLES;
-        let map = self.maps.remove(name).ok_or(LoaderError::Missing(name))?;
-        RingBuf::try_from(map).map_err(|source| LoaderError::Map { name, source })
-    }
-
-    /// Takes the map through which user space tells the kernel how to check that an
-    /// off-CPU snapshot can be reused ([`tracer_common::SnapshotCheck`] by snapshot id).
-    pub fn take_snapshot_checks(&mut self) -> Result<HashMap<MapData, i32, SnapshotCheck>> {
-        self.finish_maps()?;
-        let name = map_names::SNAPSHOT_CHECKS;
-        let map = self.maps.remove(name).ok_or(LoaderError::Missing(name))?;
-        HashMap::try_from(map).map_err(|source| LoaderError::Map { name, source })
-    }
-
-    /// Attaches perf_event program `name` to one CPU_CLOCK event per online CPU.
-    fn attach_sampler(&mut self, name: &'static str, frequency_hz: u64) -> Result<usize> {
+    /// Samples on-CPU stacks at `frequency_hz` on every online CPU, user stacks taken as
+    /// `stacks` says.
+    pub fn attach_oncpu_sampling(
+        &mut self,
+        stacks: UserStacks,
+        frequency_hz: u64,
+    ) -> Result<Attachment> {
+        let name = match stacks {
+            UserStacks::FramePointers => program_names::ONCPU_SAMPLE,
+            UserStacks::Snapshots => program_names::ONCPU_SAMPLE_DWARF,
+        };
         let cpus = aya::util::online_cpus()
             .map_err(|(what, e)| os_error(format!("cannot list the online CPUs ({what})"), e))?;
         self.finish_maps()?;
@@ -853,13 +829,24 @@ impl Loader {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        self.links.insert(name, links);
-        Ok(cpus.len())
+        Ok(Attachment { links })
     }
 
-    fn detach_sampler(&mut self, name: &'static str) -> Result<()> {
-        self.links.remove(name);
-        Ok(())
+    /// Takes the ring buffer of user stack snapshots ([`tracer_common::UnwindSample`]).
+    pub fn take_unwind_samples(&mut self) -> Result<RecordRing> {
+        self.finish_maps()?;
+        self.take_ring(map_names::UNWIND_SAMPLES)
+    }
+
+    /// Takes the map through which user space tells the kernel how to check that an
+    /// off-CPU snapshot can be reused ([`tracer_common::SnapshotCheck`] by snapshot id).
+    pub fn take_snapshot_checks(&mut self) -> Result<SnapshotChecks> {
+        self.finish_maps()?;
+        let name = map_names::SNAPSHOT_CHECKS;
+        let map = self.maps.remove(name).ok_or(LoaderError::Missing(name))?;
+        HashMap::try_from(map)
+            .map(SnapshotChecks)
+            .map_err(|source| LoaderError::Map { name, source })
     }
 
     /// Marks threads as off CPU since `start.ts_ns`, for those already blocked when
@@ -1051,10 +1038,15 @@ impl Loader {
     }
 
     /// Takes the event ring buffer (for `tracer trace`).
-    pub fn take_events(&mut self) -> Result<RingBuf<MapData>> {
-        let name = map_names::USDT_EVENTS;
+    pub fn take_events(&mut self) -> Result<RecordRing> {
+        self.take_ring(map_names::USDT_EVENTS)
+    }
+
+    fn take_ring(&mut self, name: &'static str) -> Result<RecordRing> {
         let map = self.maps.remove(name).ok_or(LoaderError::Missing(name))?;
-        RingBuf::try_from(map).map_err(|source| LoaderError::Map { name, source })
+        RingBuf::try_from(map)
+            .map(RecordRing)
+            .map_err(|source| LoaderError::Map { name, source })
     }
 }
 

@@ -357,7 +357,10 @@ mod tests {
             wall_total += values[1];
             leaves.push(packed(1)[0]);
         }
-        assert_eq!(wall_total, profile.folded().total());
+        assert_eq!(
+            wall_total,
+            crate::render::flamegraph::FoldedStacks::from(&profile).total()
+        );
         assert_eq!(wall_total, 6013 + 1001);
         assert_eq!(events_total, 4);
         // Functions name their frames; the first stack (sorted) is the blocked one.

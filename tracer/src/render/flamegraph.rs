@@ -12,7 +12,7 @@ use foldhash::HashMap;
 use inferno::flamegraph::{self, color::BasicPalette};
 
 use super::write_output;
-use crate::symbolize::UNKNOWN;
+use crate::{stacks::StackProfile, symbolize::UNKNOWN};
 
 /// Weighted stacks, keyed by their folded form (root frame first, frames joined by `;`).
 /// Kept sorted so output files are deterministic and inferno needs no re-sort.
@@ -38,6 +38,17 @@ impl Eq for FoldedStacks {}
 pub struct ParseFoldedError {
     pub line: usize,
     pub text: String,
+}
+
+/// A view's stacks as inferno reads them: weighted in microseconds.
+impl From<&StackProfile> for FoldedStacks {
+    fn from(profile: &StackProfile) -> Self {
+        let mut folded = FoldedStacks::new();
+        for (frames, weight) in profile.iter() {
+            folded.add(frames, weight.us());
+        }
+        folded
+    }
 }
 
 impl FoldedStacks {

@@ -6,36 +6,11 @@ pub mod flamegraph;
 pub mod hist;
 pub mod views;
 
-use std::borrow::Cow;
-use std::fmt::Write as _;
 use std::fs::OpenOptions;
 use std::io::{self, BufWriter, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
-
-/// `name`, which comes from the target (a probe, process or thread name, a path), as text
-/// output shows it: control characters escaped (`\x1b`, `\x0a` for a newline, `\u{9b}`), so a name can
-/// neither drive the terminal (move the cursor, clear the screen, change colours) nor
-/// forge a line of output. JSON output escapes them its own way.
-pub fn escape_text(name: &str) -> Cow<'_, str> {
-    if !name.chars().any(char::is_control) {
-        return Cow::Borrowed(name);
-    }
-    let mut out = String::with_capacity(name.len() + 8);
-    for c in name.chars() {
-        match c {
-            c if !c.is_control() => out.push(c),
-            c if (c as u32) < 0x80 => {
-                let _ = write!(out, "\\x{:02x}", c as u32);
-            }
-            c => {
-                let _ = write!(out, "\\u{{{:x}}}", c as u32);
-            }
-        }
-    }
-    Cow::Owned(out)
-}
 
 /// Checks, before anything is traced, that output files can be written into `dir`:
 /// creates it if needed (with its parents), and writes and removes a file in it. A trace
@@ -133,7 +108,7 @@ pub fn write_view(
     name: &str,
     options: &flamegraph::SvgOptions<'_>,
 ) -> io::Result<ViewFiles> {
-    let folded = stacks.folded();
+    let folded = flamegraph::FoldedStacks::from(stacks);
     let files = ViewFiles {
         folded: dir.join(format!("{name}.folded")),
         svg: dir.join(format!("{name}.svg")),
@@ -166,19 +141,6 @@ impl Drop for TempFile {
 #[cfg(test)]
 mod tests {
     use super::*;
-    #[test]
-    fn control_characters_are_escaped() {
-        assert!(matches!(escape_text("gc-demo"), Cow::Borrowed("gc-demo")));
-        assert!(matches!(escape_text("pâté [k] 🦀"), Cow::Borrowed(_)));
-        assert_eq!(escape_text("a\x1b[2Jb"), "a\\x1b[2Jb");
-        assert_eq!(
-            escape_text("line\nforged\r\t\x00\x7f"),
-            "line\\x0aforged\\x0d\\x09\\x00\\x7f"
-        );
-        // C1 controls: U+009B is a one-character CSI on some terminals.
-        assert_eq!(escape_text("\u{9b}31m"), "\\u{9b}31m");
-        assert_eq!(escape_text("back\\slash"), "back\\slash");
-    }
     use std::os::unix::fs::PermissionsExt;
 
     fn scratch_dir(name: &str) -> std::path::PathBuf {

@@ -1,0 +1,46 @@
+//! The maps user space keeps reading and writing while a run lasts, wrapped so that no aya
+//! type leaves the loader.
+
+use std::os::fd::{AsRawFd, RawFd};
+
+use aya::maps::{HashMap, MapData, RingBuf};
+use tracer_common::SnapshotCheck;
+
+use super::{LoaderError, Result};
+
+/// A ring buffer the eBPF side fills with records (USDT events, stack snapshots).
+pub struct RecordRing(pub(super) RingBuf<MapData>);
+
+impl RecordRing {
+    /// Hands every record waiting now to `each`, in order; returns how many there were.
+    pub fn drain(&mut self, mut each: impl FnMut(&[u8])) -> u64 {
+        let mut count = 0;
+        while let Some(record) = self.0.next() {
+            each(&record);
+            count += 1;
+        }
+        count
+    }
+}
+
+/// Readable when records wait: for `tokio::io::unix::AsyncFd`.
+impl AsRawFd for RecordRing {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0.as_raw_fd()
+    }
+}
+
+/// Where user space tells the kernel how to check that an off-CPU stack snapshot can be
+/// reused ([`SnapshotCheck`] by snapshot id).
+pub struct SnapshotChecks(pub(super) HashMap<MapData, i32, SnapshotCheck>);
+
+impl SnapshotChecks {
+    pub fn publish(&mut self, snapshot_id: u32, check: &SnapshotCheck) -> Result<()> {
+        self.0
+            .insert(&(snapshot_id as i32), check, 0)
+            .map_err(|source| LoaderError::Map {
+                name: tracer_common::map_names::SNAPSHOT_CHECKS,
+                source,
+            })
+    }
+}

@@ -1,0 +1,119 @@
+//! The processes a profile has seen: their names and mappings, captured while they run so
+//! their stacks can be named after they exit, and their threads' names.
+
+use std::{collections::HashMap, io, path::Path};
+
+use crate::{
+    procfs::{self, ThreadNames},
+    symbolize::ProcessMaps,
+};
+
+fn read_name(path: &str) -> io::Result<String> {
+    procfs::read_name(Path::new(path))
+}
+
+/// What we know of one profiled process: its name and its mappings (`None` once it
+/// exited before we could read them: its user stacks stay unnamed).
+#[derive(Debug)]
+pub struct ProcessInfo {
+    pub name: String,
+    pub maps: Option<ProcessMaps>,
+    /// Its PID in its own PID namespace, when that is below ours (a container's).
+    pub namespace_pid: Option<u32>,
+}
+
+/// The processes seen in the profile, captured while they run so their stacks can be
+/// named after they exit.
+#[derive(Debug, Default)]
+pub struct Processes {
+    processes: HashMap<u32, ProcessInfo>,
+    threads: ThreadNames,
+}
+
+impl Processes {
+    /// Captures `tgid`'s name, mappings and thread names unless already known.
+    pub fn observe(&mut self, tgid: u32) {
+        self.observe_named(tgid, None);
+    }
+
+    /// [`Processes::observe`], with the name to give it if it already exited (as the
+    /// kernel recorded it).
+    pub fn observe_named(&mut self, tgid: u32, known_name: Option<&str>) {
+        if let Some(info) = self.processes.get_mut(&tgid) {
+            // Seen first after it exited, through a late stack snapshot: now it has a name.
+            if let Some(name) = known_name.filter(|n| !n.is_empty())
+                && info.maps.is_none()
+                && info.name.starts_with("[pid ")
+            {
+                info.name = name.to_string();
+            }
+            return;
+        }
+        let name = read_name(&format!("/proc/{tgid}/comm")).unwrap_or_else(|_| match known_name {
+            Some(name) if !name.is_empty() => name.to_string(),
+            _ => format!("[pid {tgid}]"),
+        });
+        let maps = ProcessMaps::capture(tgid).ok();
+        self.threads.refresh(tgid);
+        let namespace_pid = procfs::namespace_pid(tgid);
+        self.processes.insert(
+            tgid,
+            ProcessInfo {
+                name,
+                maps,
+                namespace_pid,
+            },
+        );
+    }
+
+    /// Captures the target `tgid` (its name, mappings and thread names), failing with
+    /// what kept them from being read.
+    pub fn observe_target(&mut self, tgid: u32) -> io::Result<&ProcessInfo> {
+        let maps = ProcessMaps::capture(tgid)?;
+        let name = read_name(&format!("/proc/{tgid}/comm"))?;
+        self.threads.refresh(tgid);
+        let info = ProcessInfo {
+            name,
+            maps: Some(maps),
+            namespace_pid: procfs::namespace_pid(tgid),
+        };
+        Ok(self.processes.entry(tgid).insert_entry(info).into_mut())
+    }
+
+    /// Re-reads the mappings and thread names of every known process still running.
+    pub fn refresh(&mut self) {
+        for (&tgid, info) in &mut self.processes {
+            if let Some(maps) = &mut info.maps
+                && maps.refresh().is_ok()
+            {
+                self.threads.refresh(tgid);
+            }
+        }
+    }
+
+    /// Names the threads started since the last look, in every known process still
+    /// running (a thread that lives less than a second would otherwise go unnamed).
+    pub fn name_new_threads(&mut self) {
+        for (&tgid, info) in &self.processes {
+            if info.maps.is_some() {
+                self.threads.add_new(tgid);
+            }
+        }
+    }
+
+    pub fn get(&self, tgid: u32) -> Option<&ProcessInfo> {
+        self.processes.get(&tgid)
+    }
+
+    pub fn len(&self) -> usize {
+        self.processes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.processes.is_empty()
+    }
+
+    pub fn thread_name(&self, tid: u32) -> Option<&str> {
+        self.threads.get(tid)
+    }
+}
