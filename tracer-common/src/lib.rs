@@ -254,7 +254,10 @@ pub mod arg_kind {
     pub const CONST: u8 = 1;
     /// The value of a register (`%rdi`).
     pub const REG: u8 = 2;
-    /// Memory at register + displacement (`-16(%rbp)`).
+    /// Memory at register + displacement (`-16(%rbp)`). With `rip` as the register the
+    /// displacement is from the probe's own address, which is what `ip` holds when its
+    /// uprobe fires: a global `sym(%rip)` is `sym - pc`, the same in every process
+    /// whatever the object's load address.
     pub const REG_DEREF: u8 = 3;
     /// Memory at base + index * scale + displacement (`-96(%rbp,%rax,8)`).
     pub const REG_DEREF_INDEXED: u8 = 4;
@@ -278,7 +281,10 @@ pub struct UsdtArg {
     pub size: u8,
     /// Non-zero when the value is signed and must be sign-extended.
     pub signed: u8,
-    pub _pad: [u8; 2],
+    /// Non-zero when the bits are an IEEE float of `size` bytes (4 or 8): read as they
+    /// are, and shown as a float by user space.
+    pub float: u8,
+    pub _pad: [u8; 1],
 }
 
 /// Flags of a [`UsdtSite`].
@@ -317,7 +323,10 @@ pub struct UsdtSite {
     pub latency_end_count: u8,
     /// For task probes: which argument identifies the task, or [`TASK_IS_THREAD`].
     pub task_arg: u8,
-    pub _pad: [u8; 3],
+    pub _pad: u8,
+    /// Bit `i` set: argument `i` could not be decoded at this site (its spec is read as
+    /// 0); copied into each event so user space shows it as unavailable.
+    pub unavailable: u16,
 }
 
 /// One probe hit, sent through the `USDT_EVENTS` ring buffer.
@@ -329,7 +338,9 @@ pub struct UsdtEvent {
     pub pid: u32,
     pub tid: u32,
     pub probe_id: u32,
-    pub arg_count: u32,
+    pub arg_count: u16,
+    /// [`UsdtSite::unavailable`] of the site that was hit.
+    pub unavailable: u16,
     /// Each argument widened to 64 bits (sign-extended when signed).
     pub args: [u64; MAX_USDT_ARGS],
 }

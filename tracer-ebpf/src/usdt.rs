@@ -177,7 +177,8 @@ fn emit_event<const MAX_ARGS: usize>(ctx: &ProbeContext, site: &UsdtSite, pid_tg
         (*event).pid = (pid_tgid >> 32) as u32;
         (*event).tid = pid_tgid as u32;
         (*event).probe_id = site.probe_id;
-        (*event).arg_count = arg_count as u32;
+        (*event).arg_count = arg_count as u16;
+        (*event).unavailable = site.unavailable;
         // Volatile stores, so the compiler does not turn them into a call to a memset loop
         // that the verifier would walk byte by byte.
         for i in 0..MAX_USDT_ARGS {

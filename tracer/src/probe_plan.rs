@@ -7,12 +7,13 @@ use std::path::PathBuf;
 use thiserror::Error;
 use tracer_common::{
     MAX_LATENCIES, MAX_LATENCIES_PER_PROBE, MAX_PROBES, MAX_USDT_ARGS, MAX_USDT_SITES,
-    TASK_IS_THREAD, UsdtArg, UsdtSite, site_flags,
+    TASK_IS_THREAD, UsdtSite, site_flags,
 };
 
 use crate::{
     loader::{PlanSizes, UsdtAttachment},
     runtimes::{LatencyDef, TaskProbeDef, TaskRole},
+    usdt::SiteArg,
 };
 
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -40,8 +41,9 @@ pub struct SiteInput {
     pub name: String,
     pub file_offset: u64,
     pub semaphore_offset: Option<u64>,
-    /// Decoded argument specs, or why they could not be decoded.
-    pub args: Result<Vec<UsdtArg>, String>,
+    /// Decoded argument specs, each ready or unavailable with why; or why the whole spec
+    /// could not be decoded.
+    pub args: Result<Vec<SiteArg>, String>,
 }
 
 /// A probe (provider:name in one binary); all its sites share its id.
@@ -84,6 +86,17 @@ pub struct PlannedSite {
     pub site: UsdtSite,
 }
 
+/// An argument of a probe that cannot be decoded at some of its sites: its events show
+/// it as unavailable.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnavailableArg {
+    pub probe_id: u32,
+    /// 0-based.
+    pub index: usize,
+    /// The argument's text and why it cannot be read.
+    pub reason: String,
+}
+
 /// Everything to attach, indexed the way the kernel side indexes it.
 #[derive(Debug, Default)]
 pub struct ProbePlan {
@@ -93,6 +106,9 @@ pub struct ProbePlan {
     pub latencies: Vec<LatencyDef>,
     /// Indexed by BPF cookie.
     pub sites: Vec<PlannedSite>,
+    /// Arguments of attached sites that events cannot show, once per probe, argument
+    /// and reason.
+    pub unavailable_args: Vec<UnavailableArg>,
 }
 
 impl ProbePlan {
@@ -164,15 +180,15 @@ impl ProbePlan {
             }
             // Arguments matter only for events and task ids; a latency probe with an odd
             // spec still works.
-            let args = match (&input.args, emit_events) {
-                (Ok(args), _) => args.clone(),
+            let args: &[SiteArg] = match (&input.args, emit_events) {
+                (Ok(args), _) => args,
                 (Err(reason), _) if emit_events || task.is_some_and(|t| t.task_arg.is_some()) => {
                     return Err(PlanError::BadArguments {
                         probe: probe_label(),
                         reason: reason.clone(),
                     });
                 }
-                (Err(_), _) => Vec::new(),
+                (Err(_), _) => &[],
             };
             let task_flag = match task.map(|t| t.role) {
                 Some(TaskRole::Run) => site_flags::TASK_RUN,
@@ -181,14 +197,22 @@ impl ProbePlan {
                 None => 0,
             };
             let task_arg = match task.and_then(|t| t.task_arg) {
-                Some(index) if (index as usize) < args.len() => index,
-                Some(_) => {
-                    let reason = "the task probe has no task argument".into();
-                    return Err(PlanError::BadArguments {
-                        probe: probe_label(),
-                        reason,
-                    });
-                }
+                Some(index) => match args.get(index as usize) {
+                    Some(Ok(_)) => index,
+                    Some(Err(why)) => {
+                        return Err(PlanError::BadArguments {
+                            probe: probe_label(),
+                            reason: format!("the task argument is unavailable: {why}"),
+                        });
+                    }
+                    None => {
+                        let reason = "the task probe has no task argument".into();
+                        return Err(PlanError::BadArguments {
+                            probe: probe_label(),
+                            reason,
+                        });
+                    }
+                },
                 None => TASK_IS_THREAD,
             };
             let event_flag = if emit_events {
@@ -206,8 +230,23 @@ impl ProbePlan {
                 latency_end_count: ends.len() as u8,
                 ..Default::default()
             };
-            site.args[..args.len().min(MAX_USDT_ARGS)]
-                .copy_from_slice(&args[..args.len().min(MAX_USDT_ARGS)]);
+            for (i, arg) in args.iter().take(MAX_USDT_ARGS).enumerate() {
+                match arg {
+                    Ok(arg) => site.args[i] = *arg,
+                    Err(why) => {
+                        // Kind 0 reads as 0; the bit tells user space it means nothing.
+                        site.unavailable |= 1 << i;
+                        let unavailable = UnavailableArg {
+                            probe_id,
+                            index: i,
+                            reason: why.clone(),
+                        };
+                        if emit_events && !plan.unavailable_args.contains(&unavailable) {
+                            plan.unavailable_args.push(unavailable);
+                        }
+                    }
+                }
+            }
             site.latency_begins[..begins.len()].copy_from_slice(&begins);
             site.latency_ends[..ends.len()].copy_from_slice(&ends);
             plan.sites.push(PlannedSite {
@@ -261,6 +300,7 @@ impl ProbePlan {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tracer_common::UsdtArg;
 
     fn site(name: &str, offset: u64) -> SiteInput {
         SiteInput {
@@ -270,11 +310,11 @@ mod tests {
             name: name.into(),
             file_offset: offset,
             semaphore_offset: Some(0x40),
-            args: Ok(vec![UsdtArg {
+            args: Ok(vec![Ok(UsdtArg {
                 kind: tracer_common::arg_kind::REG,
                 size: 8,
                 ..Default::default()
-            }]),
+            })]),
         }
     }
 
@@ -387,5 +427,49 @@ mod tests {
         let counted = ProbePlan::build(&[bad], &[], &[], SiteMode::Count, None).unwrap();
         assert_eq!(counted.sites.len(), 1, "counting needs no arguments");
         assert_eq!(counted.sites[0].site.flags, 0);
+    }
+
+    #[test]
+    fn an_unavailable_argument_is_marked_and_reported_once_per_probe() {
+        let mut a = site("a", 1);
+        let reg = |size| {
+            Ok(UsdtArg {
+                kind: tracer_common::arg_kind::REG,
+                reg_off: 112,
+                size,
+                ..Default::default()
+            })
+        };
+        a.args = Ok(vec![reg(4), Err("\"4f@%xmm0\": no".into()), reg(8)]);
+        let mut a2 = a.clone();
+        a2.file_offset = 2;
+        let plan = ProbePlan::build(&[a.clone(), a2], &[], &[], SiteMode::Events, None).unwrap();
+        assert_eq!(plan.sites.len(), 2, "the probe is attached at every site");
+        for planned in &plan.sites {
+            assert_eq!(planned.site.arg_count, 3);
+            assert_eq!(planned.site.unavailable, 0b010);
+            assert_eq!(planned.site.args[1], UsdtArg::default(), "reads as 0");
+            assert_eq!(planned.site.args[2].size, 8);
+        }
+        assert_eq!(
+            plan.unavailable_args,
+            vec![UnavailableArg {
+                probe_id: 0,
+                index: 1,
+                reason: "\"4f@%xmm0\": no".into()
+            }]
+        );
+        // A task probe whose task argument is unavailable cannot say which task runs.
+        let tasks = [TaskProbeDef {
+            provider: "tracer".into(),
+            name: "a".into(),
+            role: TaskRole::Run,
+            task_arg: Some(1),
+        }];
+        let err = ProbePlan::build(&[a], &[], &tasks, SiteMode::LatenciesOnly, None).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "probe /app:tracer:a: the task argument is unavailable: \"4f@%xmm0\": no"
+        );
     }
 }

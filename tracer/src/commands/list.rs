@@ -85,7 +85,10 @@ fn render(sites: &[ProbeSite], verbose: bool) -> String {
                 Ok(args) if args.is_empty() => "no arguments".to_string(),
                 Ok(args) => args
                     .iter()
-                    .map(usdt::describe)
+                    .map(|arg| match arg {
+                        Ok(arg) => usdt::describe(arg),
+                        Err(why) => format!("unavailable ({why})"),
+                    })
                     .collect::<Vec<_>>()
                     .join(", "),
                 Err(reason) => format!("undecodable: {reason}"),

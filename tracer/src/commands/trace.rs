@@ -5,7 +5,7 @@ use std::num::NonZeroU32;
 use anyhow::{Result, bail};
 use serde_json::json;
 use tokio::io::{Interest, unix::AsyncFd};
-use tracer_common::{UsdtEvent, counter};
+use tracer_common::{UsdtArg, UsdtEvent, counter};
 
 use crate::{
     cli::{Format, TraceConfig},
@@ -91,7 +91,19 @@ pub fn run(config: TraceConfig) -> Result<()> {
     // One process's sites are attached for it alone; a set's for every process mapping
     // the files, the kernel keeping the targets' hits.
     let plan = ProbePlan::build(&inputs, &[], &[], mode, single)?;
-    let signed: Vec<Vec<bool>> = probe_signedness(&plan);
+    for arg in &plan.unavailable_args {
+        log::warn!(
+            "{}: arg{} {}: unavailable, shown as {}",
+            escape_text(&plan.probes[arg.probe_id as usize].specifier()),
+            arg.index,
+            escape_text(&arg.reason),
+            match config.format {
+                Format::Text => "?",
+                Format::Json => "null",
+            }
+        );
+    }
+    let types = probe_arg_types(&plan);
 
     let mut loader = Loader::load(&Settings {
         targets: targets.clone(),
@@ -132,7 +144,7 @@ pub fn run(config: TraceConfig) -> Result<()> {
     let mut printer = EventPrinter {
         format: config.format,
         names,
-        signed,
+        types,
         started_ns: stop::monotonic_ns(),
         count: 0,
     };
@@ -230,19 +242,59 @@ fn count_text(loader: &Loader, plan: &ProbePlan, format: Format) -> Result<Strin
     Ok(text)
 }
 
-/// Whether each argument of each probe is signed, from its first site's spec.
-fn probe_signedness(plan: &ProbePlan) -> Vec<Vec<bool>> {
-    let mut signed = vec![Vec::new(); plan.probes.len()];
+/// How each argument of a probe is shown.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ArgType {
+    Unsigned,
+    Signed,
+    /// IEEE single precision, in the low 4 bytes.
+    F32,
+    F64,
+}
+
+impl ArgType {
+    fn of(arg: &UsdtArg) -> ArgType {
+        match (arg.float != 0, arg.size, arg.signed != 0) {
+            (true, 4, _) => ArgType::F32,
+            (true, _, _) => ArgType::F64,
+            (false, _, true) => ArgType::Signed,
+            (false, _, false) => ArgType::Unsigned,
+        }
+    }
+
+    fn json(self, value: u64) -> serde_json::Value {
+        match self {
+            ArgType::Unsigned => json!(value),
+            ArgType::Signed => json!(value as i64),
+            // NaN and infinities have no JSON number: null.
+            ArgType::F32 => json!(f32::from_bits(value as u32)),
+            ArgType::F64 => json!(f64::from_bits(value)),
+        }
+    }
+
+    fn text(self, value: u64) -> String {
+        match self {
+            ArgType::Unsigned => value.to_string(),
+            ArgType::Signed => (value as i64).to_string(),
+            ArgType::F32 => f32::from_bits(value as u32).to_string(),
+            ArgType::F64 => f64::from_bits(value).to_string(),
+        }
+    }
+}
+
+/// How each argument of each probe is shown, from its first site's spec.
+fn probe_arg_types(plan: &ProbePlan) -> Vec<Vec<ArgType>> {
+    let mut types = vec![Vec::new(); plan.probes.len()];
     for planned in &plan.sites {
-        let slot = &mut signed[planned.site.probe_id as usize];
+        let slot = &mut types[planned.site.probe_id as usize];
         if slot.is_empty() {
             *slot = planned.site.args[..planned.site.arg_count as usize]
                 .iter()
-                .map(|a| a.signed != 0)
+                .map(ArgType::of)
                 .collect();
         }
     }
-    signed
+    types
 }
 
 /// Hands the events to standard output's writer as they arrive, until that fails. While
@@ -273,7 +325,7 @@ async fn pump(
 struct EventPrinter {
     format: Format,
     names: Vec<String>,
-    signed: Vec<Vec<bool>>,
+    types: Vec<Vec<ArgType>>,
     started_ns: u64,
     count: u64,
 }
@@ -301,20 +353,17 @@ impl EventPrinter {
     fn print(&self, out: &mut impl std::io::Write, event: &UsdtEvent) -> std::io::Result<()> {
         let id = event.probe_id as usize;
         let name = self.names.get(id).map(String::as_str).unwrap_or("?");
-        let signs = self.signed.get(id).map(Vec::as_slice).unwrap_or(&[]);
+        let types = self.types.get(id).map(Vec::as_slice).unwrap_or(&[]);
         let args = &event.args[..(event.arg_count as usize).min(event.args.len())];
+        // An argument the site cannot decode has no value, not 0.
+        let value = |i: usize| -> Option<(ArgType, u64)> {
+            let ty = types.get(i).copied().unwrap_or(ArgType::Unsigned);
+            (event.unavailable & (1 << i) == 0).then(|| (ty, args[i]))
+        };
         match self.format {
             Format::Json => {
-                let values: Vec<serde_json::Value> = args
-                    .iter()
-                    .enumerate()
-                    .map(|(i, &v)| {
-                        if signs.get(i) == Some(&true) {
-                            json!(v as i64)
-                        } else {
-                            json!(v)
-                        }
-                    })
+                let values: Vec<serde_json::Value> = (0..args.len())
+                    .map(|i| value(i).map_or(serde_json::Value::Null, |(ty, v)| ty.json(v)))
                     .collect();
                 let line = json!({
                     "time_ns": event.ts_ns,
@@ -330,11 +379,10 @@ impl EventPrinter {
                 // Probe names come from the target's notes and paths.
                 let name = escape_text(name);
                 write!(out, "{secs:>12.6} {:>7} {:>7} {name}", event.pid, event.tid)?;
-                for (i, &v) in args.iter().enumerate() {
-                    if signs.get(i) == Some(&true) {
-                        write!(out, " {}", v as i64)?;
-                    } else {
-                        write!(out, " {v}")?;
+                for i in 0..args.len() {
+                    match value(i) {
+                        Some((ty, v)) => write!(out, " {}", ty.text(v))?,
+                        None => write!(out, " ?")?,
                     }
                 }
                 writeln!(out)
@@ -354,7 +402,7 @@ mod tests {
         let mut printer = EventPrinter {
             format: Format::Text,
             names: vec!["usdt:/tmp/a\x07:p\x1b[31m:n\r".into()],
-            signed: vec![vec![true]],
+            types: vec![vec![ArgType::Signed]],
             started_ns: 0,
             count: 0,
         };
@@ -378,6 +426,51 @@ mod tests {
         assert!(
             line.contains(r#""probe":"usdt:/tmp/a\u0007:p\u001b[31m:n\r""#),
             "{line}"
+        );
+    }
+
+    /// Each argument as its spec types it; one the site cannot decode is `?` in text and
+    /// `null` in JSON, whatever the kernel wrote for it.
+    #[test]
+    fn arguments_print_as_typed_and_unavailable_ones_as_such() {
+        let mut printer = EventPrinter {
+            format: Format::Text,
+            names: vec!["usdt:/a:p:n".into()],
+            types: vec![vec![
+                ArgType::Unsigned,
+                ArgType::Signed,
+                ArgType::F32,
+                ArgType::F64,
+                ArgType::Signed,
+            ]],
+            started_ns: 0,
+            count: 0,
+        };
+        // SAFETY: UsdtEvent is plain old data; all zeroes is a valid value.
+        let mut event: UsdtEvent = unsafe { std::mem::zeroed() };
+        event.arg_count = 5;
+        event.args[..5].copy_from_slice(&[
+            u64::MAX,
+            -2i64 as u64,
+            (-1.25f32).to_bits() as u64,
+            2.5f64.to_bits(),
+            77,
+        ]);
+        event.unavailable = 0b10000;
+        let mut out = Vec::new();
+        printer.print(&mut out, &event).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(
+            text.ends_with(" usdt:/a:p:n 18446744073709551615 -2 -1.25 2.5 ?\n"),
+            "{text}"
+        );
+        printer.format = Format::Json;
+        let mut out = Vec::new();
+        printer.print(&mut out, &event).unwrap();
+        let line: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(
+            line["args"],
+            json!([18446744073709551615u64, -2, -1.25, 2.5, null])
         );
     }
 }

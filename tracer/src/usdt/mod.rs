@@ -1,6 +1,6 @@
 //! USDT (SystemTap SDT) probe discovery: reading `.note.stapsdt` from ELF files, checking
 //! each note's addresses against the file's segments ([`validate`]), decoding the x86-64
-//! argument specs into [`UsdtArg`]s, matching probe names, and finding the objects a
+//! argument specs into [`tracer_common::UsdtArg`]s, matching probe names, and finding the objects a
 //! running process has mapped.
 //!
 //! Everything here is plain user-space parsing with no eBPF or root requirement, so it can
@@ -11,15 +11,14 @@ mod pattern;
 mod process;
 mod resolve;
 mod spec;
+mod symbols;
 #[cfg(test)]
 mod test_elf;
 mod validate;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::io;
 use std::path::{Path, PathBuf};
-
-use tracer_common::UsdtArg;
 
 use crate::procfs::ProcessError;
 
@@ -27,7 +26,7 @@ pub use notes::{NoteDesc, UsdtNote, parse_note_desc, parse_notes, read_notes};
 pub use pattern::{Glob, ProbePattern, UsdtSpecifier, parse_specifier};
 pub use process::{MappedObject, MapsEntry, executable, mapped_objects, parse_maps};
 pub use resolve::{Found, Resolved, Scope, find, resolve, why_none};
-pub use spec::{describe, parse_arg_specs};
+pub use spec::{ArgSpec, SiteArg, describe, parse_arg_specs, resolve_globals};
 pub use validate::{Layout, Segment, SiteOffsets, SiteProblem, validate};
 
 /// Everything that can go wrong while discovering or decoding USDT probes.
@@ -153,18 +152,13 @@ pub struct ProbeSite {
     pub binary: MappedObject,
     /// The note, with the uprobe and semaphore offsets.
     pub note: UsdtNote,
-    /// The decoded arguments, or why they could not be decoded. Kept as a `Result` so
-    /// `list` can still show a site whose spec we cannot read, and `attach` can refuse it
-    /// with the reason.
-    pub args: Result<Vec<UsdtArg>, String>,
+    /// The decoded arguments, each ready or unavailable with why; the whole spec fails
+    /// only with more arguments than an event holds. Kept so `list` still shows a site
+    /// whose spec we cannot read, and `trace` shows what it can of it.
+    pub args: Result<Vec<SiteArg>, String>,
 }
 
 impl ProbeSite {
-    fn new(binary: MappedObject, note: UsdtNote) -> Self {
-        let args = parse_arg_specs(&note.arg_spec).map_err(|e| e.to_string());
-        ProbeSite { binary, note, args }
-    }
-
     /// The file offsets to attach at, or the error naming the note and what is wrong with
     /// it. Nothing may be attached at a site for which this fails.
     pub fn offsets(&self) -> Result<SiteOffsets, UsdtError> {
@@ -296,12 +290,60 @@ fn sites_in(binary: &MappedObject, pattern: &ProbePattern) -> Result<Vec<ProbeSi
     // Some binaries carry the same note twice (libjvm.so's hotspot:gc__begin); one uprobe
     // per address, or every hit would count twice.
     let mut seen = HashSet::new();
-    Ok(read_notes(&binary.host_path)?
+    let notes: Vec<(UsdtNote, Result<Vec<ArgSpec>, String>)> = read_notes(&binary.host_path)?
         .into_iter()
         .filter(|note| pattern.matches(&note.provider, &note.name))
         .filter(|note| seen.insert(note.pc))
-        .map(|note| ProbeSite::new(binary.clone(), note))
+        .map(|note| {
+            let specs = parse_arg_specs(&note.arg_spec).map_err(|e| e.to_string());
+            (note, specs)
+        })
+        .collect();
+    let addresses = global_addresses(binary, notes.iter().filter_map(|(_, s)| s.as_ref().ok()));
+    Ok(notes
+        .into_iter()
+        .map(|(note, specs)| {
+            let args = specs.map(|specs| {
+                resolve_globals(specs, note.pc, |symbol| {
+                    addresses
+                        .get(symbol)
+                        .cloned()
+                        .unwrap_or_else(|| Err(format!("no symbol {symbol}")))
+                })
+            });
+            ProbeSite {
+                binary: binary.clone(),
+                note,
+                args,
+            }
+        })
         .collect())
+}
+
+/// The addresses of the symbols that the `%rip`-relative arguments of `specs` name, read
+/// from the object only when there are some. An object whose symbols cannot be read
+/// leaves those arguments unavailable, not its probes.
+fn global_addresses<'a>(
+    binary: &MappedObject,
+    specs: impl Iterator<Item = &'a Vec<ArgSpec>>,
+) -> HashMap<String, Result<u64, String>> {
+    let wanted: HashSet<&str> = specs
+        .flatten()
+        .filter_map(|arg| match arg {
+            ArgSpec::Global { symbol, .. } => Some(symbol.as_str()),
+            _ => None,
+        })
+        .collect();
+    if wanted.is_empty() {
+        return HashMap::new();
+    }
+    symbols::symbol_addresses(&binary.host_path, &wanted).unwrap_or_else(|e| {
+        let why = format!("cannot read the symbols: {e}");
+        wanted
+            .iter()
+            .map(|&name| (name.to_owned(), Err(why.clone())))
+            .collect()
+    })
 }
 
 #[cfg(test)]
@@ -340,7 +382,8 @@ mod tests {
         // gc__start(int generation): one signed 32-bit argument.
         let args = start.args.as_ref().unwrap();
         assert_eq!(args.len(), 1);
-        assert_eq!((args[0].size, args[0].signed), (4, 1));
+        let arg = args[0].as_ref().unwrap();
+        assert_eq!((arg.size, arg.signed), (4, 1));
     }
 
     #[test]

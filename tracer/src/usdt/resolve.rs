@@ -310,7 +310,11 @@ mod tests {
                 Err,
             ),
         };
-        ProbeSite::new(MappedObject::from_path(Path::new(LIB)), note)
+        ProbeSite {
+            binary: MappedObject::from_path(Path::new(LIB)),
+            note,
+            args: Ok(Vec::new()),
+        }
     }
 
     fn pc_zero() -> Option<SiteProblem> {

@@ -1,0 +1,64 @@
+//! Link-time addresses of the symbols that `%rip`-relative argument specs name
+//! (`-1@4+t1(%rip)`), read from an object's symbol tables.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::fs::File;
+use std::path::Path;
+
+use object::read::ReadCache;
+use object::{Object as _, ObjectSymbol as _, SymbolKind};
+
+use super::UsdtError;
+
+/// The addresses of the `wanted` symbols in the object at `path` (as this process opens
+/// it), each the address or why there is none. Both `.symtab` and `.dynsym` are read: a
+/// stripped object keeps only the latter, which has its exported globals.
+pub fn symbol_addresses(
+    path: &Path,
+    wanted: &HashSet<&str>,
+) -> Result<HashMap<String, Result<u64, String>>, UsdtError> {
+    let file = File::open(path).map_err(|e| UsdtError::io(path, e))?;
+    let cache = ReadCache::new(file);
+    let object = object::File::parse(&cache).map_err(|source| UsdtError::BadElf {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let mut found: HashMap<&str, (BTreeSet<u64>, bool)> = HashMap::new();
+    for symbol in object.symbols().chain(object.dynamic_symbols()) {
+        // The wanted spelling of the name, which outlives the symbol's.
+        let Some(&name) = symbol.name().ok().and_then(|name| wanted.get(name)) else {
+            continue;
+        };
+        if symbol.is_undefined() {
+            continue;
+        }
+        let entry = found.entry(name).or_default();
+        if symbol.kind() == SymbolKind::Tls {
+            entry.1 = true;
+        } else {
+            entry.0.insert(symbol.address());
+        }
+    }
+    Ok(wanted
+        .iter()
+        .map(|&name| {
+            let address = match found.get(name) {
+                Some((addresses, _)) if addresses.len() == 1 => {
+                    Ok(*addresses.first().expect("one address"))
+                }
+                Some((addresses, _)) if addresses.len() > 1 => Err(format!(
+                    "{} symbols are named {name} (statics of different files?): which one \
+                     the probe reads is unknown",
+                    addresses.len()
+                )),
+                Some((_, true)) => Err(format!(
+                    "{name} is thread-local: its address differs by thread"
+                )),
+                _ => Err(format!(
+                    "no symbol {name} in the object's symbol tables (stripped?)"
+                )),
+            };
+            (name.to_owned(), address)
+        })
+        .collect())
+}
