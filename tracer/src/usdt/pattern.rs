@@ -301,7 +301,11 @@ pub fn parse_specifier(spec: &str) -> Result<UsdtSpecifier, UsdtError> {
         }
     };
     if name.is_empty() {
-        return Err(bad("missing probe name"));
+        // `usdt:` names nothing at all; `usdt:/bin/x:` a file and no probe.
+        return Err(bad(match path.is_empty() && provider.is_empty() {
+            true => expected,
+            false => "missing probe name",
+        }));
     }
     // `usdt:/usr/bin/app` is a file without a probe, not a probe named like a path.
     if path.is_empty() && provider.is_empty() && name.contains('/') {
@@ -544,6 +548,7 @@ mod tests {
         assert!(reason(r#"usdt:/x:p:"n\"#).ends_with("unterminated quote"));
         assert!(reason("usdt:/bin/x").contains("a path needs a probe after it"));
         assert!(reason(r#"usdt:/x:p:"""#).ends_with("missing probe name"));
+        assert!(reason("usdt:").ends_with("expected usdt:PATH:[PROVIDER:]NAME"));
     }
 
     #[test]
