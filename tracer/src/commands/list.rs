@@ -27,7 +27,8 @@ pub fn run(config: ListConfig) -> Result<()> {
     Ok(())
 }
 
-/// What the user named: a bpftrace specifier, a file, or (with a PID) a probe pattern.
+/// What the user named: a bpftrace specifier (`usdt:...`, `*:FILE:*`), a file, or (with a
+/// PID) a probe pattern.
 fn target_specifier(target: Option<&str>, have_pid: bool) -> Result<UsdtSpecifier> {
     let Some(target) = target else {
         if have_pid {
@@ -37,7 +38,7 @@ fn target_specifier(target: Option<&str>, have_pid: bool) -> Result<UsdtSpecifie
             "nothing to list: give a file (tracer list /usr/bin/python3.11) or --pid PID"
         );
     };
-    if target.starts_with("usdt:") || target.starts_with("U:") {
+    if usdt::has_probe_type(target) {
         return Ok(usdt::parse_specifier(target)?);
     }
     if target.contains('/') || (!have_pid && !target.contains(':')) {

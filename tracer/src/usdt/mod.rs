@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use crate::procfs::ProcessError;
 
 pub use notes::{NoteDesc, UsdtNote, parse_note_desc, parse_notes, read_notes};
-pub use pattern::{Glob, ProbePattern, UsdtSpecifier, parse_specifier};
+pub use pattern::{Glob, ProbePattern, UsdtSpecifier, glob_paths, has_probe_type, parse_specifier};
 pub use process::{MappedObject, MapsEntry, executable, mapped_objects, parse_maps};
 pub use resolve::{Found, Resolved, Scope, find, resolve, why_none};
 pub use spec::{ArgSpec, SiteArg, describe, parse_arg_specs, resolve_globals};
@@ -101,6 +101,14 @@ pub enum UsdtError {
         spec: String,
         /// What form was expected.
         reason: String,
+    },
+    /// A path with wildcards matched no ELF file.
+    #[error("no ELF file matches the path {path} of {spec}")]
+    NoFiles {
+        /// The path pattern as given.
+        path: String,
+        /// The whole specifier, as `usdt:PATH:PROVIDER:NAME`.
+        spec: String,
     },
     /// No probe matched what the user asked for.
     #[error("no probes match {wanted} in {place}")]

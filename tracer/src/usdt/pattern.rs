@@ -2,15 +2,93 @@
 //! specifiers.
 
 use std::fmt;
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 use super::UsdtError;
 
 /// A shell-style wildcard pattern: `*` matches any run of characters (including none),
-/// `?` exactly one; everything else matches itself, case-sensitively.
+/// `?` exactly one, `[abc]`, `[a-z]` one of those (`[!a-z]` or `[^a-z]` one not among
+/// them; a `[` without its `]` is itself); everything else matches itself,
+/// case-sensitively.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Glob {
     pattern: String,
+    tokens: Vec<Token>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Token {
+    Star,
+    One,
+    Char(char),
+    Class {
+        negated: bool,
+        ranges: Vec<(char, char)>,
+    },
+}
+
+impl Token {
+    /// Whether this token, not a `*`, matches the character `c`.
+    fn matches(&self, c: char) -> bool {
+        match self {
+            Token::Star => false,
+            Token::One => true,
+            Token::Char(x) => *x == c,
+            Token::Class { negated, ranges } => {
+                ranges.iter().any(|&(lo, hi)| lo <= c && c <= hi) != *negated
+            }
+        }
+    }
+}
+
+fn tokenize(pattern: &str) -> Vec<Token> {
+    let chars: Vec<char> = pattern.chars().collect();
+    let mut tokens = Vec::new();
+    let mut i = 0;
+    while i < chars.len() {
+        match chars[i] {
+            '*' => tokens.push(Token::Star),
+            '?' => tokens.push(Token::One),
+            '[' => {
+                if let Some((class, next)) = class_at(&chars, i) {
+                    tokens.push(class);
+                    i = next;
+                    continue;
+                }
+                tokens.push(Token::Char('['));
+            }
+            c => tokens.push(Token::Char(c)),
+        }
+        i += 1;
+    }
+    tokens
+}
+
+/// The class starting with the `[` at `start`, and the index after its `]`; `None` when
+/// it is not closed. A `]` right after the `[` (or its `!`) is a member, as in glob(3).
+fn class_at(chars: &[char], start: usize) -> Option<(Token, usize)> {
+    let mut i = start + 1;
+    let negated = matches!(chars.get(i), Some('!' | '^'));
+    if negated {
+        i += 1;
+    }
+    let first = i;
+    let mut ranges = Vec::new();
+    while i < chars.len() {
+        let c = chars[i];
+        if c == ']' && i > first {
+            return Some((Token::Class { negated, ranges }, i + 1));
+        }
+        if chars.get(i + 1) == Some(&'-') && chars.get(i + 2).is_some_and(|&hi| hi != ']') {
+            ranges.push((c, chars[i + 2]));
+            i += 3;
+        } else {
+            ranges.push((c, c));
+            i += 1;
+        }
+    }
+    None
 }
 
 impl Glob {
@@ -18,6 +96,7 @@ impl Glob {
     pub fn new(pattern: &str) -> Self {
         Glob {
             pattern: pattern.to_owned(),
+            tokens: tokenize(pattern),
         }
     }
 
@@ -34,7 +113,7 @@ impl Glob {
     /// Whether the glob has no wildcards, i.e. names exactly one thing; lets callers
     /// report "probe X not found" rather than "nothing matched".
     pub fn is_literal(&self) -> bool {
-        !self.pattern.contains(['*', '?'])
+        self.tokens.iter().all(|t| matches!(t, Token::Char(_)))
     }
 
     /// Whether `text` matches the whole glob.
@@ -42,15 +121,15 @@ impl Glob {
         // Greedy scan that, on a mismatch, backtracks to the most recent `*` and lets it
         // swallow one more character: linear space, no recursion, and worst case
         // O(len(pattern) * len(text)) instead of exponential.
-        let pat: Vec<char> = self.pattern.chars().collect();
+        let pat = &self.tokens;
         let txt: Vec<char> = text.chars().collect();
         let (mut p, mut t) = (0, 0);
         let mut star: Option<(usize, usize)> = None;
         while t < txt.len() {
-            if p < pat.len() && (pat[p] == '?' || (pat[p] != '*' && pat[p] == txt[t])) {
+            if p < pat.len() && pat[p].matches(txt[t]) {
                 p += 1;
                 t += 1;
-            } else if p < pat.len() && pat[p] == '*' {
+            } else if p < pat.len() && pat[p] == Token::Star {
                 star = Some((p, t));
                 p += 1;
             } else if let Some((star_p, star_t)) = star {
@@ -61,8 +140,47 @@ impl Glob {
                 return false;
             }
         }
-        pat[p..].iter().all(|&c| c == '*')
+        pat[p..].iter().all(|t| *t == Token::Star)
     }
+}
+
+/// The existing paths a path pattern names, as glob(3) finds them: a component with
+/// wildcards is matched against the entries of each directory reached so far (a
+/// wildcard does not match a leading dot unless the component starts with one, as in the
+/// shell); other components are taken as they are. Relative patterns stay relative (to
+/// the current directory). Sorted within each directory; unreadable directories and
+/// names that are not UTF-8 are passed over.
+pub fn glob_paths(pattern: &str) -> Vec<PathBuf> {
+    let root = if pattern.starts_with('/') { "/" } else { "" };
+    let mut reached = vec![PathBuf::from(root)];
+    for component in pattern.split('/').filter(|c| !c.is_empty()) {
+        let glob = Glob::new(component);
+        let mut next = Vec::new();
+        for dir in &reached {
+            if glob.is_literal() {
+                next.push(dir.join(component));
+                continue;
+            }
+            let listed = if dir.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                dir
+            };
+            let Ok(entries) = std::fs::read_dir(listed) else {
+                continue;
+            };
+            let mut names: Vec<String> = entries
+                .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
+                .filter(|name| glob.matches(name))
+                .filter(|name| component.starts_with('.') || !name.starts_with('.'))
+                .collect();
+            names.sort();
+            next.extend(names.into_iter().map(|name| dir.join(name)));
+        }
+        reached = next;
+    }
+    reached.retain(|path| !path.as_os_str().is_empty() && path.exists());
+    reached
 }
 
 impl fmt::Display for Glob {
@@ -143,32 +261,108 @@ pub struct UsdtSpecifier {
     pub pattern: ProbePattern,
 }
 
-/// Parses `usdt:PATH:PROVIDER:NAME` or `usdt:PATH:NAME` (any provider); `U:` is accepted
-/// for `usdt:` as in bpftrace. Fields are split from the right, so a path may itself
-/// contain colons when the provider is given.
+/// Parses a specifier as bpftrace does: `usdt:PATH:PROVIDER:NAME`, `usdt:PATH:NAME` (any
+/// provider) or `usdt:NAME` (no path: every object of the process, so only with a PID or
+/// a command). `U` is accepted for `usdt`, and so is a probe type with wildcards that
+/// matches it (`*:PATH:*`, which bpftrace's listing accepts). Fields are split at colons
+/// outside double quotes; within quotes a backslash takes the next character as it is, so
+/// `test:"\"probe1\""` names the probe `"probe1"` and `"/a:b/bin"` is one path. Quotes do
+/// not make wildcards literal (bpftrace's do not either). More than four fields: the
+/// leading ones are the path, colons included.
 pub fn parse_specifier(spec: &str) -> Result<UsdtSpecifier, UsdtError> {
     let bad = |reason: &str| UsdtError::BadSpecifier {
         spec: spec.to_owned(),
         reason: reason.to_owned(),
     };
-    let trimmed = spec.trim();
-    let rest = trimmed
-        .strip_prefix("usdt:")
-        .or_else(|| trimmed.strip_prefix("U:"))
-        .ok_or_else(|| bad("expected usdt:PATH:[PROVIDER:]NAME"))?;
-    let fields: Vec<&str> = rest.rsplitn(3, ':').collect();
-    let (path, provider, name) = match fields[..] {
-        [name, provider, path] => (path, provider, name),
-        [name, path] => (path, "*", name),
-        _ => return Err(bad("expected usdt:PATH:[PROVIDER:]NAME")),
+    let expected = "expected usdt:PATH:[PROVIDER:]NAME";
+    let mut fields = split_fields(spec.trim()).map_err(|reason| bad(&reason))?;
+    if fields.len() < 2 {
+        return Err(bad(expected));
+    }
+    let probe_type = fields.remove(0);
+    if !is_usdt_type(&probe_type) {
+        if Glob::new(&probe_type).is_literal() {
+            return Err(bad(expected));
+        }
+        return Err(bad(&format!(
+            "probe type \"{probe_type}\" does not match usdt, the only one tracer traces"
+        )));
+    }
+    let (path, provider, name) = match fields.len() {
+        1 => (String::new(), String::new(), fields.remove(0)),
+        2 => {
+            let name = fields.pop().unwrap_or_default();
+            (fields.remove(0), String::new(), name)
+        }
+        _ => {
+            let name = fields.pop().unwrap_or_default();
+            let provider = fields.pop().unwrap_or_default();
+            (fields.join(":"), provider, name)
+        }
     };
     if name.is_empty() {
-        return Err(bad("missing probe name"));
+        // `usdt:` names nothing at all; `usdt:/bin/x:` a file and no probe.
+        return Err(bad(match path.is_empty() && provider.is_empty() {
+            true => expected,
+            false => "missing probe name",
+        }));
+    }
+    // `usdt:/usr/bin/app` is a file without a probe, not a probe named like a path.
+    if path.is_empty() && provider.is_empty() && name.contains('/') {
+        return Err(bad(&format!("{expected} (a path needs a probe after it)")));
     }
     Ok(UsdtSpecifier {
-        path: (!path.is_empty()).then(|| path.to_owned()),
-        pattern: ProbePattern::new(if provider.is_empty() { "*" } else { provider }, name),
+        path: (!path.is_empty()).then_some(path),
+        pattern: ProbePattern::new(if provider.is_empty() { "*" } else { &provider }, &name),
     })
+}
+
+/// Whether a specifier's first field selects USDT probes: `usdt`, its alias `U`, or a
+/// wildcard matching `usdt`.
+fn is_usdt_type(field: &str) -> bool {
+    field == "usdt"
+        || field == "U"
+        || (!Glob::new(field).is_literal() && Glob::new(field).matches("usdt"))
+}
+
+/// Whether `text` is written as a specifier with its probe type (`usdt:...`, `U:...`,
+/// `*:FILE:*`) rather than as a bare file or probe pattern, for `list`, which takes both.
+/// A wildcard probe type needs three fields, so `p*:gc__*` stays a provider and a name
+/// (a probe pattern has two).
+pub fn has_probe_type(text: &str) -> bool {
+    let Ok(fields) = split_fields(text.trim()) else {
+        // Unbalanced quotes: let the specifier parser say so.
+        return text.trim_start().starts_with("usdt:") || text.trim_start().starts_with("U:");
+    };
+    match fields.first() {
+        Some(first) if first == "usdt" || first == "U" => fields.len() > 1,
+        // One that does not match usdt too, for the parser to say so.
+        Some(first) => fields.len() > 2 && !Glob::new(first).is_literal(),
+        None => false,
+    }
+}
+
+/// Splits at colons outside double quotes, dropping the quotes and the backslashes that
+/// escape a character within them.
+fn split_fields(text: &str) -> Result<Vec<String>, String> {
+    let mut fields = vec![String::new()];
+    let mut quoted = false;
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '"' => quoted = !quoted,
+            '\\' if quoted => match chars.next() {
+                Some(next) => fields.last_mut().unwrap().push(next),
+                None => return Err("unterminated quote".into()),
+            },
+            ':' if !quoted => fields.push(String::new()),
+            c => fields.last_mut().unwrap().push(c),
+        }
+    }
+    if quoted {
+        return Err("unterminated quote".into());
+    }
+    Ok(fields)
 }
 
 #[cfg(test)]
@@ -288,5 +482,172 @@ mod tests {
                 "{bad}: {e}"
             );
         }
+    }
+
+    /// bpftrace's forms beyond `usdt:PATH:[PROVIDER:]NAME`: no path, a wildcard probe
+    /// type, quoted fields with escapes.
+    #[test]
+    fn specifiers_as_bpftrace_writes_them() {
+        let parsed = |s: &str| {
+            let spec = parse_specifier(s).unwrap_or_else(|e| panic!("{s}: {e}"));
+            (
+                spec.path,
+                spec.pattern.provider.to_string(),
+                spec.pattern.name.to_string(),
+            )
+        };
+        let some = |p: &str| Some(p.to_string());
+        let owned = |path: Option<String>, provider: &str, name: &str| {
+            (path, provider.to_string(), name.to_string())
+        };
+        // One field: every object of the process (`-p PID 'usdt:*'`).
+        assert_eq!(parsed("usdt:*"), owned(None, "*", "*"));
+        assert_eq!(parsed("usdt:fired"), owned(None, "*", "fired"));
+        assert_eq!(parsed("U:gc__*"), owned(None, "*", "gc__*"));
+        // Wildcard probe types that match usdt.
+        assert_eq!(parsed("*:./bin/app:*"), owned(some("./bin/app"), "*", "*"));
+        assert_eq!(
+            parsed("u*:./bin/app:p:n"),
+            owned(some("./bin/app"), "p", "n")
+        );
+        assert_eq!(parsed("us?t:/x:n"), owned(some("/x"), "*", "n"));
+        // Quotes: kept out of the field, a backslash within them takes the next
+        // character as it is, colons within them split nothing.
+        assert_eq!(
+            parsed(r#"usdt:./testprogs/usdt_quoted_probe:test:"\"probe1\"""#),
+            owned(some("./testprogs/usdt_quoted_probe"), "test", "\"probe1\"")
+        );
+        assert_eq!(parsed(r#"usdt:./app:"\"probe1\"""#).2, "\"probe1\"");
+        assert_eq!(
+            parsed(r#"usdt:"/weird:dir/bin":n"#),
+            owned(some("/weird:dir/bin"), "*", "n")
+        );
+        assert_eq!(
+            parsed(r#"usdt:/x:"p":"a\\b\:c""#),
+            owned(some("/x"), "p", r"a\b:c")
+        );
+        assert_eq!(parsed(r#"usdt:/x:p"ro"v:n"#).1, "prov", "quotes mid-field");
+        // Outside quotes a backslash is an ordinary character, as in bpftrace.
+        assert_eq!(parsed(r"usdt:/x:p:a\b").2, r"a\b");
+        // Quoted wildcards are still wildcards (bpftrace's too).
+        assert!(
+            !parse_specifier(r#"usdt:/x:p:"gc*""#)
+                .unwrap()
+                .pattern
+                .name
+                .is_literal()
+        );
+
+        let reason = |s: &str| parse_specifier(s).unwrap_err().to_string();
+        assert_eq!(
+            reason("k*:/bin/x:f"),
+            "bad probe specifier \"k*:/bin/x:f\": probe type \"k*\" does not match usdt, the \
+             only one tracer traces"
+        );
+        assert!(reason(r#"usdt:/x:p:"n"#).ends_with("unterminated quote"));
+        assert!(reason(r#"usdt:/x:p:"n\"#).ends_with("unterminated quote"));
+        assert!(reason("usdt:/bin/x").contains("a path needs a probe after it"));
+        assert!(reason(r#"usdt:/x:p:"""#).ends_with("missing probe name"));
+        assert!(reason("usdt:").ends_with("expected usdt:PATH:[PROVIDER:]NAME"));
+    }
+
+    #[test]
+    fn written_with_a_probe_type_or_not() {
+        for yes in [
+            "usdt:x",
+            "U:x:y",
+            "usdt:*",
+            "*:./bin/app:*",
+            "u*:/x:p:n",
+            r#"usdt:"x"#,
+            "k*:/x:n",
+        ] {
+            assert!(has_probe_type(yes), "{yes}");
+        }
+        // `list` reads these as a file or a PROVIDER:NAME pattern.
+        for no in [
+            "usdt",
+            "./bin/app",
+            "python:gc__*",
+            "p*:gc__*",
+            "*:*",
+            "k:/x:n",
+        ] {
+            assert!(!has_probe_type(no), "{no}");
+        }
+    }
+
+    #[test]
+    fn glob_classes() {
+        assert!(glob("app[0-9]", "app2"));
+        assert!(!glob("app[0-9]", "appx"));
+        assert!(!glob("app[0-9]", "app"));
+        assert!(glob("[ab]*", "bx"));
+        assert!(!glob("[ab]*", "cx"));
+        assert!(glob("x[!0-9]", "xa") && !glob("x[!0-9]", "x1"));
+        assert!(glob("x[^0-9]", "xa") && !glob("x[^0-9]", "x1"));
+        assert!(glob("[]]", "]"), "a leading ] is a member");
+        assert!(glob("[a-]", "-") && glob("[a-]", "a"));
+        assert!(glob("lib[*].so", "lib*.so") && !glob("lib[*].so", "libx.so"));
+        // An unclosed [ is literal.
+        assert!(glob("a[b", "a[b") && !glob("a[b", "ab"));
+        assert!(!Glob::new("a[0-9]").is_literal());
+        assert!(Glob::new("a[b").is_literal());
+        assert!(glob("*[0-9]", "libc.so.6") && !glob("*[0-9]", "libc.so"));
+    }
+
+    #[test]
+    fn paths_glob_in_the_filesystem() {
+        let dir = std::env::temp_dir().join(format!("tracer-glob-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        for file in [
+            "bin/app",
+            "bin/app2",
+            "bin/app.c",
+            "bin/.hidden",
+            "lib/x/libp.so",
+        ] {
+            let path = dir.join(file);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(&path, b"").unwrap();
+        }
+        let root = dir.to_str().unwrap();
+        let names = |pattern: &str| -> Vec<String> {
+            glob_paths(pattern)
+                .iter()
+                .map(|p| p.to_string_lossy().replace(root, "D"))
+                .collect()
+        };
+        assert_eq!(
+            names(&format!("{root}/bin/app*")),
+            ["D/bin/app", "D/bin/app.c", "D/bin/app2"]
+        );
+        assert_eq!(names(&format!("{root}/bin/app?")), ["D/bin/app2"]);
+        assert_eq!(names(&format!("{root}/bin/app[0-9]")), ["D/bin/app2"]);
+        assert_eq!(names(&format!("{root}/*/x/lib*")), ["D/lib/x/libp.so"]);
+        assert_eq!(
+            names(&format!("{root}/b*/../lib/*/libp.so")),
+            ["D/bin/../lib/x/libp.so"]
+        );
+        assert_eq!(names(&format!("{root}//bin/app")), ["D/bin/app"]);
+        // Dot files only for a pattern that starts with a dot.
+        assert_eq!(names(&format!("{root}/bin/*")).len(), 3);
+        assert_eq!(names(&format!("{root}/bin/.h*")), ["D/bin/.hidden"]);
+        assert!(names(&format!("{root}/bin/nothing*")).is_empty());
+        assert!(names(&format!("{root}/nodir/*")).is_empty());
+        assert!(
+            names(&format!("{root}/bin/app/*")).is_empty(),
+            "a file is no directory"
+        );
+        // Relative patterns expand from the current directory and stay relative.
+        let cwd = std::env::current_dir().unwrap();
+        let here: Vec<PathBuf> = glob_paths("./*");
+        assert!(!here.is_empty());
+        assert!(
+            here.iter()
+                .all(|p| p.starts_with(".") && cwd.join(p).exists()),
+            "{here:?}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use super::{
     Glob, MappedObject, ProbePattern, ProbeSite, UsdtError, UsdtSpecifier, dedup_by_file,
-    find_probes_in_file, scan_process, scan_processes,
+    find_probes_in_file, glob_paths, scan_process, scan_processes,
 };
 
 /// Where to look for probes.
@@ -71,30 +71,23 @@ pub fn find(specs: &[UsdtSpecifier], scope: Scope<'_>) -> Result<Found, UsdtErro
             for spec in specs {
                 if let Some(path) = spec.path.as_deref()
                     && path.contains('/')
-                    && Glob::new(path).is_literal()
                 {
-                    let path = absolute(Path::new(path))?;
-                    found
-                        .sites
-                        .extend(find_probes_in_file(&path, &spec.pattern)?);
+                    search_files(&mut found, spec, files_named(spec, path, None)?)?;
                 }
             }
         }
         Scope::Files { exe } => {
-            let mut files: Vec<(PathBuf, &UsdtSpecifier)> = Vec::new();
+            let mut files: Vec<(Vec<PathBuf>, &UsdtSpecifier)> = Vec::new();
             for spec in specs {
-                let path = match (spec.path.as_deref(), exe) {
-                    (None | Some("*"), Some(exe)) => exe.to_path_buf(),
-                    (None | Some("*"), None) => return Err(needs_pid(spec, "a path")),
-                    (Some(path), _) if Glob::new(path).is_literal() => absolute(Path::new(path))?,
-                    (Some(_), _) => return Err(needs_pid(spec, "a path with wildcards")),
+                let paths = match (spec.path.as_deref(), exe) {
+                    (None | Some("*"), Some(exe)) => vec![exe.to_path_buf()],
+                    (None | Some("*"), None) => return Err(needs_pid(spec)),
+                    (Some(path), exe) => files_named(spec, path, exe)?,
                 };
-                files.push((path, spec));
+                files.push((paths, spec));
             }
-            for (path, spec) in files {
-                found
-                    .sites
-                    .extend(find_probes_in_file(&path, &spec.pattern)?);
+            for (paths, spec) in files {
+                search_files(&mut found, spec, paths)?;
             }
         }
     }
@@ -134,11 +127,13 @@ fn decide(specs: &[UsdtSpecifier], scope: Scope<'_>, found: Found) -> Result<Res
         return Err(several(named_invalid));
     }
     // Objects whose notes cannot be read: an error when a specifier names the object (by
-    // name or path, not `*`), since the probes asked for may be among those notes; and,
+    // name or path, without wildcards), since the probes asked for may be among those notes; and,
     // when nothing else matches, the likely reason why.
     let named = |object: &MappedObject| {
         specs.iter().any(|spec| {
-            spec.path.as_deref().is_some_and(|p| p != "*")
+            spec.path
+                .as_deref()
+                .is_some_and(|p| Glob::new(p).is_literal())
                 && path_matches(spec.path.as_deref(), &object.path)
         })
     };
@@ -233,17 +228,91 @@ fn matches_in(spec: &UsdtSpecifier, site: &ProbeSite, scope: Scope<'_>) -> bool 
     match (scope, spec.path.as_deref()) {
         (Scope::Process(_) | Scope::Processes { .. }, _) => matches(spec, site),
         (Scope::Files { exe }, None | Some("*")) => exe == Some(site.binary.path.as_path()),
-        (Scope::Files { .. }, Some(path)) => {
-            absolute(Path::new(path)).is_ok_and(|path| path == site.binary.path)
+        (Scope::Files { exe }, Some(path)) => {
+            let command = exe.filter(|exe| *exe == site.binary.path);
+            Glob::new(&absolute_pattern(path)).matches(&site.binary.path.to_string_lossy())
+                || command.is_some_and(|exe| path_matches(Some(path), exe))
         }
     }
 }
 
-fn needs_pid(spec: &UsdtSpecifier, what: &str) -> UsdtError {
+/// The files a specifier's path names outside a process: the file itself, or each ELF
+/// file its wildcards match in the filesystem (other files, sources or scripts next to
+/// the binaries, are passed over), made absolute. With a command, its executable too
+/// when the path matches it (by file name for a path without a slash, as in a process).
+fn files_named(
+    spec: &UsdtSpecifier,
+    path: &str,
+    exe: Option<&Path>,
+) -> Result<Vec<PathBuf>, UsdtError> {
+    if Glob::new(path).is_literal() {
+        return Ok(vec![absolute(Path::new(path))?]);
+    }
+    let mut files: Vec<PathBuf> = Vec::new();
+    let command = exe.filter(|exe| path_matches(Some(path), exe));
+    for file in command
+        .map(Path::to_path_buf)
+        .into_iter()
+        .chain(glob_paths(path).into_iter().filter(|p| is_elf_file(p)))
+    {
+        let file = absolute(&file)?;
+        if !files.contains(&file) {
+            files.push(file);
+        }
+    }
+    if files.is_empty() {
+        return Err(UsdtError::NoFiles {
+            path: path.to_owned(),
+            spec: describe(spec),
+        });
+    }
+    Ok(files)
+}
+
+/// Adds the sites of `spec`'s probes in `files`. A file that only a wildcard matched and
+/// whose notes are broken is set aside in [`Found::unreadable`] (what `decide` reports if
+/// nothing else matches), so that it does not hide the others' probes.
+fn search_files(
+    found: &mut Found,
+    spec: &UsdtSpecifier,
+    files: Vec<PathBuf>,
+) -> Result<(), UsdtError> {
+    let wildcard = spec
+        .path
+        .as_deref()
+        .is_some_and(|p| !Glob::new(p).is_literal());
+    for file in files {
+        match find_probes_in_file(&file, &spec.pattern) {
+            Ok(sites) => found.sites.extend(sites),
+            Err(error) if wildcard && is_malformed(&error) => found
+                .unreadable
+                .push((MappedObject::from_path(&file), error)),
+            Err(error) => return Err(error),
+        }
+    }
+    Ok(())
+}
+
+/// Whether `path` is a regular file starting with the ELF magic number.
+fn is_elf_file(path: &Path) -> bool {
+    use std::io::Read as _;
+    let mut magic = [0u8; 4];
+    path.is_file()
+        && std::fs::File::open(path)
+            .and_then(|mut file| file.read_exact(&mut magic))
+            .is_ok()
+        && magic == *b"\x7fELF"
+}
+
+fn needs_pid(spec: &UsdtSpecifier) -> UsdtError {
+    let what = match spec.path {
+        None => "a probe without a path",
+        Some(_) => "the path *",
+    };
     UsdtError::BadSpecifier {
         spec: describe(spec),
         reason: format!(
-            "{what} can only be searched in a process: give --pid, or a command after --"
+            "{what} means every object of a process: give --pid, or a command after --"
         ),
     }
 }
@@ -273,17 +342,80 @@ fn matches(spec: &UsdtSpecifier, site: &ProbeSite) -> bool {
 }
 
 /// A specifier's path matches a mapped object by full path, or by file name when it has
-/// no slash (`libjvm.so`), with wildcards either way.
+/// no slash (`libjvm.so`), with wildcards either way. A full path matches as given (the
+/// object's path in the process's own mount namespace) or made absolute as
+/// [`absolute_pattern`] does (`./lib/lib*`, `/lib/libc*` with /lib a link).
 fn path_matches(wanted: Option<&str>, path: &Path) -> bool {
     let Some(wanted) = wanted else { return true };
-    let glob = Glob::new(wanted);
+    let path_text = path.to_string_lossy();
     if wanted.contains('/') {
-        let canonical = std::fs::canonicalize(wanted).ok();
-        glob.matches(&path.to_string_lossy()) || canonical.as_deref() == Some(path)
+        Glob::new(wanted).matches(&path_text)
+            || Glob::new(&absolute_pattern(wanted)).matches(&path_text)
     } else {
         path.file_name()
-            .is_some_and(|name| glob.matches(&name.to_string_lossy()))
+            .is_some_and(|name| Glob::new(wanted).matches(&name.to_string_lossy()))
     }
+}
+
+/// A path pattern made absolute as the kernel names mapped files: its leading components
+/// without wildcards resolved through the filesystem (the current directory, `.`, `..`,
+/// symbolic links), or lexically when they do not exist here; the rest kept as it is.
+/// Resolved components are escaped, so a `[` or `*` in a real directory name matches only
+/// itself.
+fn absolute_pattern(wanted: &str) -> String {
+    let components: Vec<&str> = wanted.split('/').collect();
+    let fixed = components
+        .iter()
+        .take_while(|c| Glob::new(c).is_literal())
+        .count();
+    let (prefix, rest) = components.split_at(fixed);
+    let prefix = match prefix.join("/") {
+        p if p.is_empty() && wanted.starts_with('/') => "/".to_string(),
+        p if p.is_empty() => ".".to_string(),
+        p => p,
+    };
+    let resolved = std::fs::canonicalize(&prefix).unwrap_or_else(|_| lexically_absolute(&prefix));
+    let mut pattern = escape_glob(&resolved.to_string_lossy());
+    for component in rest {
+        if !pattern.ends_with('/') {
+            pattern.push('/');
+        }
+        pattern.push_str(component);
+    }
+    pattern
+}
+
+/// `path` joined to the current directory, `.` and `..` taken out without the filesystem.
+fn lexically_absolute(path: &str) -> PathBuf {
+    use std::path::Component;
+    let joined = std::env::current_dir().unwrap_or_default().join(path);
+    let mut out = PathBuf::from("/");
+    for component in joined.components() {
+        match component {
+            Component::Normal(name) => out.push(name),
+            Component::ParentDir => {
+                out.pop();
+            }
+            Component::RootDir | Component::CurDir | Component::Prefix(_) => {}
+        }
+    }
+    out
+}
+
+/// `text` as a glob that matches exactly it.
+fn escape_glob(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '*' | '?' | '[' => {
+                out.push('[');
+                out.push(c);
+                out.push(']');
+            }
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -436,11 +568,77 @@ mod tests {
     }
 
     #[test]
-    fn wildcard_paths_need_a_process() {
-        let spec =
-            super::super::parse_specifier("usdt:/usr/lib/*/libjvm.so:hotspot:gc__begin").unwrap();
+    fn relative_and_linked_paths_match_what_the_process_maps() {
+        let cwd = std::env::current_dir().unwrap();
+        let dir = std::env::temp_dir().join(format!("tracer-resolve-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("real/lib")).unwrap();
+        std::os::unix::fs::symlink(dir.join("real"), dir.join("link")).unwrap();
+        let lib = dir.join("real/lib/libgx.so");
+        let wanted = |p: &str| path_matches(Some(&p.replace("DIR", dir.to_str().unwrap())), &lib);
+        assert!(wanted("DIR/link/lib/lib*"), "a link before the wildcard");
+        assert!(wanted("DIR/real/./lib/../lib/libgx.so"));
+        assert!(wanted("DIR/*/lib/libgx.so"));
+        assert!(!wanted("DIR/link/lib/libc*"));
+        // Relative to the current directory (through `..` up to the root).
+        let up: PathBuf = cwd.components().skip(1).map(|_| "..").collect();
+        let from_cwd = up.join(lib.strip_prefix("/").unwrap());
+        assert!(
+            path_matches(Some(from_cwd.to_str().unwrap()), &lib),
+            "{from_cwd:?}"
+        );
+        let glob = from_cwd.with_file_name("lib*.so");
+        assert!(path_matches(Some(glob.to_str().unwrap()), &lib), "{glob:?}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn absolute_patterns() {
+        assert_eq!(absolute_pattern("/no/such/dir/lib*"), "/no/such/dir/lib*");
+        assert_eq!(absolute_pattern("/no/such/../dir/./x"), "/no/dir/x");
+        assert_eq!(absolute_pattern("/*/x"), "/*/x");
+        let cwd = std::fs::canonicalize(".").unwrap();
+        assert_eq!(absolute_pattern("./a*"), format!("{}/a*", cwd.display()));
+        assert_eq!(absolute_pattern("a*/b"), format!("{}/a*/b", cwd.display()));
+        assert_eq!(escape_glob("/x[1]/a*?"), "/x[[]1]/a[*][?]");
+        assert!(Glob::new(&escape_glob("/x[1]/a*")).matches("/x[1]/a*"));
+        assert!(!Glob::new(&escape_glob("/x[1]/a*")).matches("/x1/ab"));
+    }
+
+    #[test]
+    fn wildcard_paths_that_match_no_file_say_so() {
+        for spec in [
+            "usdt:/no/such/dir/*/libjvm.so:hotspot:gc__begin",
+            "usdt:./no-such-file*:p:n",
+        ] {
+            let spec = parse_specifier(spec).unwrap();
+            let err = resolve(std::slice::from_ref(&spec), Scope::Files { exe: None }).unwrap_err();
+            assert_eq!(
+                err.to_string(),
+                format!(
+                    "no ELF file matches the path {} of {}",
+                    spec.path.as_deref().unwrap(),
+                    describe(&spec)
+                )
+            );
+        }
+        // Files that are not ELF are passed over.
+        let spec = parse_specifier("usdt:/etc/host*:p:n").unwrap();
         let err = resolve(&[spec], Scope::Files { exe: None }).unwrap_err();
-        assert!(err.to_string().contains("--pid"), "{err}");
+        assert!(matches!(err, UsdtError::NoFiles { .. }), "{err}");
+    }
+
+    #[test]
+    fn every_object_needs_a_process() {
+        for spec in ["usdt:*", "usdt:*:p:n", "usdt::p:n"] {
+            let spec = parse_specifier(spec).unwrap();
+            let err = resolve(&[spec], Scope::Files { exe: None }).unwrap_err();
+            assert!(
+                err.to_string()
+                    .contains("give --pid, or a command after --"),
+                "{err}"
+            );
+        }
     }
 
     #[test]
