@@ -1,7 +1,12 @@
 //! The raw syscalls of a load without aya's `EbpfLoader` (see `object.rs`): a uprobe perf
 //! event whose semaphore the kernel counts (`ref_ctr_offset`), a BPF link that attaches a
-//! program to a perf event with a cookie, CPU_CLOCK sampling events, BTF tracepoint
-//! attachment, program loads and global-data maps.
+//! program to a perf event with a cookie, uprobe_multi links with `ref_ctr_offsets` (aya's
+//! attach passes none, and the kernel-counted semaphores need them), CPU_CLOCK sampling
+//! events, BTF tracepoint attachment, task iterators, program loads and global-data maps.
+//!
+//! Every `bpf(2)` argument is a `union bpf_attr` from `aya_obj::generated`, zeroed and then
+//! filled in, so no kernel struct is copied by hand (except `bpf_iter_link_info`, which
+//! those bindings lack).
 
 use std::{
     ffi::{CStr, CString},
@@ -11,7 +16,8 @@ use std::{
 };
 
 use aya_obj::generated::{
-    bpf_attach_type, bpf_cmd, bpf_insn, bpf_prog_type, perf_event_attr, perf_sw_ids, perf_type_id,
+    bpf_attach_type, bpf_attr, bpf_cmd, bpf_insn, bpf_prog_type, perf_event_attr, perf_sw_ids,
+    perf_type_id,
 };
 
 const UPROBE_PMU_TYPE: &str = "/sys/bus/event_source/devices/uprobe/type";
@@ -34,21 +40,27 @@ pub struct UprobeTarget<'a> {
     pub pid: Option<u32>,
 }
 
-/// bpf(2) with command `cmd` and `attr`, the member of `union bpf_attr` it takes (the kernel
-/// reads `size_of::<T>()` bytes of it).
+/// bpf(2) with command `cmd` and `attr`, filled in for that command.
 ///
 /// # Safety
-/// `T` is that member, `repr(C)`, and every pointer in it is valid for the call.
-unsafe fn bpf<T>(cmd: bpf_cmd, attr: &T) -> libc::c_long {
-    // SAFETY: the caller guarantees `attr`; its size is the one passed.
+/// Every pointer in `attr` that `cmd` reads or writes is valid for the call.
+unsafe fn bpf(cmd: bpf_cmd, attr: &bpf_attr) -> libc::c_long {
+    // SAFETY: the caller guarantees the pointers in `attr`; its size is the one passed
+    // (the kernel checks that bytes it does not know are zero, and zeroed() made them so).
     unsafe {
         libc::syscall(
             libc::SYS_bpf,
             cmd as libc::c_long,
-            attr as *const T,
-            mem::size_of::<T>() as u32,
+            attr as *const bpf_attr,
+            mem::size_of::<bpf_attr>() as u32,
         )
     }
+}
+
+/// An all-zero `union bpf_attr`: every command's defaults.
+fn zeroed_attr() -> bpf_attr {
+    // SAFETY: bpf_attr is plain integers; all-zero is what the kernel expects unset.
+    unsafe { mem::zeroed() }
 }
 
 /// The new fd a syscall returned, or the error it reported.
@@ -110,54 +122,24 @@ pub fn open_uprobe(pmu_type: u32, target: &UprobeTarget<'_>) -> io::Result<Owned
     owned_fd(fd)
 }
 
-/// The `link_create` member of `union bpf_attr` for a perf event target.
-#[repr(C)]
-struct LinkCreatePerfEvent {
-    prog_fd: u32,
-    target_fd: u32,
-    attach_type: u32,
-    flags: u32,
-    bpf_cookie: u64,
-    /// The kernel checks that bytes it does not know are zero; keep room for them.
-    _reserved: [u64; 8],
-}
-
 /// Attaches a loaded kprobe-type program to a perf event, passing `cookie` to every run.
 pub fn link_perf_event(
     prog: BorrowedFd<'_>,
     perf_event: BorrowedFd<'_>,
     cookie: u64,
 ) -> io::Result<OwnedFd> {
-    let attr = LinkCreatePerfEvent {
-        prog_fd: prog.as_raw_fd() as u32,
-        target_fd: perf_event.as_raw_fd() as u32,
-        attach_type: bpf_attach_type::BPF_PERF_EVENT as u32,
-        flags: 0,
-        bpf_cookie: cookie,
-        _reserved: [0; 8],
-    };
-    // SAFETY: attr is a valid bpf_attr prefix of the size passed, alive for the call.
+    let mut attr = zeroed_attr();
+    // SAFETY: writing members of a zeroed union of plain integers.
+    unsafe {
+        let link = &mut attr.link_create;
+        link.__bindgen_anon_1.prog_fd = prog.as_raw_fd() as u32;
+        link.__bindgen_anon_2.target_fd = perf_event.as_raw_fd() as u32;
+        link.attach_type = bpf_attach_type::BPF_PERF_EVENT as u32;
+        link.__bindgen_anon_3.perf_event.bpf_cookie = cookie;
+    }
+    // SAFETY: the attr holds no pointers.
     let fd = unsafe { bpf(bpf_cmd::BPF_LINK_CREATE, &attr) };
     owned_fd(fd)
-}
-
-/// The `link_create` member of `union bpf_attr` for a uprobe_multi link.
-#[repr(C)]
-struct LinkCreateUprobeMulti {
-    prog_fd: u32,
-    target_fd: u32,
-    attach_type: u32,
-    flags: u32,
-    path: u64,
-    offsets: u64,
-    ref_ctr_offsets: u64,
-    cookies: u64,
-    cnt: u32,
-    multi_flags: u32,
-    pid: u32,
-    _pad: u32,
-    /// The kernel checks that bytes it does not know are zero; keep room for them.
-    _reserved: [u64; 4],
 }
 
 /// One uprobe of a uprobe_multi link.
@@ -185,65 +167,39 @@ pub fn link_uprobe_multi(
     let offsets: Vec<u64> = uprobes.iter().map(|u| u.offset).collect();
     let ref_ctr_offsets: Vec<u64> = uprobes.iter().map(|u| u.ref_ctr_offset).collect();
     let cookies: Vec<u64> = uprobes.iter().map(|u| u.cookie).collect();
-    let attr = LinkCreateUprobeMulti {
-        prog_fd: prog.as_raw_fd() as u32,
-        target_fd: 0,
-        attach_type: bpf_attach_type::BPF_TRACE_UPROBE_MULTI as u32,
-        flags: 0,
-        path: path.as_ptr() as u64,
-        offsets: offsets.as_ptr() as u64,
-        ref_ctr_offsets: ref_ctr_offsets.as_ptr() as u64,
-        cookies: cookies.as_ptr() as u64,
-        cnt: uprobes.len() as u32,
-        multi_flags: 0,
-        pid: pid.unwrap_or(0),
-        _pad: 0,
-        _reserved: [0; 4],
-    };
-    // SAFETY: attr is the link_create member; the path and the three arrays it points to
-    // (cnt entries each) outlive the call.
+    let mut attr = zeroed_attr();
+    // SAFETY: writing members of a zeroed union of plain integers.
+    unsafe {
+        let link = &mut attr.link_create;
+        link.__bindgen_anon_1.prog_fd = prog.as_raw_fd() as u32;
+        link.attach_type = bpf_attach_type::BPF_TRACE_UPROBE_MULTI as u32;
+        let multi = &mut link.__bindgen_anon_3.uprobe_multi;
+        multi.path = path.as_ptr() as u64;
+        multi.offsets = offsets.as_ptr() as u64;
+        multi.ref_ctr_offsets = ref_ctr_offsets.as_ptr() as u64;
+        multi.cookies = cookies.as_ptr() as u64;
+        multi.cnt = uprobes.len() as u32;
+        multi.pid = pid.unwrap_or(0);
+    }
+    // SAFETY: the path and the three arrays attr points to (cnt entries each) outlive the
+    // call.
     let fd = unsafe { bpf(bpf_cmd::BPF_LINK_CREATE, &attr) };
     owned_fd(fd)
-}
-
-/// The `raw_tracepoint` member of `union bpf_attr`.
-#[repr(C)]
-struct RawTracepointOpen {
-    /// 0 for BTF tracepoint programs, which name their tracepoint when loaded.
-    name: u64,
-    prog_fd: u32,
-    _pad: u32,
-    cookie: u64,
 }
 
 /// Attaches a loaded BTF tracepoint program to its tracepoint; closing the returned link
 /// detaches it.
 pub fn attach_btf_tracepoint(prog: BorrowedFd<'_>) -> io::Result<OwnedFd> {
-    let attr = RawTracepointOpen {
-        name: 0,
-        prog_fd: prog.as_raw_fd() as u32,
-        _pad: 0,
-        cookie: 0,
-    };
-    // SAFETY: attr is a valid bpf_attr prefix of the size passed, alive for the call.
+    let mut attr = zeroed_attr();
+    // The name stays 0: a BTF tracepoint program named its tracepoint when it was loaded.
+    attr.raw_tracepoint.prog_fd = prog.as_raw_fd() as u32;
+    // SAFETY: the attr holds no pointers.
     let fd = unsafe { bpf(bpf_cmd::BPF_RAW_TRACEPOINT_OPEN, &attr) };
     owned_fd(fd)
 }
 
-/// The `link_create` member of `union bpf_attr` for an iterator.
-#[repr(C)]
-struct LinkCreateIter {
-    prog_fd: u32,
-    target_fd: u32,
-    attach_type: u32,
-    flags: u32,
-    /// A `union bpf_iter_link_info`, or 0.
-    iter_info: u64,
-    iter_info_len: u32,
-    _pad: u32,
-}
-
-/// The `task` member of `union bpf_iter_link_info`: which tasks a task iterator visits.
+/// The `task` member of `union bpf_iter_link_info`: which tasks a task iterator visits
+/// (written here: `aya_obj::generated` has no `bpf_iter_link_info`).
 #[repr(C)]
 struct IterLinkInfoTask {
     tid: u32,
@@ -260,43 +216,29 @@ pub fn link_task_iterator(prog: BorrowedFd<'_>, pid: Option<u32>) -> io::Result<
         pid: pid.unwrap_or(0),
         pid_fd: 0,
     };
-    let attr = LinkCreateIter {
-        prog_fd: prog.as_raw_fd() as u32,
-        target_fd: 0,
-        attach_type: bpf_attach_type::BPF_TRACE_ITER as u32,
-        flags: 0,
-        iter_info: if pid.is_some() {
-            &info as *const IterLinkInfoTask as u64
-        } else {
-            0
-        },
-        iter_info_len: if pid.is_some() {
-            mem::size_of::<IterLinkInfoTask>() as u32
-        } else {
-            0
-        },
-        _pad: 0,
-    };
-    // SAFETY: attr is the link_create member; the link info it points to outlives the call.
+    let mut attr = zeroed_attr();
+    // SAFETY: writing members of a zeroed union of plain integers.
+    unsafe {
+        let link = &mut attr.link_create;
+        link.__bindgen_anon_1.prog_fd = prog.as_raw_fd() as u32;
+        link.attach_type = bpf_attach_type::BPF_TRACE_ITER as u32;
+        if pid.is_some() {
+            let iter = &mut link.__bindgen_anon_3.__bindgen_anon_1;
+            iter.iter_info = &info as *const IterLinkInfoTask as u64;
+            iter.iter_info_len = mem::size_of::<IterLinkInfoTask>() as u32;
+        }
+    }
+    // SAFETY: the link info attr points to outlives the call.
     let fd = unsafe { bpf(bpf_cmd::BPF_LINK_CREATE, &attr) };
     owned_fd(fd)
-}
-
-/// The `iter_create` member of `union bpf_attr`.
-#[repr(C)]
-struct IterCreate {
-    link_fd: u32,
-    flags: u32,
 }
 
 /// A new run of the iterator `link`: reading the returned file runs the program over
 /// every object it visits and returns what the program wrote.
 pub fn create_iterator(link: BorrowedFd<'_>) -> io::Result<OwnedFd> {
-    let attr = IterCreate {
-        link_fd: link.as_raw_fd() as u32,
-        flags: 0,
-    };
-    // SAFETY: attr is a valid bpf_attr prefix of the size passed, alive for the call.
+    let mut attr = zeroed_attr();
+    attr.iter_create.link_fd = link.as_raw_fd() as u32;
+    // SAFETY: the attr holds no pointers.
     let fd = unsafe { bpf(bpf_cmd::BPF_ITER_CREATE, &attr) };
     owned_fd(fd)
 }
@@ -325,35 +267,6 @@ pub fn open_cpu_clock(cpu: u32, frequency_hz: u64) -> io::Result<OwnedFd> {
     owned_fd(fd)
 }
 
-/// The `prog_load` member of `union bpf_attr`, up to `attach_btf_obj_fd`.
-#[repr(C)]
-struct ProgLoad {
-    prog_type: u32,
-    insn_cnt: u32,
-    insns: u64,
-    license: u64,
-    log_level: u32,
-    log_size: u32,
-    log_buf: u64,
-    kern_version: u32,
-    prog_flags: u32,
-    prog_name: [u8; 16],
-    prog_ifindex: u32,
-    expected_attach_type: u32,
-    prog_btf_fd: u32,
-    func_info_rec_size: u32,
-    func_info: u64,
-    func_info_cnt: u32,
-    line_info_rec_size: u32,
-    line_info: u64,
-    line_info_cnt: u32,
-    attach_btf_id: u32,
-    /// 0: `attach_btf_id` is a type of vmlinux.
-    attach_btf_obj_fd: u32,
-    /// The kernel checks that bytes it does not know are zero; keep room for them.
-    _reserved: [u64; 8],
-}
-
 /// What kind of program a load creates.
 #[derive(Debug, Clone, Copy)]
 pub struct ProgramKind {
@@ -380,32 +293,25 @@ pub fn load_program(
             Some(log) => (1, log.len() as u32, log.as_mut_ptr() as u64),
             None => (0, 0, 0),
         };
-        let attr = ProgLoad {
-            prog_type: kind.prog_type as u32,
-            insn_cnt: insns.len() as u32,
-            insns: insns.as_ptr() as u64,
-            license: license.as_ptr() as u64,
-            log_level,
-            log_size,
-            log_buf,
-            kern_version: 0,
-            prog_flags: 0,
-            prog_name,
-            prog_ifindex: 0,
-            expected_attach_type: kind.expected_attach_type.map_or(0, |t| t as u32),
-            prog_btf_fd: 0,
-            func_info_rec_size: 0,
-            func_info: 0,
-            func_info_cnt: 0,
-            line_info_rec_size: 0,
-            line_info: 0,
-            line_info_cnt: 0,
-            attach_btf_id: kind.attach_btf_id.unwrap_or(0),
-            attach_btf_obj_fd: 0,
-            _reserved: [0; 8],
-        };
-        // SAFETY: attr is a valid bpf_attr prefix of the size passed; the instructions,
-        // license and log buffer it points to outlive the call.
+        let mut attr = zeroed_attr();
+        // SAFETY: writing members of a zeroed union of plain integers. No BTF of the
+        // program's own; attach_btf_obj_fd stays 0: attach_btf_id is a type of vmlinux.
+        unsafe {
+            let load = &mut attr.__bindgen_anon_3;
+            load.prog_type = kind.prog_type as u32;
+            load.insn_cnt = insns.len() as u32;
+            load.insns = insns.as_ptr() as u64;
+            load.license = license.as_ptr() as u64;
+            load.log_level = log_level;
+            load.log_size = log_size;
+            load.log_buf = log_buf;
+            for (to, &from) in load.prog_name.iter_mut().zip(&prog_name) {
+                *to = from as libc::c_char;
+            }
+            load.expected_attach_type = kind.expected_attach_type.map_or(0, |t| t as u32);
+            load.attach_btf_id = kind.attach_btf_id.unwrap_or(0);
+        }
+        // SAFETY: the instructions, license and log buffer attr points to outlive the call.
         let fd = unsafe { bpf(bpf_cmd::BPF_PROG_LOAD, &attr) };
         owned_fd(fd)
     };
@@ -432,20 +338,18 @@ pub fn load_program(
     })
 }
 
-/// The `map_elem` member of `union bpf_attr`.
-#[repr(C)]
-struct MapElem {
-    map_fd: u32,
-    _pad: u32,
-    key: u64,
-    value: u64,
-    flags: u64,
-}
-
-fn map_command(cmd: bpf_cmd, attr: &MapElem) -> io::Result<()> {
-    // SAFETY: attr is a valid bpf_attr prefix of the size passed; what it points to
-    // outlives the call.
-    let ret = unsafe { bpf(cmd, attr) };
+/// A map command on `map`'s element at `key` (null: none), with `value`.
+fn map_command(cmd: bpf_cmd, map: u32, key: u64, value: u64) -> io::Result<()> {
+    let mut attr = zeroed_attr();
+    // SAFETY: writing members of a zeroed union of plain integers.
+    unsafe {
+        let elem = &mut attr.__bindgen_anon_2;
+        elem.map_fd = map;
+        elem.key = key;
+        elem.__bindgen_anon_1.value = value;
+    }
+    // SAFETY: the caller's key and value pointers outlive the call.
+    let ret = unsafe { bpf(cmd, &attr) };
     if ret < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -459,25 +363,12 @@ pub fn fill_data_map(map: BorrowedFd<'_>, value: &[u8], freeze: bool) -> io::Res
     let fd = map.as_raw_fd() as u32;
     map_command(
         bpf_cmd::BPF_MAP_UPDATE_ELEM,
-        &MapElem {
-            map_fd: fd,
-            _pad: 0,
-            key: &key as *const u32 as u64,
-            value: value.as_ptr() as u64,
-            flags: 0,
-        },
+        fd,
+        &key as *const u32 as u64,
+        value.as_ptr() as u64,
     )?;
     if freeze {
-        map_command(
-            bpf_cmd::BPF_MAP_FREEZE,
-            &MapElem {
-                map_fd: fd,
-                _pad: 0,
-                key: 0,
-                value: 0,
-                flags: 0,
-            },
-        )?;
+        map_command(bpf_cmd::BPF_MAP_FREEZE, fd, 0, 0)?;
     }
     Ok(())
 }
