@@ -238,3 +238,45 @@ fn list_shows_globals_from_the_probe_and_why_an_argument_is_unavailable() {
         "{text}"
     );
 }
+
+/// `--bpf-debug` shows the kernel's own diagnostics: a failed argument read names the
+/// probe and the error (EFAULT), once per failing hit; without it, nothing of the kind.
+#[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+fn bpf_debug_names_the_probe_whose_argument_read_failed() {
+    require_privileged();
+    let bin = compile_target("gcc", "src/diagnostics/bad-pointer.c", "bad-pointer", &[]);
+    let bin = bin.to_str().unwrap();
+    let probes = format!("usdt:{bin}:diag:*");
+    let run = |debug: bool| {
+        let mut args = vec!["trace"];
+        if debug {
+            args.push("--bpf-debug");
+        }
+        args.extend([probes.as_str(), "--", bin, "20"]);
+        let out = run_tracer(&args);
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{err}");
+        let hits = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| l.contains(":diag:"))
+            .count();
+        assert_eq!(hits, 40, "every hit of both probes is printed: {err}");
+        err
+    };
+    let quiet = run(false);
+    assert!(!quiet.contains("tracer: bpf:"), "{quiet}");
+    let debug = run(true);
+    let failed: Vec<&str> = debug
+        .lines()
+        .filter(|l| l.starts_with("tracer: bpf: "))
+        .collect();
+    assert_eq!(failed.len(), 20, "one record per failing hit: {debug}");
+    for line in failed {
+        assert!(
+            line.contains(&format!("usdt:{bin}:diag:bad"))
+                && line.contains("reading an argument failed: error -14"),
+            "{line}"
+        );
+    }
+}

@@ -15,6 +15,7 @@ use aya_ebpf::{
     helpers::{bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_probe_read_user},
     programs::BtfTracePointContext,
 };
+use aya_log_ebpf::debug;
 use tracer_common::{
     FIRST_SNAPSHOT_ID, LastSnapshot, MAX_SNAPSHOT_CHECKS, NO_STACK, OffCpuKey, OffCpuStart,
     OffCpuTotal, counter, offcpu_state, target_filter,
@@ -72,6 +73,7 @@ fn record_switch_out<const DWARF: bool>(ctx: &BtfTracePointContext, now: u64) {
     };
     if OFFCPU_STARTS.insert(&tid, &start, 0).is_err() {
         count(counter::MAP_FULL);
+        debug!(ctx, "OFFCPU_STARTS is full: thread {} blocks unseen", tid);
     }
 }
 

@@ -13,6 +13,7 @@ use aya_ebpf::{
     bindings::{BPF_F_USER_STACK, pt_regs},
     programs::PerfEventContext,
 };
+use aya_log_ebpf::debug;
 use tracer_common::{NO_STACK, OnCpuKey, counter, target_filter};
 
 use crate::{
@@ -82,6 +83,10 @@ fn aggregate(ctx: &PerfEventContext, tgid: u32, tid: u32) {
         None => {
             if ONCPU_SAMPLES.insert(&key, &1, 0).is_err() {
                 count(counter::MAP_FULL);
+                debug!(
+                    ctx,
+                    "ONCPU_SAMPLES is full: a sample of thread {} is lost", tid
+                );
             }
         }
     }

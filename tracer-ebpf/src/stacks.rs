@@ -1,6 +1,7 @@
 //! Stack ids in `STACKS`, taken the same way by every program.
 
-use aya_ebpf::programs::tracing::StackIdContext;
+use aya_ebpf::{bindings::BPF_F_USER_STACK, programs::tracing::StackIdContext};
+use aya_log_ebpf::debug;
 use tracer_common::{NO_STACK, counter};
 
 use crate::{STACKS, count};
@@ -16,6 +17,12 @@ pub fn stack_id<C: StackIdContext>(ctx: &C, flags: u64) -> i32 {
         Err(NO_STACK) => NO_STACK,
         Err(err) => {
             count(counter::STACK_ERRORS);
+            let which = if flags & BPF_F_USER_STACK as u64 != 0 {
+                "user"
+            } else {
+                "kernel"
+            };
+            debug!(ctx, "{} stack capture failed: error {}", which, err);
             err
         }
     }

@@ -6,6 +6,7 @@ use aya_ebpf::{
     helpers::{bpf_ktime_get_ns, generated::bpf_get_attach_cookie},
     programs::ProbeContext,
 };
+use aya_log_ebpf::debug;
 use tracer_common::{
     LatencyProcessKey, LatencyStartKey, LatencyStats, MAX_LATENCIES, MAX_LATENCIES_PER_PROBE,
     MAX_USDT_ARGS, UsdtEvent, UsdtSite, counter, histogram, site_flags, target_filter,
@@ -60,7 +61,7 @@ pub fn on_hit<const TASKS: bool>(ctx: &ProbeContext) {
     let now = unsafe { bpf_ktime_get_ns() };
     let tid = pid_tgid as u32;
     end_latencies(site, (pid_tgid >> 32) as u32, tid, now);
-    begin_latencies(site, tid, now);
+    begin_latencies(ctx, site, tid, now);
     if task_switch {
         crate::tasks::on_task_probe(ctx, site, pid_tgid, now);
     }
@@ -77,7 +78,7 @@ pub fn on_hit_with_event<const MAX_ARGS: usize>(ctx: &ProbeContext) {
 }
 
 #[inline(always)]
-fn begin_latencies(site: &UsdtSite, tid: u32, now: u64) {
+fn begin_latencies(ctx: &ProbeContext, site: &UsdtSite, tid: u32, now: u64) {
     for i in 0..MAX_LATENCIES_PER_PROBE {
         if i >= site.latency_begin_count as usize {
             break;
@@ -88,6 +89,13 @@ fn begin_latencies(site: &UsdtSite, tid: u32, now: u64) {
         };
         if LATENCY_STARTS.insert(&key, &now, 0).is_err() {
             count(counter::MAP_FULL);
+            debug!(
+                ctx,
+                "probe {}: LATENCY_STARTS is full, latency {} of thread {} not started",
+                site.probe_id,
+                key.latency_id,
+                tid
+            );
         }
     }
 }
@@ -195,4 +203,14 @@ fn emit_event<const MAX_ARGS: usize>(ctx: &ProbeContext, site: &UsdtSite, pid_tg
     }
     entry.submit(0);
     count_by(counter::ARG_READ_ERRORS, (failures as u64) >> 63);
+    if failures < 0 {
+        debug!(
+            ctx,
+            "probe {} (site {}): reading an argument failed: error {}",
+            site.probe_id,
+            // SAFETY: the helper only reads the context it is given.
+            unsafe { bpf_get_attach_cookie(ctx.as_ptr()) },
+            failures
+        );
+    }
 }

@@ -17,6 +17,11 @@ use crate::{loader::MapSizes, targets::TargetSpec};
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+    /// Show the eBPF programs' own diagnostics on standard error: each failed argument
+    /// read, stack capture error and full map, with the probe, site and error. Off, the
+    /// kernel drops the logging code: it costs nothing.
+    #[arg(long, global = true)]
+    pub bpf_debug: bool,
 }
 
 #[derive(Debug, Subcommand)]

@@ -14,6 +14,9 @@ fn main() {
     }
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     let cli = Cli::parse();
+    if cli.bpf_debug {
+        tracer::loader::enable_bpf_diagnostics();
+    }
     let result = match cli.command {
         Command::Attach(args) => AttachConfig::try_from(args)
             .map_err(anyhow::Error::from)

@@ -141,6 +141,8 @@ pub fn run(config: AttachConfig) -> Result<()> {
         .map_err(|e| on_target(e.into()))?;
     let mut sampler = WallClockSampler::attach(&mut loader, Some(&targets), sampling, &processes)
         .map_err(on_target)?;
+    let probe_names: Vec<String> = plan.probes.iter().map(|p| p.specifier()).collect();
+    let _diagnostics = loader.start_diagnostics(&probe_names);
     let started = sampler.started_ns;
     let start_unix_ns = SystemTime::now()
         .duration_since(UNIX_EPOCH)

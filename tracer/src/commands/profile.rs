@@ -77,6 +77,7 @@ pub fn run(config: ProfileConfig) -> Result<()> {
     let mut tracker = TargetTracker::for_set(spec, &loader)?;
     let mut sampler =
         WallClockSampler::attach(&mut loader, targets.as_ref(), sampling, &processes)?;
+    let _diagnostics = loader.start_diagnostics(&[]);
     let start_unix_ns = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64)

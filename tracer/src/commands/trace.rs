@@ -119,6 +119,8 @@ pub fn run(config: TraceConfig) -> Result<()> {
     loader
         .attach_usdt_sites(&plan.usdt_sites(), warm_up)
         .map_err(|e| on_target(e.into()))?;
+    let probe_names: Vec<String> = plan.probes.iter().map(|p| p.specifier()).collect();
+    let _diagnostics = loader.start_diagnostics(&probe_names);
     let events = loader.take_events()?;
     // Ctrl-C from the moment the line below is printed (and the command runs) must stop
     // the trace, not kill us.
@@ -140,7 +142,7 @@ pub fn run(config: TraceConfig) -> Result<()> {
         child.resume()?;
     }
 
-    let names: Vec<String> = plan.probes.iter().map(|p| p.specifier()).collect();
+    let names = probe_names;
     let mut printer = EventPrinter {
         format: config.format,
         names,

@@ -2,6 +2,7 @@
 //! loads the embedded eBPF object with this run's settings, attaches programs, and reads
 //! the kernel-side aggregates back as plain `tracer_common` values.
 
+mod diagnostics;
 pub mod keeper;
 mod object;
 mod rings;
@@ -23,6 +24,7 @@ use tracer_common::{
     map_names, program_names, site_flags, target_filter, target_match,
 };
 
+pub use diagnostics::{DiagnosticsReader, enable as enable_bpf_diagnostics};
 pub use rings::{RecordRing, SnapshotChecks};
 pub use sys::supports_ref_ctr_offset;
 pub use targets::{COMM_LEN, FileId, KernelTargets, Member, TargetsMap};
@@ -508,6 +510,7 @@ impl Loader {
                 targets.and_then(|t| t.comm).unwrap_or_default().to_vec(),
             ),
             u64s(global_names::CLOCK_TICK_NS, clock_tick_ns),
+            (diagnostics::LEVEL_GLOBAL, vec![diagnostics::level()]),
             u32s(global_names::PID_NS_INO, pid_ns_ino as u32),
             u32s(global_names::TASK_THREAD_PID_OFFSET, pid_numbers[0][0]),
             u32s(global_names::PID_LEVEL_OFFSET, pid_numbers[1][0]),
@@ -738,6 +741,19 @@ impl Loader {
             Some(keeper) => keeper.release_all().map_err(LoaderError::Keeper),
             None => Ok(()),
         }
+    }
+
+    /// With `--bpf-debug`, starts showing the diagnostics of the programs attached so far
+    /// (call it once every program is attached), naming probe N `probe_names[N]`; `None`
+    /// when off or when none logs.
+    pub fn start_diagnostics(&self, probe_names: &[String]) -> Option<DiagnosticsReader> {
+        if diagnostics::level() == 0 {
+            return None;
+        }
+        self.programs
+            .loaded()
+            .filter_map(|prog| sys::program_id(prog).ok())
+            .find_map(|id| DiagnosticsReader::start(id, probe_names))
     }
 
     /// The process holding the USDT links, once started.

@@ -222,6 +222,11 @@ impl Programs {
         Ok((!uses_pending_map).then_some(instructions))
     }
 
+    /// Every program loaded so far.
+    pub(super) fn loaded(&self) -> impl Iterator<Item = BorrowedFd<'_>> {
+        self.loaded.values().map(|fd| fd.as_fd())
+    }
+
     /// Program `name` once [`Programs::load`] loaded it.
     pub(super) fn fd(&self, name: &'static str) -> Result<BorrowedFd<'_>, LoaderError> {
         self.loaded

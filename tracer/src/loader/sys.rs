@@ -16,8 +16,8 @@ use std::{
 };
 
 use aya_obj::generated::{
-    bpf_attach_type, bpf_attr, bpf_cmd, bpf_insn, bpf_prog_type, perf_event_attr, perf_sw_ids,
-    perf_type_id,
+    bpf_attach_type, bpf_attr, bpf_cmd, bpf_insn, bpf_prog_info, bpf_prog_type, perf_event_attr,
+    perf_sw_ids, perf_type_id,
 };
 
 const UPROBE_PMU_TYPE: &str = "/sys/bus/event_source/devices/uprobe/type";
@@ -371,4 +371,21 @@ pub fn fill_data_map(map: BorrowedFd<'_>, value: &[u8], freeze: bool) -> io::Res
         map_command(bpf_cmd::BPF_MAP_FREEZE, fd, 0, 0)?;
     }
     Ok(())
+}
+
+/// The kernel's id of loaded program `prog` (what `bpftool prog` lists).
+pub fn program_id(prog: BorrowedFd<'_>) -> io::Result<u32> {
+    // SAFETY: bpf_prog_info is plain integers and pointers the kernel only fills when their
+    // lengths are set; all-zero asks for the fixed part alone.
+    let mut info: bpf_prog_info = unsafe { mem::zeroed() };
+    let mut attr = zeroed_attr();
+    attr.info.bpf_fd = prog.as_raw_fd() as u32;
+    attr.info.info_len = mem::size_of::<bpf_prog_info>() as u32;
+    attr.info.info = &mut info as *mut bpf_prog_info as u64;
+    // SAFETY: `info` is writable for info_len bytes and outlives the call.
+    let ret = unsafe { bpf(bpf_cmd::BPF_OBJ_GET_INFO_BY_FD, &attr) };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(info.id)
 }
