@@ -420,12 +420,11 @@ type Event = (String, String);
 
 /// Events of `tracer trace --format json`, in order.
 fn traced(stdout: &str) -> Vec<Event> {
-    stdout
-        .lines()
-        .filter(|l| l.starts_with('{'))
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-        .filter_map(|v| {
-            let probe = v.get("probe")?.as_str()?.strip_prefix("usdt:")?.to_string();
+    parse_trace_json(stdout)
+        .events
+        .iter()
+        .filter_map(|e| {
+            let probe = e.probe.strip_prefix("usdt:")?;
             let mut fields = probe.rsplitn(3, ':');
             let (name, provider, file) = (fields.next()?, fields.next()?, fields.next()?);
             Some((file.to_string(), format!("{provider}:{name}")))

@@ -28,39 +28,20 @@ const VARIANTS: [(&str, &str); 4] = [
 /// Runs `tracer trace --format json` on every probe of `bin` for a run of it with
 /// `--loops 2`: the events as (probe name, args), the program's truth line and stderr.
 fn trace(bin: &str) -> (Vec<(String, Vec<Value>)>, Value, String) {
-    let out = run_tracer(&[
-        "trace",
-        "--format",
-        "json",
-        &format!("usdt:{bin}:tt:*"),
-        "--",
-        bin,
-        "--loops",
-        "2",
-    ]);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(out.status.success(), "{stderr}");
-    let lines: Vec<Value> = stdout
-        .lines()
-        .filter(|l| l.starts_with('{'))
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
-        .collect();
-    // The traced command shares standard output; its truth line has no `probe`.
-    let truth = lines
-        .iter()
-        .find(|v| v.get("probe").is_none())
-        .unwrap_or_else(|| panic!("no truth line in {stdout}"))
+    let run = trace_json(&[&format!("usdt:{bin}:tt:*"), "--", bin, "--loops", "2"]);
+    let truth = run
+        .printed
+        .other_json
+        .first()
+        .unwrap_or_else(|| panic!("no truth line: {:?}", run.printed))
         .clone();
-    let events = lines
+    let events = run
+        .printed
+        .events
         .iter()
-        .filter_map(|v| {
-            let probe = v.get("probe")?.as_str()?;
-            let name = probe.rsplit(':').next()?.to_string();
-            Some((name, v["args"].as_array()?.clone()))
-        })
+        .map(|e| (e.name().to_owned(), e.args.clone()))
         .collect();
-    (events, truth, stderr)
+    (events, truth, run.stderr)
 }
 
 /// What bpftrace prints for `probe` of `bin` (run with `-c`), `arity` arguments as

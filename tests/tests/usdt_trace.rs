@@ -49,25 +49,10 @@ fn expected_args() -> Vec<(&'static str, Vec<i64>)> {
 
 /// Events of `tracer trace --format json` as (probe name, args as i64).
 fn parse_events(stdout: &str) -> Vec<(String, Vec<i64>, u32)> {
-    stdout
-        .lines()
-        .filter(|l| l.starts_with('{'))
-        .map(|l| {
-            serde_json::from_str::<serde_json::Value>(l).unwrap_or_else(|e| panic!("{e}: {l}"))
-        })
-        // A traced command shares stdout with the tracer; its own JSON has no `probe`.
-        .filter(|v| v.get("probe").is_some())
-        .map(|v| {
-            let probe = v["probe"].as_str().unwrap();
-            let name = probe.rsplit(':').next().unwrap().to_string();
-            let args = v["args"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|a| a.as_i64().unwrap_or_else(|| a.as_u64().unwrap() as i64))
-                .collect();
-            (name, args, v["pid"].as_u64().unwrap() as u32)
-        })
+    parse_trace_json(stdout)
+        .events
+        .iter()
+        .map(|e| (e.name().to_owned(), e.int_args(), e.pid))
         .collect()
 }
 

@@ -447,6 +447,95 @@ pub fn attach_json(program: &str, target_args: &[&str], name: &str, extra: &[&st
     }
 }
 
+/// One event line of `tracer trace --format json`.
+#[derive(Debug, Clone)]
+pub struct TraceEvent {
+    /// The whole specifier, `usdt:PATH:PROVIDER:NAME`.
+    pub probe: String,
+    pub pid: u32,
+    pub tid: u32,
+    pub time_ns: u64,
+    /// As printed: numbers, or null for an unavailable argument.
+    pub args: Vec<serde_json::Value>,
+}
+
+impl TraceEvent {
+    /// The probe's name alone (after the last colon).
+    pub fn name(&self) -> &str {
+        self.probe.rsplit(':').next().unwrap_or_default()
+    }
+
+    /// The arguments as signed numbers (unsigned ones above i64::MAX wrap, as C casts).
+    pub fn int_args(&self) -> Vec<i64> {
+        self.args
+            .iter()
+            .map(|a| {
+                a.as_i64()
+                    .or_else(|| a.as_u64().map(|u| u as i64))
+                    .unwrap_or_else(|| panic!("argument {a} of {self:?} is not a number"))
+            })
+            .collect()
+    }
+}
+
+/// What `tracer trace --format json` printed: its events, and the other JSON lines of
+/// standard output (a traced command shares it: its own lines, such as a truth line,
+/// have no `probe`).
+#[derive(Debug, Default)]
+pub struct TracePrinted {
+    pub events: Vec<TraceEvent>,
+    pub other_json: Vec<serde_json::Value>,
+}
+
+/// Parses the standard output of `tracer trace --format json`.
+pub fn parse_trace_json(stdout: &str) -> TracePrinted {
+    let mut printed = TracePrinted::default();
+    for line in stdout.lines().filter(|l| l.starts_with('{')) {
+        let value: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        let Some(probe) = value.get("probe").and_then(|p| p.as_str()) else {
+            printed.other_json.push(value);
+            continue;
+        };
+        let number = |key: &str| {
+            value[key]
+                .as_u64()
+                .unwrap_or_else(|| panic!("no {key} in {line}"))
+        };
+        printed.events.push(TraceEvent {
+            probe: probe.to_owned(),
+            pid: number("pid") as u32,
+            tid: number("tid") as u32,
+            time_ns: number("time_ns"),
+            args: value["args"]
+                .as_array()
+                .unwrap_or_else(|| panic!("no args in {line}"))
+                .clone(),
+        });
+    }
+    printed
+}
+
+/// One `tracer trace --format json ARGS` run, waited for.
+pub struct TraceRun {
+    pub printed: TracePrinted,
+    pub stderr: String,
+}
+
+/// Runs `tracer trace --format json ARGS` to its end (give `-- CMD` or `--duration`) and
+/// parses what it printed; fails the test when the tracer fails.
+pub fn trace_json(args: &[&str]) -> TraceRun {
+    let mut all = vec!["trace", "--format", "json"];
+    all.extend_from_slice(args);
+    let out = run_tracer(&all);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "tracer {all:?} failed: {stderr}");
+    TraceRun {
+        printed: parse_trace_json(&String::from_utf8_lossy(&out.stdout)),
+        stderr,
+    }
+}
+
 /// A copy of `program` in `dir`, ready to run: a child forked meanwhile by another test
 /// may briefly hold the copy open for writing (exec fails with ETXTBSY), so this waits
 /// until the copy runs (`--help`).
