@@ -102,8 +102,13 @@ fn render(sites: &[ProbeSite], verbose: bool) -> String {
                         }
                         _ => "no semaphore".into(),
                     };
+                    let nop5 = if offsets.nop5 {
+                        ", attached at its 5-byte nop (an optimized uprobe)"
+                    } else {
+                        ""
+                    };
                     out.push_str(&format!(
-                        "  site pc {:#x} (file offset {:#x}), {semaphore}\n",
+                        "  site pc {:#x} (file offset {:#x}{nop5}), {semaphore}\n",
                         note.pc, offsets.probe
                     ));
                 }
@@ -146,6 +151,7 @@ mod tests {
                 location: Ok(usdt::SiteOffsets {
                     probe: 0x10,
                     semaphore: None,
+                    nop5: false,
                 }),
             },
             args: Err("bad \x1b[A".into()),
@@ -206,6 +212,7 @@ mod tests {
                 Ok(SiteOffsets {
                     probe: 0x1000,
                     semaphore: Some(0x2000),
+                    nop5: false,
                 }),
             ),
             site(

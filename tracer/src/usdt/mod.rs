@@ -312,7 +312,7 @@ fn sites_in(binary: &MappedObject, pattern: &ProbePattern) -> Result<Vec<ProbeSi
         .into_iter()
         .map(|(note, specs)| {
             let args = specs.map(|specs| {
-                resolve_globals(specs, note.pc, |symbol| {
+                resolve_globals(specs, note.attach_pc(), |symbol| {
                     addresses
                         .get(symbol)
                         .cloned()

@@ -9,7 +9,7 @@ use object::read::{ReadCache, ReadRef};
 use object::{Endian, Endianness, FileKind};
 
 use super::UsdtError;
-use super::validate::{Layout, Segment, SiteOffsets, SiteProblem, validate};
+use super::validate::{Layout, NOP_NOP5, Segment, SiteOffsets, SiteProblem, validate};
 
 /// Owner name of SDT notes.
 const NOTE_OWNER: &[u8] = b"stapsdt";
@@ -47,6 +47,13 @@ impl UsdtNote {
     /// Offset in the file to attach the uprobe at; `None` for an invalid site.
     pub fn file_offset(&self) -> Option<u64> {
         self.location.as_ref().ok().map(|o| o.probe)
+    }
+
+    /// The address the uprobe is placed at: `pc`, or the 5-byte nop after it (see
+    /// [`NOP_NOP5`]).
+    pub fn attach_pc(&self) -> u64 {
+        let nop5 = self.location.as_ref().is_ok_and(|at| at.nop5);
+        self.pc + u64::from(nop5)
     }
 
     /// File offset of the 2-byte semaphore counter; `None` without a semaphore or for an
@@ -252,7 +259,10 @@ where
                 semaphore,
                 arg_spec: raw.arg_spec,
                 note_offset: note_offset(note_pos),
-                location: validate(&layout, pc, semaphore),
+                location: validate(&layout, pc, semaphore).map(|at| {
+                    let code = data.read_bytes_at(at.probe, NOP_NOP5.len() as u64);
+                    at.prefer_nop5(code.unwrap_or_default())
+                }),
             });
         }
     }
@@ -478,7 +488,8 @@ mod tests {
                         note_offset: NOTES_OFF,
                         location: Ok(SiteOffsets {
                             probe: TEXT_OFF + 4,
-                            semaphore: Some(PROBES_OFF + 2)
+                            semaphore: Some(PROBES_OFF + 2),
+                            nop5: false,
                         }),
                     },
                     UsdtNote {
@@ -490,7 +501,8 @@ mod tests {
                         note_offset: second_note,
                         location: Ok(SiteOffsets {
                             probe: TEXT_OFF + 8,
-                            semaphore: None
+                            semaphore: None,
+                            nop5: false,
                         }),
                     },
                 ],

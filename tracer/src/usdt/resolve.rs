@@ -438,6 +438,7 @@ mod tests {
                 Ok(SiteOffsets {
                     probe: 0x1000,
                     semaphore: None,
+                    nop5: false,
                 }),
                 Err,
             ),

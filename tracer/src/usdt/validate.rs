@@ -101,6 +101,28 @@ pub struct SiteOffsets {
     pub probe: u64,
     /// Offset of the semaphore, for the kernel to count (`ref_ctr_offset`).
     pub semaphore: Option<u64>,
+    /// The site is a nop followed by a 5-byte nop and `probe` is the 5-byte nop's, one
+    /// past the note's address: see [`NOP_NOP5`].
+    pub nop5: bool,
+}
+
+/// What newer SDT headers emit at a site: `nop` then a 5-byte `nopl 0x0(%rax,%rax,1)`.
+/// Linux 6.18 runs a uprobe on a 5-byte nop through a call into a trampoline and a system
+/// call instead of a trap, and libbpf attaches there; so do we. Both nops do nothing, so
+/// the registers the arguments are read from are the same one byte later (arguments
+/// relative to `%rip` are placed from the attach address, [`SiteOffsets::probe`]).
+pub const NOP_NOP5: [u8; 6] = [0x90, 0x0f, 0x1f, 0x44, 0x00, 0x00];
+
+impl SiteOffsets {
+    /// Moves the attach point onto the 5-byte nop when the site's code, `code` (the bytes
+    /// from the note's address on), starts with [`NOP_NOP5`].
+    pub fn prefer_nop5(mut self, code: &[u8]) -> Self {
+        if !self.nop5 && code.starts_with(&NOP_NOP5) {
+            self.probe += 1;
+            self.nop5 = true;
+        }
+        self
+    }
 }
 
 /// Why a note's site cannot be attached.
@@ -166,7 +188,11 @@ pub fn validate(
     let semaphore = semaphore
         .map(|addr| semaphore_offset(layout, addr))
         .transpose()?;
-    Ok(SiteOffsets { probe, semaphore })
+    Ok(SiteOffsets {
+        probe,
+        semaphore,
+        nop5: false,
+    })
 }
 
 fn probe_offset(layout: &Layout, pc: u64) -> Result<u64, SiteProblem> {
@@ -253,14 +279,16 @@ mod tests {
             validate(&layout, 0x1e995, Some(0x6b000)),
             Ok(SiteOffsets {
                 probe: 0x1d995,
-                semaphore: Some(0x68000)
+                semaphore: Some(0x68000),
+                nop5: false,
             })
         );
         assert_eq!(
             validate(&layout, 0x1bae0, None),
             Ok(SiteOffsets {
                 probe: 0x1aae0,
-                semaphore: None
+                semaphore: None,
+                nop5: false,
             })
         );
         // The last byte of code and the last semaphore slot of the file's last page.
@@ -420,5 +448,32 @@ mod tests {
                 .to_string(),
             "semaphore 0x1e934 is in segment [0x1bae0, 0x63cb0) r-x, which is not writable"
         );
+    }
+}
+
+#[cfg(test)]
+mod nop5_tests {
+    use super::*;
+
+    #[test]
+    fn a_nop_then_a_nop5_is_attached_at_the_nop5() {
+        let at = SiteOffsets {
+            probe: 0x11a0,
+            semaphore: None,
+            nop5: false,
+        };
+        let moved = at.prefer_nop5(&[0x90, 0x0f, 0x1f, 0x44, 0x00, 0x00, 0xc3]);
+        assert_eq!((moved.probe, moved.nop5), (0x11a1, true));
+        // Applied once only.
+        assert_eq!(moved.prefer_nop5(&NOP_NOP5).probe, 0x11a1);
+        // A lone nop (what Debian's sys/sdt.h emits), another 5-byte nop form, too few
+        // bytes: unchanged.
+        for code in [
+            &[0x90, 0x48, 0x89, 0xc7][..],
+            &[0x90, 0x0f, 0x1f, 0x40, 0x00],
+            &[0x90, 0x0f, 0x1f, 0x44, 0x00],
+        ] {
+            assert_eq!(at.prefer_nop5(code), at);
+        }
     }
 }
