@@ -40,6 +40,7 @@ int main(int argc, char **argv)
         int sig;
         sigemptyset(&set);
         sigaddset(&set, SIGUSR1);
+        /* Blocked before saying ready, so an early SIGUSR1 waits instead of killing us. */
         sigprocmask(SIG_BLOCK, &set, 0);
         printf("ready pid=%d\n", getpid());
         fflush(stdout);
