@@ -385,6 +385,10 @@ pub struct UsdtStrEvent {
     pub event: UsdtEvent,
     pub area:
         [u8; STR_OFFSET_MASK + 1 + core::mem::size_of::<UsdtStrHeader>() + STR_LENGTH_MASK + 1],
+    /// How many programs on this CPU are between claiming the buffer and sending it: one
+    /// preempted mid-event leaves it above 1 for the next, which then drops its event
+    /// rather than overwrite the buffer. Not sent.
+    pub users: u64,
 }
 
 /// One probe hit, sent through the `USDT_EVENTS` ring buffer.

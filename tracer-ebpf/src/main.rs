@@ -4,6 +4,9 @@
 //! `tracer_common::map_names` and `tracer_common::program_names`.
 #![no_std]
 #![no_main]
+// Atomic adds whose result is unused, which the BPF target's atomic types do not offer.
+#![allow(internal_features)]
+#![feature(core_intrinsics)]
 
 mod args;
 mod offcpu;

@@ -1,6 +1,8 @@
 //! USDT probe hits: hit counts, per-thread latencies, events (arguments decoded by
 //! `args`) and task switches (handed to `tasks`).
 
+use core::intrinsics::{AtomicOrdering, atomic_xadd};
+
 use aya_ebpf::{
     EbpfContext as _,
     helpers::{bpf_ktime_get_ns, generated::bpf_get_attach_cookie},
@@ -9,7 +11,8 @@ use aya_ebpf::{
 use tracer_common::{
     LatencyProcessKey, LatencyStartKey, LatencyStats, MAX_LATENCIES, MAX_LATENCIES_PER_PROBE,
     MAX_STR_ARGS, MAX_STR_LEN, MAX_USDT_ARGS, STR_LENGTH_MASK, STR_OFFSET_MASK, UsdtEvent,
-    UsdtSite, UsdtStrHeader, counter, histogram, site_flags, str_read_size, target_filter,
+    UsdtSite, UsdtStrEvent, UsdtStrHeader, counter, histogram, site_flags, str_read_size,
+    target_filter,
 };
 
 use crate::{
@@ -180,14 +183,45 @@ fn emit_event<const MAX_ARGS: usize>(ctx: &ProbeContext, site: &UsdtSite, pid_tg
 }
 
 /// An event followed by its strings (see `UsdtStrHeader`), assembled in this CPU's
-/// scratch buffer and copied to the ring buffer at its length. Like bpftrace's `str()`,
-/// this relies on nothing else running this program on the CPU meanwhile: uprobe
-/// programs run with migration disabled and do not sleep.
+/// scratch buffer and copied to the ring buffer at its length. Uprobe programs run with
+/// migration disabled but may be preempted on a preemptible kernel, and another task's
+/// hit on this CPU would then share the buffer: a claim count guards it, and a program
+/// that finds it claimed drops its event (counted as lost) instead.
 #[inline(always)]
 fn emit_event_with_strings(ctx: &ProbeContext, site: &UsdtSite, pid_tgid: u64, now: u64) {
     let Some(scratch) = USDT_STR_SCRATCH.get_ptr_mut(0) else {
         return;
     };
+    // SAFETY: `users` is an aligned u64 of this CPU's slot, only ever used atomically.
+    let users = unsafe { &raw mut (*scratch).users };
+    // An add whose result is unused is one instruction (xadd), so preemption cannot
+    // split it; whoever then reads 1 is alone until it takes its claim back. (Adding
+    // u64::MAX subtracts 1: the BPF ISA before v3 has no atomic subtract.)
+    let claim = |delta: u64| unsafe {
+        atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(users, delta);
+    };
+    claim(1);
+    // A volatile load: an atomic one has no BPF instruction before v3, and only this
+    // CPU writes the count (a context switch orders its memory).
+    // SAFETY: as above.
+    if unsafe { core::ptr::read_volatile(users) } != 1 {
+        claim(u64::MAX);
+        count(counter::EVENTS_LOST);
+        return;
+    }
+    fill_strings(ctx, site, pid_tgid, now, scratch);
+    claim(u64::MAX);
+}
+
+/// [`emit_event_with_strings`] once the buffer is claimed.
+#[inline(always)]
+fn fill_strings(
+    ctx: &ProbeContext,
+    site: &UsdtSite,
+    pid_tgid: u64,
+    now: u64,
+    scratch: *mut UsdtStrEvent,
+) {
     // SAFETY: `scratch` is this CPU's slot of the map, valid for the whole program.
     let event = unsafe { &raw mut (*scratch).event };
     let failures = fill_event::<MAX_USDT_ARGS>(ctx, site, pid_tgid, now, event);
