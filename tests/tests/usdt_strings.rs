@@ -167,3 +167,59 @@ fn a_request_that_names_nothing_or_a_missing_or_integer_argument_fails() {
         "{stderr}"
     );
 }
+
+/// Threads hitting a string probe at once on every CPU: each event carries its own hit's
+/// string, never another's; an event dropped (the ring buffer full, or a hit while a
+/// preempted one held its CPU's buffer) is counted as lost, never shown wrong.
+#[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+fn concurrent_hits_each_carry_their_own_string() {
+    require_privileged();
+    const HITS: u64 = 4 * 5000;
+    let bin = compile_target(
+        "gcc",
+        "src/strings/string-storm.c",
+        "string-storm",
+        &["-pthread"],
+    );
+    let bin = bin.to_str().unwrap();
+    let probe = format!("usdt:{bin}:strs:storm");
+    let out = run_tracer(&[
+        "trace",
+        "--format",
+        "json",
+        "--ring-buffer",
+        "64M",
+        "--str",
+        "storm:arg0",
+        &probe,
+        "--",
+        bin,
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let mut shown = 0;
+    for line in stdout.lines() {
+        let event: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        let (thread, round) = (&event["args"][1], &event["args"][2]);
+        assert_eq!(
+            event["strings"]["arg0"]["text"],
+            format!("thread {thread} round {round}"),
+            "{event}"
+        );
+        shown += 1;
+    }
+    // "N events, none lost" or "N events, M LOST (...)".
+    let lost = match stderr.split_once(" LOST") {
+        None => {
+            assert!(
+                out.status.success() && stderr.contains("none lost"),
+                "{stderr}"
+            );
+            0
+        }
+        Some((before, _)) => before.rsplit(' ').next().unwrap().parse::<u64>().unwrap(),
+    };
+    assert_eq!(shown + lost, HITS, "{stderr}");
+}
