@@ -10,7 +10,8 @@
 //!   or cgroup.
 //! - PostgreSQL 15 and pgbench, the real thing: backends forked by the postmaster after the
 //!   tracer attached, every transaction counted, as bpftrace counts them and as pgbench
-//!   says it ran them.
+//!   says it ran them; the query texts `query__start` carries (`trace --str`), as psql
+//!   sent them and as bpftrace's `str()` reads them.
 
 mod common;
 
@@ -1438,4 +1439,88 @@ fn postgresql_backends_forked_after_attach_are_traced_like_bpftrace_and_pgbench_
         );
     }
     assert_eq!(report.json["lost"]["unmatched_ends"], 0, "{}", ctx());
+}
+
+#[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+fn postgresql_query_texts_are_what_psql_sent_and_what_bpftrace_reads() {
+    require_privileged();
+    let cluster = PgCluster::start("services-pg-str");
+    let postmaster = cluster.postmaster();
+    let pm = postmaster.to_string();
+    // Each shorter than bpftrace's 63 bytes but the last, which both cut.
+    let long = format!("SELECT '{}' AS long_text", "x".repeat(80));
+    let queries = [
+        "SELECT 1 AS one",
+        "CREATE TABLE str_test (t text)",
+        "INSERT INTO str_test VALUES ('it''s', E'tab\\there')",
+        "SELECT count(*) FROM str_test WHERE t LIKE '%s'",
+        "SELECT 'naïve' AS \"quoted\"",
+        &long,
+    ];
+    let tracer = Running::start(&[
+        "trace",
+        "--format",
+        "json",
+        "--pid",
+        &pm,
+        "--children",
+        "-d",
+        SAFETY_DURATION,
+        "--str",
+        "query__start:arg0",
+        "usdt:*:postgresql:query__start",
+    ]);
+    // Only this cluster's backends: the postmaster's children.
+    let script = format!(
+        "BEGIN {{ printf(\"Tracing\\n\"); }}
+         usdt:{POSTGRES}:postgresql:query__start /curtask->real_parent->tgid == {postmaster}/ {{
+             printf(\"Q:%s\\n\", str(arg0));
+         }}"
+    );
+    let bpftrace = Bpftrace::start(&["-e", &script]);
+    let dir = cluster.dir.to_str().unwrap().to_string();
+    let mut psql = vec!["-h", &dir, "-X", "-q", "-d", "postgres"];
+    for query in &queries {
+        psql.extend_from_slice(&["-c", query]);
+    }
+    cluster.run("psql", &psql);
+    // bpftrace prints as it goes; the tracer too, but both are read at their end.
+    std::thread::sleep(Duration::from_millis(500));
+    let bt = bpftrace.stop();
+    tracer.interrupt();
+    let (ok, out, stderr) = tracer.finish();
+    assert!(ok, "{stderr}\n{out}");
+    let ours: Vec<(String, bool)> = out
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .map(|event| {
+            let s = &event["strings"]["arg0"];
+            assert!(s["hex"].is_null(), "valid UTF-8: {event}");
+            (
+                s["text"]
+                    .as_str()
+                    .unwrap_or_else(|| panic!("{event}"))
+                    .to_string(),
+                s["truncated"].as_bool().unwrap(),
+            )
+        })
+        .collect();
+    // 64 bytes at most (the default), the long one cut and marked.
+    let expected: Vec<(String, bool)> = queries
+        .iter()
+        .map(|q| (q[..q.len().min(64)].to_string(), q.len() > 64))
+        .collect();
+    assert_eq!(ours, expected, "{stderr}");
+    // bpftrace's 64 bytes include the NUL: 63 of text.
+    let theirs: Vec<&str> = bt
+        .text
+        .lines()
+        .filter_map(|l| l.strip_prefix("Q:"))
+        .collect();
+    let ours_63: Vec<&str> = ours
+        .iter()
+        .map(|(text, _)| &text[..text.len().min(63)])
+        .collect();
+    assert_eq!(theirs, ours_63, "bpftrace:\n{}", bt.text);
 }

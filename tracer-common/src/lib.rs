@@ -49,6 +49,8 @@ pub mod map_names {
     pub const TARGETS: &str = "TARGETS";
     /// Latency totals per process ([`super::LatencyProcessKey`]).
     pub const LATENCY_BY_PROCESS: &str = "LATENCY_BY_PROCESS";
+    /// The per-CPU buffer where an event with strings is assembled.
+    pub const USDT_STR_SCRATCH: &str = "USDT_STR_SCRATCH";
     /// Every name above, for the test that each is in the eBPF object.
     pub const ALL: &[&str] = &[
         USDT_SPECS,
@@ -71,6 +73,7 @@ pub mod map_names {
         SNAPSHOT_CHECKS,
         TARGETS,
         LATENCY_BY_PROCESS,
+        USDT_STR_SCRATCH,
     ];
 }
 
@@ -85,6 +88,8 @@ pub mod program_names {
     /// `usdt_event` for sites with at most [`super::FEW_USDT_ARGS`] arguments: quicker
     /// to verify.
     pub const USDT_EVENT_FEW: &str = "usdt_event_few";
+    /// `usdt_event` for sites with string arguments (`trace --str`).
+    pub const USDT_EVENT_STR: &str = "usdt_event_str";
     pub const SCHED_SWITCH: &str = "sched_switch";
     /// On-CPU sampling, attached to one CPU_CLOCK perf event per CPU.
     pub const ONCPU_SAMPLE: &str = "oncpu_sample";
@@ -109,6 +114,7 @@ pub mod program_names {
         USDT_TASK,
         USDT_EVENT,
         USDT_EVENT_FEW,
+        USDT_EVENT_STR,
         SCHED_SWITCH,
         ONCPU_SAMPLE,
         ONCPU_SAMPLE_DWARF,
@@ -327,6 +333,62 @@ pub struct UsdtSite {
     /// Bit `i` set: argument `i` could not be decoded at this site (its spec is read as
     /// 0); copied into each event so user space shows it as unavailable.
     pub unavailable: u16,
+    /// The arguments read as NUL-terminated strings at the hit (`trace --str`), the
+    /// first `str_count`; their events carry a [`UsdtStrHeader`] area.
+    pub str_args: [u8; MAX_STR_ARGS],
+    /// The most bytes shown of each (at most [`MAX_STR_LEN`]).
+    pub str_max: [u16; MAX_STR_ARGS],
+    pub str_count: u8,
+    pub _str_pad: [u8; 7],
+}
+
+/// Arguments one probe can show as strings.
+pub const MAX_STR_ARGS: usize = 4;
+/// The hard cap on a string's length (`--str ...:LEN`), in bytes.
+pub const MAX_STR_LEN: u16 = 4096;
+/// bpftrace's default `str()` buffer.
+pub const DEFAULT_STR_LEN: u16 = 64;
+/// What the kernel reads of a string of at most `max` bytes: one byte more, so a cut
+/// string is told from one of exactly `max` bytes, and the NUL.
+pub const fn str_read_size(max: u16) -> u32 {
+    max as u32 + 2
+}
+
+/// Before each string after the fixed part of a USDT event record: the record is a
+/// [`UsdtEvent`], then for each string argument of the site this header followed by
+/// `result` bytes (when positive), packed.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UsdtStrHeader {
+    /// `bpf_probe_read_user_str`'s result: the bytes copied, NUL included, or a negative
+    /// errno (a NULL or unmapped pointer) and then no bytes.
+    pub result: i32,
+    /// The argument's index.
+    pub arg: u8,
+    pub _pad: u8,
+    /// The most bytes to show: a string of more (the kernel reads one more) was cut.
+    pub max: u16,
+}
+
+/// Start offsets of strings within [`UsdtStrEvent::area`] are masked with this, so the
+/// verifier sees every write in bounds whatever the lengths before it (they never
+/// exceed it: `MAX_STR_ARGS - 1` full strings end below).
+pub const STR_OFFSET_MASK: usize = 0x3fff;
+/// Lengths copied are masked with this for the same reason.
+pub const STR_LENGTH_MASK: usize = 0x1fff;
+
+/// A USDT event with strings, assembled in a per-CPU buffer (a ring buffer reservation
+/// must have a constant size) and copied to the ring buffer at its actual length.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct UsdtStrEvent {
+    pub event: UsdtEvent,
+    pub area:
+        [u8; STR_OFFSET_MASK + 1 + core::mem::size_of::<UsdtStrHeader>() + STR_LENGTH_MASK + 1],
+    /// How many programs on this CPU are between claiming the buffer and sending it: one
+    /// preempted mid-event leaves it above 1 for the next, which then drops its event
+    /// rather than overwrite the buffer. Not sent.
+    pub users: u64,
 }
 
 /// One probe hit, sent through the `USDT_EVENTS` ring buffer.
@@ -598,6 +660,7 @@ mod pod {
         UsdtArg,
         UsdtSite,
         UsdtEvent,
+        UsdtStrHeader,
         LatencyStartKey,
         LatencyStats,
         TargetProcess,

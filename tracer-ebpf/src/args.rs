@@ -14,7 +14,7 @@ use aya_ebpf::{
         bpf_probe_read_kernel,
         generated::{
             bpf_probe_read_kernel as bpf_probe_read_kernel_raw,
-            bpf_probe_read_user as bpf_probe_read_user_raw,
+            bpf_probe_read_user as bpf_probe_read_user_raw, bpf_probe_read_user_str,
         },
     },
     programs::ProbeContext,
@@ -92,6 +92,18 @@ fn read_user_raw(addr: u64, size: u8) -> (u64, i64) {
         bpf_probe_read_user_raw((&mut value as *mut u64).cast(), len, addr as *const c_void)
     };
     (value, failure)
+}
+
+/// Copies the NUL-terminated string at user address `addr` into `dst`, at most `size`
+/// bytes with the NUL (always written): the bytes copied, or a negative errno for a
+/// NULL or unmapped pointer.
+///
+/// # Safety
+/// `dst` must be valid for `size` bytes of writes.
+#[inline(always)]
+pub unsafe fn read_user_str(dst: *mut u8, size: u32, addr: u64) -> i64 {
+    // SAFETY: the caller vouches for `dst`; the helper validates the user address.
+    unsafe { bpf_probe_read_user_str(dst as *mut c_void, size, addr as *const c_void) }
 }
 
 /// [`widen`] without a branch: sign extension as `(x ^ m) - m`, `m` the sign bit when

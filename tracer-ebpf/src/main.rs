@@ -4,6 +4,9 @@
 //! `tracer_common::map_names` and `tracer_common::program_names`.
 #![no_std]
 #![no_main]
+// Atomic adds whose result is unused, which the BPF target's atomic types do not offer.
+#![allow(internal_features)]
+#![feature(core_intrinsics)]
 
 mod args;
 mod offcpu;
@@ -23,7 +26,7 @@ use aya_ebpf::{
 use tracer_common::{
     LastSnapshot, LatencyProcessKey, LatencyStartKey, LatencyStats, MAX_LATENCIES, MAX_PROBES,
     MAX_USDT_SITES, OffCpuKey, OffCpuStart, OffCpuTotal, OnCpuKey, ProbeHits, SnapshotCheck,
-    TargetProcess, TaskId, TaskKey, TaskState, UsdtSite, control, counter, histogram,
+    TargetProcess, TaskId, TaskKey, TaskState, UsdtSite, UsdtStrEvent, control, counter, histogram,
 };
 
 /// Per-site argument specs and latency roles, indexed by the uprobe's BPF cookie.
@@ -33,6 +36,10 @@ static USDT_SPECS: Array<UsdtSite> = Array::with_max_entries(MAX_USDT_SITES, 0);
 /// Probe hits for `tracer trace`. User space may resize it before load.
 #[map]
 static USDT_EVENTS: RingBuf = RingBuf::with_byte_size(1 << 22, 0);
+
+/// Where an event with strings is assembled before it goes to `USDT_EVENTS`.
+#[map]
+static USDT_STR_SCRATCH: PerCpuArray<UsdtStrEvent> = PerCpuArray::with_max_entries(1, 0);
 
 /// Entries allocated when inserted rather than all when the map is created, for the one
 /// hash map the first USDT events wait for (the others are created meanwhile, see
@@ -229,6 +236,14 @@ pub fn usdt_event(ctx: ProbeContext) -> u32 {
 #[uprobe]
 pub fn usdt_event_few(ctx: ProbeContext) -> u32 {
     usdt::on_hit_with_event::<{ tracer_common::FEW_USDT_ARGS }>(&ctx);
+    0
+}
+
+/// `usdt_event` for sites with string arguments (`trace --str`): the strings are read at
+/// the hit, while their pointers are valid.
+#[uprobe]
+pub fn usdt_event_str(ctx: ProbeContext) -> u32 {
+    usdt::on_hit_with_strings(&ctx);
     0
 }
 

@@ -1,6 +1,8 @@
 //! USDT probe hits: hit counts, per-thread latencies, events (arguments decoded by
 //! `args`) and task switches (handed to `tasks`).
 
+use core::intrinsics::{AtomicOrdering, atomic_xadd};
+
 use aya_ebpf::{
     EbpfContext as _,
     helpers::{bpf_ktime_get_ns, generated::bpf_get_attach_cookie},
@@ -9,13 +11,15 @@ use aya_ebpf::{
 use aya_log_ebpf::debug;
 use tracer_common::{
     LatencyProcessKey, LatencyStartKey, LatencyStats, MAX_LATENCIES, MAX_LATENCIES_PER_PROBE,
-    MAX_USDT_ARGS, UsdtEvent, UsdtSite, counter, histogram, site_flags, target_filter,
+    MAX_STR_ARGS, MAX_STR_LEN, MAX_USDT_ARGS, STR_LENGTH_MASK, STR_OFFSET_MASK, UsdtEvent,
+    UsdtSite, UsdtStrEvent, UsdtStrHeader, counter, histogram, site_flags, str_read_size,
+    target_filter,
 };
 
 use crate::{
     LATENCY_BY_PROCESS, LATENCY_HIST, LATENCY_STARTS, LATENCY_STATS, PROBE_HITS, USDT_EVENTS,
-    USDT_SPECS,
-    args::{Registers, decode_arg},
+    USDT_SPECS, USDT_STR_SCRATCH,
+    args::{Registers, decode_arg, read_user_str},
     count, count_by,
 };
 
@@ -75,6 +79,16 @@ pub fn on_hit_with_event<const MAX_ARGS: usize>(ctx: &ProbeContext) {
     };
     let now = unsafe { bpf_ktime_get_ns() };
     emit_event::<MAX_ARGS>(ctx, site, pid_tgid, now);
+}
+
+/// [`on_hit_with_event`] for sites with string arguments.
+#[inline(always)]
+pub fn on_hit_with_strings(ctx: &ProbeContext) {
+    let Some((site, pid_tgid)) = hit_site(ctx) else {
+        return;
+    };
+    let now = unsafe { bpf_ktime_get_ns() };
+    emit_event_with_strings(ctx, site, pid_tgid, now);
 }
 
 #[inline(always)]
@@ -171,15 +185,140 @@ fn emit_event<const MAX_ARGS: usize>(ctx: &ProbeContext, site: &UsdtSite, pid_tg
         count(counter::EVENTS_LOST);
         return;
     };
-    let event = entry.as_mut_ptr();
+    let failures = fill_event::<MAX_ARGS>(ctx, site, pid_tgid, now, entry.as_mut_ptr());
+    entry.submit(0);
+    report_read_failures(ctx, site, failures);
+}
+
+/// Counts a hit whose argument reads failed (`failures` negative: the OR of the helpers'
+/// results) and, with `--bpf-debug`, says which probe and site.
+#[inline(always)]
+fn report_read_failures(ctx: &ProbeContext, site: &UsdtSite, failures: i64) {
+    count_by(counter::ARG_READ_ERRORS, (failures as u64) >> 63);
+    if failures < 0 {
+        debug!(
+            ctx,
+            "probe {} (site {}): reading an argument failed: error {}",
+            site.probe_id,
+            // SAFETY: the helper only reads the context it is given.
+            unsafe { bpf_get_attach_cookie(ctx.as_ptr()) },
+            failures
+        );
+    }
+}
+
+/// An event followed by its strings (see `UsdtStrHeader`), assembled in this CPU's
+/// scratch buffer and copied to the ring buffer at its length. Uprobe programs run with
+/// migration disabled but may be preempted on a preemptible kernel, and another task's
+/// hit on this CPU would then share the buffer: a claim count guards it, and a program
+/// that finds it claimed drops its event (counted as lost) instead.
+#[inline(always)]
+fn emit_event_with_strings(ctx: &ProbeContext, site: &UsdtSite, pid_tgid: u64, now: u64) {
+    let Some(scratch) = USDT_STR_SCRATCH.get_ptr_mut(0) else {
+        return;
+    };
+    // SAFETY: `users` is an aligned u64 of this CPU's slot, only ever used atomically.
+    let users = unsafe { &raw mut (*scratch).users };
+    // An add whose result is unused is one instruction (xadd), so preemption cannot
+    // split it; whoever then reads 1 is alone until it takes its claim back. (Adding
+    // u64::MAX subtracts 1: the BPF ISA before v3 has no atomic subtract.)
+    let claim = |delta: u64| unsafe {
+        atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(users, delta);
+    };
+    claim(1);
+    // A volatile load: an atomic one has no BPF instruction before v3, and only this
+    // CPU writes the count (a context switch orders its memory).
+    // SAFETY: as above.
+    if unsafe { core::ptr::read_volatile(users) } != 1 {
+        claim(u64::MAX);
+        count(counter::EVENTS_LOST);
+        return;
+    }
+    fill_strings(ctx, site, pid_tgid, now, scratch);
+    claim(u64::MAX);
+}
+
+/// [`emit_event_with_strings`] once the buffer is claimed.
+#[inline(always)]
+fn fill_strings(
+    ctx: &ProbeContext,
+    site: &UsdtSite,
+    pid_tgid: u64,
+    now: u64,
+    scratch: *mut UsdtStrEvent,
+) {
+    // SAFETY: `scratch` is this CPU's slot of the map, valid for the whole program.
+    let event = unsafe { &raw mut (*scratch).event };
+    let failures = fill_event::<MAX_USDT_ARGS>(ctx, site, pid_tgid, now, event);
+    // SAFETY: as above; the area is plain bytes.
+    let area = unsafe { &raw mut (*scratch).area } as *mut u8;
+    const HEADER: usize = core::mem::size_of::<UsdtStrHeader>();
+    let mut end = 0usize;
+    for i in 0..MAX_STR_ARGS {
+        if i >= site.str_count as usize {
+            break;
+        }
+        let arg = site.str_args[i] as usize;
+        // SAFETY: `arg` is bounded by the check; the event was just filled.
+        let pointer = match arg < MAX_USDT_ARGS {
+            true => unsafe { (*event).args[arg] },
+            false => 0,
+        };
+        let max = site.str_max[i].min(MAX_STR_LEN);
+        let size = str_read_size(max) as usize & STR_LENGTH_MASK;
+        let start = end & STR_OFFSET_MASK;
+        // SAFETY: `start + HEADER + size` is within the area by the masks (see
+        // `UsdtStrEvent`).
+        let result = unsafe {
+            let data = area.add(start + HEADER);
+            let result = read_user_str(data, size as u32, pointer);
+            let header = area.add(start) as *mut UsdtStrHeader;
+            core::ptr::write_unaligned(
+                header,
+                UsdtStrHeader {
+                    result: result as i32,
+                    arg: arg as u8,
+                    _pad: 0,
+                    max,
+                },
+            );
+            result
+        };
+        let copied = if result > 0 {
+            result as usize & STR_LENGTH_MASK
+        } else {
+            0
+        };
+        end = start + HEADER + copied;
+    }
+    let len = core::mem::size_of::<UsdtEvent>() + end;
+    // SAFETY: `len` is at most the scratch's size (the masks again), all of it written
+    // up to `len`.
+    let record = unsafe { core::slice::from_raw_parts(scratch as *const u8, len) };
+    if USDT_EVENTS.output(record, 0).is_err() {
+        count(counter::EVENTS_LOST);
+    }
+    report_read_failures(ctx, site, failures);
+}
+
+/// Writes the fixed part of an event, its first `MAX_ARGS` arguments decoded; returns
+/// the read failures OR-ed together (negative if any).
+#[inline(always)]
+fn fill_event<const MAX_ARGS: usize>(
+    ctx: &ProbeContext,
+    site: &UsdtSite,
+    pid_tgid: u64,
+    now: u64,
+    event: *mut UsdtEvent,
+) -> i64 {
     let arg_count = (site.arg_count as usize).min(MAX_ARGS).min(MAX_USDT_ARGS);
     let regs = Registers::snapshot(ctx);
     // Read failures (negative helper results) are OR-ed together and counted once, without
     // a branch: branches on them would multiply the paths the verifier walks, and so its
     // time at launch.
     let mut failures = regs.failure;
-    // SAFETY: `event` points at a reserved, writable ring buffer slot of the right size;
-    // every field is written before submit.
+    // SAFETY: `event` points at writable memory of the right size (a ring buffer slot or
+    // the scratch buffer); every field is written before it is sent.
     unsafe {
         (*event).ts_ns = now;
         (*event).pid = (pid_tgid >> 32) as u32;
@@ -201,16 +340,5 @@ fn emit_event<const MAX_ARGS: usize>(ctx: &ProbeContext, site: &UsdtSite, pid_tg
             failures |= failure;
         }
     }
-    entry.submit(0);
-    count_by(counter::ARG_READ_ERRORS, (failures as u64) >> 63);
-    if failures < 0 {
-        debug!(
-            ctx,
-            "probe {} (site {}): reading an argument failed: error {}",
-            site.probe_id,
-            // SAFETY: the helper only reads the context it is given.
-            unsafe { bpf_get_attach_cookie(ctx.as_ptr()) },
-            failures
-        );
-    }
+    failures
 }

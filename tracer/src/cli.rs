@@ -6,7 +6,8 @@ use std::{num::NonZeroU32, path::PathBuf, time::Duration};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use thiserror::Error;
 
-use crate::{loader::MapSizes, targets::TargetSpec};
+use crate::{loader::MapSizes, probe_plan::StringRequest, targets::TargetSpec};
+use tracer_common::{DEFAULT_STR_LEN, MAX_STR_LEN, MAX_USDT_ARGS};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -217,6 +218,12 @@ pub struct TraceArgs {
     /// one line per hit.
     #[arg(long, short)]
     pub count: bool,
+    /// Show an argument as the string it points to, read at the hit, at most LEN bytes
+    /// (default 64, at most 4096; longer ones are cut, marked `...`), like bpftrace's
+    /// `str(argN, LEN)`: of every probe (`arg0`), or of those named so (`query__start:arg0`,
+    /// `postgresql:query__*:arg0:256`). May be repeated; not with --count.
+    #[arg(long = "str", value_name = "[[PROVIDER:]NAME:]argN[:LEN]")]
+    pub strings: Vec<String>,
     /// Probes as bpftrace writes them: usdt:PATH:PROVIDER:NAME (wildcards allowed; with
     /// --pid the path may be `*` or a library name).
     #[arg(required = true, value_name = "PROBE")]
@@ -291,6 +298,20 @@ pub enum ConfigError {
         "invalid --latency {0:?}: expected PROVIDER:BEGIN,PROVIDER:END (e.g. julia:gc__begin,julia:gc__end)"
     )]
     Latency(String),
+    #[error(
+        "invalid --str {0:?}: expected [[PROVIDER:]NAME:]argN[:LEN], like arg0, query__start:arg0 or postgresql:query__start:arg0:256"
+    )]
+    StrSyntax(String),
+    #[error(
+        "invalid --str {0:?}: a USDT probe has at most {MAX_USDT_ARGS} arguments, arg0 to arg11"
+    )]
+    StrArgument(String),
+    #[error("invalid --str {0:?}: the length must be 1 to {MAX_STR_LEN} bytes")]
+    StrLength(String),
+    #[error(
+        "--str shows strings in the events of each hit; --count prints only counts: use one or the other"
+    )]
+    StrWithCount,
 }
 
 /// A latency asked for on the command line.
@@ -438,6 +459,8 @@ pub struct TraceConfig {
     pub duration: Option<Duration>,
     pub count: bool,
     pub ring_buffer_bytes: u32,
+    /// Arguments shown as strings (`--str`).
+    pub strings: Vec<StringRequest>,
     pub probes: Vec<String>,
     pub command: Option<Vec<String>>,
 }
@@ -462,12 +485,21 @@ impl TryFrom<TraceArgs> for TraceConfig {
             },
             false => TargetSpec::try_from(t)?,
         };
+        if args.count && !args.strings.is_empty() {
+            return Err(ConfigError::StrWithCount);
+        }
+        let strings = args
+            .strings
+            .iter()
+            .map(|s| parse_string_request(s))
+            .collect::<Result<_, _>>()?;
         Ok(Self {
             targets,
             format: args.format,
             duration: args.duration.as_deref().map(parse_duration).transpose()?,
             count: args.count,
             ring_buffer_bytes: parse_buffer_size("ring-buffer", &args.ring_buffer)?,
+            strings,
             probes: args.probes,
             command: (!args.command.is_empty()).then_some(args.command),
         })
@@ -536,6 +568,58 @@ pub fn parse_duration(text: &str) -> Result<Duration, ConfigError> {
     Duration::try_from_secs_f64(value * seconds_per_unit).map_err(|_| err())
 }
 
+/// `--str [[PROVIDER:]NAME:]argN[:LEN]`. The `arg` prefix marks the argument, so a
+/// number after it is the length, never taken for a probe name.
+fn parse_string_request(text: &str) -> Result<StringRequest, ConfigError> {
+    let syntax = || ConfigError::StrSyntax(text.to_string());
+    let mut parts: Vec<&str> = text.split(':').collect();
+    let is_arg = |part: &str| {
+        part.strip_prefix("arg")
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+    };
+    let max_len = match parts.as_slice() {
+        [.., arg, len] if is_arg(arg) && !is_arg(len) => {
+            let len: u16 = len.parse().map_err(|_| {
+                match len.bytes().all(|b| b.is_ascii_digit()) && !len.is_empty() {
+                    true => ConfigError::StrLength(text.to_string()),
+                    false => syntax(),
+                }
+            })?;
+            if len == 0 || len > MAX_STR_LEN {
+                return Err(ConfigError::StrLength(text.to_string()));
+            }
+            parts.pop();
+            len
+        }
+        _ => DEFAULT_STR_LEN,
+    };
+    let (arg, probe) = parts.split_last().ok_or_else(syntax)?;
+    if !is_arg(arg) {
+        return Err(syntax());
+    }
+    let arg = arg[3..]
+        .parse::<u8>()
+        .ok()
+        .filter(|&i| (i as usize) < MAX_USDT_ARGS)
+        .ok_or_else(|| ConfigError::StrArgument(text.to_string()))?;
+    let (provider, name) = match probe {
+        [] => ("*", "*"),
+        [name] => ("*", *name),
+        [provider, name] => (*provider, *name),
+        _ => return Err(syntax()),
+    };
+    if provider.is_empty() || name.is_empty() {
+        return Err(syntax());
+    }
+    Ok(StringRequest {
+        text: text.to_string(),
+        provider: provider.to_string(),
+        name: name.to_string(),
+        arg,
+        max_len,
+    })
+}
+
 fn parse_latency(text: &str) -> Result<LatencyRequest, ConfigError> {
     let err = || ConfigError::Latency(text.to_string());
     let (begin, end) = text.split_once(',').ok_or_else(err)?;
@@ -558,6 +642,86 @@ fn parse_latency(text: &str) -> Result<LatencyRequest, ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn str_requests_name_a_probe_an_argument_and_a_length() {
+        let parse = |text: &str| parse_string_request(text);
+        let request = |provider: &str, name: &str, arg: u8, max_len: u16| StringRequest {
+            text: String::new(),
+            provider: provider.into(),
+            name: name.into(),
+            arg,
+            max_len,
+        };
+        let ok = |text: &str| StringRequest {
+            text: String::new(),
+            ..parse(text).unwrap_or_else(|e| panic!("{text}: {e}"))
+        };
+        assert_eq!(ok("arg0"), request("*", "*", 0, 64));
+        assert_eq!(ok("arg11:4096"), request("*", "*", 11, 4096));
+        assert_eq!(ok("query__start:arg0"), request("*", "query__start", 0, 64));
+        assert_eq!(
+            ok("postgresql:query__*:arg2:1"),
+            request("postgresql", "query__*", 2, 1)
+        );
+        assert_eq!(parse("arg0").unwrap().text, "arg0", "kept for errors");
+        // A probe named like an argument is still a probe when an argument follows.
+        assert_eq!(ok("arg1:arg0"), request("*", "arg1", 0, 64));
+        for bad in [
+            "",
+            "0",
+            "query__start:0",
+            "query__start",
+            "arg",
+            "argx",
+            "a:b:c:arg0",
+            ":arg0",
+            "p::arg0",
+            "arg0:x",
+            "arg0:-1",
+        ] {
+            assert_eq!(
+                parse(bad).unwrap_err(),
+                ConfigError::StrSyntax(bad.into()),
+                "{bad:?}"
+            );
+        }
+        for bad in ["arg12", "n:arg300", "arg99999999999"] {
+            assert_eq!(
+                parse(bad).unwrap_err(),
+                ConfigError::StrArgument(bad.into())
+            );
+        }
+        for bad in ["arg0:0", "arg0:4097", "n:arg1:70000"] {
+            assert_eq!(parse(bad).unwrap_err(), ConfigError::StrLength(bad.into()));
+        }
+        let trace = |args: &[&str]| {
+            let cli = Cli::try_parse_from([&["tracer", "trace"], args].concat()).unwrap();
+            let Command::Trace(args) = cli.command else {
+                panic!("not trace")
+            };
+            TraceConfig::try_from(args)
+        };
+        let config = trace(&["--str", "arg0", "--str", "n:arg1:8", "usdt:./a:p:n"]).unwrap();
+        assert_eq!(
+            config
+                .strings
+                .iter()
+                .map(|r| (r.name.as_str(), r.arg, r.max_len))
+                .collect::<Vec<_>>(),
+            [("*", 0, 64), ("n", 1, 8)]
+        );
+        assert_eq!(
+            trace(&["--count", "--str", "arg0", "usdt:./a:p:n"]).unwrap_err(),
+            ConfigError::StrWithCount
+        );
+        assert_eq!(
+            trace(&["--str", "arg0:0", "usdt:./a:p:n"])
+                .unwrap_err()
+                .to_string(),
+            "invalid --str \"arg0:0\": the length must be 1 to 4096 bytes"
+        );
+    }
 
     #[test]
     fn durations() {

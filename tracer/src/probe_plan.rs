@@ -6,14 +6,14 @@ use std::path::PathBuf;
 
 use thiserror::Error;
 use tracer_common::{
-    MAX_LATENCIES, MAX_LATENCIES_PER_PROBE, MAX_PROBES, MAX_USDT_ARGS, MAX_USDT_SITES,
-    TASK_IS_THREAD, UsdtSite, site_flags,
+    MAX_LATENCIES, MAX_LATENCIES_PER_PROBE, MAX_PROBES, MAX_STR_ARGS, MAX_USDT_ARGS,
+    MAX_USDT_SITES, TASK_IS_THREAD, UsdtSite, site_flags,
 };
 
 use crate::{
     loader::{PlanSizes, UsdtAttachment},
     runtimes::{LatencyDef, TaskProbeDef, TaskRole},
-    usdt::SiteArg,
+    usdt::{Glob, SiteArg},
 };
 
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -28,6 +28,40 @@ pub enum PlanError {
     TooManyRoles(String),
     #[error("probe {probe}: {reason}")]
     BadArguments { probe: String, reason: String },
+    #[error("--str {request}: no probe traced is named so (traced: {traced})")]
+    StringOfNoProbe { request: String, traced: String },
+    #[error("--str {request}: {probe} has {count} argument{}, no arg{index}", plural(*.count))]
+    StringOfNoArgument {
+        request: String,
+        probe: String,
+        count: usize,
+        index: u8,
+    },
+    #[error("--str {request}: arg{index} of {probe} is {what}, not a pointer")]
+    StringNotAPointer {
+        request: String,
+        probe: String,
+        index: u8,
+        what: String,
+    },
+    #[error("{probe}: more than {MAX_STR_ARGS} arguments asked for as strings")]
+    TooManyStrings { probe: String },
+}
+
+fn plural(count: usize) -> &'static str {
+    if count == 1 { "" } else { "s" }
+}
+
+/// An argument to show as a string (`trace --str`): of the probes named so (every one
+/// when `provider` and `name` are `*`), at most `max_len` bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StringRequest {
+    /// As given on the command line, for errors.
+    pub text: String,
+    pub provider: String,
+    pub name: String,
+    pub arg: u8,
+    pub max_len: u16,
 }
 
 /// One probe site found in a binary, ready to attach.
@@ -268,6 +302,78 @@ impl ProbePlan {
         Ok(plan)
     }
 
+    /// Makes the sites of the probes `requests` name read those arguments as strings at
+    /// each hit; a later request for the same argument of a probe replaces an earlier
+    /// one. A request that names no probe, or an argument a probe lacks or that cannot
+    /// hold a pointer, is an error.
+    pub fn show_strings(&mut self, requests: &[StringRequest]) -> Result<(), PlanError> {
+        // Each probe's (argument, length, index of the request that asked).
+        let mut per_probe: Vec<Vec<(u8, u16, usize)>> = vec![Vec::new(); self.probes.len()];
+        for (which, request) in requests.iter().enumerate() {
+            let (provider, name) = (Glob::new(&request.provider), Glob::new(&request.name));
+            let matched: Vec<usize> = (0..self.probes.len())
+                .filter(|&id| {
+                    let probe = &self.probes[id];
+                    provider.matches(&probe.provider) && name.matches(&probe.name)
+                })
+                .collect();
+            if matched.is_empty() {
+                let traced: Vec<String> = self
+                    .probes
+                    .iter()
+                    .map(|p| format!("{}:{}", p.provider, p.name))
+                    .collect();
+                return Err(PlanError::StringOfNoProbe {
+                    request: request.text.clone(),
+                    traced: traced.join(", "),
+                });
+            }
+            for id in matched {
+                let probe = &self.probes[id];
+                if request.arg as usize >= probe.arg_count {
+                    return Err(PlanError::StringOfNoArgument {
+                        request: request.text.clone(),
+                        probe: probe.specifier(),
+                        count: probe.arg_count,
+                        index: request.arg,
+                    });
+                }
+                let strings = &mut per_probe[id];
+                match strings.iter_mut().find(|(arg, _, _)| *arg == request.arg) {
+                    Some(existing) => *existing = (request.arg, request.max_len, which),
+                    None => strings.push((request.arg, request.max_len, which)),
+                }
+                if strings.len() > MAX_STR_ARGS {
+                    return Err(PlanError::TooManyStrings {
+                        probe: probe.specifier(),
+                    });
+                }
+            }
+        }
+        for planned in &mut self.sites {
+            let site = &mut planned.site;
+            let strings = &per_probe[site.probe_id as usize];
+            for (i, &(arg, max_len, which)) in strings.iter().enumerate() {
+                let spec = &site.args[arg as usize];
+                // An undecodable argument reads as 0, so as unavailable: no error.
+                let decoded = site.unavailable & (1 << arg) == 0;
+                if decoded && (spec.size != 8 || spec.float != 0) {
+                    let kind = if spec.float != 0 { "float" } else { "integer" };
+                    return Err(PlanError::StringNotAPointer {
+                        request: requests[which].text.clone(),
+                        probe: self.probes[site.probe_id as usize].specifier(),
+                        index: arg,
+                        what: format!("a {}-byte {kind}", spec.size),
+                    });
+                }
+                site.str_args[i] = arg;
+                site.str_max[i] = max_len;
+            }
+            site.str_count = strings.len() as u8;
+        }
+        Ok(())
+    }
+
     fn probe_id(&mut self, input: &SiteInput, arg_count: usize) -> u32 {
         let existing = self.probes.iter().position(|p| {
             p.path == input.path && p.provider == input.provider && p.name == input.name
@@ -471,5 +577,79 @@ mod tests {
             err.to_string(),
             "probe /app:tracer:a: the task argument is unavailable: \"4f@%xmm0\": no"
         );
+    }
+    fn request(text: &str, provider: &str, name: &str, arg: u8, max_len: u16) -> StringRequest {
+        StringRequest {
+            text: text.into(),
+            provider: provider.into(),
+            name: name.into(),
+            arg,
+            max_len,
+        }
+    }
+
+    /// `--str` marks the sites of the probes it names, a later request for the same
+    /// argument replacing an earlier one; what names nothing, or an argument a probe
+    /// lacks or that cannot hold a pointer, is refused with the probe named.
+    #[test]
+    fn strings_are_planned_for_the_probes_named_and_checked() {
+        let mut two = site("query__start", 3);
+        let reg = |size| {
+            Ok(UsdtArg {
+                kind: tracer_common::arg_kind::REG,
+                size,
+                ..Default::default()
+            })
+        };
+        two.args = Ok(vec![reg(8), reg(4)]);
+        let sites = [site("a", 1), site("a", 2), two];
+        let plan = |requests: &[StringRequest]| {
+            let mut plan = ProbePlan::build(&sites, &[], &[], SiteMode::Events, None).unwrap();
+            plan.show_strings(requests).map(|()| plan)
+        };
+        let planned = plan(&[
+            request("arg0", "*", "*", 0, 64),
+            request("query__*:arg0:9", "tracer", "query__*", 0, 9),
+        ])
+        .unwrap();
+        let strings = |i: usize| {
+            let s = &planned.sites[i].site;
+            (s.str_count, s.str_args[0], s.str_max[0])
+        };
+        assert_eq!([strings(0), strings(1)], [(1, 0, 64), (1, 0, 64)]);
+        assert_eq!(strings(2), (1, 0, 9), "the later request wins");
+        let none = plan(&[]).unwrap();
+        assert!(none.sites.iter().all(|s| s.site.str_count == 0));
+
+        let err = |requests: &[StringRequest]| plan(requests).unwrap_err().to_string();
+        assert_eq!(
+            err(&[request("nosuch:arg0", "*", "nosuch", 0, 64)]),
+            "--str nosuch:arg0: no probe traced is named so (traced: tracer:a, tracer:query__start)"
+        );
+        assert_eq!(
+            err(&[request("arg1", "*", "*", 1, 64)]),
+            "--str arg1: usdt:/app:tracer:a has 1 argument, no arg1"
+        );
+        assert_eq!(
+            err(&[request("query__start:arg1", "*", "query__start", 1, 64)]),
+            "--str query__start:arg1: arg1 of usdt:/app:tracer:query__start is a 4-byte integer, not a pointer"
+        );
+        let repeats: Vec<_> = (0..5).map(|_| request("a:arg0", "*", "a", 0, 64)).collect();
+        let planned = plan(&repeats).unwrap();
+        assert_eq!(
+            planned.sites[0].site.str_count, 1,
+            "one argument, one string"
+        );
+        let mut five = site("five", 4);
+        five.args = Ok(vec![reg(8); 5]);
+        let mut plan = ProbePlan::build(&[five], &[], &[], SiteMode::Events, None).unwrap();
+        let all: Vec<_> = (0..5)
+            .map(|i| request("five", "*", "five", i, 64))
+            .collect();
+        assert_eq!(
+            plan.show_strings(&all).unwrap_err().to_string(),
+            "usdt:/app:tracer:five: more than 4 arguments asked for as strings"
+        );
+        assert!(plan.show_strings(&all[..4]).is_ok());
     }
 }

@@ -26,9 +26,47 @@ pub fn escape_text(name: &str) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
+/// Bytes from the target (a string argument) as text output shows them: in double
+/// quotes, with `"` and `\` escaped by a backslash, control characters as in
+/// [`escape_text`], and bytes that are not UTF-8 as `\xNN`; so the text inside the quotes
+/// says which bytes they were.
+pub fn quote_bytes(bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(bytes.len() + 2);
+    out.push('"');
+    for chunk in bytes.utf8_chunks() {
+        for c in chunk.valid().chars() {
+            match c {
+                '"' | '\\' => {
+                    out.push('\\');
+                    out.push(c);
+                }
+                c if c.is_control() => out.push_str(&escape_text(c.encode_utf8(&mut [0; 4]))),
+                c => out.push(c),
+            }
+        }
+        for b in chunk.invalid() {
+            let _ = write!(out, "\\x{b:02x}");
+        }
+    }
+    out.push('"');
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bytes_are_quoted_so_each_can_be_told() {
+        assert_eq!(quote_bytes(b"SELECT 1"), r#""SELECT 1""#);
+        assert_eq!(quote_bytes(b""), r#""""#);
+        assert_eq!(quote_bytes(b"a\"b\\c\n\x1b"), r#""a\"b\\c\x0a\x1b""#);
+        // Invalid UTF-8 as its bytes; a literal backslash-x stays distinct.
+        assert_eq!(quote_bytes(b"\xff\xfe\\xff"), r#""\xff\xfe\\xff""#);
+        assert_eq!(quote_bytes("pâté".as_bytes()), r#""pâté""#);
+        // A UTF-8 sequence cut short (a string truncated mid-character).
+        assert_eq!(quote_bytes(&"é".as_bytes()[..1]), r#""\xc3""#);
+    }
 
     #[test]
     fn control_characters_are_escaped() {

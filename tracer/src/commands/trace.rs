@@ -5,7 +5,7 @@ use std::num::NonZeroU32;
 use anyhow::{Result, bail};
 use serde_json::json;
 use tokio::io::{Interest, unix::AsyncFd};
-use tracer_common::{UsdtArg, UsdtEvent, counter};
+use tracer_common::{UsdtArg, UsdtEvent, UsdtStrHeader, counter};
 
 use crate::{
     cli::{Format, TraceConfig},
@@ -17,7 +17,7 @@ use crate::{
     procfs,
     stop::{self, ProcessWatch, StopReason},
     targets::{self, TargetSpec, TargetTracker},
-    text::escape_text,
+    text::{escape_text, quote_bytes},
     usdt::{self, Scope},
 };
 
@@ -90,7 +90,8 @@ pub fn run(config: TraceConfig) -> Result<()> {
     };
     // One process's sites are attached for it alone; a set's for every process mapping
     // the files, the kernel keeping the targets' hits.
-    let plan = ProbePlan::build(&inputs, &[], &[], mode, single)?;
+    let mut plan = ProbePlan::build(&inputs, &[], &[], mode, single)?;
+    plan.show_strings(&config.strings)?;
     for arg in &plan.unavailable_args {
         log::warn!(
             "{}: arg{} {}: unavailable, shown as {}",
@@ -344,15 +345,21 @@ impl EventPrinter {
             // SAFETY: the kernel wrote a whole UsdtEvent (checked length); read_unaligned
             // copes with the ring buffer's 8-byte alignment guarantee either way.
             let event: UsdtEvent = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
+            let strings = event_strings(&item[std::mem::size_of::<UsdtEvent>()..]);
             // Writing into a Vec cannot fail.
-            let _ = self.print(&mut out, &event);
+            let _ = self.print(&mut out, &event, &strings);
             count += 1;
         });
         self.count += count;
         (out, count)
     }
 
-    fn print(&self, out: &mut impl std::io::Write, event: &UsdtEvent) -> std::io::Result<()> {
+    fn print(
+        &self,
+        out: &mut impl std::io::Write,
+        event: &UsdtEvent,
+        strings: &[(usize, Option<ShownStr>)],
+    ) -> std::io::Result<()> {
         let id = event.probe_id as usize;
         let name = self.names.get(id).map(String::as_str).unwrap_or("?");
         let types = self.types.get(id).map(Vec::as_slice).unwrap_or(&[]);
@@ -367,13 +374,26 @@ impl EventPrinter {
                 let values: Vec<serde_json::Value> = (0..args.len())
                     .map(|i| value(i).map_or(serde_json::Value::Null, |(ty, v)| ty.json(v)))
                     .collect();
-                let line = json!({
+                let mut line = json!({
                     "time_ns": event.ts_ns,
                     "pid": event.pid,
                     "tid": event.tid,
                     "probe": name,
                     "args": values,
                 });
+                if !strings.is_empty() {
+                    let shown: serde_json::Map<String, serde_json::Value> = strings
+                        .iter()
+                        .map(|(i, s)| {
+                            let value = match (value(*i), s) {
+                                (Some(_), Some(s)) => s.json(),
+                                _ => serde_json::Value::Null,
+                            };
+                            (format!("arg{i}"), value)
+                        })
+                        .collect();
+                    line["strings"] = shown.into();
+                }
                 writeln!(out, "{line}")
             }
             Format::Text => {
@@ -382,15 +402,82 @@ impl EventPrinter {
                 let name = escape_text(name);
                 write!(out, "{secs:>12.6} {:>7} {:>7} {name}", event.pid, event.tid)?;
                 for i in 0..args.len() {
-                    match value(i) {
-                        Some((ty, v)) => write!(out, " {}", ty.text(v))?,
-                        None => write!(out, " ?")?,
+                    let string = strings.iter().find(|(arg, _)| *arg == i);
+                    match (value(i), string) {
+                        (Some(_), Some((_, Some(s)))) => write!(out, " {}", s.text())?,
+                        // No string where one was asked for: the pointer was NULL or
+                        // unmapped.
+                        (None, _) | (_, Some((_, None))) => write!(out, " ?")?,
+                        (Some((ty, v)), None) => write!(out, " {}", ty.text(v))?,
                     }
                 }
                 writeln!(out)
             }
         }
     }
+}
+
+/// A string argument as read at the hit, cut to its maximum length.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct ShownStr {
+    bytes: Vec<u8>,
+    /// The string had more bytes than shown.
+    truncated: bool,
+}
+
+impl ShownStr {
+    /// Quoted and escaped (see [`quote_bytes`]), followed by `...` when cut, as strace
+    /// shows strings.
+    fn text(&self) -> String {
+        let dots = if self.truncated { "..." } else { "" };
+        format!("{}{dots}", quote_bytes(&self.bytes))
+    }
+
+    /// `text` is the string, invalid UTF-8 replaced by U+FFFD; then `hex` holds its exact
+    /// bytes (null when it is valid UTF-8, so `text` is exact).
+    fn json(&self) -> serde_json::Value {
+        let hex = std::str::from_utf8(&self.bytes).is_err().then(|| {
+            self.bytes
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect::<String>()
+        });
+        json!({
+            "text": String::from_utf8_lossy(&self.bytes),
+            "truncated": self.truncated,
+            "hex": hex,
+        })
+    }
+}
+
+/// The strings after an event's fixed part (see [`UsdtStrHeader`]), by argument index:
+/// `None` where the read failed.
+fn event_strings(mut area: &[u8]) -> Vec<(usize, Option<ShownStr>)> {
+    let header_size = std::mem::size_of::<UsdtStrHeader>();
+    let mut strings = Vec::new();
+    while area.len() >= header_size {
+        // SAFETY: the length is checked and UsdtStrHeader is plain integers;
+        // read_unaligned because strings before it have any length.
+        let header: UsdtStrHeader = unsafe { std::ptr::read_unaligned(area.as_ptr().cast()) };
+        area = &area[header_size..];
+        let copied = usize::try_from(header.result).unwrap_or(0).min(area.len());
+        let (raw, rest) = area.split_at(copied);
+        area = rest;
+        if header.result <= 0 {
+            strings.push((header.arg as usize, None));
+            continue;
+        }
+        let content = raw.strip_suffix(&[0]).unwrap_or(raw);
+        let max = header.max as usize;
+        strings.push((
+            header.arg as usize,
+            Some(ShownStr {
+                bytes: content[..content.len().min(max)].to_vec(),
+                truncated: content.len() > max,
+            }),
+        ));
+    }
+    strings
 }
 
 #[cfg(test)]
@@ -416,14 +503,14 @@ mod tests {
         event.arg_count = 1;
         event.args[0] = -3i64 as u64;
         let mut out = Vec::new();
-        printer.print(&mut out, &event).unwrap();
+        printer.print(&mut out, &event, &[]).unwrap();
         assert_eq!(
             String::from_utf8(out).unwrap(),
             "    1.500000       7       8 usdt:/tmp/a\\x07:p\\x1b[31m:n\\x0d -3\n"
         );
         printer.format = Format::Json;
         let mut out = Vec::new();
-        printer.print(&mut out, &event).unwrap();
+        printer.print(&mut out, &event, &[]).unwrap();
         let line = String::from_utf8(out).unwrap();
         assert!(
             line.contains(r#""probe":"usdt:/tmp/a\u0007:p\u001b[31m:n\r""#),
@@ -460,7 +547,7 @@ mod tests {
         ]);
         event.unavailable = 0b10000;
         let mut out = Vec::new();
-        printer.print(&mut out, &event).unwrap();
+        printer.print(&mut out, &event, &[]).unwrap();
         let text = String::from_utf8(out).unwrap();
         assert!(
             text.ends_with(" usdt:/a:p:n 18446744073709551615 -2 -1.25 2.5 ?\n"),
@@ -468,11 +555,109 @@ mod tests {
         );
         printer.format = Format::Json;
         let mut out = Vec::new();
-        printer.print(&mut out, &event).unwrap();
+        printer.print(&mut out, &event, &[]).unwrap();
         let line: serde_json::Value = serde_json::from_slice(&out).unwrap();
         assert_eq!(
             line["args"],
             json!([18446744073709551615u64, -2, -1.25, 2.5, null])
         );
+    }
+    /// The string area as the kernel writes it: a header per string, then the bytes
+    /// copied with their NUL.
+    /// What the kernel read for one argument: (index, limit, bytes or errno).
+    type Read<'a> = (u8, u16, Result<&'a [u8], i32>);
+
+    fn string_area(strings: &[Read<'_>]) -> Vec<u8> {
+        let mut area = Vec::new();
+        for &(arg, max, ref read) in strings {
+            let result = match read {
+                Ok(bytes) => bytes.len() as i32 + 1,
+                Err(errno) => -errno,
+            };
+            let header = UsdtStrHeader {
+                result,
+                arg,
+                _pad: 0,
+                max,
+            };
+            // SAFETY: UsdtStrHeader is plain integers without implicit padding.
+            area.extend_from_slice(unsafe {
+                std::slice::from_raw_parts(
+                    (&header as *const UsdtStrHeader).cast::<u8>(),
+                    std::mem::size_of::<UsdtStrHeader>(),
+                )
+            });
+            if let Ok(bytes) = read {
+                area.extend_from_slice(bytes);
+                area.push(0);
+            }
+        }
+        area
+    }
+
+    /// Strings show quoted and escaped in text, `...` when longer than their limit (the
+    /// kernel reads one byte more than it), `?` when the read failed; in JSON as
+    /// `strings.argN`, invalid UTF-8 also as hex, a failed read as null.
+    #[test]
+    fn string_arguments_show_cut_escaped_and_unavailable() {
+        // Four bytes at most: "abcd" exactly fits, "abcde" (read as such) is cut.
+        let area = string_area(&[
+            (0, 4, Ok(b"ab\"c")),
+            (1, 4, Ok(b"abcd")),
+            (2, 4, Ok(b"abcde")),
+            (3, 4, Ok(b"\xff\n")),
+            (4, 4, Err(14)),
+        ]);
+        let strings = event_strings(&area);
+        assert_eq!(strings.len(), 5);
+        assert_eq!(
+            strings[2],
+            (
+                2,
+                Some(ShownStr {
+                    bytes: b"abcd".to_vec(),
+                    truncated: true
+                })
+            )
+        );
+        assert_eq!(strings[4], (4, None));
+        let mut printer = EventPrinter {
+            format: Format::Text,
+            names: vec!["usdt:/a:p:n".into()],
+            types: vec![vec![ArgType::Unsigned; 6]],
+            started_ns: 0,
+            count: 0,
+        };
+        // SAFETY: UsdtEvent is plain old data; all zeroes is a valid value.
+        let mut event: UsdtEvent = unsafe { std::mem::zeroed() };
+        event.arg_count = 6;
+        event.args[..6].copy_from_slice(&[0x1000, 0x2000, 0x3000, 0x4000, 0, 9]);
+        let mut out = Vec::new();
+        printer.print(&mut out, &event, &strings).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(
+            text.ends_with(" usdt:/a:p:n \"ab\\\"c\" \"abcd\" \"abcd\"... \"\\xff\\x0a\" ? 9\n"),
+            "{text}"
+        );
+        printer.format = Format::Json;
+        let mut out = Vec::new();
+        printer.print(&mut out, &event, &strings).unwrap();
+        let line: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(line["args"], json!([0x1000, 0x2000, 0x3000, 0x4000, 0, 9]));
+        assert_eq!(
+            line["strings"],
+            json!({
+                "arg0": {"text": "ab\"c", "truncated": false, "hex": null},
+                "arg1": {"text": "abcd", "truncated": false, "hex": null},
+                "arg2": {"text": "abcd", "truncated": true, "hex": null},
+                "arg3": {"text": "\u{fffd}\n", "truncated": false, "hex": "ff0a"},
+                "arg4": null,
+            })
+        );
+        // Without strings the JSON line has no `strings` member, as before.
+        let mut out = Vec::new();
+        printer.print(&mut out, &event, &[]).unwrap();
+        let line: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert!(line.get("strings").is_none());
     }
 }

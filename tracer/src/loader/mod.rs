@@ -1079,6 +1079,8 @@ fn usdt_program_name(site: &UsdtSite) -> &'static str {
         } else {
             program_names::USDT
         }
+    } else if site.str_count > 0 {
+        program_names::USDT_EVENT_STR
     } else if site.arg_count as usize <= tracer_common::FEW_USDT_ARGS {
         program_names::USDT_EVENT_FEW
     } else {
