@@ -49,6 +49,8 @@ pub mod map_names {
     pub const TARGETS: &str = "TARGETS";
     /// Latency totals per process ([`super::LatencyProcessKey`]).
     pub const LATENCY_BY_PROCESS: &str = "LATENCY_BY_PROCESS";
+    /// Probe hits by process and stacks (`trace --count --stack`, [`super::HitStackKey`]).
+    pub const HIT_STACKS: &str = "HIT_STACKS";
     /// Every name above, for the test that each is in the eBPF object.
     pub const ALL: &[&str] = &[
         USDT_SPECS,
@@ -71,6 +73,7 @@ pub mod map_names {
         SNAPSHOT_CHECKS,
         TARGETS,
         LATENCY_BY_PROCESS,
+        HIT_STACKS,
     ];
 }
 
@@ -297,6 +300,9 @@ pub mod site_flags {
     pub const TASK_PAUSE: u8 = 4;
     /// The probe says a task finished: forget its state.
     pub const TASK_FINISH: u8 = 8;
+    /// Take the user and kernel stacks of every hit: into the event, or (counting) as
+    /// the key of `HIT_STACKS` (`tracer trace --stack`).
+    pub const STACKS: u8 = 16;
 }
 
 /// `UsdtSite::task_arg` value meaning "the task is the thread that hit the probe" (the
@@ -341,8 +347,28 @@ pub struct UsdtEvent {
     pub arg_count: u16,
     /// [`UsdtSite::unavailable`] of the site that was hit.
     pub unavailable: u16,
+    /// Ids in `STACKS` (or negative errnos) of the user and kernel stacks at the hit;
+    /// [`STACK_NOT_TAKEN`] unless the site has `site_flags::STACKS`.
+    pub user_stack_id: i32,
+    pub kernel_stack_id: i32,
     /// Each argument widened to 64 bits (sign-extended when signed).
     pub args: [u64; MAX_USDT_ARGS],
+}
+
+/// Stack id of events whose site was not asked for stacks: no errno, so never taken for
+/// a stack that failed.
+pub const STACK_NOT_TAKEN: i32 = i32::MIN + 1;
+
+/// Key of `HIT_STACKS`: the probe, the process (its user stack's addresses are named in
+/// its mappings) and the stacks at the hit (ids in `STACKS`, or negative errnos). The
+/// value is how many hits.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct HitStackKey {
+    pub probe_id: u32,
+    pub tgid: u32,
+    pub user_stack_id: i32,
+    pub kernel_stack_id: i32,
 }
 
 /// Key of `LATENCY_STARTS`: a latency open on a thread (the value is its start time).
@@ -598,6 +624,7 @@ mod pod {
         UsdtArg,
         UsdtSite,
         UsdtEvent,
+        HitStackKey,
         LatencyStartKey,
         LatencyStats,
         TargetProcess,

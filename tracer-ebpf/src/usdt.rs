@@ -3,19 +3,22 @@
 
 use aya_ebpf::{
     EbpfContext as _,
+    bindings::BPF_F_USER_STACK,
     helpers::{bpf_ktime_get_ns, generated::bpf_get_attach_cookie},
     programs::ProbeContext,
 };
 use tracer_common::{
-    LatencyProcessKey, LatencyStartKey, LatencyStats, MAX_LATENCIES, MAX_LATENCIES_PER_PROBE,
-    MAX_USDT_ARGS, UsdtEvent, UsdtSite, counter, histogram, site_flags, target_filter,
+    HitStackKey, LatencyProcessKey, LatencyStartKey, LatencyStats, MAX_LATENCIES,
+    MAX_LATENCIES_PER_PROBE, MAX_USDT_ARGS, STACK_NOT_TAKEN, UsdtEvent, UsdtSite, counter,
+    histogram, site_flags, target_filter,
 };
 
 use crate::{
-    LATENCY_BY_PROCESS, LATENCY_HIST, LATENCY_STARTS, LATENCY_STATS, PROBE_HITS, USDT_EVENTS,
-    USDT_SPECS,
+    HIT_STACKS, LATENCY_BY_PROCESS, LATENCY_HIST, LATENCY_STARTS, LATENCY_STATS, PROBE_HITS,
+    USDT_EVENTS, USDT_SPECS,
     args::{Registers, decode_arg},
     count, count_by,
+    stacks::stack_id,
 };
 
 /// The site whose uprobe fired, found through the link's BPF cookie, counted as a hit,
@@ -52,6 +55,9 @@ pub fn on_hit<const TASKS: bool>(ctx: &ProbeContext) {
     let Some((site, pid_tgid)) = hit_site(ctx) else {
         return;
     };
+    if site.flags & site_flags::STACKS != 0 {
+        count_stacks(ctx, site, pid_tgid);
+    }
     let task_flags = site_flags::TASK_RUN | site_flags::TASK_PAUSE | site_flags::TASK_FINISH;
     let task_switch = TASKS && site.flags & task_flags != 0;
     if site.latency_begin_count == 0 && site.latency_end_count == 0 && !task_switch {
@@ -64,6 +70,69 @@ pub fn on_hit<const TASKS: bool>(ctx: &ProbeContext) {
     if task_switch {
         crate::tasks::on_task_probe(ctx, site, pid_tgid, now);
     }
+}
+
+/// The (user, kernel) stack ids at a hit when its site takes stacks.
+#[inline(always)]
+fn hit_stacks(ctx: &ProbeContext, site: &UsdtSite) -> (i32, i32) {
+    if site.flags & site_flags::STACKS == 0 {
+        return (STACK_NOT_TAKEN, STACK_NOT_TAKEN);
+    }
+    // A uprobe fires in user mode: the kernel stack is normally NO_STACK (nothing
+    // below the trap), taken anyway so a probe hit in a system call would show one.
+    (stack_id(ctx, BPF_F_USER_STACK as u64), stack_id(ctx, 0))
+}
+
+/// One more hit of this probe in this process with these stacks (`--count --stack`).
+#[inline(always)]
+fn count_stacks(ctx: &ProbeContext, site: &UsdtSite, pid_tgid: u64) {
+    let (user_stack_id, kernel_stack_id) = hit_stacks(ctx, site);
+    let key = HitStackKey {
+        probe_id: site.probe_id,
+        tgid: (pid_tgid >> 32) as u32,
+        user_stack_id,
+        kernel_stack_id,
+    };
+    match HIT_STACKS.get_ptr_mut(&key) {
+        // SAFETY: per-CPU value, no concurrent writer on this CPU.
+        Some(hits) => unsafe { *hits += 1 },
+        None => {
+            if HIT_STACKS.insert(&key, &1, 0).is_err() {
+                count(counter::MAP_FULL);
+                return;
+            }
+            announce_stack(&key, pid_tgid);
+        }
+    }
+}
+
+/// Tells user space of a stack counted for the first time, as an event without
+/// arguments: it names the stack while the process (and its mappings) still exist,
+/// rather than at the end, when a short-lived one is gone. Best effort: without room
+/// in the ring, user space reads the process's mappings later, if it still runs.
+#[inline(always)]
+fn announce_stack(key: &HitStackKey, pid_tgid: u64) {
+    let Some(mut entry) = USDT_EVENTS.reserve::<UsdtEvent>(0) else {
+        return;
+    };
+    let event = entry.as_mut_ptr();
+    // SAFETY: `event` points at a reserved, writable ring buffer slot of the right size;
+    // every field is written before submit.
+    unsafe {
+        (*event).ts_ns = bpf_ktime_get_ns();
+        (*event).pid = (pid_tgid >> 32) as u32;
+        (*event).tid = pid_tgid as u32;
+        (*event).probe_id = key.probe_id;
+        (*event).arg_count = 0;
+        (*event).unavailable = 0;
+        (*event).user_stack_id = key.user_stack_id;
+        (*event).kernel_stack_id = key.kernel_stack_id;
+        // Volatile for the reason given in `emit_event`.
+        for i in 0..MAX_USDT_ARGS {
+            core::ptr::write_volatile(&mut (*event).args[i], 0);
+        }
+    }
+    entry.submit(0);
 }
 
 /// Every hit with its decoded arguments, through the ring buffer (`tracer trace`).
@@ -165,6 +234,7 @@ fn emit_event<const MAX_ARGS: usize>(ctx: &ProbeContext, site: &UsdtSite, pid_tg
     };
     let event = entry.as_mut_ptr();
     let arg_count = (site.arg_count as usize).min(MAX_ARGS).min(MAX_USDT_ARGS);
+    let (user_stack_id, kernel_stack_id) = hit_stacks(ctx, site);
     let regs = Registers::snapshot(ctx);
     // Read failures (negative helper results) are OR-ed together and counted once, without
     // a branch: branches on them would multiply the paths the verifier walks, and so its
@@ -179,6 +249,8 @@ fn emit_event<const MAX_ARGS: usize>(ctx: &ProbeContext, site: &UsdtSite, pid_tg
         (*event).probe_id = site.probe_id;
         (*event).arg_count = arg_count as u16;
         (*event).unavailable = site.unavailable;
+        (*event).user_stack_id = user_stack_id;
+        (*event).kernel_stack_id = kernel_stack_id;
         // Volatile stores, so the compiler does not turn them into a call to a memset loop
         // that the verifier would walk byte by byte.
         for i in 0..MAX_USDT_ARGS {
