@@ -212,6 +212,15 @@ pub struct TraceArgs {
     /// one line per hit.
     #[arg(long, short)]
     pub count: bool,
+    /// The user and kernel stacks of each hit (frame pointers), printed after its line
+    /// (a `stack` array in JSON); with --count, hits are counted per stack and written
+    /// as folded stacks and a flame graph into --output.
+    #[arg(long)]
+    pub stack: bool,
+    /// Directory for the flame graph (SVG) and folded stacks of `--count --stack`
+    /// [default: tracer-trace].
+    #[arg(long = "output", short = 'o', requires_all = ["count", "stack"])]
+    pub output: Option<PathBuf>,
     /// Probes as bpftrace writes them: usdt:PATH:PROVIDER:NAME (wildcards allowed; with
     /// --pid the path may be `*` or a library name).
     #[arg(required = true, value_name = "PROBE")]
@@ -432,6 +441,10 @@ pub struct TraceConfig {
     pub format: Format,
     pub duration: Option<Duration>,
     pub count: bool,
+    /// Stacks at every hit (`--stack`).
+    pub stack: bool,
+    /// Where `--count --stack` writes its flame graph.
+    pub output_dir: PathBuf,
     pub ring_buffer_bytes: u32,
     pub probes: Vec<String>,
     pub command: Option<Vec<String>>,
@@ -462,6 +475,8 @@ impl TryFrom<TraceArgs> for TraceConfig {
             format: args.format,
             duration: args.duration.as_deref().map(parse_duration).transpose()?,
             count: args.count,
+            stack: args.stack,
+            output_dir: args.output.unwrap_or_else(|| PathBuf::from("tracer-trace")),
             ring_buffer_bytes: parse_buffer_size("ring-buffer", &args.ring_buffer)?,
             probes: args.probes,
             command: (!args.command.is_empty()).then_some(args.command),

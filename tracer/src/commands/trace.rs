@@ -1,6 +1,6 @@
 //! `tracer trace PROBE... [-- CMD]`: one line per probe hit with its decoded arguments.
 
-use std::num::NonZeroU32;
+use std::{collections::HashMap, num::NonZeroU32};
 
 use anyhow::{Result, bail};
 use serde_json::json;
@@ -14,8 +14,10 @@ use crate::{
     loader::{Features, Loader, RecordRing, Settings},
     privileges,
     probe_plan::{ProbePlan, SiteInput, SiteMode},
-    procfs,
+    procfs, render,
+    stacks::{self, HitStack, StackProfile, StackSource, Weight},
     stop::{self, ProcessWatch, StopReason},
+    symbolize::{ProcessMaps, StackSymbolizer},
     targets::{self, TargetSpec, TargetTracker},
     text::escape_text,
     usdt::{self, Scope},
@@ -23,6 +25,12 @@ use crate::{
 
 pub fn run(config: TraceConfig) -> Result<()> {
     privileges::check()?;
+    let writes_stacks = config.count && config.stack;
+    if writes_stacks {
+        // Now rather than after the trace: a directory we cannot write fails the run
+        // before the target runs.
+        render::prepare_output_dir(&config.output_dir)?;
+    }
     let specs = config
         .probes
         .iter()
@@ -90,7 +98,10 @@ pub fn run(config: TraceConfig) -> Result<()> {
     };
     // One process's sites are attached for it alone; a set's for every process mapping
     // the files, the kernel keeping the targets' hits.
-    let plan = ProbePlan::build(&inputs, &[], &[], mode, single)?;
+    let mut plan = ProbePlan::build(&inputs, &[], &[], mode, single)?;
+    if config.stack {
+        plan.take_stacks();
+    }
     for arg in &plan.unavailable_args {
         log::warn!(
             "{}: arg{} {}: unavailable, shown as {}",
@@ -110,7 +121,9 @@ pub fn run(config: TraceConfig) -> Result<()> {
         ring_buffer_bytes: config.ring_buffer_bytes,
         plan_sizes: Some(plan.sizes()),
         features: Features {
-            events: !config.count,
+            // Counting by stack announces each new stack through the event ring.
+            events: !config.count || config.stack,
+            hit_stacks: config.stack,
             ..Features::NONE
         },
         ..Settings::default()
@@ -147,6 +160,8 @@ pub fn run(config: TraceConfig) -> Result<()> {
         types,
         started_ns: stop::monotonic_ns(),
         count: 0,
+        stacks: config.stack.then(StackNamer::new),
+        announcements_only: config.count,
     };
     // Standard output has a writer thread of its own: a reader that stalls never keeps
     // the tracer from stopping (and detaching) when asked.
@@ -165,7 +180,7 @@ pub fn run(config: TraceConfig) -> Result<()> {
             watch,
             config.duration,
             stop::either(
-                pump(&mut events, &mut printer, &out),
+                pump(&mut events, &mut printer, &loader, &out),
                 targets::track(tracker.as_mut()),
             ),
         )
@@ -181,16 +196,26 @@ pub fn run(config: TraceConfig) -> Result<()> {
     // reader takes it.
     let mut events = events;
     if reason != StopReason::OutputClosed {
-        let (bytes, count) = printer.format(&mut events);
+        let (bytes, count) = printer.format(&mut events, &loader);
         if count > 0 {
             out.send_blocking(bytes, count);
         }
     }
     if config.count {
-        out.send_blocking(count_text(&loader, &plan, config.format)?.into_bytes(), 0);
+        let by_stack = match printer.stacks.as_mut() {
+            Some(namer) => Some(stack_counts(&loader, &plan, namer, &config)?),
+            None => None,
+        };
+        let text = count_text(&loader, &plan, config.format, by_stack.as_ref())?;
+        out.send_blocking(text.into_bytes(), 0);
     }
     let (written, output) = out.finish();
-    let not_written = printer.count.saturating_sub(written);
+    // Stack announcements of a count are not events the user sees.
+    let (written, printed) = match config.count {
+        true => (0, 0),
+        false => (written, printer.count),
+    };
+    let not_written = printed.saturating_sub(written);
     let lost = loader.counters()?[counter::EVENTS_LOST as usize];
     // Tracing has ended: so does the command.
     let exit = child.as_ref().and_then(|c| c.finish());
@@ -219,8 +244,15 @@ pub fn run(config: TraceConfig) -> Result<()> {
     Ok(())
 }
 
-/// Hits per probe, as bpftrace prints `@[probe] = count()` (or one JSON object).
-fn count_text(loader: &Loader, plan: &ProbePlan, format: Format) -> Result<String> {
+/// Hits per probe, as bpftrace prints `@[probe] = count()` (or one JSON object); with
+/// `by_stack`, then the most frequent stacks as bpftrace prints `@[ustack] = count()`
+/// (in JSON, `{"probes": {...}, "stacks": [...]}`).
+fn count_text(
+    loader: &Loader,
+    plan: &ProbePlan,
+    format: Format,
+    by_stack: Option<&StackCounts>,
+) -> Result<String> {
     let mut counts = Vec::new();
     for (id, probe) in plan.probes.iter().enumerate() {
         counts.push((probe.specifier(), loader.probe_hits(id as u32)?.count));
@@ -230,16 +262,237 @@ fn count_text(loader: &Loader, plan: &ProbePlan, format: Format) -> Result<Strin
         Format::Json => {
             let map: serde_json::Map<String, serde_json::Value> =
                 counts.into_iter().map(|(k, v)| (k, json!(v))).collect();
-            text = serde_json::Value::Object(map).to_string() + "\n";
+            let value = match by_stack {
+                None => serde_json::Value::Object(map),
+                Some(by_stack) => json!({
+                    "probes": map,
+                    "stacks": by_stack.stacks.iter().map(|s| json!({
+                        "probe": plan.probes[s.probe_id as usize].specifier(),
+                        "count": s.count,
+                        "stack": stack_json(&s.stack),
+                        "stack_problems": s.stack.problems,
+                    })).collect::<Vec<_>>(),
+                    "not_counted_by_stack": by_stack.not_counted,
+                    "folded": by_stack.files.folded,
+                    "svg": by_stack.files.svg,
+                }),
+            };
+            text = value.to_string() + "\n";
         }
         Format::Text => {
             counts.sort_by_key(|&(_, n)| n);
             for (probe, n) in counts {
                 text += &format!("@[{}]: {n}\n", escape_text(&probe));
             }
+            if let Some(by_stack) = by_stack {
+                text += &by_stack.text(plan);
+            }
         }
     }
     Ok(text)
+}
+
+/// How many of the most frequent stacks the text summary shows.
+const TOP_STACKS: usize = 10;
+
+/// Hits counted by stack (`--count --stack`): most frequent first, with the files
+/// written.
+struct StackCounts {
+    stacks: Vec<CountedStack>,
+    /// Hits of the probe the stack map had no room to count by stack, per probe name.
+    not_counted: Vec<(String, u64)>,
+    files: render::ViewFiles,
+}
+
+struct CountedStack {
+    probe_id: u32,
+    count: u64,
+    stack: HitStack,
+}
+
+impl StackCounts {
+    fn text(&self, plan: &ProbePlan) -> String {
+        let mut text = format!(
+            "\n{} distinct stacks; flame graph {}, folded stacks {}\n",
+            self.stacks.len(),
+            self.files.svg.display(),
+            self.files.folded.display()
+        );
+        if self.stacks.len() > TOP_STACKS {
+            text += &format!("The {TOP_STACKS} most frequent:\n");
+        }
+        // Least frequent first, as bpftrace prints maps: the top one is nearest the prompt.
+        for counted in self.stacks.iter().take(TOP_STACKS).rev() {
+            let probe = plan.probes[counted.probe_id as usize].specifier();
+            text += &format!("@[{},\n", escape_text(&probe));
+            text += &stack_text(&counted.stack, "    ");
+            text += &format!("]: {}\n", counted.count);
+        }
+        for (probe, n) in &self.not_counted {
+            text += &format!(
+                "{n} hits of {} not counted by stack: the stack count map was full\n",
+                escape_text(probe)
+            );
+        }
+        text
+    }
+}
+
+/// Hits by probe and named stack, folded with the probe as the root frame and written
+/// as `hits.folded` and `hits.svg` into the output directory.
+fn stack_counts(
+    loader: &Loader,
+    plan: &ProbePlan,
+    namer: &mut StackNamer,
+    config: &TraceConfig,
+) -> Result<StackCounts> {
+    let mut by_stack: HashMap<(u32, HitStack), u64> = HashMap::new();
+    let mut counted_by_probe = vec![0u64; plan.probes.len()];
+    for (key, count) in loader.hit_stacks()? {
+        let stack = namer.name(loader, key.tgid, key.user_stack_id, key.kernel_stack_id);
+        *by_stack.entry((key.probe_id, stack.clone())).or_default() += count;
+        if let Some(n) = counted_by_probe.get_mut(key.probe_id as usize) {
+            *n += count;
+        }
+    }
+    let mut not_counted = Vec::new();
+    for (id, probe) in plan.probes.iter().enumerate() {
+        let hits = loader.probe_hits(id as u32)?.count;
+        if hits > counted_by_probe[id] {
+            not_counted.push((probe.specifier(), hits - counted_by_probe[id]));
+        }
+    }
+    let mut profile = StackProfile::default();
+    for ((probe_id, stack), &count) in &by_stack {
+        profile.add(
+            folded_frames(&plan.probes[*probe_id as usize].specifier(), stack),
+            Weight {
+                events: count,
+                ns: 0,
+            },
+        );
+    }
+    let folded = render::flamegraph::FoldedStacks::of_events(&profile);
+    let files = render::write_folded_view(
+        &folded,
+        &config.output_dir,
+        "hits",
+        &render::flamegraph::SvgOptions {
+            title: "Probe hits by stack",
+            subtitle: None,
+            count_name: "hits",
+            palette: render::flamegraph::Palette::OnCpu,
+        },
+    )?;
+    let mut stacks: Vec<CountedStack> = by_stack
+        .into_iter()
+        .map(|((probe_id, stack), count)| CountedStack {
+            probe_id,
+            count,
+            stack,
+        })
+        .collect();
+    stacks.sort_by(|a, b| {
+        b.count
+            .cmp(&a.count)
+            .then(a.probe_id.cmp(&b.probe_id))
+            .then_with(|| a.stack.frames.len().cmp(&b.stack.frames.len()))
+    });
+    Ok(StackCounts {
+        stacks,
+        not_counted,
+        files,
+    })
+}
+
+/// A hit's frames root first under the probe's name; a stack with problems has a frame
+/// saying so right under the root, so the flame graph shows it too.
+fn folded_frames(probe: &str, stack: &HitStack) -> Vec<String> {
+    let mut frames = vec![probe.to_string()];
+    if !stack.problems.is_empty() {
+        frames.push(format!("[{}]", stack.problems.join("; ")));
+    }
+    frames.extend(
+        stack
+            .frames
+            .iter()
+            .rev()
+            .map(stacks::FrameLine::folded_name),
+    );
+    frames
+}
+
+/// A stack a frame a line, innermost first, each line after `indent`, then its
+/// problems in brackets.
+fn stack_text(stack: &HitStack, indent: &str) -> String {
+    let mut text = String::new();
+    for frame in &stack.frames {
+        text += &format!("{indent}{}\n", escape_text(&frame.text()));
+    }
+    for problem in &stack.problems {
+        text += &format!("{indent}[{}]\n", escape_text(problem));
+    }
+    text
+}
+
+fn stack_json(stack: &HitStack) -> serde_json::Value {
+    stack
+        .frames
+        .iter()
+        .map(|f| {
+            json!({
+                "function": f.name,
+                "offset": f.offset,
+                "module": f.module,
+                "kernel": f.kernel,
+                "inlined": f.inlined,
+            })
+        })
+        .collect()
+}
+
+/// Names the stacks of hits, each distinct one once, in the mappings of its process as
+/// they were when it was first seen (read then: a process that exits is still named).
+#[derive(Default)]
+struct StackNamer {
+    symbolizer: StackSymbolizer,
+    /// `None`: could not be read (the process exited).
+    maps: HashMap<u32, Option<ProcessMaps>>,
+    named: HashMap<(u32, i32, i32), HitStack>,
+}
+
+impl StackNamer {
+    fn new() -> Self {
+        Self::default()
+    }
+
+    /// The stacks of a hit of process `tgid`, ids in `stacks`.
+    fn name(
+        &mut self,
+        stacks: &dyn StackSource,
+        tgid: u32,
+        user_id: i32,
+        kernel_id: i32,
+    ) -> HitStack {
+        if let Some(stack) = self.named.get(&(tgid, user_id, kernel_id)) {
+            return stack.clone();
+        }
+        let maps = self.maps.entry(tgid).or_insert_with(|| {
+            // An exited process not yet reaped still has a maps file, empty.
+            ProcessMaps::capture(tgid)
+                .ok()
+                .filter(|maps| maps.mapped_files().next().is_some())
+        });
+        let stack = stacks::hit_stack(
+            user_id,
+            kernel_id,
+            stacks,
+            &mut self.symbolizer,
+            maps.as_ref(),
+        );
+        self.named.insert((tgid, user_id, kernel_id), stack.clone());
+        stack
+    }
 }
 
 /// How each argument of a probe is shown.
@@ -303,6 +556,7 @@ fn probe_arg_types(plan: &ProbePlan) -> Vec<Vec<ArgType>> {
 async fn pump(
     events: &mut AsyncFd<RecordRing>,
     printer: &mut EventPrinter,
+    stacks: &dyn StackSource,
     out: &OutputStream,
 ) -> std::io::Result<StopReason> {
     loop {
@@ -312,7 +566,7 @@ async fn pump(
                 // Clear before draining: the kernel only wakes a reader that has caught
                 // up, so a wakeup arriving during the drain must not be cleared afterwards.
                 guard.clear_ready();
-                let (bytes, count) = printer.format(guard.get_inner_mut());
+                let (bytes, count) = printer.format(guard.get_inner_mut(), stacks);
                 if count > 0 && !out.send(bytes, count).await {
                     return Ok(StopReason::OutputClosed);
                 }
@@ -328,11 +582,16 @@ struct EventPrinter {
     types: Vec<Vec<ArgType>>,
     started_ns: u64,
     count: u64,
+    /// With `--stack`: names each event's stacks.
+    stacks: Option<StackNamer>,
+    /// Counting (`--count --stack`): the events only announce new stacks, to be named
+    /// now, and are not printed.
+    announcements_only: bool,
 }
 
 impl EventPrinter {
     /// Formats every event waiting in the ring buffer: the text, and how many events.
-    fn format(&mut self, ring: &mut RecordRing) -> (Vec<u8>, u64) {
+    fn format(&mut self, ring: &mut RecordRing, stacks: &dyn StackSource) -> (Vec<u8>, u64) {
         let mut out = Vec::new();
         let mut count = 0;
         ring.drain(|item| {
@@ -342,15 +601,33 @@ impl EventPrinter {
             // SAFETY: the kernel wrote a whole UsdtEvent (checked length); read_unaligned
             // copes with the ring buffer's 8-byte alignment guarantee either way.
             let event: UsdtEvent = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
+            let stack = self.stacks.as_mut().map(|namer| {
+                namer.name(
+                    stacks,
+                    event.pid,
+                    event.user_stack_id,
+                    event.kernel_stack_id,
+                )
+            });
+            if self.announcements_only {
+                return;
+            }
             // Writing into a Vec cannot fail.
-            let _ = self.print(&mut out, &event);
+            let _ = self.print(&mut out, &event, stack.as_ref());
             count += 1;
         });
         self.count += count;
         (out, count)
     }
 
-    fn print(&self, out: &mut impl std::io::Write, event: &UsdtEvent) -> std::io::Result<()> {
+    /// One event's line, then (with `--stack`) its stack a frame a line, as bpftrace
+    /// prints `ustack` (JSON: `stack` and `stack_problems`).
+    fn print(
+        &self,
+        out: &mut impl std::io::Write,
+        event: &UsdtEvent,
+        stack: Option<&HitStack>,
+    ) -> std::io::Result<()> {
         let id = event.probe_id as usize;
         let name = self.names.get(id).map(String::as_str).unwrap_or("?");
         let types = self.types.get(id).map(Vec::as_slice).unwrap_or(&[]);
@@ -365,13 +642,17 @@ impl EventPrinter {
                 let values: Vec<serde_json::Value> = (0..args.len())
                     .map(|i| value(i).map_or(serde_json::Value::Null, |(ty, v)| ty.json(v)))
                     .collect();
-                let line = json!({
+                let mut line = json!({
                     "time_ns": event.ts_ns,
                     "pid": event.pid,
                     "tid": event.tid,
                     "probe": name,
                     "args": values,
                 });
+                if let Some(stack) = stack {
+                    line["stack"] = stack_json(stack);
+                    line["stack_problems"] = json!(stack.problems);
+                }
                 writeln!(out, "{line}")
             }
             Format::Text => {
@@ -385,7 +666,12 @@ impl EventPrinter {
                         None => write!(out, " ?")?,
                     }
                 }
-                writeln!(out)
+                writeln!(out)?;
+                if let Some(stack) = stack {
+                    write!(out, "{}", stack_text(stack, "        "))?;
+                    writeln!(out)?;
+                }
+                Ok(())
             }
         }
     }
@@ -405,6 +691,8 @@ mod tests {
             types: vec![vec![ArgType::Signed]],
             started_ns: 0,
             count: 0,
+            stacks: None,
+            announcements_only: false,
         };
         // SAFETY: UsdtEvent is plain old data; all zeroes is a valid value.
         let mut event: UsdtEvent = unsafe { std::mem::zeroed() };
@@ -414,14 +702,14 @@ mod tests {
         event.arg_count = 1;
         event.args[0] = -3i64 as u64;
         let mut out = Vec::new();
-        printer.print(&mut out, &event).unwrap();
+        printer.print(&mut out, &event, None).unwrap();
         assert_eq!(
             String::from_utf8(out).unwrap(),
             "    1.500000       7       8 usdt:/tmp/a\\x07:p\\x1b[31m:n\\x0d -3\n"
         );
         printer.format = Format::Json;
         let mut out = Vec::new();
-        printer.print(&mut out, &event).unwrap();
+        printer.print(&mut out, &event, None).unwrap();
         let line = String::from_utf8(out).unwrap();
         assert!(
             line.contains(r#""probe":"usdt:/tmp/a\u0007:p\u001b[31m:n\r""#),
@@ -445,6 +733,8 @@ mod tests {
             ]],
             started_ns: 0,
             count: 0,
+            stacks: None,
+            announcements_only: false,
         };
         // SAFETY: UsdtEvent is plain old data; all zeroes is a valid value.
         let mut event: UsdtEvent = unsafe { std::mem::zeroed() };
@@ -458,7 +748,7 @@ mod tests {
         ]);
         event.unavailable = 0b10000;
         let mut out = Vec::new();
-        printer.print(&mut out, &event).unwrap();
+        printer.print(&mut out, &event, None).unwrap();
         let text = String::from_utf8(out).unwrap();
         assert!(
             text.ends_with(" usdt:/a:p:n 18446744073709551615 -2 -1.25 2.5 ?\n"),
@@ -466,7 +756,7 @@ mod tests {
         );
         printer.format = Format::Json;
         let mut out = Vec::new();
-        printer.print(&mut out, &event).unwrap();
+        printer.print(&mut out, &event, None).unwrap();
         let line: serde_json::Value = serde_json::from_slice(&out).unwrap();
         assert_eq!(
             line["args"],
