@@ -338,3 +338,91 @@ fn says_when_a_stack_is_incomplete() {
         );
     }
 }
+
+/// `--unwind dwarf` on the target built without frame pointers: each hit's stack is
+/// unwound from a copy of its stack with the binary's call frame information, so the
+/// counts come under whole stacks (main, run_X, path_X), which frame pointers could not
+/// walk, and the per-event stacks reach the thread's start.
+#[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+fn dwarf_unwinding_gives_whole_stacks_without_frame_pointers() {
+    require_privileged();
+    let bin = compile_target(
+        "gcc",
+        "src/hitstacks/hitstacks.c",
+        "hitstacks-dwarf",
+        &["-fomit-frame-pointer"],
+    );
+    let out = out_dir("hit-stacks-dwarf");
+    let probe = format!("usdt:{}:hitstacks:hit", bin.display());
+    let run = run_tracer(&[
+        "trace",
+        "--count",
+        "--stack",
+        "--unwind",
+        "dwarf",
+        "-o",
+        out.to_str().unwrap(),
+        &probe,
+        "--",
+        bin.to_str().unwrap(),
+        "30",
+        "70",
+    ]);
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let folded = std::fs::read_to_string(out.join("hits.folded")).unwrap();
+    let lines = folded_lines(&folded);
+    assert_eq!(lines.len(), 2, "{folded}");
+    for (path, run, n) in [("path_a", "run_a", 30), ("path_b", "run_b", 70)] {
+        let (frames, count) = lines
+            .iter()
+            .find(|(frames, _)| frames.last().map(String::as_str) == Some(path))
+            .unwrap_or_else(|| panic!("no stack ending in {path}:\n{folded}"));
+        assert_eq!(*count, n, "{folded}");
+        assert!(
+            in_order(frames, &[&probe, "_start", "main", run, path]),
+            "{frames:?}"
+        );
+        assert!(!frames.iter().any(|f| f.starts_with('[')), "{frames:?}");
+    }
+    assert!(stdout.contains("]: 100\n"), "{stdout}");
+
+    let run = run_tracer(&[
+        "trace",
+        "--stack",
+        "--unwind",
+        "dwarf",
+        "--format",
+        "json",
+        &probe,
+        "--",
+        bin.to_str().unwrap(),
+        "1",
+        "1",
+    ]);
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    let events: Vec<serde_json::Value> = stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .filter(|v: &serde_json::Value| v.get("probe").is_some())
+        .collect();
+    assert_eq!(events.len(), 2, "{stdout}");
+    for event in &events {
+        let names: Vec<&str> = event["stack"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f["function"].as_str().unwrap())
+            .collect();
+        assert!(names[0].starts_with("path_"), "{event}");
+        assert!(names[1].starts_with("run_"), "{event}");
+        assert_eq!(names[2], "main", "{event}");
+        assert_eq!(names.last(), Some(&"_start"), "{event}");
+        assert_eq!(event["stack_problems"], serde_json::json!([]), "{event}");
+    }
+}

@@ -303,6 +303,11 @@ pub mod site_flags {
     /// Take the user and kernel stacks of every hit: into the event, or (counting) as
     /// the key of `HIT_STACKS` (`tracer trace --stack`).
     pub const STACKS: u8 = 16;
+    /// With `STACKS`, in events: the user stack as a snapshot of registers and stack
+    /// bytes sent to `UNWIND_SAMPLES` for DWARF unwinding in user space (the event's
+    /// user stack id is the snapshot's id), by frame pointers when the ring is full
+    /// (`trace --stack --unwind dwarf`).
+    pub const STACK_SNAPSHOT: u8 = 32;
 }
 
 /// `UsdtSite::task_arg` value meaning "the task is the thread that hit the probe" (the

@@ -9,8 +9,8 @@ use aya_ebpf::{
 };
 use tracer_common::{
     HitStackKey, LatencyProcessKey, LatencyStartKey, LatencyStats, MAX_LATENCIES,
-    MAX_LATENCIES_PER_PROBE, MAX_USDT_ARGS, STACK_NOT_TAKEN, UsdtEvent, UsdtSite, counter,
-    histogram, site_flags, target_filter,
+    MAX_LATENCIES_PER_PROBE, MAX_USDT_ARGS, NO_STACK, STACK_NOT_TAKEN, UsdtEvent, UsdtSite,
+    counter, histogram, site_flags, target_filter,
 };
 
 use crate::{
@@ -18,6 +18,7 @@ use crate::{
     USDT_EVENTS, USDT_SPECS,
     args::{Registers, decode_arg},
     count, count_by,
+    snapshot::{self, Regs},
     stacks::stack_id,
 };
 
@@ -81,6 +82,36 @@ fn hit_stacks(ctx: &ProbeContext, site: &UsdtSite) -> (i32, i32) {
     // A uprobe fires in user mode: the kernel stack is normally NO_STACK (nothing
     // below the trap), taken anyway so a probe hit in a system call would show one.
     (stack_id(ctx, BPF_F_USER_STACK as u64), stack_id(ctx, 0))
+}
+
+/// [`hit_stacks`] for an event: with `STACK_SNAPSHOT`, the user stack is a snapshot sent
+/// before the event (so user space has it when the event arrives), its id in the event.
+/// Not in `hit_stacks`: the counting program, which never snapshots, is not made longer
+/// to verify.
+#[inline(always)]
+fn event_stacks(ctx: &ProbeContext, site: &UsdtSite, pid_tgid: u64) -> (i32, i32) {
+    if site.flags & site_flags::STACK_SNAPSHOT == 0 {
+        return hit_stacks(ctx, site);
+    }
+    let regs = ctx.regs;
+    // SAFETY: a uprobe's context is the user registers at the probe, readable directly.
+    let regs = unsafe {
+        Regs {
+            ip: (*regs).rip,
+            sp: (*regs).rsp,
+            bp: (*regs).rbp,
+            cs: (*regs).cs,
+        }
+    };
+    let id = crate::offcpu::next_snapshot_id();
+    let (tgid, tid) = ((pid_tgid >> 32) as u32, pid_tgid as u32);
+    let user = if snapshot::send(&regs, tgid, tid, NO_STACK, id as u32) {
+        id
+    } else {
+        count(counter::UNWIND_RING_FULL);
+        stack_id(ctx, BPF_F_USER_STACK as u64)
+    };
+    (user, stack_id(ctx, 0))
 }
 
 /// One more hit of this probe in this process with these stacks (`--count --stack`).
@@ -234,7 +265,7 @@ fn emit_event<const MAX_ARGS: usize>(ctx: &ProbeContext, site: &UsdtSite, pid_tg
     };
     let event = entry.as_mut_ptr();
     let arg_count = (site.arg_count as usize).min(MAX_ARGS).min(MAX_USDT_ARGS);
-    let (user_stack_id, kernel_stack_id) = hit_stacks(ctx, site);
+    let (user_stack_id, kernel_stack_id) = event_stacks(ctx, site, pid_tgid);
     let regs = Registers::snapshot(ctx);
     // Read failures (negative helper results) are OR-ed together and counted once, without
     // a branch: branches on them would multiply the paths the verifier walks, and so its

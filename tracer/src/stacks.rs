@@ -330,13 +330,16 @@ fn stack_error(kind: &str, id: i32) -> String {
 /// Names the stacks of one hit of process `maps` (`None`: it exited before its mappings
 /// were read): `user_id` and `kernel_id` as the kernel gave them (ids in `STACKS` or
 /// negative errnos, `tracer_common::STACK_NOT_TAKEN` when not asked for). A kernel
-/// stack that is not there is not a problem: USDT probes fire in user mode.
+/// stack that is not there is not a problem: USDT probes fire in user mode. `short_why`
+/// says why a user stack that ends before a thread's start likely does (how it was
+/// walked).
 pub fn hit_stack(
     user_id: i32,
     kernel_id: i32,
     stacks: &(impl StackSource + ?Sized),
     symbolizer: &mut StackSymbolizer,
     maps: Option<&ProcessMaps>,
+    short_why: &str,
 ) -> HitStack {
     let mut hit = HitStack::default();
     if kernel_id >= 0 {
@@ -398,7 +401,7 @@ pub fn hit_stack(
             } else {
                 format!(
                     "user stack incomplete: it stops at {} rather than at a thread's start \
-                 (a caller without frame pointers?)",
+                 ({short_why})",
                     user.last().map_or(UNKNOWN, |f| f.name.as_str())
                 )
             });
@@ -469,7 +472,8 @@ mod tests {
         let mut symbolizer = StackSymbolizer::new();
         let no_stack = tracer_common::NO_STACK;
         let not_taken = tracer_common::STACK_NOT_TAKEN;
-        let mut hit = |user, kernel, maps| hit_stack(user, kernel, &stacks, &mut symbolizer, maps);
+        let mut hit =
+            |user, kernel, maps| hit_stack(user, kernel, &stacks, &mut symbolizer, maps, "why");
         assert_eq!(hit(not_taken, not_taken, None), HitStack::default());
         assert_eq!(hit(no_stack, no_stack, None).problems, ["no user stack"]);
         assert_eq!(

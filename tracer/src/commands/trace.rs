@@ -8,7 +8,7 @@ use tokio::io::{Interest, unix::AsyncFd};
 use tracer_common::{UsdtArg, UsdtEvent, counter};
 
 use crate::{
-    cli::{Format, TraceConfig},
+    cli::{Format, TraceConfig, UnwindMethod},
     console::{OutputError, OutputStream},
     launch::PausedChild,
     loader::{Features, Loader, RecordRing, Settings},
@@ -20,6 +20,7 @@ use crate::{
     symbolize::{ProcessMaps, StackSymbolizer},
     targets::{self, TargetSpec, TargetTracker},
     text::escape_text,
+    unwind::{DwarfUnwinder, Snapshot, UnwindEnd},
     usdt::{self, Scope},
 };
 
@@ -91,7 +92,9 @@ pub fn run(config: TraceConfig) -> Result<()> {
         .iter()
         .map(SiteInput::try_from)
         .collect::<Result<Vec<_>, _>>()?;
-    let mode = if config.count {
+    let dwarf = config.stack && config.unwind == UnwindMethod::Dwarf;
+    // Stacks unwound here come one per hit, so DWARF counts are made from events.
+    let mode = if config.count && !dwarf {
         SiteMode::Count
     } else {
         SiteMode::Events
@@ -99,7 +102,9 @@ pub fn run(config: TraceConfig) -> Result<()> {
     // One process's sites are attached for it alone; a set's for every process mapping
     // the files, the kernel keeping the targets' hits.
     let mut plan = ProbePlan::build(&inputs, &[], &[], mode, single)?;
-    if config.stack {
+    if dwarf {
+        plan.take_stack_snapshots();
+    } else if config.stack {
         plan.take_stacks();
     }
     for arg in &plan.unavailable_args {
@@ -119,6 +124,10 @@ pub fn run(config: TraceConfig) -> Result<()> {
     let mut loader = Loader::load(&Settings {
         targets: targets.clone(),
         ring_buffer_bytes: config.ring_buffer_bytes,
+        unwind_ring_bytes: match dwarf {
+            true => UNWIND_RING_BYTES,
+            false => Settings::default().unwind_ring_bytes,
+        },
         plan_sizes: Some(plan.sizes()),
         features: Features {
             // Counting by stack announces each new stack through the event ring.
@@ -133,6 +142,10 @@ pub fn run(config: TraceConfig) -> Result<()> {
         .attach_usdt_sites(&plan.usdt_sites(), warm_up)
         .map_err(|e| on_target(e.into()))?;
     let events = loader.take_events()?;
+    let snapshots = match dwarf {
+        true => Some(loader.take_unwind_samples()?),
+        false => None,
+    };
     // Ctrl-C from the moment the line below is printed (and the command runs) must stop
     // the trace, not kill us.
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -160,8 +173,9 @@ pub fn run(config: TraceConfig) -> Result<()> {
         types,
         started_ns: stop::monotonic_ns(),
         count: 0,
-        stacks: config.stack.then(StackNamer::new),
-        announcements_only: config.count,
+        stacks: config.stack.then(|| StackNamer::new(snapshots)),
+        counting: config.count,
+        counted: HashMap::new(),
     };
     // Standard output has a writer thread of its own: a reader that stalls never keeps
     // the tracer from stopping (and detaching) when asked.
@@ -203,14 +217,20 @@ pub fn run(config: TraceConfig) -> Result<()> {
     }
     if config.count {
         let by_stack = match printer.stacks.as_mut() {
-            Some(namer) => Some(stack_counts(&loader, &plan, namer, &config)?),
+            Some(namer) => {
+                let counts = match dwarf {
+                    true => std::mem::take(&mut printer.counted).into_iter().collect(),
+                    false => kernel_stack_counts(&loader, namer)?,
+                };
+                Some(stack_counts(&loader, &plan, counts, &config)?)
+            }
             None => None,
         };
         let text = count_text(&loader, &plan, config.format, by_stack.as_ref())?;
         out.send_blocking(text.into_bytes(), 0);
     }
     let (written, output) = out.finish();
-    // Stack announcements of a count are not events the user sees.
+    // The events of a count (stack announcements, or hits to unwind) are not printed.
     let (written, printed) = match config.count {
         true => (0, 0),
         false => (written, printer.count),
@@ -292,6 +312,9 @@ fn count_text(
     Ok(text)
 }
 
+/// Size of the ring of stack snapshots (16 KiB each) with `--unwind dwarf`.
+const UNWIND_RING_BYTES: u32 = 32 << 20;
+
 /// How many of the most frequent stacks the text summary shows.
 const TOP_STACKS: usize = 10;
 
@@ -330,7 +353,8 @@ impl StackCounts {
         }
         for (probe, n) in &self.not_counted {
             text += &format!(
-                "{n} hits of {} not counted by stack: the stack count map was full\n",
+                "{n} hits of {} not counted by stack: no room in the kernel's stack count map \
+                 (or, with --unwind dwarf, its event ring)\n",
                 escape_text(probe)
             );
         }
@@ -338,20 +362,32 @@ impl StackCounts {
     }
 }
 
+/// Hits by probe and named stack as the kernel counted them (frame pointers).
+fn kernel_stack_counts(
+    loader: &Loader,
+    namer: &mut StackNamer,
+) -> Result<Vec<((u32, HitStack), u64)>> {
+    let mut counts = Vec::new();
+    for (key, count) in loader.hit_stacks()? {
+        let stack = namer.name(loader, key.tgid, key.user_stack_id, key.kernel_stack_id);
+        counts.push(((key.probe_id, stack), count));
+    }
+    Ok(counts)
+}
+
 /// Hits by probe and named stack, folded with the probe as the root frame and written
 /// as `hits.folded` and `hits.svg` into the output directory.
 fn stack_counts(
     loader: &Loader,
     plan: &ProbePlan,
-    namer: &mut StackNamer,
+    counts: Vec<((u32, HitStack), u64)>,
     config: &TraceConfig,
 ) -> Result<StackCounts> {
     let mut by_stack: HashMap<(u32, HitStack), u64> = HashMap::new();
     let mut counted_by_probe = vec![0u64; plan.probes.len()];
-    for (key, count) in loader.hit_stacks()? {
-        let stack = namer.name(loader, key.tgid, key.user_stack_id, key.kernel_stack_id);
-        *by_stack.entry((key.probe_id, stack.clone())).or_default() += count;
-        if let Some(n) = counted_by_probe.get_mut(key.probe_id as usize) {
+    for ((probe_id, stack), count) in counts {
+        *by_stack.entry((probe_id, stack)).or_default() += count;
+        if let Some(n) = counted_by_probe.get_mut(probe_id as usize) {
             *n += count;
         }
     }
@@ -453,20 +489,81 @@ fn stack_json(stack: &HitStack) -> serde_json::Value {
 
 /// Names the stacks of hits, each distinct one once, in the mappings of its process as
 /// they were when it was first seen (read then: a process that exits is still named).
-#[derive(Default)]
 struct StackNamer {
     symbolizer: StackSymbolizer,
     /// `None`: could not be read (the process exited).
     maps: HashMap<u32, Option<ProcessMaps>>,
     named: HashMap<(u32, i32, i32), HitStack>,
+    /// `--unwind dwarf`: the snapshot ring, and the stacks unwound from it by snapshot
+    /// id until their events take them.
+    snapshots: Option<RecordRing>,
+    unwinder: DwarfUnwinder,
+    unwound: HashMap<i32, (Vec<u64>, UnwindEnd)>,
+}
+
+/// One unwound user stack as a stack source, for [`stacks::hit_stack`].
+struct OneStack<'a> {
+    id: i32,
+    addrs: &'a [u64],
+    others: &'a dyn StackSource,
+}
+
+impl StackSource for OneStack<'_> {
+    fn stack(&self, id: i32) -> Vec<u64> {
+        match id == self.id {
+            true => self.addrs.to_vec(),
+            false => self.others.stack(id),
+        }
+    }
 }
 
 impl StackNamer {
-    fn new() -> Self {
-        Self::default()
+    fn new(snapshots: Option<RecordRing>) -> Self {
+        Self {
+            symbolizer: StackSymbolizer::new(),
+            maps: HashMap::new(),
+            named: HashMap::new(),
+            snapshots,
+            unwinder: DwarfUnwinder::new(),
+            unwound: HashMap::new(),
+        }
     }
 
-    /// The stacks of a hit of process `tgid`, ids in `stacks`.
+    /// Reads the mappings of process `tgid` unless already read.
+    fn observe(&mut self, tgid: u32) {
+        self.maps.entry(tgid).or_insert_with(|| {
+            // An exited process not yet reaped still has a maps file, empty.
+            ProcessMaps::capture(tgid)
+                .ok()
+                .filter(|maps| maps.mapped_files().next().is_some())
+        });
+    }
+
+    /// Unwinds the snapshots waiting: each is sent before its event, so an event finds
+    /// its snapshot unwound here.
+    fn unwind_snapshots(&mut self) {
+        let Some(mut ring) = self.snapshots.take() else {
+            return;
+        };
+        ring.drain(|record| {
+            let Some(snapshot) = Snapshot::parse(record) else {
+                return;
+            };
+            self.observe(snapshot.tgid);
+            let unwound = match self.maps.get(&snapshot.tgid).and_then(Option::as_ref) {
+                Some(maps) => {
+                    let (stack, end) = self.unwinder.unwind_one(&snapshot, maps);
+                    (stack.addrs, end)
+                }
+                // Named later as the address of a process gone, and said so.
+                None => (vec![snapshot.ip], UnwindEnd::Complete),
+            };
+            self.unwound.insert(snapshot.snapshot_id as i32, unwound);
+        });
+        self.snapshots = Some(ring);
+    }
+
+    /// The stacks of a hit of process `tgid`, ids in `stacks` (or a snapshot's).
     fn name(
         &mut self,
         stacks: &dyn StackSource,
@@ -474,23 +571,67 @@ impl StackNamer {
         user_id: i32,
         kernel_id: i32,
     ) -> HitStack {
+        if user_id >= tracer_common::FIRST_SNAPSHOT_ID {
+            return self.name_unwound(stacks, tgid, user_id, kernel_id);
+        }
         if let Some(stack) = self.named.get(&(tgid, user_id, kernel_id)) {
             return stack.clone();
         }
-        let maps = self.maps.entry(tgid).or_insert_with(|| {
-            // An exited process not yet reaped still has a maps file, empty.
-            ProcessMaps::capture(tgid)
-                .ok()
-                .filter(|maps| maps.mapped_files().next().is_some())
-        });
-        let stack = stacks::hit_stack(
+        self.observe(tgid);
+        let mut stack = stacks::hit_stack(
             user_id,
             kernel_id,
             stacks,
             &mut self.symbolizer,
-            maps.as_ref(),
+            self.maps.get(&tgid).and_then(Option::as_ref),
+            "a caller without frame pointers?",
         );
+        if self.snapshots.is_some() && user_id >= 0 {
+            stack
+                .problems
+                .push("walked by frame pointers: the snapshot ring buffer was full".into());
+        }
         self.named.insert((tgid, user_id, kernel_id), stack.clone());
+        stack
+    }
+
+    /// The stacks of a hit whose user stack is snapshot `id`, unwound. Not kept: each
+    /// snapshot is one hit's.
+    fn name_unwound(
+        &mut self,
+        stacks: &dyn StackSource,
+        tgid: u32,
+        id: i32,
+        kernel_id: i32,
+    ) -> HitStack {
+        let Some((addrs, end)) = self.unwound.remove(&id) else {
+            let not_taken = tracer_common::STACK_NOT_TAKEN;
+            let mut stack = self.name(stacks, tgid, not_taken, kernel_id);
+            stack
+                .problems
+                .push("user stack snapshot lost before it was unwound".into());
+            return stack;
+        };
+        let one = OneStack {
+            id,
+            addrs: &addrs,
+            others: stacks,
+        };
+        self.observe(tgid);
+        let mut stack = stacks::hit_stack(
+            id,
+            kernel_id,
+            &one,
+            &mut self.symbolizer,
+            self.maps.get(&tgid).and_then(Option::as_ref),
+            "no unwind information or frame pointer there",
+        );
+        if end == UnwindEnd::OutOfStack {
+            stack.problems.push(format!(
+                "user stack deeper than the {} KiB copied",
+                tracer_common::UNWIND_STACK_BYTES / 1024
+            ));
+        }
         stack
     }
 }
@@ -584,9 +725,11 @@ struct EventPrinter {
     count: u64,
     /// With `--stack`: names each event's stacks.
     stacks: Option<StackNamer>,
-    /// Counting (`--count --stack`): the events only announce new stacks, to be named
-    /// now, and are not printed.
-    announcements_only: bool,
+    /// Counting (`--count --stack`): events are not printed. They announce new stacks
+    /// to name now (frame pointers), or are hits, counted here by stack (DWARF).
+    counting: bool,
+    /// Hits by probe and stack, from events (`--count --stack --unwind dwarf`).
+    counted: HashMap<(u32, HitStack), u64>,
 }
 
 impl EventPrinter {
@@ -594,6 +737,9 @@ impl EventPrinter {
     fn format(&mut self, ring: &mut RecordRing, stacks: &dyn StackSource) -> (Vec<u8>, u64) {
         let mut out = Vec::new();
         let mut count = 0;
+        if let Some(namer) = self.stacks.as_mut() {
+            namer.unwind_snapshots();
+        }
         ring.drain(|item| {
             if item.len() < std::mem::size_of::<UsdtEvent>() {
                 return;
@@ -609,7 +755,13 @@ impl EventPrinter {
                     event.kernel_stack_id,
                 )
             });
-            if self.announcements_only {
+            if self.counting {
+                // Frame-pointer counts are the kernel's; an event there only announced.
+                if let Some(stack) = stack
+                    && event.user_stack_id >= tracer_common::FIRST_SNAPSHOT_ID
+                {
+                    *self.counted.entry((event.probe_id, stack)).or_default() += 1;
+                }
                 return;
             }
             // Writing into a Vec cannot fail.
@@ -692,7 +844,8 @@ mod tests {
             started_ns: 0,
             count: 0,
             stacks: None,
-            announcements_only: false,
+            counting: false,
+            counted: HashMap::new(),
         };
         // SAFETY: UsdtEvent is plain old data; all zeroes is a valid value.
         let mut event: UsdtEvent = unsafe { std::mem::zeroed() };
@@ -734,7 +887,8 @@ mod tests {
             started_ns: 0,
             count: 0,
             stacks: None,
-            announcements_only: false,
+            counting: false,
+            counted: HashMap::new(),
         };
         // SAFETY: UsdtEvent is plain old data; all zeroes is a valid value.
         let mut event: UsdtEvent = unsafe { std::mem::zeroed() };
