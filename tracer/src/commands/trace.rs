@@ -1,4 +1,6 @@
-//! `tracer trace PROBE... [-- CMD]`: one line per probe hit with its decoded arguments.
+//! `tracer trace PROBE... [-- CMD]`: one line per probe hit with its decoded arguments,
+//! or counts per probe; with `--stack`, each hit's stack after its line, or counts per
+//! stack written as a flame graph.
 
 use std::{collections::HashMap, num::NonZeroU32};
 
