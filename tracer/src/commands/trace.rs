@@ -501,6 +501,8 @@ struct StackNamer {
     snapshots: Option<RecordRing>,
     unwinder: DwarfUnwinder,
     unwound: HashMap<i32, (Vec<u64>, UnwindEnd)>,
+    /// Unwound stacks named, by process, addresses and kernel stack: hits repeat stacks.
+    named_unwound: HashMap<(u32, Vec<u64>, i32), HitStack>,
 }
 
 /// One unwound user stack as a stack source, for [`stacks::hit_stack`].
@@ -528,6 +530,7 @@ impl StackNamer {
             snapshots,
             unwinder: DwarfUnwinder::new(),
             unwound: HashMap::new(),
+            named_unwound: HashMap::new(),
         }
     }
 
@@ -606,6 +609,10 @@ impl StackNamer {
         id: i32,
         kernel_id: i32,
     ) -> HitStack {
+        if !self.unwound.contains_key(&id) {
+            // Sent after the ring was last drained, before its event was read.
+            self.unwind_snapshots();
+        }
         let Some((addrs, end)) = self.unwound.remove(&id) else {
             let not_taken = tracer_common::STACK_NOT_TAKEN;
             let mut stack = self.name(stacks, tgid, not_taken, kernel_id);
@@ -614,9 +621,13 @@ impl StackNamer {
                 .push("user stack snapshot lost before it was unwound".into());
             return stack;
         };
+        let key = (tgid, addrs, kernel_id);
+        if let Some(stack) = self.named_unwound.get(&key) {
+            return stack.clone();
+        }
         let one = OneStack {
             id,
-            addrs: &addrs,
+            addrs: &key.1,
             others: stacks,
         };
         self.observe(tgid);
@@ -634,6 +645,7 @@ impl StackNamer {
                 tracer_common::UNWIND_STACK_BYTES / 1024
             ));
         }
+        self.named_unwound.insert(key, stack.clone());
         stack
     }
 }
@@ -758,9 +770,12 @@ impl EventPrinter {
                 )
             });
             if self.counting {
-                // Frame-pointer counts are the kernel's; an event there only announced.
+                // Frame-pointer counts are the kernel's, an event there only announced; with
+                // snapshots every event is a hit (walked by frame pointers when the
+                // snapshot ring was full).
+                let unwinds = self.stacks.as_ref().is_some_and(|n| n.snapshots.is_some());
                 if let Some(stack) = stack
-                    && event.user_stack_id >= tracer_common::FIRST_SNAPSHOT_ID
+                    && unwinds
                 {
                     *self.counted.entry((event.probe_id, stack)).or_default() += 1;
                 }
