@@ -264,6 +264,9 @@ pub struct FrameLine {
     pub kernel: bool,
     /// Inlined into the frame that follows it (same address).
     pub inlined: bool,
+    /// Found by following a frame pointer in a stack otherwise unwound with call frame
+    /// information (`--unwind dwarf`), marked as the profiles mark it.
+    pub by_frame_pointer: bool,
 }
 
 impl FrameLine {
@@ -281,14 +284,18 @@ impl FrameLine {
         if self.inlined {
             text += " [inlined]";
         }
+        if self.by_frame_pointer {
+            text += FRAME_POINTER_SUFFIX;
+        }
         text
     }
 
     /// The frame's name in folded stacks and flame graphs (kernel frames marked).
     pub fn folded_name(&self) -> String {
-        match self.kernel {
-            true => format!("{}{KERNEL_SUFFIX}", self.name),
-            false => self.name.clone(),
+        match (self.kernel, self.by_frame_pointer) {
+            (true, _) => format!("{}{KERNEL_SUFFIX}", self.name),
+            (false, true) => format!("{}{FRAME_POINTER_SUFFIX}", self.name),
+            (false, false) => self.name.clone(),
         }
     }
 }
@@ -348,7 +355,7 @@ pub fn hit_stack(
         let names: Vec<&str> = frames.iter().map(|f| f.name.as_str()).collect();
         let ours = names.len() - without_bpf_frames(names).len();
         hit.frames
-            .extend(lines(frames.into_iter().skip(ours), true, ours > 0));
+            .extend(lines(frames.into_iter().skip(ours), true, ours > 0, &[]));
     } else if kernel_id != tracer_common::NO_STACK && kernel_id != tracer_common::STACK_NOT_TAKEN {
         hit.problems.push(stack_error("kernel", kernel_id));
     }
@@ -368,7 +375,12 @@ pub fn hit_stack(
     let user = match maps {
         Some(maps) => {
             let frames = symbolizer.user_stacks(maps, &[&addrs]).remove(0);
-            lines(frames, false, false)
+            lines(
+                frames,
+                false,
+                false,
+                &stacks.user_frames_by_frame_pointer(user_id),
+            )
         }
         None => {
             hit.problems.push(
@@ -383,6 +395,7 @@ pub fn hit_stack(
                     module: None,
                     kernel: false,
                     inlined: false,
+                    by_frame_pointer: false,
                 })
                 .collect()
         }
@@ -414,16 +427,20 @@ pub fn hit_stack(
 /// address but the first is a return address, looked up one byte earlier: its offset
 /// is shown as the return address's, as bpftrace shows it. `after_ours`: the first
 /// frame is a return address too (the frames before it, the tracer's, were dropped).
+/// `by_frame_pointer`: per address, whether it was found by a frame pointer (empty: no
+/// marks).
 fn lines<'f>(
     frames: impl IntoIterator<Item = &'f Frame>,
     kernel: bool,
     after_ours: bool,
+    by_frame_pointer: &[bool],
 ) -> Vec<FrameLine> {
-    let mut address = usize::from(after_ours);
+    let mut address = 0;
     frames
         .into_iter()
         .map(|frame| {
-            let returns = address > 0;
+            let returns = address > 0 || after_ours;
+            let fp = by_frame_pointer.get(address).copied().unwrap_or(false);
             if !frame.inlined {
                 address += 1;
             }
@@ -433,6 +450,7 @@ fn lines<'f>(
                 module: frame.module.clone(),
                 kernel,
                 inlined: frame.inlined,
+                by_frame_pointer: fp,
             }
         })
         .collect()
@@ -513,12 +531,24 @@ mod tests {
             frame("helper", true, None),
             frame("caller", false, Some(9)),
         ];
-        let lines = lines(&frames, false, false);
+        let lines = lines(&frames, false, false, &[]);
         let texts: Vec<String> = lines.iter().map(FrameLine::text).collect();
         assert_eq!(
             texts,
             ["leaf+4 (app)", "helper (app) [inlined]", "caller+10 (app)"]
         );
+        // The second address found by its frame pointer: it and what was inlined there.
+        let marked = super::lines(&frames, false, false, &[false, true]);
+        let texts: Vec<String> = marked.iter().map(FrameLine::text).collect();
+        assert_eq!(
+            texts,
+            [
+                "leaf+4 (app)",
+                "helper (app) [inlined] [fp]",
+                "caller+10 (app) [fp]"
+            ]
+        );
+        assert_eq!(marked[2].folded_name(), "caller [fp]");
         let kernel = lines_of_kernel();
         assert_eq!(kernel.text(), "do_syscall_64+8 ([kernel])");
         assert_eq!(kernel.folded_name(), "do_syscall_64_[k]");
@@ -531,7 +561,7 @@ mod tests {
             inlined: false,
             offset: Some(7),
         };
-        lines([&frame], true, true).remove(0)
+        lines([&frame], true, true, &[]).remove(0)
     }
 
     #[test]

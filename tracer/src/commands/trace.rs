@@ -22,7 +22,7 @@ use crate::{
     symbolize::{ProcessMaps, StackSymbolizer},
     targets::{self, TargetSpec, TargetTracker},
     text::escape_text,
-    unwind::{DwarfUnwinder, Snapshot, UnwindEnd},
+    unwind::{DwarfUnwinder, Snapshot, UnwindEnd, UnwoundStack},
     usdt::{self, Scope},
 };
 
@@ -500,23 +500,30 @@ struct StackNamer {
     /// id until their events take them.
     snapshots: Option<RecordRing>,
     unwinder: DwarfUnwinder,
-    unwound: HashMap<i32, (Vec<u64>, UnwindEnd)>,
+    unwound: HashMap<i32, (UnwoundStack, UnwindEnd)>,
     /// Unwound stacks named, by process, addresses and kernel stack: hits repeat stacks.
-    named_unwound: HashMap<(u32, Vec<u64>, i32), HitStack>,
+    named_unwound: HashMap<(u32, UnwoundStack, i32), HitStack>,
 }
 
 /// One unwound user stack as a stack source, for [`stacks::hit_stack`].
 struct OneStack<'a> {
     id: i32,
-    addrs: &'a [u64],
+    unwound: &'a UnwoundStack,
     others: &'a dyn StackSource,
 }
 
 impl StackSource for OneStack<'_> {
     fn stack(&self, id: i32) -> Vec<u64> {
         match id == self.id {
-            true => self.addrs.to_vec(),
+            true => self.unwound.addrs.clone(),
             false => self.others.stack(id),
+        }
+    }
+
+    fn user_frames_by_frame_pointer(&self, id: i32) -> Vec<bool> {
+        match id == self.id {
+            true => self.unwound.by_frame_pointer.clone(),
+            false => Vec::new(),
         }
     }
 }
@@ -556,12 +563,15 @@ impl StackNamer {
             };
             self.observe(snapshot.tgid);
             let unwound = match self.maps.get(&snapshot.tgid).and_then(Option::as_ref) {
-                Some(maps) => {
-                    let (stack, end) = self.unwinder.unwind_one(&snapshot, maps);
-                    (stack.addrs, end)
-                }
+                Some(maps) => self.unwinder.unwind_one(&snapshot, maps),
                 // Named later as the address of a process gone, and said so.
-                None => (vec![snapshot.ip], UnwindEnd::Complete),
+                None => (
+                    UnwoundStack {
+                        addrs: vec![snapshot.ip],
+                        by_frame_pointer: vec![false],
+                    },
+                    UnwindEnd::Complete,
+                ),
             };
             self.unwound.insert(snapshot.snapshot_id as i32, unwound);
         });
@@ -613,7 +623,7 @@ impl StackNamer {
             // Sent after the ring was last drained, before its event was read.
             self.unwind_snapshots();
         }
-        let Some((addrs, end)) = self.unwound.remove(&id) else {
+        let Some((unwound, end)) = self.unwound.remove(&id) else {
             let not_taken = tracer_common::STACK_NOT_TAKEN;
             let mut stack = self.name(stacks, tgid, not_taken, kernel_id);
             stack
@@ -621,13 +631,13 @@ impl StackNamer {
                 .push("user stack snapshot lost before it was unwound".into());
             return stack;
         };
-        let key = (tgid, addrs, kernel_id);
+        let key = (tgid, unwound, kernel_id);
         if let Some(stack) = self.named_unwound.get(&key) {
             return stack.clone();
         }
         let one = OneStack {
             id,
-            addrs: &key.1,
+            unwound: &key.1,
             others: stacks,
         };
         self.observe(tgid);
