@@ -426,3 +426,54 @@ fn dwarf_unwinding_gives_whole_stacks_without_frame_pointers() {
         assert_eq!(event["stack_problems"], serde_json::json!([]), "{event}");
     }
 }
+
+/// A Rust runtime's GC probe: `gc-demo` starts each collection (`tracer:gc__begin`) in
+/// `gc_demo::run_collections`, called from `gc_demo::main` inside a thread scope: every
+/// hit is counted under that stack, Rust names demangled (paths, generics).
+#[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+fn counts_a_rust_runtimes_gc_starts_by_stack() {
+    require_privileged();
+    let gc_demo = env!("CARGO_BIN_EXE_gc-demo");
+    let out = out_dir("hit-stacks-gc");
+    let probe = format!("usdt:{gc_demo}:tracer:gc__begin");
+    let run = run_tracer(&[
+        "trace",
+        "--count",
+        "--stack",
+        "-o",
+        out.to_str().unwrap(),
+        &probe,
+        "--",
+        gc_demo,
+        "--gcs",
+        "5",
+        "--pause-ms",
+        "2",
+        "--interval-ms",
+        "2",
+    ]);
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let folded = std::fs::read_to_string(out.join("hits.folded")).unwrap();
+    let lines = folded_lines(&folded);
+    assert_eq!(lines.values().sum::<u64>(), 5, "{folded}");
+    for frames in lines.keys() {
+        assert!(
+            in_order(
+                frames,
+                &[&probe, "main", "gc_demo::main", "gc_demo::run_collections"]
+            ),
+            "{frames:?}"
+        );
+        assert!(
+            frames
+                .iter()
+                .any(|f| f.starts_with("std::thread::scoped::scope::<")),
+            "generic Rust functions demangled: {frames:?}"
+        );
+    }
+}
