@@ -51,6 +51,8 @@ pub mod map_names {
     pub const LATENCY_BY_PROCESS: &str = "LATENCY_BY_PROCESS";
     /// The per-CPU buffer where an event with strings is assembled.
     pub const USDT_STR_SCRATCH: &str = "USDT_STR_SCRATCH";
+    /// Probe hits by process and stacks (`trace --count --stack`, [`super::HitStackKey`]).
+    pub const HIT_STACKS: &str = "HIT_STACKS";
     /// Every name above, for the test that each is in the eBPF object.
     pub const ALL: &[&str] = &[
         USDT_SPECS,
@@ -74,6 +76,7 @@ pub mod map_names {
         TARGETS,
         LATENCY_BY_PROCESS,
         USDT_STR_SCRATCH,
+        HIT_STACKS,
     ];
 }
 
@@ -303,6 +306,14 @@ pub mod site_flags {
     pub const TASK_PAUSE: u8 = 4;
     /// The probe says a task finished: forget its state.
     pub const TASK_FINISH: u8 = 8;
+    /// Take the user and kernel stacks of every hit: into the event, or (counting) as
+    /// the key of `HIT_STACKS` (`tracer trace --stack`).
+    pub const STACKS: u8 = 16;
+    /// With `STACKS`, in events: the user stack as a snapshot of registers and stack
+    /// bytes sent to `UNWIND_SAMPLES` for DWARF unwinding in user space (the event's
+    /// user stack id is the snapshot's id), by frame pointers when the ring is full
+    /// (`trace --stack --unwind dwarf`).
+    pub const STACK_SNAPSHOT: u8 = 32;
 }
 
 /// `UsdtSite::task_arg` value meaning "the task is the thread that hit the probe" (the
@@ -403,8 +414,28 @@ pub struct UsdtEvent {
     pub arg_count: u16,
     /// [`UsdtSite::unavailable`] of the site that was hit.
     pub unavailable: u16,
+    /// Ids in `STACKS` (or negative errnos) of the user and kernel stacks at the hit;
+    /// [`STACK_NOT_TAKEN`] unless the site has `site_flags::STACKS`.
+    pub user_stack_id: i32,
+    pub kernel_stack_id: i32,
     /// Each argument widened to 64 bits (sign-extended when signed).
     pub args: [u64; MAX_USDT_ARGS],
+}
+
+/// Stack id of events whose site was not asked for stacks: no errno, so never taken for
+/// a stack that failed.
+pub const STACK_NOT_TAKEN: i32 = i32::MIN + 1;
+
+/// Key of `HIT_STACKS`: the probe, the process (its user stack's addresses are named in
+/// its mappings) and the stacks at the hit (ids in `STACKS`, or negative errnos). The
+/// value is how many hits.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct HitStackKey {
+    pub probe_id: u32,
+    pub tgid: u32,
+    pub user_stack_id: i32,
+    pub kernel_stack_id: i32,
 }
 
 /// Key of `LATENCY_STARTS`: a latency open on a thread (the value is its start time).
@@ -661,6 +692,7 @@ mod pod {
         UsdtSite,
         UsdtEvent,
         UsdtStrHeader,
+        HitStackKey,
         LatencyStartKey,
         LatencyStats,
         TargetProcess,

@@ -24,9 +24,10 @@ use aya_ebpf::{
     programs::{BtfTracePointContext, PerfEventContext, ProbeContext},
 };
 use tracer_common::{
-    LastSnapshot, LatencyProcessKey, LatencyStartKey, LatencyStats, MAX_LATENCIES, MAX_PROBES,
-    MAX_USDT_SITES, OffCpuKey, OffCpuStart, OffCpuTotal, OnCpuKey, ProbeHits, SnapshotCheck,
-    TargetProcess, TaskId, TaskKey, TaskState, UsdtSite, UsdtStrEvent, control, counter, histogram,
+    HitStackKey, LastSnapshot, LatencyProcessKey, LatencyStartKey, LatencyStats, MAX_LATENCIES,
+    MAX_PROBES, MAX_USDT_SITES, OffCpuKey, OffCpuStart, OffCpuTotal, OnCpuKey, ProbeHits,
+    SnapshotCheck, TargetProcess, TaskId, TaskKey, TaskState, UsdtSite, UsdtStrEvent, control,
+    counter, histogram,
 };
 
 /// Per-site argument specs and latency roles, indexed by the uprobe's BPF cookie.
@@ -64,6 +65,12 @@ static LATENCY_STATS: PerCpuArray<LatencyStats> = PerCpuArray::with_max_entries(
 /// come: most runs have one).
 #[map]
 static LATENCY_BY_PROCESS: PerCpuHashMap<LatencyProcessKey, LatencyStats> =
+    PerCpuHashMap::with_max_entries(16384, NO_PREALLOC);
+
+/// Hits by probe, process and stacks (`trace --count --stack`); one entry unless user
+/// space sizes it before load. Per CPU: two CPUs may count the same stack at once.
+#[map]
+static HIT_STACKS: PerCpuHashMap<HitStackKey, u64> =
     PerCpuHashMap::with_max_entries(16384, NO_PREALLOC);
 
 /// The processes traced, when more than one can be (see `targets`).

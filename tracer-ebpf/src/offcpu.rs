@@ -141,7 +141,7 @@ fn still_valid(snapshot_id: i32, sp: u64) -> bool {
 /// in the low bits, from [`FIRST_SNAPSHOT_ID`]. Ids repeat after 2^22 snapshots on one
 /// CPU (64 GiB of stack copies).
 #[inline(always)]
-fn next_snapshot_id() -> i32 {
+pub(crate) fn next_snapshot_id() -> i32 {
     const CPU_BITS: u32 = 8;
     const SEQ_MASK: u32 = (1 << (30 - CPU_BITS)) - 1;
     let cpu = unsafe { bpf_get_smp_processor_id() } & ((1 << CPU_BITS) - 1);

@@ -5,22 +5,25 @@ use core::intrinsics::{AtomicOrdering, atomic_xadd};
 
 use aya_ebpf::{
     EbpfContext as _,
+    bindings::BPF_F_USER_STACK,
     helpers::{bpf_ktime_get_ns, generated::bpf_get_attach_cookie},
     programs::ProbeContext,
 };
 use aya_log_ebpf::debug;
 use tracer_common::{
-    LatencyProcessKey, LatencyStartKey, LatencyStats, MAX_LATENCIES, MAX_LATENCIES_PER_PROBE,
-    MAX_STR_ARGS, MAX_STR_LEN, MAX_USDT_ARGS, STR_LENGTH_MASK, STR_OFFSET_MASK, UsdtEvent,
-    UsdtSite, UsdtStrEvent, UsdtStrHeader, counter, histogram, site_flags, str_read_size,
-    target_filter,
+    HitStackKey, LatencyProcessKey, LatencyStartKey, LatencyStats, MAX_LATENCIES,
+    MAX_LATENCIES_PER_PROBE, MAX_STR_ARGS, MAX_STR_LEN, MAX_USDT_ARGS, NO_STACK, STACK_NOT_TAKEN,
+    STR_LENGTH_MASK, STR_OFFSET_MASK, UsdtEvent, UsdtSite, UsdtStrEvent, UsdtStrHeader, counter,
+    histogram, site_flags, str_read_size, target_filter,
 };
 
 use crate::{
-    LATENCY_BY_PROCESS, LATENCY_HIST, LATENCY_STARTS, LATENCY_STATS, PROBE_HITS, USDT_EVENTS,
-    USDT_SPECS, USDT_STR_SCRATCH,
+    HIT_STACKS, LATENCY_BY_PROCESS, LATENCY_HIST, LATENCY_STARTS, LATENCY_STATS, PROBE_HITS,
+    USDT_EVENTS, USDT_SPECS, USDT_STR_SCRATCH,
     args::{Registers, decode_arg, read_user_str},
     count, count_by,
+    snapshot::{self, Regs},
+    stacks::stack_id,
 };
 
 /// The site whose uprobe fired, found through the link's BPF cookie, counted as a hit,
@@ -57,6 +60,9 @@ pub fn on_hit<const TASKS: bool>(ctx: &ProbeContext) {
     let Some((site, pid_tgid)) = hit_site(ctx) else {
         return;
     };
+    if site.flags & site_flags::STACKS != 0 {
+        count_stacks(ctx, site, pid_tgid);
+    }
     let task_flags = site_flags::TASK_RUN | site_flags::TASK_PAUSE | site_flags::TASK_FINISH;
     let task_switch = TASKS && site.flags & task_flags != 0;
     if site.latency_begin_count == 0 && site.latency_end_count == 0 && !task_switch {
@@ -69,6 +75,99 @@ pub fn on_hit<const TASKS: bool>(ctx: &ProbeContext) {
     if task_switch {
         crate::tasks::on_task_probe(ctx, site, pid_tgid, now);
     }
+}
+
+/// The (user, kernel) stack ids at a hit when its site takes stacks.
+#[inline(always)]
+fn hit_stacks(ctx: &ProbeContext, site: &UsdtSite) -> (i32, i32) {
+    if site.flags & site_flags::STACKS == 0 {
+        return (STACK_NOT_TAKEN, STACK_NOT_TAKEN);
+    }
+    // A uprobe fires in user mode: the kernel stack is normally NO_STACK (nothing
+    // below the trap), taken anyway so a probe hit in a system call would show one.
+    (stack_id(ctx, BPF_F_USER_STACK as u64), stack_id(ctx, 0))
+}
+
+/// [`hit_stacks`] for an event: with `STACK_SNAPSHOT`, the user stack is a snapshot sent
+/// before the event (so user space has it when the event arrives), its id in the event.
+/// Not in `hit_stacks`: the counting program, which never snapshots, is not made longer
+/// to verify.
+#[inline(always)]
+fn event_stacks(ctx: &ProbeContext, site: &UsdtSite, pid_tgid: u64) -> (i32, i32) {
+    if site.flags & site_flags::STACK_SNAPSHOT == 0 {
+        return hit_stacks(ctx, site);
+    }
+    let regs = ctx.regs;
+    // SAFETY: a uprobe's context is the user registers at the probe, readable directly.
+    let regs = unsafe {
+        Regs {
+            ip: (*regs).rip,
+            sp: (*regs).rsp,
+            bp: (*regs).rbp,
+            cs: (*regs).cs,
+        }
+    };
+    let id = crate::offcpu::next_snapshot_id();
+    let (tgid, tid) = ((pid_tgid >> 32) as u32, pid_tgid as u32);
+    let user = if snapshot::send(&regs, tgid, tid, NO_STACK, id as u32) {
+        id
+    } else {
+        count(counter::UNWIND_RING_FULL);
+        stack_id(ctx, BPF_F_USER_STACK as u64)
+    };
+    (user, stack_id(ctx, 0))
+}
+
+/// One more hit of this probe in this process with these stacks (`--count --stack`).
+#[inline(always)]
+fn count_stacks(ctx: &ProbeContext, site: &UsdtSite, pid_tgid: u64) {
+    let (user_stack_id, kernel_stack_id) = hit_stacks(ctx, site);
+    let key = HitStackKey {
+        probe_id: site.probe_id,
+        tgid: (pid_tgid >> 32) as u32,
+        user_stack_id,
+        kernel_stack_id,
+    };
+    match HIT_STACKS.get_ptr_mut(&key) {
+        // SAFETY: per-CPU value, no concurrent writer on this CPU.
+        Some(hits) => unsafe { *hits += 1 },
+        None => {
+            if HIT_STACKS.insert(&key, &1, 0).is_err() {
+                count(counter::MAP_FULL);
+                return;
+            }
+            announce_stack(&key, pid_tgid);
+        }
+    }
+}
+
+/// Tells user space of a stack counted for the first time, as an event without
+/// arguments: it names the stack while the process (and its mappings) still exist,
+/// rather than at the end, when a short-lived one is gone. Best effort: without room
+/// in the ring, user space reads the process's mappings later, if it still runs.
+#[inline(always)]
+fn announce_stack(key: &HitStackKey, pid_tgid: u64) {
+    let Some(mut entry) = USDT_EVENTS.reserve::<UsdtEvent>(0) else {
+        return;
+    };
+    let event = entry.as_mut_ptr();
+    // SAFETY: `event` points at a reserved, writable ring buffer slot of the right size;
+    // every field is written before submit.
+    unsafe {
+        (*event).ts_ns = bpf_ktime_get_ns();
+        (*event).pid = (pid_tgid >> 32) as u32;
+        (*event).tid = pid_tgid as u32;
+        (*event).probe_id = key.probe_id;
+        (*event).arg_count = 0;
+        (*event).unavailable = 0;
+        (*event).user_stack_id = key.user_stack_id;
+        (*event).kernel_stack_id = key.kernel_stack_id;
+        // Volatile for the reason given in `emit_event`.
+        for i in 0..MAX_USDT_ARGS {
+            core::ptr::write_volatile(&mut (*event).args[i], 0);
+        }
+    }
+    entry.submit(0);
 }
 
 /// Every hit with its decoded arguments, through the ring buffer (`tracer trace`).
@@ -312,6 +411,7 @@ fn fill_event<const MAX_ARGS: usize>(
     event: *mut UsdtEvent,
 ) -> i64 {
     let arg_count = (site.arg_count as usize).min(MAX_ARGS).min(MAX_USDT_ARGS);
+    let (user_stack_id, kernel_stack_id) = event_stacks(ctx, site, pid_tgid);
     let regs = Registers::snapshot(ctx);
     // Read failures (negative helper results) are OR-ed together and counted once, without
     // a branch: branches on them would multiply the paths the verifier walks, and so its
@@ -326,6 +426,8 @@ fn fill_event<const MAX_ARGS: usize>(
         (*event).probe_id = site.probe_id;
         (*event).arg_count = arg_count as u16;
         (*event).unavailable = site.unavailable;
+        (*event).user_stack_id = user_stack_id;
+        (*event).kernel_stack_id = kernel_stack_id;
         // Volatile stores, so the compiler does not turn them into a call to a memset loop
         // that the verifier would walk byte by byte.
         for i in 0..MAX_USDT_ARGS {

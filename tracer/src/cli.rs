@@ -224,6 +224,21 @@ pub struct TraceArgs {
     /// `postgresql:query__*:arg0:256`). May be repeated; not with --count.
     #[arg(long = "str", value_name = "[[PROVIDER:]NAME:]argN[:LEN]")]
     pub strings: Vec<String>,
+    /// The user and kernel stacks of each hit (frame pointers), printed after its line
+    /// (a `stack` array in JSON); with --count, hits are counted per stack and written
+    /// as folded stacks and a flame graph into --output.
+    #[arg(long)]
+    pub stack: bool,
+    /// How --stack walks user stacks: `fp` (frame pointers, in the kernel: cheapest, and
+    /// counted in the kernel with --count) or `dwarf` (the binaries' call frame
+    /// information, unwound here from a 16 KiB copy of the stack sent with each hit: for
+    /// binaries without frame pointers, as `profile --unwind dwarf`).
+    #[arg(long, value_enum, default_value_t = UnwindMethod::Fp, requires = "stack")]
+    pub unwind: UnwindMethod,
+    /// Directory for the flame graph (SVG) and folded stacks of `--count --stack`
+    /// [default: tracer-trace].
+    #[arg(long = "output", short = 'o', requires_all = ["count", "stack"])]
+    pub output: Option<PathBuf>,
     /// Probes as bpftrace writes them: usdt:PATH:PROVIDER:NAME (wildcards allowed; with
     /// --pid the path may be `*` or a library name).
     #[arg(required = true, value_name = "PROBE")]
@@ -458,6 +473,12 @@ pub struct TraceConfig {
     pub format: Format,
     pub duration: Option<Duration>,
     pub count: bool,
+    /// Stacks at every hit (`--stack`).
+    pub stack: bool,
+    /// How `--stack` walks user stacks.
+    pub unwind: UnwindMethod,
+    /// Where `--count --stack` writes its flame graph.
+    pub output_dir: PathBuf,
     pub ring_buffer_bytes: u32,
     /// Arguments shown as strings (`--str`).
     pub strings: Vec<StringRequest>,
@@ -498,6 +519,9 @@ impl TryFrom<TraceArgs> for TraceConfig {
             format: args.format,
             duration: args.duration.as_deref().map(parse_duration).transpose()?,
             count: args.count,
+            stack: args.stack,
+            unwind: args.unwind,
+            output_dir: args.output.unwrap_or_else(|| PathBuf::from("tracer-trace")),
             ring_buffer_bytes: parse_buffer_size("ring-buffer", &args.ring_buffer)?,
             strings,
             probes: args.probes,
@@ -957,5 +981,29 @@ mod tests {
             Cli::try_parse_from(["tracer", "trace"]).is_err(),
             "a probe is required"
         );
+    }
+
+    /// `--stack` walks frame pointers unless told otherwise; `--unwind` and `-o` only
+    /// mean something with the stacks (and `-o` with their counts).
+    #[test]
+    fn trace_stack_options() {
+        let config = |args: &[&str]| {
+            let mut all = vec!["tracer", "trace", "usdt:./a:p:n"];
+            all.extend_from_slice(args);
+            let Command::Trace(args) = Cli::try_parse_from(all)?.command else {
+                panic!()
+            };
+            Ok::<_, clap::Error>(TraceConfig::try_from(args).unwrap())
+        };
+        let fp = config(&["--stack"]).unwrap();
+        assert!(fp.stack && fp.unwind == UnwindMethod::Fp);
+        assert_eq!(fp.output_dir, PathBuf::from("tracer-trace"));
+        let dwarf = config(&["--stack", "--unwind", "dwarf", "-c", "-o", "d"]).unwrap();
+        assert!(dwarf.count && dwarf.unwind == UnwindMethod::Dwarf);
+        assert_eq!(dwarf.output_dir, PathBuf::from("d"));
+        assert!(!config(&[]).unwrap().stack);
+        assert!(config(&["--unwind", "dwarf"]).is_err());
+        assert!(config(&["--stack", "-o", "d"]).is_err());
+        assert!(config(&["--count", "-o", "d"]).is_err());
     }
 }

@@ -164,6 +164,22 @@ impl ProbePlan {
             .collect()
     }
 
+    /// Every site takes the user and kernel stacks of its hits (`trace --stack`): into
+    /// its events, or counted by stack.
+    pub fn take_stacks(&mut self) {
+        for planned in &mut self.sites {
+            planned.site.flags |= site_flags::STACKS;
+        }
+    }
+
+    /// [`ProbePlan::take_stacks`], user stacks as snapshots for DWARF unwinding (events
+    /// only).
+    pub fn take_stack_snapshots(&mut self) {
+        for planned in &mut self.sites {
+            planned.site.flags |= site_flags::STACKS | site_flags::STACK_SNAPSHOT;
+        }
+    }
+
     /// Where each site's uprobe goes, in the order of [`ProbePlan::usdt_sites`].
     pub fn attachments(&self) -> Vec<UsdtAttachment> {
         self.sites.iter().map(|p| p.attachment.clone()).collect()

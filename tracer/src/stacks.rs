@@ -251,6 +251,211 @@ pub fn user_frame_names<'f>(
         .collect()
 }
 
+/// One frame of a stack printed a frame a line, as bpftrace prints `ustack` and
+/// `kstack`: `name+OFFSET (module)`, the offset in decimal as bpftrace has it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct FrameLine {
+    pub name: String,
+    /// How far into the function the address is (a return address for every frame but
+    /// the innermost), when a symbol named it.
+    pub offset: Option<u64>,
+    /// The object's file name; `None` for kernel and unknown frames.
+    pub module: Option<String>,
+    pub kernel: bool,
+    /// Inlined into the frame that follows it (same address).
+    pub inlined: bool,
+    /// Found by following a frame pointer in a stack otherwise unwound with call frame
+    /// information (`--unwind dwarf`), marked as the profiles mark it.
+    pub by_frame_pointer: bool,
+}
+
+impl FrameLine {
+    /// `name+OFFSET (module)`, `[inlined]` after functions inlined into the next frame.
+    pub fn text(&self) -> String {
+        let mut text = self.name.clone();
+        if let Some(offset) = self.offset {
+            text += &format!("+{offset}");
+        }
+        match (&self.module, self.kernel) {
+            (Some(module), _) => text += &format!(" ({module})"),
+            (None, true) => text += " ([kernel])",
+            (None, false) => {}
+        }
+        if self.inlined {
+            text += " [inlined]";
+        }
+        if self.by_frame_pointer {
+            text += FRAME_POINTER_SUFFIX;
+        }
+        text
+    }
+
+    /// The frame's name in folded stacks and flame graphs (kernel frames marked).
+    pub fn folded_name(&self) -> String {
+        match (self.kernel, self.by_frame_pointer) {
+            (true, _) => format!("{}{KERNEL_SUFFIX}", self.name),
+            (false, true) => format!("{}{FRAME_POINTER_SUFFIX}", self.name),
+            (false, false) => self.name.clone(),
+        }
+    }
+}
+
+/// The stacks of one probe hit named for printing: innermost first, the kernel frames
+/// (if the hit was in the kernel) before the user frames, as the hit's thread ran them;
+/// and what is missing from them, said rather than left out.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct HitStack {
+    pub frames: Vec<FrameLine>,
+    pub problems: Vec<String>,
+}
+
+/// Where every complete user stack starts: a thread's first function, in glibc or musl.
+/// A frame-pointer stack that ends elsewhere lost its outer frames (a function without
+/// frame pointers broke the chain).
+const THREAD_ROOTS: &[&str] = &[
+    "_start",
+    "__libc_start_main",
+    "__libc_start_call_main",
+    "__libc_start_main_impl",
+    "start_thread",
+    "clone",
+    "clone3",
+    "__clone",
+    "__clone3",
+];
+
+/// What a negative stack id from the kernel means.
+fn stack_error(kind: &str, id: i32) -> String {
+    match -id {
+        libc::EFAULT => format!("no {kind} stack"),
+        libc::EEXIST => format!("{kind} stack not recorded: the stack map had a hash collision"),
+        libc::ENOMEM => format!("{kind} stack not recorded: the stack map is full"),
+        errno => format!("{kind} stack not recorded (error {errno})"),
+    }
+}
+
+/// Names the stacks of one hit of process `maps` (`None`: it exited before its mappings
+/// were read): `user_id` and `kernel_id` as the kernel gave them (ids in `STACKS` or
+/// negative errnos, `tracer_common::STACK_NOT_TAKEN` when not asked for). A kernel
+/// stack that is not there is not a problem: USDT probes fire in user mode. `short_why`
+/// says why a user stack that ends before a thread's start likely does (how it was
+/// walked).
+pub fn hit_stack(
+    user_id: i32,
+    kernel_id: i32,
+    stacks: &(impl StackSource + ?Sized),
+    symbolizer: &mut StackSymbolizer,
+    maps: Option<&ProcessMaps>,
+    short_why: &str,
+) -> HitStack {
+    let mut hit = HitStack::default();
+    if kernel_id >= 0 {
+        let addrs = stacks.stack(kernel_id);
+        let frames = symbolizer.kernel_stacks(&[&addrs]).remove(0);
+        let names: Vec<&str> = frames.iter().map(|f| f.name.as_str()).collect();
+        let ours = names.len() - without_bpf_frames(names).len();
+        hit.frames
+            .extend(lines(frames.into_iter().skip(ours), true, ours > 0, &[]));
+    } else if kernel_id != tracer_common::NO_STACK && kernel_id != tracer_common::STACK_NOT_TAKEN {
+        hit.problems.push(stack_error("kernel", kernel_id));
+    }
+    if user_id == tracer_common::STACK_NOT_TAKEN {
+        return hit;
+    }
+    if user_id < 0 {
+        hit.problems.push(stack_error("user", user_id));
+        return hit;
+    }
+    let addrs = stacks.stack(user_id);
+    if addrs.is_empty() {
+        hit.problems
+            .push("user stack missing from the stack map".to_string());
+        return hit;
+    }
+    let user = match maps {
+        Some(maps) => {
+            let frames = symbolizer.user_stacks(maps, &[&addrs]).remove(0);
+            lines(
+                frames,
+                false,
+                false,
+                &stacks.user_frames_by_frame_pointer(user_id),
+            )
+        }
+        None => {
+            hit.problems.push(
+                "the process exited before its mappings were read: user frames unnamed".to_string(),
+            );
+            addrs
+                .iter()
+                .take_while(|&&a| a != 0)
+                .map(|&addr| FrameLine {
+                    name: format!("{addr:#x}"),
+                    offset: None,
+                    module: None,
+                    kernel: false,
+                    inlined: false,
+                    by_frame_pointer: false,
+                })
+                .collect()
+        }
+    };
+    let reaches_root = user
+        .last()
+        .is_some_and(|f| THREAD_ROOTS.contains(&f.name.as_str()));
+    if maps.is_some() && !reaches_root {
+        let depth = addrs.iter().take_while(|&&a| a != 0).count();
+        hit.problems
+            .push(if depth >= tracer_common::MAX_STACK_DEPTH {
+                format!(
+                    "user stack cut at {} frames",
+                    tracer_common::MAX_STACK_DEPTH
+                )
+            } else {
+                format!(
+                    "user stack incomplete: it stops at {} rather than at a thread's start \
+                 ({short_why})",
+                    user.last().map_or(UNKNOWN, |f| f.name.as_str())
+                )
+            });
+    }
+    hit.frames.extend(user);
+    hit
+}
+
+/// Lines of one stack's frames (innermost first, as the symbolizer gives them). Every
+/// address but the first is a return address, looked up one byte earlier: its offset
+/// is shown as the return address's, as bpftrace shows it. `after_ours`: the first
+/// frame is a return address too (the frames before it, the tracer's, were dropped).
+/// `by_frame_pointer`: per address, whether it was found by a frame pointer (empty: no
+/// marks).
+fn lines<'f>(
+    frames: impl IntoIterator<Item = &'f Frame>,
+    kernel: bool,
+    after_ours: bool,
+    by_frame_pointer: &[bool],
+) -> Vec<FrameLine> {
+    let mut address = 0;
+    frames
+        .into_iter()
+        .map(|frame| {
+            let returns = address > 0 || after_ours;
+            let fp = by_frame_pointer.get(address).copied().unwrap_or(false);
+            if !frame.inlined {
+                address += 1;
+            }
+            FrameLine {
+                name: frame.name.clone(),
+                offset: frame.offset.map(|o| o + u64::from(returns)),
+                module: frame.module.clone(),
+                kernel,
+                inlined: frame.inlined,
+                by_frame_pointer: fp,
+            }
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -267,12 +472,105 @@ mod tests {
         assert_eq!(without_bpf_frames(untouched.clone()), untouched);
     }
 
+    /// Stacks by id, as the kernel's map would hold them.
+    struct FakeStacks(Vec<Vec<u64>>);
+
+    impl StackSource for FakeStacks {
+        fn stack(&self, id: i32) -> Vec<u64> {
+            self.0.get(id as usize).cloned().unwrap_or_default()
+        }
+    }
+
+    /// A stack that cannot be shown whole says why, and shows what it has; a missing
+    /// kernel stack (a uprobe fires in user mode) is no problem, not asked-for stacks
+    /// neither.
+    #[test]
+    fn hit_stacks_say_what_is_missing() {
+        let stacks = FakeStacks(vec![vec![0x1000, 0x2000, 0]]);
+        let mut symbolizer = StackSymbolizer::new();
+        let no_stack = tracer_common::NO_STACK;
+        let not_taken = tracer_common::STACK_NOT_TAKEN;
+        let mut hit =
+            |user, kernel, maps| hit_stack(user, kernel, &stacks, &mut symbolizer, maps, "why");
+        assert_eq!(hit(not_taken, not_taken, None), HitStack::default());
+        assert_eq!(hit(no_stack, no_stack, None).problems, ["no user stack"]);
+        assert_eq!(
+            hit(-libc::EEXIST, no_stack, None).problems,
+            ["user stack not recorded: the stack map had a hash collision"]
+        );
+        assert_eq!(
+            hit(not_taken, -libc::ENOMEM, None).problems,
+            ["kernel stack not recorded: the stack map is full"]
+        );
+        assert_eq!(
+            hit(5, no_stack, None).problems,
+            ["user stack missing from the stack map"]
+        );
+        // The process is gone: its addresses, unnamed, and why.
+        let gone = hit(0, no_stack, None);
+        let names: Vec<&str> = gone.frames.iter().map(|f| f.name.as_str()).collect();
+        assert_eq!(names, ["0x1000", "0x2000"]);
+        assert_eq!(
+            gone.problems,
+            ["the process exited before its mappings were read: user frames unnamed"]
+        );
+    }
+
+    /// The innermost frame's offset is its address's; every other's is its return
+    /// address's, one past the byte looked up.
+    #[test]
+    fn frame_lines_show_return_address_offsets() {
+        let frame = |name: &str, inlined, offset| Frame {
+            name: name.to_string(),
+            module: Some("app".to_string()),
+            inlined,
+            offset,
+        };
+        let frames = [
+            frame("leaf", false, Some(4)),
+            frame("helper", true, None),
+            frame("caller", false, Some(9)),
+        ];
+        let lines = lines(&frames, false, false, &[]);
+        let texts: Vec<String> = lines.iter().map(FrameLine::text).collect();
+        assert_eq!(
+            texts,
+            ["leaf+4 (app)", "helper (app) [inlined]", "caller+10 (app)"]
+        );
+        // The second address found by its frame pointer: it and what was inlined there.
+        let marked = super::lines(&frames, false, false, &[false, true]);
+        let texts: Vec<String> = marked.iter().map(FrameLine::text).collect();
+        assert_eq!(
+            texts,
+            [
+                "leaf+4 (app)",
+                "helper (app) [inlined] [fp]",
+                "caller+10 (app) [fp]"
+            ]
+        );
+        assert_eq!(marked[2].folded_name(), "caller [fp]");
+        let kernel = lines_of_kernel();
+        assert_eq!(kernel.text(), "do_syscall_64+8 ([kernel])");
+        assert_eq!(kernel.folded_name(), "do_syscall_64_[k]");
+    }
+
+    fn lines_of_kernel() -> FrameLine {
+        let frame = Frame {
+            name: "do_syscall_64".to_string(),
+            module: None,
+            inlined: false,
+            offset: Some(7),
+        };
+        lines([&frame], true, true, &[]).remove(0)
+    }
+
     #[test]
     fn marks_frames_found_by_frame_pointers() {
         let frame = |name: &str, inlined| Frame {
             name: name.to_string(),
             module: None,
             inlined,
+            offset: None,
         };
         // Three addresses: `leaf`; `helper` inlined into `middle`; `main`.
         let frames = vec![

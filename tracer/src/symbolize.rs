@@ -44,6 +44,9 @@ pub struct Frame {
     pub module: Option<String>,
     /// True for a function inlined into the frame that follows it in the stack.
     pub inlined: bool,
+    /// How far the address looked up is into the function, when a symbol named it (not
+    /// for inlined functions).
+    pub offset: Option<u64>,
 }
 
 impl Frame {
@@ -52,6 +55,7 @@ impl Frame {
             name: UNKNOWN.to_string(),
             module: None,
             inlined: false,
+            offset: None,
         }
     }
 
@@ -60,6 +64,7 @@ impl Frame {
             name: format!("{module}+{offset:#x}"),
             module: Some(module.to_string()),
             inlined: false,
+            offset: None,
         }
     }
 }
@@ -627,6 +632,7 @@ impl StackSymbolizer {
                         name,
                         module: Some(JIT_MODULE.to_string()),
                         inlined: false,
+                        offset: None,
                     },
                     None => fallback_frame(maps.locate(addr)),
                 });
@@ -825,18 +831,19 @@ fn until_zero(addrs: &[u64]) -> &[u64] {
 /// The frames of one symbolized address, innermost first: blazesym lists inlined
 /// calls outermost first, after the function that contains them.
 fn frames_of(sym: &Sym<'_>, module: Option<&str>) -> Vec<Frame> {
-    let frame = |name: &str, inlined| Frame {
+    let frame = |name: &str, inlined, offset| Frame {
         name: name.to_string(),
         module: module.map(str::to_string),
         inlined,
+        offset,
     };
     let mut frames: Vec<Frame> = sym
         .inlined
         .iter()
         .rev()
-        .map(|f| frame(&f.name, true))
+        .map(|f| frame(&f.name, true, None))
         .collect();
-    frames.push(frame(&sym.name, false));
+    frames.push(frame(&sym.name, false, Some(sym.offset as u64)));
     frames
 }
 

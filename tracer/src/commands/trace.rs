@@ -1,6 +1,8 @@
-//! `tracer trace PROBE... [-- CMD]`: one line per probe hit with its decoded arguments.
+//! `tracer trace PROBE... [-- CMD]`: one line per probe hit with its decoded arguments,
+//! or counts per probe; with `--stack`, each hit's stack after its line, or counts per
+//! stack written as a flame graph.
 
-use std::num::NonZeroU32;
+use std::{collections::HashMap, num::NonZeroU32};
 
 use anyhow::{Result, bail};
 use serde_json::json;
@@ -8,21 +10,30 @@ use tokio::io::{Interest, unix::AsyncFd};
 use tracer_common::{UsdtArg, UsdtEvent, UsdtStrHeader, counter};
 
 use crate::{
-    cli::{Format, TraceConfig},
+    cli::{Format, TraceConfig, UnwindMethod},
     console::{OutputError, OutputStream},
     launch::PausedChild,
     loader::{Features, Loader, RecordRing, Settings},
     privileges,
     probe_plan::{ProbePlan, SiteInput, SiteMode},
-    procfs,
+    procfs, render,
+    stacks::{self, HitStack, StackProfile, StackSource, Weight},
     stop::{self, ProcessWatch, StopReason},
+    symbolize::{ProcessMaps, StackSymbolizer},
     targets::{self, TargetSpec, TargetTracker},
     text::{escape_text, quote_bytes},
+    unwind::{DwarfUnwinder, Snapshot, UnwindEnd, UnwoundStack},
     usdt::{self, Scope},
 };
 
 pub fn run(config: TraceConfig) -> Result<()> {
     privileges::check()?;
+    let writes_stacks = config.count && config.stack;
+    if writes_stacks {
+        // Now rather than after the trace: a directory we cannot write fails the run
+        // before the target runs.
+        render::prepare_output_dir(&config.output_dir)?;
+    }
     let specs = config
         .probes
         .iter()
@@ -83,7 +94,9 @@ pub fn run(config: TraceConfig) -> Result<()> {
         .iter()
         .map(SiteInput::try_from)
         .collect::<Result<Vec<_>, _>>()?;
-    let mode = if config.count {
+    let dwarf = config.stack && config.unwind == UnwindMethod::Dwarf;
+    // Stacks unwound here come one per hit, so DWARF counts are made from events.
+    let mode = if config.count && !dwarf {
         SiteMode::Count
     } else {
         SiteMode::Events
@@ -92,6 +105,11 @@ pub fn run(config: TraceConfig) -> Result<()> {
     // the files, the kernel keeping the targets' hits.
     let mut plan = ProbePlan::build(&inputs, &[], &[], mode, single)?;
     plan.show_strings(&config.strings)?;
+    if dwarf {
+        plan.take_stack_snapshots();
+    } else if config.stack {
+        plan.take_stacks();
+    }
     for arg in &plan.unavailable_args {
         log::warn!(
             "{}: arg{} {}: unavailable, shown as {}",
@@ -109,9 +127,15 @@ pub fn run(config: TraceConfig) -> Result<()> {
     let mut loader = Loader::load(&Settings {
         targets: targets.clone(),
         ring_buffer_bytes: config.ring_buffer_bytes,
+        unwind_ring_bytes: match dwarf {
+            true => UNWIND_RING_BYTES,
+            false => Settings::default().unwind_ring_bytes,
+        },
         plan_sizes: Some(plan.sizes()),
         features: Features {
-            events: !config.count,
+            // Counting by stack announces each new stack through the event ring.
+            events: !config.count || config.stack,
+            hit_stacks: config.stack,
             ..Features::NONE
         },
         ..Settings::default()
@@ -123,6 +147,10 @@ pub fn run(config: TraceConfig) -> Result<()> {
     let probe_names: Vec<String> = plan.probes.iter().map(|p| p.specifier()).collect();
     let _diagnostics = loader.start_diagnostics(&probe_names);
     let events = loader.take_events()?;
+    let snapshots = match dwarf {
+        true => Some(loader.take_unwind_samples()?),
+        false => None,
+    };
     // Ctrl-C from the moment the line below is printed (and the command runs) must stop
     // the trace, not kill us.
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -150,6 +178,9 @@ pub fn run(config: TraceConfig) -> Result<()> {
         types,
         started_ns: stop::monotonic_ns(),
         count: 0,
+        stacks: config.stack.then(|| StackNamer::new(snapshots)),
+        counting: config.count,
+        counted: HashMap::new(),
     };
     // Standard output has a writer thread of its own: a reader that stalls never keeps
     // the tracer from stopping (and detaching) when asked.
@@ -168,7 +199,7 @@ pub fn run(config: TraceConfig) -> Result<()> {
             watch,
             config.duration,
             stop::either(
-                pump(&mut events, &mut printer, &out),
+                pump(&mut events, &mut printer, &loader, &out),
                 targets::track(tracker.as_mut()),
             ),
         )
@@ -184,16 +215,32 @@ pub fn run(config: TraceConfig) -> Result<()> {
     // reader takes it.
     let mut events = events;
     if reason != StopReason::OutputClosed {
-        let (bytes, count) = printer.format(&mut events);
+        let (bytes, count) = printer.format(&mut events, &loader);
         if count > 0 {
             out.send_blocking(bytes, count);
         }
     }
     if config.count {
-        out.send_blocking(count_text(&loader, &plan, config.format)?.into_bytes(), 0);
+        let by_stack = match printer.stacks.as_mut() {
+            Some(namer) => {
+                let counts = match dwarf {
+                    true => std::mem::take(&mut printer.counted).into_iter().collect(),
+                    false => kernel_stack_counts(&loader, namer)?,
+                };
+                Some(stack_counts(&loader, &plan, counts, &config)?)
+            }
+            None => None,
+        };
+        let text = count_text(&loader, &plan, config.format, by_stack.as_ref())?;
+        out.send_blocking(text.into_bytes(), 0);
     }
     let (written, output) = out.finish();
-    let not_written = printer.count.saturating_sub(written);
+    // The events of a count (stack announcements, or hits to unwind) are not printed.
+    let (written, printed) = match config.count {
+        true => (0, 0),
+        false => (written, printer.count),
+    };
+    let not_written = printed.saturating_sub(written);
     let lost = loader.counters()?[counter::EVENTS_LOST as usize];
     // Tracing has ended: so does the command.
     let exit = child.as_ref().and_then(|c| c.finish());
@@ -222,8 +269,15 @@ pub fn run(config: TraceConfig) -> Result<()> {
     Ok(())
 }
 
-/// Hits per probe, as bpftrace prints `@[probe] = count()` (or one JSON object).
-fn count_text(loader: &Loader, plan: &ProbePlan, format: Format) -> Result<String> {
+/// Hits per probe, as bpftrace prints `@[probe] = count()` (or one JSON object); with
+/// `by_stack`, then the most frequent stacks as bpftrace prints `@[ustack] = count()`
+/// (in JSON, `{"probes": {...}, "stacks": [...]}`).
+fn count_text(
+    loader: &Loader,
+    plan: &ProbePlan,
+    format: Format,
+    by_stack: Option<&StackCounts>,
+) -> Result<String> {
     let mut counts = Vec::new();
     for (id, probe) in plan.probes.iter().enumerate() {
         counts.push((probe.specifier(), loader.probe_hits(id as u32)?.count));
@@ -233,16 +287,380 @@ fn count_text(loader: &Loader, plan: &ProbePlan, format: Format) -> Result<Strin
         Format::Json => {
             let map: serde_json::Map<String, serde_json::Value> =
                 counts.into_iter().map(|(k, v)| (k, json!(v))).collect();
-            text = serde_json::Value::Object(map).to_string() + "\n";
+            let value = match by_stack {
+                None => serde_json::Value::Object(map),
+                Some(by_stack) => json!({
+                    "probes": map,
+                    "stacks": by_stack.stacks.iter().map(|s| json!({
+                        "probe": plan.probes[s.probe_id as usize].specifier(),
+                        "count": s.count,
+                        "stack": stack_json(&s.stack),
+                        "stack_problems": s.stack.problems,
+                    })).collect::<Vec<_>>(),
+                    "not_counted_by_stack": by_stack.not_counted,
+                    "folded": by_stack.files.folded,
+                    "svg": by_stack.files.svg,
+                }),
+            };
+            text = value.to_string() + "\n";
         }
         Format::Text => {
             counts.sort_by_key(|&(_, n)| n);
             for (probe, n) in counts {
                 text += &format!("@[{}]: {n}\n", escape_text(&probe));
             }
+            if let Some(by_stack) = by_stack {
+                text += &by_stack.text(plan);
+            }
         }
     }
     Ok(text)
+}
+
+/// Size of the ring of stack snapshots (16 KiB each) with `--unwind dwarf`.
+const UNWIND_RING_BYTES: u32 = 32 << 20;
+
+/// How many of the most frequent stacks the text summary shows.
+const TOP_STACKS: usize = 10;
+
+/// Hits counted by stack (`--count --stack`): most frequent first, with the files
+/// written.
+struct StackCounts {
+    stacks: Vec<CountedStack>,
+    /// Hits of the probe the stack map had no room to count by stack, per probe name.
+    not_counted: Vec<(String, u64)>,
+    files: render::ViewFiles,
+}
+
+struct CountedStack {
+    probe_id: u32,
+    count: u64,
+    stack: HitStack,
+}
+
+impl StackCounts {
+    fn text(&self, plan: &ProbePlan) -> String {
+        let mut text = format!(
+            "\n{} distinct stacks; flame graph {}, folded stacks {}\n",
+            self.stacks.len(),
+            self.files.svg.display(),
+            self.files.folded.display()
+        );
+        if self.stacks.len() > TOP_STACKS {
+            text += &format!("The {TOP_STACKS} most frequent:\n");
+        }
+        // Least frequent first, as bpftrace prints maps: the top one is nearest the prompt.
+        for counted in self.stacks.iter().take(TOP_STACKS).rev() {
+            let probe = plan.probes[counted.probe_id as usize].specifier();
+            text += &format!("@[{},\n", escape_text(&probe));
+            text += &stack_text(&counted.stack, "    ");
+            text += &format!("]: {}\n", counted.count);
+        }
+        for (probe, n) in &self.not_counted {
+            text += &format!(
+                "{n} hits of {} not counted by stack: no room in the kernel's stack count map \
+                 (or, with --unwind dwarf, its event ring)\n",
+                escape_text(probe)
+            );
+        }
+        text
+    }
+}
+
+/// Hits by probe and named stack as the kernel counted them (frame pointers).
+fn kernel_stack_counts(
+    loader: &Loader,
+    namer: &mut StackNamer,
+) -> Result<Vec<((u32, HitStack), u64)>> {
+    let mut counts = Vec::new();
+    for (key, count) in loader.hit_stacks()? {
+        let stack = namer.name(loader, key.tgid, key.user_stack_id, key.kernel_stack_id);
+        counts.push(((key.probe_id, stack), count));
+    }
+    Ok(counts)
+}
+
+/// Hits by probe and named stack, folded with the probe as the root frame and written
+/// as `hits.folded` and `hits.svg` into the output directory.
+fn stack_counts(
+    loader: &Loader,
+    plan: &ProbePlan,
+    counts: Vec<((u32, HitStack), u64)>,
+    config: &TraceConfig,
+) -> Result<StackCounts> {
+    let mut by_stack: HashMap<(u32, HitStack), u64> = HashMap::new();
+    let mut counted_by_probe = vec![0u64; plan.probes.len()];
+    for ((probe_id, stack), count) in counts {
+        *by_stack.entry((probe_id, stack)).or_default() += count;
+        if let Some(n) = counted_by_probe.get_mut(probe_id as usize) {
+            *n += count;
+        }
+    }
+    let mut not_counted = Vec::new();
+    for (id, probe) in plan.probes.iter().enumerate() {
+        let hits = loader.probe_hits(id as u32)?.count;
+        if hits > counted_by_probe[id] {
+            not_counted.push((probe.specifier(), hits - counted_by_probe[id]));
+        }
+    }
+    let mut profile = StackProfile::default();
+    for ((probe_id, stack), &count) in &by_stack {
+        profile.add(
+            folded_frames(&plan.probes[*probe_id as usize].specifier(), stack),
+            Weight {
+                events: count,
+                ns: 0,
+            },
+        );
+    }
+    let folded = render::flamegraph::FoldedStacks::of_events(&profile);
+    let files = render::write_folded_view(
+        &folded,
+        &config.output_dir,
+        "hits",
+        &render::flamegraph::SvgOptions {
+            title: "Probe hits by stack",
+            subtitle: None,
+            count_name: "hits",
+            palette: render::flamegraph::Palette::OnCpu,
+        },
+    )?;
+    let mut stacks: Vec<CountedStack> = by_stack
+        .into_iter()
+        .map(|((probe_id, stack), count)| CountedStack {
+            probe_id,
+            count,
+            stack,
+        })
+        .collect();
+    stacks.sort_by(|a, b| {
+        b.count
+            .cmp(&a.count)
+            .then(a.probe_id.cmp(&b.probe_id))
+            .then_with(|| a.stack.frames.len().cmp(&b.stack.frames.len()))
+    });
+    Ok(StackCounts {
+        stacks,
+        not_counted,
+        files,
+    })
+}
+
+/// A hit's frames root first under the probe's name; a stack with problems has a frame
+/// saying so right under the root, so the flame graph shows it too.
+fn folded_frames(probe: &str, stack: &HitStack) -> Vec<String> {
+    let mut frames = vec![probe.to_string()];
+    if !stack.problems.is_empty() {
+        frames.push(format!("[{}]", stack.problems.join("; ")));
+    }
+    frames.extend(
+        stack
+            .frames
+            .iter()
+            .rev()
+            .map(stacks::FrameLine::folded_name),
+    );
+    frames
+}
+
+/// A stack a frame a line, innermost first, each line after `indent`, then its
+/// problems in brackets.
+fn stack_text(stack: &HitStack, indent: &str) -> String {
+    let mut text = String::new();
+    for frame in &stack.frames {
+        text += &format!("{indent}{}\n", escape_text(&frame.text()));
+    }
+    for problem in &stack.problems {
+        text += &format!("{indent}[{}]\n", escape_text(problem));
+    }
+    text
+}
+
+fn stack_json(stack: &HitStack) -> serde_json::Value {
+    stack
+        .frames
+        .iter()
+        .map(|f| {
+            json!({
+                "function": f.name,
+                "offset": f.offset,
+                "module": f.module,
+                "kernel": f.kernel,
+                "inlined": f.inlined,
+            })
+        })
+        .collect()
+}
+
+/// Names the stacks of hits, each distinct one once, in the mappings of its process as
+/// they were when it was first seen (read then: a process that exits is still named).
+struct StackNamer {
+    symbolizer: StackSymbolizer,
+    /// `None`: could not be read (the process exited).
+    maps: HashMap<u32, Option<ProcessMaps>>,
+    named: HashMap<(u32, i32, i32), HitStack>,
+    /// `--unwind dwarf`: the snapshot ring, and the stacks unwound from it by snapshot
+    /// id until their events take them.
+    snapshots: Option<RecordRing>,
+    unwinder: DwarfUnwinder,
+    unwound: HashMap<i32, (UnwoundStack, UnwindEnd)>,
+    /// Unwound stacks named, by process, addresses and kernel stack: hits repeat stacks.
+    named_unwound: HashMap<(u32, UnwoundStack, i32), HitStack>,
+}
+
+/// One unwound user stack as a stack source, for [`stacks::hit_stack`].
+struct OneStack<'a> {
+    id: i32,
+    unwound: &'a UnwoundStack,
+    others: &'a dyn StackSource,
+}
+
+impl StackSource for OneStack<'_> {
+    fn stack(&self, id: i32) -> Vec<u64> {
+        match id == self.id {
+            true => self.unwound.addrs.clone(),
+            false => self.others.stack(id),
+        }
+    }
+
+    fn user_frames_by_frame_pointer(&self, id: i32) -> Vec<bool> {
+        match id == self.id {
+            true => self.unwound.by_frame_pointer.clone(),
+            false => Vec::new(),
+        }
+    }
+}
+
+impl StackNamer {
+    fn new(snapshots: Option<RecordRing>) -> Self {
+        Self {
+            symbolizer: StackSymbolizer::new(),
+            maps: HashMap::new(),
+            named: HashMap::new(),
+            snapshots,
+            unwinder: DwarfUnwinder::new(),
+            unwound: HashMap::new(),
+            named_unwound: HashMap::new(),
+        }
+    }
+
+    /// Reads the mappings of process `tgid` unless already read.
+    fn observe(&mut self, tgid: u32) {
+        self.maps.entry(tgid).or_insert_with(|| {
+            // An exited process not yet reaped still has a maps file, empty.
+            ProcessMaps::capture(tgid)
+                .ok()
+                .filter(|maps| maps.mapped_files().next().is_some())
+        });
+    }
+
+    /// Unwinds the snapshots waiting: each is sent before its event, so an event finds
+    /// its snapshot unwound here.
+    fn unwind_snapshots(&mut self) {
+        let Some(mut ring) = self.snapshots.take() else {
+            return;
+        };
+        ring.drain(|record| {
+            let Some(snapshot) = Snapshot::parse(record) else {
+                return;
+            };
+            self.observe(snapshot.tgid);
+            let unwound = match self.maps.get(&snapshot.tgid).and_then(Option::as_ref) {
+                Some(maps) => self.unwinder.unwind_one(&snapshot, maps),
+                // Named later as the address of a process gone, and said so.
+                None => (
+                    UnwoundStack {
+                        addrs: vec![snapshot.ip],
+                        by_frame_pointer: vec![false],
+                    },
+                    UnwindEnd::Complete,
+                ),
+            };
+            self.unwound.insert(snapshot.snapshot_id as i32, unwound);
+        });
+        self.snapshots = Some(ring);
+    }
+
+    /// The stacks of a hit of process `tgid`, ids in `stacks` (or a snapshot's).
+    fn name(
+        &mut self,
+        stacks: &dyn StackSource,
+        tgid: u32,
+        user_id: i32,
+        kernel_id: i32,
+    ) -> HitStack {
+        if user_id >= tracer_common::FIRST_SNAPSHOT_ID {
+            return self.name_unwound(stacks, tgid, user_id, kernel_id);
+        }
+        if let Some(stack) = self.named.get(&(tgid, user_id, kernel_id)) {
+            return stack.clone();
+        }
+        self.observe(tgid);
+        let mut stack = stacks::hit_stack(
+            user_id,
+            kernel_id,
+            stacks,
+            &mut self.symbolizer,
+            self.maps.get(&tgid).and_then(Option::as_ref),
+            "a caller without frame pointers?",
+        );
+        if self.snapshots.is_some() && user_id >= 0 {
+            stack
+                .problems
+                .push("walked by frame pointers: the snapshot ring buffer was full".into());
+        }
+        self.named.insert((tgid, user_id, kernel_id), stack.clone());
+        stack
+    }
+
+    /// The stacks of a hit whose user stack is snapshot `id`, unwound. Not kept: each
+    /// snapshot is one hit's.
+    fn name_unwound(
+        &mut self,
+        stacks: &dyn StackSource,
+        tgid: u32,
+        id: i32,
+        kernel_id: i32,
+    ) -> HitStack {
+        if !self.unwound.contains_key(&id) {
+            // Sent after the ring was last drained, before its event was read.
+            self.unwind_snapshots();
+        }
+        let Some((unwound, end)) = self.unwound.remove(&id) else {
+            let not_taken = tracer_common::STACK_NOT_TAKEN;
+            let mut stack = self.name(stacks, tgid, not_taken, kernel_id);
+            stack
+                .problems
+                .push("user stack snapshot lost before it was unwound".into());
+            return stack;
+        };
+        let key = (tgid, unwound, kernel_id);
+        if let Some(stack) = self.named_unwound.get(&key) {
+            return stack.clone();
+        }
+        let one = OneStack {
+            id,
+            unwound: &key.1,
+            others: stacks,
+        };
+        self.observe(tgid);
+        let mut stack = stacks::hit_stack(
+            id,
+            kernel_id,
+            &one,
+            &mut self.symbolizer,
+            self.maps.get(&tgid).and_then(Option::as_ref),
+            "no unwind information or frame pointer there",
+        );
+        if end == UnwindEnd::OutOfStack {
+            stack.problems.push(format!(
+                "user stack deeper than the {} KiB copied",
+                tracer_common::UNWIND_STACK_BYTES / 1024
+            ));
+        }
+        self.named_unwound.insert(key, stack.clone());
+        stack
+    }
 }
 
 /// How each argument of a probe is shown.
@@ -306,6 +724,7 @@ fn probe_arg_types(plan: &ProbePlan) -> Vec<Vec<ArgType>> {
 async fn pump(
     events: &mut AsyncFd<RecordRing>,
     printer: &mut EventPrinter,
+    stacks: &dyn StackSource,
     out: &OutputStream,
 ) -> std::io::Result<StopReason> {
     loop {
@@ -315,7 +734,7 @@ async fn pump(
                 // Clear before draining: the kernel only wakes a reader that has caught
                 // up, so a wakeup arriving during the drain must not be cleared afterwards.
                 guard.clear_ready();
-                let (bytes, count) = printer.format(guard.get_inner_mut());
+                let (bytes, count) = printer.format(guard.get_inner_mut(), stacks);
                 if count > 0 && !out.send(bytes, count).await {
                     return Ok(StopReason::OutputClosed);
                 }
@@ -331,13 +750,23 @@ struct EventPrinter {
     types: Vec<Vec<ArgType>>,
     started_ns: u64,
     count: u64,
+    /// With `--stack`: names each event's stacks.
+    stacks: Option<StackNamer>,
+    /// Counting (`--count --stack`): events are not printed. They announce new stacks
+    /// to name now (frame pointers), or are hits, counted here by stack (DWARF).
+    counting: bool,
+    /// Hits by probe and stack, from events (`--count --stack --unwind dwarf`).
+    counted: HashMap<(u32, HitStack), u64>,
 }
 
 impl EventPrinter {
     /// Formats every event waiting in the ring buffer: the text, and how many events.
-    fn format(&mut self, ring: &mut RecordRing) -> (Vec<u8>, u64) {
+    fn format(&mut self, ring: &mut RecordRing, stacks: &dyn StackSource) -> (Vec<u8>, u64) {
         let mut out = Vec::new();
         let mut count = 0;
+        if let Some(namer) = self.stacks.as_mut() {
+            namer.unwind_snapshots();
+        }
         ring.drain(|item| {
             if item.len() < std::mem::size_of::<UsdtEvent>() {
                 return;
@@ -345,20 +774,43 @@ impl EventPrinter {
             // SAFETY: the kernel wrote a whole UsdtEvent (checked length); read_unaligned
             // copes with the ring buffer's 8-byte alignment guarantee either way.
             let event: UsdtEvent = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
+            let stack = self.stacks.as_mut().map(|namer| {
+                namer.name(
+                    stacks,
+                    event.pid,
+                    event.user_stack_id,
+                    event.kernel_stack_id,
+                )
+            });
+            if self.counting {
+                // Frame-pointer counts are the kernel's, an event there only announced; with
+                // snapshots every event is a hit (walked by frame pointers when the
+                // snapshot ring was full).
+                let unwinds = self.stacks.as_ref().is_some_and(|n| n.snapshots.is_some());
+                if let Some(stack) = stack
+                    && unwinds
+                {
+                    *self.counted.entry((event.probe_id, stack)).or_default() += 1;
+                }
+                return;
+            }
             let strings = event_strings(&item[std::mem::size_of::<UsdtEvent>()..]);
             // Writing into a Vec cannot fail.
-            let _ = self.print(&mut out, &event, &strings);
+            let _ = self.print(&mut out, &event, &strings, stack.as_ref());
             count += 1;
         });
         self.count += count;
         (out, count)
     }
 
+    /// One event's line, then (with `--stack`) its stack a frame a line, as bpftrace
+    /// prints `ustack` (JSON: `stack` and `stack_problems`).
     fn print(
         &self,
         out: &mut impl std::io::Write,
         event: &UsdtEvent,
         strings: &[(usize, Option<ShownStr>)],
+        stack: Option<&HitStack>,
     ) -> std::io::Result<()> {
         let id = event.probe_id as usize;
         let name = self.names.get(id).map(String::as_str).unwrap_or("?");
@@ -394,6 +846,10 @@ impl EventPrinter {
                         .collect();
                     line["strings"] = shown.into();
                 }
+                if let Some(stack) = stack {
+                    line["stack"] = stack_json(stack);
+                    line["stack_problems"] = json!(stack.problems);
+                }
                 writeln!(out, "{line}")
             }
             Format::Text => {
@@ -411,7 +867,12 @@ impl EventPrinter {
                         (Some((ty, v)), None) => write!(out, " {}", ty.text(v))?,
                     }
                 }
-                writeln!(out)
+                writeln!(out)?;
+                if let Some(stack) = stack {
+                    write!(out, "{}", stack_text(stack, "        "))?;
+                    writeln!(out)?;
+                }
+                Ok(())
             }
         }
     }
@@ -494,6 +955,9 @@ mod tests {
             types: vec![vec![ArgType::Signed]],
             started_ns: 0,
             count: 0,
+            stacks: None,
+            counting: false,
+            counted: HashMap::new(),
         };
         // SAFETY: UsdtEvent is plain old data; all zeroes is a valid value.
         let mut event: UsdtEvent = unsafe { std::mem::zeroed() };
@@ -503,14 +967,14 @@ mod tests {
         event.arg_count = 1;
         event.args[0] = -3i64 as u64;
         let mut out = Vec::new();
-        printer.print(&mut out, &event, &[]).unwrap();
+        printer.print(&mut out, &event, &[], None).unwrap();
         assert_eq!(
             String::from_utf8(out).unwrap(),
             "    1.500000       7       8 usdt:/tmp/a\\x07:p\\x1b[31m:n\\x0d -3\n"
         );
         printer.format = Format::Json;
         let mut out = Vec::new();
-        printer.print(&mut out, &event, &[]).unwrap();
+        printer.print(&mut out, &event, &[], None).unwrap();
         let line = String::from_utf8(out).unwrap();
         assert!(
             line.contains(r#""probe":"usdt:/tmp/a\u0007:p\u001b[31m:n\r""#),
@@ -534,6 +998,9 @@ mod tests {
             ]],
             started_ns: 0,
             count: 0,
+            stacks: None,
+            counting: false,
+            counted: HashMap::new(),
         };
         // SAFETY: UsdtEvent is plain old data; all zeroes is a valid value.
         let mut event: UsdtEvent = unsafe { std::mem::zeroed() };
@@ -547,7 +1014,7 @@ mod tests {
         ]);
         event.unavailable = 0b10000;
         let mut out = Vec::new();
-        printer.print(&mut out, &event, &[]).unwrap();
+        printer.print(&mut out, &event, &[], None).unwrap();
         let text = String::from_utf8(out).unwrap();
         assert!(
             text.ends_with(" usdt:/a:p:n 18446744073709551615 -2 -1.25 2.5 ?\n"),
@@ -555,7 +1022,7 @@ mod tests {
         );
         printer.format = Format::Json;
         let mut out = Vec::new();
-        printer.print(&mut out, &event, &[]).unwrap();
+        printer.print(&mut out, &event, &[], None).unwrap();
         let line: serde_json::Value = serde_json::from_slice(&out).unwrap();
         assert_eq!(
             line["args"],
@@ -627,13 +1094,16 @@ mod tests {
             types: vec![vec![ArgType::Unsigned; 6]],
             started_ns: 0,
             count: 0,
+            stacks: None,
+            counting: false,
+            counted: HashMap::new(),
         };
         // SAFETY: UsdtEvent is plain old data; all zeroes is a valid value.
         let mut event: UsdtEvent = unsafe { std::mem::zeroed() };
         event.arg_count = 6;
         event.args[..6].copy_from_slice(&[0x1000, 0x2000, 0x3000, 0x4000, 0, 9]);
         let mut out = Vec::new();
-        printer.print(&mut out, &event, &strings).unwrap();
+        printer.print(&mut out, &event, &strings, None).unwrap();
         let text = String::from_utf8(out).unwrap();
         assert!(
             text.ends_with(" usdt:/a:p:n \"ab\\\"c\" \"abcd\" \"abcd\"... \"\\xff\\x0a\" ? 9\n"),
@@ -641,7 +1111,7 @@ mod tests {
         );
         printer.format = Format::Json;
         let mut out = Vec::new();
-        printer.print(&mut out, &event, &strings).unwrap();
+        printer.print(&mut out, &event, &strings, None).unwrap();
         let line: serde_json::Value = serde_json::from_slice(&out).unwrap();
         assert_eq!(line["args"], json!([0x1000, 0x2000, 0x3000, 0x4000, 0, 9]));
         assert_eq!(
@@ -656,7 +1126,7 @@ mod tests {
         );
         // Without strings the JSON line has no `strings` member, as before.
         let mut out = Vec::new();
-        printer.print(&mut out, &event, &[]).unwrap();
+        printer.print(&mut out, &event, &[], None).unwrap();
         let line: serde_json::Value = serde_json::from_slice(&out).unwrap();
         assert!(line.get("strings").is_none());
     }

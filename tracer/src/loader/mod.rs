@@ -19,9 +19,9 @@ use std::{
 use aya::maps::{Array, HashMap, Map, MapData, PerCpuArray, PerCpuHashMap, RingBuf, StackTraceMap};
 use thiserror::Error;
 use tracer_common::{
-    LatencyProcessKey, LatencyStats, OffCpuKey, OffCpuStart, OffCpuTotal, OnCpuKey, ProbeHits,
-    TaskId, TaskKey, TaskState, ThreadRegs, UsdtSite, control, counter, global_names, histogram,
-    map_names, program_names, site_flags, target_filter, target_match,
+    HitStackKey, LatencyProcessKey, LatencyStats, OffCpuKey, OffCpuStart, OffCpuTotal, OnCpuKey,
+    ProbeHits, TaskId, TaskKey, TaskState, ThreadRegs, UsdtSite, control, counter, global_names,
+    histogram, map_names, program_names, site_flags, target_filter, target_match,
 };
 
 pub use diagnostics::{DiagnosticsReader, enable as enable_bpf_diagnostics};
@@ -164,6 +164,8 @@ pub struct Features {
     pub offcpu_snapshots: bool,
     /// Threads' saved user registers from a task iterator (`tracer stacks`).
     pub thread_regs: bool,
+    /// Stacks at USDT hits, in events or counted by stack (`trace --stack`).
+    pub hit_stacks: bool,
 }
 
 impl Features {
@@ -175,6 +177,7 @@ impl Features {
         tasks: true,
         offcpu_snapshots: true,
         thread_regs: true,
+        hit_stacks: true,
     };
     pub const NONE: Features = Features {
         events: false,
@@ -184,11 +187,12 @@ impl Features {
         tasks: false,
         offcpu_snapshots: false,
         thread_regs: false,
+        hit_stacks: false,
     };
 
     /// The maps only needed by features this run does not use.
     fn unused_maps(&self) -> Vec<&'static str> {
-        let stacks = self.offcpu || self.oncpu || self.tasks;
+        let stacks = self.offcpu || self.oncpu || self.tasks || self.hit_stacks;
         [
             (
                 self.latencies,
@@ -213,6 +217,7 @@ impl Features {
                 &[map_names::TASK_STATES, map_names::TASK_TIME][..],
             ),
             (stacks, &[map_names::STACKS][..]),
+            (self.hit_stacks, &[map_names::HIT_STACKS][..]),
         ]
         .into_iter()
         .filter(|(used, _)| !used)
@@ -983,6 +988,21 @@ impl Loader {
             out.push((key, total));
         }
         out.sort_by_key(|(key, _)| (key.latency_id, key.tgid));
+        Ok(out)
+    }
+
+    /// Hits counted by probe, process and stacks (`trace --count --stack`), summed over
+    /// CPUs.
+    pub fn hit_stacks(&self) -> Result<Vec<(HitStackKey, u64)>> {
+        let name = map_names::HIT_STACKS;
+        let map = self.maps.get(name).ok_or(LoaderError::Missing(name))?;
+        let map: PerCpuHashMap<&MapData, HitStackKey, u64> =
+            PerCpuHashMap::try_from(map).map_err(|source| LoaderError::Map { name, source })?;
+        let mut out = Vec::new();
+        for entry in map.iter() {
+            let (key, per_cpu) = entry.map_err(|source| LoaderError::Map { name, source })?;
+            out.push((key, per_cpu.iter().sum()));
+        }
         Ok(out)
     }
 

@@ -52,6 +52,16 @@ impl From<&StackProfile> for FoldedStacks {
 }
 
 impl FoldedStacks {
+    /// A profile's stacks weighted by how many events made each (probe hits), not by
+    /// their time.
+    pub fn of_events(profile: &StackProfile) -> Self {
+        let mut folded = FoldedStacks::new();
+        for (frames, weight) in profile.iter() {
+            folded.add(frames, weight.events);
+        }
+        folded
+    }
+
     /// No stacks.
     pub fn new() -> Self {
         Self::default()

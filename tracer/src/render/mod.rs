@@ -108,7 +108,16 @@ pub fn write_view(
     name: &str,
     options: &flamegraph::SvgOptions<'_>,
 ) -> io::Result<ViewFiles> {
-    let folded = flamegraph::FoldedStacks::from(stacks);
+    write_folded_view(&flamegraph::FoldedStacks::from(stacks), dir, name, options)
+}
+
+/// [`write_view`] of stacks already folded (weighted as the caller chose).
+pub fn write_folded_view(
+    folded: &flamegraph::FoldedStacks,
+    dir: &Path,
+    name: &str,
+    options: &flamegraph::SvgOptions<'_>,
+) -> io::Result<ViewFiles> {
     let files = ViewFiles {
         folded: dir.join(format!("{name}.folded")),
         svg: dir.join(format!("{name}.svg")),
@@ -119,8 +128,8 @@ pub fn write_view(
             io::Error::new(err.kind(), format!("writing {}: {err}", path.display()))
         }
     };
-    flamegraph::write_folded(&folded, &files.folded).map_err(context(&files.folded))?;
-    if let Err(err) = flamegraph::write_flamegraph_svg(&folded, &files.svg, options) {
+    flamegraph::write_folded(folded, &files.folded).map_err(context(&files.folded))?;
+    if let Err(err) = flamegraph::write_flamegraph_svg(folded, &files.svg, options) {
         let _ = std::fs::remove_file(&files.folded);
         return Err(context(&files.svg)(err));
     }
