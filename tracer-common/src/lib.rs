@@ -84,6 +84,8 @@ pub mod map_names {
 pub mod program_names {
     /// Counting and latencies.
     pub const USDT: &str = "usdt_probe";
+    /// `usdt_probe` that also counts hits by stack (`trace --count --stack`).
+    pub const USDT_STACKS: &str = "usdt_probe_stacks";
     /// Counting, latencies and runtime task switches (a task id argument, park stacks):
     /// a program of its own, so runs without task probes never verify that part.
     pub const USDT_TASK: &str = "usdt_task";
@@ -93,6 +95,8 @@ pub mod program_names {
     pub const USDT_EVENT_FEW: &str = "usdt_event_few";
     /// `usdt_event` for sites with string arguments (`trace --str`).
     pub const USDT_EVENT_STR: &str = "usdt_event_str";
+    /// `usdt_event` that takes each hit's stacks (`trace --stack`).
+    pub const USDT_EVENT_STACKS: &str = "usdt_event_stacks";
     pub const SCHED_SWITCH: &str = "sched_switch";
     /// On-CPU sampling, attached to one CPU_CLOCK perf event per CPU.
     pub const ONCPU_SAMPLE: &str = "oncpu_sample";
@@ -114,10 +118,12 @@ pub mod program_names {
     /// Every name above, for the test that each is in the eBPF object.
     pub const ALL: &[&str] = &[
         USDT,
+        USDT_STACKS,
         USDT_TASK,
         USDT_EVENT,
         USDT_EVENT_FEW,
         USDT_EVENT_STR,
+        USDT_EVENT_STACKS,
         SCHED_SWITCH,
         ONCPU_SAMPLE,
         ONCPU_SAMPLE_DWARF,

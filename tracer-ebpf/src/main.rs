@@ -219,14 +219,21 @@ fn count_by(index: u32, n: u64) {
 /// what to do.
 #[uprobe]
 pub fn usdt_probe(ctx: ProbeContext) -> u32 {
-    usdt::on_hit::<false>(&ctx);
+    usdt::on_hit::<false, false>(&ctx);
+    0
+}
+
+/// `usdt_probe` for sites whose hits are counted by stack (`trace --count --stack`).
+#[uprobe]
+pub fn usdt_probe_stacks(ctx: ProbeContext) -> u32 {
+    usdt::on_hit::<false, true>(&ctx);
     0
 }
 
 /// `usdt_probe` for sites that are also runtime task switches.
 #[uprobe]
 pub fn usdt_task(ctx: ProbeContext) -> u32 {
-    usdt::on_hit::<true>(&ctx);
+    usdt::on_hit::<true, false>(&ctx);
     0
 }
 
@@ -234,7 +241,15 @@ pub fn usdt_task(ctx: ProbeContext) -> u32 {
 /// so counting runs never carry (or verify) the argument decoder.
 #[uprobe]
 pub fn usdt_event(ctx: ProbeContext) -> u32 {
-    usdt::on_hit_with_event::<{ tracer_common::MAX_USDT_ARGS }>(&ctx);
+    usdt::on_hit_with_event::<{ tracer_common::MAX_USDT_ARGS }, false>(&ctx);
+    0
+}
+
+/// `usdt_event` for sites that take their stacks (`trace --stack`): the others never
+/// wait for the stack map, which `attach` creates big, on another thread.
+#[uprobe]
+pub fn usdt_event_stacks(ctx: ProbeContext) -> u32 {
+    usdt::on_hit_with_event::<{ tracer_common::MAX_USDT_ARGS }, true>(&ctx);
     0
 }
 
@@ -242,7 +257,7 @@ pub fn usdt_event(ctx: ProbeContext) -> u32 {
 /// probes): the verifier walks a fraction of the paths, so a trace starts sooner.
 #[uprobe]
 pub fn usdt_event_few(ctx: ProbeContext) -> u32 {
-    usdt::on_hit_with_event::<{ tracer_common::FEW_USDT_ARGS }>(&ctx);
+    usdt::on_hit_with_event::<{ tracer_common::FEW_USDT_ARGS }, false>(&ctx);
     0
 }
 

@@ -54,13 +54,14 @@ fn hit_site(ctx: &ProbeContext) -> Option<(&'static UsdtSite, u64)> {
 }
 
 /// Counting, latencies and, with `TASKS`, task switches: no argument decoding but a task
-/// id's.
+/// id's. With `STACKS`, hits are also counted by stack (`trace --count --stack`): only
+/// that program uses the stack map, so the others never wait for it to be created.
 #[inline(always)]
-pub fn on_hit<const TASKS: bool>(ctx: &ProbeContext) {
+pub fn on_hit<const TASKS: bool, const STACKS: bool>(ctx: &ProbeContext) {
     let Some((site, pid_tgid)) = hit_site(ctx) else {
         return;
     };
-    if site.flags & site_flags::STACKS != 0 {
+    if STACKS && site.flags & site_flags::STACKS != 0 {
         count_stacks(ctx, site, pid_tgid);
     }
     let task_flags = site_flags::TASK_RUN | site_flags::TASK_PAUSE | site_flags::TASK_FINISH;
@@ -172,12 +173,12 @@ fn announce_stack(key: &HitStackKey, pid_tgid: u64) {
 
 /// Every hit with its decoded arguments, through the ring buffer (`tracer trace`).
 #[inline(always)]
-pub fn on_hit_with_event<const MAX_ARGS: usize>(ctx: &ProbeContext) {
+pub fn on_hit_with_event<const MAX_ARGS: usize, const STACKS: bool>(ctx: &ProbeContext) {
     let Some((site, pid_tgid)) = hit_site(ctx) else {
         return;
     };
     let now = unsafe { bpf_ktime_get_ns() };
-    emit_event::<MAX_ARGS>(ctx, site, pid_tgid, now);
+    emit_event::<MAX_ARGS, STACKS>(ctx, site, pid_tgid, now);
 }
 
 /// [`on_hit_with_event`] for sites with string arguments.
@@ -279,12 +280,17 @@ fn add_to(stats: &mut LatencyStats, ns: u64) {
 #[inline(always)]
 /// Decodes at most `MAX_ARGS` arguments: the verifier walks each one, so sites with few
 /// arguments get a program that is quicker to verify.
-fn emit_event<const MAX_ARGS: usize>(ctx: &ProbeContext, site: &UsdtSite, pid_tgid: u64, now: u64) {
+fn emit_event<const MAX_ARGS: usize, const STACKS: bool>(
+    ctx: &ProbeContext,
+    site: &UsdtSite,
+    pid_tgid: u64,
+    now: u64,
+) {
     let Some(mut entry) = USDT_EVENTS.reserve::<UsdtEvent>(0) else {
         count(counter::EVENTS_LOST);
         return;
     };
-    let failures = fill_event::<MAX_ARGS>(ctx, site, pid_tgid, now, entry.as_mut_ptr());
+    let failures = fill_event::<MAX_ARGS, STACKS>(ctx, site, pid_tgid, now, entry.as_mut_ptr());
     entry.submit(0);
     report_read_failures(ctx, site, failures);
 }
@@ -348,7 +354,7 @@ fn fill_strings(
 ) {
     // SAFETY: `scratch` is this CPU's slot of the map, valid for the whole program.
     let event = unsafe { &raw mut (*scratch).event };
-    let failures = fill_event::<MAX_USDT_ARGS>(ctx, site, pid_tgid, now, event);
+    let failures = fill_event::<MAX_USDT_ARGS, true>(ctx, site, pid_tgid, now, event);
     // SAFETY: as above; the area is plain bytes.
     let area = unsafe { &raw mut (*scratch).area } as *mut u8;
     const HEADER: usize = core::mem::size_of::<UsdtStrHeader>();
@@ -403,7 +409,7 @@ fn fill_strings(
 /// Writes the fixed part of an event, its first `MAX_ARGS` arguments decoded; returns
 /// the read failures OR-ed together (negative if any).
 #[inline(always)]
-fn fill_event<const MAX_ARGS: usize>(
+fn fill_event<const MAX_ARGS: usize, const STACKS: bool>(
     ctx: &ProbeContext,
     site: &UsdtSite,
     pid_tgid: u64,
@@ -411,7 +417,11 @@ fn fill_event<const MAX_ARGS: usize>(
     event: *mut UsdtEvent,
 ) -> i64 {
     let arg_count = (site.arg_count as usize).min(MAX_ARGS).min(MAX_USDT_ARGS);
-    let (user_stack_id, kernel_stack_id) = event_stacks(ctx, site, pid_tgid);
+    let (user_stack_id, kernel_stack_id) = if STACKS {
+        event_stacks(ctx, site, pid_tgid)
+    } else {
+        (STACK_NOT_TAKEN, STACK_NOT_TAKEN)
+    };
     let regs = Registers::snapshot(ctx);
     // Read failures (negative helper results) are OR-ed together and counted once, without
     // a branch: branches on them would multiply the paths the verifier walks, and so its

@@ -1093,14 +1093,19 @@ fn spawn_keeper() -> Result<keeper::LinkKeeper> {
 /// The program for USDT site `site`.
 fn usdt_program_name(site: &UsdtSite) -> &'static str {
     let task_switch = site_flags::TASK_RUN | site_flags::TASK_PAUSE | site_flags::TASK_FINISH;
+    let stacks = site.flags & (site_flags::STACKS | site_flags::STACK_SNAPSHOT) != 0;
     if site.flags & site_flags::EMIT_EVENT == 0 {
         if site.flags & task_switch != 0 {
             program_names::USDT_TASK
+        } else if stacks {
+            program_names::USDT_STACKS
         } else {
             program_names::USDT
         }
     } else if site.str_count > 0 {
         program_names::USDT_EVENT_STR
+    } else if stacks {
+        program_names::USDT_EVENT_STACKS
     } else if site.arg_count as usize <= tracer_common::FEW_USDT_ARGS {
         program_names::USDT_EVENT_FEW
     } else {
