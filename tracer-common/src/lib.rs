@@ -49,6 +49,9 @@ pub mod map_names {
     pub const TARGETS: &str = "TARGETS";
     /// Latency totals per process ([`super::LatencyProcessKey`]).
     pub const LATENCY_BY_PROCESS: &str = "LATENCY_BY_PROCESS";
+    /// Processes held (stopped) at the dynamic loader's `_dl_debug_state` until user
+    /// space has attached the objects they mapped.
+    pub const HELD: &str = "HELD";
     /// Every name above, for the test that each is in the eBPF object.
     pub const ALL: &[&str] = &[
         USDT_SPECS,
@@ -71,6 +74,7 @@ pub mod map_names {
         SNAPSHOT_CHECKS,
         TARGETS,
         LATENCY_BY_PROCESS,
+        HELD,
     ];
 }
 
@@ -103,6 +107,9 @@ pub mod program_names {
     /// `sched_process_exec`: a process that starts the `--exe` file (or takes the
     /// `--comm` name) becomes a target.
     pub const PROCESS_EXEC: &str = "process_exec";
+    /// A uprobe at the dynamic loader's `_dl_debug_state` (called once a `dlopen` has
+    /// mapped its objects): holds a traced process for user space (`HELD`).
+    pub const DL_DEBUG_STATE: &str = "dl_debug_state";
     /// Every name above, for the test that each is in the eBPF object.
     pub const ALL: &[&str] = &[
         USDT,
@@ -116,6 +123,7 @@ pub mod program_names {
         THREAD_REGS,
         PROCESS_FORK,
         PROCESS_EXEC,
+        DL_DEBUG_STATE,
     ];
 }
 

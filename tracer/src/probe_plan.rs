@@ -123,11 +123,30 @@ impl ProbePlan {
 
     /// Every site with its BPF cookie, as `Loader::attach_usdt_sites` takes them.
     pub fn usdt_sites(&self) -> Vec<(u32, &UsdtSite, &UsdtAttachment)> {
-        self.sites
+        self.usdt_sites_in(0..self.sites.len())
+    }
+
+    /// The sites of `cookies` (what [`ProbePlan::add`] returned), as
+    /// [`ProbePlan::usdt_sites`] gives them.
+    pub fn usdt_sites_in(
+        &self,
+        cookies: std::ops::Range<usize>,
+    ) -> Vec<(u32, &UsdtSite, &UsdtAttachment)> {
+        self.sites[cookies.clone()]
             .iter()
-            .enumerate()
-            .map(|(cookie, planned)| (cookie as u32, &planned.site, &planned.attachment))
+            .zip(cookies)
+            .map(|(planned, cookie)| (cookie as u32, &planned.site, &planned.attachment))
             .collect()
+    }
+
+    /// What the kernel's arrays must hold when sites may be added while tracing: as many
+    /// sites and probes as can ever be attached.
+    pub fn room_to_grow(&self) -> PlanSizes {
+        PlanSizes {
+            sites: MAX_USDT_SITES,
+            probes: MAX_PROBES,
+            latencies: self.latencies.len() as u32,
+        }
     }
 
     /// Where each site's uprobe goes, in the order of [`ProbePlan::usdt_sites`].
@@ -151,6 +170,49 @@ impl ProbePlan {
             latencies: latencies.to_vec(),
             ..Default::default()
         };
+        plan.add(sites, tasks, mode, pid)?;
+        Ok(plan)
+    }
+
+    /// Plans more sites (found after the first attach: a library mapped later, a new
+    /// process's files) after those planned already, with the same latencies. Their
+    /// cookies follow the existing ones; on error the plan is left as it was.
+    pub fn add(
+        &mut self,
+        sites: &[SiteInput],
+        tasks: &[TaskProbeDef],
+        mode: SiteMode,
+        pid: Option<u32>,
+    ) -> Result<std::ops::Range<usize>, PlanError> {
+        let (first_site, first_probe, first_unavailable) = (
+            self.sites.len(),
+            self.probes.len(),
+            self.unavailable_args.len(),
+        );
+        let result = self.add_sites(sites, tasks, mode, pid);
+        if result.is_err() {
+            self.sites.truncate(first_site);
+            self.probes.truncate(first_probe);
+            self.unavailable_args.truncate(first_unavailable);
+            for probe in &mut self.probes {
+                probe.site_count = 0;
+            }
+            for planned in &self.sites {
+                self.probes[planned.site.probe_id as usize].site_count += 1;
+            }
+        }
+        result.map(|()| first_site..self.sites.len())
+    }
+
+    fn add_sites(
+        &mut self,
+        sites: &[SiteInput],
+        tasks: &[TaskProbeDef],
+        mode: SiteMode,
+        pid: Option<u32>,
+    ) -> Result<(), PlanError> {
+        let latencies = &self.latencies.clone();
+        let plan = self;
         for input in sites {
             let roles = |pick: fn(&LatencyDef) -> &str| -> Vec<u32> {
                 latencies
@@ -265,7 +327,7 @@ impl ProbePlan {
         if plan.probes.len() > MAX_PROBES as usize {
             return Err(PlanError::TooManyProbes(plan.probes.len()));
         }
-        Ok(plan)
+        Ok(())
     }
 
     fn probe_id(&mut self, input: &SiteInput, arg_count: usize) -> u32 {

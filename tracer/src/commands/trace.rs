@@ -1,6 +1,7 @@
 //! `tracer trace PROBE... [-- CMD]`: one line per probe hit with its decoded arguments.
 
 use std::num::NonZeroU32;
+use std::path::PathBuf;
 
 use anyhow::{Result, bail};
 use serde_json::json;
@@ -14,7 +15,7 @@ use crate::{
     loader::{Features, Loader, RecordRing, Settings},
     privileges,
     probe_plan::{ProbePlan, SiteInput, SiteMode},
-    procfs,
+    procfs::{self, ProcessError},
     stop::{self, ProcessWatch, StopReason},
     targets::{self, TargetSpec, TargetTracker},
     text::escape_text,
@@ -63,6 +64,9 @@ pub fn run(config: TraceConfig) -> Result<()> {
             pids: &pids,
             exe: spec.exe.as_deref(),
         },
+        // `usdt:*` (or no path) with no process named: every process running now, and
+        // (below) those that start later.
+        (None, None) if specs.iter().any(searches_processes) => Scope::Everything,
         (None, None) => Scope::Files { exe: None },
     };
     let watch = single.map(ProcessWatch::target).transpose()?;
@@ -90,25 +94,35 @@ pub fn run(config: TraceConfig) -> Result<()> {
     };
     // One process's sites are attached for it alone; a set's for every process mapping
     // the files, the kernel keeping the targets' hits.
-    let plan = ProbePlan::build(&inputs, &[], &[], mode, single)?;
-    for arg in &plan.unavailable_args {
-        log::warn!(
-            "{}: arg{} {}: unavailable, shown as {}",
-            escape_text(&plan.probes[arg.probe_id as usize].specifier()),
-            arg.index,
-            escape_text(&arg.reason),
-            match config.format {
-                Format::Text => "?",
-                Format::Json => "null",
-            }
-        );
-    }
+    let mut plan = ProbePlan::build(&inputs, &[], &[], mode, single)?;
+    warn_unavailable(&plan.unavailable_args, &plan, config.format);
     let types = probe_arg_types(&plan);
+    // What may match objects not mapped yet: specifiers that search a process's objects
+    // (no path, `*`, a file name), looked for again in what the processes map later.
+    let later_specs: Vec<_> = specs
+        .iter()
+        .filter(|spec| {
+            searches_processes(spec) || spec.path.as_deref().is_some_and(|p| !p.contains('/'))
+        })
+        .cloned()
+        .collect();
+    let searched = usdt::Searched::of_resolved(
+        &resolved.sites,
+        &match scope {
+            Scope::Everything => procfs::all_processes(),
+            Scope::Process(pid) => vec![pid],
+            _ => pids.clone(),
+        },
+    );
 
     let mut loader = Loader::load(&Settings {
         targets: targets.clone(),
         ring_buffer_bytes: config.ring_buffer_bytes,
-        plan_sizes: Some(plan.sizes()),
+        // Sites found later get cookies after these: room for them.
+        plan_sizes: Some(match later_specs.is_empty() {
+            true => plan.sizes(),
+            false => plan.room_to_grow(),
+        }),
         features: Features {
             events: !config.count,
             ..Features::NONE
@@ -120,6 +134,25 @@ pub fn run(config: TraceConfig) -> Result<()> {
         .attach_usdt_sites(&plan.usdt_sites(), warm_up)
         .map_err(|e| on_target(e.into()))?;
     let events = loader.take_events()?;
+    if !later_specs.is_empty() && !spec.is_everything() {
+        hold_at_dlopen(&mut loader, &child, &pids, spec.exe.as_deref(), single)
+            .map_err(on_target)?;
+    }
+    let mut later = (!later_specs.is_empty()).then(|| LateSites {
+        specs: later_specs,
+        searched,
+        mode,
+        pid: single,
+        ticks: 0,
+        members: match (&child, spec.is_everything()) {
+            (Some(child), _) if single.is_some() => Members::One(child.pid),
+            (_, true) => Members::Every,
+            _ => match single {
+                Some(pid) => Members::One(pid),
+                None => Members::Set,
+            },
+        },
+    });
     // Ctrl-C from the moment the line below is printed (and the command runs) must stop
     // the trace, not kill us.
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -165,7 +198,11 @@ pub fn run(config: TraceConfig) -> Result<()> {
             watch,
             config.duration,
             stop::either(
-                pump(&mut events, &mut printer, &out),
+                pump(&mut events, &mut printer, &out, &mut |printer| {
+                    if let Some(later) = later.as_mut() {
+                        later.look(&mut loader, &mut plan, printer, config.format);
+                    }
+                }),
                 targets::track(tracker.as_mut()),
             ),
         )
@@ -173,6 +210,9 @@ pub fn run(config: TraceConfig) -> Result<()> {
         Ok::<_, std::io::Error>((reason, events.into_inner()))
     })?;
     loader.stop_recording()?;
+    if let Some(later) = later.as_mut() {
+        later.release_all(&mut loader);
+    }
     loader.detach_usdt()?;
     drop(tracker);
     loader.detach_targets();
@@ -304,9 +344,12 @@ async fn pump(
     events: &mut AsyncFd<RecordRing>,
     printer: &mut EventPrinter,
     out: &OutputStream,
+    look: &mut dyn FnMut(&mut EventPrinter),
 ) -> std::io::Result<StopReason> {
+    let mut ticker = tokio::time::interval(LOOK_PERIOD);
     loop {
         tokio::select! {
+            _ = ticker.tick() => look(printer),
             guard = events.readable_mut() => {
                 let mut guard = guard?;
                 // Clear before draining: the kernel only wakes a reader that has caught
@@ -319,6 +362,201 @@ async fn pump(
             }
             () = out.failed() => return Ok(StopReason::OutputClosed),
         }
+    }
+}
+
+/// How often held processes are looked for; every [`LOOK_EVERY`] times, the processes'
+/// maps are looked at for objects mapped since.
+const LOOK_PERIOD: std::time::Duration = std::time::Duration::from_millis(5);
+const LOOK_EVERY: u32 = 20;
+
+/// Whether `spec` searches the objects of processes (no path, or `*`) rather than files.
+fn searches_processes(spec: &usdt::UsdtSpecifier) -> bool {
+    spec.path.as_deref().is_none_or(|path| path == "*")
+}
+
+/// Whose maps are looked at for objects mapped later.
+enum Members {
+    One(u32),
+    /// The kernel's set of targets.
+    Set,
+    /// Every process.
+    Every,
+}
+
+/// Sites in objects mapped after the first attach (a library `dlopen`ed, a process
+/// started later), found and attached while tracing.
+struct LateSites {
+    specs: Vec<usdt::UsdtSpecifier>,
+    searched: usdt::Searched,
+    mode: SiteMode,
+    pid: Option<u32>,
+    members: Members,
+    ticks: u32,
+}
+
+impl LateSites {
+    /// Continues the processes the kernel held, once their new objects' probes are
+    /// attached; every [`LOOK_EVERY`] calls, looks at every process's objects too. A
+    /// failure is a warning: tracing what is attached goes on.
+    fn look(
+        &mut self,
+        loader: &mut Loader,
+        plan: &mut ProbePlan,
+        printer: &mut EventPrinter,
+        format: Format,
+    ) {
+        for pid in loader.held() {
+            // Continued before its SIGSTOP took effect, it would stay stopped.
+            if !procfs::is_stopped(pid) && ProcessError::check(pid).is_none() {
+                continue;
+            }
+            self.look_at(pid, loader, plan, printer, format);
+            loader.release_held(pid);
+            continue_process(pid);
+        }
+        self.ticks += 1;
+        if self.ticks % LOOK_EVERY != 1 {
+            return;
+        }
+        let pids = match self.members {
+            Members::One(pid) => vec![pid],
+            Members::Set => loader.targets_map().map(|t| t.pids()).unwrap_or_default(),
+            Members::Every => procfs::all_processes(),
+        };
+        for pid in pids {
+            self.look_at(pid, loader, plan, printer, format);
+        }
+    }
+
+    fn look_at(
+        &mut self,
+        pid: u32,
+        loader: &mut Loader,
+        plan: &mut ProbePlan,
+        printer: &mut EventPrinter,
+        format: Format,
+    ) {
+        let (sites, skipped) = usdt::find_new(&self.specs, pid, &mut self.searched);
+        for skipped in &skipped {
+            log::warn!("skipped a probe site: {skipped}");
+        }
+        if sites.is_empty() {
+            return;
+        }
+        if let Err(e) = self.attach(&sites, loader, plan, printer, format) {
+            log::warn!("cannot attach the probes found later in process {pid}: {e:#}");
+        }
+    }
+
+    /// Continues every process still held, once the kernel holds no more (recording
+    /// stopped), waiting up to a second in all for them to have stopped.
+    fn release_all(&mut self, loader: &mut Loader) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+        for pid in loader.held() {
+            while !procfs::is_stopped(pid)
+                && ProcessError::check(pid).is_none()
+                && std::time::Instant::now() < deadline
+            {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            loader.release_held(pid);
+            continue_process(pid);
+        }
+    }
+
+    fn attach(
+        &mut self,
+        sites: &[usdt::ProbeSite],
+        loader: &mut Loader,
+        plan: &mut ProbePlan,
+        printer: &mut EventPrinter,
+        format: Format,
+    ) -> Result<()> {
+        let inputs = sites
+            .iter()
+            .map(SiteInput::try_from)
+            .collect::<Result<Vec<_>, _>>()?;
+        let known_unavailable = plan.unavailable_args.len();
+        let added = plan.add(&inputs, &[], self.mode, self.pid)?;
+        warn_unavailable(&plan.unavailable_args[known_unavailable..], plan, format);
+        loader.attach_more_usdt_sites(&plan.usdt_sites_in(added.clone()))?;
+        printer.names = plan.probes.iter().map(|p| p.specifier()).collect();
+        printer.types = probe_arg_types(plan);
+        log::info!("attached {} more sites", added.len());
+        Ok(())
+    }
+}
+
+/// Sends SIGCONT to a process the kernel stopped for us.
+fn continue_process(pid: u32) {
+    // SAFETY: kill has no memory preconditions.
+    unsafe { libc::kill(pid as i32, libc::SIGCONT) };
+}
+
+/// Has the kernel hold the traced processes each time their dynamic loader has mapped a
+/// library (`dlopen`), so that its probes are attached before it runs: the loaders of
+/// the command, of the processes traced and of the `--exe` file.
+fn hold_at_dlopen(
+    loader: &mut Loader,
+    child: &Option<PausedChild>,
+    pids: &[u32],
+    exe: Option<&std::path::Path>,
+    single: Option<u32>,
+) -> anyhow::Result<()> {
+    // (executable, the root its loader's path is under)
+    let exes: Vec<(PathBuf, PathBuf)> = match child {
+        Some(child) => vec![(child.exe.clone(), PathBuf::from("/"))],
+        None => pids
+            .iter()
+            .map(|pid| {
+                (
+                    PathBuf::from(format!("/proc/{pid}/exe")),
+                    PathBuf::from(format!("/proc/{pid}/root")),
+                )
+            })
+            .chain(exe.map(|e| (e.to_path_buf(), PathBuf::from("/"))))
+            .collect(),
+    };
+    let mut loaders: Vec<PathBuf> = Vec::new();
+    for (exe, root) in exes {
+        let Some(interp) = usdt::interpreter(&exe) else {
+            continue;
+        };
+        let path = root.join(interp.strip_prefix("/").unwrap_or(&interp));
+        if let Ok(path) = std::fs::canonicalize(&path)
+            && !loaders.contains(&path)
+        {
+            loaders.push(path);
+        }
+    }
+    for path in loaders {
+        match usdt::dl_debug_state_offset(&path) {
+            Some(offset) => loader.hold_at_dlopen(&path, offset, single)?,
+            None => log::warn!(
+                "{}: no _dl_debug_state: a library loaded later is found within {} ms, \
+                 and its first hits may be missed",
+                path.display(),
+                LOOK_EVERY * LOOK_PERIOD.as_millis() as u32
+            ),
+        }
+    }
+    Ok(())
+}
+
+/// One warning per argument events cannot show.
+fn warn_unavailable(args: &[crate::probe_plan::UnavailableArg], plan: &ProbePlan, format: Format) {
+    for arg in args {
+        log::warn!(
+            "{}: arg{} {}: unavailable, shown as {}",
+            escape_text(&plan.probes[arg.probe_id as usize].specifier()),
+            arg.index,
+            escape_text(&arg.reason),
+            match format {
+                Format::Text => "?",
+                Format::Json => "null",
+            }
+        );
     }
 }
 

@@ -1,0 +1,32 @@
+/* `late-main LIB N`: prints `ready pid=PID`, waits for a line on standard input, fires
+ * its own tracetest:testprobe N times, dlopens LIB and at once calls its fire(N), then
+ * prints `raised=R` (how often the library saw its semaphore raised) and exits. */
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/sdt.h>
+#include <unistd.h>
+
+int main(int argc, char **argv)
+{
+    if (argc < 3)
+        return 2;
+    int n = atoi(argv[2]);
+    printf("ready pid=%d\n", getpid());
+    fflush(stdout);
+    char line[16];
+    if (!fgets(line, sizeof line, stdin))
+        return 3;
+    for (int i = 0; i < n; i++)
+        DTRACE_PROBE1(tracetest, testprobe, i);
+    void *lib = dlopen(argv[1], RTLD_NOW);
+    if (!lib) {
+        fprintf(stderr, "%s\n", dlerror());
+        return 4;
+    }
+    int (*fire)(int) = (int (*)(int))dlsym(lib, "fire");
+    int raised = fire(n);
+    printf("raised=%d\n", raised);
+    fflush(stdout);
+    return 0;
+}
