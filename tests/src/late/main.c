@@ -1,6 +1,8 @@
 /* `late-main LIB N`: prints `ready pid=PID`, waits for a line on standard input, fires
  * its own tracetest:testprobe N times, dlopens LIB and at once calls its fire(N), then
- * prints `raised=R` (how often the library saw its semaphore raised) and exits. */
+ * prints `raised=R` (how often the library saw its semaphore raised). At the next line
+ * it calls fire(N) again and prints `raised=R` again (0 once no tracer holds the
+ * semaphore), and it exits at the line after (or end of input). */
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,8 +27,12 @@ int main(int argc, char **argv)
         return 4;
     }
     int (*fire)(int) = (int (*)(int))dlsym(lib, "fire");
-    int raised = fire(n);
-    printf("raised=%d\n", raised);
+    printf("raised=%d\n", fire(n));
     fflush(stdout);
+    if (fgets(line, sizeof line, stdin)) {
+        printf("raised=%d\n", fire(n));
+        fflush(stdout);
+        (void)!fgets(line, sizeof line, stdin);
+    }
     return 0;
 }

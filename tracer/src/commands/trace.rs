@@ -75,10 +75,28 @@ pub fn run(config: TraceConfig) -> Result<()> {
         Some(pid) => procfs::target_error(pid, e),
         None => e,
     };
-    let resolved = usdt::resolve(&specs, scope).map_err(|e| match single {
-        Some(pid) => procfs::target_error(pid, e.of_target()),
-        None => e.into(),
-    })?;
+    // What may match objects not mapped yet: specifiers that search a process's objects
+    // (no path, `*`, a file name), looked for again in what the processes map later.
+    let later_specs: Vec<_> = specs
+        .iter()
+        .filter(|spec| {
+            searches_processes(spec) || spec.path.as_deref().is_some_and(|p| !p.contains('/'))
+        })
+        .cloned()
+        .collect();
+    let resolved = match usdt::resolve(&specs, scope) {
+        // None yet: they may be in a library loaded later.
+        Err(usdt::UsdtError::NoProbes { wanted, .. }) if !later_specs.is_empty() => {
+            crate::status!(
+                "No probes match {wanted} yet: looking for them in what is loaded later."
+            );
+            usdt::Resolved::default()
+        }
+        result => result.map_err(|e| match single {
+            Some(pid) => procfs::target_error(pid, e.of_target()),
+            None => e.into(),
+        })?,
+    };
     for skipped in &resolved.skipped {
         log::warn!("skipped a probe site: {skipped}");
     }
@@ -97,15 +115,6 @@ pub fn run(config: TraceConfig) -> Result<()> {
     let mut plan = ProbePlan::build(&inputs, &[], &[], mode, single)?;
     warn_unavailable(&plan.unavailable_args, &plan, config.format);
     let types = probe_arg_types(&plan);
-    // What may match objects not mapped yet: specifiers that search a process's objects
-    // (no path, `*`, a file name), looked for again in what the processes map later.
-    let later_specs: Vec<_> = specs
-        .iter()
-        .filter(|spec| {
-            searches_processes(spec) || spec.path.as_deref().is_some_and(|p| !p.contains('/'))
-        })
-        .cloned()
-        .collect();
     let searched = usdt::Searched::of_resolved(
         &resolved.sites,
         &match scope {
