@@ -380,6 +380,33 @@ mod tests {
         }
     }
 
+    /// Sites added later take the cookies and probe ids after the first ones, a probe
+    /// seen again keeps its id; a failing addition leaves the plan as it was.
+    #[test]
+    fn sites_added_later_follow_the_first_ones() {
+        let mut plan =
+            ProbePlan::build(&[site("a", 0x10)], &[], &[], SiteMode::Count, None).unwrap();
+        let mut lib = site("b", 0x20);
+        lib.path = "/lib.so".into();
+        let added = plan
+            .add(&[lib, site("a", 0x30)], &[], SiteMode::Count, None)
+            .unwrap();
+        assert_eq!(added, 1..3);
+        let cookies: Vec<u32> = plan.usdt_sites_in(added).iter().map(|s| s.0).collect();
+        assert_eq!(cookies, [1, 2]);
+        assert_eq!(plan.sites[1].site.probe_id, 1, "a new probe: the next id");
+        assert_eq!(plan.sites[2].site.probe_id, 0, "the same probe: its id");
+        assert_eq!(plan.probes[0].site_count, 2);
+        let mut broken = site("c", 0x40);
+        broken.args = Err("bad spec".into());
+        assert!(
+            plan.add(&[site("d", 0x50), broken], &[], SiteMode::Events, None)
+                .is_err()
+        );
+        assert_eq!((plan.sites.len(), plan.probes.len()), (3, 2));
+        assert_eq!(plan.probes[0].site_count, 2);
+    }
+
     fn latency(name: &str, begin: &str, end: &str) -> LatencyDef {
         LatencyDef {
             name: name.into(),
