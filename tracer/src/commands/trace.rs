@@ -376,8 +376,10 @@ async fn pump(
 
 /// How often held processes are looked for; every [`LOOK_EVERY`] times, the processes'
 /// maps are looked at for objects mapped since.
-const LOOK_PERIOD: std::time::Duration = std::time::Duration::from_millis(5);
-const LOOK_EVERY: u32 = 20;
+/// A held process waits for this at most (each `dlopen` and `dlclose` holds it twice):
+/// one map lookup per period.
+const LOOK_PERIOD: std::time::Duration = std::time::Duration::from_millis(1);
+const LOOK_EVERY: u32 = 100;
 
 /// Whether `spec` searches the objects of processes (no path, or `*`) rather than files.
 fn searches_processes(spec: &usdt::UsdtSpecifier) -> bool {
