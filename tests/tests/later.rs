@@ -4,6 +4,7 @@
 //! them at once), each compared with bpftrace on the same case:
 //! - `--pid` and `usdt:*`: the library dlopened after attaching is traced from its first
 //!   hit, its semaphore raised, and everything is as it was after the stop;
+//! - `--comm` (a set): the same, the kernel keeping the targets' hits;
 //! - `-- CMD` and `usdt:*`, probes only in the library: found when it is loaded;
 //! - no PID and `usdt:*`: every process carrying the probe, those started later too
 //!   (not compared: bpftrace 0.17's `usdt:*` without -p is a file pattern in the current
@@ -218,6 +219,50 @@ fn a_library_dlopened_after_attaching_is_traced_from_its_first_hit() {
         N as u64,
         "both trace the executable's probe: {theirs:?}"
     );
+}
+
+/// A set of processes (`--comm`): the library's sites are attached for every process
+/// mapping it and the kernel keeps the targets' hits, the hold included; a process of
+/// another name running the same files is neither counted nor held.
+#[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+fn a_library_dlopened_by_a_set_of_processes_is_traced_from_its_first_hit() {
+    require_privileged();
+    let (exe, lib) = built();
+    let dir = out_dir("later-set");
+    let (traced, other) = (dir.join("late-set"), dir.join("late-other"));
+    std::fs::copy(exe, &traced).unwrap();
+    std::fs::hard_link(&traced, &other).unwrap();
+    let mut target = Late::start(&traced, N);
+    let mut bystander = Late::start(&other, N);
+    let tracer = Tracer::start(&[
+        "trace",
+        "--count",
+        "--format",
+        "json",
+        "--comm",
+        "late-set",
+        "usdt:*:tracetest:*",
+    ]);
+    assert_eq!(target.step(), format!("raised={N}"));
+    // The same files, not a target: its semaphore is raised too (one uprobe per file),
+    // its hits are not counted.
+    assert_eq!(bystander.step(), format!("raised={N}"));
+    // SAFETY: kill has no memory preconditions; the tracer is our child.
+    unsafe { libc::kill(tracer.pid() as i32, libc::SIGINT) };
+    let (ok, out, err) = tracer.finish();
+    assert!(ok, "{err}");
+    let ours = counts(&out);
+    assert_eq!(ours[&probe(&traced, "testprobe")], N as u64, "{out}");
+    assert_eq!(ours[&probe(lib, "latelib")], N as u64, "{out}");
+    assert_eq!(ours[&probe(lib, "guarded")], N as u64, "{out}");
+    for late in [&target, &bystander] {
+        assert_eq!(breakpoints_in(late.pid, lib).0, 0, "breakpoints left");
+    }
+    assert_eq!(target.step(), "raised=0", "the semaphore is back to 0");
+    assert_eq!(bystander.step(), "raised=0", "the semaphore is back to 0");
+    target.finish();
+    bystander.finish();
 }
 
 #[test]
