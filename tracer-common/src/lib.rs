@@ -53,6 +53,9 @@ pub mod map_names {
     pub const USDT_STR_SCRATCH: &str = "USDT_STR_SCRATCH";
     /// Probe hits by process and stacks (`trace --count --stack`, [`super::HitStackKey`]).
     pub const HIT_STACKS: &str = "HIT_STACKS";
+    /// Processes held (stopped) at the dynamic loader's `_dl_debug_state` until user
+    /// space has attached the objects they mapped.
+    pub const HELD: &str = "HELD";
     /// Every name above, for the test that each is in the eBPF object.
     pub const ALL: &[&str] = &[
         USDT_SPECS,
@@ -77,6 +80,7 @@ pub mod map_names {
         LATENCY_BY_PROCESS,
         USDT_STR_SCRATCH,
         HIT_STACKS,
+        HELD,
     ];
 }
 
@@ -115,6 +119,9 @@ pub mod program_names {
     /// `sched_process_exec`: a process that starts the `--exe` file (or takes the
     /// `--comm` name) becomes a target.
     pub const PROCESS_EXEC: &str = "process_exec";
+    /// A uprobe at the dynamic loader's `_dl_debug_state` (called once a `dlopen` has
+    /// mapped its objects): holds a traced process for user space (`HELD`).
+    pub const DL_DEBUG_STATE: &str = "dl_debug_state";
     /// Every name above, for the test that each is in the eBPF object.
     pub const ALL: &[&str] = &[
         USDT,
@@ -131,6 +138,7 @@ pub mod program_names {
         THREAD_REGS,
         PROCESS_FORK,
         PROCESS_EXEC,
+        DL_DEBUG_STATE,
     ];
 }
 

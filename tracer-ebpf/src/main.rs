@@ -77,6 +77,11 @@ static HIT_STACKS: PerCpuHashMap<HitStackKey, u64> =
 #[map]
 static TARGETS: HashMap<u32, TargetProcess> = HashMap::with_max_entries(16384, 0);
 
+/// Traced processes stopped at `_dl_debug_state`, until user space has attached what
+/// they mapped and continues them (see `targets::hold`).
+#[map]
+static HELD: HashMap<u32, u32> = HashMap::with_max_entries(1024, 0);
+
 /// Hits per probe id, whatever else the probe does.
 #[map]
 static PROBE_HITS: PerCpuArray<ProbeHits> = PerCpuArray::with_max_entries(MAX_PROBES, 0);
@@ -227,6 +232,14 @@ pub fn usdt_probe(ctx: ProbeContext) -> u32 {
 #[uprobe]
 pub fn usdt_probe_stacks(ctx: ProbeContext) -> u32 {
     usdt::on_hit::<false, true>(&ctx);
+    0
+}
+
+/// The dynamic loader has mapped new objects (`dlopen`): a traced process is held for
+/// user space to attach their probes before any of them can run.
+#[uprobe]
+pub fn dl_debug_state(_ctx: ProbeContext) -> u32 {
+    targets::hold();
     0
 }
 

@@ -8,10 +8,13 @@
 //! exited is not taken for it.
 
 use aya_ebpf::{
-    helpers::{bpf_get_current_pid_tgid, bpf_probe_read_kernel, generated::bpf_get_current_task},
+    helpers::{
+        bpf_get_current_pid_tgid, bpf_probe_read_kernel,
+        generated::{bpf_get_current_task, bpf_send_signal},
+    },
     programs::BtfTracePointContext,
 };
-use tracer_common::{TargetProcess, counter, target_flags, target_match};
+use tracer_common::{TargetProcess, counter, target_filter, target_flags, target_match};
 
 use crate::{
     BPRM_FILE_OFFSET, CLOCK_TICK_NS, FILE_INODE_OFFSET, INODE_INO_OFFSET, INODE_SB_OFFSET,
@@ -99,6 +102,31 @@ pub fn is_traced(tgid: u32, kind: u32) -> bool {
         None => false,
     }
 }
+
+/// Stops the current process, when traced, and records it in `HELD`: user space looks
+/// at its maps, attaches the probes of what it mapped, and continues it. `dlopen` calls
+/// `_dl_debug_state` once its objects are mapped and before it relocates them or runs
+/// their constructors, so none of their code has run yet.
+#[inline(always)]
+pub fn hold() {
+    if crate::stopped() {
+        return;
+    }
+    let Some((tgid, _)) = current_ids() else {
+        return;
+    };
+    if !is_traced(tgid, target_filter::USDT) {
+        return;
+    }
+    if crate::HELD.insert(&tgid, &1, 0).is_ok() {
+        // SAFETY: the helper signals the current process; SIGSTOP takes effect on its
+        // way back to user space.
+        unsafe { bpf_send_signal(SIGSTOP) };
+    }
+}
+
+/// `SIGSTOP` on Linux.
+const SIGSTOP: u32 = 19;
 
 /// `sched_process_fork(parent, child)`, run by the parent: a process forked by a target
 /// that follows its forks is a target from its first instruction. Threads are not

@@ -157,10 +157,19 @@ impl ProbePlan {
 
     /// Every site with its BPF cookie, as `Loader::attach_usdt_sites` takes them.
     pub fn usdt_sites(&self) -> Vec<(u32, &UsdtSite, &UsdtAttachment)> {
-        self.sites
+        self.usdt_sites_in(0..self.sites.len())
+    }
+
+    /// The sites of `cookies` (what [`ProbePlan::add`] returned), as
+    /// [`ProbePlan::usdt_sites`] gives them.
+    pub fn usdt_sites_in(
+        &self,
+        cookies: std::ops::Range<usize>,
+    ) -> Vec<(u32, &UsdtSite, &UsdtAttachment)> {
+        self.sites[cookies.clone()]
             .iter()
-            .enumerate()
-            .map(|(cookie, planned)| (cookie as u32, &planned.site, &planned.attachment))
+            .zip(cookies)
+            .map(|(planned, cookie)| (cookie as u32, &planned.site, &planned.attachment))
             .collect()
     }
 
@@ -177,6 +186,16 @@ impl ProbePlan {
     pub fn take_stack_snapshots(&mut self) {
         for planned in &mut self.sites {
             planned.site.flags |= site_flags::STACKS | site_flags::STACK_SNAPSHOT;
+        }
+    }
+
+    /// What the kernel's arrays must hold when sites may be added while tracing: as many
+    /// sites and probes as can ever be attached.
+    pub fn room_to_grow(&self) -> PlanSizes {
+        PlanSizes {
+            sites: MAX_USDT_SITES,
+            probes: MAX_PROBES,
+            latencies: self.latencies.len() as u32,
         }
     }
 
@@ -201,6 +220,49 @@ impl ProbePlan {
             latencies: latencies.to_vec(),
             ..Default::default()
         };
+        plan.add(sites, tasks, mode, pid)?;
+        Ok(plan)
+    }
+
+    /// Plans more sites (found after the first attach: a library mapped later, a new
+    /// process's files) after those planned already, with the same latencies. Their
+    /// cookies follow the existing ones; on error the plan is left as it was.
+    pub fn add(
+        &mut self,
+        sites: &[SiteInput],
+        tasks: &[TaskProbeDef],
+        mode: SiteMode,
+        pid: Option<u32>,
+    ) -> Result<std::ops::Range<usize>, PlanError> {
+        let (first_site, first_probe, first_unavailable) = (
+            self.sites.len(),
+            self.probes.len(),
+            self.unavailable_args.len(),
+        );
+        let result = self.add_sites(sites, tasks, mode, pid);
+        if result.is_err() {
+            self.sites.truncate(first_site);
+            self.probes.truncate(first_probe);
+            self.unavailable_args.truncate(first_unavailable);
+            for probe in &mut self.probes {
+                probe.site_count = 0;
+            }
+            for planned in &self.sites {
+                self.probes[planned.site.probe_id as usize].site_count += 1;
+            }
+        }
+        result.map(|()| first_site..self.sites.len())
+    }
+
+    fn add_sites(
+        &mut self,
+        sites: &[SiteInput],
+        tasks: &[TaskProbeDef],
+        mode: SiteMode,
+        pid: Option<u32>,
+    ) -> Result<(), PlanError> {
+        let latencies = &self.latencies.clone();
+        let plan = self;
         for input in sites {
             let roles = |pick: fn(&LatencyDef) -> &str| -> Vec<u32> {
                 latencies
@@ -315,7 +377,7 @@ impl ProbePlan {
         if plan.probes.len() > MAX_PROBES as usize {
             return Err(PlanError::TooManyProbes(plan.probes.len()));
         }
-        Ok(plan)
+        Ok(())
     }
 
     /// Makes the sites of the probes `requests` name read those arguments as strings at
@@ -438,6 +500,33 @@ mod tests {
                 ..Default::default()
             })]),
         }
+    }
+
+    /// Sites added later take the cookies and probe ids after the first ones, a probe
+    /// seen again keeps its id; a failing addition leaves the plan as it was.
+    #[test]
+    fn sites_added_later_follow_the_first_ones() {
+        let mut plan =
+            ProbePlan::build(&[site("a", 0x10)], &[], &[], SiteMode::Count, None).unwrap();
+        let mut lib = site("b", 0x20);
+        lib.path = "/lib.so".into();
+        let added = plan
+            .add(&[lib, site("a", 0x30)], &[], SiteMode::Count, None)
+            .unwrap();
+        assert_eq!(added, 1..3);
+        let cookies: Vec<u32> = plan.usdt_sites_in(added).iter().map(|s| s.0).collect();
+        assert_eq!(cookies, [1, 2]);
+        assert_eq!(plan.sites[1].site.probe_id, 1, "a new probe: the next id");
+        assert_eq!(plan.sites[2].site.probe_id, 0, "the same probe: its id");
+        assert_eq!(plan.probes[0].site_count, 2);
+        let mut broken = site("c", 0x40);
+        broken.args = Err("bad spec".into());
+        assert!(
+            plan.add(&[site("d", 0x50), broken], &[], SiteMode::Events, None)
+                .is_err()
+        );
+        assert_eq!((plan.sites.len(), plan.probes.len()), (3, 2));
+        assert_eq!(plan.probes[0].site_count, 2);
     }
 
     fn latency(name: &str, begin: &str, end: &str) -> LatencyDef {

@@ -177,6 +177,14 @@ pub fn stat_field(stat: &str, n: usize) -> Option<&str> {
     after_name.split_whitespace().nth(n.checked_sub(3)?)
 }
 
+/// Whether process `pid` is stopped (state `T` in /proc/PID/stat: by a signal).
+pub fn is_stopped(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| stat_field(&stat, 3).map(|state| state == "T"))
+        .unwrap_or(false)
+}
+
 /// Every process now, by PID.
 pub fn all_processes() -> Vec<u32> {
     numbered_entries(Path::new("/proc"))

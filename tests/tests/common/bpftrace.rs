@@ -4,6 +4,7 @@
 use std::{
     collections::BTreeMap,
     io::{BufRead as _, BufReader, Read as _},
+    path::Path,
     process::{Child, ChildStderr, ChildStdout, Command, Stdio},
     sync::Once,
 };
@@ -28,8 +29,14 @@ impl Bpftrace {
     /// Starts `bpftrace ARGS` and returns once it is attached. tracefs is mounted first if
     /// it is not (bpftrace needs it for some probe types; it stays mounted).
     pub fn start(args: &[&str]) -> Bpftrace {
+        Bpftrace::start_in(Path::new("."), args)
+    }
+
+    /// [`Bpftrace::start`] in directory `dir`: its `usdt:*` is a file pattern there.
+    pub fn start_in(dir: &Path, args: &[&str]) -> Bpftrace {
         mount_tracefs();
         let mut child = Command::new("bpftrace")
+            .current_dir(dir)
             .args(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

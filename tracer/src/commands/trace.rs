@@ -2,7 +2,7 @@
 //! or counts per probe; with `--stack`, each hit's stack after its line, or counts per
 //! stack written as a flame graph.
 
-use std::{collections::HashMap, num::NonZeroU32};
+use std::{collections::HashMap, num::NonZeroU32, path::PathBuf};
 
 use anyhow::{Result, bail};
 use serde_json::json;
@@ -16,7 +16,8 @@ use crate::{
     loader::{Features, Loader, RecordRing, Settings},
     privileges,
     probe_plan::{ProbePlan, SiteInput, SiteMode},
-    procfs, render,
+    procfs::{self, ProcessError},
+    render,
     stacks::{self, HitStack, StackProfile, StackSource, Weight},
     stop::{self, ProcessWatch, StopReason},
     symbolize::{ProcessMaps, StackSymbolizer},
@@ -74,6 +75,9 @@ pub fn run(config: TraceConfig) -> Result<()> {
             pids: &pids,
             exe: spec.exe.as_deref(),
         },
+        // `usdt:*` (or no path) with no process named: every process running now, and
+        // (below) those that start later.
+        (None, None) if specs.iter().any(searches_processes) => Scope::Everything,
         (None, None) => Scope::Files { exe: None },
     };
     let watch = single.map(ProcessWatch::target).transpose()?;
@@ -82,10 +86,28 @@ pub fn run(config: TraceConfig) -> Result<()> {
         Some(pid) => procfs::target_error(pid, e),
         None => e,
     };
-    let resolved = usdt::resolve(&specs, scope).map_err(|e| match single {
-        Some(pid) => procfs::target_error(pid, e.of_target()),
-        None => e.into(),
-    })?;
+    // What may match objects not mapped yet: specifiers that search a process's objects
+    // (no path, `*`, a file name), looked for again in what the processes map later.
+    let later_specs: Vec<_> = specs
+        .iter()
+        .filter(|spec| {
+            searches_processes(spec) || spec.path.as_deref().is_some_and(|p| !p.contains('/'))
+        })
+        .cloned()
+        .collect();
+    let resolved = match usdt::resolve(&specs, scope) {
+        // None yet: they may be in a library loaded later.
+        Err(usdt::UsdtError::NoProbes { wanted, .. }) if !later_specs.is_empty() => {
+            crate::status!(
+                "No probes match {wanted} yet: looking for them in what is loaded later."
+            );
+            usdt::Resolved::default()
+        }
+        result => result.map_err(|e| match single {
+            Some(pid) => procfs::target_error(pid, e.of_target()),
+            None => e.into(),
+        })?,
+    };
     for skipped in &resolved.skipped {
         log::warn!("skipped a probe site: {skipped}");
     }
@@ -110,19 +132,16 @@ pub fn run(config: TraceConfig) -> Result<()> {
     } else if config.stack {
         plan.take_stacks();
     }
-    for arg in &plan.unavailable_args {
-        log::warn!(
-            "{}: arg{} {}: unavailable, shown as {}",
-            escape_text(&plan.probes[arg.probe_id as usize].specifier()),
-            arg.index,
-            escape_text(&arg.reason),
-            match config.format {
-                Format::Text => "?",
-                Format::Json => "null",
-            }
-        );
-    }
+    warn_unavailable(&plan.unavailable_args, &plan, config.format);
     let types = probe_arg_types(&plan);
+    let searched = usdt::Searched::of_resolved(
+        &resolved.sites,
+        &match scope {
+            Scope::Everything => procfs::all_processes(),
+            Scope::Process(pid) => vec![pid],
+            _ => pids.clone(),
+        },
+    );
 
     let mut loader = Loader::load(&Settings {
         targets: targets.clone(),
@@ -131,7 +150,11 @@ pub fn run(config: TraceConfig) -> Result<()> {
             true => UNWIND_RING_BYTES,
             false => Settings::default().unwind_ring_bytes,
         },
-        plan_sizes: Some(plan.sizes()),
+        // Sites found later get cookies after these: room for them.
+        plan_sizes: Some(match later_specs.is_empty() {
+            true => plan.sizes(),
+            false => plan.room_to_grow(),
+        }),
         features: Features {
             // Counting by stack announces each new stack through the event ring.
             events: !config.count || config.stack,
@@ -151,6 +174,25 @@ pub fn run(config: TraceConfig) -> Result<()> {
         true => Some(loader.take_unwind_samples()?),
         false => None,
     };
+    if !later_specs.is_empty() && !spec.is_everything() {
+        hold_at_dlopen(&mut loader, &child, &pids, spec.exe.as_deref(), single)
+            .map_err(on_target)?;
+    }
+    let mut later = (!later_specs.is_empty()).then(|| LateSites {
+        specs: later_specs,
+        searched,
+        mode,
+        pid: single,
+        ticks: 0,
+        members: match (&child, spec.is_everything()) {
+            (Some(child), _) if single.is_some() => Members::One(child.pid),
+            (_, true) => Members::Every,
+            _ => match single {
+                Some(pid) => Members::One(pid),
+                None => Members::Set,
+            },
+        },
+    });
     // Ctrl-C from the moment the line below is printed (and the command runs) must stop
     // the trace, not kill us.
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -199,7 +241,17 @@ pub fn run(config: TraceConfig) -> Result<()> {
             watch,
             config.duration,
             stop::either(
-                pump(&mut events, &mut printer, &loader, &out),
+                pump(
+                    &mut events,
+                    &mut printer,
+                    &mut Pumped {
+                        loader: &mut loader,
+                        later: later.as_mut(),
+                        plan: &mut plan,
+                        format: config.format,
+                    },
+                    &out,
+                ),
                 targets::track(tracker.as_mut()),
             ),
         )
@@ -207,6 +259,9 @@ pub fn run(config: TraceConfig) -> Result<()> {
         Ok::<_, std::io::Error>((reason, events.into_inner()))
     })?;
     loader.stop_recording()?;
+    if let Some(later) = later.as_mut() {
+        later.release_all(&mut loader);
+    }
     loader.detach_usdt()?;
     drop(tracker);
     loader.detach_targets();
@@ -724,23 +779,239 @@ fn probe_arg_types(plan: &ProbePlan) -> Vec<Vec<ArgType>> {
 async fn pump(
     events: &mut AsyncFd<RecordRing>,
     printer: &mut EventPrinter,
-    stacks: &dyn StackSource,
+    pumped: &mut Pumped<'_>,
     out: &OutputStream,
 ) -> std::io::Result<StopReason> {
+    let mut ticker = tokio::time::interval(LOOK_PERIOD);
     loop {
         tokio::select! {
+            _ = ticker.tick() => pumped.look(printer),
             guard = events.readable_mut() => {
                 let mut guard = guard?;
                 // Clear before draining: the kernel only wakes a reader that has caught
                 // up, so a wakeup arriving during the drain must not be cleared afterwards.
                 guard.clear_ready();
-                let (bytes, count) = printer.format(guard.get_inner_mut(), stacks);
+                let (bytes, count) = printer.format(guard.get_inner_mut(), &*pumped.loader);
                 if count > 0 && !out.send(bytes, count).await {
                     return Ok(StopReason::OutputClosed);
                 }
             }
             () = out.failed() => return Ok(StopReason::OutputClosed),
         }
+    }
+}
+
+/// What [`pump`] works with besides the events: the loader (whose stacks events name)
+/// and the look for objects mapped since the start.
+struct Pumped<'a> {
+    loader: &'a mut Loader,
+    later: Option<&'a mut LateSites>,
+    plan: &'a mut ProbePlan,
+    format: Format,
+}
+
+impl Pumped<'_> {
+    fn look(&mut self, printer: &mut EventPrinter) {
+        if let Some(later) = self.later.as_deref_mut() {
+            later.look(self.loader, self.plan, printer, self.format);
+        }
+    }
+}
+
+/// How often held processes are looked for; every [`LOOK_EVERY`] times, the processes'
+/// maps are looked at for objects mapped since.
+/// A held process waits for this at most (each `dlopen` and `dlclose` holds it twice):
+/// one map lookup per period.
+const LOOK_PERIOD: std::time::Duration = std::time::Duration::from_millis(1);
+const LOOK_EVERY: u32 = 100;
+
+/// Whether `spec` searches the objects of processes (no path, or `*`) rather than files.
+fn searches_processes(spec: &usdt::UsdtSpecifier) -> bool {
+    spec.path.as_deref().is_none_or(|path| path == "*")
+}
+
+/// Whose maps are looked at for objects mapped later.
+enum Members {
+    One(u32),
+    /// The kernel's set of targets.
+    Set,
+    /// Every process.
+    Every,
+}
+
+/// Sites in objects mapped after the first attach (a library `dlopen`ed, a process
+/// started later), found and attached while tracing.
+struct LateSites {
+    specs: Vec<usdt::UsdtSpecifier>,
+    searched: usdt::Searched,
+    mode: SiteMode,
+    pid: Option<u32>,
+    members: Members,
+    ticks: u32,
+}
+
+impl LateSites {
+    /// Continues the processes the kernel held, once their new objects' probes are
+    /// attached; every [`LOOK_EVERY`] calls, looks at every process's objects too. A
+    /// failure is a warning: tracing what is attached goes on.
+    fn look(
+        &mut self,
+        loader: &mut Loader,
+        plan: &mut ProbePlan,
+        printer: &mut EventPrinter,
+        format: Format,
+    ) {
+        for pid in loader.held() {
+            // Continued before its SIGSTOP took effect, it would stay stopped.
+            if !procfs::is_stopped(pid) && ProcessError::check(pid).is_none() {
+                continue;
+            }
+            self.look_at(pid, loader, plan, printer, format);
+            loader.release_held(pid);
+            continue_process(pid);
+        }
+        self.ticks += 1;
+        if self.ticks % LOOK_EVERY != 1 {
+            return;
+        }
+        let pids = match self.members {
+            Members::One(pid) => vec![pid],
+            Members::Set => loader.targets_map().map(|t| t.pids()).unwrap_or_default(),
+            Members::Every => procfs::all_processes(),
+        };
+        for pid in pids {
+            self.look_at(pid, loader, plan, printer, format);
+        }
+    }
+
+    fn look_at(
+        &mut self,
+        pid: u32,
+        loader: &mut Loader,
+        plan: &mut ProbePlan,
+        printer: &mut EventPrinter,
+        format: Format,
+    ) {
+        let (sites, skipped) = usdt::find_new(&self.specs, pid, &mut self.searched);
+        for skipped in &skipped {
+            log::warn!("skipped a probe site: {skipped}");
+        }
+        if sites.is_empty() {
+            return;
+        }
+        if let Err(e) = self.attach(&sites, loader, plan, printer, format) {
+            log::warn!("cannot attach the probes found later in process {pid}: {e:#}");
+        }
+    }
+
+    /// Continues every process still held, once the kernel holds no more (recording
+    /// stopped), waiting up to a second in all for them to have stopped.
+    fn release_all(&mut self, loader: &mut Loader) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+        for pid in loader.held() {
+            while !procfs::is_stopped(pid)
+                && ProcessError::check(pid).is_none()
+                && std::time::Instant::now() < deadline
+            {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            loader.release_held(pid);
+            continue_process(pid);
+        }
+    }
+
+    fn attach(
+        &mut self,
+        sites: &[usdt::ProbeSite],
+        loader: &mut Loader,
+        plan: &mut ProbePlan,
+        printer: &mut EventPrinter,
+        format: Format,
+    ) -> Result<()> {
+        let inputs = sites
+            .iter()
+            .map(SiteInput::try_from)
+            .collect::<Result<Vec<_>, _>>()?;
+        let known_unavailable = plan.unavailable_args.len();
+        let added = plan.add(&inputs, &[], self.mode, self.pid)?;
+        warn_unavailable(&plan.unavailable_args[known_unavailable..], plan, format);
+        loader.attach_more_usdt_sites(&plan.usdt_sites_in(added.clone()))?;
+        printer.names = plan.probes.iter().map(|p| p.specifier()).collect();
+        printer.types = probe_arg_types(plan);
+        log::info!("attached {} more sites", added.len());
+        Ok(())
+    }
+}
+
+/// Sends SIGCONT to a process the kernel stopped for us.
+fn continue_process(pid: u32) {
+    // SAFETY: kill has no memory preconditions.
+    unsafe { libc::kill(pid as i32, libc::SIGCONT) };
+}
+
+/// Has the kernel hold the traced processes each time their dynamic loader has mapped a
+/// library (`dlopen`), so that its probes are attached before it runs: the loaders of
+/// the command, of the processes traced and of the `--exe` file.
+fn hold_at_dlopen(
+    loader: &mut Loader,
+    child: &Option<PausedChild>,
+    pids: &[u32],
+    exe: Option<&std::path::Path>,
+    single: Option<u32>,
+) -> anyhow::Result<()> {
+    // (executable, the root its loader's path is under)
+    let exes: Vec<(PathBuf, PathBuf)> = match child {
+        Some(child) => vec![(child.exe.clone(), PathBuf::from("/"))],
+        None => pids
+            .iter()
+            .map(|pid| {
+                (
+                    PathBuf::from(format!("/proc/{pid}/exe")),
+                    PathBuf::from(format!("/proc/{pid}/root")),
+                )
+            })
+            .chain(exe.map(|e| (e.to_path_buf(), PathBuf::from("/"))))
+            .collect(),
+    };
+    let mut loaders: Vec<PathBuf> = Vec::new();
+    for (exe, root) in exes {
+        let Some(interp) = usdt::interpreter(&exe) else {
+            continue;
+        };
+        let path = root.join(interp.strip_prefix("/").unwrap_or(&interp));
+        if let Ok(path) = std::fs::canonicalize(&path)
+            && !loaders.contains(&path)
+        {
+            loaders.push(path);
+        }
+    }
+    for path in loaders {
+        match usdt::dl_debug_state_offset(&path) {
+            Some(offset) => loader.hold_at_dlopen(&path, offset, single)?,
+            None => log::warn!(
+                "{}: no _dl_debug_state: a library loaded later is found within {} ms, \
+                 and its first hits may be missed",
+                path.display(),
+                LOOK_EVERY * LOOK_PERIOD.as_millis() as u32
+            ),
+        }
+    }
+    Ok(())
+}
+
+/// One warning per argument events cannot show.
+fn warn_unavailable(args: &[crate::probe_plan::UnavailableArg], plan: &ProbePlan, format: Format) {
+    for arg in args {
+        log::warn!(
+            "{}: arg{} {}: unavailable, shown as {}",
+            escape_text(&plan.probes[arg.probe_id as usize].specifier()),
+            arg.index,
+            escape_text(&arg.reason),
+            match format {
+                Format::Text => "?",
+                Format::Json => "null",
+            }
+        );
     }
 }
 

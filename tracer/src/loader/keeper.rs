@@ -15,9 +15,14 @@
 //! tracer ended: with no fatal signal pending, every site gets its instruction back and
 //! every semaphore drops.
 //!
+//! The keeper also continues the processes the kernel holds stopped at `dlopen` (the
+//! `HELD` map, see `Loader::hold_at_dlopen`) once it has closed the links, so a tracer
+//! that dies while one is held (SIGKILL, a crash) leaves it running, not stopped.
+//!
 //! The protocol is one `SOCK_SEQPACKET` message per request, each answered by an errno
 //! (0 for success): an attach request carries the program's fd (`SCM_RIGHTS`), the
-//! process filter and the uprobes; a release request has no body.
+//! process filter and the uprobes; a held-map request carries the map's fd; a release
+//! request has no body.
 
 use std::{
     ffi::OsStr,
@@ -47,6 +52,7 @@ pub const MAX_UPROBES_PER_LINK: usize = 2048;
 
 const REQUEST_ATTACH: u32 = 1;
 const REQUEST_RELEASE: u32 = 2;
+const REQUEST_HELD_MAP: u32 = 3;
 /// kind, pid (0: every process), uprobe count, path length.
 const HEADER_BYTES: usize = 16;
 const UPROBE_BYTES: usize = 24;
@@ -130,6 +136,12 @@ impl LinkKeeper {
         self.request(&request, Some(prog))?;
         self.links += 1;
         Ok(())
+    }
+
+    /// Gives the keeper the map of processes held at `dlopen`, to continue them whenever
+    /// it closes the links.
+    pub fn watch_held(&mut self, held: BorrowedFd<'_>) -> io::Result<()> {
+        self.request(&REQUEST_HELD_MAP.to_ne_bytes(), Some(held))
     }
 
     /// Has the keeper close every link it holds, and waits until it has: the sites have
@@ -217,6 +229,7 @@ pub fn serve() -> i32 {
     // SAFETY: fd 0 is the socket the tracer passed, owned by this process alone.
     let socket = unsafe { BorrowedFd::borrow_raw(0) };
     let mut links: Vec<OwnedFd> = Vec::new();
+    let mut held: Option<OwnedFd> = None;
     let mut buf = vec![0u8; MAX_REQUEST_BYTES];
     loop {
         let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
@@ -239,7 +252,7 @@ pub fn serve() -> i32 {
                 prog = fds.into_iter().next();
             }
         }
-        let errno = match handle(&buf[..bytes], prog, &mut links) {
+        let errno = match handle(&buf[..bytes], prog, &mut links, &mut held) {
             Ok(()) => 0,
             Err(e) => e.raw_os_error().unwrap_or(libc::EINVAL),
         };
@@ -257,11 +270,30 @@ pub fn serve() -> i32 {
         }
     }
     drop(links);
+    continue_held(held.as_ref());
     0
 }
 
+/// Continues every process the kernel held stopped at `dlopen`, once no link is left to
+/// hold another (the links' removal waits for the programs that ran to finish).
+fn continue_held(held: Option<&OwnedFd>) {
+    let Some(held) = held else {
+        return;
+    };
+    for pid in sys::hash_keys_u32(held.as_fd()) {
+        let _ = sys::hash_delete_u32(held.as_fd(), pid);
+        // SAFETY: kill has no memory preconditions; a pid that is gone fails harmlessly.
+        unsafe { libc::kill(pid as libc::pid_t, libc::SIGCONT) };
+    }
+}
+
 /// One request: attach (a new link kept in `links`) or release (every link closed).
-fn handle(request: &[u8], prog: Option<OwnedFd>, links: &mut Vec<OwnedFd>) -> io::Result<()> {
+fn handle(
+    request: &[u8],
+    prog: Option<OwnedFd>,
+    links: &mut Vec<OwnedFd>,
+    held: &mut Option<OwnedFd>,
+) -> io::Result<()> {
     let invalid = || io::Error::from_raw_os_error(libc::EINVAL);
     let word = |i: usize| -> io::Result<u32> {
         let bytes = request.get(i * 4..i * 4 + 4).ok_or_else(invalid)?;
@@ -270,6 +302,11 @@ fn handle(request: &[u8], prog: Option<OwnedFd>, links: &mut Vec<OwnedFd>) -> io
     match word(0)? {
         REQUEST_RELEASE => {
             links.clear();
+            continue_held(held.as_ref());
+            Ok(())
+        }
+        REQUEST_HELD_MAP => {
+            *held = Some(prog.ok_or_else(invalid)?);
             Ok(())
         }
         REQUEST_ATTACH => {

@@ -644,6 +644,19 @@ impl Loader {
         sites: &[(u32, &UsdtSite, &UsdtAttachment)],
         warm_up: UprobeWarmUp,
     ) -> Result<()> {
+        self.attach_more_usdt_sites(sites)?;
+        warm_up.release();
+        // Events flow; now the maps the other programs and the readers need.
+        self.finish_maps()
+    }
+
+    /// Attaches sites found after [`Loader::attach_usdt_sites`] (a library mapped later, a
+    /// new process's files), with cookies after those attached already: the arrays must
+    /// have been sized for them (see `ProbePlan::room_to_grow`).
+    pub fn attach_more_usdt_sites(
+        &mut self,
+        sites: &[(u32, &UsdtSite, &UsdtAttachment)],
+    ) -> Result<()> {
         let mut groups: Vec<(&'static str, &UsdtAttachment, Vec<sys::MultiUprobe>)> = Vec::new();
         for (cookie, site, target) in sites {
             self.set_usdt_site(*cookie, site)?;
@@ -675,9 +688,61 @@ impl Loader {
                 self.usdt_sites_attached += chunk.len();
             }
         }
-        warm_up.release();
-        // Events flow; now the maps the other programs and the readers need.
-        self.finish_maps()
+        Ok(())
+    }
+
+    /// Holds the traced processes that run the dynamic loader at `path` each time it has
+    /// mapped objects (a uprobe at `_dl_debug_state`, file offset `offset`): the kernel
+    /// stops the process and lists it in [`Loader::held`] until [`Loader::release_held`].
+    /// For process `pid` only, or every process running that loader (the kernel keeps
+    /// the targets').
+    pub fn hold_at_dlopen(&mut self, path: &Path, offset: u64, pid: Option<u32>) -> Result<()> {
+        if self.keeper.is_none() {
+            self.keeper = Some(spawn_keeper()?);
+        }
+        let name = program_names::DL_DEBUG_STATE;
+        self.usdt_program(name)?;
+        let prog_fd = self.programs.fd(name)?;
+        let uprobe = sys::MultiUprobe {
+            offset,
+            ref_ctr_offset: 0,
+            cookie: 0,
+        };
+        let target = UsdtAttachment {
+            path: path.to_path_buf(),
+            offset,
+            semaphore_offset: None,
+            pid,
+        };
+        let keeper = self.keeper.as_mut().expect("started above");
+        // Before the first hold can happen: whatever ends the tracer, the keeper
+        // continues the processes held.
+        if let Some(Map::HashMap(held)) = self.maps.get(map_names::HELD) {
+            keeper
+                .watch_held(held.fd().as_fd())
+                .map_err(LoaderError::Keeper)?;
+        }
+        keeper
+            .link_uprobe_multi(prog_fd, path, &[uprobe], pid)
+            .map_err(|e| attach_error(&target, e))
+    }
+
+    /// The processes the kernel holds (see [`Loader::hold_at_dlopen`]).
+    pub fn held(&self) -> Vec<u32> {
+        match self.hash_map::<u32, u32>(map_names::HELD) {
+            Ok(map) => map.keys().flatten().collect(),
+            Err(_) => Vec::new(),
+        }
+    }
+
+    /// Takes `pid` off the held list; the caller continues it.
+    pub fn release_held(&mut self, pid: u32) {
+        let name = map_names::HELD;
+        if let Some(map) = self.maps.get_mut(name)
+            && let Ok(mut held) = HashMap::<_, u32, u32>::try_from(map)
+        {
+            let _ = held.remove(&pid);
+        }
     }
 
     /// Waits for the maps still being created (see [`DEFERRED_MAPS`]).

@@ -389,3 +389,36 @@ pub fn program_id(prog: BorrowedFd<'_>) -> io::Result<u32> {
     }
     Ok(info.id)
 }
+
+/// The keys of a hash map of `u32` keys (the kernel's order; keys removed meanwhile may
+/// end the walk early).
+pub fn hash_keys_u32(map: BorrowedFd<'_>) -> Vec<u32> {
+    let mut keys = Vec::new();
+    let mut next = 0u32;
+    let mut at: Option<u32> = None;
+    while keys.len() < 1 << 20 {
+        let key = at.as_ref().map_or(0, |k| k as *const u32 as u64);
+        let got = map_command(
+            bpf_cmd::BPF_MAP_GET_NEXT_KEY,
+            map.as_raw_fd() as u32,
+            key,
+            &mut next as *mut u32 as u64,
+        );
+        if got.is_err() {
+            break;
+        }
+        keys.push(next);
+        at = Some(next);
+    }
+    keys
+}
+
+/// Removes `key` from a hash map of `u32` keys.
+pub fn hash_delete_u32(map: BorrowedFd<'_>, key: u32) -> io::Result<()> {
+    map_command(
+        bpf_cmd::BPF_MAP_DELETE_ELEM,
+        map.as_raw_fd() as u32,
+        &key as *const u32 as u64,
+        0,
+    )
+}

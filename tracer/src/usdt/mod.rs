@@ -12,6 +12,7 @@ mod process;
 mod resolve;
 mod spec;
 mod symbols;
+pub use symbols::{dl_debug_state_offset, interpreter};
 #[cfg(test)]
 mod test_elf;
 mod validate;
@@ -25,7 +26,7 @@ use crate::procfs::ProcessError;
 pub use notes::{NoteDesc, UsdtNote, parse_note_desc, parse_notes, read_notes};
 pub use pattern::{Glob, ProbePattern, UsdtSpecifier, glob_paths, has_probe_type, parse_specifier};
 pub use process::{MappedObject, MapsEntry, executable, mapped_objects, parse_maps};
-pub use resolve::{Found, Resolved, Scope, find, resolve, why_none};
+pub use resolve::{Found, Resolved, Scope, Searched, find, find_new, resolve, why_none};
 pub use spec::{ArgSpec, SiteArg, describe, parse_arg_specs, resolve_globals};
 pub use validate::{Layout, Segment, SiteOffsets, SiteProblem, validate};
 
@@ -294,7 +295,10 @@ pub fn find_probes_in_process(
     scan_process(pid, pattern).map(|scan| scan.sites)
 }
 
-fn sites_in(binary: &MappedObject, pattern: &ProbePattern) -> Result<Vec<ProbeSite>, UsdtError> {
+pub(crate) fn sites_in(
+    binary: &MappedObject,
+    pattern: &ProbePattern,
+) -> Result<Vec<ProbeSite>, UsdtError> {
     // Some binaries carry the same note twice (libjvm.so's hotspot:gc__begin); one uprobe
     // per address, or every hit would count twice.
     let mut seen = HashSet::new();

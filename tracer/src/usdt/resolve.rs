@@ -1,11 +1,13 @@
 //! From what the user typed (`usdt:PATH:PROVIDER:NAME`, with or without a PID) to the
 //! probe sites to attach.
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 use super::{
     Glob, MappedObject, ProbePattern, ProbeSite, UsdtError, UsdtSpecifier, dedup_by_file,
-    find_probes_in_file, glob_paths, scan_process, scan_processes,
+    executable, find_probes_in_file, glob_paths, mapped_objects, scan_process, scan_processes,
+    sites_in,
 };
 
 /// Where to look for probes.
@@ -22,6 +24,9 @@ pub enum Scope<'a> {
     /// Files only, for any process that runs them (and, with a command, `exe` stands in
     /// for a specifier without a path).
     Files { exe: Option<&'a Path> },
+    /// Every process running now, as [`Scope::Processes`] (`usdt:*` with no PID): those
+    /// that cannot be read (exited meanwhile, kernel threads) are passed over.
+    Everything,
 }
 
 /// Every site matching any of `specs`, valid or not, each once: what `list` shows.
@@ -68,6 +73,23 @@ pub fn find(specs: &[UsdtSpecifier], scope: Scope<'_>) -> Result<Found, UsdtErro
             }
             // A file named by path is searched too: a process that joins later (a fork
             // that executes it) may run it though none of those running now maps it.
+            for spec in specs {
+                if let Some(path) = spec.path.as_deref()
+                    && path.contains('/')
+                {
+                    search_files(&mut found, spec, files_named(spec, path, None)?)?;
+                }
+            }
+        }
+        Scope::Everything => {
+            let pids = crate::procfs::all_processes();
+            let scan = scan_processes(&pids, None, &ProbePattern::any())?;
+            found.unreadable = scan.skipped;
+            for site in scan.sites {
+                if specs.iter().any(|spec| matches(spec, &site)) {
+                    found.sites.push(site);
+                }
+            }
             for spec in specs {
                 if let Some(path) = spec.path.as_deref()
                     && path.contains('/')
@@ -185,6 +207,7 @@ fn nothing_matches(specs: &[UsdtSpecifier], scope: Scope<'_>) -> UsdtError {
             }
         }
         Scope::Files { .. } => "the given files".to_string(),
+        Scope::Everything => "any running process".to_string(),
     };
     UsdtError::NoProbes {
         wanted: wanted.join(", "),
@@ -226,7 +249,7 @@ fn matches_in(spec: &UsdtSpecifier, site: &ProbeSite, scope: Scope<'_>) -> bool 
         return false;
     }
     match (scope, spec.path.as_deref()) {
-        (Scope::Process(_) | Scope::Processes { .. }, _) => matches(spec, site),
+        (Scope::Process(_) | Scope::Processes { .. } | Scope::Everything, _) => matches(spec, site),
         (Scope::Files { exe }, None | Some("*")) => exe == Some(site.binary.path.as_path()),
         (Scope::Files { exe }, Some(path)) => {
             let command = exe.filter(|exe| *exe == site.binary.path);
@@ -234,6 +257,77 @@ fn matches_in(spec: &UsdtSpecifier, site: &ProbeSite, scope: Scope<'_>) -> bool 
                 || command.is_some_and(|exe| path_matches(Some(path), exe))
         }
     }
+}
+
+/// The files searched already (by device and inode, however a process names them): a
+/// file is searched for probes, and its sites attached, once.
+#[derive(Debug, Default)]
+pub struct Searched(HashSet<(u64, u64)>);
+
+impl Searched {
+    /// Marks `path`; false when it was marked already or cannot be read (then it is
+    /// passed over: a library that vanished has nothing to attach).
+    fn mark(&mut self, path: &Path) -> bool {
+        use std::os::unix::fs::MetadataExt as _;
+        match std::fs::metadata(path) {
+            Ok(meta) => self.0.insert((meta.dev(), meta.ino())),
+            Err(_) => false,
+        }
+    }
+
+    /// Marks every file of `sites` and, for each of `pids`, every object it maps now:
+    /// what [`resolve`] searched.
+    pub fn of_resolved(sites: &[ProbeSite], pids: &[u32]) -> Self {
+        let mut searched = Searched::default();
+        for site in sites {
+            searched.mark(&site.binary.host_path);
+        }
+        for &pid in pids {
+            for object in process_objects(pid) {
+                searched.mark(&object.host_path);
+            }
+        }
+        searched
+    }
+}
+
+/// Process `pid`'s executable and mapped objects; none when it cannot be read (exited).
+fn process_objects(pid: u32) -> Vec<MappedObject> {
+    executable(pid)
+        .into_iter()
+        .chain(mapped_objects(pid).unwrap_or_default())
+        .collect()
+}
+
+/// The valid sites `specs` select (by name and path, as in a process) in the files
+/// process `pid` maps that were not searched yet (a library it `dlopen`ed, a new
+/// process's executable), and why sites of those files were left out. A file that cannot
+/// be read is passed over: such a file may be searched again when another process maps
+/// it, so it is not marked.
+pub fn find_new(
+    specs: &[UsdtSpecifier],
+    pid: u32,
+    searched: &mut Searched,
+) -> (Vec<ProbeSite>, Vec<UsdtError>) {
+    let (mut sites, mut skipped) = (Vec::new(), Vec::new());
+    for object in process_objects(pid) {
+        if !searched.mark(&object.host_path) {
+            continue;
+        }
+        let Ok(found) = sites_in(&object, &ProbePattern::any()) else {
+            continue;
+        };
+        for site in found {
+            if !specs.iter().any(|spec| matches(spec, &site)) {
+                continue;
+            }
+            match site.offsets() {
+                Ok(_) => sites.push(site),
+                Err(problem) => skipped.push(problem),
+            }
+        }
+    }
+    (sites, skipped)
 }
 
 /// The files a specifier's path names outside a process: the file itself, or each ELF

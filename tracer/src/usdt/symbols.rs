@@ -62,3 +62,41 @@ pub fn symbol_addresses(
         })
         .collect())
 }
+
+/// The dynamic loader an executable names (`PT_INTERP`), when it has one.
+pub fn interpreter(path: &Path) -> Option<std::path::PathBuf> {
+    use object::read::elf::{ElfFile64, ProgramHeader as _};
+    let data = std::fs::read(path).ok()?;
+    let elf = ElfFile64::<object::Endianness>::parse(&*data).ok()?;
+    let endian = elf.endian();
+    let header = elf
+        .elf_program_headers()
+        .iter()
+        .find(|h| h.p_type(endian) == object::elf::PT_INTERP)?;
+    let bytes = header.data(endian, &*data).ok()?;
+    let name = bytes.split(|&b| b == 0).next()?;
+    Some(std::path::PathBuf::from(
+        std::str::from_utf8(name).ok()?.to_owned(),
+    ))
+}
+
+/// The file offset of the dynamic loader's `_dl_debug_state` (glibc's, which every
+/// `dlopen` and `dlclose` calls once the objects are mapped or unmapped: what debuggers
+/// stop at), in the loader at `path`.
+pub fn dl_debug_state_offset(path: &Path) -> Option<u64> {
+    let wanted = HashSet::from(["_dl_debug_state"]);
+    let address = *symbol_addresses(path, &wanted)
+        .ok()?
+        .get("_dl_debug_state")?
+        .as_ref()
+        .ok()?;
+    let file = File::open(path).ok()?;
+    let cache = ReadCache::new(file);
+    let object = object::File::parse(&cache).ok()?;
+    object.segments().find_map(|segment| {
+        use object::ObjectSegment as _;
+        let (offset, size) = segment.file_range();
+        let start = segment.address();
+        (start <= address && address < start + size).then(|| address - start + offset)
+    })
+}
