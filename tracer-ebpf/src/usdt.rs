@@ -72,7 +72,7 @@ pub fn on_hit<const TASKS: bool, const STACKS: bool>(ctx: &ProbeContext) {
     let now = unsafe { bpf_ktime_get_ns() };
     let tid = pid_tgid as u32;
     end_latencies(site, (pid_tgid >> 32) as u32, tid, now);
-    begin_latencies(ctx, site, tid, now);
+    begin_latencies(site, tid, now);
     if task_switch {
         crate::tasks::on_task_probe(ctx, site, pid_tgid, now);
     }
@@ -192,7 +192,7 @@ pub fn on_hit_with_strings(ctx: &ProbeContext) {
 }
 
 #[inline(always)]
-fn begin_latencies(ctx: &ProbeContext, site: &UsdtSite, tid: u32, now: u64) {
+fn begin_latencies(site: &UsdtSite, tid: u32, now: u64) {
     for i in 0..MAX_LATENCIES_PER_PROBE {
         if i >= site.latency_begin_count as usize {
             break;
@@ -201,15 +201,10 @@ fn begin_latencies(ctx: &ProbeContext, site: &UsdtSite, tid: u32, now: u64) {
             tid,
             latency_id: site.latency_begins[i],
         };
+        // Counted only: a log here would make the program every `attach` starts with
+        // longer to relocate and verify (bench figure 4).
         if LATENCY_STARTS.insert(&key, &now, 0).is_err() {
             count(counter::MAP_FULL);
-            debug!(
-                ctx,
-                "probe {}: LATENCY_STARTS is full, latency {} of thread {} not started",
-                site.probe_id,
-                key.latency_id,
-                tid
-            );
         }
     }
 }
