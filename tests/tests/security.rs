@@ -270,8 +270,9 @@ fn changes(before: &BTreeMap<u64, Vec<u8>>, after: &BTreeMap<u64, Vec<u8>>) -> V
 /// The whole memory of a target blocked before its workload (so it changes nothing
 /// itself), read through /proc/PID/mem before, while and after a tracer is attached:
 /// while attached, the only bytes that differ are the first bytes of probe sites (now
-/// the uprobe breakpoint, 0xcc) and USDT semaphores (raised); after the tracer detached,
-/// not one byte differs. For `trace --pid` on every probe of usdt-args (every site gets a
+/// the uprobe breakpoint, 0xcc), USDT semaphores (raised) and, for `trace`, the dynamic
+/// loader's `_dl_debug_state` (where a `dlopen` is held until the new library is
+/// attached); after the tracer detached, not one byte differs. For `trace --pid` on every probe of usdt-args (every site gets a
 /// breakpoint) and for `attach` on gc-demo.
 #[test]
 #[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
@@ -314,9 +315,12 @@ fn a_target_is_changed_only_at_semaphores_and_probe_sites_and_only_while_attache
         let after = snapshot(target.pid);
 
         let attached = changes(&before, &during);
+        let loader_hold = dl_debug_state_address(target.pid);
         let (mut breakpoints, mut raised) = (0, BTreeSet::new());
         for &(address, old, new) in &attached {
-            if probes.is_site(address) {
+            if command == "trace" && Some(address) == loader_hold {
+                assert_eq!(new, 0xcc, "{program}: _dl_debug_state {old:#x} -> {new:#x}");
+            } else if probes.is_site(address) {
                 assert_eq!(
                     new, 0xcc,
                     "{program}: site {address:#x}: {old:#x} -> {new:#x}"
@@ -453,4 +457,36 @@ fn a_symlink_planted_at_an_output_path_is_not_followed() {
     });
     assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
     assert!(!absent.exists(), "created through a dangling symlink");
+}
+
+/// Where the dynamic loader's `_dl_debug_state` is in process `pid`, as `trace` finds it
+/// (the loader named by the executable's PT_INTERP, the symbol's file offset).
+fn dl_debug_state_address(pid: u32) -> Option<u64> {
+    let interp = tracer::usdt::interpreter(Path::new(&format!("/proc/{pid}/exe")))?;
+    let loader = std::fs::canonicalize(&interp).ok()?;
+    let offset = tracer::usdt::dl_debug_state_offset(&loader)?;
+    exe_mappings_of(pid, &loader)
+        .into_iter()
+        .find(|m| m.2 <= offset && offset < m.2 + (m.1 - m.0))
+        .map(|m| m.0 + offset - m.2)
+}
+
+/// The executable mappings of `file` in process `pid`: (start, end, file offset).
+fn exe_mappings_of(pid: u32, file: &Path) -> Vec<(u64, u64, u64)> {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
+    maps.lines()
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let (range, perms, offset, path) = (fields[0], fields[1], fields[2], fields.get(5)?);
+            if !perms.contains('x') || Path::new(path) != file {
+                return None;
+            }
+            let (start, end) = range.split_once('-')?;
+            Some((
+                u64::from_str_radix(start, 16).ok()?,
+                u64::from_str_radix(end, 16).ok()?,
+                u64::from_str_radix(offset, 16).ok()?,
+            ))
+        })
+        .collect()
 }
