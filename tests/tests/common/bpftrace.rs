@@ -5,16 +5,32 @@ use std::{
     collections::BTreeMap,
     io::{BufRead as _, BufReader, Read as _},
     path::Path,
-    process::{Child, ChildStderr, ChildStdout, Command, Stdio},
-    sync::Once,
+    process::{Child, Command, ExitStatus, Stdio},
+    sync::{Once, mpsc},
+    thread::JoinHandle,
+    time::{Duration, Instant},
 };
+
+/// How long bpftrace may take to attach (libjvm's hundreds of sites take seconds).
+const ATTACH_DEADLINE: Duration = Duration::from_secs(90);
+/// How long bpftrace may take to exit once it should have: detaching and printing.
+const EXIT_DEADLINE: Duration = Duration::from_secs(60);
+/// How long after SIGINT before bpftrace is nudged out of its wait (see [`wake`]).
+const NUDGE_AFTER: Duration = Duration::from_secs(3);
 
 /// A running `bpftrace` whose script prints a line starting with `Tracing` in BEGIN, which
 /// bpftrace runs once every probe is attached.
+///
+/// Its output is read on threads of their own, so that every wait has a deadline: a
+/// bpftrace that never attaches or never exits fails the test, with what it printed and
+/// where it waits, instead of holding the whole run.
 pub struct Bpftrace {
     child: Child,
-    stdout: BufReader<ChildStdout>,
-    stderr: ChildStderr,
+    args: String,
+    /// Standard output after the `Tracing` line, a line at a time; closed at its end.
+    lines: mpsc::Receiver<String>,
+    stderr: Option<JoinHandle<String>>,
+    early: String,
 }
 
 impl Bpftrace {
@@ -42,44 +58,183 @@ impl Bpftrace {
             .stderr(Stdio::piped())
             .spawn()
             .expect("bpftrace is installed by `cargo xtask setup`");
-        let mut bpftrace = Bpftrace {
-            stdout: BufReader::new(child.stdout.take().unwrap()),
-            stderr: child.stderr.take().unwrap(),
-            child,
-        };
-        let mut early = String::new();
-        loop {
-            let mut line = String::new();
-            if bpftrace.stdout.read_line(&mut line).unwrap() == 0 {
-                let mut err = String::new();
-                bpftrace.stderr.read_to_string(&mut err).unwrap();
-                let status = bpftrace.child.wait().unwrap();
-                panic!("bpftrace {args:?} exited before attaching ({status}): {early}{err}");
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        let (send, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in stdout.lines() {
+                let Ok(line) = line else { break };
+                if send.send(line).is_err() {
+                    break;
+                }
             }
-            early.push_str(&line);
-            if line.starts_with("Tracing") {
-                return bpftrace;
+        });
+        let mut stderr = child.stderr.take().unwrap();
+        let stderr = std::thread::spawn(move || {
+            let mut err = String::new();
+            let _ = stderr.read_to_string(&mut err);
+            err
+        });
+        let mut bpftrace = Bpftrace {
+            child,
+            args: format!("{args:?}"),
+            lines,
+            stderr: Some(stderr),
+            early: String::new(),
+        };
+        let deadline = Instant::now() + ATTACH_DEADLINE;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match bpftrace.lines.recv_timeout(left) {
+                Ok(line) => {
+                    bpftrace.early.push_str(&line);
+                    bpftrace.early.push('\n');
+                    if line.starts_with("Tracing") {
+                        return bpftrace;
+                    }
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    let status = bpftrace.child.wait().unwrap();
+                    let err = bpftrace.take_stderr();
+                    panic!(
+                        "bpftrace {} exited before attaching ({status}): {}{err}",
+                        bpftrace.args, bpftrace.early
+                    );
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => bpftrace.fail(&format!(
+                    "did not attach within {} s",
+                    ATTACH_DEADLINE.as_secs()
+                )),
             }
         }
     }
 
     /// Waits for bpftrace to exit (with `-p`, it does when the traced process exits) and
     /// parses the maps it printed.
-    pub fn finish(mut self) -> BpftraceMaps {
+    pub fn finish(self) -> BpftraceMaps {
+        self.finish_by(Instant::now() + EXIT_DEADLINE, None)
+    }
+
+    /// Stops bpftrace (SIGINT: it detaches and prints its maps) and parses those maps.
+    pub fn stop(self) -> BpftraceMaps {
+        // SAFETY: kill has no memory preconditions; the pid is our child's, not reaped yet.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+        let now = Instant::now();
+        self.finish_by(now + EXIT_DEADLINE, Some(now + NUDGE_AFTER))
+    }
+
+    /// Reads the rest of standard output until it closes, by `deadline`; past `nudge`,
+    /// bpftrace is woken from its wait once.
+    fn finish_by(mut self, deadline: Instant, mut nudge: Option<Instant>) -> BpftraceMaps {
         let mut out = String::new();
-        self.stdout.read_to_string(&mut out).unwrap();
-        let mut err = String::new();
-        self.stderr.read_to_string(&mut err).unwrap();
-        let status = self.child.wait().unwrap();
+        loop {
+            let now = Instant::now();
+            if now >= deadline {
+                self.fail(&format!(
+                    "did not exit within {} s; it printed:\n{out}",
+                    EXIT_DEADLINE.as_secs()
+                ));
+            }
+            let wait_until = nudge.map_or(deadline, |n| n.min(deadline));
+            match self
+                .lines
+                .recv_timeout(wait_until.saturating_duration_since(now))
+            {
+                Ok(line) => {
+                    out.push_str(&line);
+                    out.push('\n');
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => break,
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    if nudge.is_some_and(|n| Instant::now() >= n) {
+                        nudge = None;
+                        eprintln!(
+                            "bpftrace {}: still running {} s after SIGINT ({}); waking it",
+                            self.args,
+                            NUDGE_AFTER.as_secs(),
+                            wait_channel(self.child.id())
+                        );
+                        wake(self.child.id());
+                    }
+                }
+            }
+        }
+        let status = self.wait_by(deadline);
+        let err = self.take_stderr();
         assert!(status.success(), "bpftrace failed ({status}): {err}\n{out}");
         BpftraceMaps::parse(&out)
     }
 
-    /// Stops bpftrace as Ctrl-C does (it prints its maps and exits) and parses the maps.
-    pub fn stop(self) -> BpftraceMaps {
-        // SAFETY: kill has no memory preconditions; the pid is our child's, not reaped yet.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
-        self.finish()
+    fn wait_by(&mut self, deadline: Instant) -> ExitStatus {
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            if Instant::now() >= deadline {
+                self.fail("closed its output but did not exit");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn take_stderr(&mut self) -> String {
+        self.stderr
+            .take()
+            .map(|reader| reader.join().unwrap_or_default())
+            .unwrap_or_default()
+    }
+
+    /// Fails the test with where bpftrace waits; dropping it then kills it.
+    fn fail(&mut self, what: &str) -> ! {
+        let pid = self.child.id();
+        let waits = wait_channel(pid);
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let err = self.take_stderr();
+        panic!(
+            "bpftrace {} (pid {pid}, waiting in {waits}) {what}\nbefore attaching it printed:\n{}\nstandard error:\n{err}",
+            self.args, self.early
+        );
+    }
+}
+
+/// The kernel function process `pid` sleeps in.
+fn wait_channel(pid: u32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/wchan")).unwrap_or_else(|e| e.to_string())
+}
+
+/// Interrupts the system call process `pid` sleeps in, without a signal: seized, stopped
+/// and let go by ptrace, as strace's attaching does.
+///
+/// bpftrace 0.17 can miss a SIGINT: its handler sets a flag that its output loop checks
+/// only when `epoll_wait` returns, and it was seen sleeping there with the flag set for
+/// over an hour of CI while its run was quiet. An interrupted `epoll_wait` returns EINTR,
+/// the loop sees the flag and bpftrace exits as on SIGINT. A second SIGINT is not safe:
+/// once bpftrace has restored the default action it would kill it before it prints.
+fn wake(pid: u32) {
+    let pid = pid as libc::pid_t;
+    // SAFETY: ptrace and waitpid on our own child, with no pointers passed in but the
+    // status, which outlives the call.
+    unsafe {
+        if libc::ptrace(libc::PTRACE_SEIZE, pid, 0, 0) != 0 {
+            return;
+        }
+        if libc::ptrace(libc::PTRACE_INTERRUPT, pid, 0, 0) == 0 {
+            // The stop, or the exit if bpftrace ended meanwhile: WNOWAIT leaves an exit
+            // for `Child::wait`, and only a stop is then taken.
+            let mut info: libc::siginfo_t = std::mem::zeroed();
+            let any = libc::WSTOPPED | libc::WEXITED | libc::__WALL;
+            if libc::waitid(
+                libc::P_PID,
+                pid as libc::id_t,
+                &mut info,
+                any | libc::WNOWAIT,
+            ) == 0
+                && info.si_code == libc::CLD_TRAPPED
+            {
+                libc::waitid(libc::P_PID, pid as libc::id_t, &mut info, any);
+            }
+        }
+        libc::ptrace(libc::PTRACE_DETACH, pid, 0, 0);
     }
 }
 

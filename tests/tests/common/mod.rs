@@ -10,11 +10,16 @@ mod bpftrace;
 pub use bpftrace::{Bpftrace, BpftraceMaps};
 
 use std::{
+    cell::RefCell,
     collections::{BTreeSet, HashMap},
     io::{BufRead as _, BufReader, Read as _},
     os::unix::fs::{FileExt as _, MetadataExt as _},
     path::{Path, PathBuf},
     process::{Child, ChildStderr, Command, Stdio},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
     time::Duration,
 };
 
@@ -25,6 +30,8 @@ use std::{
 /// it as ignored rather than passed; `cargo xtask test` runs them with `--include-ignored`.
 /// A test asked to run without the privilege fails: it never reports a pass it did not
 /// earn, under CI=true or not.
+///
+/// It also sets a watchdog on the test (see [`watch_this_test`]).
 pub fn require_privileged() {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
@@ -33,6 +40,102 @@ pub fn require_privileged() {
              leave out --include-ignored to skip the privileged tests)"
         );
     }
+    watch_this_test();
+}
+
+/// No end-to-end test takes a minute and a half here; one that runs for this long waits
+/// for something that will not come.
+const HUNG_AFTER: Duration = Duration::from_secs(240);
+
+/// Set when the test's thread ends (its thread-local is dropped).
+struct TestDone(Arc<AtomicBool>);
+
+impl Drop for TestDone {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+thread_local! {
+    static THIS_TEST: RefCell<Option<TestDone>> = const { RefCell::new(None) };
+}
+
+/// Turns a hung test into a failed one: past [`HUNG_AFTER`], the processes the test binary
+/// started are listed with where they wait, then killed, so that the test's reads end and
+/// it fails with its own message; if even that does not end it, the binary aborts. A hang
+/// would otherwise hold the whole CI run until its time limit, saying nothing.
+fn watch_this_test() {
+    let done = Arc::new(AtomicBool::new(false));
+    let name = std::thread::current()
+        .name()
+        .unwrap_or("a test")
+        .to_string();
+    THIS_TEST.with(|test| *test.borrow_mut() = Some(TestDone(done.clone())));
+    std::thread::spawn(move || {
+        let started = std::time::Instant::now();
+        let wait_until = |limit: Duration| {
+            while started.elapsed() < limit {
+                if done.load(Ordering::Relaxed) {
+                    return true;
+                }
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            done.load(Ordering::Relaxed)
+        };
+        if wait_until(HUNG_AFTER) {
+            return;
+        }
+        let descendants = descendants(std::process::id());
+        let mut listing = String::new();
+        for pid in &descendants {
+            let read = |file: &str| std::fs::read_to_string(format!("/proc/{pid}/{file}"));
+            let cmdline = read("cmdline").unwrap_or_default().replace('\0', " ");
+            let wchan = read("wchan").unwrap_or_default();
+            listing.push_str(&format!("  {pid} waiting in {wchan}: {cmdline}\n"));
+        }
+        eprintln!(
+            "{name} has run for {} s and is taken as hung; killing what it started:\n{listing}",
+            HUNG_AFTER.as_secs()
+        );
+        for pid in descendants {
+            // SAFETY: kill has no memory preconditions.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        }
+        if !wait_until(HUNG_AFTER + Duration::from_secs(60)) {
+            eprintln!("{name} is still hung after its processes were killed: aborting");
+            std::process::abort();
+        }
+    });
+}
+
+/// The processes below `pid`, children first.
+fn descendants(pid: u32) -> Vec<u32> {
+    let parents: Vec<(u32, u32)> = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| {
+            let child: u32 = entry.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+            // The parent is the second field after the parenthesised name.
+            let parent = stat.rsplit_once(')')?.1.split_whitespace().nth(1)?;
+            Some((child, parent.parse().ok()?))
+        })
+        .collect();
+    let mut found = vec![pid];
+    let mut next = 0;
+    while next < found.len() {
+        let parent = found[next];
+        found.extend(
+            parents
+                .iter()
+                .filter(|(_, p)| *p == parent)
+                .map(|(c, _)| *c),
+        );
+        next += 1;
+    }
+    found.remove(0);
+    found
 }
 
 /// The tracer binary: $TRACER_BIN (set by `cargo xtask test`) or the workspace's release
