@@ -162,6 +162,8 @@ pub mod global_names {
     pub const TASK_GROUP_LEADER_OFFSET: &str = "TASK_GROUP_LEADER_OFFSET";
     pub const TASK_START_BOOTTIME_OFFSET: &str = "TASK_START_BOOTTIME_OFFSET";
     pub const TASK_COMM_OFFSET: &str = "TASK_COMM_OFFSET";
+    /// Byte offset of `se.sum_exec_runtime` (the thread's CPU time, ns) in `task_struct`.
+    pub const TASK_EXEC_RUNTIME_OFFSET: &str = "TASK_EXEC_RUNTIME_OFFSET";
     /// Byte offsets of `linux_binprm.file`, `file.f_inode`, `inode.i_ino`, `inode.i_sb`
     /// and `super_block.s_dev`: the file a process executes (`--exe`).
     pub const BPRM_FILE_OFFSET: &str = "BPRM_FILE_OFFSET";
@@ -202,6 +204,7 @@ pub mod global_names {
         TASK_GROUP_LEADER_OFFSET,
         TASK_START_BOOTTIME_OFFSET,
         TASK_COMM_OFFSET,
+        TASK_EXEC_RUNTIME_OFFSET,
         BPRM_FILE_OFFSET,
         FILE_INODE_OFFSET,
         INODE_INO_OFFSET,
@@ -486,12 +489,21 @@ pub struct LatencyStats {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct OffCpuStart {
     pub ts_ns: u64,
+    /// The thread's CPU time (`se.sum_exec_runtime`) when it left: should its switch back
+    /// in go unseen, its next switch out (or its death) finds this start still open, and
+    /// the CPU time it has had since tells when it came back. [`EXEC_NS_UNKNOWN`] for
+    /// starts user space marked.
+    pub exec_ns: u64,
     pub tgid: u32,
     pub user_stack_id: i32,
     pub kernel_stack_id: i32,
     /// Why the thread left the CPU: an [`offcpu_state`].
     pub state: u32,
 }
+
+/// [`OffCpuStart::exec_ns`] of a start marked by user space (a thread maybe running): its
+/// next switch out replaces it and nothing is recovered.
+pub const EXEC_NS_UNKNOWN: u64 = u64::MAX;
 
 /// Key of `OFFCPU_TIME`: a thread and the stacks where it blocked.
 #[repr(C)]
@@ -607,7 +619,10 @@ pub mod counter {
     pub const UNWIND_NO_USER_REGS: u32 = 6;
     /// DWARF unwinding: not a single byte of the user stack could be read; sent anyway.
     pub const UNWIND_STACK_UNREADABLE: u32 = 7;
-    pub const COUNT: u32 = 8;
+    /// Off-CPU: a thread's switch back in was not seen (the interval was closed at its next
+    /// switch out or its death, from the CPU time it had had since).
+    pub const SWITCH_INS_MISSED: u32 = 8;
+    pub const COUNT: u32 = 9;
 }
 
 /// Maximum frames in a captured stack (the kernel's default perf_event_max_stack).

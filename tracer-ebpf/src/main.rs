@@ -163,6 +163,8 @@ static TASK_START_BOOTTIME_OFFSET: u32 = 0;
 #[unsafe(no_mangle)]
 static TASK_COMM_OFFSET: u32 = 0;
 #[unsafe(no_mangle)]
+static TASK_EXEC_RUNTIME_OFFSET: u32 = 0;
+#[unsafe(no_mangle)]
 static BPRM_FILE_OFFSET: u32 = 0;
 #[unsafe(no_mangle)]
 static FILE_INODE_OFFSET: u32 = 0;

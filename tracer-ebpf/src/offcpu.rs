@@ -9,21 +9,29 @@
 //! stack pointers as its last snapshot reuses that snapshot's id, once user space has
 //! unwound it and said which stack words the unwinding read (`SNAPSHOT_CHECKS`), and if
 //! those words are unchanged: unwinding again would give the same frames.
+//!
+//! A thread's switch back in has been seen to go unaccounted, rarely, under load (its
+//! start still open when it later ran and exited). Such a start is closed at the thread's
+//! next switch out, or its death: it has been on the CPU ever since it came back, for as
+//! long as its CPU time grew since it left, so it came back that long before now. These
+//! are counted (`SWITCH_INS_MISSED`).
 
 use aya_ebpf::{
     bindings::BPF_F_USER_STACK,
-    helpers::{bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_probe_read_user},
+    helpers::{
+        bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_probe_read_user,
+    },
     programs::BtfTracePointContext,
 };
 use aya_log_ebpf::debug;
 use tracer_common::{
-    FIRST_SNAPSHOT_ID, LastSnapshot, MAX_SNAPSHOT_CHECKS, NO_STACK, OffCpuKey, OffCpuStart,
-    OffCpuTotal, counter, offcpu_state, target_filter,
+    EXEC_NS_UNKNOWN, FIRST_SNAPSHOT_ID, LastSnapshot, MAX_SNAPSHOT_CHECKS, NO_STACK, OffCpuKey,
+    OffCpuStart, OffCpuTotal, counter, offcpu_state, target_filter,
 };
 
 use crate::{
     MIN_BLOCK_NS, OFFCPU_SNAPSHOTS, OFFCPU_STARTS, OFFCPU_TIME, SNAPSHOT_CHECKS, SNAPSHOT_SEQ,
-    count, setting, snapshot, stacks::stack_id, targets,
+    TASK_EXEC_RUNTIME_OFFSET, count, setting, snapshot, stacks::stack_id, targets,
 };
 
 /// `DWARF`: the user stack is a snapshot for user space to unwind (see the module docs).
@@ -45,10 +53,17 @@ fn record_switch_out<const DWARF: bool>(ctx: &BtfTracePointContext, now: u64) {
     if tid == 0 || !targets::is_traced(tgid, target_filter::SCHED) {
         return;
     }
+    let prev: *const u8 = ctx.arg(1);
+    let exec_ns = cpu_time(prev);
     // A dying thread never switches back in; its interval would be closed by whichever
-    // thread reuses its id.
+    // thread reuses its id. One still open lost its switch in.
     let prev_state: u64 = ctx.arg(3);
     if prev_state as u32 & TASK_DEAD != 0 {
+        // SAFETY: the value is copied out before the entry is removed.
+        if let Some(open) = unsafe { OFFCPU_STARTS.get(&tid) }.copied() {
+            let _ = OFFCPU_STARTS.remove(&tid);
+            close_missed(tid, &open, now, exec_ns);
+        }
         return;
     }
     let user_stack_id = if DWARF {
@@ -66,15 +81,47 @@ fn record_switch_out<const DWARF: bool>(ctx: &BtfTracePointContext, now: u64) {
     };
     let start = OffCpuStart {
         ts_ns: now,
+        exec_ns,
         tgid,
         user_stack_id,
         kernel_stack_id,
         state,
     };
-    if OFFCPU_STARTS.insert(&tid, &start, 0).is_err() {
+    let inserted = match OFFCPU_STARTS.insert(&tid, &start, BPF_NOEXIST) {
+        Err(EEXIST) => {
+            // SAFETY: the value is copied out before the entry is replaced.
+            if let Some(open) = unsafe { OFFCPU_STARTS.get(&tid) }.copied() {
+                close_missed(tid, &open, now, exec_ns);
+            }
+            OFFCPU_STARTS.insert(&tid, &start, 0)
+        }
+        other => other,
+    };
+    if inserted.is_err() {
         count(counter::MAP_FULL);
         debug!(ctx, "OFFCPU_STARTS is full: thread {} blocks unseen", tid);
     }
+}
+
+/// The CPU time of `task` so far (ns); [`EXEC_NS_UNKNOWN`] if unreadable.
+#[inline(always)]
+fn cpu_time(task: *const u8) -> u64 {
+    let field = task.wrapping_add(setting(&TASK_EXEC_RUNTIME_OFFSET) as usize) as *const u64;
+    // SAFETY: bpf_probe_read_kernel validates the address.
+    unsafe { bpf_probe_read_kernel(field) }.unwrap_or(EXEC_NS_UNKNOWN)
+}
+
+/// Accounts `open`, a start of thread `tid` whose switch back in went unseen: the thread
+/// has run since it came back, for the CPU time it gained, so it came back that long
+/// before `now`. A start user space marked (the thread maybe never blocked) is dropped.
+#[inline(always)]
+fn close_missed(tid: u32, open: &OffCpuStart, now: u64, exec_ns: u64) {
+    if open.exec_ns == EXEC_NS_UNKNOWN || exec_ns == EXEC_NS_UNKNOWN {
+        return;
+    }
+    count(counter::SWITCH_INS_MISSED);
+    let ran_ns = exec_ns.saturating_sub(open.exec_ns);
+    add_interval(tid, open, now.saturating_sub(ran_ns));
 }
 
 /// The id of a snapshot of the current thread's user stack: the last one sent if the
@@ -173,14 +220,23 @@ fn account_switch_in(next: *const u8, now: u64) {
     let Some(start) = (unsafe { OFFCPU_STARTS.get(&next_tid) }).copied() else {
         return;
     };
-    let _ = OFFCPU_STARTS.remove(&next_tid);
-    let blocked = now.saturating_sub(start.ts_ns);
+    // A start that stays (its removal failed) is closed at the thread's next switch out,
+    // as one whose switch in went unseen: accounting it now too would count it twice.
+    if OFFCPU_STARTS.remove(&next_tid).is_ok() {
+        add_interval(next_tid, &start, now);
+    }
+}
+
+/// Adds thread `tid`'s time off CPU from `start` to `end` to its stacks' total.
+#[inline(always)]
+fn add_interval(tid: u32, start: &OffCpuStart, end: u64) {
+    let blocked = end.saturating_sub(start.ts_ns);
     if blocked < setting(&MIN_BLOCK_NS) {
         return;
     }
     let key = OffCpuKey {
         tgid: start.tgid,
-        tid: next_tid,
+        tid,
         user_stack_id: start.user_stack_id,
         kernel_stack_id: start.kernel_stack_id,
         state: start.state,
@@ -188,7 +244,7 @@ fn account_switch_in(next: *const u8, now: u64) {
     match OFFCPU_TIME.get_ptr_mut(&key) {
         Some(total) => {
             // SAFETY: map value pointer valid during the program; the thread is switching
-            // in on this CPU only, so no one else updates this key now.
+            // on this CPU only, so no one else updates this key now.
             unsafe {
                 (*total).total_ns += blocked;
                 (*total).count += 1;
@@ -205,3 +261,8 @@ fn account_switch_in(next: *const u8, now: u64) {
         }
     }
 }
+
+/// `BPF_NOEXIST`: insert only if the key is absent, else fail with `EEXIST` (as a
+/// negative errno).
+const BPF_NOEXIST: u64 = 1;
+const EEXIST: i32 = -17;

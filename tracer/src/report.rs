@@ -86,6 +86,12 @@ pub struct Losses {
     pub stack_errors: u64,
     pub unmatched_ends: u64,
     pub arg_read_errors: u64,
+    /// Runs of a program the kernel skipped (it was already running on that CPU): events
+    /// never seen, with the program's name.
+    pub program_misses: Vec<(&'static str, u64)>,
+    /// Off-CPU intervals whose end went unseen, closed later from the thread's CPU time
+    /// (recovered, not lost).
+    pub switch_ins_missed: u64,
 }
 
 pub struct AttachReport {
@@ -300,6 +306,7 @@ impl AttachReport {
                 l.events_lost, l.map_full, l.stack_errors, l.arg_read_errors
             );
         }
+        out += &program_misses_line(&l.program_misses);
         out
     }
 
@@ -412,9 +419,28 @@ impl AttachReport {
                 "stack_errors": self.losses.stack_errors,
                 "unmatched_ends": self.losses.unmatched_ends,
                 "arg_read_errors": self.losses.arg_read_errors,
+                "program_misses": self.losses.program_misses.iter()
+                    .map(|(program, runs)| json!({"program": program, "runs": runs}))
+                    .collect::<Vec<_>>(),
+                "switch_ins_recovered": self.losses.switch_ins_missed,
             },
         })
     }
+}
+
+/// What the report says of programs the kernel skipped: nothing when none was.
+pub fn program_misses_line(misses: &[(&'static str, u64)]) -> String {
+    if misses.is_empty() {
+        return String::new();
+    }
+    let each: Vec<String> = misses
+        .iter()
+        .map(|(program, runs)| format!("{program} {runs} times"))
+        .collect();
+    format!(
+        "Not seen: the kernel skipped programs already running on their CPU: {}.\n",
+        each.join(", ")
+    )
 }
 
 /// A written file's path, or what the summary says of one that could not be written.

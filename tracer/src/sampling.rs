@@ -370,6 +370,8 @@ impl Seeds {
                 };
                 let start = OffCpuStart {
                     ts_ns: started_ns,
+                    // Maybe running: its next switch out just replaces the mark.
+                    exec_ns: tracer_common::EXEC_NS_UNKNOWN,
                     tgid: pid,
                     user_stack_id: ids[0],
                     kernel_stack_id: ids[1],

@@ -398,7 +398,7 @@ mod tests {
             tgid,
             user_stack_id: -14,
             kernel_stack_id: -14,
-            state: 0,
+            ..OffCpuStart::default()
         };
         // Open for 10 ms, 2 ms and 50 µs; and one of another process.
         let starts = [
@@ -441,6 +441,7 @@ mod tests {
             user_stack_id: STACK_BEFORE_START,
             kernel_stack_id: STACK_BEFORE_START,
             state: offcpu_state::BLOCKED,
+            ..OffCpuStart::default()
         }
     }
 
@@ -486,6 +487,7 @@ mod tests {
                         user_stack_id: 1,
                         kernel_stack_id: 2,
                         state: offcpu_state::BLOCKED,
+                        ..OffCpuStart::default()
                     },
                 ),
                 // Marked at the start and never switched out: it ran (it has samples).
@@ -576,6 +578,7 @@ mod tests {
                     user_stack_id: 1,
                     kernel_stack_id: 2,
                     state: offcpu_state::BLOCKED,
+                    ..OffCpuStart::default()
                 },
             )
         };

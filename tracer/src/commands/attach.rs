@@ -482,6 +482,8 @@ fn collect(
             stack_errors: counters[counter::STACK_ERRORS as usize],
             unmatched_ends: counters[counter::UNMATCHED_ENDS as usize],
             arg_read_errors: counters[counter::ARG_READ_ERRORS as usize],
+            program_misses: loader.program_misses(),
+            switch_ins_missed: counters[counter::SWITCH_INS_MISSED as usize],
         },
     };
     Ok((report, output_error))

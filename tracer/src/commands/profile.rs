@@ -158,6 +158,7 @@ pub fn run(config: ProfileConfig) -> Result<()> {
     if let Some(stats) = unwind_stats {
         text += &unwind_summary(&stats, &counters);
     }
+    text += &crate::report::program_misses_line(&loader.program_misses());
     let first = targets
         .iter()
         .flat_map(|t| &t.members)

@@ -424,8 +424,16 @@ impl Loader {
         let task = offsets(
             true,
             "task_struct",
-            &["pid", "group_leader", "start_boottime", "tgid", "comm"],
+            &[
+                "pid",
+                "group_leader",
+                "start_boottime",
+                "tgid",
+                "comm",
+                "se",
+            ],
         )?;
+        let sched_entity = offsets(features.offcpu, "sched_entity", &["sum_exec_runtime"])?;
         let exe = targets.and_then(|t| t.exe);
         let file_offsets = [
             offsets(exe.is_some(), "linux_binprm", &["file"])?,
@@ -502,6 +510,10 @@ impl Loader {
             u32s(global_names::TASK_START_BOOTTIME_OFFSET, task[2]),
             u32s(global_names::TASK_TGID_OFFSET, task[3]),
             u32s(global_names::TASK_COMM_OFFSET, task[4]),
+            u32s(
+                global_names::TASK_EXEC_RUNTIME_OFFSET,
+                task[5] + sched_entity[0],
+            ),
             u32s(global_names::BPRM_FILE_OFFSET, file_offsets[0][0]),
             u32s(global_names::FILE_INODE_OFFSET, file_offsets[1][0]),
             u32s(global_names::INODE_INO_OFFSET, file_offsets[2][0]),
@@ -824,6 +836,19 @@ impl Loader {
             .loaded()
             .filter_map(|prog| sys::program_id(prog).ok())
             .find_map(|id| DiagnosticsReader::start(id, probe_names))
+    }
+
+    /// The programs the kernel skipped at least once because they were already running on
+    /// that CPU, with how many times: every skip is an event not seen.
+    pub fn program_misses(&self) -> Vec<(&'static str, u64)> {
+        let mut misses: Vec<(&'static str, u64)> = self
+            .programs
+            .loaded_by_name()
+            .filter_map(|(name, prog)| Some((name, sys::program_misses(prog).ok()?)))
+            .filter(|(_, misses)| *misses > 0)
+            .collect();
+        misses.sort();
+        misses
     }
 
     /// The process holding the USDT links, once started.

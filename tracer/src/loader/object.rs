@@ -230,6 +230,11 @@ impl Programs {
         self.loaded.values().map(|fd| fd.as_fd())
     }
 
+    /// Every program loaded, by name.
+    pub(super) fn loaded_by_name(&self) -> impl Iterator<Item = (&'static str, BorrowedFd<'_>)> {
+        self.loaded.iter().map(|(name, fd)| (*name, fd.as_fd()))
+    }
+
     /// Program `name` once [`Programs::load`] loaded it.
     pub(super) fn fd(&self, name: &'static str) -> Result<BorrowedFd<'_>, LoaderError> {
         self.loaded

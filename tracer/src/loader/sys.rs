@@ -375,6 +375,16 @@ pub fn fill_data_map(map: BorrowedFd<'_>, value: &[u8], freeze: bool) -> io::Res
 
 /// The kernel's id of loaded program `prog` (what `bpftool prog` lists).
 pub fn program_id(prog: BorrowedFd<'_>) -> io::Result<u32> {
+    program_info(prog).map(|info| info.id)
+}
+
+/// How many times the kernel skipped program `prog` because it was already running on
+/// that CPU (`recursion_misses`, as `bpftool prog` shows them).
+pub fn program_misses(prog: BorrowedFd<'_>) -> io::Result<u64> {
+    program_info(prog).map(|info| info.recursion_misses)
+}
+
+fn program_info(prog: BorrowedFd<'_>) -> io::Result<bpf_prog_info> {
     // SAFETY: bpf_prog_info is plain integers and pointers the kernel only fills when their
     // lengths are set; all-zero asks for the fixed part alone.
     let mut info: bpf_prog_info = unsafe { mem::zeroed() };
@@ -387,7 +397,7 @@ pub fn program_id(prog: BorrowedFd<'_>) -> io::Result<u32> {
     if ret < 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok(info.id)
+    Ok(info)
 }
 
 /// The keys of a hash map of `u32` keys (the kernel's order; keys removed meanwhile may
