@@ -156,6 +156,62 @@ fn probe_counts(text: &str) -> BTreeMap<String, u64> {
 const BPFTRACE_COUNT: &str =
     "BEGIN { printf(\"Tracing\\n\"); } usdt:*:tracetest:* { @[probe] = count(); }";
 
+/// `attach` too: a latency between two probes of a library dlopened after attaching is
+/// measured from the first pair, the library's semaphore raised, and all is as it was
+/// after the stop.
+#[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+fn attach_measures_a_latency_of_a_library_dlopened_after_attaching() {
+    require_privileged();
+    let (exe, lib) = built();
+    let mut target = Late::start(exe, N);
+    let pid = target.pid.to_string();
+    let dir = out_dir("later-attach");
+    let attach = Tracer::start(&[
+        "attach",
+        "--pid",
+        &pid,
+        "--format",
+        "json",
+        "-o",
+        dir.to_str().unwrap(),
+        "--latency",
+        "tracetest:latelib,tracetest:guarded",
+    ]);
+    assert!(
+        attach
+            .early_stderr
+            .contains("looking for it in what is loaded later"),
+        "{}",
+        attach.early_stderr
+    );
+    // dlopen, then at once N pairs: the semaphore was up for all.
+    assert_eq!(target.step(), format!("raised={N}"));
+    // SAFETY: kill has no memory preconditions; the tracer is our child.
+    unsafe { libc::kill(attach.pid() as i32, libc::SIGINT) };
+    let (ok, out, err) = attach.finish();
+    assert!(ok, "{err}");
+    let report: serde_json::Value =
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    let latency = &report["latencies"]["latelib_to_guarded"];
+    assert_eq!(latency["count"], N as u64, "{report:#}\n{err}");
+    let hits = |name: &str| {
+        report["probes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["probe"].as_str().is_some_and(|s| s.ends_with(name)))
+            .map(|p| p["hits"].as_u64().unwrap())
+    };
+    assert_eq!(hits("tracetest:latelib"), Some(N as u64), "{report:#}");
+    assert_eq!(hits("tracetest:guarded"), Some(N as u64), "{report:#}");
+    // Left as it was: no breakpoint in the library, the semaphore 0.
+    assert_eq!(breakpoints_in(target.pid, lib).0, 0, "breakpoints left");
+    assert_eq!(target.step(), "raised=0", "the semaphore is back to 0");
+    target.finish();
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 #[test]
 #[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn a_library_dlopened_after_attaching_is_traced_from_its_first_hit() {

@@ -534,6 +534,68 @@ fn a_jvm_reports_one_gc_per_system_gc() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// A JVM started after `attach` (by `--exe`, the java launcher's file): its probes are in
+/// libjvm.so, which the launcher dlopens only then. Each of its collections is counted
+/// and timed as when the JVM is attached to by PID, as its GC log says.
+#[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+fn a_jvm_started_after_attach_is_traced_through_the_libjvm_it_loads_then() {
+    require_privileged();
+    const N: u64 = 4;
+    let dir = out_dir("jvm-later");
+    let java = std::fs::canonicalize(
+        std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+            .map(|d| d.join("java"))
+            .find(|p| p.is_file())
+            .expect("java (JDK 17) is needed for the JVM tests"),
+    )
+    .unwrap();
+    let attach = Tracer::start(&[
+        "attach",
+        "--exe",
+        java.to_str().unwrap(),
+        "--format",
+        "json",
+        "-d",
+        "120s",
+        "-o",
+        dir.join("attach").to_str().unwrap(),
+    ]);
+    assert!(
+        attach.early_stderr.contains("no known runtime probes yet"),
+        "{}",
+        attach.early_stderr
+    );
+    let gc_log = dir.join("gc.log");
+    let target = start_java(
+        &dir,
+        "TracerGc",
+        JAVA_GC,
+        &[format!("-Xlog:gc:file={}", gc_log.display())],
+        &[N.to_string()],
+    );
+    let rest = target.release_and_finish();
+    assert!(rest.contains(&format!("{{\"gcs\":{N}}}")), "{rest}");
+    // SAFETY: kill has no memory preconditions; the tracer is our child.
+    unsafe { libc::kill(attach.pid() as i32, libc::SIGINT) };
+    let (ok, out, err) = attach.finish();
+    assert!(ok, "{err}");
+    let report: serde_json::Value =
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    let log = std::fs::read_to_string(&gc_log).unwrap();
+    let log_pauses = log.lines().filter(|l| l.contains(" Pause ")).count() as u64;
+    assert_eq!(log_pauses, N, "{log}");
+    assert!(err.contains("more probe sites"), "{err}");
+    assert_eq!(report["gc"]["count"], N, "{report:#}\n{err}");
+    let (count, total, min, _) = latency(&report, "gc_pause");
+    assert_eq!(count, N);
+    assert!(min > 0 && total > 0, "{report:#}");
+    // Only the JVM's latencies: no other runtime's probes were found.
+    let names: Vec<&String> = report["latencies"].as_object().unwrap().keys().collect();
+    assert_eq!(names, ["gc_pause"], "{report:#}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// Two Java threads park (`LockSupport.parkNanos`) a known number of times for a known
 /// time each, timing every park themselves with `System.nanoTime`.
 const JAVA_PARK: &str = r#"

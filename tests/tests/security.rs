@@ -270,10 +270,10 @@ fn changes(before: &BTreeMap<u64, Vec<u8>>, after: &BTreeMap<u64, Vec<u8>>) -> V
 /// The whole memory of a target blocked before its workload (so it changes nothing
 /// itself), read through /proc/PID/mem before, while and after a tracer is attached:
 /// while attached, the only bytes that differ are the first bytes of probe sites (now
-/// the uprobe breakpoint, 0xcc), USDT semaphores (raised) and, for `trace`, the dynamic
-/// loader's `_dl_debug_state` (where a `dlopen` is held until the new library is
-/// attached); after the tracer detached, not one byte differs. For `trace --pid` on every probe of usdt-args (every site gets a
-/// breakpoint) and for `attach` on gc-demo.
+/// the uprobe breakpoint, 0xcc), USDT semaphores (raised) and the dynamic loader's
+/// `_dl_debug_state` (where a `dlopen` is held until the new library is attached); after
+/// the tracer detached, not one byte differs. For `trace --pid` on every probe of
+/// usdt-args (every site gets a breakpoint) and for `attach` on gc-demo.
 #[test]
 #[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn a_target_is_changed_only_at_semaphores_and_probe_sites_and_only_while_attached() {
@@ -318,7 +318,7 @@ fn a_target_is_changed_only_at_semaphores_and_probe_sites_and_only_while_attache
         let loader_hold = dl_debug_state_address(target.pid);
         let (mut breakpoints, mut raised) = (0, BTreeSet::new());
         for &(address, old, new) in &attached {
-            if command == "trace" && Some(address) == loader_hold {
+            if Some(address) == loader_hold {
                 assert_eq!(new, 0xcc, "{program}: _dl_debug_state {old:#x} -> {new:#x}");
             } else if probes.is_site(address) {
                 assert_eq!(
@@ -459,7 +459,7 @@ fn a_symlink_planted_at_an_output_path_is_not_followed() {
     assert!(!absent.exists(), "created through a dangling symlink");
 }
 
-/// Where the dynamic loader's `_dl_debug_state` is in process `pid`, as `trace` finds it
+/// Where the dynamic loader's `_dl_debug_state` is in process `pid`, as the tracer finds it
 /// (the loader named by the executable's PT_INTERP, the symbol's file offset).
 fn dl_debug_state_address(pid: u32) -> Option<u64> {
     let interp = tracer::usdt::interpreter(Path::new(&format!("/proc/{pid}/exe")))?;

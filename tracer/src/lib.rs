@@ -3,6 +3,8 @@
 //! Where each concept lives:
 //! - `usdt`: USDT note parsing, argument specs, probe patterns, process discovery;
 //! - `probe_plan`: which sites to attach and what the kernel does at each;
+//! - `late_sites`: sites in what is mapped while tracing (a library `dlopen`ed, a
+//!   process started later), held at the loader and attached before they run;
 //! - `loader` (with `btf`): the only module that talks to aya and the kernel;
 //! - `targets`: which processes a run traces (PIDs, `--children`, `--exe`, `--comm`,
 //!   `--cgroup`), found at the start and followed by the kernel;
@@ -30,6 +32,7 @@ pub mod console;
 #[cfg(test)]
 mod golden;
 pub mod histogram;
+pub mod late_sites;
 pub mod launch;
 pub mod loader;
 pub mod oserror;

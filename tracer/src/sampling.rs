@@ -277,23 +277,55 @@ pub async fn run_sampler(
     loader: &Loader,
     processes: &mut Processes,
 ) -> std::io::Result<StopReason> {
-    let mut ticker = tokio::time::interval(match (sampler.unwinds(), sampler.system_wide) {
-        (true, _) => DRAIN_PERIOD,
-        (false, false) => OBSERVE_PERIOD,
-        (false, true) => Duration::from_secs(1),
-    });
-    let mut refreshed: Option<std::time::Instant> = None;
-    let mut observed: Option<std::time::Instant> = None;
+    let mut chores = SamplerChores::default();
+    let mut ticker = tokio::time::interval(chores.period(sampler));
     loop {
         ticker.tick().await;
-        sampler.drain(processes);
-        if observed.is_none_or(|at| at.elapsed() >= OBSERVE_PERIOD) {
-            sampler.observe_targets(processes);
-            observed = Some(std::time::Instant::now());
+        chores.run(sampler, loader, processes);
+    }
+}
+
+/// The sampler's periodic work, for a loop that also does other things (`attach` looking
+/// for libraries loaded later): call [`SamplerChores::run`] at least every
+/// [`SamplerChores::period`]; it does what is due.
+#[derive(Debug, Default)]
+pub struct SamplerChores {
+    drained: Option<std::time::Instant>,
+    refreshed: Option<std::time::Instant>,
+    observed: Option<std::time::Instant>,
+}
+
+impl SamplerChores {
+    /// How often the sampler has work to do.
+    pub fn period(&self, sampler: &WallClockSampler) -> Duration {
+        match (sampler.unwinds(), sampler.system_wide) {
+            (true, _) => DRAIN_PERIOD,
+            (false, false) => OBSERVE_PERIOD,
+            (false, true) => Duration::from_secs(1),
         }
-        if refreshed.is_none_or(|at| at.elapsed() >= Duration::from_secs(1)) {
+    }
+
+    /// Does the work that is due.
+    pub fn run(
+        &mut self,
+        sampler: &mut WallClockSampler,
+        loader: &Loader,
+        processes: &mut Processes,
+    ) {
+        let due = |at: Option<std::time::Instant>, every: Duration| {
+            at.is_none_or(|at| at.elapsed() >= every)
+        };
+        if due(self.drained, self.period(sampler)) {
+            sampler.drain(processes);
+            self.drained = Some(std::time::Instant::now());
+        }
+        if due(self.observed, OBSERVE_PERIOD) {
+            sampler.observe_targets(processes);
+            self.observed = Some(std::time::Instant::now());
+        }
+        if due(self.refreshed, Duration::from_secs(1)) {
             sampler.refresh(loader, processes);
-            refreshed = Some(std::time::Instant::now());
+            self.refreshed = Some(std::time::Instant::now());
         }
     }
 }

@@ -14,6 +14,7 @@ use tracer_common::{counter, site_flags};
 use crate::{
     cli::{AttachConfig, Format},
     histogram::LatencyHistogram,
+    late_sites::{self, LateSites, Members},
     loader::{Features, Loader, Settings},
     privileges,
     probe_plan::{ProbePlan, SiteInput, SiteMode},
@@ -29,7 +30,7 @@ use crate::{
         AttachReport, LatencyReport, Losses, OffCpuProfile, ProbeReport, ProcessLatency,
         TaskReport, TracedProcess,
     },
-    runtimes::{self, LatencyDef, Runtime, TaskProbeDef},
+    runtimes::{self, LatencyDef, TaskProbeDef},
     sampling::{self, Collected, ViewOptions, WallClockSampler},
     stop::{self, ProcessWatch, StopReason},
     symbolize::StackSymbolizer,
@@ -90,13 +91,17 @@ pub fn run(config: AttachConfig) -> Result<()> {
             Err(problem) => log::warn!("skipped a probe site: {problem}"),
         }
     }
-    let latencies = latencies_for(&sites, &config)?;
-    let task_probes: Vec<TaskProbeDef> = known_runtimes(&sites)
+    // Every known runtime's latencies and task probes: its probes may be in a library
+    // loaded later (a JVM's libjvm.so), or a process started later; those without sites
+    // are left out of the report.
+    let latencies = latencies_for(&sites, &config);
+    let task_probes: Vec<TaskProbeDef> = runtimes::RUNTIMES
+        .iter()
         .flat_map(|r| r.task_probe_defs())
         .collect();
     // One process's sites are attached for it alone; a set's for every process mapping
     // the files, the kernel keeping the hits of the targets.
-    let plan = ProbePlan::build(
+    let mut plan = ProbePlan::build(
         &sites,
         &latencies,
         &task_probes,
@@ -131,7 +136,8 @@ pub fn run(config: AttachConfig) -> Result<()> {
         },
         unwind_ring_bytes: WallClockSampler::unwind_ring_bytes(&sampling),
         map_sizes: config.map_sizes,
-        plan_sizes: Some(plan.sizes()),
+        // Sites found later get cookies after these: room for them.
+        plan_sizes: Some(plan.room_to_grow()),
         ..Settings::default()
     })
     .map_err(|e| on_target(e.into()))?;
@@ -139,6 +145,23 @@ pub fn run(config: AttachConfig) -> Result<()> {
     loader
         .attach_usdt_sites(&plan.usdt_sites(), warm_up)
         .map_err(|e| on_target(e.into()))?;
+    late_sites::hold_at_dlopen(
+        &mut loader,
+        late_sites::executables_of(&pids, spec.exe.as_deref()),
+        single,
+    )
+    .map_err(on_target)?;
+    let mut later = LateSites::new(
+        later_specs(&config),
+        usdt::Searched::of_resolved(&scan.sites, &pids),
+        SiteMode::LatenciesOnly,
+        task_probes,
+        single,
+        match single {
+            Some(pid) => Members::One(pid),
+            None => Members::Set,
+        },
+    );
     let mut sampler = WallClockSampler::attach(&mut loader, Some(&targets), sampling, &processes)
         .map_err(on_target)?;
     let probe_names: Vec<String> = plan.probes.iter().map(|p| p.specifier()).collect();
@@ -160,7 +183,7 @@ pub fn run(config: AttachConfig) -> Result<()> {
         escape_text(&what.describe(pids.len(), spec.can_grow())),
         loader.usdt_site_count(),
         if runtime_names.is_empty() {
-            " (no known runtime probes found)".into()
+            " (no known runtime probes yet: looking in what is loaded later)".into()
         } else {
             format!(" of {}", runtime_names.join(", "))
         },
@@ -180,7 +203,13 @@ pub fn run(config: AttachConfig) -> Result<()> {
         watch,
         config.duration,
         stop::either(
-            sampling::run_sampler(&mut sampler, &loader, &mut processes),
+            run_attached(
+                &mut sampler,
+                &mut loader,
+                &mut processes,
+                &mut plan,
+                &mut later,
+            ),
             targets::track(tracker.as_mut()),
         ),
     ))?;
@@ -189,6 +218,7 @@ pub fn run(config: AttachConfig) -> Result<()> {
     // from here on.
     let now = stop::monotonic_ns();
     loader.stop_recording()?;
+    later.release_all(&mut loader);
     loader.detach_usdt()?;
     sampler.detach(&mut processes);
     stop::restore_default_signals();
@@ -300,10 +330,11 @@ impl Subject {
     }
 }
 
-/// The latencies to measure: every known runtime whose provider the target carries, plus
-/// those asked for with --latency (whose probes must exist).
-fn latencies_for(sites: &[SiteInput], config: &AttachConfig) -> Result<Vec<LatencyDef>> {
-    let mut defs: Vec<LatencyDef> = known_runtimes(sites)
+/// The latencies to measure: every known runtime's, plus those asked for with --latency
+/// (whose probes may only come in a library loaded later).
+fn latencies_for(sites: &[SiteInput], config: &AttachConfig) -> Vec<LatencyDef> {
+    let mut defs: Vec<LatencyDef> = runtimes::RUNTIMES
+        .iter()
         .flat_map(|r| r.latency_defs())
         .collect();
     for request in &config.latencies {
@@ -312,7 +343,11 @@ fn latencies_for(sites: &[SiteInput], config: &AttachConfig) -> Result<Vec<Laten
                 .iter()
                 .any(|s| s.provider == request.provider && &s.name == name)
             {
-                bail!("no probe {}:{name} in {}", request.provider, config.targets);
+                crate::status!(
+                    "No probe {}:{name} in {} yet: looking for it in what is loaded later.",
+                    request.provider,
+                    config.targets
+                );
             }
         }
         defs.push(LatencyDef {
@@ -322,19 +357,49 @@ fn latencies_for(sites: &[SiteInput], config: &AttachConfig) -> Result<Vec<Laten
             end: request.end.clone(),
         });
     }
-    Ok(defs)
+    defs
 }
 
-/// The runtimes whose providers appear among `sites`, each once.
-fn known_runtimes(sites: &[SiteInput]) -> impl Iterator<Item = &'static Runtime> {
-    let mut providers: Vec<&str> = sites.iter().map(|s| s.provider.as_str()).collect();
+/// What is looked for in objects mapped later: every known runtime's probes, and those of
+/// the providers asked for with --latency.
+fn later_specs(config: &AttachConfig) -> Vec<usdt::UsdtSpecifier> {
+    let mut providers: Vec<&str> = runtimes::RUNTIMES.iter().map(|r| r.provider).collect();
+    providers.extend(config.latencies.iter().map(|l| l.provider.as_str()));
     providers.sort_unstable();
     providers.dedup();
-    let runtimes: Vec<&'static Runtime> = providers
+    providers
         .into_iter()
-        .filter_map(runtimes::by_provider)
-        .collect();
-    runtimes.into_iter()
+        .filter_map(|provider| usdt::parse_specifier(&format!("usdt:*:{provider}:*")).ok())
+        .collect()
+}
+
+/// Looks for (and attaches) the probes of what the targets map later, every
+/// [`late_sites::LOOK_PERIOD`], between the sampler's own chores. Never finishes on its
+/// own.
+async fn run_attached(
+    sampler: &mut WallClockSampler,
+    loader: &mut Loader,
+    processes: &mut Processes,
+    plan: &mut ProbePlan,
+    later: &mut LateSites,
+) -> std::io::Result<StopReason> {
+    let mut chores = sampling::SamplerChores::default();
+    let mut ticker = tokio::time::interval(late_sites::LOOK_PERIOD);
+    loop {
+        ticker.tick().await;
+        let added = later.look(loader, plan);
+        if !added.is_empty() {
+            crate::status!(
+                "Attached {} more probe sites{}.",
+                added.sites.len(),
+                match runtime_names(plan) {
+                    names if names.is_empty() => String::new(),
+                    names => format!(" (now of {})", names.join(", ")),
+                }
+            );
+        }
+        chores.run(sampler, loader, processes);
+    }
 }
 
 fn runtime_names(plan: &ProbePlan) -> Vec<&'static str> {
@@ -374,6 +439,15 @@ fn collect(
     };
     let mut latencies = Vec::new();
     for (id, def) in plan.latencies.iter().enumerate() {
+        // A known runtime's latency whose probes were never found is not this target's.
+        let has_sites = |name: &str| {
+            plan.probes
+                .iter()
+                .any(|p| p.provider == def.provider && p.name == name && p.site_count > 0)
+        };
+        if !has_sites(&def.begin) || !has_sites(&def.end) {
+            continue;
+        }
         let data = loader.latency(id as u32)?;
         let mut hist = LatencyHistogram::new();
         for (bucket, &count) in data.buckets.iter().enumerate() {

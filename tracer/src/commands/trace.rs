@@ -12,12 +12,12 @@ use tracer_common::{UsdtArg, UsdtEvent, UsdtStrHeader, counter};
 use crate::{
     cli::{Format, TraceConfig, UnwindMethod},
     console::{OutputError, OutputStream},
+    late_sites::{self, LOOK_PERIOD, LateSites, Members, searches_processes},
     launch::PausedChild,
     loader::{Features, Loader, RecordRing, Settings},
     privileges,
     probe_plan::{ProbePlan, SiteInput, SiteMode},
-    procfs::{self, ProcessError},
-    render,
+    procfs, render,
     stacks::{self, HitStack, StackProfile, StackSource, Weight},
     stop::{self, ProcessWatch, StopReason},
     symbolize::{ProcessMaps, StackSymbolizer},
@@ -175,23 +175,22 @@ pub fn run(config: TraceConfig) -> Result<()> {
         false => None,
     };
     if !later_specs.is_empty() && !spec.is_everything() {
-        hold_at_dlopen(&mut loader, &child, &pids, spec.exe.as_deref(), single)
-            .map_err(on_target)?;
+        let exes = match &child {
+            Some(child) => vec![(child.exe.clone(), PathBuf::from("/"))],
+            None => late_sites::executables_of(&pids, spec.exe.as_deref()),
+        };
+        late_sites::hold_at_dlopen(&mut loader, exes, single).map_err(on_target)?;
     }
-    let mut later = (!later_specs.is_empty()).then(|| LateSites {
-        specs: later_specs,
-        searched,
-        mode,
-        pid: single,
-        ticks: 0,
-        members: match (&child, spec.is_everything()) {
+    let mut later = (!later_specs.is_empty()).then(|| {
+        let members = match (&child, spec.is_everything()) {
             (Some(child), _) if single.is_some() => Members::One(child.pid),
             (_, true) => Members::Every,
             _ => match single {
                 Some(pid) => Members::One(pid),
                 None => Members::Set,
             },
-        },
+        };
+        LateSites::new(later_specs, searched, mode, Vec::new(), single, members)
     });
     // Ctrl-C from the moment the line below is printed (and the command runs) must stop
     // the trace, not kill us.
@@ -812,191 +811,21 @@ struct Pumped<'a> {
 
 impl Pumped<'_> {
     fn look(&mut self, printer: &mut EventPrinter) {
-        if let Some(later) = self.later.as_deref_mut() {
-            later.look(self.loader, self.plan, printer, self.format);
-        }
-    }
-}
-
-/// How often held processes are looked for; every [`LOOK_EVERY`] times, the processes'
-/// maps are looked at for objects mapped since.
-/// A held process waits for this at most (each `dlopen` and `dlclose` holds it twice):
-/// one map lookup per period.
-const LOOK_PERIOD: std::time::Duration = std::time::Duration::from_millis(1);
-const LOOK_EVERY: u32 = 100;
-
-/// Whether `spec` searches the objects of processes (no path, or `*`) rather than files.
-fn searches_processes(spec: &usdt::UsdtSpecifier) -> bool {
-    spec.path.as_deref().is_none_or(|path| path == "*")
-}
-
-/// Whose maps are looked at for objects mapped later.
-enum Members {
-    One(u32),
-    /// The kernel's set of targets.
-    Set,
-    /// Every process.
-    Every,
-}
-
-/// Sites in objects mapped after the first attach (a library `dlopen`ed, a process
-/// started later), found and attached while tracing.
-struct LateSites {
-    specs: Vec<usdt::UsdtSpecifier>,
-    searched: usdt::Searched,
-    mode: SiteMode,
-    pid: Option<u32>,
-    members: Members,
-    ticks: u32,
-}
-
-impl LateSites {
-    /// Continues the processes the kernel held, once their new objects' probes are
-    /// attached; every [`LOOK_EVERY`] calls, looks at every process's objects too. A
-    /// failure is a warning: tracing what is attached goes on.
-    fn look(
-        &mut self,
-        loader: &mut Loader,
-        plan: &mut ProbePlan,
-        printer: &mut EventPrinter,
-        format: Format,
-    ) {
-        for pid in loader.held() {
-            // Continued before its SIGSTOP took effect, it would stay stopped.
-            if !procfs::is_stopped(pid) && ProcessError::check(pid).is_none() {
-                continue;
-            }
-            self.look_at(pid, loader, plan, printer, format);
-            loader.release_held(pid);
-            continue_process(pid);
-        }
-        self.ticks += 1;
-        if self.ticks % LOOK_EVERY != 1 {
+        let Some(later) = self.later.as_deref_mut() else {
+            return;
+        };
+        let added = later.look(self.loader, self.plan);
+        if added.is_empty() {
             return;
         }
-        let pids = match self.members {
-            Members::One(pid) => vec![pid],
-            Members::Set => loader.targets_map().map(|t| t.pids()).unwrap_or_default(),
-            Members::Every => procfs::all_processes(),
-        };
-        for pid in pids {
-            self.look_at(pid, loader, plan, printer, format);
-        }
+        warn_unavailable(
+            &self.plan.unavailable_args[added.unavailable_args],
+            self.plan,
+            self.format,
+        );
+        printer.names = self.plan.probes.iter().map(|p| p.specifier()).collect();
+        printer.types = probe_arg_types(self.plan);
     }
-
-    fn look_at(
-        &mut self,
-        pid: u32,
-        loader: &mut Loader,
-        plan: &mut ProbePlan,
-        printer: &mut EventPrinter,
-        format: Format,
-    ) {
-        let (sites, skipped) = usdt::find_new(&self.specs, pid, &mut self.searched);
-        for skipped in &skipped {
-            log::warn!("skipped a probe site: {skipped}");
-        }
-        if sites.is_empty() {
-            return;
-        }
-        if let Err(e) = self.attach(&sites, loader, plan, printer, format) {
-            log::warn!("cannot attach the probes found later in process {pid}: {e:#}");
-        }
-    }
-
-    /// Continues every process still held, once the kernel holds no more (recording
-    /// stopped), waiting up to a second in all for them to have stopped.
-    fn release_all(&mut self, loader: &mut Loader) {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
-        for pid in loader.held() {
-            while !procfs::is_stopped(pid)
-                && ProcessError::check(pid).is_none()
-                && std::time::Instant::now() < deadline
-            {
-                std::thread::sleep(std::time::Duration::from_millis(1));
-            }
-            loader.release_held(pid);
-            continue_process(pid);
-        }
-    }
-
-    fn attach(
-        &mut self,
-        sites: &[usdt::ProbeSite],
-        loader: &mut Loader,
-        plan: &mut ProbePlan,
-        printer: &mut EventPrinter,
-        format: Format,
-    ) -> Result<()> {
-        let inputs = sites
-            .iter()
-            .map(SiteInput::try_from)
-            .collect::<Result<Vec<_>, _>>()?;
-        let known_unavailable = plan.unavailable_args.len();
-        let added = plan.add(&inputs, &[], self.mode, self.pid)?;
-        warn_unavailable(&plan.unavailable_args[known_unavailable..], plan, format);
-        loader.attach_more_usdt_sites(&plan.usdt_sites_in(added.clone()))?;
-        printer.names = plan.probes.iter().map(|p| p.specifier()).collect();
-        printer.types = probe_arg_types(plan);
-        log::info!("attached {} more sites", added.len());
-        Ok(())
-    }
-}
-
-/// Sends SIGCONT to a process the kernel stopped for us.
-fn continue_process(pid: u32) {
-    // SAFETY: kill has no memory preconditions.
-    unsafe { libc::kill(pid as i32, libc::SIGCONT) };
-}
-
-/// Has the kernel hold the traced processes each time their dynamic loader has mapped a
-/// library (`dlopen`), so that its probes are attached before it runs: the loaders of
-/// the command, of the processes traced and of the `--exe` file.
-fn hold_at_dlopen(
-    loader: &mut Loader,
-    child: &Option<PausedChild>,
-    pids: &[u32],
-    exe: Option<&std::path::Path>,
-    single: Option<u32>,
-) -> anyhow::Result<()> {
-    // (executable, the root its loader's path is under)
-    let exes: Vec<(PathBuf, PathBuf)> = match child {
-        Some(child) => vec![(child.exe.clone(), PathBuf::from("/"))],
-        None => pids
-            .iter()
-            .map(|pid| {
-                (
-                    PathBuf::from(format!("/proc/{pid}/exe")),
-                    PathBuf::from(format!("/proc/{pid}/root")),
-                )
-            })
-            .chain(exe.map(|e| (e.to_path_buf(), PathBuf::from("/"))))
-            .collect(),
-    };
-    let mut loaders: Vec<PathBuf> = Vec::new();
-    for (exe, root) in exes {
-        let Some(interp) = usdt::interpreter(&exe) else {
-            continue;
-        };
-        let path = root.join(interp.strip_prefix("/").unwrap_or(&interp));
-        if let Ok(path) = std::fs::canonicalize(&path)
-            && !loaders.contains(&path)
-        {
-            loaders.push(path);
-        }
-    }
-    for path in loaders {
-        match usdt::dl_debug_state_offset(&path) {
-            Some(offset) => loader.hold_at_dlopen(&path, offset, single)?,
-            None => log::warn!(
-                "{}: no _dl_debug_state: a library loaded later is found within {} ms, \
-                 and its first hits may be missed",
-                path.display(),
-                LOOK_EVERY * LOOK_PERIOD.as_millis() as u32
-            ),
-        }
-    }
-    Ok(())
 }
 
 /// One warning per argument events cannot show.
