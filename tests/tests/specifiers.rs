@@ -574,3 +574,65 @@ fn bad_specifiers_say_what_is_wrong() {
         out.stderr
     );
 }
+
+/// A bare command name, as bpftrace takes it: the first ELF file of that name in `$PATH`,
+/// a wrapper script of the same name before it (as pyenv's shims) passed over.
+#[test]
+fn a_bare_command_name_is_found_in_the_search_path() {
+    let dir = out_dir("bare-name");
+    let (shims, bin) = (dir.join("shims"), dir.join("bin"));
+    std::fs::create_dir_all(&shims).unwrap();
+    std::fs::create_dir_all(&bin).unwrap();
+    let shim = shims.join("usdt-args");
+    std::fs::write(&shim, "#!/bin/sh\nexec usdt-args \"$@\"\n").unwrap();
+    let real = bin.join("usdt-args");
+    std::fs::copy(env!("CARGO_BIN_EXE_usdt-args"), &real).unwrap();
+    for file in [&shim, &real] {
+        let mut permissions = std::fs::metadata(file).unwrap().permissions();
+        std::os::unix::fs::PermissionsExt::set_mode(&mut permissions, 0o755);
+        std::fs::set_permissions(file, permissions).unwrap();
+    }
+    let path = std::env::join_paths(
+        [shims.clone(), bin.clone()]
+            .into_iter()
+            .chain(std::env::split_paths(&std::env::var_os("PATH").unwrap())),
+    )
+    .unwrap();
+    let list = |program: &Path, args: &[&str]| {
+        let out = std::process::Command::new(program)
+            .args(args)
+            .env("PATH", &path)
+            .current_dir(&dir)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{program:?} {args:?}: {out:?}");
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let by_name = list(&tracer_bin(), &["list", "usdt:usdt-args:*"]);
+    let real_path = real.canonicalize().unwrap();
+    let by_path = list(
+        &tracer_bin(),
+        &["list", &format!("usdt:{}:*", real_path.display())],
+    );
+    assert!(by_name.lines().count() > 3, "{by_name}");
+    assert_eq!(by_name, by_path);
+    // bpftrace lists the same probes, of the same file.
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        let theirs: BTreeSet<String> = list(Path::new("bpftrace"), &["-l", "usdt:usdt-args:*"])
+            .lines()
+            .filter_map(|l| l.split_once("usdt-args:").map(|(_, p)| p.to_string()))
+            .collect();
+        let prefix = format!("usdt:{}:", real_path.display());
+        let ours: BTreeSet<String> = by_name
+            .lines()
+            .filter_map(|l| l.strip_prefix(&prefix).map(str::to_string))
+            .collect();
+        assert_eq!(ours, theirs, "bpftrace -l");
+        assert!(
+            list(Path::new("bpftrace"), &["-l", "usdt:usdt-args:*"]).contains("/bin/usdt-args:"),
+            "bpftrace took another file"
+        );
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}

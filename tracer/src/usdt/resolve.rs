@@ -2,6 +2,7 @@
 //! probe sites to attach.
 
 use std::collections::HashSet;
+use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 
 use super::{
@@ -340,7 +341,8 @@ fn files_named(
     exe: Option<&Path>,
 ) -> Result<Vec<PathBuf>, UsdtError> {
     if Glob::new(path).is_literal() {
-        return Ok(vec![absolute(Path::new(path))?]);
+        let file = in_search_path(path).unwrap_or_else(|| PathBuf::from(path));
+        return Ok(vec![absolute(&file)?]);
     }
     let mut files: Vec<PathBuf> = Vec::new();
     let command = exe.filter(|exe| path_matches(Some(path), exe));
@@ -420,6 +422,23 @@ fn describe(spec: &UsdtSpecifier) -> String {
 }
 
 /// Makes a user-given path absolute (as bpftrace prints it) and checks it exists.
+/// A bare command name (no `/`) that is no file here, as bpftrace finds it: the first
+/// executable ELF file of that name in `$PATH` (a wrapper script, as pyenv's shims, is
+/// passed over: it has no probes).
+fn in_search_path(name: &str) -> Option<PathBuf> {
+    if name.contains('/') || Path::new(name).exists() {
+        return None;
+    }
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(name))
+        .find(|file| {
+            file.metadata()
+                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+                && is_elf_file(file)
+        })
+}
+
 fn absolute(path: &Path) -> Result<PathBuf, UsdtError> {
     std::fs::canonicalize(path).map_err(|source| UsdtError::Io {
         path: path.to_path_buf(),
@@ -457,6 +476,9 @@ fn path_matches(wanted: Option<&str>, path: &Path) -> bool {
 /// Resolved components are escaped, so a `[` or `*` in a real directory name matches only
 /// itself.
 fn absolute_pattern(wanted: &str) -> String {
+    if let Some(file) = in_search_path(wanted).and_then(|f| std::fs::canonicalize(f).ok()) {
+        return escape_glob(&file.to_string_lossy());
+    }
     let components: Vec<&str> = wanted.split('/').collect();
     let fixed = components
         .iter()
@@ -685,6 +707,25 @@ mod tests {
         let glob = from_cwd.with_file_name("lib*.so");
         assert!(path_matches(Some(glob.to_str().unwrap()), &lib), "{glob:?}");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_bare_command_name_is_looked_up_in_the_search_path() {
+        // `sh` is in every PATH here, and no file of that name in the crate's directory.
+        let sh = in_search_path("sh").expect("sh in PATH");
+        assert!(sh.is_absolute() && sh.ends_with("sh"), "{}", sh.display());
+        assert_eq!(in_search_path("./sh"), None);
+        assert_eq!(
+            in_search_path("Cargo.toml"),
+            None,
+            "a file here is taken as it is"
+        );
+        assert_eq!(in_search_path("no-such-command-anywhere"), None);
+        let canonical = std::fs::canonicalize(&sh).unwrap();
+        assert_eq!(
+            absolute_pattern("sh"),
+            escape_glob(&canonical.to_string_lossy())
+        );
     }
 
     #[test]
