@@ -156,6 +156,54 @@ fn probe_counts(text: &str) -> BTreeMap<String, u64> {
 const BPFTRACE_COUNT: &str =
     "BEGIN { printf(\"Tracing\\n\"); } usdt:*:tracetest:* { @[probe] = count(); }";
 
+/// `--stack` holds for sites found later too: every hit of the library's probe comes
+/// with its stack, through the library's `fire` into the executable's `main`.
+#[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+fn stacks_are_taken_at_the_sites_of_a_library_dlopened_after_attaching() {
+    require_privileged();
+    let (exe, _) = built();
+    let mut target = Late::start(exe, N);
+    let pid = target.pid.to_string();
+    let tracer = Tracer::start(&[
+        "trace",
+        "--format",
+        "json",
+        "--stack",
+        // The library and executable are built without frame pointers.
+        "--unwind",
+        "dwarf",
+        "--pid",
+        &pid,
+        "usdt:*:tracetest:latelib",
+    ]);
+    // dlopen and N hits (the guarded probe, not traced, keeps its semaphore down).
+    assert_eq!(target.step(), "raised=0");
+    // SAFETY: kill has no memory preconditions; the tracer is our child.
+    unsafe { libc::kill(tracer.pid() as i32, libc::SIGINT) };
+    let (ok, out, err) = tracer.finish();
+    assert!(ok, "{err}");
+    let hits: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert_eq!(hits.len(), N, "{out}\n{err}");
+    for hit in &hits {
+        let functions: Vec<&str> = hit["stack"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no stack: {hit}"))
+            .iter()
+            .filter_map(|f| f["function"].as_str())
+            .collect();
+        let at = |name: &str| functions.iter().position(|f| *f == name);
+        assert!(
+            matches!((at("fire"), at("main")), (Some(f), Some(m)) if f < m),
+            "fire called from main: {functions:?}"
+        );
+    }
+    target.finish();
+}
+
 /// `attach` too: a latency between two probes of a library dlopened after attaching is
 /// measured from the first pair, the library's semaphore raised, and all is as it was
 /// after the stop.

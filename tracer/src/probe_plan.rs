@@ -143,6 +143,10 @@ pub struct ProbePlan {
     /// Arguments of attached sites that events cannot show, once per probe, argument
     /// and reason.
     pub unavailable_args: Vec<UnavailableArg>,
+    /// What every site takes, those planned later too: stacks ([`site_flags`] bits) and
+    /// string arguments (`trace --stack`, `--str`).
+    stack_flags: u8,
+    string_requests: Vec<StringRequest>,
 }
 
 impl ProbePlan {
@@ -176,16 +180,20 @@ impl ProbePlan {
     /// Every site takes the user and kernel stacks of its hits (`trace --stack`): into
     /// its events, or counted by stack.
     pub fn take_stacks(&mut self) {
-        for planned in &mut self.sites {
-            planned.site.flags |= site_flags::STACKS;
-        }
+        self.stack_flags = site_flags::STACKS;
+        self.apply_stacks(0);
     }
 
     /// [`ProbePlan::take_stacks`], user stacks as snapshots for DWARF unwinding (events
     /// only).
     pub fn take_stack_snapshots(&mut self) {
-        for planned in &mut self.sites {
-            planned.site.flags |= site_flags::STACKS | site_flags::STACK_SNAPSHOT;
+        self.stack_flags = site_flags::STACKS | site_flags::STACK_SNAPSHOT;
+        self.apply_stacks(0);
+    }
+
+    fn apply_stacks(&mut self, first_site: usize) {
+        for planned in &mut self.sites[first_site..] {
+            planned.site.flags |= self.stack_flags;
         }
     }
 
@@ -239,7 +247,15 @@ impl ProbePlan {
             self.probes.len(),
             self.unavailable_args.len(),
         );
-        let result = self.add_sites(sites, tasks, mode, pid);
+        let result = self.add_sites(sites, tasks, mode, pid).and_then(|()| {
+            // What the first sites take, these do too; a string asked for of probes
+            // none of these is may match later ones still.
+            self.apply_stacks(first_site);
+            let requests = std::mem::take(&mut self.string_requests);
+            let strings = self.apply_strings(&requests, first_site, false);
+            self.string_requests = requests;
+            strings
+        });
         if result.is_err() {
             self.sites.truncate(first_site);
             self.probes.truncate(first_probe);
@@ -385,6 +401,22 @@ impl ProbePlan {
     /// one. A request that names no probe, or an argument a probe lacks or that cannot
     /// hold a pointer, is an error.
     pub fn show_strings(&mut self, requests: &[StringRequest]) -> Result<(), PlanError> {
+        // With no probe found yet (they may come in a library loaded later), the requests
+        // wait for them.
+        let strict = !self.probes.is_empty();
+        self.apply_strings(requests, 0, strict)?;
+        self.string_requests = requests.to_vec();
+        Ok(())
+    }
+
+    /// Sets the string arguments `requests` ask for in the sites from `first_site`;
+    /// `strict`: a request that matches no probe is an error.
+    fn apply_strings(
+        &mut self,
+        requests: &[StringRequest],
+        first_site: usize,
+        strict: bool,
+    ) -> Result<(), PlanError> {
         // Each probe's (argument, length, index of the request that asked).
         let mut per_probe: Vec<Vec<(u8, u16, usize)>> = vec![Vec::new(); self.probes.len()];
         for (which, request) in requests.iter().enumerate() {
@@ -395,7 +427,7 @@ impl ProbePlan {
                     provider.matches(&probe.provider) && name.matches(&probe.name)
                 })
                 .collect();
-            if matched.is_empty() {
+            if matched.is_empty() && strict {
                 let traced: Vec<String> = self
                     .probes
                     .iter()
@@ -428,7 +460,7 @@ impl ProbePlan {
                 }
             }
         }
-        for planned in &mut self.sites {
+        for planned in &mut self.sites[first_site..] {
             let site = &mut planned.site;
             let strings = &per_probe[site.probe_id as usize];
             for (i, &(arg, max_len, which)) in strings.iter().enumerate() {
@@ -691,6 +723,49 @@ mod tests {
             arg,
             max_len,
         }
+    }
+
+    /// Sites planned later (a library loaded while tracing) take the stacks and strings
+    /// the first ones take; strings asked for before any probe was found wait for one.
+    #[test]
+    fn sites_added_later_take_the_stacks_and_strings_asked_for() {
+        let mut plan = ProbePlan::build(&[site("a", 1)], &[], &[], SiteMode::Events, None).unwrap();
+        plan.take_stacks();
+        plan.show_strings(&[request("late:arg0", "*", "late", 0, 32)])
+            .unwrap_err();
+        plan.show_strings(&[request("arg0", "*", "*", 0, 32)])
+            .unwrap();
+        let added = plan
+            .add(&[site("late", 2)], &[], SiteMode::Events, None)
+            .unwrap();
+        let late = &plan.sites[added.start].site;
+        assert_ne!(late.flags & site_flags::STACKS, 0);
+        assert_eq!(
+            (late.str_count, late.str_args[0], late.str_max[0]),
+            (1, 0, 32)
+        );
+
+        // Nothing found yet: the request is kept, not refused.
+        let mut empty = ProbePlan::build(&[], &[], &[], SiteMode::Events, None).unwrap();
+        empty.take_stack_snapshots();
+        empty
+            .show_strings(&[request("late:arg0", "*", "late", 0, 16)])
+            .unwrap();
+        let added = empty
+            .add(
+                &[site("late", 2), site("other", 3)],
+                &[],
+                SiteMode::Events,
+                None,
+            )
+            .unwrap();
+        let [late, other] = [added.start, added.start + 1].map(|i| &empty.sites[i].site);
+        assert_eq!(
+            late.flags & (site_flags::STACKS | site_flags::STACK_SNAPSHOT),
+            site_flags::STACKS | site_flags::STACK_SNAPSHOT
+        );
+        assert_eq!((late.str_count, late.str_max[0]), (1, 16));
+        assert_eq!(other.str_count, 0, "not named by the request");
     }
 
     /// `--str` marks the sites of the probes it names, a later request for the same

@@ -825,6 +825,10 @@ impl Pumped<'_> {
         );
         printer.names = self.plan.probes.iter().map(|p| p.specifier()).collect();
         printer.types = probe_arg_types(self.plan);
+        // Mappings read before the new objects were mapped would not name their frames.
+        if let Some(namer) = printer.stacks.as_mut() {
+            namer.maps.clear();
+        }
     }
 }
 
