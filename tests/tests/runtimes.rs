@@ -378,6 +378,14 @@ impl Drop for StdinTarget {
 /// `System.gc()` N times and halts (no shutdown work that could collect again).
 /// Compiles Java class `class` from `source` in `dir` and starts it with `jvm_args` and
 /// `args`; it prints `ready pid=` from main, after libjvm.so (and its probes) is mapped.
+/// Held by each JVM test for its whole run: a JVM of another test would be one more
+/// process of `--exe java`, and its libjvm.so already attached when a JVM test wants to
+/// see it loaded later.
+fn jvm_alone() -> std::sync::MutexGuard<'static, ()> {
+    static JVM: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    JVM.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 fn start_java(
     dir: &Path,
     class: &str,
@@ -440,6 +448,7 @@ END { clear(@start); }
 #[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn a_jvm_reports_one_gc_per_system_gc() {
     require_privileged();
+    let _jvm = jvm_alone();
     const N: u64 = 5;
     let dir = out_dir("jvm");
     let gc_log = dir.join("gc.log");
@@ -541,6 +550,7 @@ fn a_jvm_reports_one_gc_per_system_gc() {
 #[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn a_jvm_started_after_attach_is_traced_through_the_libjvm_it_loads_then() {
     require_privileged();
+    let _jvm = jvm_alone();
     const N: u64 = 4;
     let dir = out_dir("jvm-later");
     let java = std::fs::canonicalize(
@@ -652,6 +662,7 @@ public class TracerPark {
 #[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn a_jvm_reports_each_threads_parks_and_parked_time() {
     require_privileged();
+    let _jvm = jvm_alone();
     const PARKS: u64 = 20;
     const PARK_MS: u64 = 10;
     let dir = out_dir("jvm-park");

@@ -4,7 +4,10 @@
 //! here, so a vanished target is never reported as something else (a kernel feature
 //! missing, an unreadable file).
 
-use std::{io, path::Path};
+use std::{
+    io,
+    path::{Component, Path, PathBuf},
+};
 
 use foldhash::HashMap;
 
@@ -371,8 +374,57 @@ pub fn parse_maps_line(line: &str) -> Option<MapsEntry> {
     })
 }
 
+/// `path` as a name that outlives the process it goes through: `/proc/PID/root/REST` is
+/// `/REST` when process PID sees the files as we do (the same mount namespace and root
+/// directory). A uprobe attached through `/proc/PID/root` fails once PID exits, and one
+/// of a set of targets (a JVM among several) may exit at any time. Any other path, or a
+/// process in a container of its own, is kept as it is.
+pub fn lasting_path(path: &Path) -> PathBuf {
+    let mut parts = path.components();
+    let (Some(Component::RootDir), Some(proc), Some(pid), Some(root)) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return path.to_path_buf();
+    };
+    let pid = pid.as_os_str().to_string_lossy();
+    if proc.as_os_str() != "proc"
+        || root.as_os_str() != "root"
+        || pid.parse::<u32>().is_err()
+        || !sees_files_as_we_do(&pid)
+    {
+        return path.to_path_buf();
+    }
+    Path::new("/").join(parts.as_path())
+}
+
+/// Whether process `pid` has our mount namespace and root directory.
+fn sees_files_as_we_do(pid: &str) -> bool {
+    use std::os::unix::fs::MetadataExt as _;
+    let same = |entry: &str| {
+        let theirs = std::fs::metadata(format!("/proc/{pid}/{entry}"));
+        let ours = std::fs::metadata(format!("/proc/self/{entry}"));
+        matches!((theirs, ours), (Ok(t), Ok(o)) if (t.dev(), t.ino()) == (o.dev(), o.ino()))
+    };
+    same("ns/mnt") && same("root")
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn paths_through_a_process_that_sees_files_as_we_do_outlive_it() {
+        let own = format!("/proc/{}/root/usr/lib/x.so", std::process::id());
+        assert_eq!(lasting_path(Path::new(&own)), Path::new("/usr/lib/x.so"));
+        for kept in [
+            "/usr/lib/x.so",
+            "/proc/self/exe",
+            "/proc/4294967295/root/usr/lib/x.so",
+            "/proc/1x/root/usr/lib/x.so",
+            "./proc/1/root/x",
+        ] {
+            assert_eq!(lasting_path(Path::new(kept)), Path::new(kept), "{kept}");
+        }
+    }
+
     use super::*;
 
     #[test]

@@ -693,11 +693,17 @@ impl Loader {
             // Disjoint fields: the program's fd stays borrowed while the keeper is asked.
             let prog_fd = self.programs.fd(program)?;
             let keeper = self.keeper.as_mut().expect("started above");
+            let path = crate::procfs::lasting_path(&first.path);
             for chunk in uprobes.chunks(keeper::MAX_UPROBES_PER_LINK) {
-                keeper
-                    .link_uprobe_multi(prog_fd, &first.path, chunk, first.pid)
-                    .map_err(|e| attach_error(first, e))?;
-                self.usdt_sites_attached += chunk.len();
+                match keeper.link_uprobe_multi(prog_fd, &path, chunk, first.pid) {
+                    Ok(()) => self.usdt_sites_attached += chunk.len(),
+                    // One of a set that exited meanwhile, whose files only it showed us (a
+                    // container's): the others are traced still.
+                    Err(e) if first.pid.is_none() && gone_with_its_process(&path) => {
+                        log::warn!("{}: not attached, its process exited: {e}", path.display());
+                    }
+                    Err(e) => return Err(attach_error(first, e)),
+                }
             }
         }
         Ok(())
@@ -1253,6 +1259,17 @@ fn attach_error(target: &UsdtAttachment, source: std::io::Error) -> LoaderError 
             source,
         },
     }
+}
+
+/// Whether `path` goes through `/proc/PID/` of a process that no longer exists.
+fn gone_with_its_process(path: &Path) -> bool {
+    let mut parts = path.components().skip(1);
+    let pid = match (parts.next(), parts.next()) {
+        (Some(proc), Some(pid)) if proc.as_os_str() == "proc" => pid.as_os_str().to_str(),
+        _ => None,
+    };
+    pid.and_then(|p| p.parse::<u32>().ok())
+        .is_some_and(|pid| ProcessError::check(pid).is_some())
 }
 
 #[cfg(test)]
