@@ -447,8 +447,9 @@ END { clear(@start); }
 #[test]
 #[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn a_jvm_reports_one_gc_per_system_gc() {
-    require_privileged();
+    // Before the watchdog starts: waiting for another JVM test is no hang.
     let _jvm = jvm_alone();
+    require_privileged();
     const N: u64 = 5;
     let dir = out_dir("jvm");
     let gc_log = dir.join("gc.log");
@@ -549,8 +550,9 @@ fn a_jvm_reports_one_gc_per_system_gc() {
 #[test]
 #[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn a_jvm_started_after_attach_is_traced_through_the_libjvm_it_loads_then() {
-    require_privileged();
+    // Before the watchdog starts: waiting for another JVM test is no hang.
     let _jvm = jvm_alone();
+    require_privileged();
     const N: u64 = 4;
     let dir = out_dir("jvm-later");
     let java = std::fs::canonicalize(
@@ -661,8 +663,9 @@ public class TracerPark {
 #[test]
 #[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn a_jvm_reports_each_threads_parks_and_parked_time() {
-    require_privileged();
+    // Before the watchdog starts: waiting for another JVM test is no hang.
     let _jvm = jvm_alone();
+    require_privileged();
     const PARKS: u64 = 20;
     const PARK_MS: u64 = 10;
     let dir = out_dir("jvm-park");

@@ -90,10 +90,14 @@ fn record_switch_out<const DWARF: bool>(ctx: &BtfTracePointContext, now: u64) {
     let inserted = match OFFCPU_STARTS.insert(&tid, &start, BPF_NOEXIST) {
         Err(EEXIST) => {
             // SAFETY: the value is copied out before the entry is replaced.
-            if let Some(open) = unsafe { OFFCPU_STARTS.get(&tid) }.copied() {
+            let open = unsafe { OFFCPU_STARTS.get(&tid) }.copied();
+            let replaced = OFFCPU_STARTS.insert(&tid, &start, 0);
+            // Closed only once replaced: a start left in place is closed by the next
+            // switch in, and must not be counted twice.
+            if let (Ok(()), Some(open)) = (replaced, open) {
                 close_missed(tid, &open, now, exec_ns);
             }
-            OFFCPU_STARTS.insert(&tid, &start, 0)
+            replaced
         }
         other => other,
     };
@@ -113,7 +117,9 @@ fn cpu_time(task: *const u8) -> u64 {
 
 /// Accounts `open`, a start of thread `tid` whose switch back in went unseen: the thread
 /// has run since it came back, for the CPU time it gained, so it came back that long
-/// before `now`. A start user space marked (the thread maybe never blocked) is dropped.
+/// before `now` (a little less long, as that CPU time leaves out interrupts and steal: the
+/// interval may come out a little long). A start user space marked (the thread maybe
+/// never blocked) is dropped.
 #[inline(always)]
 fn close_missed(tid: u32, open: &OffCpuStart, now: u64, exec_ns: u64) {
     if open.exec_ns == EXEC_NS_UNKNOWN || exec_ns == EXEC_NS_UNKNOWN {

@@ -441,12 +441,19 @@ impl ProbePlan {
             for id in matched {
                 let probe = &self.probes[id];
                 if request.arg as usize >= probe.arg_count {
-                    return Err(PlanError::StringOfNoArgument {
+                    let error = PlanError::StringOfNoArgument {
                         request: request.text.clone(),
                         probe: probe.specifier(),
                         count: probe.arg_count,
                         index: request.arg,
-                    });
+                    };
+                    // A probe found later that a wildcard request does not fit keeps its
+                    // sites, without that string.
+                    if strict {
+                        return Err(error);
+                    }
+                    log::warn!("{error}: not shown");
+                    continue;
                 }
                 let strings = &mut per_probe[id];
                 match strings.iter_mut().find(|(arg, _, _)| *arg == request.arg) {
@@ -463,23 +470,30 @@ impl ProbePlan {
         for planned in &mut self.sites[first_site..] {
             let site = &mut planned.site;
             let strings = &per_probe[site.probe_id as usize];
-            for (i, &(arg, max_len, which)) in strings.iter().enumerate() {
+            let mut shown = 0;
+            for &(arg, max_len, which) in strings {
                 let spec = &site.args[arg as usize];
                 // An undecodable argument reads as 0, so as unavailable: no error.
                 let decoded = site.unavailable & (1 << arg) == 0;
                 if decoded && (spec.size != 8 || spec.float != 0) {
                     let kind = if spec.float != 0 { "float" } else { "integer" };
-                    return Err(PlanError::StringNotAPointer {
+                    let error = PlanError::StringNotAPointer {
                         request: requests[which].text.clone(),
                         probe: self.probes[site.probe_id as usize].specifier(),
                         index: arg,
                         what: format!("a {}-byte {kind}", spec.size),
-                    });
+                    };
+                    if strict {
+                        return Err(error);
+                    }
+                    log::warn!("{error}: not shown");
+                    continue;
                 }
-                site.str_args[i] = arg;
-                site.str_max[i] = max_len;
+                site.str_args[shown] = arg;
+                site.str_max[shown] = max_len;
+                shown += 1;
             }
-            site.str_count = strings.len() as u8;
+            site.str_count = shown as u8;
         }
         Ok(())
     }
@@ -766,6 +780,37 @@ mod tests {
         );
         assert_eq!((late.str_count, late.str_max[0]), (1, 16));
         assert_eq!(other.str_count, 0, "not named by the request");
+
+        // A later probe a wildcard request does not fit (no arg1, or a 4-byte arg0) is
+        // planned all the same, without the string.
+        let mut wild = ProbePlan::build(&[], &[], &[], SiteMode::Events, None).unwrap();
+        wild.show_strings(&[request("arg1", "*", "*", 1, 16)])
+            .unwrap();
+        let mut narrow = site("narrow", 5);
+        narrow.args = Ok(vec![Ok(UsdtArg {
+            kind: tracer_common::arg_kind::REG,
+            size: 4,
+            ..Default::default()
+        })]);
+        let added = wild
+            .add(&[site("one_arg", 4), narrow], &[], SiteMode::Events, None)
+            .unwrap();
+        assert_eq!(added.len(), 2);
+        assert!(wild.sites.iter().all(|s| s.site.str_count == 0));
+        let mut wild = ProbePlan::build(&[], &[], &[], SiteMode::Events, None).unwrap();
+        wild.show_strings(&[request("arg0", "*", "*", 0, 16)])
+            .unwrap();
+        let mut narrow = site("narrow", 5);
+        narrow.args = Ok(vec![Ok(UsdtArg {
+            kind: tracer_common::arg_kind::REG,
+            size: 4,
+            ..Default::default()
+        })]);
+        let added = wild
+            .add(&[narrow, site("wide", 6)], &[], SiteMode::Events, None)
+            .unwrap();
+        let counts: Vec<u8> = added.map(|i| wild.sites[i].site.str_count).collect();
+        assert_eq!(counts, [0, 1], "the 4-byte one without, the pointer with");
     }
 
     /// `--str` marks the sites of the probes it names, a later request for the same

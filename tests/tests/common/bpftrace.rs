@@ -58,14 +58,18 @@ impl Bpftrace {
             .stderr(Stdio::piped())
             .spawn()
             .expect("bpftrace is installed by `cargo xtask setup`");
-        let stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
         let (send, lines) = mpsc::channel();
         std::thread::spawn(move || {
-            for line in stdout.lines() {
-                let Ok(line) = line else { break };
-                if send.send(line).is_err() {
+            // Bytes, not UTF-8 lines: a string argument may be anything, and stopping at
+            // it would look like the end of the output.
+            let mut line = Vec::new();
+            while stdout.read_until(b'\n', &mut line).is_ok_and(|n| n > 0) {
+                let text = String::from_utf8_lossy(&line);
+                if send.send(text.trim_end_matches('\n').to_string()).is_err() {
                     break;
                 }
+                line.clear();
             }
         });
         let mut stderr = child.stderr.take().unwrap();
@@ -93,7 +97,7 @@ impl Bpftrace {
                     }
                 }
                 Err(mpsc::RecvTimeoutError::Disconnected) => {
-                    let status = bpftrace.child.wait().unwrap();
+                    let status = bpftrace.wait_by(Instant::now() + EXIT_DEADLINE);
                     let err = bpftrace.take_stderr();
                     panic!(
                         "bpftrace {} exited before attaching ({status}): {}{err}",

@@ -79,6 +79,9 @@ pub fn run(config: AttachConfig) -> Result<()> {
         None => usdt::scan_processes(&pids, spec.exe.as_deref(), &ProbePattern::any()),
     }
     .map_err(|e| on_target(e.of_target().into()))?;
+    // What was searched, marked now: a library mapped from here on (while the programs
+    // load) is one to search later.
+    let searched = usdt::Searched::of_resolved(&scan.sites, &pids);
     for (object, error) in &scan.skipped {
         log::debug!("skipped {}: {error}", object.path.display());
     }
@@ -153,7 +156,7 @@ pub fn run(config: AttachConfig) -> Result<()> {
     .map_err(on_target)?;
     let mut later = LateSites::new(
         later_specs(&config),
-        usdt::Searched::of_resolved(&scan.sites, &pids),
+        searched,
         SiteMode::LatenciesOnly,
         task_probes,
         single,
