@@ -213,19 +213,12 @@ fn attach_measures_a_latency_of_a_library_dlopened_after_attaching() {
     require_privileged();
     let (exe, lib) = built();
     let mut target = Late::start(exe, N);
-    let pid = target.pid.to_string();
     let dir = out_dir("later-attach");
-    let attach = Tracer::start(&[
-        "attach",
-        "--pid",
-        &pid,
-        "--format",
-        "json",
-        "-o",
-        dir.to_str().unwrap(),
-        "--latency",
-        "tracetest:latelib,tracetest:guarded",
-    ]);
+    let attach = start_attach_json_with(
+        target.pid,
+        &dir,
+        &["--latency", "tracetest:latelib,tracetest:guarded"],
+    );
     assert!(
         attach
             .early_stderr

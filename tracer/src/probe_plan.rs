@@ -783,29 +783,29 @@ mod tests {
 
         // A later probe a wildcard request does not fit (no arg1, or a 4-byte arg0) is
         // planned all the same, without the string.
-        let mut wild = ProbePlan::build(&[], &[], &[], SiteMode::Events, None).unwrap();
-        wild.show_strings(&[request("arg1", "*", "*", 1, 16)])
-            .unwrap();
         let mut narrow = site("narrow", 5);
         narrow.args = Ok(vec![Ok(UsdtArg {
             kind: tracer_common::arg_kind::REG,
             size: 4,
             ..Default::default()
         })]);
-        let added = wild
-            .add(&[site("one_arg", 4), narrow], &[], SiteMode::Events, None)
+        let wild = |request: StringRequest| {
+            let mut plan = ProbePlan::build(&[], &[], &[], SiteMode::Events, None).unwrap();
+            plan.show_strings(&[request]).unwrap();
+            plan
+        };
+        let mut no_arg1 = wild(request("arg1", "*", "*", 1, 16));
+        let added = no_arg1
+            .add(
+                &[site("one_arg", 4), narrow.clone()],
+                &[],
+                SiteMode::Events,
+                None,
+            )
             .unwrap();
         assert_eq!(added.len(), 2);
-        assert!(wild.sites.iter().all(|s| s.site.str_count == 0));
-        let mut wild = ProbePlan::build(&[], &[], &[], SiteMode::Events, None).unwrap();
-        wild.show_strings(&[request("arg0", "*", "*", 0, 16)])
-            .unwrap();
-        let mut narrow = site("narrow", 5);
-        narrow.args = Ok(vec![Ok(UsdtArg {
-            kind: tracer_common::arg_kind::REG,
-            size: 4,
-            ..Default::default()
-        })]);
+        assert!(no_arg1.sites.iter().all(|s| s.site.str_count == 0));
+        let mut wild = wild(request("arg0", "*", "*", 0, 16));
         let added = wild
             .add(&[narrow, site("wide", 6)], &[], SiteMode::Events, None)
             .unwrap();

@@ -516,15 +516,16 @@ pub struct AttachRun {
 
 /// Starts `tracer attach --pid PID --format json`, its files in `out`.
 pub fn start_attach_json(pid: u32, out: &Path) -> Tracer {
-    Tracer::start(&[
-        "attach",
-        "--pid",
-        &pid.to_string(),
-        "--format",
-        "json",
-        "-o",
-        out.to_str().unwrap(),
-    ])
+    start_attach_json_with(pid, out, &[])
+}
+
+/// [`start_attach_json`] with more arguments.
+pub fn start_attach_json_with(pid: u32, out: &Path, extra: &[&str]) -> Tracer {
+    let pid = pid.to_string();
+    let mut args = vec!["attach", "--pid", &pid, "--format", "json", "-o"];
+    args.push(out.to_str().unwrap());
+    args.extend_from_slice(extra);
+    Tracer::start(&args)
 }
 
 /// Starts `program TARGET_ARGS`, attaches `tracer attach --pid PID --format json -o DIR
