@@ -605,6 +605,11 @@ fn a_jvm_started_after_attach_is_traced_through_the_libjvm_it_loads_then() {
     // Only the JVM's latencies: no other runtime's probes were found.
     let names: Vec<&String> = report["latencies"].as_object().unwrap().keys().collect();
     assert_eq!(names, ["gc_pause"], "{report:#}");
+    // The JVM's threads are unwound through the libjvm.so mapped after it joined: its
+    // frames are named, not walked blind by frame pointers.
+    let wall = std::fs::read_to_string(dir.join("attach/wallclock.folded")).unwrap();
+    let in_jvm_threads = folded_weight(&wall, "Thread::call_run()");
+    assert!(in_jvm_threads > 0, "no libjvm frames named:\n{wall}");
     let _ = std::fs::remove_dir_all(dir);
 }
 

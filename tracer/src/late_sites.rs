@@ -45,6 +45,8 @@ pub enum Members {
 pub struct Added {
     pub sites: Range<usize>,
     pub unavailable_args: Range<usize>,
+    /// The processes held and continued: their mappings have changed.
+    pub held: Vec<u32>,
 }
 
 impl Added {
@@ -93,6 +95,7 @@ impl LateSites {
     pub fn look(&mut self, loader: &mut Loader, plan: &mut ProbePlan) -> Added {
         let first_site = plan.sites.len();
         let first_unavailable = plan.unavailable_args.len();
+        let mut held = Vec::new();
         for pid in loader.held() {
             // Continued before its SIGSTOP took effect, it would stay stopped.
             if !procfs::is_stopped(pid) && ProcessError::check(pid).is_none() {
@@ -101,6 +104,7 @@ impl LateSites {
             self.look_at(pid, loader, plan);
             loader.release_held(pid);
             continue_process(pid);
+            held.push(pid);
         }
         self.ticks += 1;
         if self.ticks % LOOK_EVERY == 1 {
@@ -116,6 +120,7 @@ impl LateSites {
         Added {
             sites: first_site..plan.sites.len(),
             unavailable_args: first_unavailable..plan.unavailable_args.len(),
+            held,
         }
     }
 

@@ -80,6 +80,14 @@ impl Processes {
         Ok(self.processes.entry(tgid).insert_entry(info).into_mut())
     }
 
+    /// Re-reads the mappings of process `tgid`, if known and still running: it has just
+    /// mapped a library, whose frames its samples from now on need.
+    pub fn refresh_maps(&mut self, tgid: u32) {
+        if let Some(maps) = self.processes.get_mut(&tgid).and_then(|p| p.maps.as_mut()) {
+            let _ = maps.refresh();
+        }
+    }
+
     /// Re-reads the mappings and thread names of every known process still running.
     pub fn refresh(&mut self) {
         for (&tgid, info) in &mut self.processes {

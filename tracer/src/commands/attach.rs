@@ -391,6 +391,11 @@ async fn run_attached(
     loop {
         ticker.tick().await;
         let added = later.look(loader, plan);
+        // Before the snapshots are unwound: a library just mapped (libjvm.so) has the
+        // frames of what the process runs next.
+        for &pid in &added.held {
+            processes.refresh_maps(pid);
+        }
         if !added.is_empty() {
             crate::status!(
                 "Attached {} more probe sites{}.",
