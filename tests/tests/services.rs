@@ -495,9 +495,9 @@ fn assert_folded_per_process(report: &Report, truth: &Truth, name: &str) {
             offcpu.lines().any(|l| {
                 root_frame(l) == format!("{name} [{}]", child.pid)
                     && has_frame(l, "forking_server::child_blocks_in_read")
-                    && l.contains("schedule_[k]")
+                    && l.contains("ksys_read_[k]")
             }),
-            "child {}'s blocked stack goes down to the scheduler\n{offcpu}",
+            "child {}'s blocked stack goes down into the kernel's read\n{offcpu}",
             child.pid
         );
     }

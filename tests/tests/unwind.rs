@@ -210,7 +210,7 @@ fn dwarf_unwinds_where_threads_block() {
         chain * 100 >= leaf * 95,
         "only {chain} of {leaf} us blocked have the whole chain:\n{folded}"
     );
-    assert!(folded.contains("schedule_[k]"), "{folded}");
+    assert!(folded.contains("hrtimer_nanosleep_[k]"), "{folded}");
     let snapshots = out
         .split(" off-CPU snapshots")
         .next()

@@ -45,6 +45,11 @@ pub mod map_names {
     pub const SNAPSHOT_SEQ: &str = "SNAPSHOT_SEQ";
     /// What to check before reusing an off-CPU snapshot ([`super::SnapshotCheck`]).
     pub const SNAPSHOT_CHECKS: &str = "SNAPSHOT_CHECKS";
+    /// The last frame-pointer user stack of each thread where it blocked
+    /// ([`super::LastUserStack`]).
+    pub const LAST_USER_STACKS: &str = "LAST_USER_STACKS";
+    /// Off-CPU kernel stacks taken at switch in ([`super::KernelStack`]).
+    pub const KERNEL_STACKS: &str = "KERNEL_STACKS";
     /// The processes traced, by tgid ([`super::TargetProcess`]).
     pub const TARGETS: &str = "TARGETS";
     /// Latency totals per process ([`super::LatencyProcessKey`]).
@@ -76,6 +81,8 @@ pub mod map_names {
         OFFCPU_SNAPSHOTS,
         SNAPSHOT_SEQ,
         SNAPSHOT_CHECKS,
+        LAST_USER_STACKS,
+        KERNEL_STACKS,
         TARGETS,
         LATENCY_BY_PROCESS,
         USDT_STR_SCRATCH,
@@ -524,6 +531,9 @@ pub mod offcpu_state {
     pub const BLOCKED: u32 = 0;
     /// It could have run but was preempted (or yielded): runnable, waiting for a CPU.
     pub const RUNNABLE: u32 = 1;
+    /// Flag: not time but one sample of [`super::KERNEL_STACK_ALWAYS_NS`] under the
+    /// kernel stack of a short interval (see there).
+    pub const SAMPLED: u32 = 0x100;
 }
 
 /// Key of `ONCPU_SAMPLES` (whose value is a sample count): a thread and the stacks it was
@@ -673,34 +683,123 @@ pub struct ThreadRegs {
 /// gives the on-CPU stacks it unwinds, so one `i32` stack id space holds all three.
 pub const FIRST_SNAPSHOT_ID: i32 = 1 << 30;
 
-/// Value of `OFFCPU_SNAPSHOTS` (keyed by thread id): the last snapshot of the thread's
+/// Key of `OFFCPU_SNAPSHOTS` and `LAST_USER_STACKS`: a thread and the user instruction
+/// where it blocked. A thread blocks at a few places in turn (a write preempted, then a
+/// read), each remembered on its own.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct BlockPlace {
+    pub tid: u32,
+    pub _pad: u32,
+    pub ip: u64,
+}
+
+/// Value of `OFFCPU_SNAPSHOTS` (keyed by [`BlockPlace`]): the last snapshot of the thread's
 /// user stack sent at a `sched_switch`. A thread blocking again with the same user
-/// instruction and stack pointers reuses it if the stack words its unwinding read are
-/// still the same ([`SnapshotCheck`]): unwinding would give the same frames.
+/// instruction and stack pointers (and frame pointer, when unwinding used it) reuses it
+/// if the stack words its unwinding read are still the same ([`SnapshotCheck`]):
+/// unwinding would give the same frames.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LastSnapshot {
     pub ip: u64,
     pub sp: u64,
+    pub bp: u64,
     pub snapshot_id: i32,
     pub _pad: u32,
 }
 
-/// Stack words a [`SnapshotCheck`] holds at most: unwinding that read more is only
-/// checked on its first reads (the innermost frames).
-pub const MAX_SNAPSHOT_CHECKS: usize = 32;
+/// Stack words a [`StackWords`] holds at most: a stack whose walk depends on more is
+/// only checked on its first ones (the innermost frames).
+pub const MAX_SNAPSHOT_CHECKS: usize = 64;
+
+/// Bytes from the stack pointer up that the kernel reads at once to check
+/// [`StackWords`]; words further up are not checked that way (the stack is walked again).
+pub const STACK_WORDS_SPAN: usize = 8192;
+
+/// Words of a user stack that a walk of it depended on, as offsets from the stack pointer
+/// (multiples of 8, below `span`) and the values found there: while they are unchanged,
+/// walking the stack again from the same registers gives the same frames.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StackWords {
+    pub count: u32,
+    /// One past the highest byte the words cover (the largest offset + 8).
+    pub span: u32,
+    pub offsets: [u32; MAX_SNAPSHOT_CHECKS],
+    pub values: [u64; MAX_SNAPSHOT_CHECKS],
+}
+
+impl StackWords {
+    pub const EMPTY: StackWords = StackWords {
+        count: 0,
+        span: 0,
+        offsets: [0; MAX_SNAPSHOT_CHECKS],
+        values: [0; MAX_SNAPSHOT_CHECKS],
+    };
+}
 
 /// Value of `SNAPSHOT_CHECKS` (keyed by snapshot id), written by user space once it
-/// unwound the snapshot: the stack words unwinding read, as offsets from the stack
-/// pointer and the values found there.
+/// unwound the snapshot: the stack words unwinding depended on, and whether it used the
+/// frame pointer register (then that must be the same too).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SnapshotCheck {
-    pub count: u32,
-    pub offsets: [u32; MAX_SNAPSHOT_CHECKS],
+    pub uses_bp: u32,
     pub _pad: u32,
-    pub values: [u64; MAX_SNAPSHOT_CHECKS],
+    pub words: StackWords,
 }
+
+/// Value of `LAST_USER_STACKS` (keyed by [`BlockPlace`]), with frame-pointer unwinding: the
+/// user stack id last taken where the thread blocked, with the registers and the frame
+/// chain words (saved frame pointers and return addresses) the kernel's walk followed.
+/// A thread blocking again with the same registers and words gets the same id without
+/// a walk.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LastUserStack {
+    pub ip: u64,
+    pub sp: u64,
+    pub bp: u64,
+    pub stack_id: i32,
+    pub _pad: u32,
+    pub words: StackWords,
+}
+
+/// Off-CPU: a kernel stack taken when its thread comes back (`bpf_get_task_stack`), in
+/// `KERNEL_STACKS` under an id from [`FIRST_SWITCH_IN_STACK_ID`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KernelStack {
+    /// Frames in `ips` (the rest are 0).
+    pub len: u32,
+    pub _pad: u32,
+    /// FNV-1a of all of `ips`: stacks of the same length and hash are taken to be the same.
+    pub hash: u64,
+    pub ips: [u64; MAX_STACK_DEPTH],
+}
+
+/// Ids of [`KernelStack`]s: `FIRST_SWITCH_IN_STACK_ID + (hash % SWITCH_IN_STACK_IDS)`,
+/// the next ones tried when taken by another stack. Between the ids of `STACKS` (below
+/// 32768) and those of unwound user stacks (from 1 << 24).
+pub const FIRST_SWITCH_IN_STACK_ID: i32 = 1 << 23;
+pub const SWITCH_IN_STACK_IDS: u32 = 1 << 23;
+
+/// Off-CPU kernel stacks are taken when the thread comes back, when its interval is
+/// known: always for an interval of at least this long (ns); a shorter one of `d` ns
+/// with probability `d / KERNEL_STACK_ALWAYS_NS`, and then counted twice: its own time
+/// under [`KERNEL_STACK_NOT_SAMPLED`], and one sample of this weight under the stack
+/// (with [`offcpu_state::SAMPLED`]). User space spreads each thread's unsampled time at
+/// a user stack over the kernel stacks sampled there, in proportion.
+pub const KERNEL_STACK_ALWAYS_NS: u64 = 1_000_000;
+
+/// [`OffCpuStart::kernel_stack_id`] of a thread that blocked: its kernel stack is taken
+/// when it comes back (or, still blocked when tracing stops, read from /proc).
+pub const KERNEL_STACK_AT_SWITCH_IN: i32 = i32::MIN + 1;
+
+/// [`OffCpuKey::kernel_stack_id`] of the time of short intervals whose kernel stack was
+/// not sampled (see [`KERNEL_STACK_ALWAYS_NS`]).
+pub const KERNEL_STACK_NOT_SAMPLED: i32 = i32::MIN + 2;
 
 #[cfg(feature = "user")]
 mod pod {
@@ -734,8 +833,12 @@ mod pod {
         TaskId,
         TaskKey,
         UnwindSample,
+        BlockPlace,
         LastSnapshot,
         SnapshotCheck,
+        StackWords,
+        LastUserStack,
+        KernelStack,
         ThreadRegs,
     );
 }

@@ -24,10 +24,10 @@ use aya_ebpf::{
     programs::{BtfTracePointContext, PerfEventContext, ProbeContext},
 };
 use tracer_common::{
-    HitStackKey, LastSnapshot, LatencyProcessKey, LatencyStartKey, LatencyStats, MAX_LATENCIES,
-    MAX_PROBES, MAX_USDT_SITES, OffCpuKey, OffCpuStart, OffCpuTotal, OnCpuKey, ProbeHits,
-    SnapshotCheck, TargetProcess, TaskId, TaskKey, TaskState, UsdtSite, UsdtStrEvent, control,
-    counter, histogram,
+    BlockPlace, HitStackKey, KernelStack, LastSnapshot, LastUserStack, LatencyProcessKey,
+    LatencyStartKey, LatencyStats, MAX_LATENCIES, MAX_PROBES, MAX_USDT_SITES, OffCpuKey,
+    OffCpuStart, OffCpuTotal, OnCpuKey, ProbeHits, STACK_WORDS_SPAN, SnapshotCheck, TargetProcess,
+    TaskId, TaskKey, TaskState, UsdtSite, UsdtStrEvent, control, counter, histogram,
 };
 
 /// Per-site argument specs and latency roles, indexed by the uprobe's BPF cookie.
@@ -118,16 +118,44 @@ static UNWIND_SAMPLES: RingBuf = RingBuf::with_byte_size(4096, 0);
 /// The last off-CPU snapshot of each thread (`sched_switch_dwarf`); one entry unless
 /// user space sizes it before load.
 #[map]
-static OFFCPU_SNAPSHOTS: LruHashMap<u32, LastSnapshot> = LruHashMap::with_max_entries(65536, 0);
+static OFFCPU_SNAPSHOTS: LruHashMap<BlockPlace, LastSnapshot> =
+    LruHashMap::with_max_entries(65536, 0);
 
 /// Per snapshot id, the stack words to check before reusing it, from user space; one
 /// entry unless user space sizes it before load.
 #[map]
 static SNAPSHOT_CHECKS: LruHashMap<i32, SnapshotCheck> = LruHashMap::with_max_entries(16384, 0);
 
+/// The last frame-pointer user stack of each thread where it blocked (`sched_switch`).
+#[map]
+static LAST_USER_STACKS: LruHashMap<BlockPlace, LastUserStack> =
+    LruHashMap::with_max_entries(16384, 0);
+
+/// Where a [`LastUserStack`] is assembled before it is stored.
+#[map]
+static USER_STACK_SCRATCH: PerCpuArray<LastUserStack> = PerCpuArray::with_max_entries(1, 0);
+
+/// The first `STACK_WORDS_SPAN` bytes of a user stack, read at once to check its words.
+#[map]
+static STACK_WORDS_SCRATCH: PerCpuArray<[u64; STACK_WORDS_SPAN / 8]> =
+    PerCpuArray::with_max_entries(1, 0);
+
+/// Off-CPU kernel stacks taken at switch in, by id (from `FIRST_SWITCH_IN_STACK_ID`);
+/// allocated as they come (`BPF_F_NO_PREALLOC`): a few hundred are typical.
+#[map]
+static KERNEL_STACKS: HashMap<i32, KernelStack> =
+    HashMap::with_max_entries(16384, BPF_F_NO_PREALLOC);
+
+/// Where a kernel stack is taken before it is stored.
+#[map]
+static KERNEL_STACK_SCRATCH: PerCpuArray<KernelStack> = PerCpuArray::with_max_entries(1, 0);
+
 /// Per-CPU sequence numbers of off-CPU snapshots.
 #[map]
 static SNAPSHOT_SEQ: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
+
+/// `BPF_F_NO_PREALLOC` (include/uapi/linux/bpf.h).
+const BPF_F_NO_PREALLOC: u32 = 1;
 
 /// Switches set by user space while programs run (see `tracer_common::control`).
 #[map]

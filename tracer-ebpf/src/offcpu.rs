@@ -1,6 +1,16 @@
 //! Off-CPU time: at every `sched_switch`, the thread leaving the CPU (the current one)
-//! records when and where it stopped; the thread arriving gets its blocked time added to
-//! the stacks it left with.
+//! records when it stopped and its user stack; the thread arriving gets its blocked time
+//! added to that stack and to its kernel stack, taken then (`bpf_get_task_stack`: where
+//! it blocked is still on it) when the interval is known to be worth it: always for one
+//! of [`KERNEL_STACK_ALWAYS_NS`] or more, else with a probability proportional to its
+//! length (see there). Walking the kernel stack at every switch out costs as much as the
+//! rest of the program together.
+//!
+//! The user stack must be taken at the switch out (only the current thread's can be), but
+//! is walked only when the thread blocks somewhere new: with frame pointers, a thread
+//! blocking again with the same registers and the same frame chain words (checked in one
+//! read of the stack) reuses the stack id it had there (`LAST_USER_STACKS`, by thread and
+//! instruction).
 //!
 //! With DWARF unwinding (`sched_switch_dwarf`) the user stack where a thread blocks is a
 //! snapshot (registers and stack bytes, see `snapshot`) unwound in user space, and its
@@ -16,22 +26,31 @@
 //! long as its CPU time grew since it left, so it came back that long before now. These
 //! are counted (`SWITCH_INS_MISSED`).
 
+use core::ffi::c_void;
+
 use aya_ebpf::{
-    bindings::BPF_F_USER_STACK,
+    bindings::{BPF_F_USER_STACK, task_struct},
     helpers::{
         bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_probe_read_user,
+        generated::{bpf_get_prandom_u32, bpf_get_task_stack},
     },
     programs::BtfTracePointContext,
 };
 use aya_log_ebpf::debug;
 use tracer_common::{
-    EXEC_NS_UNKNOWN, FIRST_SNAPSHOT_ID, LastSnapshot, MAX_SNAPSHOT_CHECKS, NO_STACK, OffCpuKey,
-    OffCpuStart, OffCpuTotal, counter, offcpu_state, target_filter,
+    BlockPlace, EXEC_NS_UNKNOWN, FIRST_SNAPSHOT_ID, FIRST_SWITCH_IN_STACK_ID,
+    KERNEL_STACK_ALWAYS_NS, KERNEL_STACK_AT_SWITCH_IN, KERNEL_STACK_NOT_SAMPLED, LastSnapshot,
+    MAX_SNAPSHOT_CHECKS, MAX_STACK_DEPTH, NO_STACK, OffCpuKey, OffCpuStart, OffCpuTotal,
+    STACK_WORDS_SPAN, SWITCH_IN_STACK_IDS, StackWords, counter, offcpu_state, target_filter,
 };
 
 use crate::{
-    MIN_BLOCK_NS, OFFCPU_SNAPSHOTS, OFFCPU_STARTS, OFFCPU_TIME, SNAPSHOT_CHECKS, SNAPSHOT_SEQ,
-    TASK_EXEC_RUNTIME_OFFSET, count, setting, snapshot, stacks::stack_id, targets,
+    KERNEL_STACK_SCRATCH, KERNEL_STACKS, LAST_USER_STACKS, MIN_BLOCK_NS, OFFCPU_SNAPSHOTS,
+    OFFCPU_STARTS, OFFCPU_TIME, SNAPSHOT_CHECKS, SNAPSHOT_SEQ, STACK_WORDS_SCRATCH,
+    TASK_EXEC_RUNTIME_OFFSET, USER_STACK_SCRATCH, count, setting,
+    snapshot::{self, Regs},
+    stacks::stack_id,
+    targets,
 };
 
 /// `DWARF`: the user stack is a snapshot for user space to unwind (see the module docs).
@@ -66,12 +85,20 @@ fn record_switch_out<const DWARF: bool>(ctx: &BtfTracePointContext, now: u64) {
         }
         return;
     }
-    let user_stack_id = if DWARF {
-        user_snapshot(ctx, tgid, tid)
-    } else {
-        stack_id(ctx, BPF_F_USER_STACK as u64)
+    let regs = snapshot::saved_user_regs();
+    let user_stack_id = match (DWARF, regs) {
+        (true, Some(regs)) => user_snapshot(ctx, &regs, tgid, tid),
+        (false, Some(regs)) => frame_pointer_stack(ctx, &regs, tid),
+        (true, None) => {
+            let fp_stack_id = stack_id(ctx, BPF_F_USER_STACK as u64);
+            // A kernel thread has no user stack either way.
+            if fp_stack_id != NO_STACK {
+                count(counter::UNWIND_NO_USER_REGS);
+            }
+            fp_stack_id
+        }
+        (false, None) => stack_id(ctx, BPF_F_USER_STACK as u64),
     };
-    let kernel_stack_id = stack_id(ctx, 0);
     // A thread switched out while still TASK_RUNNING was preempted (or yielded): it waits
     // for a CPU, not for an event.
     let state = if prev_state as u32 & TASK_STATE_MASK == TASK_RUNNING {
@@ -84,7 +111,7 @@ fn record_switch_out<const DWARF: bool>(ctx: &BtfTracePointContext, now: u64) {
         exec_ns,
         tgid,
         user_stack_id,
-        kernel_stack_id,
+        kernel_stack_id: KERNEL_STACK_AT_SWITCH_IN,
         state,
     };
     let inserted = match OFFCPU_STARTS.insert(&tid, &start, BPF_NOEXIST) {
@@ -118,8 +145,9 @@ fn cpu_time(task: *const u8) -> u64 {
 /// Accounts `open`, a start of thread `tid` whose switch back in went unseen: the thread
 /// has run since it came back, for the CPU time it gained, so it came back that long
 /// before `now` (a little less long, as that CPU time leaves out interrupts and steal: the
-/// interval may come out a little long). A start user space marked (the thread maybe
-/// never blocked) is dropped.
+/// interval may come out a little long). Where it blocked in the kernel is no longer on
+/// its stack: the interval goes under its user stack alone. A start user space marked
+/// (the thread maybe never blocked) is dropped.
 #[inline(always)]
 fn close_missed(tid: u32, open: &OffCpuStart, now: u64, exec_ns: u64) {
     if open.exec_ns == EXEC_NS_UNKNOWN || exec_ns == EXEC_NS_UNKNOWN {
@@ -127,67 +155,210 @@ fn close_missed(tid: u32, open: &OffCpuStart, now: u64, exec_ns: u64) {
     }
     count(counter::SWITCH_INS_MISSED);
     let ran_ns = exec_ns.saturating_sub(open.exec_ns);
-    add_interval(tid, open, now.saturating_sub(ran_ns));
+    let blocked = now.saturating_sub(ran_ns).saturating_sub(open.ts_ns);
+    if blocked < setting(&MIN_BLOCK_NS) {
+        return;
+    }
+    let kernel_stack_id = match open.kernel_stack_id {
+        KERNEL_STACK_AT_SWITCH_IN => NO_STACK,
+        id => id,
+    };
+    add_time(&key(tid, open, kernel_stack_id, open.state), blocked);
 }
 
-/// The id of a snapshot of the current thread's user stack: the last one sent if the
-/// thread blocks where it blocked then, else a new one. Falls back to the frame-pointer
-/// stack id (counted) when there are no user registers or no room in the ring buffer.
+/// The frame-pointer user stack id of the current thread, blocking with `regs`: its last
+/// one if it blocks with the same registers and frame chain, else a new walk.
 #[inline(always)]
-fn user_snapshot(ctx: &BtfTracePointContext, tgid: u32, tid: u32) -> i32 {
-    let Some(regs) = snapshot::saved_user_regs() else {
-        let fp_stack_id = stack_id(ctx, BPF_F_USER_STACK as u64);
-        // A kernel thread has no user stack either way.
-        if fp_stack_id != NO_STACK {
-            count(counter::UNWIND_NO_USER_REGS);
-        }
-        return fp_stack_id;
+fn frame_pointer_stack(ctx: &BtfTracePointContext, regs: &Regs, tid: u32) -> i32 {
+    // SAFETY: map value pointer valid during the program; LRU eviction only frees it
+    // after an RCU grace period.
+    let place = BlockPlace {
+        tid,
+        _pad: 0,
+        ip: regs.ip,
     };
-    // SAFETY: the value is copied out at once.
-    if let Some(last) = unsafe { OFFCPU_SNAPSHOTS.get(&tid) }.copied()
+    if let Some(last) = unsafe { LAST_USER_STACKS.get(&place) }
         && last.ip == regs.ip
         && last.sp == regs.sp
-        && still_valid(last.snapshot_id, regs.sp)
+        && last.bp == regs.bp
+        && words_unchanged(&last.words, regs.sp)
     {
-        return last.snapshot_id;
+        return last.stack_id;
     }
-    let snapshot_id = next_snapshot_id();
-    if !snapshot::send(&regs, tgid, tid, NO_STACK, snapshot_id as u32) {
-        count(counter::UNWIND_RING_FULL);
-        return stack_id(ctx, BPF_F_USER_STACK as u64);
+    let id = stack_id(ctx, BPF_F_USER_STACK as u64);
+    if id >= 0 {
+        remember_frame_pointer_stack(regs, tid, id);
     }
-    let last = LastSnapshot {
-        ip: regs.ip,
-        sp: regs.sp,
-        snapshot_id,
-        _pad: 0,
-    };
-    // LRU: a full map evicts another thread's entry, which then only sends a new snapshot.
-    let _ = OFFCPU_SNAPSHOTS.insert(&tid, &last, 0);
-    snapshot_id
+    id
 }
 
-/// Whether snapshot `snapshot_id` still describes the current thread's stack at `sp`:
-/// user space has unwound it, and every stack word that unwinding read is unchanged.
+/// Notes stack `stack_id` of thread `tid` with the frame chain the kernel's walk
+/// followed from `regs`: at each frame pointer, the next one and the return address
+/// above it, until a frame cannot be read (where the kernel's walk stops too). A chain
+/// deeper than [`MAX_SNAPSHOT_CHECKS`] words, or leaving the first
+/// [`STACK_WORDS_SPAN`] bytes of the stack, is not noted: it is walked every time.
 #[inline(always)]
-fn still_valid(snapshot_id: i32, sp: u64) -> bool {
-    // SAFETY: map value pointer valid during the program; user space only replaces it.
-    let Some(check) = (unsafe { SNAPSHOT_CHECKS.get(&snapshot_id) }) else {
+fn remember_frame_pointer_stack(regs: &Regs, tid: u32, stack_id: i32) {
+    let Some(last) = USER_STACK_SCRATCH.get_ptr_mut(0) else {
+        return;
+    };
+    // SAFETY: per-CPU scratch value, valid while the program runs and ours alone.
+    let last = unsafe { &mut *last };
+    last.ip = regs.ip;
+    last.sp = regs.sp;
+    last.bp = regs.bp;
+    last.stack_id = stack_id;
+    last.words.count = 0;
+    last.words.span = 0;
+    let mut fp = regs.bp;
+    let mut ended = false;
+    for i in 0..MAX_SNAPSHOT_CHECKS / 2 {
+        // SAFETY: the helper checks the user address and fails on a fault.
+        let Ok(frame) = (unsafe { bpf_probe_read_user(fp as *const [u64; 2]) }) else {
+            ended = true;
+            break;
+        };
+        let offset = fp.wrapping_sub(regs.sp);
+        if offset % 8 != 0 || offset > (STACK_WORDS_SPAN - 16) as u64 {
+            return;
+        }
+        let at = 2 * i;
+        last.words.offsets[at] = offset as u32;
+        last.words.values[at] = frame[0];
+        last.words.offsets[at + 1] = offset as u32 + 8;
+        last.words.values[at + 1] = frame[1];
+        last.words.count = at as u32 + 2;
+        last.words.span = last.words.span.max(offset as u32 + 16);
+        fp = frame[0];
+    }
+    if ended {
+        // LRU: a full map evicts another thread's entry, which then walks again.
+        let place = BlockPlace {
+            tid,
+            _pad: 0,
+            ip: regs.ip,
+        };
+        let _ = LAST_USER_STACKS.insert(&place, last, 0);
+    }
+}
+
+/// Whether the current thread's user stack at `sp` still holds `words`: read in one go
+/// when they lie in the first [`STACK_WORDS_SPAN`] bytes, word by word beyond.
+#[inline(always)]
+fn words_unchanged(words: &StackWords, sp: u64) -> bool {
+    let count = words.count as usize;
+    if count == 0 {
+        return true;
+    }
+    // More than can be checked: user space's mark of a stack never to reuse.
+    if count > MAX_SNAPSHOT_CHECKS {
+        return false;
+    }
+    let span = words.span;
+    if span == 0 || span as usize > STACK_WORDS_SPAN {
+        return words_unchanged_one_by_one(words, sp);
+    }
+    let Some(stack) = STACK_WORDS_SCRATCH.get_ptr_mut(0) else {
         return false;
     };
-    let count = check.count as usize;
+    // The size again, masked so that the verifier sees it bounded (a volatile load the
+    // compiler cannot tie to the check above, so it keeps the mask): 1..=STACK_WORDS_SPAN,
+    // `span` itself.
+    // SAFETY: `words` is a valid reference.
+    let len = (unsafe { core::ptr::read_volatile(&words.span) }.wrapping_sub(1)
+        & (STACK_WORDS_SPAN as u32 - 1))
+        + 1;
+    // SAFETY: the scratch value has room for STACK_WORDS_SPAN >= len bytes; the helper
+    // checks the user address and fails on a fault.
+    let failed = unsafe {
+        aya_ebpf::helpers::generated::bpf_probe_read_user(
+            stack as *mut c_void,
+            len,
+            sp as *const c_void,
+        )
+    } != 0;
+    if failed {
+        return false;
+    }
     for i in 0..MAX_SNAPSHOT_CHECKS {
         if i >= count {
             break;
         }
-        let addr = sp.wrapping_add(check.offsets[i] as u64) as *const u64;
+        // SAFETY: `words` is a valid reference. Volatile, so that the compiler keeps the
+        // mask the verifier needs to see the index bounded.
+        let offset = unsafe { core::ptr::read_volatile(&words.offsets[i]) };
+        if offset % 8 != 0 || offset >= span {
+            return false;
+        }
+        let at = (offset / 8) as usize & (STACK_WORDS_SPAN / 8 - 1);
+        // SAFETY: `at` is within the scratch array, read above.
+        if unsafe { (*stack)[at] } != words.values[i] {
+            return false;
+        }
+    }
+    true
+}
+
+#[inline(always)]
+fn words_unchanged_one_by_one(words: &StackWords, sp: u64) -> bool {
+    let count = words.count as usize;
+    for i in 0..MAX_SNAPSHOT_CHECKS {
+        if i >= count {
+            break;
+        }
+        let addr = sp.wrapping_add(words.offsets[i] as u64) as *const u64;
         // SAFETY: the helper checks the user address and fails on a fault.
         match unsafe { bpf_probe_read_user(addr) } {
-            Ok(value) if value == check.values[i] => {}
+            Ok(value) if value == words.values[i] => {}
             _ => return false,
         }
     }
     true
+}
+
+/// The id of a snapshot of the current thread's user stack: the last one sent if the
+/// thread blocks where it blocked then, else a new one. Falls back to the frame-pointer
+/// stack id (counted) when there is no room in the ring buffer.
+#[inline(always)]
+fn user_snapshot(ctx: &BtfTracePointContext, regs: &Regs, tgid: u32, tid: u32) -> i32 {
+    let place = BlockPlace {
+        tid,
+        _pad: 0,
+        ip: regs.ip,
+    };
+    // SAFETY: the value is copied out at once.
+    let last = unsafe { OFFCPU_SNAPSHOTS.get(&place) }.copied();
+    // Its check, once user space has unwound it.
+    // SAFETY: map value pointer valid during the program; user space only replaces it.
+    let check = last.and_then(|last| unsafe { SNAPSHOT_CHECKS.get(&last.snapshot_id) });
+    if let (Some(last), Some(check)) = (last, check)
+        && last.sp == regs.sp
+        && (check.uses_bp == 0 || last.bp == regs.bp)
+        && words_unchanged(&check.words, regs.sp)
+    {
+        return last.snapshot_id;
+    }
+    let snapshot_id = next_snapshot_id();
+    if !snapshot::send(regs, tgid, tid, NO_STACK, snapshot_id as u32) {
+        count(counter::UNWIND_RING_FULL);
+        return stack_id(ctx, BPF_F_USER_STACK as u64);
+    }
+    // A snapshot of this place still waiting for its check stays the one to compare
+    // with: replaced at every block, the place would never have a checked one while the
+    // thread blocks there faster than user space unwinds.
+    if last.is_some() && check.is_none() {
+        return snapshot_id;
+    }
+    let last = LastSnapshot {
+        ip: regs.ip,
+        sp: regs.sp,
+        bp: regs.bp,
+        snapshot_id,
+        _pad: 0,
+    };
+    // LRU: a full map evicts another entry, whose thread then only sends a new snapshot.
+    let _ = OFFCPU_SNAPSHOTS.insert(&place, &last, 0);
+    snapshot_id
 }
 
 /// A snapshot id no other CPU gives out: this CPU's sequence number, with the CPU number
@@ -217,6 +388,8 @@ const TASK_DEAD: u32 = 0x80;
 const TASK_RUNNING: u32 = 0;
 const TASK_STATE_MASK: u32 = 0xff;
 
+/// `next` is about to run: its interval ends, and where it blocked in the kernel is still
+/// on its stack.
 #[inline(always)]
 fn account_switch_in(next: *const u8, now: u64) {
     let Some(next_tid) = targets::task_tid(next) else {
@@ -228,44 +401,141 @@ fn account_switch_in(next: *const u8, now: u64) {
     };
     // A start that stays (its removal failed) is closed at the thread's next switch out,
     // as one whose switch in went unseen: accounting it now too would count it twice.
-    if OFFCPU_STARTS.remove(&next_tid).is_ok() {
-        add_interval(next_tid, &start, now);
+    if OFFCPU_STARTS.remove(&next_tid).is_err() {
+        return;
     }
-}
-
-/// Adds thread `tid`'s time off CPU from `start` to `end` to its stacks' total.
-#[inline(always)]
-fn add_interval(tid: u32, start: &OffCpuStart, end: u64) {
-    let blocked = end.saturating_sub(start.ts_ns);
+    let blocked = now.saturating_sub(start.ts_ns);
     if blocked < setting(&MIN_BLOCK_NS) {
         return;
     }
-    let key = OffCpuKey {
+    if start.kernel_stack_id != KERNEL_STACK_AT_SWITCH_IN {
+        // Marked by user space with the stacks /proc showed.
+        add_time(
+            &key(next_tid, &start, start.kernel_stack_id, start.state),
+            blocked,
+        );
+        return;
+    }
+    let always = blocked >= KERNEL_STACK_ALWAYS_NS;
+    // A shorter interval: with probability blocked / KERNEL_STACK_ALWAYS_NS.
+    let take = always
+        || (unsafe { bpf_get_prandom_u32() } as u64 * KERNEL_STACK_ALWAYS_NS) >> 32 < blocked;
+    let kernel_stack_id = if take {
+        switch_in_kernel_stack(next)
+    } else {
+        KERNEL_STACK_NOT_SAMPLED
+    };
+    if always {
+        add_time(
+            &key(next_tid, &start, kernel_stack_id, start.state),
+            blocked,
+        );
+        return;
+    }
+    add_time(
+        &key(next_tid, &start, KERNEL_STACK_NOT_SAMPLED, start.state),
+        blocked,
+    );
+    if take {
+        let state = start.state | offcpu_state::SAMPLED;
+        add_time(
+            &key(next_tid, &start, kernel_stack_id, state),
+            KERNEL_STACK_ALWAYS_NS,
+        );
+    }
+}
+
+#[inline(always)]
+fn key(tid: u32, start: &OffCpuStart, kernel_stack_id: i32, state: u32) -> OffCpuKey {
+    OffCpuKey {
         tgid: start.tgid,
         tid,
         user_stack_id: start.user_stack_id,
-        kernel_stack_id: start.kernel_stack_id,
-        state: start.state,
-    };
-    match OFFCPU_TIME.get_ptr_mut(&key) {
+        kernel_stack_id,
+        state,
+    }
+}
+
+/// Adds `ns` and one interval to `key`'s total.
+#[inline(always)]
+fn add_time(key: &OffCpuKey, ns: u64) {
+    match OFFCPU_TIME.get_ptr_mut(key) {
         Some(total) => {
             // SAFETY: map value pointer valid during the program; the thread is switching
             // on this CPU only, so no one else updates this key now.
             unsafe {
-                (*total).total_ns += blocked;
+                (*total).total_ns += ns;
                 (*total).count += 1;
             }
         }
         None => {
             let total = OffCpuTotal {
-                total_ns: blocked,
+                total_ns: ns,
                 count: 1,
             };
-            if OFFCPU_TIME.insert(&key, &total, 0).is_err() {
+            if OFFCPU_TIME.insert(key, &total, 0).is_err() {
                 count(counter::MAP_FULL);
             }
         }
     }
+}
+
+/// The id in `KERNEL_STACKS` of the kernel stack `task` (not running) blocked in, an
+/// error (negative) if it cannot be taken or stored.
+#[inline(always)]
+fn switch_in_kernel_stack(task: *const u8) -> i32 {
+    let Some(stack) = KERNEL_STACK_SCRATCH.get_ptr_mut(0) else {
+        return NO_STACK;
+    };
+    // SAFETY: per-CPU scratch value, valid while the program runs and ours alone; `task`
+    // is the tracepoint's trusted `next`.
+    let stack = unsafe { &mut *stack };
+    let bytes = unsafe {
+        bpf_get_task_stack(
+            task as *mut task_struct,
+            stack.ips.as_mut_ptr() as *mut c_void,
+            (MAX_STACK_DEPTH * 8) as u32,
+            0,
+        )
+    };
+    if bytes <= 0 {
+        count(counter::STACK_ERRORS);
+        return if bytes == 0 { NO_STACK } else { bytes as i32 };
+    }
+    stack.len = (bytes as usize / 8).min(MAX_STACK_DEPTH) as u32;
+    // FNV-1a over every slot: the helper zeroes those past the stack, and a loop of a
+    // fixed count is quick to verify. Stacks of the same length and 64-bit hash are taken
+    // to be the same, as the kernel's stack map does with BPF_F_FAST_STACK_CMP.
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for i in 0..MAX_STACK_DEPTH {
+        hash = (hash ^ stack.ips[i]).wrapping_mul(0x0100_0000_01b3);
+    }
+    stack.hash = hash;
+    let slot = (hash ^ (hash >> 32)) as u32;
+    for attempt in 0..4u32 {
+        let id = FIRST_SWITCH_IN_STACK_ID
+            + (slot.wrapping_add(attempt) & (SWITCH_IN_STACK_IDS - 1)) as i32;
+        // SAFETY: map value pointer valid during the program; entries are never changed.
+        match unsafe { KERNEL_STACKS.get(&id) } {
+            Some(known) => {
+                if known.hash == stack.hash && known.len == stack.len {
+                    return id;
+                }
+            }
+            None => match KERNEL_STACKS.insert(&id, stack, BPF_NOEXIST) {
+                Ok(()) => return id,
+                // Another CPU took the id meanwhile: look at the next one.
+                Err(EEXIST) => {}
+                // Full: a stack not captured, as when the stack map is.
+                Err(err) => {
+                    count(counter::STACK_ERRORS);
+                    return err as i32;
+                }
+            },
+        }
+    }
+    count(counter::STACK_ERRORS);
+    EEXIST
 }
 
 /// `BPF_NOEXIST`: insert only if the key is absent, else fail with `EEXIST` (as a

@@ -9,7 +9,8 @@ use std::{collections::HashMap, time::Duration};
 
 use anyhow::{Context as _, Result};
 use tracer_common::{
-    NO_STACK, OffCpuStart, STACK_BEFORE_START, UNWIND_STACK_BYTES, counter, offcpu_state,
+    KERNEL_STACK_AT_SWITCH_IN, NO_STACK, OffCpuStart, STACK_BEFORE_START, UNWIND_STACK_BYTES,
+    counter, offcpu_state,
 };
 
 use crate::{
@@ -19,7 +20,7 @@ use crate::{
     },
     processes::Processes,
     procfs,
-    stacks::{FRAME_POINTER_SUFFIX, StackSource},
+    stacks::{FRAME_POINTER_SUFFIX, KERNEL_SUFFIX, StackSource},
     stop::{self, StopReason},
     symbolize::StackSymbolizer,
     targets::KernelTargets,
@@ -209,10 +210,11 @@ impl WallClockSampler {
         }
         // Threads still blocked are blocked right now, unless they are gone: a target that
         // exited, or (system-wide) a thread that exited while switched out, never wakes up.
+        let mut seeds = self.seeds;
         let pending = if reason == StopReason::TargetExited {
             Vec::new()
         } else {
-            still_alive(loader.offcpu_pending()?)
+            seeds.name_blocked_kernel_stacks(still_alive(loader.offcpu_pending()?))
         };
         let mut oncpu = loader.oncpu_samples()?;
         let (unwind_stats, unwound) = match self.unwinding {
@@ -224,7 +226,7 @@ impl WallClockSampler {
             }
             None => (None, None),
         };
-        let seeds = &self.seeds;
+        let seeds = &seeds;
         let raw = RawProfile {
             oncpu,
             offcpu: loader.offcpu_totals()?,
@@ -337,9 +339,42 @@ impl SamplerChores {
 struct Seeds {
     user: HashMap<i32, UnwoundStack>,
     kernel: HashMap<i32, Vec<String>>,
+    /// Ids given out so far (from [`FIRST_SEEDED_ID`]).
+    issued: i32,
 }
 
 impl Seeds {
+    fn next_id(&mut self) -> i32 {
+        self.issued += 1;
+        FIRST_SEEDED_ID + self.issued - 1
+    }
+
+    /// `pending` with the kernel stack of each thread still blocked where the kernel was
+    /// to take it at its switch in, as /proc shows it now ([`NO_STACK`] if it cannot).
+    fn name_blocked_kernel_stacks(
+        &mut self,
+        mut pending: Vec<(u32, OffCpuStart)>,
+    ) -> Vec<(u32, OffCpuStart)> {
+        for (tid, start) in &mut pending {
+            if start.kernel_stack_id != KERNEL_STACK_AT_SWITCH_IN {
+                continue;
+            }
+            let path = format!("/proc/{}/task/{tid}/stack", start.tgid);
+            let names = std::fs::read_to_string(&path)
+                .map(|text| threads::parse_kernel_stack(&text))
+                .unwrap_or_default();
+            start.kernel_stack_id = if names.is_empty() {
+                NO_STACK
+            } else {
+                let id = self.next_id();
+                let named = names.iter().map(|n| format!("{n}{KERNEL_SUFFIX}"));
+                self.kernel.insert(id, named.collect());
+                id
+            };
+        }
+        pending
+    }
+
     /// Marks for every thread of `pid`, from `started_ns`: a blocked thread's under the
     /// stacks it is blocked in, any other's (and one whose stacks cannot be read) under
     /// [`STACK_BEFORE_START`].
@@ -366,18 +401,15 @@ impl Seeds {
         let snapshots = threads::snapshot_threads_with(pid, &options).unwrap_or_default();
         let maps = processes.get(pid).and_then(|p| p.maps.as_ref());
         let mut unwinder = DwarfUnwinder::new();
-        let mut next_id = FIRST_SEEDED_ID;
-        let mut id_for = |stacks: &mut Self, user: Option<UnwoundStack>, kernel: Vec<String>| {
+        let id_for = |stacks: &mut Self, user: Option<UnwoundStack>, kernel: Vec<String>| {
             let mut ids = [NO_STACK, NO_STACK];
             if let Some(user) = user.filter(|u| !u.addrs.is_empty()) {
-                stacks.user.insert(next_id, user);
-                ids[0] = next_id;
-                next_id += 1;
+                ids[0] = stacks.next_id();
+                stacks.user.insert(ids[0], user);
             }
             if !kernel.is_empty() {
-                stacks.kernel.insert(next_id, kernel);
-                ids[1] = next_id;
-                next_id += 1;
+                ids[1] = stacks.next_id();
+                stacks.kernel.insert(ids[1], kernel);
             }
             ids
         };

@@ -13,7 +13,7 @@
 //! are counted per thread and given ids of their own, so the rest of the profile names
 //! them like the kernel's stacks ([`WithUnwound`]).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::ops::Range;
 use std::sync::Arc;
@@ -24,7 +24,7 @@ use gimli::{BaseAddresses, CieOrFde, DebugFrame, EhFrame, LittleEndian, UnwindSe
 use object::{Object as _, ObjectSection as _, ObjectSegment as _, ReadCache};
 use tracer_common::{
     FIRST_SNAPSHOT_ID, MAX_SNAPSHOT_CHECKS, MAX_STACK_DEPTH, NO_STACK, OnCpuKey, SnapshotCheck,
-    UNWIND_STACK_BYTES,
+    StackWords, UNWIND_STACK_BYTES,
 };
 
 use crate::{stacks::StackSource, symbolize::ProcessMaps};
@@ -336,15 +336,10 @@ impl DwarfUnwinder {
         snapshot: &Snapshot<'_>,
         maps: Option<&ProcessMaps>,
     ) -> Option<SnapshotCheck> {
-        let mut check = SnapshotCheck {
-            count: 0,
-            offsets: [0; MAX_SNAPSHOT_CHECKS],
-            _pad: 0,
-            values: [0; MAX_SNAPSHOT_CHECKS],
-        };
+        let mut reads = Vec::new();
         let stack = match maps {
             Some(maps) => {
-                let (stack, end) = self.unwind(snapshot, maps, &mut check);
+                let (stack, end) = self.unwind(snapshot, maps, &mut reads);
                 match end {
                     UnwindEnd::Complete => {}
                     UnwindEnd::OutOfStack => self.stats.out_of_stack += 1,
@@ -366,9 +361,13 @@ impl DwarfUnwinder {
         self.stats.max_depth = self.stats.max_depth.max(stack.addrs.len() as u64);
         if snapshot.snapshot_id != 0 {
             self.stats.offcpu_snapshots += 1;
-            self.snapshots.insert(snapshot.snapshot_id as i32, stack);
             // Without mappings nothing was read: the snapshot is not to be reused.
-            return maps.is_some().then_some(check);
+            let check = match maps {
+                Some(_) => snapshot_check(snapshot, &reads, &stack.addrs),
+                None => NEVER_REUSE,
+            };
+            self.snapshots.insert(snapshot.snapshot_id as i32, stack);
+            return Some(check);
         }
         self.stats.samples += 1;
         self.stats.in_kernel += u64::from(snapshot.kernel_stack_id != NO_STACK);
@@ -388,22 +387,16 @@ impl DwarfUnwinder {
         snapshot: &Snapshot<'_>,
         maps: &ProcessMaps,
     ) -> (UnwoundStack, UnwindEnd) {
-        let mut reads = SnapshotCheck {
-            count: 0,
-            offsets: [0; MAX_SNAPSHOT_CHECKS],
-            _pad: 0,
-            values: [0; MAX_SNAPSHOT_CHECKS],
-        };
-        self.unwind(snapshot, maps, &mut reads)
+        self.unwind(snapshot, maps, &mut Vec::new())
     }
 
-    /// Unwinds `snapshot`, noting in `reads` the first stack words read (unwinding is a
-    /// function of the registers and of those words only).
+    /// Unwinds `snapshot`, noting in `reads` every stack word it tried to read (unwinding
+    /// is a function of the registers and of those words only).
     fn unwind(
         &mut self,
         snapshot: &Snapshot<'_>,
         maps: &ProcessMaps,
-        reads: &mut SnapshotCheck,
+        reads: &mut Vec<StackRead>,
     ) -> (UnwoundStack, UnwindEnd) {
         let mapping_count = maps.mapped_files().count();
         let stale = self
@@ -419,20 +412,18 @@ impl DwarfUnwinder {
         // The last few words read, to find where a signal frame starts.
         let recent: std::cell::RefCell<Vec<(u64, u64)>> = Default::default();
         let mut read_stack = |addr: u64| -> Result<u64, ()> {
-            let at = usize::try_from(addr.checked_sub(sp).ok_or(())?).map_err(|_| ())?;
-            let bytes = stack.get(at..at.checked_add(8).ok_or(())?).ok_or(())?;
-            let value = u64::from_le_bytes(bytes.try_into().map_err(|_| ())?);
+            let value = (|| {
+                let at = usize::try_from(addr.checked_sub(sp)?).ok()?;
+                let bytes = stack.get(at..at.checked_add(8)?)?;
+                Some(u64::from_le_bytes(bytes.try_into().ok()?))
+            })();
+            reads.push(StackRead { addr, value });
+            let value = value.ok_or(())?;
             let mut recent = recent.borrow_mut();
             if recent.len() == 4 {
                 recent.remove(0);
             }
             recent.push((addr, value));
-            let n = reads.count as usize;
-            if n < MAX_SNAPSHOT_CHECKS {
-                reads.offsets[n] = at as u32;
-                reads.values[n] = value;
-                reads.count += 1;
-            }
             Ok(value)
         };
         let mut unwound = UnwoundStack::default();
@@ -581,6 +572,64 @@ impl DwarfUnwinder {
             stacks.insert(next_id, stack);
         }
         (entries, stacks)
+    }
+}
+
+/// The check of a snapshot the kernel is not to reuse: more words than it can check.
+const NEVER_REUSE: SnapshotCheck = SnapshotCheck {
+    uses_bp: 0,
+    _pad: 0,
+    words: StackWords {
+        count: u32::MAX,
+        ..StackWords::EMPTY
+    },
+};
+
+/// A stack word unwinding tried to read, and what it found (`None`: outside the copy).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct StackRead {
+    addr: u64,
+    value: Option<u64>,
+}
+
+/// What the kernel checks before it reuses an off-CPU snapshot: the words read that the
+/// frames depended on. Those are the return addresses (`frames`), the saved frame
+/// pointers a later step used as the base of its reads (a read at the value, or 8 past
+/// it), and the last word read (where unwinding stopped). A register saved on the stack
+/// that no step used is left out: code without frame pointers keeps data in `rbp`, and a
+/// word that changes at every block (a loop counter) would otherwise make every snapshot
+/// new. The frame pointer register itself matters when a read was based on it.
+fn snapshot_check(snapshot: &Snapshot<'_>, reads: &[StackRead], frames: &[u64]) -> SnapshotCheck {
+    let frames: HashSet<u64> = frames.iter().copied().collect();
+    let used_as_base = |value: u64, later: &[StackRead]| {
+        later
+            .iter()
+            .any(|r| r.addr == value || r.addr == value.wrapping_add(8))
+    };
+    let mut words = StackWords::EMPTY;
+    for (i, read) in reads.iter().enumerate() {
+        let Some(value) = read.value else {
+            continue;
+        };
+        let last = i + 1 == reads.len();
+        if !(last || frames.contains(&value) || used_as_base(value, &reads[i + 1..])) {
+            continue;
+        }
+        let n = words.count as usize;
+        if n == MAX_SNAPSHOT_CHECKS {
+            break;
+        }
+        // Within the copy, so less than UNWIND_STACK_BYTES from the stack pointer.
+        let at = read.addr.wrapping_sub(snapshot.sp) as u32;
+        words.offsets[n] = at;
+        words.values[n] = value;
+        words.count += 1;
+        words.span = words.span.max(at + 8);
+    }
+    SnapshotCheck {
+        uses_bp: u32::from(used_as_base(snapshot.bp, reads)),
+        _pad: 0,
+        words,
     }
 }
 
@@ -734,5 +783,51 @@ mod tests {
             *byte = unsafe { std::ptr::read_volatile((sp as *const u8).add(i)) };
         }
         (ip, sp, bp, len)
+    }
+
+    /// The kernel checks the words the frames depended on: return addresses, saved frame
+    /// pointers later reads were based on, and the last word read; a saved register no
+    /// read used (data kept in rbp) is left out, so it may change.
+    #[test]
+    fn a_snapshot_check_holds_the_words_the_frames_depend_on() {
+        let sp = 0x7000_0000u64;
+        let snapshot = Snapshot {
+            tgid: 1,
+            tid: 1,
+            ip: 0x1000,
+            sp,
+            bp: 0x1234,
+            kernel_stack_id: NO_STACK,
+            snapshot_id: 5,
+            stack: &[],
+        };
+        let read = |offset: u64, value: u64| StackRead {
+            addr: sp + offset,
+            value: Some(value),
+        };
+        let reads = [
+            // A loop counter saved where rbp was pushed: no read is based on it.
+            read(0, 41),
+            // The return address.
+            read(8, 0x2000),
+            // A saved frame pointer, the base of the next two reads.
+            read(16, sp + 64),
+            read(64, 0),
+            read(72, 0x3000),
+        ];
+        let check = snapshot_check(&snapshot, &reads, &[0x1000, 0x2000, 0x3000]);
+        let words = check.words;
+        let kept: Vec<(u32, u64)> = (0..words.count as usize)
+            .map(|i| (words.offsets[i], words.values[i]))
+            .collect();
+        assert_eq!(kept, [(8, 0x2000), (16, sp + 64), (72, 0x3000)]);
+        assert_eq!(words.span, 80);
+        // No read was based on the frame pointer register.
+        assert_eq!(check.uses_bp, 0);
+        let based_on_bp = [StackRead {
+            addr: 0x1234 + 8,
+            value: None,
+        }];
+        assert_eq!(snapshot_check(&snapshot, &based_on_bp, &[]).uses_bp, 1);
     }
 }

@@ -15,7 +15,8 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use tracer_common::{
-    NO_STACK, OffCpuKey, OffCpuStart, OffCpuTotal, OnCpuKey, STACK_BEFORE_START, offcpu_state,
+    KERNEL_STACK_AT_SWITCH_IN, KERNEL_STACK_NOT_SAMPLED, NO_STACK, OffCpuKey, OffCpuStart,
+    OffCpuTotal, OnCpuKey, STACK_BEFORE_START, offcpu_state,
 };
 
 use crate::{
@@ -36,6 +37,11 @@ pub const RUNNABLE_FRAME: &str = "[runnable]";
 /// The frame standing for the stacks of threads that were already off CPU when profiling
 /// started (see [`tracer_common::STACK_BEFORE_START`]): where they blocked is not known.
 pub const BEFORE_START_FRAME: &str = "[blocked since before profiling started]";
+
+/// The kernel frame of short blocked intervals whose kernel stack was not sampled, where
+/// no sample of the same user stack says where they blocked (see
+/// [`tracer_common::KERNEL_STACK_ALWAYS_NS`]).
+pub const NOT_SAMPLED_FRAME: &str = "[kernel stack not sampled]_[k]";
 
 /// Stack ids from here to [`tracer_common::FIRST_SNAPSHOT_ID`] are the stacks user space
 /// read from /proc for threads already blocked when profiling started (above the
@@ -155,13 +161,7 @@ pub fn build_profile(
     let mut profile = WallClockProfile::default();
     let period_ns = 1_000_000_000 / options.frequency_hz.max(1);
 
-    let mut offcpu: HashMap<OffCpuKey, Weight> = HashMap::new();
-    for (key, total) in &raw.offcpu {
-        offcpu.entry(*key).or_default().add(Weight {
-            events: total.count,
-            ns: total.total_ns,
-        });
-    }
+    let mut offcpu = spread_unsampled(&raw.offcpu);
     let sampled: HashSet<u32> = raw.oncpu.iter().map(|(k, _)| k.tid).collect();
     let open = OpenIntervals {
         starts: &raw.pending,
@@ -309,9 +309,111 @@ pub fn unnamed_line(profile: &WallClockProfile, hint: impl FnOnce() -> String) -
     })
 }
 
+/// The off-CPU totals by key, with the time of short intervals whose kernel stack was not
+/// sampled ([`KERNEL_STACK_NOT_SAMPLED`]) spread over the kernel stacks sampled at the
+/// same user stack and state, in proportion to their samples: those of the same thread,
+/// else (none there) those of the process's other threads. Samples themselves
+/// ([`offcpu_state::SAMPLED`]) are not time and are not kept. Time with no sample to go
+/// by stays under [`KERNEL_STACK_NOT_SAMPLED`]. Per thread, user stack and state the
+/// time and the intervals are exactly the kernel's.
+fn spread_unsampled(totals: &[(OffCpuKey, OffCpuTotal)]) -> HashMap<OffCpuKey, Weight> {
+    type Place = (u32, i32, u32);
+    let mut by_thread: HashMap<(u32, Place), BTreeMap<i32, u64>> = HashMap::new();
+    let mut by_process: HashMap<Place, BTreeMap<i32, u64>> = HashMap::new();
+    let mut spread = HashMap::new();
+    let mut unsampled = Vec::new();
+    for (key, total) in totals {
+        let weight = Weight {
+            events: total.count,
+            ns: total.total_ns,
+        };
+        if key.state & offcpu_state::SAMPLED != 0 {
+            let state = key.state & !offcpu_state::SAMPLED;
+            let place = (key.tgid, key.user_stack_id, state);
+            *by_thread
+                .entry((key.tid, place))
+                .or_default()
+                .entry(key.kernel_stack_id)
+                .or_default() += total.count;
+            *by_process
+                .entry(place)
+                .or_default()
+                .entry(key.kernel_stack_id)
+                .or_default() += total.count;
+        } else if key.kernel_stack_id == KERNEL_STACK_NOT_SAMPLED {
+            unsampled.push((*key, weight));
+        } else {
+            spread
+                .entry(*key)
+                .or_insert_with(Weight::default)
+                .add(weight);
+        }
+    }
+    for (key, weight) in unsampled {
+        let place = (key.tgid, key.user_stack_id, key.state);
+        let samples = by_thread
+            .get(&(key.tid, place))
+            .or_else(|| by_process.get(&place));
+        let Some(samples) = samples else {
+            spread
+                .entry(key)
+                .or_insert_with(Weight::default)
+                .add(weight);
+            continue;
+        };
+        for (kernel_stack_id, share) in proportional_shares(weight, samples) {
+            let key = OffCpuKey {
+                kernel_stack_id,
+                ..key
+            };
+            spread.entry(key).or_insert_with(Weight::default).add(share);
+        }
+    }
+    spread
+}
+
+/// `weight` split in proportion to `samples` (by kernel stack id), exactly: what rounding
+/// leaves over goes to the stack with the most samples.
+fn proportional_shares(weight: Weight, samples: &BTreeMap<i32, u64>) -> Vec<(i32, Weight)> {
+    let total: u64 = samples.values().sum();
+    let part = |of: u64, n: u64| (u128::from(of) * u128::from(n) / u128::from(total)) as u64;
+    let mut shares: Vec<(i32, Weight)> = samples
+        .iter()
+        .map(|(&id, &n)| {
+            let share = Weight {
+                events: part(weight.events, n),
+                ns: part(weight.ns, n),
+            };
+            (id, share)
+        })
+        .collect();
+    let given = shares.iter().fold(Weight::default(), |mut sum, (_, w)| {
+        sum.add(*w);
+        sum
+    });
+    let most = samples
+        .iter()
+        .max_by_key(|&(&id, &n)| (n, std::cmp::Reverse(id)))
+        .map(|(&id, _)| id);
+    if let Some((_, share)) = shares.iter_mut().find(|(id, _)| Some(*id) == most) {
+        share.events += weight.events - given.events;
+        share.ns += weight.ns - given.ns;
+    }
+    shares
+}
+
 /// A stack that should be there and is not (not the legitimately absent kind).
 fn is_missing(key: &OffCpuKey) -> bool {
-    let missing = |id: i32| id < 0 && id != NO_STACK && id != STACK_BEFORE_START;
+    let missing = |id: i32| {
+        id < 0
+            && ![
+                NO_STACK,
+                STACK_BEFORE_START,
+                KERNEL_STACK_NOT_SAMPLED,
+                KERNEL_STACK_AT_SWITCH_IN,
+            ]
+            .contains(&id)
+    };
     missing(key.user_stack_id) || missing(key.kernel_stack_id)
 }
 
@@ -351,7 +453,7 @@ impl<'a> Namer<'a> {
         let kernel_ids = keys
             .iter()
             .map(|k| k.kernel_stack_id)
-            .filter(|&id| id != NO_STACK);
+            .filter(|&id| !NOT_KERNEL_STACKS.contains(&id));
         let kernel = kernel_stack_frames(kernel_ids, stacks, symbolizer, str::to_string);
         let mut tgids = keys.iter().map(|k| k.tgid);
         let first = tgids.next();
@@ -377,12 +479,21 @@ impl<'a> Namer<'a> {
         if key.user_stack_id != NO_STACK {
             frames.extend(self.user[&(key.tgid, key.user_stack_id)].iter().cloned());
         }
-        if key.kernel_stack_id != NO_STACK {
-            frames.extend(self.kernel[&key.kernel_stack_id].iter().cloned());
+        match key.kernel_stack_id {
+            KERNEL_STACK_NOT_SAMPLED => frames.push(NOT_SAMPLED_FRAME.to_string()),
+            id if NOT_KERNEL_STACKS.contains(&id) => {}
+            id => frames.extend(self.kernel[&id].iter().cloned()),
         }
         frames
     }
 }
+
+/// Kernel stack ids that stand for no stack to name.
+const NOT_KERNEL_STACKS: [i32; 3] = [
+    NO_STACK,
+    KERNEL_STACK_NOT_SAMPLED,
+    KERNEL_STACK_AT_SWITCH_IN,
+];
 
 #[cfg(test)]
 mod tests {
@@ -562,6 +673,85 @@ mod tests {
             )),
             "{wall}"
         );
+    }
+
+    /// Short intervals' time, kept under "not sampled", goes to the kernel stacks sampled
+    /// at the same user stack and state: the thread's own samples first, else its
+    /// process's; exactly, per thread and user stack; samples are not time.
+    #[test]
+    fn unsampled_time_is_spread_over_the_kernel_stacks_sampled_there() {
+        let entry = |tid, user, kernel, state, ns, count| {
+            let key = OffCpuKey {
+                tgid: 7,
+                tid,
+                user_stack_id: user,
+                kernel_stack_id: kernel,
+                state,
+            };
+            (
+                key,
+                OffCpuTotal {
+                    total_ns: ns,
+                    count,
+                },
+            )
+        };
+        let sampled = offcpu_state::BLOCKED | offcpu_state::SAMPLED;
+        let totals = [
+            // Thread 8 at user stack 1: 1001 ns in 10 short intervals, sampled 3 times
+            // at kernel stack 20 and once at 21, plus a long interval at 21.
+            entry(
+                8,
+                1,
+                KERNEL_STACK_NOT_SAMPLED,
+                offcpu_state::BLOCKED,
+                1001,
+                10,
+            ),
+            entry(8, 1, 20, sampled, 3_000_000, 3),
+            entry(8, 1, 21, sampled, 1_000_000, 1),
+            entry(8, 1, 21, offcpu_state::BLOCKED, 5_000_000, 1),
+            // Thread 9 at user stack 1, never sampled: its process's samples say where.
+            entry(
+                9,
+                1,
+                KERNEL_STACK_NOT_SAMPLED,
+                offcpu_state::BLOCKED,
+                400,
+                4,
+            ),
+            // Runnable at user stack 1: no runnable sample anywhere, so it stays.
+            entry(
+                9,
+                1,
+                KERNEL_STACK_NOT_SAMPLED,
+                offcpu_state::RUNNABLE,
+                50,
+                1,
+            ),
+        ];
+        let spread = spread_unsampled(&totals);
+        let get = |tid, kernel, state| {
+            let key = OffCpuKey {
+                tgid: 7,
+                tid,
+                user_stack_id: 1,
+                kernel_stack_id: kernel,
+                state,
+            };
+            spread.get(&key).map(|w| (w.ns, w.events))
+        };
+        let blocked = offcpu_state::BLOCKED;
+        // 3/4 of 1001 ns rounds down to 750; the rest goes to the most sampled stack.
+        assert_eq!(get(8, 20, blocked), Some((751, 8)));
+        assert_eq!(get(8, 21, blocked), Some((5_000_250, 3)));
+        assert_eq!(get(9, 20, blocked), Some((300, 3)));
+        assert_eq!(get(9, 21, blocked), Some((100, 1)));
+        let runnable = offcpu_state::RUNNABLE;
+        assert_eq!(get(9, KERNEL_STACK_NOT_SAMPLED, runnable), Some((50, 1)));
+        assert_eq!(spread.len(), 5, "{spread:?}");
+        let total: u64 = spread.values().map(|w| w.ns).sum();
+        assert_eq!(total, 1001 + 5_000_000 + 400 + 50);
     }
 
     /// `--min-block` leaves out intervals still open at the end that are shorter, as the

@@ -19,9 +19,10 @@ use std::{
 use aya::maps::{Array, HashMap, Map, MapData, PerCpuArray, PerCpuHashMap, RingBuf, StackTraceMap};
 use thiserror::Error;
 use tracer_common::{
-    HitStackKey, LatencyProcessKey, LatencyStats, OffCpuKey, OffCpuStart, OffCpuTotal, OnCpuKey,
-    ProbeHits, TaskId, TaskKey, TaskState, ThreadRegs, UsdtSite, control, counter, global_names,
-    histogram, map_names, program_names, site_flags, target_filter, target_match,
+    FIRST_SWITCH_IN_STACK_ID, HitStackKey, KernelStack, LatencyProcessKey, LatencyStats, OffCpuKey,
+    OffCpuStart, OffCpuTotal, OnCpuKey, ProbeHits, SWITCH_IN_STACK_IDS, TaskId, TaskKey, TaskState,
+    ThreadRegs, UsdtSite, control, counter, global_names, histogram, map_names, program_names,
+    site_flags, target_filter, target_match,
 };
 
 pub use diagnostics::{DiagnosticsReader, enable as enable_bpf_diagnostics};
@@ -125,7 +126,7 @@ pub struct PlanSizes {
 /// ([`MapSizes::DEFAULT_STACKS`], [`MapSizes::DEFAULT_ENTRIES`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct MapSizes {
-    /// Distinct stacks (`STACKS`).
+    /// Distinct stacks (`STACKS`, and `KERNEL_STACKS` apart).
     pub stacks: Option<u32>,
     /// Entries of every hash map: threads off CPU or in a latency, and the distinct keys
     /// aggregated (thread and stacks, task and phase).
@@ -205,7 +206,12 @@ impl Features {
             ),
             (
                 self.offcpu,
-                &[map_names::OFFCPU_STARTS, map_names::OFFCPU_TIME][..],
+                &[
+                    map_names::OFFCPU_STARTS,
+                    map_names::OFFCPU_TIME,
+                    map_names::KERNEL_STACKS,
+                    map_names::LAST_USER_STACKS,
+                ][..],
             ),
             (self.oncpu, &[map_names::ONCPU_SAMPLES][..]),
             (
@@ -243,8 +249,10 @@ impl Default for Settings {
 /// Maps the USDT latency and event programs never use, created on another thread while
 /// those are loaded and attached, so the first events are not kept waiting for them (the
 /// stack map alone is tens of megabytes the kernel allocates up front).
-const DEFERRED_MAPS: [&str; 10] = [
+const DEFERRED_MAPS: [&str; 12] = [
     map_names::STACKS,
+    map_names::KERNEL_STACKS,
+    map_names::LAST_USER_STACKS,
     map_names::OFFCPU_STARTS,
     map_names::OFFCPU_TIME,
     map_names::ONCPU_SAMPLES,
@@ -545,6 +553,7 @@ impl Loader {
         ]);
         if let Some(stacks) = settings.map_sizes.stacks {
             max_entries.insert(map_names::STACKS, stacks);
+            max_entries.insert(map_names::KERNEL_STACKS, stacks);
         }
         if let Some(entries) = settings.map_sizes.entries {
             for name in MapSizes::HASH_MAPS {
@@ -1157,6 +1166,16 @@ impl Loader {
     pub fn stack(&self, id: i32) -> Result<Vec<u64>> {
         if id < 0 {
             return Ok(Vec::new());
+        }
+        if (FIRST_SWITCH_IN_STACK_ID..FIRST_SWITCH_IN_STACK_ID + SWITCH_IN_STACK_IDS as i32)
+            .contains(&id)
+        {
+            let name = map_names::KERNEL_STACKS;
+            return match self.hash_map::<i32, KernelStack>(name)?.get(&id, 0) {
+                Ok(stack) => Ok(stack.ips[..(stack.len as usize).min(stack.ips.len())].to_vec()),
+                Err(aya::maps::MapError::KeyNotFound) => Ok(Vec::new()),
+                Err(source) => Err(LoaderError::Map { name, source }),
+            };
         }
         let name = map_names::STACKS;
         let map = self.maps.get(name).ok_or(LoaderError::Missing(name))?;

@@ -316,8 +316,9 @@ pub fn load_program(
         owned_fd(fd)
     };
     attempt(None).or_else(|error| {
-        if error.raw_os_error() != Some(libc::EACCES) && error.raw_os_error() != Some(libc::EINVAL)
-        {
+        // E2BIG: the verifier gave up on a program too complex to check.
+        let rejected = [libc::EACCES, libc::EINVAL, libc::E2BIG];
+        if !error.raw_os_error().is_some_and(|e| rejected.contains(&e)) {
             return Err(error);
         }
         let mut log = vec![0u8; 1 << 20];

@@ -44,6 +44,64 @@ pub(super) struct Run {
     /// The target's stdout (its ready line and its JSON result).
     pub(super) target: String,
     pub(super) tool: Option<Finished>,
+    /// The tool's eBPF programs' run counts and times while the target ran (with
+    /// `kernel.bpf_stats_enabled` on; zeros otherwise).
+    pub(super) programs: Vec<ProgramStats>,
+}
+
+/// One eBPF program's totals, from `/proc/PID/fdinfo` of its loader.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct ProgramStats {
+    pub(super) id: u32,
+    pub(super) run_cnt: u64,
+    pub(super) run_time_ns: u64,
+}
+
+/// The eBPF programs process `pid` holds, with their run counts and times so far.
+pub(super) fn program_stats(pid: u32) -> Vec<ProgramStats> {
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fdinfo")) else {
+        return Vec::new();
+    };
+    let mut programs: Vec<ProgramStats> = fds
+        .flatten()
+        .filter_map(|fd| {
+            let text = std::fs::read_to_string(fd.path()).ok()?;
+            let field = |name: &str| {
+                text.lines()
+                    .find_map(|l| l.strip_prefix(name)?.trim().parse::<u64>().ok())
+            };
+            Some(ProgramStats {
+                id: field("prog_id:")? as u32,
+                run_cnt: field("run_cnt:")?,
+                run_time_ns: field("run_time_ns:")?,
+            })
+        })
+        .collect();
+    programs.sort_by_key(|p| p.id);
+    programs.dedup_by_key(|p| p.id);
+    programs
+}
+
+/// Turns `kernel.bpf_stats_enabled` on while it lives (the kernel then times every eBPF
+/// program run), and back to what it was.
+pub(super) struct BpfStats {
+    before: String,
+}
+
+const BPF_STATS: &str = "/proc/sys/kernel/bpf_stats_enabled";
+
+impl BpfStats {
+    pub(super) fn enable() -> Result<Self> {
+        let before = std::fs::read_to_string(BPF_STATS).with_context(|| BPF_STATS.to_string())?;
+        std::fs::write(BPF_STATS, "1").with_context(|| BPF_STATS.to_string())?;
+        Ok(Self { before })
+    }
+}
+
+impl Drop for BpfStats {
+    fn drop(&mut self) {
+        let _ = std::fs::write(BPF_STATS, self.before.trim());
+    }
 }
 
 /// Starts `target` (which waits for SIGUSR1), attaches `tool` if any, releases the target,
@@ -80,7 +138,28 @@ pub(super) fn traced_run(
         None => None,
     };
     target.signal(libc::SIGUSR1);
+    // The tool's programs, read while the target runs: a tool that stops with its target
+    // takes them along.
+    let tool_pid = attached.as_ref().map(|(_, running)| running.pid() as u32);
+    let target_pid = target.pid() as u32;
+    let watcher = tool_pid.map(|tool_pid| {
+        std::thread::spawn(move || {
+            let mut last = Vec::new();
+            while Path::new(&format!("/proc/{target_pid}/stat")).exists() && !is_zombie(target_pid)
+            {
+                let now = program_stats(tool_pid);
+                if !now.is_empty() {
+                    last = now;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            last
+        })
+    });
     let target_out = target.finish(Duration::from_secs(600))?;
+    let programs = watcher
+        .map(|w| w.join().unwrap_or_default())
+        .unwrap_or_default();
     if !target_out.success {
         bail!("the target failed: {}", target_out.stderr);
     }
@@ -104,7 +183,24 @@ pub(super) fn traced_run(
     Ok(Run {
         target: target_out.stdout,
         tool,
+        programs,
     })
+}
+
+/// Whether process `pid` has exited and waits to be reaped.
+fn is_zombie(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let state = stat
+                .rsplit_once(')')?
+                .1
+                .split_whitespace()
+                .next()?
+                .to_string();
+            Some(state == "Z")
+        })
+        .unwrap_or(true)
 }
 
 pub(super) fn ready_pid(target: &mut Tool) -> Result<u32> {
