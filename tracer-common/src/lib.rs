@@ -705,6 +705,8 @@ pub struct LastSnapshot {
     pub ip: u64,
     pub sp: u64,
     pub bp: u64,
+    /// When it was sent (CLOCK_MONOTONIC ns).
+    pub sent_ns: u64,
     pub snapshot_id: i32,
     pub _pad: u32,
 }

@@ -87,7 +87,7 @@ fn record_switch_out<const DWARF: bool>(ctx: &BtfTracePointContext, now: u64) {
     }
     let regs = snapshot::saved_user_regs();
     let user_stack_id = match (DWARF, regs) {
-        (true, Some(regs)) => user_snapshot(ctx, &regs, tgid, tid),
+        (true, Some(regs)) => user_snapshot(ctx, &regs, tgid, tid, now),
         (false, Some(regs)) => frame_pointer_stack(ctx, &regs, tid),
         (true, None) => {
             let fp_stack_id = stack_id(ctx, BPF_F_USER_STACK as u64);
@@ -210,12 +210,18 @@ fn remember_frame_pointer_stack(regs: &Regs, tid: u32, stack_id: i32) {
     last.stack_id = stack_id;
     last.words.count = 0;
     last.words.span = 0;
+    // A 32-bit task's stack is walked with 4-byte frames.
+    if regs.cs != USER_CS_64 {
+        return;
+    }
     let mut fp = regs.bp;
     let mut ended = false;
     for i in 0..MAX_SNAPSHOT_CHECKS / 2 {
         // SAFETY: the helper checks the user address and fails on a fault.
         let Ok(frame) = (unsafe { bpf_probe_read_user(fp as *const [u64; 2]) }) else {
-            ended = true;
+            // Only where no page can ever be mapped does the walk surely stop again
+            // (elsewhere a page not present now may be later).
+            ended = fp < NEVER_MAPPED_BELOW;
             break;
         };
         let offset = fp.wrapping_sub(regs.sp);
@@ -241,6 +247,15 @@ fn remember_frame_pointer_stack(regs: &Regs, tid: u32, stack_id: i32) {
         let _ = LAST_USER_STACKS.insert(&place, last, 0);
     }
 }
+
+/// How long a snapshot's check is waited for (user space unwinds every 10 ms).
+const CHECK_AWAITED_NS: u64 = 200_000_000;
+
+/// `__USER_CS`: the code segment of 64-bit user code.
+const USER_CS_64: u64 = 0x33;
+
+/// Addresses below this are never mapped (the default `vm.mmap_min_addr`).
+const NEVER_MAPPED_BELOW: u64 = 65536;
 
 /// Whether the current thread's user stack at `sp` still holds `words`: read in one go
 /// when they lie in the first [`STACK_WORDS_SPAN`] bytes, word by word beyond.
@@ -320,7 +335,7 @@ fn words_unchanged_one_by_one(words: &StackWords, sp: u64) -> bool {
 /// thread blocks where it blocked then, else a new one. Falls back to the frame-pointer
 /// stack id (counted) when there is no room in the ring buffer.
 #[inline(always)]
-fn user_snapshot(ctx: &BtfTracePointContext, regs: &Regs, tgid: u32, tid: u32) -> i32 {
+fn user_snapshot(ctx: &BtfTracePointContext, regs: &Regs, tgid: u32, tid: u32, now: u64) -> i32 {
     let place = BlockPlace {
         tid,
         _pad: 0,
@@ -345,14 +360,19 @@ fn user_snapshot(ctx: &BtfTracePointContext, regs: &Regs, tgid: u32, tid: u32) -
     }
     // A snapshot of this place still waiting for its check stays the one to compare
     // with: replaced at every block, the place would never have a checked one while the
-    // thread blocks there faster than user space unwinds.
-    if last.is_some() && check.is_none() {
+    // thread blocks there faster than user space unwinds. (Not for ever: its check may
+    // have been evicted.)
+    if let Some(last) = last
+        && check.is_none()
+        && now.saturating_sub(last.sent_ns) < CHECK_AWAITED_NS
+    {
         return snapshot_id;
     }
     let last = LastSnapshot {
         ip: regs.ip,
         sp: regs.sp,
         bp: regs.bp,
+        sent_ns: now,
         snapshot_id,
         _pad: 0,
     };

@@ -303,8 +303,8 @@ pub enum ConfigError {
     EmptyComm,
     #[error("invalid --{0} {1:?}: expected a size from 4K to 1G, like 4M or 65536")]
     BufferSize(&'static str, String),
-    #[error("invalid --{0} {1}: expected 1 to {MAX_MAP_ENTRIES} entries")]
-    MapSize(&'static str, u32),
+    #[error("invalid --{0} {1}: expected 1 to {2} entries")]
+    MapSize(&'static str, u32, u32),
     #[error("invalid duration {0:?}: expected a number with a unit, like 10s, 500ms, 2m or 100us")]
     Duration(String),
     #[error("invalid --frequency {0}: expected 1 to {MAX_FREQUENCY_HZ} samples per second")]
@@ -530,18 +530,22 @@ impl TryFrom<TraceArgs> for TraceConfig {
     }
 }
 
-/// The most entries a map may be given: stack ids must stay below the ids user space gives
-/// unwound stacks (`unwind::FIRST_UNWOUND_ID`).
+/// The most entries a map may be given.
 pub const MAX_MAP_ENTRIES: u32 = 1 << 24;
 
+/// The most entries the stack map may be given: its ids must stay below those of the
+/// kernel stacks taken at switch in (`tracer_common::FIRST_SWITCH_IN_STACK_ID`), which are
+/// below the ids user space gives unwound stacks (`unwind::FIRST_UNWOUND_ID`).
+pub const MAX_STACK_MAP_ENTRIES: u32 = tracer_common::FIRST_SWITCH_IN_STACK_ID as u32;
+
 fn map_sizes(args: &MapSizeArgs) -> Result<MapSizes, ConfigError> {
-    let check = |flag: &'static str, value: Option<u32>| match value {
-        Some(n) if !(1..=MAX_MAP_ENTRIES).contains(&n) => Err(ConfigError::MapSize(flag, n)),
+    let check = |flag: &'static str, value: Option<u32>, max: u32| match value {
+        Some(n) if !(1..=max).contains(&n) => Err(ConfigError::MapSize(flag, n, max)),
         _ => Ok(value),
     };
     Ok(MapSizes {
-        stacks: check("stack-map-size", args.stack_map_size)?,
-        entries: check("map-size", args.map_size)?,
+        stacks: check("stack-map-size", args.stack_map_size, MAX_STACK_MAP_ENTRIES)?,
+        entries: check("map-size", args.map_size, MAX_MAP_ENTRIES)?,
     })
 }
 
@@ -871,9 +875,12 @@ mod tests {
         assert_eq!(config.map_sizes.entries, Some(300000));
         assert_eq!(
             profile_config(&["--map-size", "0"]).unwrap_err(),
-            ConfigError::MapSize("map-size", 0)
+            ConfigError::MapSize("map-size", 0, MAX_MAP_ENTRIES)
         );
         assert!(profile_config(&["--stack-map-size", "16777217"]).is_err());
+        // Stack map ids stay below the ids of kernel stacks taken at switch in.
+        assert!(profile_config(&["--stack-map-size", "8388608"]).is_ok());
+        assert!(profile_config(&["--stack-map-size", "8388609"]).is_err());
         assert!(profile_config(&["--unwind-buffer", "1K"]).is_err());
     }
 

@@ -934,7 +934,9 @@ mod tests {
         std::thread::sleep(std::time::Duration::from_millis(50));
         let second = sched_now(Some(0)).unwrap();
         let elapsed = second.wrapping_sub(first);
-        assert!((45_000_000..1_000_000_000).contains(&elapsed), "{elapsed}");
+        // The run queue's clock is only brought up to date when the CPU schedules, so
+        // either reading may be a few ms behind (43 ms seen for the 50 ms, in CI).
+        assert!((25_000_000..1_000_000_000).contains(&elapsed), "{elapsed}");
     }
 
     #[test]

@@ -428,6 +428,8 @@ impl DwarfUnwinder {
         };
         let mut unwound = UnwoundStack::default();
         let mut end = UnwindEnd::Complete;
+        let mut through_signal_frame = false;
+        let mut last_lookup = snapshot.ip;
         let (mut ip, mut regs) = (
             snapshot.ip,
             UnwindRegsX86_64::new(snapshot.ip, snapshot.sp, snapshot.bp),
@@ -442,6 +444,7 @@ impl DwarfUnwinder {
             // The address whose unwind rule found the next frame: the instruction
             // pointer, then each return address minus one (the call instruction).
             let mut lookup = ip;
+            last_lookup = lookup;
             let mut first = true;
             let mut sigreturn = None;
             loop {
@@ -452,6 +455,7 @@ impl DwarfUnwinder {
                             .push(!first && !process.has_cfi(lookup));
                         unwound.addrs.push(frame.address());
                         lookup = frame.address_for_lookup();
+                        last_lookup = lookup;
                         if !first && process.is_sigreturn(frame.address()) {
                             sigreturn = Some(frame.address());
                             break;
@@ -490,6 +494,8 @@ impl DwarfUnwinder {
                 end = UnwindEnd::Truncated;
                 break;
             };
+            // What the kernel would have to check is not only stack words here.
+            through_signal_frame = true;
             let mut saved = |offset: u64| read_stack(frame + offset);
             let (Ok(rip), Ok(rsp), Ok(rbp)) = (
                 saved(SIGFRAME_RIP),
@@ -500,6 +506,20 @@ impl DwarfUnwinder {
                 break;
             };
             (ip, regs) = (rip, UnwindRegsX86_64::new(rip, rsp, rbp));
+        }
+        if through_signal_frame {
+            reads.push(THROUGH_SIGNAL_FRAME);
+        }
+        // Frame pointer unwinding (code without call frame information) stops at a frame
+        // pointer that cannot be a frame's (0, or not above the stack pointer) without
+        // reading it: the register mattered all the same.
+        let by_frame_pointer =
+            unwound.by_frame_pointer.iter().any(|&fp| fp) || !process.has_cfi(last_lookup);
+        if by_frame_pointer && snapshot.bp <= snapshot.sp {
+            reads.push(StackRead {
+                addr: snapshot.bp,
+                value: None,
+            });
         }
         if unwound.addrs.is_empty() {
             unwound.addrs.push(snapshot.ip);
@@ -592,19 +612,36 @@ struct StackRead {
     value: Option<u64>,
 }
 
+/// Noted among the reads when unwinding went on through a signal frame: such a snapshot
+/// is not to be reused.
+const THROUGH_SIGNAL_FRAME: StackRead = StackRead {
+    addr: u64::MAX,
+    value: None,
+};
+
+/// How far above a saved value a later read may be for the value to count as that read's
+/// base (a frame pointer with the frame's words above it).
+const BASE_REACH: u64 = 4096;
+
 /// What the kernel checks before it reuses an off-CPU snapshot: the words read that the
 /// frames depended on. Those are the return addresses (`frames`), the saved frame
-/// pointers a later step used as the base of its reads (a read at the value, or 8 past
-/// it), and the last word read (where unwinding stopped). A register saved on the stack
-/// that no step used is left out: code without frame pointers keeps data in `rbp`, and a
-/// word that changes at every block (a loop counter) would otherwise make every snapshot
-/// new. The frame pointer register itself matters when a read was based on it.
+/// pointers a later step may have used as the base of its reads (a later read at most
+/// [`BASE_REACH`] above the value), and the last word read (where unwinding stopped). A
+/// register saved on the stack that no step used is left out: code without frame
+/// pointers keeps data in `rbp`, and a word that changes at every block (a loop counter)
+/// would otherwise make every snapshot new. The frame pointer register itself matters
+/// when a read may have been based on it (`unwind` notes one where frame pointer
+/// unwinding stopped at it without reading). A snapshot unwound through a signal frame,
+/// or whose words do not fit, is never reused.
 fn snapshot_check(snapshot: &Snapshot<'_>, reads: &[StackRead], frames: &[u64]) -> SnapshotCheck {
+    if reads.contains(&THROUGH_SIGNAL_FRAME) {
+        return NEVER_REUSE;
+    }
     let frames: HashSet<u64> = frames.iter().copied().collect();
     let used_as_base = |value: u64, later: &[StackRead]| {
         later
             .iter()
-            .any(|r| r.addr == value || r.addr == value.wrapping_add(8))
+            .any(|r| r.addr >= value && r.addr - value < BASE_REACH)
     };
     let mut words = StackWords::EMPTY;
     for (i, read) in reads.iter().enumerate() {
@@ -617,7 +654,7 @@ fn snapshot_check(snapshot: &Snapshot<'_>, reads: &[StackRead], frames: &[u64]) 
         }
         let n = words.count as usize;
         if n == MAX_SNAPSHOT_CHECKS {
-            break;
+            return NEVER_REUSE;
         }
         // Within the copy, so less than UNWIND_STACK_BYTES from the stack pointer.
         let at = read.addr.wrapping_sub(snapshot.sp) as u32;
@@ -796,7 +833,7 @@ mod tests {
             tid: 1,
             ip: 0x1000,
             sp,
-            bp: 0x1234,
+            bp: sp + 0x100,
             kernel_stack_id: NO_STACK,
             snapshot_id: 5,
             stack: &[],
@@ -825,9 +862,12 @@ mod tests {
         // No read was based on the frame pointer register.
         assert_eq!(check.uses_bp, 0);
         let based_on_bp = [StackRead {
-            addr: 0x1234 + 8,
+            addr: sp + 0x108,
             value: None,
         }];
         assert_eq!(snapshot_check(&snapshot, &based_on_bp, &[]).uses_bp, 1);
+        // Through a signal frame: never reused.
+        let through = [read(8, 0x2000), THROUGH_SIGNAL_FRAME];
+        assert_eq!(snapshot_check(&snapshot, &through, &[]), NEVER_REUSE);
     }
 }

@@ -15,8 +15,8 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use tracer_common::{
-    KERNEL_STACK_AT_SWITCH_IN, KERNEL_STACK_NOT_SAMPLED, NO_STACK, OffCpuKey, OffCpuStart,
-    OffCpuTotal, OnCpuKey, STACK_BEFORE_START, offcpu_state,
+    EXEC_NS_UNKNOWN, KERNEL_STACK_AT_SWITCH_IN, KERNEL_STACK_NOT_SAMPLED, NO_STACK, OffCpuKey,
+    OffCpuStart, OffCpuTotal, OnCpuKey, STACK_BEFORE_START, offcpu_state,
 };
 
 use crate::{
@@ -47,11 +47,6 @@ pub const NOT_SAMPLED_FRAME: &str = "[kernel stack not sampled]_[k]";
 /// read from /proc for threads already blocked when profiling started (above the
 /// kernel's stack map ids and the unwound on-CPU ids, which start at 1 << 24).
 pub const FIRST_SEEDED_ID: i32 = 1 << 29;
-
-/// Whether `id` is a stack read at the start for a thread blocked since before.
-pub fn is_seeded(id: i32) -> bool {
-    (FIRST_SEEDED_ID..tracer_common::FIRST_SNAPSHOT_ID).contains(&id)
-}
 
 /// The three views and what went into them.
 #[derive(Debug, Default)]
@@ -170,11 +165,12 @@ pub fn build_profile(
     };
     for (tid, start, ns) in open.iter() {
         // Marked at the start but sampled on CPU: it was running, not blocked, and never
-        // switched out since.
-        let marked_at_start = |id: i32| id == STACK_BEFORE_START || is_seeded(id);
-        if (marked_at_start(start.user_stack_id) || marked_at_start(start.kernel_stack_id))
-            && sampled.contains(&tid)
-        {
+        // switched out since. (A start the kernel recorded has the thread's CPU time, and
+        // may carry ids user space gave when tracing stopped: kept.)
+        let marked_at_start = start.exec_ns == EXEC_NS_UNKNOWN
+            || start.user_stack_id == STACK_BEFORE_START
+            || start.kernel_stack_id == STACK_BEFORE_START;
+        if marked_at_start && sampled.contains(&tid) {
             continue;
         }
         let key = OffCpuKey {

@@ -141,12 +141,12 @@ pub(super) fn traced_run(
     // The tool's programs, read while the target runs: a tool that stops with its target
     // takes them along.
     let tool_pid = attached.as_ref().map(|(_, running)| running.pid() as u32);
-    let target_pid = target.pid() as u32;
+    let target_done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let watcher = tool_pid.map(|tool_pid| {
+        let target_done = target_done.clone();
         std::thread::spawn(move || {
             let mut last = Vec::new();
-            while Path::new(&format!("/proc/{target_pid}/stat")).exists() && !is_zombie(target_pid)
-            {
+            while !target_done.load(std::sync::atomic::Ordering::Relaxed) {
                 let now = program_stats(tool_pid);
                 if !now.is_empty() {
                     last = now;
@@ -156,7 +156,9 @@ pub(super) fn traced_run(
             last
         })
     });
-    let target_out = target.finish(Duration::from_secs(600))?;
+    let target_out = target.finish(Duration::from_secs(600));
+    target_done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let target_out = target_out?;
     let programs = watcher
         .map(|w| w.join().unwrap_or_default())
         .unwrap_or_default();
@@ -185,22 +187,6 @@ pub(super) fn traced_run(
         tool,
         programs,
     })
-}
-
-/// Whether process `pid` has exited and waits to be reaped.
-fn is_zombie(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|stat| {
-            let state = stat
-                .rsplit_once(')')?
-                .1
-                .split_whitespace()
-                .next()?
-                .to_string();
-            Some(state == "Z")
-        })
-        .unwrap_or(true)
 }
 
 pub(super) fn ready_pid(target: &mut Tool) -> Result<u32> {
