@@ -684,14 +684,16 @@ pub struct ThreadRegs {
 pub const FIRST_SNAPSHOT_ID: i32 = 1 << 30;
 
 /// Key of `OFFCPU_SNAPSHOTS` and `LAST_USER_STACKS`: a thread and the user instruction
-/// where it blocked. A thread blocks at a few places in turn (a write preempted, then a
-/// read), each remembered on its own.
+/// and stack pointers where it blocked. A thread blocks at a few places in turn (a write
+/// preempted, then a read; one system call's wrapper reached by different paths), each
+/// remembered on its own.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct BlockPlace {
     pub tid: u32,
     pub _pad: u32,
     pub ip: u64,
+    pub sp: u64,
 }
 
 /// Value of `OFFCPU_SNAPSHOTS` (keyed by [`BlockPlace`]): the last snapshot of the thread's

@@ -9,8 +9,8 @@
 //! The user stack must be taken at the switch out (only the current thread's can be), but
 //! is walked only when the thread blocks somewhere new: with frame pointers, a thread
 //! blocking again with the same registers and the same frame chain words (checked in one
-//! read of the stack) reuses the stack id it had there (`LAST_USER_STACKS`, by thread and
-//! instruction).
+//! read of the stack) reuses the stack id it had there (`LAST_USER_STACKS`, by thread,
+//! instruction and stack pointer).
 //!
 //! With DWARF unwinding (`sched_switch_dwarf`) the user stack where a thread blocks is a
 //! snapshot (registers and stack bytes, see `snapshot`) unwound in user space, and its
@@ -176,6 +176,7 @@ fn frame_pointer_stack(ctx: &BtfTracePointContext, regs: &Regs, tid: u32) -> i32
         tid,
         _pad: 0,
         ip: regs.ip,
+        sp: regs.sp,
     };
     if let Some(last) = unsafe { LAST_USER_STACKS.get(&place) }
         && last.ip == regs.ip
@@ -243,6 +244,7 @@ fn remember_frame_pointer_stack(regs: &Regs, tid: u32, stack_id: i32) {
             tid,
             _pad: 0,
             ip: regs.ip,
+            sp: regs.sp,
         };
         let _ = LAST_USER_STACKS.insert(&place, last, 0);
     }
@@ -340,6 +342,7 @@ fn user_snapshot(ctx: &BtfTracePointContext, regs: &Regs, tgid: u32, tid: u32, n
         tid,
         _pad: 0,
         ip: regs.ip,
+        sp: regs.sp,
     };
     // SAFETY: the value is copied out at once.
     let last = unsafe { OFFCPU_SNAPSHOTS.get(&place) }.copied();

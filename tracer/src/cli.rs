@@ -144,8 +144,9 @@ pub struct SamplingArgs {
     #[arg(long, value_enum, default_value_t = UnwindMethod::Dwarf)]
     pub unwind: UnwindMethod,
     /// With --unwind dwarf: size of the buffer stack copies (16 KiB each) wait in until
-    /// they are unwound (e.g. 32M, 256M); more absorbs bursts. Rounded up to a power of two.
-    #[arg(long, default_value = "32M", value_name = "SIZE")]
+    /// they are unwound (e.g. 8M, 64M); more absorbs bursts, and costs twice its size in
+    /// resident memory (the kernel maps a ring's pages twice). Rounded up to a power of two.
+    #[arg(long, default_value = "8M", value_name = "SIZE")]
     pub unwind_buffer: String,
 }
 
@@ -869,7 +870,7 @@ mod tests {
     fn map_sizes_default_to_the_objects_and_are_bounded() {
         let config = profile_config(&[]).unwrap();
         assert_eq!(config.map_sizes, MapSizes::default());
-        assert_eq!(config.sampling.unwind_buffer_bytes, 32 << 20);
+        assert_eq!(config.sampling.unwind_buffer_bytes, 8 << 20);
         let config = profile_config(&["--stack-map-size", "1000", "--map-size", "300000"]).unwrap();
         assert_eq!(config.map_sizes.stacks, Some(1000));
         assert_eq!(config.map_sizes.entries, Some(300000));

@@ -115,14 +115,6 @@ struct MappedObject {
     file: Option<File>,
 }
 
-impl MappedObject {
-    /// The path blazesym opens: our descriptor, so it is the very file that was mapped.
-    fn symbol_path(&self) -> Option<PathBuf> {
-        let file = self.file.as_ref()?;
-        Some(PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd())))
-    }
-}
-
 /// One file-backed executable mapping of a [`ProcessMaps`] snapshot.
 #[derive(Clone, Copy, Debug)]
 pub struct MappedFile<'a> {
@@ -507,6 +499,12 @@ pub struct StackSymbolizer {
     /// for every frame of every stack, so with a fast hash.
     user_cache: foldhash::HashMap<(u32, u64), Vec<Frame>>,
     kernel_cache: foldhash::HashMap<u64, Vec<Frame>>,
+    /// What each file offset of each object (device, inode) is named (`None`: no symbol
+    /// there), so that a library many processes map (libc) is named once for all.
+    object_cache: foldhash::HashMap<(String, u64, u64), Option<Vec<Frame>>>,
+    /// One descriptor of our own per object, whose `/proc/self/fd` path blazesym is
+    /// given for every process that maps it: it parses each file once.
+    shared_files: HashMap<(String, u64), File>,
 }
 
 impl Default for StackSymbolizer {
@@ -536,6 +534,8 @@ impl StackSymbolizer {
             kernel_failed: false,
             user_cache: foldhash::HashMap::default(),
             kernel_cache: foldhash::HashMap::default(),
+            object_cache: foldhash::HashMap::default(),
+            shared_files: HashMap::new(),
         }
     }
 
@@ -608,11 +608,22 @@ impl StackSymbolizer {
         for (index, wanted) in by_object {
             let object = &maps.objects[index];
             let module = object.module.clone();
-            let offsets: Vec<u64> = wanted.iter().map(|&(_, offset)| offset).collect();
+            let named_at = |offset: u64| (object.dev.clone(), object.inode, offset);
+            let mut offsets: Vec<u64> = wanted
+                .iter()
+                .map(|&(_, offset)| offset)
+                .filter(|&offset| !self.object_cache.contains_key(&named_at(offset)))
+                .collect();
+            offsets.sort_unstable();
+            offsets.dedup();
             let symbols = self.symbolize_object(object, &offsets);
-            for ((slot, _), symbol) in wanted.into_iter().zip(symbols) {
-                if let Some(sym) = symbol {
-                    slots[slot] = frames_of(&sym, Some(&module));
+            for (offset, symbol) in offsets.into_iter().zip(symbols) {
+                let frames = symbol.map(|sym| frames_of(&sym, Some(&module)));
+                self.object_cache.insert(named_at(offset), frames);
+            }
+            for (slot, offset) in wanted {
+                if let Some(frames) = &self.object_cache[&named_at(offset)] {
+                    slots[slot] = frames.clone();
                 }
             }
         }
@@ -716,13 +727,25 @@ impl StackSymbolizer {
         offsets: &[u64],
     ) -> Vec<Option<Sym<'static>>> {
         let none = || vec![None; offsets.len()];
+        if offsets.is_empty() {
+            return Vec::new();
+        }
         let key = (object.dev.clone(), object.inode);
-        let Some(path) = object.symbol_path() else {
-            return none();
-        };
         if self.unreadable.contains(&key) {
             return none();
         }
+        if !self.shared_files.contains_key(&key)
+            && let Some(file) = object.file.as_ref().and_then(|f| f.try_clone().ok())
+        {
+            self.shared_files.insert(key.clone(), file);
+        }
+        let Some(path) = self
+            .shared_files
+            .get(&key)
+            .map(|file| PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd())))
+        else {
+            return none();
+        };
         let source = Source::Elf(Elf::new(path));
         match self
             .symbolizer

@@ -61,8 +61,7 @@ pub fn write_profile_files(
         };
         super::write_view(stacks, dir, name, &options)
     };
-    let mut views = Vec::new();
-    for (name, stacks, title, subtitle, palette) in [
+    let specs = [
         (
             "wallclock",
             &profile.wall,
@@ -87,24 +86,20 @@ pub fn write_profile_files(
             format!("{traced}; {offcpu_text}"),
             Palette::OffCpu,
         ),
-    ] {
-        views.push(match view(name, stacks, title, subtitle, palette) {
-            Ok(files) => Some(files),
-            Err(e) => {
-                first_error.get_or_insert(e.into());
-                None
-            }
-        });
-    }
+    ];
     let pprof = dir.join("wallclock.pb.gz");
-    let pprof = keep(
-        export::write_pprof(&profile.wall, info, &pprof),
-        pprof,
-        &mut first_error,
-    );
     let speedscope = dir.join("wallclock.speedscope.json");
-    let speedscope = keep(
-        export::write_speedscope(
+    // The views, pprof and speedscope files on threads of their own: rendering is most of
+    // the time from Ctrl-C to exit.
+    let (views, pprof_written, speedscope_written) = std::thread::scope(|scope| {
+        let views: Vec<_> = specs
+            .into_iter()
+            .map(|(name, stacks, title, subtitle, palette)| {
+                scope.spawn(move || view(name, stacks, title, subtitle, palette))
+            })
+            .collect();
+        let pprof_written = scope.spawn(|| export::write_pprof(&profile.wall, info, &pprof));
+        let speedscope_written = export::write_speedscope(
             &[
                 ("wall-clock", &profile.wall),
                 ("on-CPU", &profile.oncpu),
@@ -112,10 +107,26 @@ pub fn write_profile_files(
             ],
             info,
             &speedscope,
-        ),
-        speedscope,
-        &mut first_error,
-    );
+        );
+        let views: Vec<_> = views
+            .into_iter()
+            .map(|v| v.join().expect("rendering a view panicked"))
+            .collect();
+        let pprof_written = pprof_written.join().expect("writing pprof panicked");
+        (views, pprof_written, speedscope_written)
+    });
+    let views: Vec<Option<ViewFiles>> = views
+        .into_iter()
+        .map(|written| match written {
+            Ok(files) => Some(files),
+            Err(e) => {
+                first_error.get_or_insert(e.into());
+                None
+            }
+        })
+        .collect();
+    let pprof = keep(pprof_written, pprof, &mut first_error);
+    let speedscope = keep(speedscope_written, speedscope, &mut first_error);
     let [wall, oncpu, offcpu] = <[Option<ViewFiles>; 3]>::try_from(views).expect("three views");
     (
         ProfileFiles {
