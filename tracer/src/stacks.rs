@@ -4,7 +4,7 @@
 //! ` [fp]`), the process frame at the root; and the weighted stacks every view is
 //! made of ([`StackProfile`]).
 
-use std::{borrow::Cow, collections::BTreeMap};
+use std::borrow::Cow;
 
 use foldhash::HashMap;
 
@@ -43,19 +43,80 @@ impl Weight {
 
 /// Stacks (root first) and their weights. Every export (folded, pprof, speedscope)
 /// derives its microseconds from here with [`Weight::us`], so their totals agree.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+///
+/// Frames are interned: a profile is many stacks over few distinct names, and summing
+/// stacks by their frames' ids costs far less than by their names.
+#[derive(Clone, Debug, Default)]
 pub struct StackProfile {
-    stacks: BTreeMap<Vec<String>, Weight>,
+    /// Frame names by id.
+    names: Vec<String>,
+    ids: HashMap<String, u32>,
+    stacks: HashMap<Vec<u32>, Weight>,
 }
+
+impl PartialEq for StackProfile {
+    fn eq(&self, other: &Self) -> bool {
+        self.iter().eq(other.iter())
+    }
+}
+
+impl Eq for StackProfile {}
 
 impl StackProfile {
     pub fn add(&mut self, frames: Vec<String>, weight: Weight) {
-        self.stacks.entry(frames).or_default().add(weight);
+        self.add_names(frames.iter().map(String::as_str), weight);
     }
 
-    /// Stacks and weights, sorted by stack.
-    pub fn iter(&self) -> impl Iterator<Item = (&[String], Weight)> {
-        self.stacks.iter().map(|(f, w)| (f.as_slice(), *w))
+    /// [`StackProfile::add`] from borrowed names.
+    pub fn add_names<'a>(&mut self, frames: impl IntoIterator<Item = &'a str>, weight: Weight) {
+        let ids: Vec<u32> = frames.into_iter().map(|name| self.intern(name)).collect();
+        match self.stacks.get_mut(&ids) {
+            Some(total) => total.add(weight),
+            None => {
+                self.stacks.insert(ids, weight);
+            }
+        }
+    }
+
+    fn intern(&mut self, name: &str) -> u32 {
+        if let Some(&id) = self.ids.get(name) {
+            return id;
+        }
+        let id = u32::try_from(self.names.len()).expect("fewer than 2^32 frame names");
+        self.names.push(name.to_string());
+        self.ids.insert(name.to_string(), id);
+        id
+    }
+
+    /// Stacks and weights, sorted by stack (frame by frame, by name).
+    pub fn iter(&self) -> impl Iterator<Item = (Vec<&str>, Weight)> + '_ {
+        // Each name's rank in name order: comparing ranks orders stacks as comparing
+        // their names would, at the cost of integers.
+        let mut by_name: Vec<u32> = (0..self.names.len() as u32).collect();
+        by_name.sort_unstable_by(|&a, &b| self.names[a as usize].cmp(&self.names[b as usize]));
+        let mut rank = vec![0u32; self.names.len()];
+        for (position, &id) in by_name.iter().enumerate() {
+            rank[id as usize] = position as u32;
+        }
+        let mut sorted: Vec<(Vec<u32>, &Vec<u32>, Weight)> = self
+            .stacks
+            .iter()
+            .map(|(ids, weight)| {
+                (
+                    ids.iter().map(|&id| rank[id as usize]).collect(),
+                    ids,
+                    *weight,
+                )
+            })
+            .collect();
+        sorted.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        sorted.into_iter().map(move |(_, ids, weight)| {
+            let frames = ids
+                .iter()
+                .map(|&id| self.names[id as usize].as_str())
+                .collect();
+            (frames, weight)
+        })
     }
 
     /// How many distinct stacks.

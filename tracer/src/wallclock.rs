@@ -216,7 +216,9 @@ pub fn build_profile(
         profile.oncpu_samples += weight.events;
         profile.oncpu_ns += weight.ns;
         thread(&mut per_thread, processes, &key).oncpu_ns += weight.ns;
-        profile.oncpu.add(frames.clone(), weight);
+        profile
+            .oncpu
+            .add_names(frames.iter().map(String::as_str), weight);
         profile.wall.add(frames, weight);
     }
     for (key, weight) in offcpu {
@@ -232,7 +234,9 @@ pub fn build_profile(
             profile.offcpu_intervals += weight.events;
             profile.offcpu_ns += weight.ns;
             thread(&mut per_thread, processes, &key).blocked_ns += weight.ns;
-            profile.offcpu.add(frames.clone(), weight);
+            profile
+                .offcpu
+                .add_names(frames.iter().map(String::as_str), weight);
             frames.push(OFF_CPU_FRAME.to_string());
         }
         profile.wall.add(frames, weight);

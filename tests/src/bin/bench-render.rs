@@ -16,14 +16,15 @@
 //! Each round (default 3) alternates two measurements:
 //! - tracer: exactly what `tracer attach` does once tracing stops, through the `tracer`
 //!   library: `wallclock::build_profile` (symbolize every stack with a fresh
-//!   `StackSymbolizer`, fold), `write_folded`, `write_flamegraph_svg`;
+//!   `StackSymbolizer`, fold), then `write_folded_view` (the folded file and the SVG,
+//!   written together as every view is); then, apart from the total, the SVG alone again;
 //! - inferno: `inferno::flamegraph::from_lines` with the same options on the folded text the
 //!   tracer wrote (read beforehand, not timed), into a file.
 //!
 //! Prints one JSON line: `{"samples":N,"keys":S,"folded_stacks":F,"folded_bytes":B,
-//! "svg_bytes":V,"tracer_ns":[..],"symbolize_ns":[..],"write_folded_ns":[..],
-//! "render_ns":[..],"inferno_ns":[..]}` (`symbolize_ns` is `build_profile`, `render_ns`
-//! the tracer's SVG step alone, each per round).
+//! "svg_bytes":V,"tracer_ns":[..],"symbolize_ns":[..],"files_ns":[..],
+//! "render_ns":[..],"inferno_ns":[..]}` (`symbolize_ns` is `build_profile`, `files_ns`
+//! `write_folded_view`, `render_ns` the tracer's SVG step alone, each per round).
 
 use std::collections::{HashMap, HashSet};
 use std::io::{BufWriter, Write as _};
@@ -34,9 +35,8 @@ use anyhow::{Context, Result, bail};
 use inferno::flamegraph::{self, color::BasicPalette};
 use tests::{Args, json_array, print_line};
 use tracer::processes::Processes;
-use tracer::render::flamegraph::{
-    FoldedStacks, Palette, SvgOptions, write_flamegraph_svg, write_folded,
-};
+use tracer::render::flamegraph::{FoldedStacks, Palette, SvgOptions, write_flamegraph_svg};
+use tracer::render::write_folded_view;
 use tracer::stacks::StackSource;
 use tracer::symbolize::StackSymbolizer;
 use tracer::wallclock::{BuildOptions, RawProfile, build_profile};
@@ -307,6 +307,7 @@ fn main() -> Result<()> {
     let folded_path = dir.join("tracer.folded");
     let svg_path = dir.join("tracer.svg");
     let inferno_path = dir.join("inferno.svg");
+    let render_path = dir.join("render-alone.svg");
 
     let profile = synthesize(samples, keys)?;
     let mut processes = Processes::default();
@@ -319,7 +320,7 @@ fn main() -> Result<()> {
 
     let mut tracer_ns = Vec::new();
     let mut symbolize_ns = Vec::new();
-    let mut folded_ns = Vec::new();
+    let mut files_ns = Vec::new();
     let mut render_ns = Vec::new();
     let mut inferno_ns = Vec::new();
     let mut folded_stacks = 0;
@@ -339,14 +340,16 @@ fn main() -> Result<()> {
             );
             let built_folded = FoldedStacks::from(&built.offcpu);
             let symbolized = Instant::now();
-            write_folded(&built_folded, &folded_path)?;
-            let folded = Instant::now();
-            write_flamegraph_svg(&built_folded, &svg_path, &svg_options(&subtitle))?;
+            // As a view is written: the folded file and the SVG together.
+            write_folded_view(&built_folded, &dir, "tracer", &svg_options(&subtitle))?;
             let end = Instant::now();
             tracer_ns.push((end - start).as_nanos());
             symbolize_ns.push((symbolized - start).as_nanos());
-            folded_ns.push((folded - symbolized).as_nanos());
-            render_ns.push((end - folded).as_nanos());
+            files_ns.push((end - symbolized).as_nanos());
+            // The render step alone, against inferno's: not part of the total.
+            let render = Instant::now();
+            write_flamegraph_svg(&built_folded, &render_path, &svg_options(&subtitle))?;
+            render_ns.push(render.elapsed().as_nanos());
             folded_stacks = built_folded.len();
             Ok(())
         };
@@ -366,17 +369,17 @@ fn main() -> Result<()> {
 
     let size = |path: &Path| std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
     print_line(&format!(
-        r#"{{"samples":{samples},"keys":{keys},"folded_stacks":{folded_stacks},"folded_bytes":{},"svg_bytes":{},"inferno_svg_bytes":{},"tracer_ns":{},"symbolize_ns":{},"write_folded_ns":{},"render_ns":{},"inferno_ns":{}}}"#,
+        r#"{{"samples":{samples},"keys":{keys},"folded_stacks":{folded_stacks},"folded_bytes":{},"svg_bytes":{},"inferno_svg_bytes":{},"tracer_ns":{},"symbolize_ns":{},"files_ns":{},"render_ns":{},"inferno_ns":{}}}"#,
         size(&folded_path),
         size(&svg_path),
         size(&inferno_path),
         json_array(&tracer_ns),
         json_array(&symbolize_ns),
-        json_array(&folded_ns),
+        json_array(&files_ns),
         json_array(&render_ns),
         json_array(&inferno_ns),
     ))?;
-    for path in [&folded_path, &svg_path, &inferno_path] {
+    for path in [&folded_path, &svg_path, &inferno_path, &render_path] {
         let _ = std::fs::remove_file(path);
     }
     let _ = std::fs::remove_dir(&dir);

@@ -192,7 +192,7 @@ pub fn speedscope_json(
             let ids: Vec<usize> = stack
                 .iter()
                 .map(|frame| {
-                    *frame_ids.entry(frame.as_str()).or_insert_with(|| {
+                    *frame_ids.entry(*frame).or_insert_with(|| {
                         frames.push(serde_json::json!({ "name": frame }));
                         frames.len() - 1
                     })

@@ -40,26 +40,33 @@ pub struct ParseFoldedError {
     pub text: String,
 }
 
-/// A view's stacks as inferno reads them: weighted in microseconds.
+/// A view's stacks as inferno reads them: weighted in microseconds (each stack's own,
+/// rounded up, as [`crate::stacks::Weight::us`]).
 impl From<&StackProfile> for FoldedStacks {
     fn from(profile: &StackProfile) -> Self {
-        let mut folded = FoldedStacks::new();
-        for (frames, weight) in profile.iter() {
-            folded.add(frames, weight.us());
-        }
-        folded
+        fold_profile(profile, |weight| weight.us())
     }
+}
+
+/// `profile` folded through a [`StackFolder`]: each distinct frame name is sanitized once
+/// rather than once per stack it is in.
+fn fold_profile(
+    profile: &StackProfile,
+    weight_of: impl Fn(&crate::stacks::Weight) -> u64,
+) -> FoldedStacks {
+    let mut folder = StackFolder::new();
+    for (frames, weight) in profile.iter() {
+        let ids = folder.frames(&frames);
+        folder.add(&ids, weight_of(&weight));
+    }
+    folder.finish(|sum| sum)
 }
 
 impl FoldedStacks {
     /// A profile's stacks weighted by how many events made each (probe hits), not by
     /// their time.
     pub fn of_events(profile: &StackProfile) -> Self {
-        let mut folded = FoldedStacks::new();
-        for (frames, weight) in profile.iter() {
-            folded.add(frames, weight.events);
-        }
-        folded
+        fold_profile(profile, |weight| weight.events)
     }
 
     /// No stacks.
@@ -214,8 +221,8 @@ impl StackFolder {
     }
 
     /// The ids of `names`, in order.
-    pub fn frames(&mut self, names: &[String]) -> Vec<FrameId> {
-        names.iter().map(|name| self.frame(name)).collect()
+    pub fn frames<S: AsRef<str>>(&mut self, names: &[S]) -> Vec<FrameId> {
+        names.iter().map(|name| self.frame(name.as_ref())).collect()
     }
 
     /// Adds `weight` to the stack of `frames`, root first.

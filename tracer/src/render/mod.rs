@@ -128,12 +128,23 @@ pub fn write_folded_view(
             io::Error::new(err.kind(), format!("writing {}: {err}", path.display()))
         }
     };
-    flamegraph::write_folded(folded, &files.folded).map_err(context(&files.folded))?;
-    if let Err(err) = flamegraph::write_flamegraph_svg(folded, &files.svg, options) {
-        let _ = std::fs::remove_file(&files.folded);
-        return Err(context(&files.svg)(err));
-    }
-    Ok(files)
+    // Both at once, from the same folded text (built once, by whichever asks first).
+    let (folded_written, svg_written) = std::thread::scope(|scope| {
+        let folded_written = scope.spawn(|| flamegraph::write_folded(folded, &files.folded));
+        let svg_written = flamegraph::write_flamegraph_svg(folded, &files.svg, options);
+        let folded_written = folded_written
+            .join()
+            .expect("writing folded stacks panicked");
+        (folded_written, svg_written)
+    });
+    let failed = match (folded_written, svg_written) {
+        (Ok(()), Ok(())) => return Ok(files),
+        (Err(err), _) => context(&files.folded)(err),
+        (Ok(()), Err(err)) => context(&files.svg)(err),
+    };
+    let _ = std::fs::remove_file(&files.folded);
+    let _ = std::fs::remove_file(&files.svg);
+    Err(failed)
 }
 
 /// Removes a temporary output file unless it was renamed into place.
