@@ -137,14 +137,21 @@ pub fn write_folded_view(
             .expect("writing folded stacks panicked");
         (folded_written, svg_written)
     });
-    let failed = match (folded_written, svg_written) {
-        (Ok(()), Ok(())) => return Ok(files),
-        (Err(err), _) => context(&files.folded)(err),
-        (Ok(()), Err(err)) => context(&files.svg)(err),
-    };
-    let _ = std::fs::remove_file(&files.folded);
-    let _ = std::fs::remove_file(&files.svg);
-    Err(failed)
+    // Only a file this call wrote is removed again: where a write failed, what is there
+    // (a symbolic link planted there, say) is not ours.
+    match (folded_written, svg_written) {
+        (Ok(()), Ok(())) => Ok(files),
+        (Err(err), svg) => {
+            if svg.is_ok() {
+                let _ = std::fs::remove_file(&files.svg);
+            }
+            Err(context(&files.folded)(err))
+        }
+        (Ok(()), Err(err)) => {
+            let _ = std::fs::remove_file(&files.folded);
+            Err(context(&files.svg)(err))
+        }
+    }
 }
 
 /// Removes a temporary output file unless it was renamed into place.
