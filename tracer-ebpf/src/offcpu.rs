@@ -179,8 +179,6 @@ fn frame_pointer_stack(ctx: &BtfTracePointContext, regs: &Regs, tid: u32) -> i32
         sp: regs.sp,
     };
     if let Some(last) = unsafe { LAST_USER_STACKS.get(&place) }
-        && last.ip == regs.ip
-        && last.sp == regs.sp
         && last.bp == regs.bp
         && words_unchanged(&last.words, regs.sp)
     {
@@ -349,8 +347,8 @@ fn user_snapshot(ctx: &BtfTracePointContext, regs: &Regs, tgid: u32, tid: u32, n
     // Its check, once user space has unwound it.
     // SAFETY: map value pointer valid during the program; user space only replaces it.
     let check = last.and_then(|last| unsafe { SNAPSHOT_CHECKS.get(&last.snapshot_id) });
+    // The key holds the instruction and stack pointers: only the rest is compared.
     if let (Some(last), Some(check)) = (last, check)
-        && last.sp == regs.sp
         && (check.uses_bp == 0 || last.bp == regs.bp)
         && words_unchanged(&check.words, regs.sp)
     {
