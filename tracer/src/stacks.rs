@@ -41,16 +41,41 @@ impl Weight {
     }
 }
 
+/// Frame names interned to small ids: a profile is many stacks over few distinct names,
+/// and summing stacks by their frames' ids costs far less than by their names.
+#[derive(Clone, Debug, Default)]
+pub struct FrameTable {
+    /// Names by id, each once.
+    names: Vec<String>,
+    ids: HashMap<String, u32>,
+}
+
+impl FrameTable {
+    /// The id of `name`, interned on first sight.
+    pub fn intern(&mut self, name: &str) -> u32 {
+        if let Some(&id) = self.ids.get(name) {
+            return id;
+        }
+        let id = u32::try_from(self.names.len()).expect("fewer than 2^32 frame names");
+        self.names.push(name.to_string());
+        self.ids.insert(name.to_string(), id);
+        id
+    }
+
+    /// Names by id.
+    pub fn names(&self) -> &[String] {
+        &self.names
+    }
+}
+
 /// Stacks (root first) and their weights. Every export (folded, pprof, speedscope)
 /// derives its microseconds from here with [`Weight::us`], so their totals agree.
 ///
-/// Frames are interned: a profile is many stacks over few distinct names, and summing
-/// stacks by their frames' ids costs far less than by their names.
+/// Frames are interned in a [`FrameTable`]; views built together can share one
+/// ([`StackProfile::from_interned`]) so each frame is named and hashed once.
 #[derive(Clone, Debug, Default)]
 pub struct StackProfile {
-    /// Frame names by id.
-    names: Vec<String>,
-    ids: HashMap<String, u32>,
+    table: FrameTable,
     stacks: HashMap<Vec<u32>, Weight>,
 }
 
@@ -62,39 +87,64 @@ impl PartialEq for StackProfile {
 
 impl Eq for StackProfile {}
 
+/// Stacks of frame ids of one [`FrameTable`], summed as they are added.
+pub type InternedStacks = HashMap<Vec<u32>, Weight>;
+
+/// Adds `weight` to the stack `ids` of `stacks`.
+pub fn add_interned(stacks: &mut InternedStacks, ids: &[u32], weight: Weight) {
+    match stacks.get_mut(ids) {
+        Some(total) => total.add(weight),
+        None => {
+            stacks.insert(ids.to_vec(), weight);
+        }
+    }
+}
+
 impl StackProfile {
+    /// A profile of `stacks`, whose ids are those of `table`.
+    pub fn from_interned(table: FrameTable, stacks: InternedStacks) -> Self {
+        debug_assert!(
+            stacks
+                .keys()
+                .flatten()
+                .all(|&id| (id as usize) < table.names.len())
+        );
+        Self { table, stacks }
+    }
+
     pub fn add(&mut self, frames: Vec<String>, weight: Weight) {
         self.add_names(frames.iter().map(String::as_str), weight);
     }
 
     /// [`StackProfile::add`] from borrowed names.
     pub fn add_names<'a>(&mut self, frames: impl IntoIterator<Item = &'a str>, weight: Weight) {
-        let ids: Vec<u32> = frames.into_iter().map(|name| self.intern(name)).collect();
-        match self.stacks.get_mut(&ids) {
-            Some(total) => total.add(weight),
-            None => {
-                self.stacks.insert(ids, weight);
-            }
-        }
+        let ids: Vec<u32> = frames
+            .into_iter()
+            .map(|name| self.table.intern(name))
+            .collect();
+        add_interned(&mut self.stacks, &ids, weight);
     }
 
-    fn intern(&mut self, name: &str) -> u32 {
-        if let Some(&id) = self.ids.get(name) {
-            return id;
-        }
-        let id = u32::try_from(self.names.len()).expect("fewer than 2^32 frame names");
-        self.names.push(name.to_string());
-        self.ids.insert(name.to_string(), id);
-        id
+    /// Frame names by id, as [`StackProfile::interned`] gives the stacks.
+    pub fn names(&self) -> &[String] {
+        self.table.names()
+    }
+
+    /// Stacks as frame ids (see [`StackProfile::names`]) and their weights, unordered.
+    pub fn interned(&self) -> impl Iterator<Item = (&[u32], &Weight)> + '_ {
+        self.stacks
+            .iter()
+            .map(|(ids, weight)| (ids.as_slice(), weight))
     }
 
     /// Stacks and weights, sorted by stack (frame by frame, by name).
     pub fn iter(&self) -> impl Iterator<Item = (Vec<&str>, Weight)> + '_ {
+        let names = &self.table.names;
         // Each name's rank in name order: comparing ranks orders stacks as comparing
         // their names would, at the cost of integers.
-        let mut by_name: Vec<u32> = (0..self.names.len() as u32).collect();
-        by_name.sort_unstable_by(|&a, &b| self.names[a as usize].cmp(&self.names[b as usize]));
-        let mut rank = vec![0u32; self.names.len()];
+        let mut by_name: Vec<u32> = (0..names.len() as u32).collect();
+        by_name.sort_unstable_by(|&a, &b| names[a as usize].cmp(&names[b as usize]));
+        let mut rank = vec![0u32; names.len()];
         for (position, &id) in by_name.iter().enumerate() {
             rank[id as usize] = position as u32;
         }
@@ -111,10 +161,7 @@ impl StackProfile {
             .collect();
         sorted.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         sorted.into_iter().map(move |(_, ids, weight)| {
-            let frames = ids
-                .iter()
-                .map(|&id| self.names[id as usize].as_str())
-                .collect();
+            let frames = ids.iter().map(|&id| names[id as usize].as_str()).collect();
             (frames, weight)
         })
     }
@@ -154,6 +201,46 @@ pub trait StackSource {
     /// tracing started); `None` for stacks named from their addresses.
     fn named(&self, _id: i32) -> Option<Vec<String>> {
         None
+    }
+}
+
+/// Stacks of `ids` read from `inner` once, so their addresses can be handed to a
+/// naming thread and then named from here without reading the kernel's map again.
+pub(crate) struct PrefetchedStacks<'s, S> {
+    inner: &'s S,
+    addrs: HashMap<i32, Vec<u64>>,
+}
+
+impl<'s, S: StackSource> PrefetchedStacks<'s, S> {
+    pub(crate) fn new(inner: &'s S, ids: impl IntoIterator<Item = i32>) -> Self {
+        let addrs = ids
+            .into_iter()
+            .filter(|&id| id >= 0 && inner.named(id).is_none())
+            .map(|id| (id, inner.stack(id)))
+            .collect();
+        Self { inner, addrs }
+    }
+
+    /// The addresses read, a stack at a time.
+    pub(crate) fn addresses(&self) -> impl Iterator<Item = &[u64]> {
+        self.addrs.values().map(Vec::as_slice)
+    }
+}
+
+impl<S: StackSource> StackSource for PrefetchedStacks<'_, S> {
+    fn stack(&self, id: i32) -> Vec<u64> {
+        match self.addrs.get(&id) {
+            Some(addrs) => addrs.clone(),
+            None => self.inner.stack(id),
+        }
+    }
+
+    fn user_frames_by_frame_pointer(&self, id: i32) -> Vec<bool> {
+        self.inner.user_frames_by_frame_pointer(id)
+    }
+
+    fn named(&self, id: i32) -> Option<Vec<String>> {
+        self.inner.named(id)
     }
 }
 

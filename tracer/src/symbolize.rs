@@ -663,51 +663,16 @@ impl StackSymbolizer {
     /// Names many kernel stacks, each as [`StackSymbolizer::kernel_frames`] would, each
     /// distinct address once and all in one batch (see [`StackSymbolizer::user_stacks`]).
     pub fn kernel_stacks(&mut self, stacks: &[&[u64]]) -> Vec<Vec<&Frame>> {
+        let missing = self.unnamed_kernel_addresses(stacks.iter().copied());
+        if !missing.is_empty() {
+            // This symbolizer keeps kallsyms parsed for the next call.
+            let named = missing.name_with(&self.symbolizer);
+            self.add_kernel_names(named);
+        }
         static UNKNOWN_FRAME: LazyLock<Frame> = LazyLock::new(Frame::unknown);
         let unknown = |addrs: &&[u64]| vec![&*UNKNOWN_FRAME; until_zero(addrs).len()];
-        let usable = *self.kallsyms_usable.get_or_insert_with(|| {
-            let usable = kallsyms_has_addresses();
-            if !usable {
-                log::warn!("/proc/kallsyms hides kernel addresses; kernel frames stay unnamed");
-            }
-            usable
-        });
-        if !usable || self.kernel_failed {
+        if self.kallsyms_usable != Some(true) || self.kernel_failed {
             return stacks.iter().map(unknown).collect();
-        }
-        let mut missing: Vec<u64> = stacks
-            .iter()
-            .flat_map(|addrs| lookups(addrs))
-            .map(|(lookup, _)| lookup)
-            .filter(|lookup| !self.kernel_cache.contains_key(lookup))
-            .collect();
-        missing.sort_unstable();
-        missing.dedup();
-        if !missing.is_empty() {
-            // vmlinux images are rarely installed and slow to parse; kallsyms names
-            // functions.
-            let source = Source::Kernel(Kernel {
-                kallsyms: MaybeDefault::Default,
-                vmlinux: MaybeDefault::None,
-                debug_syms: false,
-                ..Kernel::default()
-            });
-            match self.symbolizer.symbolize(&source, Input::AbsAddr(&missing)) {
-                Ok(symbols) => {
-                    for (addr, symbolized) in missing.into_iter().zip(symbols) {
-                        let frames = match symbolized {
-                            Symbolized::Sym(sym) => frames_of(&sym, None),
-                            Symbolized::Unknown(_) => vec![Frame::unknown()],
-                        };
-                        self.kernel_cache.insert(addr, frames);
-                    }
-                }
-                Err(err) => {
-                    log::warn!("cannot symbolize kernel stacks: {err}");
-                    self.kernel_failed = true;
-                    return stacks.iter().map(unknown).collect();
-                }
-            }
         }
         let cache = &self.kernel_cache;
         stacks
@@ -718,6 +683,47 @@ impl StackSymbolizer {
                     .collect()
             })
             .collect()
+    }
+
+    /// The distinct addresses of `stacks` not named yet, to name with
+    /// [`KernelAddresses::name`], on another thread if wanted, and to hand back to
+    /// [`StackSymbolizer::add_kernel_names`]. None when kernel frames cannot be named
+    /// (no addresses in /proc/kallsyms, or naming failed before).
+    pub fn unnamed_kernel_addresses<'s>(
+        &mut self,
+        stacks: impl IntoIterator<Item = &'s [u64]>,
+    ) -> KernelAddresses {
+        let usable = *self.kallsyms_usable.get_or_insert_with(|| {
+            let usable = kallsyms_has_addresses();
+            if !usable {
+                log::warn!("/proc/kallsyms hides kernel addresses; kernel frames stay unnamed");
+            }
+            usable
+        });
+        if !usable || self.kernel_failed {
+            return KernelAddresses(Vec::new());
+        }
+        let mut missing: Vec<u64> = stacks
+            .into_iter()
+            .flat_map(lookups)
+            .map(|(lookup, _)| lookup)
+            .filter(|lookup| !self.kernel_cache.contains_key(lookup))
+            .collect();
+        missing.sort_unstable();
+        missing.dedup();
+        KernelAddresses(missing)
+    }
+
+    /// Keeps the names [`KernelAddresses::name`] gave; after a failure, kernel frames
+    /// stay unnamed.
+    pub fn add_kernel_names(&mut self, named: KernelNames) {
+        match named.0 {
+            Ok(named) => self.kernel_cache.extend(named),
+            Err(err) => {
+                log::warn!("cannot symbolize kernel stacks: {err}");
+                self.kernel_failed = true;
+            }
+        }
     }
 
     /// Symbols for file offsets in one mapped object; `None` where it has none.
@@ -849,6 +855,57 @@ fn lookups(addrs: &[u64]) -> impl Iterator<Item = (u64, u64)> + '_ {
 fn until_zero(addrs: &[u64]) -> &[u64] {
     let end = addrs.iter().position(|&a| a == 0).unwrap_or(addrs.len());
     &addrs[..end]
+}
+
+/// Kernel addresses to name (see [`StackSymbolizer::unnamed_kernel_addresses`]).
+#[derive(Debug, Default)]
+pub struct KernelAddresses(Vec<u64>);
+
+/// What [`KernelAddresses::name`] found.
+#[derive(Debug)]
+pub struct KernelNames(Result<Vec<(u64, Vec<Frame>)>, blazesym::Error>);
+
+impl KernelAddresses {
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Names the addresses from /proc/kallsyms with a symbolizer of its own, so that it
+    /// can run on another thread while user stacks are named (a [`StackSymbolizer`] is
+    /// not `Send`).
+    pub fn name(self) -> KernelNames {
+        self.name_with(&Symbolizer::builder().enable_demangling(true).build())
+    }
+
+    fn name_with(self, symbolizer: &Symbolizer) -> KernelNames {
+        if self.0.is_empty() {
+            return KernelNames(Ok(Vec::new()));
+        }
+        // vmlinux images are rarely installed and slow to parse; kallsyms names
+        // functions.
+        let source = Source::Kernel(Kernel {
+            kallsyms: MaybeDefault::Default,
+            vmlinux: MaybeDefault::None,
+            debug_syms: false,
+            ..Kernel::default()
+        });
+        let named = symbolizer
+            .symbolize(&source, Input::AbsAddr(&self.0))
+            .map(|symbols| {
+                self.0
+                    .iter()
+                    .zip(symbols)
+                    .map(|(&addr, symbolized)| {
+                        let frames = match symbolized {
+                            Symbolized::Sym(sym) => frames_of(&sym, None),
+                            Symbolized::Unknown(_) => vec![Frame::unknown()],
+                        };
+                        (addr, frames)
+                    })
+                    .collect()
+            });
+        KernelNames(named)
+    }
 }
 
 /// The frames of one symbolized address, innermost first: blazesym lists inlined

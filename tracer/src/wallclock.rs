@@ -12,7 +12,7 @@
 //! which part of that was spent blocked (and, under them, the kernel path that blocked).
 //! The off-CPU view holds blocked time only.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use tracer_common::{
     EXEC_NS_UNKNOWN, KERNEL_STACK_AT_SWITCH_IN, KERNEL_STACK_NOT_SAMPLED, NO_STACK, OffCpuKey,
@@ -22,7 +22,8 @@ use tracer_common::{
 use crate::{
     processes::Processes,
     stacks::{
-        StackProfile, StackSource, Weight, kernel_stack_frames, process_frame, user_stack_frames,
+        FrameTable, InternedStacks, PrefetchedStacks, StackProfile, StackSource, Weight,
+        add_interned, kernel_stack_frames, process_frame, user_stack_frames,
     },
     symbolize::StackSymbolizer,
 };
@@ -189,7 +190,7 @@ pub fn build_profile(
         .map(|(k, _)| *k)
         .chain(offcpu.keys().copied())
         .collect();
-    let namer = Namer::new(&keys, stacks, symbolizer, processes, options.per_thread);
+    let mut namer = Namer::new(&keys, stacks, symbolizer, processes, options.per_thread);
     let mut per_thread: HashMap<(u32, u32), ThreadTime> = HashMap::new();
     fn thread<'t>(
         per_thread: &'t mut HashMap<(u32, u32), ThreadTime>,
@@ -205,42 +206,52 @@ pub fn build_profile(
                 ..ThreadTime::default()
             })
     }
+    // The three views, as stacks of the namer's frame ids.
+    let sized = |len: usize| InternedStacks::with_capacity_and_hasher(len, Default::default());
+    let (mut wall, mut oncpu, mut blocked) = (
+        sized(raw.oncpu.len() + offcpu.len()),
+        sized(raw.oncpu.len()),
+        sized(offcpu.len()),
+    );
+    let mut frames = Vec::new();
     for &(key, samples) in &raw.oncpu {
         let weight = Weight {
             events: samples,
             ns: samples * period_ns,
         };
         profile.missing_stacks += u64::from(is_missing(&key));
-        let frames = namer.frames(&key);
-        profile.unnamed_ns += weight.ns * u64::from(has_unnamed(&frames));
+        namer.frames(&key, &mut frames);
+        profile.unnamed_ns += weight.ns * u64::from(namer.has_unnamed(&frames));
         profile.oncpu_samples += weight.events;
         profile.oncpu_ns += weight.ns;
         thread(&mut per_thread, processes, &key).oncpu_ns += weight.ns;
-        profile
-            .oncpu
-            .add_names(frames.iter().map(String::as_str), weight);
-        profile.wall.add(frames, weight);
+        add_interned(&mut oncpu, &frames, weight);
+        add_interned(&mut wall, &frames, weight);
     }
+    let runnable_frame = namer.table.intern(RUNNABLE_FRAME);
+    let off_cpu_frame = namer.table.intern(OFF_CPU_FRAME);
     for (key, weight) in offcpu {
         profile.missing_stacks += u64::from(is_missing(&key));
-        let mut frames = namer.frames(&key);
-        profile.unnamed_ns += weight.ns * u64::from(has_unnamed(&frames));
+        namer.frames(&key, &mut frames);
+        profile.unnamed_ns += weight.ns * u64::from(namer.has_unnamed(&frames));
         if key.state == offcpu_state::RUNNABLE {
             profile.runnable_intervals += weight.events;
             profile.runnable_ns += weight.ns;
             thread(&mut per_thread, processes, &key).runnable_ns += weight.ns;
-            frames.push(RUNNABLE_FRAME.to_string());
+            frames.push(runnable_frame);
         } else {
             profile.offcpu_intervals += weight.events;
             profile.offcpu_ns += weight.ns;
             thread(&mut per_thread, processes, &key).blocked_ns += weight.ns;
-            profile
-                .offcpu
-                .add_names(frames.iter().map(String::as_str), weight);
-            frames.push(OFF_CPU_FRAME.to_string());
+            add_interned(&mut blocked, &frames, weight);
+            frames.push(off_cpu_frame);
         }
-        profile.wall.add(frames, weight);
+        add_interned(&mut wall, &frames, weight);
     }
+    let table = namer.table;
+    profile.wall = StackProfile::from_interned(table.clone(), wall);
+    profile.oncpu = StackProfile::from_interned(table.clone(), oncpu);
+    profile.offcpu = StackProfile::from_interned(table, blocked);
     let ids = || {
         raw.oncpu
             .iter()
@@ -282,11 +293,9 @@ pub fn thread_table(profile: &WallClockProfile, shown: usize) -> String {
     out
 }
 
-/// Whether a stack has a frame that could not be named.
-fn has_unnamed(frames: &[String]) -> bool {
-    frames
-        .iter()
-        .any(|f| f.starts_with(crate::symbolize::UNKNOWN))
+/// Whether a frame could not be named.
+fn is_unnamed(frame: &str) -> bool {
+    frame.starts_with(crate::symbolize::UNKNOWN)
 }
 
 /// The share of a profile's wall time above which the reports say how to name what
@@ -418,14 +427,19 @@ fn is_missing(key: &OffCpuKey) -> bool {
 }
 
 /// Names the stacks of a profile: every distinct stack was named up front, in one batch
-/// per process and one for the kernel.
+/// per process and one for the kernel, into frame ids of one [`FrameTable`] that all
+/// three views share.
 struct Namer<'a> {
     processes: &'a Processes,
     per_thread: bool,
     /// More than one process: each root frame says which (`name [pid]`).
     several: bool,
-    user: foldhash::HashMap<(u32, i32), Vec<String>>,
-    kernel: foldhash::HashMap<i32, Vec<String>>,
+    table: FrameTable,
+    user: foldhash::HashMap<(u32, i32), Vec<u32>>,
+    kernel: foldhash::HashMap<i32, Vec<u32>>,
+    /// The root frame of each process, and with `per_thread` the frame of each thread.
+    process_frames: foldhash::HashMap<u32, u32>,
+    thread_frames: foldhash::HashMap<u32, u32>,
 }
 
 impl<'a> Namer<'a> {
@@ -444,47 +458,86 @@ impl<'a> Namer<'a> {
                 .or_default()
                 .push(key.user_stack_id);
         }
-        let mut user = foldhash::HashMap::default();
-        for (tgid, ids) in user_ids {
-            let maps = processes.get(tgid).and_then(|p| p.maps.as_ref());
-            let names = user_stack_frames(ids, stacks, symbolizer, maps, str::to_string);
-            user.extend(names.into_iter().map(|(id, names)| ((tgid, id), names)));
-        }
-        let kernel_ids = keys
+        let kernel_ids: Vec<i32> = keys
             .iter()
             .map(|k| k.kernel_stack_id)
-            .filter(|&id| !NOT_KERNEL_STACKS.contains(&id));
-        let kernel = kernel_stack_frames(kernel_ids, stacks, symbolizer, str::to_string);
+            .filter(|&id| !NOT_KERNEL_STACKS.contains(&id))
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        let kernel_stacks = PrefetchedStacks::new(stacks, kernel_ids.iter().copied());
+        let unnamed_kernel = symbolizer.unnamed_kernel_addresses(kernel_stacks.addresses());
+        let mut table = FrameTable::default();
+        let mut user = foldhash::HashMap::default();
+        // Kernel addresses are named on a thread of their own meanwhile: the two take
+        // about as long, and this is the time a stopping tracer makes its user wait.
+        std::thread::scope(|scope| {
+            let kernel_naming =
+                (!unnamed_kernel.is_empty()).then(|| scope.spawn(|| unnamed_kernel.name()));
+            for (tgid, ids) in user_ids {
+                let maps = processes.get(tgid).and_then(|p| p.maps.as_ref());
+                let names =
+                    user_stack_frames(ids, stacks, symbolizer, maps, |name| table.intern(name));
+                user.extend(names.into_iter().map(|(id, names)| ((tgid, id), names)));
+            }
+            if let Some(naming) = kernel_naming {
+                let named = naming
+                    .join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+                symbolizer.add_kernel_names(named);
+            }
+        });
+        let kernel = kernel_stack_frames(kernel_ids, &kernel_stacks, symbolizer, |name| {
+            table.intern(name)
+        });
         let mut tgids = keys.iter().map(|k| k.tgid);
         let first = tgids.next();
         Self {
             processes,
             per_thread,
             several: tgids.any(|t| Some(t) != first),
+            table,
             user,
             kernel,
+            process_frames: Default::default(),
+            thread_frames: Default::default(),
         }
     }
 
-    fn frames(&self, key: &OffCpuKey) -> Vec<String> {
-        let mut frames = vec![process_frame(self.processes, key.tgid, self.several)];
+    /// The frame ids of `key`'s stack, root first, into `frames`.
+    fn frames(&mut self, key: &OffCpuKey, frames: &mut Vec<u32>) {
+        frames.clear();
+        let (processes, several, table) = (self.processes, self.several, &mut self.table);
+        frames.push(
+            *self
+                .process_frames
+                .entry(key.tgid)
+                .or_insert_with(|| table.intern(&process_frame(processes, key.tgid, several))),
+        );
         if self.per_thread {
-            let name = self.processes.thread_name(key.tid).unwrap_or("?");
-            frames.push(format!("{name} [{}]", key.tid));
+            frames.push(*self.thread_frames.entry(key.tid).or_insert_with(|| {
+                let name = processes.thread_name(key.tid).unwrap_or("?");
+                table.intern(&format!("{name} [{}]", key.tid))
+            }));
         }
         if key.user_stack_id == STACK_BEFORE_START {
-            frames.push(BEFORE_START_FRAME.to_string());
-            return frames;
+            frames.push(table.intern(BEFORE_START_FRAME));
+            return;
         }
         if key.user_stack_id != NO_STACK {
-            frames.extend(self.user[&(key.tgid, key.user_stack_id)].iter().cloned());
+            frames.extend_from_slice(&self.user[&(key.tgid, key.user_stack_id)]);
         }
         match key.kernel_stack_id {
-            KERNEL_STACK_NOT_SAMPLED => frames.push(NOT_SAMPLED_FRAME.to_string()),
+            KERNEL_STACK_NOT_SAMPLED => frames.push(table.intern(NOT_SAMPLED_FRAME)),
             id if NOT_KERNEL_STACKS.contains(&id) => {}
-            id => frames.extend(self.kernel[&id].iter().cloned()),
+            id => frames.extend_from_slice(&self.kernel[&id]),
         }
-        frames
+    }
+
+    /// Whether any of `frames` could not be named.
+    fn has_unnamed(&self, frames: &[u32]) -> bool {
+        let names = self.table.names();
+        frames.iter().any(|&id| is_unnamed(&names[id as usize]))
     }
 }
 

@@ -6,7 +6,6 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::io::{self, Write};
 use std::path::Path;
-use std::sync::OnceLock;
 
 use foldhash::HashMap;
 use inferno::flamegraph::{self, color::BasicPalette};
@@ -14,23 +13,24 @@ use inferno::flamegraph::{self, color::BasicPalette};
 use super::write_output;
 use crate::{stacks::StackProfile, symbolize::UNKNOWN};
 
-/// Weighted stacks, keyed by their folded form (root frame first, frames joined by `;`).
-/// Kept sorted so output files are deterministic and inferno needs no re-sort.
-#[derive(Clone, Debug, Default)]
+/// Weighted stacks in their folded form (root frame first, frames joined by `;`), as
+/// the text flame graph tools read: one `STACK WEIGHT` line per distinct stack, sorted
+/// by stack so output files are deterministic and inferno needs no re-sort. The text is
+/// the whole store: a profile's folded text runs to hundreds of megabytes, and both the
+/// folded file and inferno read it as it is.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct FoldedStacks {
-    stacks: BTreeMap<String, u64>,
-    /// The folded text, built once for both the folded file and the flame graph (inferno
-    /// reads lines of text); cleared by every change.
-    text: OnceLock<String>,
+    text: String,
+    /// Each line of `text`: where it starts, how long its stack is, and its weight.
+    lines: Vec<FoldedLine>,
 }
 
-impl PartialEq for FoldedStacks {
-    fn eq(&self, other: &Self) -> bool {
-        self.stacks == other.stacks
-    }
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct FoldedLine {
+    start: usize,
+    stack_len: usize,
+    weight: u64,
 }
-
-impl Eq for FoldedStacks {}
 
 /// A folded-stacks line that is not `STACK COUNT`.
 #[derive(Debug, thiserror::Error)]
@@ -48,18 +48,32 @@ impl From<&StackProfile> for FoldedStacks {
     }
 }
 
-/// `profile` folded through a [`StackFolder`]: each distinct frame name is sanitized once
-/// rather than once per stack it is in.
+/// `profile` folded through a [`StackFolder`], from its interned frames: each distinct
+/// frame name is looked up and sanitized once, not once per stack it is in.
 fn fold_profile(
     profile: &StackProfile,
     weight_of: impl Fn(&crate::stacks::Weight) -> u64,
 ) -> FoldedStacks {
     let mut folder = StackFolder::new();
-    for (frames, weight) in profile.iter() {
-        let ids = folder.frames(&frames);
-        folder.add(&ids, weight_of(&weight));
-    }
-    folder.finish(|sum| sum)
+    let to_folder: Vec<FrameId> = profile
+        .names()
+        .iter()
+        .map(|name| folder.frame(name))
+        .collect();
+    let unknown = folder.frame(UNKNOWN);
+    // The profile's stacks are distinct already: no map to sum them in.
+    let stacks = profile
+        .interned()
+        .map(|(frames, weight)| {
+            let ids = match frames {
+                // As in `StackFolder::add`: a stack with no frames still carries weight.
+                [] => vec![unknown],
+                frames => frames.iter().map(|&id| to_folder[id as usize]).collect(),
+            };
+            (ids, weight_of(weight))
+        })
+        .collect();
+    fold_interned(&folder.names, stacks)
 }
 
 impl FoldedStacks {
@@ -74,57 +88,122 @@ impl FoldedStacks {
         Self::default()
     }
 
-    /// Adds `weight` to the stack made of `frames`, root (outermost caller) first.
-    /// Frame names are sanitized so they cannot break the folded format.
-    pub fn add<I>(&mut self, frames: I, weight: u64)
+    /// Stacks of frames, root (outermost caller) first, each with its weight; the
+    /// weights of stacks that fold alike are summed. Frame names are sanitized so they
+    /// cannot break the folded format; a stack with no frames still carries weight and
+    /// stays visible, as one unknown frame.
+    pub fn from_stacks<S, F>(stacks: S) -> Self
     where
-        I: IntoIterator,
-        I::Item: AsRef<str>,
+        S: IntoIterator<Item = (F, u64)>,
+        F: IntoIterator,
+        F::Item: AsRef<str>,
     {
-        let mut key = String::new();
-        for frame in frames {
-            if !key.is_empty() {
-                key.push(';');
+        let mut sorted: BTreeMap<String, u64> = BTreeMap::new();
+        for (frames, weight) in stacks {
+            let mut key = String::new();
+            for frame in frames {
+                if !key.is_empty() {
+                    key.push(';');
+                }
+                push_sanitized(&mut key, frame.as_ref());
             }
-            push_sanitized(&mut key, frame.as_ref());
+            if key.is_empty() {
+                key.push_str(UNKNOWN);
+            }
+            let slot = sorted.entry(key).or_default();
+            *slot = slot.saturating_add(weight);
         }
-        if key.is_empty() {
-            // A stack with no frames still carries weight; keep it visible.
-            key.push_str(UNKNOWN);
+        Self::from_sorted(
+            sorted
+                .iter()
+                .map(|(stack, &weight)| (stack.as_str(), weight)),
+        )
+    }
+
+    /// From stacks already folded and sorted; a stack equal to the one before it adds
+    /// its weight to it.
+    fn from_sorted<'s>(stacks: impl IntoIterator<Item = (&'s str, u64)>) -> Self {
+        let mut folded = Self::default();
+        for (stack, weight) in stacks {
+            folded.push(stack, weight);
         }
-        self.text.take();
-        let slot = self.stacks.entry(key).or_default();
-        *slot = slot.saturating_add(weight);
+        folded
+    }
+
+    /// Appends the line of `stack`, which sorts at or after the last line's stack.
+    fn push(&mut self, stack: &str, weight: u64) {
+        self.push_with(weight, |text| text.push_str(stack));
+    }
+
+    /// Appends a line whose stack `write_stack` appends to the text (written in place:
+    /// a profile's text is hundreds of megabytes, not worth a copy).
+    fn push_with(&mut self, weight: u64, write_stack: impl FnOnce(&mut String)) {
+        let start = self.text.len();
+        write_stack(&mut self.text);
+        let stack_len = self.text.len() - start;
+        if let Some(last) = self.lines.last_mut() {
+            let (before, stack) = self.text.split_at(start);
+            let last_stack = &before[last.start..last.start + last.stack_len];
+            if last_stack == stack {
+                // The last line ends the text before this stack: its weight is written
+                // again, summed.
+                last.weight = last.weight.saturating_add(weight);
+                self.text.truncate(last.start + last.stack_len);
+                push_weight(&mut self.text, last.weight);
+                return;
+            }
+            debug_assert!(last_stack < stack, "folded stacks pushed out of order");
+        }
+        self.lines.push(FoldedLine {
+            start,
+            stack_len,
+            weight,
+        });
+        push_weight(&mut self.text, weight);
+    }
+
+    /// Appends the lines of `other`, whose stacks all sort after this one's.
+    fn append_distinct(&mut self, other: FoldedStacks) {
+        let offset = self.text.len();
+        self.text.push_str(&other.text);
+        self.lines
+            .extend(other.lines.into_iter().map(|line| FoldedLine {
+                start: line.start + offset,
+                ..line
+            }));
     }
 
     /// Number of distinct stacks.
     pub fn len(&self) -> usize {
-        self.stacks.len()
+        self.lines.len()
     }
 
     /// True when no stack was added.
     pub fn is_empty(&self) -> bool {
-        self.stacks.is_empty()
+        self.lines.is_empty()
     }
 
     /// Sum of all weights.
     pub fn total(&self) -> u64 {
-        self.stacks
-            .values()
-            .fold(0, |sum, &w| sum.saturating_add(w))
+        self.lines
+            .iter()
+            .fold(0, |sum, line| sum.saturating_add(line.weight))
     }
 
     /// The folded stacks and their weights, sorted by stack.
     pub fn iter(&self) -> impl Iterator<Item = (&str, u64)> {
-        self.stacks
-            .iter()
-            .map(|(stack, &weight)| (stack.as_str(), weight))
+        self.lines.iter().map(|line| {
+            (
+                &self.text[line.start..line.start + line.stack_len],
+                line.weight,
+            )
+        })
     }
 
     /// Parses folded text as written by [`write_folded`] (or by other folded-stack
     /// tools): one `STACK COUNT` per line; blank lines are skipped.
     pub fn parse(text: &str) -> Result<Self, ParseFoldedError> {
-        let mut stacks = Self::new();
+        let mut stacks: BTreeMap<&str, u64> = BTreeMap::new();
         for (index, line) in text.lines().enumerate() {
             let line = line.trim();
             if line.is_empty() {
@@ -140,25 +219,15 @@ impl FoldedStacks {
                     text: line.to_string(),
                 });
             };
-            let slot = stacks.stacks.entry(stack.to_string()).or_default();
+            let slot = stacks.entry(stack).or_default();
             *slot = slot.saturating_add(weight);
         }
-        Ok(stacks)
+        Ok(Self::from_sorted(stacks))
     }
 
     /// The folded text: one `STACK COUNT` line per stack, sorted.
     pub fn text(&self) -> &str {
-        self.text.get_or_init(|| {
-            let len = self.stacks.keys().map(|stack| stack.len() + 22).sum();
-            let mut text = String::with_capacity(len);
-            for (stack, weight) in self.iter() {
-                text.push_str(stack);
-                text.push(' ');
-                text.push_str(itoa_u64(weight, &mut [0; 20]));
-                text.push('\n');
-            }
-            text
-        })
+        &self.text
     }
 
     /// Writes the folded lines, sorted.
@@ -197,6 +266,9 @@ pub type FrameId = u32;
 #[derive(Debug, Default)]
 pub struct StackFolder {
     ids: HashMap<String, FrameId>,
+    /// Ids by sanitized name: names that sanitize alike share an id, so stacks fold
+    /// alike exactly when their ids are equal.
+    sanitized_ids: HashMap<String, FrameId>,
     /// Sanitized names, by id.
     names: Vec<String>,
     stacks: HashMap<Vec<FrameId>, u64>,
@@ -212,10 +284,17 @@ impl StackFolder {
         if let Some(&id) = self.ids.get(name) {
             return id;
         }
-        let id = FrameId::try_from(self.names.len()).expect("fewer than 2^32 frame names");
         let mut sanitized = String::with_capacity(name.len());
         push_sanitized(&mut sanitized, name);
-        self.names.push(sanitized);
+        let id = match self.sanitized_ids.get(&sanitized) {
+            Some(&id) => id,
+            None => {
+                let id = FrameId::try_from(self.names.len()).expect("fewer than 2^32 frame names");
+                self.names.push(sanitized.clone());
+                self.sanitized_ids.insert(sanitized, id);
+                id
+            }
+        };
         self.ids.insert(name.to_string(), id);
         id
     }
@@ -243,38 +322,129 @@ impl StackFolder {
     /// The folded stacks, each stack's summed weight converted by `weight` (e.g. from
     /// nanoseconds to microseconds, once per stack so rounding loses nothing).
     pub fn finish(self, weight: impl Fn(u64) -> u64) -> FoldedStacks {
-        let mut stacks: Vec<(Vec<FrameId>, u64)> = self.stacks.into_iter().collect();
-        // Sorted by frame ids in the order of their text: texts share long prefixes, so
-        // sorting them compares far more bytes.
-        stacks.sort_unstable_by(|(a, _), (b, _)| text_order(&self.names, a, b));
-        let mut sorted: Vec<(String, u64)> = Vec::with_capacity(stacks.len());
-        for (frames, sum) in stacks {
-            let text = join_frames(&self.names, &frames);
-            let weight = weight(sum);
-            match sorted.last_mut() {
-                // Distinct names that sanitize alike make the same text.
-                Some((last, slot)) if *last == text => *slot = slot.saturating_add(weight),
-                _ => sorted.push((text, weight)),
-            }
-        }
-        FoldedStacks {
-            stacks: sorted.into_iter().collect(),
-            text: OnceLock::new(),
-        }
+        let stacks = self
+            .stacks
+            .into_iter()
+            .map(|(frames, sum)| (frames, weight(sum)))
+            .collect();
+        fold_interned(&self.names, stacks)
     }
 }
 
-/// The folded text of `frames`.
-fn join_frames(names: &[String], frames: &[FrameId]) -> String {
-    let len = frames.iter().map(|&id| names[id as usize].len() + 1).sum();
-    let mut text = String::with_capacity(len);
-    for &id in frames {
-        if !text.is_empty() {
+/// Profiles with more stacks than this are sorted and written in two halves, on two
+/// threads: a big profile's folded text runs to hundreds of megabytes.
+const FOLD_IN_HALVES_STACKS: usize = 20_000;
+
+/// The folded stacks of `stacks`, frames of sanitized `names` by id (distinct names:
+/// stacks fold alike exactly when their ids are equal): sorted by frame ids in the order
+/// of their text (texts share long prefixes, so sorting them compares far more bytes),
+/// equal stacks summed, then each stack's text built once, in that order.
+fn fold_interned(names: &[String], mut stacks: Vec<(Vec<FrameId>, u64)>) -> FoldedStacks {
+    let order = |a: &(Vec<FrameId>, u64), b: &(Vec<FrameId>, u64)| text_order(names, &a.0, &b.0);
+    if stacks.len() <= FOLD_IN_HALVES_STACKS {
+        stacks.sort_unstable_by(order);
+        return fold_sorted(names, &summed(stacks.iter()));
+    }
+    let half = stacks.len() / 2;
+    let (left, right) = stacks.split_at_mut(half);
+    std::thread::scope(|scope| {
+        let sorting = scope.spawn(|| left.sort_unstable_by(order));
+        right.sort_unstable_by(order);
+        sorting
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+    });
+    let sorted = summed(merge_sorted(left, right, |a, b| order(a, b).is_le()));
+    let (first, second) = sorted.split_at(sorted.len() / 2);
+    let (mut folded, rest) = std::thread::scope(|scope| {
+        let writing = scope.spawn(|| fold_sorted(names, first));
+        let rest = fold_sorted(names, second);
+        let folded = writing
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        (folded, rest)
+    });
+    folded.append_distinct(rest);
+    folded
+}
+
+/// The stacks of `sorted`, with equal neighbours summed into one.
+fn summed<'s>(sorted: impl Iterator<Item = &'s (Vec<FrameId>, u64)>) -> Vec<(&'s [FrameId], u64)> {
+    let mut summed: Vec<(&[FrameId], u64)> = Vec::new();
+    for (frames, weight) in sorted {
+        match summed.last_mut() {
+            Some((last, sum)) if *last == frames.as_slice() => {
+                *sum = sum.saturating_add(*weight);
+            }
+            _ => summed.push((frames, *weight)),
+        }
+    }
+    summed
+}
+
+/// The items of sorted `a` and `b` in one sorted sequence.
+fn merge_sorted<'t, T>(
+    a: &'t [T],
+    b: &'t [T],
+    le: impl Fn(&T, &T) -> bool,
+) -> impl Iterator<Item = &'t T> {
+    let (mut a, mut b) = (a.iter().peekable(), b.iter().peekable());
+    std::iter::from_fn(move || match (a.peek(), b.peek()) {
+        (Some(x), Some(y)) if le(x, y) => a.next(),
+        (Some(_), Some(_)) => b.next(),
+        (Some(_), None) => a.next(),
+        (None, _) => b.next(),
+    })
+}
+
+/// The folded stacks of distinct `sorted` stacks.
+fn fold_sorted(names: &[String], sorted: &[(&[FrameId], u64)]) -> FoldedStacks {
+    let mut folded = FoldedStacks {
+        text: String::with_capacity(
+            sorted
+                .iter()
+                .map(|(frames, _)| stack_len(names, frames) + 22)
+                .sum(),
+        ),
+        lines: Vec::with_capacity(sorted.len()),
+    };
+    for &(frames, weight) in sorted {
+        let start = folded.text.len();
+        join_frames(names, frames, &mut folded.text);
+        folded.lines.push(FoldedLine {
+            start,
+            stack_len: folded.text.len() - start,
+            weight,
+        });
+        push_weight(&mut folded.text, weight);
+    }
+    folded
+}
+
+/// Appends ` WEIGHT` and the end of the line.
+fn push_weight(text: &mut String, weight: u64) {
+    text.push(' ');
+    text.push_str(itoa_u64(weight, &mut [0; 20]));
+    text.push('\n');
+}
+
+/// The length of the folded text of `frames`.
+fn stack_len(names: &[String], frames: &[FrameId]) -> usize {
+    frames
+        .iter()
+        .map(|&id| names[id as usize].len() + 1)
+        .sum::<usize>()
+        - 1
+}
+
+/// Appends the folded text of `frames` to `text`.
+fn join_frames(names: &[String], frames: &[FrameId], text: &mut String) {
+    for (index, &id) in frames.iter().enumerate() {
+        if index > 0 {
             text.push(';');
         }
         text.push_str(&names[id as usize]);
     }
-    text
 }
 
 /// How the folded texts of stacks `a` and `b` compare, from their frames: at the first
@@ -420,18 +590,11 @@ mod tests {
     use super::*;
 
     fn sample() -> FoldedStacks {
-        let mut stacks = FoldedStacks::new();
-        stacks.add(["main", "run_loop", "epoll_wait"], 700);
-        stacks.add(["main", "gc_collect"], 120);
-        stacks.add(
-            vec![
-                "main".to_string(),
-                "run_loop".to_string(),
-                "epoll_wait".to_string(),
-            ],
-            5,
-        );
-        stacks
+        FoldedStacks::from_stacks([
+            (vec!["main", "run_loop", "epoll_wait"], 700),
+            (vec!["main", "gc_collect"], 120),
+            (vec!["main", "run_loop", "epoll_wait"], 5),
+        ])
     }
 
     #[test]
@@ -468,29 +631,69 @@ mod tests {
             })
             .collect();
         let mut folder = StackFolder::new();
-        let mut expected = FoldedStacks::new();
         for (weight, stack) in stacks.iter().enumerate() {
             let ids: Vec<FrameId> = stack.iter().map(|name| folder.frame(name)).collect();
             folder.add(&ids, weight as u64);
-            expected.add(stack, weight as u64);
         }
         let mut unique: Vec<Vec<FrameId>> = folder.stacks.keys().cloned().collect();
         unique.sort_unstable_by(|a, b| text_order(&folder.names, a, b));
         let texts: Vec<String> = unique
             .iter()
-            .map(|f| join_frames(&folder.names, f))
+            .map(|f| {
+                let mut text = String::new();
+                join_frames(&folder.names, f, &mut text);
+                text
+            })
             .collect();
         assert!(texts.is_sorted(), "{texts:#?}");
         folder.add(&[], 3);
-        expected.add(Vec::<&str>::new(), 3);
+        let expected = FoldedStacks::from_stacks(
+            stacks
+                .iter()
+                .enumerate()
+                .map(|(weight, stack)| (stack.clone(), weight as u64))
+                .chain([(Vec::new(), 3)]),
+        );
         assert_eq!(folder.finish(|w| w).to_string(), expected.to_string());
+    }
+
+    /// A profile big enough to be folded in two halves folds as one folded stack at a
+    /// time would, with stacks that sanitize alike summed across the halves.
+    #[test]
+    fn big_profiles_fold_in_halves_alike() {
+        let names = ["a", "a b", "a;b", "a:b", "a 1", "b", "ab", "", "\tb", "b\n"];
+        let stacks: Vec<(Vec<&str>, u64)> = (0..FOLD_IN_HALVES_STACKS * 3)
+            .map(|i| {
+                let mut state = (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+                let mut next = || {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    state as usize
+                };
+                let depth = next() % 8 + 1;
+                let frames = (0..depth).map(|_| names[next() % names.len()]).collect();
+                (frames, i as u64 % 13)
+            })
+            .collect();
+        let mut folder = StackFolder::new();
+        for (frames, weight) in &stacks {
+            let ids = folder.frames(frames);
+            folder.add(&ids, *weight);
+        }
+        let folded = folder.finish(|w| w);
+        let expected = FoldedStacks::from_stacks(stacks);
+        assert!(folded.len() > FOLD_IN_HALVES_STACKS, "{}", folded.len());
+        assert_eq!(folded.text(), expected.text());
+        assert_eq!(folded, expected);
     }
 
     #[test]
     fn sanitizes_frames() {
-        let mut stacks = FoldedStacks::new();
-        stacks.add(["a;b", "multi\nline", "", "  padded ", "Thread 12"], 1);
-        stacks.add(Vec::<&str>::new(), 2);
+        let stacks = FoldedStacks::from_stacks([
+            (vec!["a;b", "multi\nline", "", "  padded ", "Thread 12"], 1),
+            (Vec::new(), 2),
+        ]);
         let text = stacks.to_string();
         assert_eq!(
             text,
