@@ -4,7 +4,9 @@
 //! aya parses BTF too, but all of it (tens of milliseconds for vmlinux) and keeps struct
 //! members private; one linear scan here costs a few.
 
+use std::collections::HashMap;
 use std::path::Path;
+use std::sync::Mutex;
 
 use thiserror::Error;
 
@@ -36,6 +38,18 @@ pub enum BtfError {
 /// BTF type information, read once and searched by name.
 pub struct Btf {
     data: Bytes,
+    /// Types found (or not) by earlier searches, by kind and name.
+    found: Mutex<HashMap<(u32, String), Option<Found>>>,
+}
+
+/// Where a type found is in the types section.
+#[derive(Clone, Copy)]
+struct Found {
+    id: u32,
+    vlen: usize,
+    kind_flag: bool,
+    body_start: usize,
+    body_len: usize,
 }
 
 enum Bytes {
@@ -80,15 +94,54 @@ impl Btf {
             Err(_) => Bytes::Owned(std::fs::read(path).map_err(error)?),
         };
         Sections::parse(&data)?;
-        Ok(Self { data })
+        Ok(Self::of(data))
+    }
+
+    fn of(data: Bytes) -> Self {
+        Self {
+            data,
+            found: Mutex::new(HashMap::new()),
+        }
     }
 
     /// Raw little-endian BTF bytes; the header is checked here, the types when searched.
     pub fn from_bytes(data: Vec<u8>) -> Result<Self, BtfError> {
         Sections::parse(&data)?;
-        Ok(Self {
-            data: Bytes::Owned(data),
-        })
+        Ok(Self::of(Bytes::Owned(data)))
+    }
+
+    /// Finds the structs, typedefs and functions named, all in one scan of the types, for
+    /// the searches that follow (each would scan up to its type otherwise).
+    pub fn look_up_at_once(
+        &self,
+        structs: &[&str],
+        typedefs: &[&str],
+        functions: &[&str],
+    ) -> Result<(), BtfError> {
+        let btf = Sections::parse(&self.data)?;
+        let mut found = self.found.lock().unwrap_or_else(|p| p.into_inner());
+        // A few names: a list is quicker to search than a map.
+        let mut wanted: Vec<(u32, &str)> = [
+            (KIND_STRUCT, structs),
+            (KIND_TYPEDEF, typedefs),
+            (KIND_FUNC, functions),
+        ]
+        .into_iter()
+        .flat_map(|(kind, names)| names.iter().map(move |&name| (kind, name)))
+        .filter(|(kind, name)| !found.contains_key(&(*kind, name.to_string())))
+        .collect();
+        self.scan(&btf, |kind, name, entry| {
+            if let Some(at) = wanted.iter().position(|&w| w == (kind, name)) {
+                wanted.swap_remove(at);
+                found.insert((kind, name.to_string()), Some(entry));
+            }
+            !wanted.is_empty()
+        })?;
+        for (kind, name) in wanted {
+            // A name asked for twice was found once.
+            found.entry((kind, name.to_string())).or_insert(None);
+        }
+        Ok(())
     }
 
     /// Byte offsets of `members` of `struct name`.
@@ -144,6 +197,38 @@ impl Btf {
         kind: u32,
         name: &str,
     ) -> Result<Option<TypeEntry<'a>>, BtfError> {
+        let entry = |found: Found| TypeEntry {
+            id: found.id,
+            vlen: found.vlen,
+            kind_flag: found.kind_flag,
+            body: &btf.types[found.body_start..found.body_start + found.body_len],
+        };
+        let known = self
+            .found
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&(kind, name.to_string()))
+            .copied();
+        if let Some(known) = known {
+            return Ok(known.map(entry));
+        }
+        let mut first = None;
+        self.scan(btf, |entry_kind, entry_name, found| {
+            if entry_kind == kind && entry_name == name {
+                first = Some(found);
+            }
+            first.is_none()
+        })?;
+        Ok(first.map(entry))
+    }
+
+    /// Calls `each` with the kind, name and place of every named type, in id order, while
+    /// it returns true.
+    fn scan(
+        &self,
+        btf: &Sections<'_>,
+        mut each: impl FnMut(u32, &str, Found) -> bool,
+    ) -> Result<(), BtfError> {
         let mut types = btf.types;
         // Type ids start at 1 (0 is void) and follow the order of the section.
         let mut id = 1;
@@ -153,21 +238,26 @@ impl Btf {
             let entry_kind = (info >> 24) & 0x1f;
             let vlen = (info & 0xffff) as usize;
             let extra = trailing_len(entry_kind, vlen)?;
-            let body = types
-                .get(12..12 + extra)
-                .ok_or(BtfError::Malformed("truncated type"))?;
-            if entry_kind == kind && name_off != 0 && btf.string(name_off)? == name {
-                return Ok(Some(TypeEntry {
+            if types.len() < 12 + extra {
+                return Err(BtfError::Malformed("truncated type"));
+            }
+            let wanted_kind = matches!(entry_kind, KIND_STRUCT | KIND_TYPEDEF | KIND_FUNC);
+            if wanted_kind && name_off != 0 {
+                let found = Found {
                     id,
                     vlen,
                     kind_flag: info >> 31 == 1,
-                    body,
-                }));
+                    body_start: btf.types.len() - types.len() + 12,
+                    body_len: extra,
+                };
+                if !each(entry_kind, btf.string(name_off)?, found) {
+                    return Ok(());
+                }
             }
             types = &types[12 + extra..];
             id += 1;
         }
-        Ok(None)
+        Ok(())
     }
 }
 
@@ -284,6 +374,28 @@ mod tests {
         ));
         assert!(matches!(
             btf.member_offsets("t", &["a"]),
+            Err(BtfError::NoStruct(..))
+        ));
+        assert_eq!(btf.typedef_id("t").unwrap(), 3);
+        assert!(matches!(btf.typedef_id("s"), Err(BtfError::NoTypedef(..))));
+        assert_eq!(btf.function_id("f").unwrap(), 4);
+        assert!(matches!(
+            btf.function_id("t"),
+            Err(BtfError::NoFunction(..))
+        ));
+    }
+
+    /// Types looked up at once are found as a search of each finds them, names missing
+    /// stay missing, and searches for others still scan.
+    #[test]
+    fn looked_up_at_once_as_one_by_one() {
+        let btf = Btf::from_bytes(tiny_btf()).unwrap();
+        btf.look_up_at_once(&["s", "s", "nope"], &["t", "s"], &["f"])
+            .unwrap();
+        assert_eq!(btf.found.lock().unwrap().len(), 5);
+        assert_eq!(btf.member_offsets("s", &["b", "a"]).unwrap(), [4, 0]);
+        assert!(matches!(
+            btf.member_offsets("nope", &["a"]),
             Err(BtfError::NoStruct(..))
         ));
         assert_eq!(btf.typedef_id("t").unwrap(), 3);

@@ -43,6 +43,7 @@ use crate::{
 
 pub fn run(config: AttachConfig) -> Result<()> {
     privileges::check()?;
+    Loader::prepare(true);
     // At once: the first uprobe waits for an RCU grace period, the longest step of a launch.
     let warm_up = Loader::warm_up_uprobes();
     let spec = &config.targets;

@@ -36,6 +36,7 @@ use crate::{
 
 pub fn run(config: ProfileConfig) -> Result<()> {
     privileges::check()?;
+    Loader::prepare(true);
     let spec = &config.targets;
     let single = spec.single_pid();
     let watch = single.map(ProcessWatch::target).transpose()?;

@@ -45,6 +45,8 @@ pub fn run(config: TraceConfig) -> Result<()> {
         Some(argv) => Some(PausedChild::spawn(argv)?),
         None => None,
     };
+    // Kernel types are read later, if at all: only following processes needs them.
+    Loader::prepare(false);
     // Now: the first uprobe waits for an RCU grace period, the longest step of a launch.
     let warm_up = Loader::warm_up_uprobes();
     // Whose hits: the command (and with --children its forks), the targets, or every

@@ -264,6 +264,31 @@ const DEFERRED_MAPS: [&str; 12] = [
     map_names::SNAPSHOT_SEQ,
 ];
 
+/// Kernel BTF read by [`Loader::prepare`], for the next load to take.
+static EARLY_KERNEL_BTF: std::sync::Mutex<
+    Option<std::thread::JoinHandle<std::result::Result<Btf, btf::BtfError>>>,
+> = std::sync::Mutex::new(None);
+
+/// Every kernel struct, typedef and function [`Loader::load`] may look up.
+const KERNEL_STRUCTS_USED: [&str; 10] = [
+    "task_struct",
+    "sched_entity",
+    "linux_binprm",
+    "file",
+    "inode",
+    "super_block",
+    "pid",
+    "upid",
+    "pid_namespace",
+    "ns_common",
+];
+const KERNEL_TYPEDEFS_USED: [&str; 3] = [
+    "btf_trace_sched_switch",
+    "btf_trace_sched_process_fork",
+    "btf_trace_sched_process_exec",
+];
+const KERNEL_FUNCTIONS_USED: [&str; 1] = ["bpf_iter_task"];
+
 /// The smallest ring buffer the kernel accepts (one page).
 const MIN_RING_BUFFER_BYTES: u32 = 4096;
 
@@ -415,7 +440,17 @@ impl Loader {
         let kernel =
             (features.offcpu || features.thread_regs || follow_forks || follow_execs || nested)
                 .then(|| {
-                    Btf::read(Path::new(KERNEL_BTF)).map_err(|e| match e {
+                    let early = EARLY_KERNEL_BTF
+                        .lock()
+                        .unwrap_or_else(|poisoned| poisoned.into_inner())
+                        .take();
+                    let read = match early {
+                        Some(reading) => reading
+                            .join()
+                            .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+                        None => Btf::read(Path::new(KERNEL_BTF)),
+                    };
+                    read.map_err(|e| match e {
                         btf::BtfError::Read { path, source }
                             if oserror::cause(&source).is_some() =>
                         {
@@ -578,7 +613,14 @@ impl Loader {
             Some(plan) if plan.sites > 0 => Some(spawn_keeper()?),
             _ => None,
         };
-        let (maps, programs) = object::load(EBPF_OBJECT, &globals, &max_entries, &DEFERRED_MAPS)?;
+        // With USDT sites to attach first, the deferred maps wait for them.
+        let (maps, programs) = object::load(
+            EBPF_OBJECT,
+            &globals,
+            &max_entries,
+            &DEFERRED_MAPS,
+            keeper.is_some(),
+        )?;
         let mut loader = Self {
             maps,
             programs,
@@ -788,6 +830,31 @@ impl Loader {
         let waited_for = self.programs.load(name, attach_btf_id)?;
         self.maps.extend(waited_for);
         self.programs.fd(name)
+    }
+
+    /// Starts parsing the eBPF object and, with `kernel_types` (off-CPU accounting,
+    /// following processes), reading the kernel types the programs need, on threads of
+    /// their own, for the next [`Loader::load`]: call it first thing, and the
+    /// milliseconds they take pass while the targets are scanned.
+    pub fn prepare(kernel_types: bool) {
+        object::parse_early(EBPF_OBJECT);
+        if !kernel_types {
+            return;
+        }
+        let mut early = EARLY_KERNEL_BTF
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if early.is_none() {
+            *early = Some(std::thread::spawn(|| {
+                let btf = Btf::read(Path::new(KERNEL_BTF))?;
+                btf.look_up_at_once(
+                    &KERNEL_STRUCTS_USED,
+                    &KERNEL_TYPEDEFS_USED,
+                    &KERNEL_FUNCTIONS_USED,
+                )?;
+                Ok(btf)
+            }));
+        }
     }
 
     /// Registers a uprobe in tracer's own code on a thread of its own, before the programs

@@ -11,6 +11,7 @@
 use std::{
     collections::{HashMap, HashSet},
     os::fd::{AsFd as _, AsRawFd as _, BorrowedFd, OwnedFd},
+    sync::Mutex,
     thread::JoinHandle,
 };
 
@@ -34,6 +35,8 @@ pub(super) struct Programs {
     created: Vec<(String, aya_obj::Map, OwnedFd)>,
     /// Maps still being created on another thread, and their definitions.
     pending: Option<JoinHandle<Result<Vec<CreatedMap>, LoaderError>>>,
+    /// Holds that thread before it starts, while this is kept (see [`load`]'s `hold`).
+    hold: Option<std::sync::mpsc::Sender<()>>,
     pending_definitions: Vec<(String, aya_obj::Map)>,
     loaded: HashMap<&'static str, OwnedFd>,
 }
@@ -47,19 +50,57 @@ const LOAD_IMM64: u8 = 0x18;
 /// Source register value marking a 64-bit immediate load of a map's fd.
 const BPF_PSEUDO_MAP_FD: u8 = 1;
 
+/// The embedded object being parsed on a thread of its own, from [`parse_early`] until
+/// the first [`load`] takes it.
+static EARLY_PARSE: Mutex<Option<(usize, Parsing)>> = Mutex::new(None);
+
+/// A thread parsing an object.
+type Parsing = JoinHandle<Result<Object, aya_obj::ParseError>>;
+
+/// Starts parsing `data` on a thread of its own (milliseconds of a launch), for the first
+/// [`load`] of the same data to take instead of parsing it then.
+pub(super) fn parse_early(data: &'static [u8]) {
+    let mut early = EARLY_PARSE
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    if early.is_none() {
+        *early = Some((
+            data.as_ptr() as usize,
+            std::thread::spawn(|| Object::parse(data)),
+        ));
+    }
+}
+
+/// `data` parsed: by the thread [`parse_early`] started for it, or now.
+fn parse(data: &[u8]) -> Result<Object, aya_obj::ParseError> {
+    let early = EARLY_PARSE
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .take_if(|(of, _)| *of == data.as_ptr() as usize);
+    match early {
+        Some((_, parsing)) => parsing
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+        None => Object::parse(data),
+    }
+}
+
 /// Creates the maps of `data` (sizes from `max_entries`, read-only globals from
 /// `globals`) and returns them and the programs. Maps named in `deferred` are created on
 /// a thread of their own meanwhile (the kernel preallocates some whole, which takes
 /// milliseconds): they reach the caller through [`Programs::finish_maps`], and a program
-/// that needs one waits for them.
+/// that needs one waits for them. With `hold`, that thread starts only then: on two cores
+/// it would take a core from the programs verified and attached first (the USDT probes,
+/// whose first event a launch waits for).
 pub(super) fn load(
     data: &[u8],
     globals: &[(&'static str, Vec<u8>)],
     max_entries: &HashMap<&'static str, u32>,
     deferred: &[&str],
+    hold: bool,
 ) -> Result<(HashMap<String, Map>, Programs), LoaderError> {
     let error = |e: EbpfError| LoaderError::Load(e);
-    let mut object = Object::parse(data).map_err(|e| error(e.into()))?;
+    let mut object = parse(data).map_err(|e| error(e.into()))?;
     object
         .patch_map_data(
             globals
@@ -80,8 +121,19 @@ pub(super) fn load(
         }
     }
     let pending_definitions = later.clone();
+    let (hold, held) = match hold {
+        true => {
+            let (hold, held) = std::sync::mpsc::channel::<()>();
+            (Some(hold), Some(held))
+        }
+        false => (None, None),
+    };
     let pending = (!later.is_empty()).then(|| {
         std::thread::spawn(move || {
+            // Released when the sender is dropped.
+            if let Some(held) = held {
+                let _ = held.recv();
+            }
             later
                 .into_iter()
                 .map(|(name, map)| create_map(name, map))
@@ -94,6 +146,7 @@ pub(super) fn load(
         text_sections,
         created: Vec::new(),
         pending,
+        hold,
         pending_definitions,
         loaded: HashMap::new(),
     };
@@ -162,6 +215,7 @@ impl Programs {
     /// Waits for the maps still being created and returns them (once).
     pub(super) fn finish_maps(&mut self) -> Result<Vec<(String, Map)>, LoaderError> {
         self.pending_definitions.clear();
+        self.hold.take();
         match self.pending.take() {
             Some(pending) => {
                 let created = pending
