@@ -490,6 +490,9 @@ pub struct StackSymbolizer {
     /// Objects (device, inode) whose symbols could not be read: warned about once, not
     /// retried. Not keyed by our fd path: fd numbers are reused.
     unreadable: HashSet<(String, u64)>,
+    /// The device and inode of the file this process runs, once looked up (`Some(None)`:
+    /// none, so every file is named with its debug information).
+    own_executable: Option<Option<(u64, u64)>>,
     /// Our own vDSO, which is the target's too (one image per kernel).
     own_vdso: Option<Option<(u64, u64)>>,
     /// Whether /proc/kallsyms shows real addresses; checked once.
@@ -529,6 +532,7 @@ impl StackSymbolizer {
             symbolizer,
             perf_maps: HashMap::new(),
             unreadable: HashSet::new(),
+            own_executable: None,
             own_vdso: None,
             kallsyms_usable: None,
             kernel_failed: false,
@@ -726,6 +730,18 @@ impl StackSymbolizer {
         }
     }
 
+    /// Whether `object` is the file this process runs.
+    fn is_own_executable(&mut self, object: &MappedObject) -> bool {
+        use std::os::unix::fs::MetadataExt as _;
+        let own = *self.own_executable.get_or_insert_with(|| {
+            fs::metadata("/proc/self/exe")
+                .ok()
+                .map(|m| (m.dev(), m.ino()))
+        });
+        let mapped = object.file.as_ref().and_then(|f| f.metadata().ok());
+        own.is_some() && mapped.map(|m| (m.dev(), m.ino())) == own
+    }
+
     /// Symbols for file offsets in one mapped object; `None` where it has none.
     fn symbolize_object(
         &mut self,
@@ -752,7 +768,12 @@ impl StackSymbolizer {
         else {
             return none();
         };
-        let source = Source::Elf(Elf::new(path));
+        let mut elf = Elf::new(path);
+        // The tracer's own frames (a system-wide profile has them) are named from its
+        // symbol table alone: its debug information is tens of megabytes to parse while
+        // the user waits for the report.
+        elf.debug_syms = !self.is_own_executable(object);
+        let source = Source::Elf(elf);
         match self
             .symbolizer
             .symbolize(&source, Input::FileOffset(offsets))
@@ -1173,6 +1194,7 @@ mod tests {
         let stack = calls_inlined_helper();
         let maps = ProcessMaps::capture(std::process::id()).unwrap();
         let mut symbolizer = StackSymbolizer::new();
+        symbolizer.own_executable = Some(None);
         let frames = symbolizer.user_frames(&maps, &stack);
         let names: Vec<(&str, bool)> = frames
             .iter()
@@ -1184,6 +1206,21 @@ mod tests {
             .unwrap_or_else(|| panic!("no inlined frame in {frames:#?}"));
         assert_eq!(names[helper + 1], ("calls_inlined_helper", false));
         assert_eq!(names[helper - 1], ("return_addresses", false));
+    }
+
+    /// The tracer's own frames are named from its symbol table: no inlined frames.
+    #[test]
+    fn names_its_own_frames_from_the_symbol_table() {
+        let stack = calls_inlined_helper();
+        let maps = ProcessMaps::capture(std::process::id()).unwrap();
+        let frames = StackSymbolizer::new().user_frames(&maps, &stack);
+        assert!(frames.iter().all(|f| !f.inlined), "{frames:#?}");
+        assert!(
+            frames
+                .iter()
+                .any(|f| f.name.ends_with("calls_inlined_helper")),
+            "{frames:#?}"
+        );
     }
 
     #[test]
