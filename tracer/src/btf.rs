@@ -130,16 +130,18 @@ impl Btf {
         .flat_map(|(kind, names)| names.iter().map(move |&name| (kind, name)))
         .filter(|(kind, name)| !found.contains_key(&(*kind, name.to_string())))
         .collect();
-        self.scan(&btf, |kind, name, entry| {
-            if let Some(at) = wanted.iter().position(|&w| w == (kind, name)) {
-                wanted.swap_remove(at);
+        let kinds: Vec<u32> = wanted.iter().map(|&(kind, _)| kind).collect();
+        self.scan(&btf, &kinds, |kind, name, entry| {
+            let before = wanted.len();
+            // A name asked for twice is wanted once: the first type of that name.
+            wanted.retain(|&w| w != (kind, name));
+            if wanted.len() < before {
                 found.insert((kind, name.to_string()), Some(entry));
             }
             !wanted.is_empty()
         })?;
         for (kind, name) in wanted {
-            // A name asked for twice was found once.
-            found.entry((kind, name.to_string())).or_insert(None);
+            found.insert((kind, name.to_string()), None);
         }
         Ok(())
     }
@@ -213,7 +215,7 @@ impl Btf {
             return Ok(known.map(entry));
         }
         let mut first = None;
-        self.scan(btf, |entry_kind, entry_name, found| {
+        self.scan(btf, &[kind], |entry_kind, entry_name, found| {
             if entry_kind == kind && entry_name == name {
                 first = Some(found);
             }
@@ -222,11 +224,12 @@ impl Btf {
         Ok(first.map(entry))
     }
 
-    /// Calls `each` with the kind, name and place of every named type, in id order, while
-    /// it returns true.
+    /// Calls `each` with the kind, name and place of every named type of the `kinds`, in
+    /// id order, while it returns true.
     fn scan(
         &self,
         btf: &Sections<'_>,
+        kinds: &[u32],
         mut each: impl FnMut(u32, &str, Found) -> bool,
     ) -> Result<(), BtfError> {
         let mut types = btf.types;
@@ -241,8 +244,7 @@ impl Btf {
             if types.len() < 12 + extra {
                 return Err(BtfError::Malformed("truncated type"));
             }
-            let wanted_kind = matches!(entry_kind, KIND_STRUCT | KIND_TYPEDEF | KIND_FUNC);
-            if wanted_kind && name_off != 0 {
+            if kinds.contains(&entry_kind) && name_off != 0 {
                 let found = Found {
                     id,
                     vlen,

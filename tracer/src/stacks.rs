@@ -71,8 +71,9 @@ impl FrameTable {
 /// Stacks (root first) and their weights. Every export (folded, pprof, speedscope)
 /// derives its microseconds from here with [`Weight::us`], so their totals agree.
 ///
-/// Frames are interned in a [`FrameTable`]; views built together can share one
-/// ([`StackProfile::from_interned`]) so each frame is named and hashed once.
+/// Frames are interned in a [`FrameTable`]; views built together can be built with one
+/// ([`StackProfile::from_interned`], each with a copy) so each frame is named and hashed
+/// once.
 #[derive(Clone, Debug, Default)]
 pub struct StackProfile {
     table: FrameTable,

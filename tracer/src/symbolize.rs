@@ -691,7 +691,7 @@ impl StackSymbolizer {
 
     /// The distinct addresses of `stacks` not named yet, to name with
     /// [`KernelAddresses::name`], on another thread if wanted, and to hand back to
-    /// [`StackSymbolizer::add_kernel_names`]. None when kernel frames cannot be named
+    /// [`StackSymbolizer::add_kernel_names`]. Empty when kernel frames cannot be named
     /// (no addresses in /proc/kallsyms, or naming failed before).
     pub fn unnamed_kernel_addresses<'s>(
         &mut self,
@@ -730,16 +730,14 @@ impl StackSymbolizer {
         }
     }
 
-    /// Whether `object` is the file this process runs.
-    fn is_own_executable(&mut self, object: &MappedObject) -> bool {
+    /// The device and inode of the file this process runs.
+    fn own_executable(&mut self) -> Option<(u64, u64)> {
         use std::os::unix::fs::MetadataExt as _;
-        let own = *self.own_executable.get_or_insert_with(|| {
+        *self.own_executable.get_or_insert_with(|| {
             fs::metadata("/proc/self/exe")
                 .ok()
                 .map(|m| (m.dev(), m.ino()))
-        });
-        let mapped = object.file.as_ref().and_then(|f| f.metadata().ok());
-        own.is_some() && mapped.map(|m| (m.dev(), m.ino())) == own
+        })
     }
 
     /// Symbols for file offsets in one mapped object; `None` where it has none.
@@ -761,18 +759,16 @@ impl StackSymbolizer {
         {
             self.shared_files.insert(key.clone(), file);
         }
-        let Some(path) = self
-            .shared_files
-            .get(&key)
-            .map(|file| PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd())))
-        else {
+        let own_executable = self.own_executable();
+        let Some(file) = self.shared_files.get(&key) else {
             return none();
         };
-        let mut elf = Elf::new(path);
+        let mut elf = Elf::new(format!("/proc/self/fd/{}", file.as_raw_fd()));
         // The tracer's own frames (a system-wide profile has them) are named from its
         // symbol table alone: its debug information is tens of megabytes to parse while
         // the user waits for the report.
-        elf.debug_syms = !self.is_own_executable(object);
+        let own = is_same_file(file, own_executable);
+        elf.debug_syms = !own;
         let source = Source::Elf(elf);
         match self
             .symbolizer
@@ -876,6 +872,12 @@ fn lookups(addrs: &[u64]) -> impl Iterator<Item = (u64, u64)> + '_ {
 fn until_zero(addrs: &[u64]) -> &[u64] {
     let end = addrs.iter().position(|&a| a == 0).unwrap_or(addrs.len());
     &addrs[..end]
+}
+
+/// Whether `file` is the file of device and inode `id`.
+fn is_same_file(file: &File, id: Option<(u64, u64)>) -> bool {
+    use std::os::unix::fs::MetadataExt as _;
+    id.is_some() && file.metadata().ok().map(|m| (m.dev(), m.ino())) == id
 }
 
 /// Kernel addresses to name (see [`StackSymbolizer::unnamed_kernel_addresses`]).

@@ -191,9 +191,9 @@ pub fn build_profile(
         .chain(offcpu.keys().copied())
         .collect();
     let mut namer = Namer::new(&keys, stacks, symbolizer, processes, options.per_thread);
-    let mut per_thread: HashMap<(u32, u32), ThreadTime> = HashMap::new();
+    let mut per_thread: foldhash::HashMap<(u32, u32), ThreadTime> = Default::default();
     fn thread<'t>(
-        per_thread: &'t mut HashMap<(u32, u32), ThreadTime>,
+        per_thread: &'t mut foldhash::HashMap<(u32, u32), ThreadTime>,
         processes: &Processes,
         key: &OffCpuKey,
     ) -> &'t mut ThreadTime {
@@ -325,11 +325,12 @@ pub fn unnamed_line(profile: &WallClockProfile, hint: impl FnOnce() -> String) -
 /// ([`offcpu_state::SAMPLED`]) are not time and are not kept. Time with no sample to go
 /// by stays under [`KERNEL_STACK_NOT_SAMPLED`]. Per thread, user stack and state the
 /// time and the intervals are exactly the kernel's.
-fn spread_unsampled(totals: &[(OffCpuKey, OffCpuTotal)]) -> HashMap<OffCpuKey, Weight> {
+fn spread_unsampled(totals: &[(OffCpuKey, OffCpuTotal)]) -> foldhash::HashMap<OffCpuKey, Weight> {
     type Place = (u32, i32, u32);
     let mut by_thread: HashMap<(u32, Place), BTreeMap<i32, u64>> = HashMap::new();
     let mut by_process: HashMap<Place, BTreeMap<i32, u64>> = HashMap::new();
-    let mut spread = HashMap::new();
+    // A profile has up to millions of keys: a fast hash, sized once.
+    let mut spread = foldhash::HashMap::with_capacity_and_hasher(totals.len(), Default::default());
     let mut unsampled = Vec::new();
     for (key, total) in totals {
         let weight = Weight {
@@ -428,7 +429,7 @@ fn is_missing(key: &OffCpuKey) -> bool {
 
 /// Names the stacks of a profile: every distinct stack was named up front, in one batch
 /// per process and one for the kernel, into frame ids of one [`FrameTable`] that all
-/// three views share.
+/// three views are built with (each keeps a copy of it).
 struct Namer<'a> {
     processes: &'a Processes,
     per_thread: bool,

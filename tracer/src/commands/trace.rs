@@ -45,7 +45,8 @@ pub fn run(config: TraceConfig) -> Result<()> {
         Some(argv) => Some(PausedChild::spawn(argv)?),
         None => None,
     };
-    // Kernel types are read later, if at all: only following processes needs them.
+    // Kernel types are read later, if at all: only following processes (or a PID
+    // namespace of its own) needs them.
     Loader::prepare(false);
     // Now: the first uprobe waits for an RCU grace period, the longest step of a launch.
     let warm_up = Loader::warm_up_uprobes();

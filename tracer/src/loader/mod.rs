@@ -847,11 +847,13 @@ impl Loader {
         if early.is_none() {
             *early = Some(std::thread::spawn(|| {
                 let btf = Btf::read(Path::new(KERNEL_BTF))?;
-                btf.look_up_at_once(
+                // Only a head start: what fails here fails again, and is reported, where
+                // the load looks the type up itself (only if it needs it).
+                let _ = btf.look_up_at_once(
                     &KERNEL_STRUCTS_USED,
                     &KERNEL_TYPEDEFS_USED,
                     &KERNEL_FUNCTIONS_USED,
-                )?;
+                );
                 Ok(btf)
             }));
         }

@@ -61,7 +61,8 @@ fn fold_profile(
         .map(|name| folder.frame(name))
         .collect();
     let unknown = folder.frame(UNKNOWN);
-    // The profile's stacks are distinct already: no map to sum them in.
+    // The profile's stacks are distinct already, so no map sums them here; those whose
+    // names sanitize alike are summed once sorted.
     let stacks = profile
         .interned()
         .map(|(frames, weight)| {
@@ -307,7 +308,7 @@ impl StackFolder {
     /// Adds `weight` to the stack of `frames`, root first.
     pub fn add(&mut self, frames: &[FrameId], weight: u64) {
         if frames.is_empty() {
-            // As in `FoldedStacks::add`: a stack with no frames still carries weight.
+            // As in `FoldedStacks::from_stacks`: a stack with no frames still carries weight.
             let unknown = self.frame(UNKNOWN);
             return self.add(&[unknown], weight);
         }
