@@ -43,13 +43,14 @@ use crate::{
 
 pub fn run(config: AttachConfig) -> Result<()> {
     privileges::check()?;
-    Loader::prepare(true);
     // At once: the first uprobe waits for an RCU grace period, the longest step of a launch.
     let warm_up = Loader::warm_up_uprobes();
     let spec = &config.targets;
     let single = spec.single_pid();
     let watch = single.map(ProcessWatch::target).transpose()?;
     let targets = spec.find()?;
+    // Once the targets are known to exist: from here on, one missing has exited.
+    Loader::prepare(true);
     let pids: Vec<u32> = targets.members.iter().map(|m| m.pid).collect();
     // From here on the targets are known to have existed: wherever one is missing, it
     // exited (or /proc hides it).

@@ -36,7 +36,6 @@ use crate::{
 
 pub fn run(config: ProfileConfig) -> Result<()> {
     privileges::check()?;
-    Loader::prepare(true);
     let spec = &config.targets;
     let single = spec.single_pid();
     let watch = single.map(ProcessWatch::target).transpose()?;
@@ -44,6 +43,8 @@ pub fn run(config: ProfileConfig) -> Result<()> {
         true => None,
         false => Some(spec.find()?),
     };
+    // Once the targets are known to exist: from here on, one missing has exited.
+    Loader::prepare(true);
     let mut processes = Processes::default();
     let what = match single {
         Some(pid) => {

@@ -70,7 +70,6 @@ pub fn run(config: StacksConfig) -> Result<()> {
 /// The saved user registers of every thread of `pid`, by thread id, from the kernel.
 fn frame_pointers(pid: u32) -> Result<HashMap<u32, ThreadRegs>> {
     privileges::check()?;
-    Loader::prepare(true);
     let mut loader = Loader::load(&Settings {
         features: Features {
             thread_regs: true,
