@@ -292,7 +292,9 @@ impl AttachReport {
                 );
             }
         }
+        // What went unrecorded is a paragraph of its own, after the last table.
         let l = &self.losses;
+        let mut footnotes = String::new();
         if l.events_lost
             + l.map_full
             + l.stack_errors
@@ -301,12 +303,16 @@ impl AttachReport {
             > 0
         {
             let _ = writeln!(
-                out,
+                footnotes,
                 "Not recorded: {} events lost, {} map-full drops, {} stack capture errors, {} argument read errors.",
                 l.events_lost, l.map_full, l.stack_errors, l.arg_read_errors
             );
         }
-        out += &program_misses_line(&l.program_misses);
+        footnotes += &program_misses_line(&l.program_misses);
+        if !footnotes.is_empty() {
+            out.push('\n');
+            out += &footnotes;
+        }
         out
     }
 
@@ -569,6 +575,34 @@ mod tests {
             json.contains(r#""process":"evil\u001b[2J\nGC: 0 collections""#),
             "{json}"
         );
+    }
+
+    /// What went unrecorded follows the last table after a blank line: whoever reads the
+    /// table's rows (the container smoke test) stops at the blank line, not at a row
+    /// that is not a task.
+    #[test]
+    fn losses_are_a_paragraph_after_the_tables() {
+        use crate::tasks::{TaskProfile, TaskSummary};
+        let tasks = TaskReport {
+            profile: TaskProfile {
+                tasks: vec![TaskSummary {
+                    task: 7,
+                    tgid: 42,
+                    ..Default::default()
+                }],
+                ..Default::default()
+            },
+            files: None,
+        };
+        let mut report = report_of("gc-demo", WallClockProfile::default(), Some(tasks));
+        report.losses.stack_errors = 6;
+        report.losses.program_misses = vec![("on_switch", 2)];
+        let text = report.to_text();
+        let tail: Vec<&str> = text.lines().rev().take(4).collect();
+        assert!(tail[0].starts_with("Not seen: "), "{text}");
+        assert!(tail[1].starts_with("Not recorded: "), "{text}");
+        assert_eq!(tail[2], "", "{text}");
+        assert!(tail[3].trim_start().starts_with("7 "), "{text}");
     }
 
     /// Where the tasks are the target's threads (the JVM's parks), they carry the
