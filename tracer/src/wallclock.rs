@@ -190,64 +190,80 @@ pub fn build_profile(
         .map(|(k, _)| *k)
         .chain(offcpu.keys().copied())
         .collect();
-    let mut namer = Namer::new(&keys, stacks, symbolizer, processes, options.per_thread);
-    let mut per_thread: foldhash::HashMap<(u32, u32), ThreadTime> = Default::default();
-    fn thread<'t>(
-        per_thread: &'t mut foldhash::HashMap<(u32, u32), ThreadTime>,
-        processes: &Processes,
-        key: &OffCpuKey,
-    ) -> &'t mut ThreadTime {
-        per_thread
-            .entry((key.tgid, key.tid))
-            .or_insert_with(|| ThreadTime {
-                tgid: key.tgid,
-                tid: key.tid,
-                name: processes.thread_name(key.tid).map(str::to_string),
-                ..ThreadTime::default()
-            })
-    }
-    // The three views, as stacks of the namer's frame ids.
+    let namer = Namer::new(&keys, stacks, symbolizer, processes, options.per_thread);
+    let oncpu_weight = |samples: u64| Weight {
+        events: samples,
+        ns: samples * period_ns,
+    };
+    // The wall view is built on a thread of its own meanwhile: each key's stack takes a
+    // map insert in two views, and the loop over hundreds of thousands of keys is time a
+    // stopping tracer makes its user wait.
     let sized = |len: usize| InternedStacks::with_capacity_and_hasher(len, Default::default());
-    let (mut wall, mut oncpu, mut blocked) = (
-        sized(raw.oncpu.len() + offcpu.len()),
-        sized(raw.oncpu.len()),
-        sized(offcpu.len()),
-    );
-    let mut frames = Vec::new();
-    for &(key, samples) in &raw.oncpu {
-        let weight = Weight {
-            events: samples,
-            ns: samples * period_ns,
-        };
-        profile.missing_stacks += u64::from(is_missing(&key));
-        namer.frames(&key, &mut frames);
-        profile.unnamed_ns += weight.ns * u64::from(namer.has_unnamed(&frames));
-        profile.oncpu_samples += weight.events;
-        profile.oncpu_ns += weight.ns;
-        thread(&mut per_thread, processes, &key).oncpu_ns += weight.ns;
-        add_interned(&mut oncpu, &frames, weight);
-        add_interned(&mut wall, &frames, weight);
-    }
-    let runnable_frame = namer.table.intern(RUNNABLE_FRAME);
-    let off_cpu_frame = namer.table.intern(OFF_CPU_FRAME);
-    for (key, weight) in offcpu {
-        profile.missing_stacks += u64::from(is_missing(&key));
-        namer.frames(&key, &mut frames);
-        profile.unnamed_ns += weight.ns * u64::from(namer.has_unnamed(&frames));
-        if key.state == offcpu_state::RUNNABLE {
-            profile.runnable_intervals += weight.events;
-            profile.runnable_ns += weight.ns;
-            thread(&mut per_thread, processes, &key).runnable_ns += weight.ns;
-            frames.push(runnable_frame);
-        } else {
-            profile.offcpu_intervals += weight.events;
-            profile.offcpu_ns += weight.ns;
-            thread(&mut per_thread, processes, &key).blocked_ns += weight.ns;
-            add_interned(&mut blocked, &frames, weight);
-            frames.push(off_cpu_frame);
+    let (wall, oncpu, blocked, per_thread) = std::thread::scope(|scope| {
+        let wall = scope.spawn(|| {
+            let mut wall = sized(raw.oncpu.len() + offcpu.len());
+            let mut frames = Vec::new();
+            for &(key, samples) in &raw.oncpu {
+                namer.frames(&key, &mut frames);
+                add_interned(&mut wall, &frames, oncpu_weight(samples));
+            }
+            for (key, &weight) in &offcpu {
+                namer.frames(key, &mut frames);
+                frames.push(match key.state {
+                    offcpu_state::RUNNABLE => namer.runnable,
+                    _ => namer.off_cpu,
+                });
+                add_interned(&mut wall, &frames, weight);
+            }
+            wall
+        });
+        let mut per_thread: foldhash::HashMap<(u32, u32), ThreadTime> = Default::default();
+        fn thread<'t>(
+            per_thread: &'t mut foldhash::HashMap<(u32, u32), ThreadTime>,
+            processes: &Processes,
+            key: &OffCpuKey,
+        ) -> &'t mut ThreadTime {
+            per_thread
+                .entry((key.tgid, key.tid))
+                .or_insert_with(|| ThreadTime {
+                    tgid: key.tgid,
+                    tid: key.tid,
+                    name: processes.thread_name(key.tid).map(str::to_string),
+                    ..ThreadTime::default()
+                })
         }
-        add_interned(&mut wall, &frames, weight);
-    }
+        let (mut oncpu, mut blocked) = (sized(raw.oncpu.len()), sized(offcpu.len()));
+        let mut frames = Vec::new();
+        for &(key, samples) in &raw.oncpu {
+            let weight = oncpu_weight(samples);
+            profile.missing_stacks += u64::from(is_missing(&key));
+            namer.frames(&key, &mut frames);
+            profile.unnamed_ns += weight.ns * u64::from(namer.has_unnamed(&frames));
+            profile.oncpu_samples += weight.events;
+            profile.oncpu_ns += weight.ns;
+            thread(&mut per_thread, processes, &key).oncpu_ns += weight.ns;
+            add_interned(&mut oncpu, &frames, weight);
+        }
+        for (key, &weight) in &offcpu {
+            profile.missing_stacks += u64::from(is_missing(key));
+            namer.frames(key, &mut frames);
+            profile.unnamed_ns += weight.ns * u64::from(namer.has_unnamed(&frames));
+            if key.state == offcpu_state::RUNNABLE {
+                profile.runnable_intervals += weight.events;
+                profile.runnable_ns += weight.ns;
+                thread(&mut per_thread, processes, key).runnable_ns += weight.ns;
+            } else {
+                profile.offcpu_intervals += weight.events;
+                profile.offcpu_ns += weight.ns;
+                thread(&mut per_thread, processes, key).blocked_ns += weight.ns;
+                add_interned(&mut blocked, &frames, weight);
+            }
+        }
+        let wall = wall
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        (wall, oncpu, blocked, per_thread)
+    });
     let table = namer.table;
     profile.wall = StackProfile::from_interned(table.clone(), wall);
     profile.oncpu = StackProfile::from_interned(table.clone(), oncpu);
@@ -430,25 +446,29 @@ fn is_missing(key: &OffCpuKey) -> bool {
 /// Names the stacks of a profile: every distinct stack was named up front, in one batch
 /// per process and one for the kernel, into frame ids of one [`FrameTable`] that all
 /// three views are built with (each keeps a copy of it).
-struct Namer<'a> {
-    processes: &'a Processes,
+struct Namer {
     per_thread: bool,
-    /// More than one process: each root frame says which (`name [pid]`).
-    several: bool,
     table: FrameTable,
     user: foldhash::HashMap<(u32, i32), Vec<u32>>,
     kernel: foldhash::HashMap<i32, Vec<u32>>,
     /// The root frame of each process, and with `per_thread` the frame of each thread.
     process_frames: foldhash::HashMap<u32, u32>,
     thread_frames: foldhash::HashMap<u32, u32>,
+    /// The frames that stand for no stack, or for a part left out.
+    before_start: u32,
+    not_sampled: u32,
+    runnable: u32,
+    off_cpu: u32,
+    /// By frame id: could not be named.
+    unnamed: Vec<bool>,
 }
 
-impl<'a> Namer<'a> {
+impl Namer {
     fn new(
         keys: &[OffCpuKey],
         stacks: &impl StackSource,
         symbolizer: &mut StackSymbolizer,
-        processes: &'a Processes,
+        processes: &Processes,
         per_thread: bool,
     ) -> Self {
         let named = |id: i32| id != NO_STACK && id != STACK_BEFORE_START;
@@ -491,45 +511,61 @@ impl<'a> Namer<'a> {
         let kernel = kernel_stack_frames(kernel_ids, &kernel_stacks, symbolizer, |name| {
             table.intern(name)
         });
+        // Every frame a stack can have is interned here, so that naming a stack only
+        // reads, and the views can be built on two threads. With more than one process,
+        // each root frame says which (`name [pid]`).
         let mut tgids = keys.iter().map(|k| k.tgid);
         let first = tgids.next();
+        let several = tgids.any(|t| Some(t) != first);
+        let mut process_frames = foldhash::HashMap::default();
+        let mut thread_frames = foldhash::HashMap::default();
+        for key in keys {
+            process_frames
+                .entry(key.tgid)
+                .or_insert_with(|| table.intern(&process_frame(processes, key.tgid, several)));
+            if per_thread {
+                thread_frames.entry(key.tid).or_insert_with(|| {
+                    let name = processes.thread_name(key.tid).unwrap_or("?");
+                    table.intern(&format!("{name} [{}]", key.tid))
+                });
+            }
+        }
+        let before_start = table.intern(BEFORE_START_FRAME);
+        let not_sampled = table.intern(NOT_SAMPLED_FRAME);
+        let runnable = table.intern(RUNNABLE_FRAME);
+        let off_cpu = table.intern(OFF_CPU_FRAME);
+        let unnamed = table.names().iter().map(|name| is_unnamed(name)).collect();
         Self {
-            processes,
             per_thread,
-            several: tgids.any(|t| Some(t) != first),
             table,
             user,
             kernel,
-            process_frames: Default::default(),
-            thread_frames: Default::default(),
+            process_frames,
+            thread_frames,
+            before_start,
+            not_sampled,
+            runnable,
+            off_cpu,
+            unnamed,
         }
     }
 
     /// The frame ids of `key`'s stack, root first, into `frames`.
-    fn frames(&mut self, key: &OffCpuKey, frames: &mut Vec<u32>) {
+    fn frames(&self, key: &OffCpuKey, frames: &mut Vec<u32>) {
         frames.clear();
-        let (processes, several, table) = (self.processes, self.several, &mut self.table);
-        frames.push(
-            *self
-                .process_frames
-                .entry(key.tgid)
-                .or_insert_with(|| table.intern(&process_frame(processes, key.tgid, several))),
-        );
+        frames.push(self.process_frames[&key.tgid]);
         if self.per_thread {
-            frames.push(*self.thread_frames.entry(key.tid).or_insert_with(|| {
-                let name = processes.thread_name(key.tid).unwrap_or("?");
-                table.intern(&format!("{name} [{}]", key.tid))
-            }));
+            frames.push(self.thread_frames[&key.tid]);
         }
         if key.user_stack_id == STACK_BEFORE_START {
-            frames.push(table.intern(BEFORE_START_FRAME));
+            frames.push(self.before_start);
             return;
         }
         if key.user_stack_id != NO_STACK {
             frames.extend_from_slice(&self.user[&(key.tgid, key.user_stack_id)]);
         }
         match key.kernel_stack_id {
-            KERNEL_STACK_NOT_SAMPLED => frames.push(table.intern(NOT_SAMPLED_FRAME)),
+            KERNEL_STACK_NOT_SAMPLED => frames.push(self.not_sampled),
             id if NOT_KERNEL_STACKS.contains(&id) => {}
             id => frames.extend_from_slice(&self.kernel[&id]),
         }
@@ -537,8 +573,7 @@ impl<'a> Namer<'a> {
 
     /// Whether any of `frames` could not be named.
     fn has_unnamed(&self, frames: &[u32]) -> bool {
-        let names = self.table.names();
-        frames.iter().any(|&id| is_unnamed(&names[id as usize]))
+        frames.iter().any(|&id| self.unnamed[id as usize])
     }
 }
 

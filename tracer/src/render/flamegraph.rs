@@ -62,16 +62,30 @@ fn fold_profile(
         .collect();
     let unknown = folder.frame(UNKNOWN);
     // The profile's stacks are distinct already, so no map sums them here; those whose
-    // names sanitize alike are summed once sorted.
-    let stacks = profile
-        .interned()
-        .map(|(frames, weight)| {
-            let ids = match frames {
-                // As in `StackFolder::add`: a stack with no frames still carries weight.
-                [] => vec![unknown],
-                frames => frames.iter().map(|&id| to_folder[id as usize]).collect(),
-            };
-            (ids, weight_of(weight))
+    // names sanitize alike are summed once sorted. Their frames are all in one array,
+    // each stack a slice of it: no allocation per stack.
+    let mut frames = Vec::with_capacity(
+        profile
+            .interned()
+            .map(|(stack, _)| stack.len().max(1))
+            .sum(),
+    );
+    let mut ends = Vec::with_capacity(profile.len());
+    for (stack, weight) in profile.interned() {
+        match stack {
+            // As in `StackFolder::add`: a stack with no frames still carries weight.
+            [] => frames.push(unknown),
+            stack => frames.extend(stack.iter().map(|&id| to_folder[id as usize])),
+        }
+        ends.push((frames.len(), weight_of(weight)));
+    }
+    let mut start = 0;
+    let stacks = ends
+        .into_iter()
+        .map(|(end, weight)| {
+            let stack = &frames[start..end];
+            start = end;
+            (stack, weight)
         })
         .collect();
     fold_interned(&folder.names, stacks)
@@ -161,17 +175,6 @@ impl FoldedStacks {
             weight,
         });
         push_weight(&mut self.text, weight);
-    }
-
-    /// Appends the lines of `other`, whose stacks all sort after this one's.
-    fn append_distinct(&mut self, other: FoldedStacks) {
-        let offset = self.text.len();
-        self.text.push_str(&other.text);
-        self.lines
-            .extend(other.lines.into_iter().map(|line| FoldedLine {
-                start: line.start + offset,
-                ..line
-            }));
     }
 
     /// Number of distinct stacks.
@@ -325,8 +328,8 @@ impl StackFolder {
     pub fn finish(self, weight: impl Fn(u64) -> u64) -> FoldedStacks {
         let stacks = self
             .stacks
-            .into_iter()
-            .map(|(frames, sum)| (frames, weight(sum)))
+            .iter()
+            .map(|(frames, &sum)| (frames.as_slice(), weight(sum)))
             .collect();
         fold_interned(&self.names, stacks)
     }
@@ -336,15 +339,19 @@ impl StackFolder {
 /// threads: a big profile's folded text runs to hundreds of megabytes.
 const FOLD_IN_HALVES_STACKS: usize = 20_000;
 
+/// A stack of interned frames, root first, and its weight.
+type IdStack<'s> = (&'s [FrameId], u64);
+
 /// The folded stacks of `stacks`, frames of sanitized `names` by id (distinct names:
 /// stacks fold alike exactly when their ids are equal): sorted by frame ids in the order
 /// of their text (texts share long prefixes, so sorting them compares far more bytes),
 /// equal stacks summed, then each stack's text built once, in that order.
-fn fold_interned(names: &[String], mut stacks: Vec<(Vec<FrameId>, u64)>) -> FoldedStacks {
-    let order = |a: &(Vec<FrameId>, u64), b: &(Vec<FrameId>, u64)| text_order(names, &a.0, &b.0);
+fn fold_interned(names: &[String], mut stacks: Vec<IdStack>) -> FoldedStacks {
+    let ranks = TextRanks::new(names);
+    let order = |a: &IdStack, b: &IdStack| ranks.order(a.0, b.0);
     if stacks.len() <= FOLD_IN_HALVES_STACKS {
         stacks.sort_unstable_by(order);
-        return fold_sorted(names, &summed(stacks.iter()));
+        return fold_sorted(names, &summed(stacks.iter().copied()));
     }
     let half = stacks.len() / 2;
     let (left, right) = stacks.split_at_mut(half);
@@ -355,29 +362,17 @@ fn fold_interned(names: &[String], mut stacks: Vec<(Vec<FrameId>, u64)>) -> Fold
             .join()
             .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
     });
-    let sorted = summed(merge_sorted(left, right, |a, b| order(a, b).is_le()));
-    let (first, second) = sorted.split_at(sorted.len() / 2);
-    let (mut folded, rest) = std::thread::scope(|scope| {
-        let writing = scope.spawn(|| fold_sorted(names, first));
-        let rest = fold_sorted(names, second);
-        let folded = writing
-            .join()
-            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-        (folded, rest)
-    });
-    folded.append_distinct(rest);
-    folded
+    let sorted = summed(merge_sorted(left, right, |a, b| order(a, b).is_le()).copied());
+    fold_sorted(names, &sorted)
 }
 
 /// The stacks of `sorted`, with equal neighbours summed into one.
-fn summed<'s>(sorted: impl Iterator<Item = &'s (Vec<FrameId>, u64)>) -> Vec<(&'s [FrameId], u64)> {
-    let mut summed: Vec<(&[FrameId], u64)> = Vec::new();
+fn summed<'s>(sorted: impl Iterator<Item = IdStack<'s>>) -> Vec<IdStack<'s>> {
+    let mut summed: Vec<IdStack> = Vec::new();
     for (frames, weight) in sorted {
         match summed.last_mut() {
-            Some((last, sum)) if *last == frames.as_slice() => {
-                *sum = sum.saturating_add(*weight);
-            }
-            _ => summed.push((frames, *weight)),
+            Some((last, sum)) if *last == frames => *sum = sum.saturating_add(weight),
+            _ => summed.push((frames, weight)),
         }
     }
     summed
@@ -398,28 +393,62 @@ fn merge_sorted<'t, T>(
     })
 }
 
-/// The folded stacks of distinct `sorted` stacks.
-fn fold_sorted(names: &[String], sorted: &[(&[FrameId], u64)]) -> FoldedStacks {
-    let mut folded = FoldedStacks {
-        text: String::with_capacity(
-            sorted
-                .iter()
-                .map(|(frames, _)| stack_len(names, frames) + 22)
-                .sum(),
-        ),
-        lines: Vec::with_capacity(sorted.len()),
-    };
+/// The folded stacks of distinct `sorted` stacks. Each line's place is known from the
+/// names' lengths, so the text is allocated once and, when large, written in two halves
+/// on two threads.
+fn fold_sorted(names: &[String], sorted: &[IdStack]) -> FoldedStacks {
+    let mut lines = Vec::with_capacity(sorted.len());
+    let mut len = 0;
     for &(frames, weight) in sorted {
-        let start = folded.text.len();
-        join_frames(names, frames, &mut folded.text);
-        folded.lines.push(FoldedLine {
-            start,
-            stack_len: folded.text.len() - start,
+        let stack_len = stack_len(names, frames);
+        lines.push(FoldedLine {
+            start: len,
+            stack_len,
             weight,
         });
-        push_weight(&mut folded.text, weight);
+        // `STACK WEIGHT\n`
+        len += stack_len + weight.checked_ilog10().map_or(1, |log| log as usize + 1) + 2;
     }
-    folded
+    // Zeroed memory this large comes untouched from the kernel: it is written only once.
+    let mut text = vec![0u8; len];
+    if sorted.len() <= FOLD_IN_HALVES_STACKS {
+        write_lines(names, sorted, &mut text);
+    } else {
+        let half = sorted.len() / 2;
+        let (first, second) = text.split_at_mut(lines[half].start);
+        std::thread::scope(|scope| {
+            let writing = scope.spawn(|| write_lines(names, &sorted[..half], first));
+            write_lines(names, &sorted[half..], second);
+            writing
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        });
+    }
+    // SAFETY: every byte is zero or part of a whole `&str` or ASCII copied in: UTF-8
+    // (checking the hundreds of megabytes again would cost a tenth of the fold).
+    let text = unsafe { String::from_utf8_unchecked(text) };
+    FoldedStacks { text, lines }
+}
+
+/// Writes the lines of `stacks` into `out`, exactly as long as they are.
+fn write_lines(names: &[String], stacks: &[IdStack], out: &mut [u8]) {
+    let mut at = 0;
+    let mut put = |bytes: &[u8]| {
+        out[at..at + bytes.len()].copy_from_slice(bytes);
+        at += bytes.len();
+    };
+    for &(frames, weight) in stacks {
+        for (index, &id) in frames.iter().enumerate() {
+            if index > 0 {
+                put(b";");
+            }
+            put(names[id as usize].as_bytes());
+        }
+        put(b" ");
+        put(itoa_u64(weight, &mut [0; 20]).as_bytes());
+        put(b"\n");
+    }
+    debug_assert_eq!(at, out.len(), "folded line lengths miscounted");
 }
 
 /// Appends ` WEIGHT` and the end of the line.
@@ -438,37 +467,55 @@ fn stack_len(names: &[String], frames: &[FrameId]) -> usize {
         - 1
 }
 
-/// Appends the folded text of `frames` to `text`.
-fn join_frames(names: &[String], frames: &[FrameId], text: &mut String) {
-    for (index, &id) in frames.iter().enumerate() {
-        if index > 0 {
-            text.push(';');
-        }
-        text.push_str(&names[id as usize]);
-    }
+/// Where each frame name sorts in folded text, so that stacks are ordered as their texts
+/// are by comparing one number at the first frame where they differ, not the names'
+/// bytes (they share long prefixes). A frame stands in its text as `NAME;` when another
+/// follows it and as `NAME` when it ends the stack; names hold no `;` (sanitized), so no
+/// `NAME;` is a prefix of another piece, and the first differing pieces of two stacks
+/// compare as their texts do. Both pieces of every name are ranked: `inner` for `NAME;`,
+/// `last` for `NAME`.
+struct TextRanks {
+    inner: Vec<u32>,
+    last: Vec<u32>,
 }
 
-/// How the folded texts of stacks `a` and `b` compare, from their frames: at the first
-/// frame whose names differ, the first differing byte of the texts is in the names, or,
-/// when one name is a prefix of the other, the `;` (or end of text) after the shorter.
-fn text_order(names: &[String], a: &[FrameId], b: &[FrameId]) -> Ordering {
-    for (index, (&x, &y)) in a.iter().zip(b).enumerate() {
-        if x == y {
-            continue;
-        }
-        let (x, y) = (names[x as usize].as_bytes(), names[y as usize].as_bytes());
-        if x == y {
-            continue;
-        }
-        let common = x.iter().zip(y).take_while(|(p, q)| p == q).count();
-        let next = |name: &[u8], frames: &[FrameId]| {
-            name.get(common)
-                .copied()
-                .or((index + 1 < frames.len()).then_some(b';'))
+impl TextRanks {
+    fn new(names: &[String]) -> Self {
+        let piece = |&(id, inner): &(usize, bool)| names[id].bytes().chain(inner.then_some(b';'));
+        let mut pieces: Vec<(usize, bool)> = (0..names.len())
+            .flat_map(|id| [(id, false), (id, true)])
+            .collect();
+        pieces.sort_unstable_by(|a, b| piece(a).cmp(piece(b)));
+        let mut ranks = Self {
+            inner: vec![0; names.len()],
+            last: vec![0; names.len()],
         };
-        return next(x, a).cmp(&next(y, b));
+        for (rank, (id, inner)) in pieces.into_iter().enumerate() {
+            let rank = u32::try_from(rank).expect("fewer than 2^31 frame names");
+            match inner {
+                true => ranks.inner[id] = rank,
+                false => ranks.last[id] = rank,
+            }
+        }
+        ranks
     }
-    a.len().cmp(&b.len())
+
+    /// How the folded texts of stacks `a` and `b` compare.
+    fn order(&self, a: &[FrameId], b: &[FrameId]) -> Ordering {
+        let common = a.iter().zip(b).take_while(|(x, y)| x == y).count();
+        if common == a.len().min(b.len()) {
+            // One is the other followed by more frames (`P` before `P;...`), or equal.
+            return a.len().cmp(&b.len());
+        }
+        let rank = |stack: &[FrameId]| {
+            let id = stack[common] as usize;
+            match common + 1 < stack.len() {
+                true => self.inner[id],
+                false => self.last[id],
+            }
+        };
+        rank(a).cmp(&rank(b))
+    }
 }
 
 /// Appends `frame` to a folded stack: `;` would split the frame and control characters
@@ -637,13 +684,16 @@ mod tests {
             folder.add(&ids, weight as u64);
         }
         let mut unique: Vec<Vec<FrameId>> = folder.stacks.keys().cloned().collect();
-        unique.sort_unstable_by(|a, b| text_order(&folder.names, a, b));
+        let ranks = TextRanks::new(&folder.names);
+        unique.sort_unstable_by(|a, b| ranks.order(a, b));
         let texts: Vec<String> = unique
             .iter()
             .map(|f| {
-                let mut text = String::new();
-                join_frames(&folder.names, f, &mut text);
-                text
+                let names: Vec<&str> = f
+                    .iter()
+                    .map(|&id| folder.names[id as usize].as_str())
+                    .collect();
+                names.join(";")
             })
             .collect();
         assert!(texts.is_sorted(), "{texts:#?}");
