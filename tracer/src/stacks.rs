@@ -264,8 +264,10 @@ pub fn process_frame(processes: &Processes, tgid: u32, several: bool) -> String 
 
 /// Frames of each distinct user stack in `ids` of the process `maps` was captured from,
 /// root first, each made by `frame` from its name. Without `maps` (the process exited
-/// before they were read) a recorded stack is one unknown frame.
-pub(crate) fn user_stack_frames<T>(
+/// before they were read) a recorded stack is one unknown frame. Each distinct address
+/// (with or without the frame-pointer suffix) is made into frames once: stacks repeat
+/// the same addresses over and over.
+pub(crate) fn user_stack_frames<T: Clone>(
     ids: impl IntoIterator<Item = i32>,
     stacks: &impl StackSource,
     symbolizer: &mut StackSymbolizer,
@@ -277,17 +279,29 @@ pub(crate) fn user_stack_frames<T>(
         stacks,
         "[missing user stack]",
         frame,
-        move |ids, addrs| {
+        move |ids, addrs, frame| {
             let Some(maps) = maps else {
-                return vec![vec![Cow::Borrowed(UNKNOWN)]; addrs.len()];
+                return vec![vec![frame(UNKNOWN)]; addrs.len()];
             };
-            let symbolizer = symbolizer;
-            symbolizer
-                .user_stacks(maps, addrs)
-                .into_iter()
+            let named = symbolizer.user_addresses(maps, addrs);
+            let mut made: HashMap<(u64, bool), Vec<T>> = HashMap::default();
+            addrs
+                .iter()
                 .zip(ids)
-                .map(|(frames, &id)| {
-                    user_frame_names(frames, &stacks.user_frames_by_frame_pointer(id))
+                .map(|(addrs, &id)| {
+                    let by_frame_pointer = stacks.user_frames_by_frame_pointer(id);
+                    let mut frames = Vec::new();
+                    for (index, lookup) in crate::symbolize::lookup_addresses(addrs).enumerate() {
+                        let fp = by_frame_pointer.get(index).copied().unwrap_or(false);
+                        let of_address = made.entry((lookup, fp)).or_insert_with(|| {
+                            user_frame_names(named.frames(lookup), &[fp])
+                                .iter()
+                                .map(|name| frame(name))
+                                .collect()
+                        });
+                        frames.extend_from_slice(of_address);
+                    }
+                    frames
                 })
                 .collect()
         },
@@ -307,7 +321,7 @@ pub(crate) fn kernel_stack_frames<T>(
         stacks,
         "[missing kernel stack]",
         frame,
-        move |_, addrs| {
+        move |_, addrs, frame| {
             let symbolizer = symbolizer;
             symbolizer
                 .kernel_stacks(addrs)
@@ -316,7 +330,7 @@ pub(crate) fn kernel_stack_frames<T>(
                     let names = frames.into_iter().map(|f| f.name.as_str()).collect();
                     without_bpf_frames(names)
                         .into_iter()
-                        .map(|name| Cow::Owned(format!("{name}{KERNEL_SUFFIX}")))
+                        .map(|name| frame(&format!("{name}{KERNEL_SUFFIX}")))
                         .collect()
                 })
                 .collect()
@@ -340,15 +354,15 @@ fn without_bpf_frames<S: AsRef<str>>(mut names: Vec<S>) -> Vec<S> {
 }
 
 /// Frames of each distinct stack in `ids`, root first, made by `frame` from their names;
-/// the single frame `missing` for those the kernel could not record. `symbolize` names
-/// all the recorded ones at once (given their ids and addresses), innermost first as they
-/// were recorded.
-fn stack_frames<'s, T>(
+/// the single frame `missing` for those the kernel could not record. `symbolize` makes
+/// the frames of all the recorded ones at once (given their ids and addresses, and
+/// `frame`), innermost first as they were recorded.
+fn stack_frames<T>(
     ids: impl IntoIterator<Item = i32>,
     stacks: &impl StackSource,
     missing: &str,
     mut frame: impl FnMut(&str) -> T,
-    symbolize: impl FnOnce(&[i32], &[&[u64]]) -> Vec<Vec<Cow<'s, str>>>,
+    symbolize: impl FnOnce(&[i32], &[&[u64]], &mut dyn FnMut(&str) -> T) -> Vec<Vec<T>>,
 ) -> HashMap<i32, Vec<T>> {
     let mut ids: Vec<i32> = ids.into_iter().collect();
     ids.sort_unstable();
@@ -369,8 +383,9 @@ fn stack_frames<'s, T>(
     }
     let ids: Vec<i32> = recorded.iter().map(|(id, _)| *id).collect();
     let addrs: Vec<&[u64]> = recorded.iter().map(|(_, addrs)| addrs.as_slice()).collect();
-    for ((id, _), names) in recorded.iter().zip(symbolize(&ids, &addrs)) {
-        frames.insert(*id, names.iter().rev().map(|name| frame(name)).collect());
+    for (id, mut made) in ids.iter().zip(symbolize(&ids, &addrs, &mut frame)) {
+        made.reverse();
+        frames.insert(*id, made);
     }
     frames
 }

@@ -520,16 +520,8 @@ impl StackSymbolizer {
     /// A symbolizer that demangles Rust and C++ names and expands inlined functions
     /// where debug information has them.
     pub fn new() -> Self {
-        let symbolizer = Symbolizer::builder()
-            .enable_demangling(true)
-            .enable_code_info(true)
-            .enable_inlined_fns(true)
-            // Our paths are /proc/self/fd/N, and a number can be reused for another
-            // file after a snapshot is dropped: let blazesym notice the change.
-            .enable_auto_reload(true)
-            .build();
         Self {
-            symbolizer,
+            symbolizer: new_blazesym(),
             perf_maps: HashMap::new(),
             unreadable: HashSet::new(),
             own_executable: None,
@@ -562,6 +554,21 @@ impl StackSymbolizer {
     /// every call into blazesym has a fixed cost that stack-by-stack calls pay over and
     /// over; and the frames are lent, not copied per stack.
     pub fn user_stacks(&mut self, maps: &ProcessMaps, stacks: &[&[u64]]) -> Vec<Vec<&Frame>> {
+        let named = self.user_addresses(maps, stacks);
+        stacks
+            .iter()
+            .map(|addrs| {
+                lookups(addrs)
+                    .flat_map(|(lookup, _)| named.frames(lookup))
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// Names every address of `stacks` (as [`StackSymbolizer::user_stacks`] does) and
+    /// lends the frames of each, for callers that make something of each distinct
+    /// address once rather than of each frame of each stack.
+    pub fn user_addresses(&mut self, maps: &ProcessMaps, stacks: &[&[u64]]) -> UserAddresses<'_> {
         let pid = maps.pid();
         let mut missing: Vec<(u64, u64)> = stacks
             .iter()
@@ -576,15 +583,10 @@ impl StackSymbolizer {
                 self.user_cache.insert((pid, lookup), frames);
             }
         }
-        let cache = &self.user_cache;
-        stacks
-            .iter()
-            .map(|addrs| {
-                lookups(addrs)
-                    .flat_map(|(lookup, _)| &cache[&(pid, lookup)])
-                    .collect()
-            })
-            .collect()
+        UserAddresses {
+            pid,
+            cache: &self.user_cache,
+        }
     }
 
     /// Names each (lookup address, original address) pair: every frame it stands for,
@@ -609,24 +611,40 @@ impl StackSymbolizer {
             }
         }
 
-        for (index, wanted) in by_object {
+        // Each object's offsets not named yet, all named at once.
+        let mut work: Vec<(usize, Vec<u64>)> = Vec::new();
+        for (&index, wanted) in &by_object {
             let object = &maps.objects[index];
-            let module = object.module.clone();
-            let named_at = |offset: u64| (object.dev.clone(), object.inode, offset);
             let mut offsets: Vec<u64> = wanted
                 .iter()
                 .map(|&(_, offset)| offset)
-                .filter(|&offset| !self.object_cache.contains_key(&named_at(offset)))
+                .filter(|&offset| {
+                    !self
+                        .object_cache
+                        .contains_key(&(object.dev.clone(), object.inode, offset))
+                })
                 .collect();
             offsets.sort_unstable();
             offsets.dedup();
-            let symbols = self.symbolize_object(object, &offsets);
-            for (offset, symbol) in offsets.into_iter().zip(symbols) {
-                let frames = symbol.map(|sym| frames_of(&sym, Some(&module)));
-                self.object_cache.insert(named_at(offset), frames);
+            if !offsets.is_empty() {
+                work.push((index, offsets));
             }
+        }
+        let symbols = self.symbolize_objects(maps, &work);
+        for ((index, offsets), symbols) in work.into_iter().zip(symbols) {
+            let object = &maps.objects[index];
+            for (offset, symbol) in offsets.into_iter().zip(symbols) {
+                let frames = symbol.map(|sym| frames_of(&sym, Some(&object.module)));
+                self.object_cache
+                    .insert((object.dev.clone(), object.inode, offset), frames);
+            }
+        }
+        for (index, wanted) in by_object {
+            let object = &maps.objects[index];
             for (slot, offset) in wanted {
-                if let Some(frames) = &self.object_cache[&named_at(offset)] {
+                if let Some(frames) =
+                    &self.object_cache[&(object.dev.clone(), object.inode, offset)]
+                {
                     slots[slot] = frames.clone();
                 }
             }
@@ -740,52 +758,99 @@ impl StackSymbolizer {
         })
     }
 
-    /// Symbols for file offsets in one mapped object; `None` where it has none.
-    fn symbolize_object(
+    /// Symbols for the file offsets of each mapped object of `work` (its index in
+    /// `maps.objects`, its offsets); `None` where it has none. With many offsets in more
+    /// than one object, the objects are shared out between this symbolizer and one on a
+    /// second thread (by offsets, the most first): each object is parsed by only one of
+    /// them, and a stopping tracer makes its user wait for naming.
+    fn symbolize_objects(
         &mut self,
-        object: &MappedObject,
-        offsets: &[u64],
-    ) -> Vec<Option<Sym<'static>>> {
-        let none = || vec![None; offsets.len()];
-        if offsets.is_empty() {
-            return Vec::new();
-        }
-        let key = (object.dev.clone(), object.inode);
-        if self.unreadable.contains(&key) {
-            return none();
-        }
-        if !self.shared_files.contains_key(&key)
-            && let Some(file) = object.file.as_ref().and_then(|f| f.try_clone().ok())
-        {
-            self.shared_files.insert(key.clone(), file);
-        }
+        maps: &ProcessMaps,
+        work: &[(usize, Vec<u64>)],
+    ) -> Vec<Vec<Option<Sym<'static>>>> {
         let own_executable = self.own_executable();
-        let Some(file) = self.shared_files.get(&key) else {
-            return none();
-        };
-        let mut elf = Elf::new(format!("/proc/self/fd/{}", file.as_raw_fd()));
-        // The tracer's own frames (a system-wide profile has them) are named from its
-        // symbol table alone: its debug information is tens of megabytes to parse while
-        // the user waits for the report.
-        let own = is_same_file(file, own_executable);
-        elf.debug_syms = !own;
-        let source = Source::Elf(elf);
-        match self
-            .symbolizer
-            .symbolize(&source, Input::FileOffset(offsets))
-        {
-            Ok(symbols) => symbols
-                .into_iter()
-                .map(|s| s.into_sym().map(Sym::into_owned))
-                .collect(),
-            Err(err) => {
-                // Not an ELF file (e.g. a JIT's memfd) or unreadable: fall back, once.
-                let path = crate::text::escape_text(&object.path);
-                log::warn!("cannot read symbols of {path}: {err}");
-                self.unreadable.insert(key);
-                none()
+        let files: Vec<Option<ElfFile>> = work
+            .iter()
+            .map(|(index, _)| {
+                let object = &maps.objects[*index];
+                let key = (object.dev.clone(), object.inode);
+                if self.unreadable.contains(&key) {
+                    return None;
+                }
+                if !self.shared_files.contains_key(&key)
+                    && let Some(file) = object.file.as_ref().and_then(|f| f.try_clone().ok())
+                {
+                    self.shared_files.insert(key.clone(), file);
+                }
+                let file = self.shared_files.get(&key)?;
+                Some(ElfFile {
+                    path: format!("/proc/self/fd/{}", file.as_raw_fd()),
+                    // The tracer's own frames (a system-wide profile has them) are named
+                    // from its symbol table alone: its debug information is tens of
+                    // megabytes to parse while the user waits for the report.
+                    debug_syms: !is_same_file(file, own_executable),
+                })
+            })
+            .collect();
+        let mut on_helper = vec![false; work.len()];
+        let total: usize = work.iter().map(|(_, offsets)| offsets.len()).sum();
+        if total >= SHARED_NAMING_OFFSETS {
+            let mut by_size: Vec<usize> = (0..work.len()).collect();
+            by_size.sort_by_key(|&i| std::cmp::Reverse(work[i].1.len()));
+            let (mut here, mut there) = (0, 0);
+            for i in by_size {
+                if there < here {
+                    on_helper[i] = true;
+                    there += work[i].1.len();
+                } else {
+                    here += work[i].1.len();
+                }
             }
         }
+        let name = |symbolizer: &Symbolizer, helper: bool| {
+            work.iter()
+                .zip(&files)
+                .zip(&on_helper)
+                .enumerate()
+                .filter(|(_, (_, on))| **on == helper)
+                .map(|(i, (((_, offsets), file), _))| {
+                    let symbols = file
+                        .as_ref()
+                        .map(|file| file.symbolize(symbolizer, offsets));
+                    (i, symbols)
+                })
+                .collect::<Vec<_>>()
+        };
+        let mut named = std::thread::scope(|scope| {
+            let helper = on_helper
+                .contains(&true)
+                .then(|| scope.spawn(|| name(&new_blazesym(), true)));
+            let mut named = name(&self.symbolizer, false);
+            if let Some(helper) = helper {
+                named.extend(
+                    helper
+                        .join()
+                        .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+                );
+            }
+            named
+        });
+        named.sort_by_key(|(i, _)| *i);
+        named
+            .into_iter()
+            .map(|(i, symbols)| match symbols {
+                Some(Ok(symbols)) => symbols,
+                Some(Err(err)) => {
+                    // Not an ELF file (e.g. a JIT's memfd) or unreadable: fall back, once.
+                    let object = &maps.objects[work[i].0];
+                    let path = crate::text::escape_text(&object.path);
+                    log::warn!("cannot read symbols of {path}: {err}");
+                    self.unreadable.insert((object.dev.clone(), object.inode));
+                    vec![None; work[i].1.len()]
+                }
+                None => vec![None; work[i].1.len()],
+            })
+            .collect()
     }
 
     /// Symbols for offsets into the target's vDSO, looked up in ours: the kernel maps
@@ -858,6 +923,69 @@ fn read_perf_map(mut file: &File) -> io::Result<PerfMap> {
 /// The (lookup address, address) of each frame of a stack as the kernel records it
 /// (innermost first, zero-padded): return addresses point after the call, so all but the
 /// first are looked up one byte earlier, inside the call instruction.
+/// Names to look up above which the objects are shared out between two threads.
+const SHARED_NAMING_OFFSETS: usize = 4096;
+
+/// A blazesym symbolizer that demangles Rust and C++ names and expands inlined functions
+/// where debug information has them.
+fn new_blazesym() -> Symbolizer {
+    Symbolizer::builder()
+        .enable_demangling(true)
+        .enable_code_info(true)
+        .enable_inlined_fns(true)
+        // Our paths are /proc/self/fd/N, and a number can be reused for another file
+        // after a snapshot is dropped: let blazesym notice the change.
+        .enable_auto_reload(true)
+        .build()
+}
+
+/// A mapped object's file as blazesym is to read it.
+struct ElfFile {
+    /// `/proc/self/fd/N` of our descriptor of it.
+    path: String,
+    /// Read its debug information, not only its symbol table.
+    debug_syms: bool,
+}
+
+impl ElfFile {
+    /// Symbols for file offsets `offsets`; `None` where it has none.
+    fn symbolize(
+        &self,
+        symbolizer: &Symbolizer,
+        offsets: &[u64],
+    ) -> Result<Vec<Option<Sym<'static>>>, blazesym::Error> {
+        let mut elf = Elf::new(&self.path);
+        elf.debug_syms = self.debug_syms;
+        let symbols = symbolizer.symbolize(&Source::Elf(elf), Input::FileOffset(offsets))?;
+        Ok(symbols
+            .into_iter()
+            .map(|s| s.into_sym().map(Sym::into_owned))
+            .collect())
+    }
+}
+
+/// The frames of the addresses of one process that [`StackSymbolizer::user_addresses`]
+/// named.
+pub struct UserAddresses<'c> {
+    pid: u32,
+    cache: &'c foldhash::HashMap<(u32, u64), Vec<Frame>>,
+}
+
+impl<'c> UserAddresses<'c> {
+    /// The frames of lookup address `lookup` (see [`lookup_addresses`]), inlined ones
+    /// first; each address has at least one.
+    pub fn frames(&self, lookup: u64) -> &'c [Frame] {
+        &self.cache[&(self.pid, lookup)]
+    }
+}
+
+/// The addresses a stack's frames are named at, innermost first: the instruction
+/// pointer, then each return address less one (so it lands in its call), up to the
+/// first zero.
+pub fn lookup_addresses(addrs: &[u64]) -> impl Iterator<Item = u64> + '_ {
+    lookups(addrs).map(|(lookup, _)| lookup)
+}
+
 fn lookups(addrs: &[u64]) -> impl Iterator<Item = (u64, u64)> + '_ {
     until_zero(addrs).iter().enumerate().map(|(index, &addr)| {
         let lookup = if index == 0 {
@@ -1223,6 +1351,43 @@ mod tests {
                 .any(|f| f.name.ends_with("calls_inlined_helper")),
             "{frames:#?}"
         );
+    }
+
+    /// Many addresses in two objects are shared out between two threads: each named as
+    /// it is in batches too small to share.
+    #[test]
+    fn names_many_addresses_in_two_objects_as_few_at_a_time() {
+        let maps = ProcessMaps::capture(std::process::id()).unwrap();
+        let ours = symbolization_target as fn(u64) -> u64 as usize as u64;
+        let libc = libc::getpid as unsafe extern "C" fn() -> libc::pid_t as usize as u64;
+        let stacks: Vec<Vec<u64>> = (0..SHARED_NAMING_OFFSETS as u64 / 2 + 100)
+            .flat_map(|i| [vec![ours + i * 4], vec![libc + i * 4, ours + i * 2]])
+            .collect();
+        let stacks: Vec<&[u64]> = stacks.iter().map(Vec::as_slice).collect();
+        let mut symbolizer = StackSymbolizer::new();
+        symbolizer.own_executable = Some(None);
+        let shared = symbolizer.user_stacks(&maps, &stacks);
+        let mut reference = StackSymbolizer::new();
+        reference.own_executable = Some(None);
+        let mut few_at_a_time = Vec::new();
+        for batch in stacks.chunks(SHARED_NAMING_OFFSETS / 8) {
+            let named = reference.user_stacks(&maps, batch);
+            few_at_a_time.extend(
+                named
+                    .into_iter()
+                    .map(|frames| frames.into_iter().cloned().collect::<Vec<Frame>>()),
+            );
+        }
+        assert_eq!(shared.len(), few_at_a_time.len());
+        for (index, (shared, alone)) in shared.iter().zip(&few_at_a_time).enumerate() {
+            let shared: Vec<&Frame> = shared.clone();
+            assert_eq!(shared, alone.iter().collect::<Vec<_>>(), "stack {index}");
+        }
+        assert!(few_at_a_time.iter().any(|frames| {
+            frames
+                .iter()
+                .any(|f| f.module.as_deref().is_some_and(|m| m.starts_with("libc")))
+        }));
     }
 
     #[test]
