@@ -284,22 +284,24 @@ pub(crate) fn user_stack_frames<T: Clone>(
                 return vec![vec![frame(UNKNOWN)]; addrs.len()];
             };
             let named = symbolizer.user_addresses(maps, addrs);
-            let mut made: HashMap<(u64, bool), Vec<T>> = HashMap::default();
+            // Each address's frames, made once, in one array: (start, end) by address.
+            let mut made: HashMap<(u64, bool), (usize, usize)> = HashMap::default();
+            let mut all_made: Vec<T> = Vec::new();
             addrs
                 .iter()
                 .zip(ids)
                 .map(|(addrs, &id)| {
                     let by_frame_pointer = stacks.user_frames_by_frame_pointer(id);
-                    let mut frames = Vec::new();
+                    let mut frames = Vec::with_capacity(addrs.len());
                     for (index, lookup) in crate::symbolize::lookup_addresses(addrs).enumerate() {
                         let fp = by_frame_pointer.get(index).copied().unwrap_or(false);
-                        let of_address = made.entry((lookup, fp)).or_insert_with(|| {
-                            user_frame_names(named.frames(lookup), &[fp])
-                                .iter()
-                                .map(|name| frame(name))
-                                .collect()
+                        let (start, end) = *made.entry((lookup, fp)).or_insert_with(|| {
+                            let start = all_made.len();
+                            let names = user_frame_names(named.frames(lookup), &[fp]);
+                            all_made.extend(names.iter().map(|name| frame(name)));
+                            (start, all_made.len())
                         });
-                        frames.extend_from_slice(of_address);
+                        frames.extend_from_slice(&all_made[start..end]);
                     }
                     frames
                 })

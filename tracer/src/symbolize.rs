@@ -20,6 +20,7 @@ use std::io::{self, BufRead, Read, Seek, SeekFrom};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 use std::sync::LazyLock;
 
 use blazesym::symbolize::source::{Elf, Kernel, Process, Source};
@@ -500,11 +501,12 @@ pub struct StackSymbolizer {
     kernel_failed: bool,
     /// Frames per (pid, lookup address) and per kernel address, named once; looked up
     /// for every frame of every stack, so with a fast hash.
-    user_cache: foldhash::HashMap<(u32, u64), Vec<Frame>>,
+    user_cache: foldhash::HashMap<(u32, u64), Rc<[Frame]>>,
     kernel_cache: foldhash::HashMap<u64, Vec<Frame>>,
     /// What each file offset of each object (device, inode) is named (`None`: no symbol
     /// there), so that a library many processes map (libc) is named once for all.
-    object_cache: foldhash::HashMap<(String, u64, u64), Option<Vec<Frame>>>,
+    /// Shared with `user_cache`: the same frames for every process, not a copy each.
+    object_cache: foldhash::HashMap<ObjectOffset, Option<Rc<[Frame]>>>,
     /// One descriptor of our own per object, whose `/proc/self/fd` path blazesym is
     /// given for every process that maps it: it parses each file once.
     shared_files: HashMap<(String, u64), File>,
@@ -591,8 +593,8 @@ impl StackSymbolizer {
 
     /// Names each (lookup address, original address) pair: every frame it stands for,
     /// inlined ones first.
-    fn resolve_user(&mut self, maps: &ProcessMaps, addrs: &[(u64, u64)]) -> Vec<Vec<Frame>> {
-        let mut slots: Vec<Vec<Frame>> = vec![Vec::new(); addrs.len()];
+    fn resolve_user(&mut self, maps: &ProcessMaps, addrs: &[(u64, u64)]) -> Vec<Rc<[Frame]>> {
+        let mut slots: Vec<Option<Rc<[Frame]>>> = vec![None; addrs.len()];
         let mut by_object: HashMap<usize, Vec<(usize, u64)>> = HashMap::new();
         let mut vdso: Vec<(usize, u64)> = Vec::new();
         for (slot, &(lookup, _)) in addrs.iter().enumerate() {
@@ -634,7 +636,7 @@ impl StackSymbolizer {
         for ((index, offsets), symbols) in work.into_iter().zip(symbols) {
             let object = &maps.objects[index];
             for (offset, symbol) in offsets.into_iter().zip(symbols) {
-                let frames = symbol.map(|sym| frames_of(&sym, Some(&object.module)));
+                let frames = symbol.map(|sym| frames_of(&sym, Some(&object.module)).into());
                 self.object_cache
                     .insert((object.dev.clone(), object.inode, offset), frames);
             }
@@ -645,33 +647,36 @@ impl StackSymbolizer {
                 if let Some(frames) =
                     &self.object_cache[&(object.dev.clone(), object.inode, offset)]
                 {
-                    slots[slot] = frames.clone();
+                    slots[slot] = Some(Rc::clone(frames));
                 }
             }
         }
         if !vdso.is_empty() {
             for ((slot, _), sym) in vdso.iter().zip(self.symbolize_vdso(&vdso)) {
                 if let Some(sym) = sym {
-                    slots[*slot] = frames_of(&sym, Some(VDSO));
+                    slots[*slot] = Some(frames_of(&sym, Some(VDSO)).into());
                 }
             }
         }
 
-        for (slot, named) in slots.iter_mut().enumerate() {
-            if named.is_empty() {
-                let (lookup, addr) = addrs[slot];
-                named.push(match self.jit_name(maps, lookup) {
-                    Some(name) => Frame {
-                        name,
-                        module: Some(JIT_MODULE.to_string()),
-                        inlined: false,
-                        offset: None,
-                    },
-                    None => fallback_frame(maps.locate(addr)),
-                });
-            }
-        }
         slots
+            .into_iter()
+            .zip(addrs)
+            .map(|(named, &(lookup, addr))| {
+                named.unwrap_or_else(|| {
+                    let frame = match self.jit_name(maps, lookup) {
+                        Some(name) => Frame {
+                            name,
+                            module: Some(JIT_MODULE.to_string()),
+                            inlined: false,
+                            offset: None,
+                        },
+                        None => fallback_frame(maps.locate(addr)),
+                    };
+                    Rc::from([frame])
+                })
+            })
+            .collect()
     }
 
     /// Names a kernel stack (innermost first; see [`StackSymbolizer::user_frames`] for
@@ -923,6 +928,9 @@ fn read_perf_map(mut file: &File) -> io::Result<PerfMap> {
 /// The (lookup address, address) of each frame of a stack as the kernel records it
 /// (innermost first, zero-padded): return addresses point after the call, so all but the
 /// first are looked up one byte earlier, inside the call instruction.
+/// An offset into the file of a mapped object: (device, inode, file offset).
+type ObjectOffset = (String, u64, u64);
+
 /// Names to look up above which the objects are shared out between two threads.
 const SHARED_NAMING_OFFSETS: usize = 4096;
 
@@ -968,7 +976,7 @@ impl ElfFile {
 /// named.
 pub struct UserAddresses<'c> {
     pid: u32,
-    cache: &'c foldhash::HashMap<(u32, u64), Vec<Frame>>,
+    cache: &'c foldhash::HashMap<(u32, u64), Rc<[Frame]>>,
 }
 
 impl<'c> UserAddresses<'c> {
