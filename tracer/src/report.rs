@@ -552,6 +552,21 @@ mod tests {
         }
     }
 
+    /// Tasks of one task, 7, of process 42, with no time.
+    fn one_task() -> TaskReport {
+        TaskReport {
+            profile: crate::tasks::TaskProfile {
+                tasks: vec![crate::tasks::TaskSummary {
+                    task: 7,
+                    tgid: 42,
+                    ..Default::default()
+                }],
+                ..Default::default()
+            },
+            files: None,
+        }
+    }
+
     /// A process name is the target's to choose: control characters in it reach the
     /// terminal escaped in the text report, and as JSON escapes them in the JSON one.
     #[test]
@@ -582,19 +597,7 @@ mod tests {
     /// that is not a task.
     #[test]
     fn losses_are_a_paragraph_after_the_tables() {
-        use crate::tasks::{TaskProfile, TaskSummary};
-        let tasks = TaskReport {
-            profile: TaskProfile {
-                tasks: vec![TaskSummary {
-                    task: 7,
-                    tgid: 42,
-                    ..Default::default()
-                }],
-                ..Default::default()
-            },
-            files: None,
-        };
-        let mut report = report_of("gc-demo", WallClockProfile::default(), Some(tasks));
+        let mut report = report_of("gc-demo", WallClockProfile::default(), Some(one_task()));
         report.losses.stack_errors = 6;
         report.losses.program_misses = vec![("on_switch", 2)];
         let text = report.to_text();
@@ -646,7 +649,6 @@ mod tests {
     /// with TRACER_BLESS=1).
     #[test]
     fn report_text_and_json_match_the_golden_files() {
-        use crate::tasks::{TaskProfile, TaskSummary};
         let mut wall = WallClockProfile {
             oncpu_samples: 19,
             oncpu_ns: 192_000_000,
@@ -670,17 +672,7 @@ mod tests {
                 ..Default::default()
             });
         }
-        let tasks = TaskReport {
-            profile: TaskProfile {
-                tasks: vec![TaskSummary {
-                    task: 7,
-                    tgid: 42,
-                    ..Default::default()
-                }],
-                ..Default::default()
-            },
-            files: None,
-        };
+        let tasks = one_task();
         let report = report_of("gc-demo", wall, Some(tasks));
         crate::golden::assert_golden("attach-report.txt", &report.to_text());
         let json = serde_json::to_string_pretty(&report.to_json()).unwrap() + "\n";
