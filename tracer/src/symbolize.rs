@@ -21,7 +21,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
-use std::sync::LazyLock;
+use std::sync::{LazyLock, mpsc};
 
 use blazesym::symbolize::source::{Elf, Kernel, Process, Source};
 use blazesym::symbolize::{Input, Sym, Symbolized, Symbolizer};
@@ -510,6 +510,12 @@ pub struct StackSymbolizer {
     /// One descriptor of our own per object, whose `/proc/self/fd` path blazesym is
     /// given for every process that maps it: it parses each file once.
     shared_files: HashMap<(String, u64), File>,
+    /// A second symbolizer, for big profiles of several objects, and the objects
+    /// (device, inode) each symbolizer has named: an object stays with the one that
+    /// parsed it.
+    naming_thread: Option<NamingThread>,
+    on_naming_thread: HashSet<(String, u64)>,
+    on_main_symbolizer: HashSet<(String, u64)>,
 }
 
 impl Default for StackSymbolizer {
@@ -534,6 +540,9 @@ impl StackSymbolizer {
             kernel_cache: foldhash::HashMap::default(),
             object_cache: foldhash::HashMap::default(),
             shared_files: HashMap::new(),
+            naming_thread: None,
+            on_naming_thread: HashSet::new(),
+            on_main_symbolizer: HashSet::new(),
         }
     }
 
@@ -613,25 +622,31 @@ impl StackSymbolizer {
             }
         }
 
-        // Each object's offsets not named yet, all named at once.
+        // Each file's offsets not named yet, all named at once: a file mapped under two
+        // paths (a hard link, a bind mount) is one file to name.
         let mut work: Vec<(usize, Vec<u64>)> = Vec::new();
+        let mut work_of_file: HashMap<(&str, u64), usize> = HashMap::new();
         for (&index, wanted) in &by_object {
             let object = &maps.objects[index];
-            let mut offsets: Vec<u64> = wanted
-                .iter()
-                .map(|&(_, offset)| offset)
-                .filter(|&offset| {
+            let at = *work_of_file
+                .entry((object.dev.as_str(), object.inode))
+                .or_insert_with(|| {
+                    work.push((index, Vec::new()));
+                    work.len() - 1
+                });
+            work[at]
+                .1
+                .extend(wanted.iter().map(|&(_, offset)| offset).filter(|&offset| {
                     !self
                         .object_cache
                         .contains_key(&(object.dev.clone(), object.inode, offset))
-                })
-                .collect();
+                }));
+        }
+        for (_, offsets) in &mut work {
             offsets.sort_unstable();
             offsets.dedup();
-            if !offsets.is_empty() {
-                work.push((index, offsets));
-            }
         }
+        work.retain(|(_, offsets)| !offsets.is_empty());
         let symbols = self.symbolize_objects(maps, &work);
         for ((index, offsets), symbols) in work.into_iter().zip(symbols) {
             let object = &maps.objects[index];
@@ -765,9 +780,10 @@ impl StackSymbolizer {
 
     /// Symbols for the file offsets of each mapped object of `work` (its index in
     /// `maps.objects`, its offsets); `None` where it has none. With many offsets in more
-    /// than one object, the objects are shared out between this symbolizer and one on a
-    /// second thread (by offsets, the most first): each object is parsed by only one of
-    /// them, and a stopping tracer makes its user wait for naming.
+    /// than one object, the objects are shared out between this symbolizer and the one
+    /// of the [`NamingThread`] (by offsets, the most first), and an object stays with the
+    /// one it was given to: each file is parsed once, and a stopping tracer makes its
+    /// user wait for naming.
     fn symbolize_objects(
         &mut self,
         maps: &ProcessMaps,
@@ -797,52 +813,70 @@ impl StackSymbolizer {
                 })
             })
             .collect();
-        let mut on_helper = vec![false; work.len()];
+        // An object named on the naming thread before is named there again (its file is
+        // parsed there); new ones go to the side with fewer offsets, most first, once
+        // there are enough to share.
+        let key = |i: usize| {
+            let object = &maps.objects[work[i].0];
+            (object.dev.clone(), object.inode)
+        };
+        let mut on_thread: Vec<bool> = (0..work.len())
+            .map(|i| self.on_naming_thread.contains(&key(i)))
+            .collect();
         let total: usize = work.iter().map(|(_, offsets)| offsets.len()).sum();
         if total >= SHARED_NAMING_OFFSETS {
-            let mut by_size: Vec<usize> = (0..work.len()).collect();
+            let load = |on: bool, sides: &[bool]| -> usize {
+                (0..work.len())
+                    .filter(|&i| sides[i] == on)
+                    .map(|i| work[i].1.len())
+                    .sum()
+            };
+            let mut by_size: Vec<usize> = (0..work.len())
+                .filter(|&i| !on_thread[i] && !self.on_main_symbolizer.contains(&key(i)))
+                .collect();
             by_size.sort_by_key(|&i| std::cmp::Reverse(work[i].1.len()));
-            let (mut here, mut there) = (0, 0);
+            let (mut here, mut there) = (load(false, &on_thread), load(true, &on_thread));
             for i in by_size {
                 if there < here {
-                    on_helper[i] = true;
+                    on_thread[i] = true;
                     there += work[i].1.len();
                 } else {
                     here += work[i].1.len();
                 }
             }
         }
-        let name = |symbolizer: &Symbolizer, helper: bool| {
-            work.iter()
-                .zip(&files)
-                .zip(&on_helper)
-                .enumerate()
-                .filter(|(_, (_, on))| **on == helper)
-                .map(|(i, (((_, offsets), file), _))| {
-                    let symbols = file
-                        .as_ref()
-                        .map(|file| file.symbolize(symbolizer, offsets));
-                    (i, symbols)
-                })
-                .collect::<Vec<_>>()
+        if on_thread.contains(&true) && self.naming_thread.is_none() {
+            self.naming_thread = NamingThread::start();
+        }
+        let thread_jobs: Vec<(usize, ElfFile, Vec<u64>)> = (0..work.len())
+            .filter(|&i| on_thread[i])
+            .filter_map(|i| Some((i, files[i].clone()?, work[i].1.clone())))
+            .collect();
+        let sent = match (&self.naming_thread, thread_jobs.is_empty()) {
+            (Some(thread), false) => thread.jobs.send(thread_jobs).is_ok(),
+            _ => false,
         };
-        let mut named = std::thread::scope(|scope| {
-            let helper = on_helper
-                .contains(&true)
-                .then(|| scope.spawn(|| name(&new_blazesym(), true)));
-            let mut named = name(&self.symbolizer, false);
-            if let Some(helper) = helper {
-                named.extend(
-                    helper
-                        .join()
-                        .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
-                );
+        let mut named: Vec<Option<ObjectSymbols>> = vec![None; work.len()];
+        for i in 0..work.len() {
+            if !on_thread[i] || !sent {
+                named[i] = files[i].as_ref().map(|file| {
+                    file.symbolize(&self.symbolizer, &work[i].1)
+                        .map_err(|err| err.to_string())
+                });
+                self.on_main_symbolizer.insert(key(i));
             }
-            named
-        });
-        named.sort_by_key(|(i, _)| *i);
+        }
+        if sent && let Some(thread) = &self.naming_thread {
+            for (i, symbols) in thread.named.recv().unwrap_or_default() {
+                named[i] = Some(symbols);
+            }
+            for i in (0..work.len()).filter(|&i| on_thread[i]) {
+                self.on_naming_thread.insert(key(i));
+            }
+        }
         named
             .into_iter()
+            .enumerate()
             .map(|(i, symbols)| match symbols {
                 Some(Ok(symbols)) => symbols,
                 Some(Err(err)) => {
@@ -850,9 +884,10 @@ impl StackSymbolizer {
                     let object = &maps.objects[work[i].0];
                     let path = crate::text::escape_text(&object.path);
                     log::warn!("cannot read symbols of {path}: {err}");
-                    self.unreadable.insert((object.dev.clone(), object.inode));
+                    self.unreadable.insert(key(i));
                     vec![None; work[i].1.len()]
                 }
+                // Unreadable, or lost with the naming thread: unnamed.
                 None => vec![None; work[i].1.len()],
             })
             .collect()
@@ -925,9 +960,6 @@ fn read_perf_map(mut file: &File) -> io::Result<PerfMap> {
     Ok(parse_perf_map(&String::from_utf8_lossy(&bytes[..complete])))
 }
 
-/// The (lookup address, address) of each frame of a stack as the kernel records it
-/// (innermost first, zero-padded): return addresses point after the call, so all but the
-/// first are looked up one byte earlier, inside the call instruction.
 /// An offset into the file of a mapped object: (device, inode, file offset).
 type ObjectOffset = (String, u64, u64);
 
@@ -948,6 +980,7 @@ fn new_blazesym() -> Symbolizer {
 }
 
 /// A mapped object's file as blazesym is to read it.
+#[derive(Clone, Debug)]
 struct ElfFile {
     /// `/proc/self/fd/N` of our descriptor of it.
     path: String,
@@ -969,6 +1002,49 @@ impl ElfFile {
             .into_iter()
             .map(|s| s.into_sym().map(Sym::into_owned))
             .collect())
+    }
+}
+
+/// Objects to name: (index in the caller's list, file, file offsets).
+type NamingJob = Vec<(usize, ElfFile, Vec<u64>)>;
+
+/// Symbols for the offsets of an object (`None` where it has none), or why it has none.
+type ObjectSymbols = Result<Vec<Option<Sym<'static>>>, String>;
+
+/// A blazesym symbolizer on a thread of its own, living as long as the
+/// [`StackSymbolizer`] that started it: blazesym's caches are `Rc`, so a symbolizer stays
+/// on the thread that made it, and keeps what it parsed for the next request.
+#[derive(Debug)]
+struct NamingThread {
+    jobs: mpsc::Sender<NamingJob>,
+    named: mpsc::Receiver<Vec<(usize, ObjectSymbols)>>,
+}
+
+impl NamingThread {
+    /// `None` if no thread can be started: everything is then named on the caller's.
+    fn start() -> Option<Self> {
+        let (jobs, requests) = mpsc::channel::<NamingJob>();
+        let (replies, named) = mpsc::channel();
+        std::thread::Builder::new()
+            .name("tracer-naming".into())
+            .spawn(move || {
+                let symbolizer = new_blazesym();
+                // Ends when the StackSymbolizer (the sender) is dropped.
+                for job in requests {
+                    let reply = job
+                        .into_iter()
+                        .map(|(i, file, offsets)| {
+                            let symbols = file.symbolize(&symbolizer, &offsets);
+                            (i, symbols.map_err(|err| err.to_string()))
+                        })
+                        .collect();
+                    if replies.send(reply).is_err() {
+                        break;
+                    }
+                }
+            })
+            .ok()?;
+        Some(Self { jobs, named })
     }
 }
 
@@ -994,6 +1070,9 @@ pub fn lookup_addresses(addrs: &[u64]) -> impl Iterator<Item = u64> + '_ {
     lookups(addrs).map(|(lookup, _)| lookup)
 }
 
+/// The (lookup address, address) of each frame of a stack as the kernel records it
+/// (innermost first, zero-padded): return addresses point after the call, so all but the
+/// first are looked up one byte earlier, inside the call instruction.
 fn lookups(addrs: &[u64]) -> impl Iterator<Item = (u64, u64)> + '_ {
     until_zero(addrs).iter().enumerate().map(|(index, &addr)| {
         let lookup = if index == 0 {
@@ -1361,41 +1440,59 @@ mod tests {
         );
     }
 
-    /// Many addresses in two objects are shared out between two threads: each named as
-    /// it is in batches too small to share.
+    /// Many addresses in two objects are shared out between two symbolizers: each named
+    /// as it is in batches too small to share, and each object, once given to one, stays
+    /// with it (its file parsed once), also in a later batch of new addresses.
     #[test]
     fn names_many_addresses_in_two_objects_as_few_at_a_time() {
         let maps = ProcessMaps::capture(std::process::id()).unwrap();
         let ours = symbolization_target as fn(u64) -> u64 as usize as u64;
         let libc = libc::getpid as unsafe extern "C" fn() -> libc::pid_t as usize as u64;
-        let stacks: Vec<Vec<u64>> = (0..SHARED_NAMING_OFFSETS as u64 / 2 + 100)
-            .flat_map(|i| [vec![ours + i * 4], vec![libc + i * 4, ours + i * 2]])
-            .collect();
-        let stacks: Vec<&[u64]> = stacks.iter().map(Vec::as_slice).collect();
+        let batch = |first: u64| -> Vec<Vec<u64>> {
+            (first..first + SHARED_NAMING_OFFSETS as u64 / 2 + 100)
+                .flat_map(|i| [vec![ours + i * 4], vec![libc + i * 4, ours + i * 2]])
+                .collect()
+        };
         let mut symbolizer = StackSymbolizer::new();
         symbolizer.own_executable = Some(None);
-        let shared = symbolizer.user_stacks(&maps, &stacks);
         let mut reference = StackSymbolizer::new();
         reference.own_executable = Some(None);
-        let mut few_at_a_time = Vec::new();
-        for batch in stacks.chunks(SHARED_NAMING_OFFSETS / 8) {
-            let named = reference.user_stacks(&maps, batch);
-            few_at_a_time.extend(
-                named
-                    .into_iter()
-                    .map(|frames| frames.into_iter().cloned().collect::<Vec<Frame>>()),
+        for first in [0, SHARED_NAMING_OFFSETS as u64] {
+            let stacks = batch(first);
+            let stacks: Vec<&[u64]> = stacks.iter().map(Vec::as_slice).collect();
+            let shared: Vec<Vec<Frame>> = symbolizer
+                .user_stacks(&maps, &stacks)
+                .into_iter()
+                .map(|frames| frames.into_iter().cloned().collect())
+                .collect();
+            let mut few_at_a_time: Vec<Vec<Frame>> = Vec::new();
+            for batch in stacks.chunks(SHARED_NAMING_OFFSETS / 8) {
+                few_at_a_time.extend(
+                    reference
+                        .user_stacks(&maps, batch)
+                        .into_iter()
+                        .map(|frames| frames.into_iter().cloned().collect()),
+                );
+            }
+            assert_eq!(shared, few_at_a_time, "batch from {first}");
+            assert!(
+                shared
+                    .iter()
+                    .flatten()
+                    .any(|f| f.module.as_deref().is_some_and(|m| m.starts_with("libc")))
+            );
+            assert!(
+                !symbolizer.on_naming_thread.is_empty(),
+                "nothing shared out"
+            );
+            assert!(
+                symbolizer
+                    .on_naming_thread
+                    .is_disjoint(&symbolizer.on_main_symbolizer),
+                "an object parsed by both symbolizers"
             );
         }
-        assert_eq!(shared.len(), few_at_a_time.len());
-        for (index, (shared, alone)) in shared.iter().zip(&few_at_a_time).enumerate() {
-            let shared: Vec<&Frame> = shared.clone();
-            assert_eq!(shared, alone.iter().collect::<Vec<_>>(), "stack {index}");
-        }
-        assert!(few_at_a_time.iter().any(|frames| {
-            frames
-                .iter()
-                .any(|f| f.module.as_deref().is_some_and(|m| m.starts_with("libc")))
-        }));
+        assert!(reference.on_naming_thread.is_empty());
     }
 
     #[test]
