@@ -28,6 +28,7 @@
 //! | [`rt_run_task`] | `tracer:rt__run__task` | task |
 //! | [`rt_pause_task`] | `tracer:rt__pause__task` | task |
 //! | [`rt_finish_task`] | `tracer:rt__finish__task` | task |
+//! | [`rt_task_name`] | `tracer:rt__task__name` | task, name (address of a NUL-terminated string) |
 //!
 //! Every argument is passed as a signed 8-byte register operand (`-8@%reg`); unsigned values
 //! such as task ids come back bit-for-bit when read as 64-bit unsigned.
@@ -112,6 +113,10 @@
 
 #![no_std]
 
+// tokio needs std: so does the module for it.
+#[cfg(all(feature = "tokio", tokio_unstable))]
+extern crate std;
+
 use probe::probe_lazy;
 
 #[cfg(all(feature = "tokio", tokio_unstable))]
@@ -176,6 +181,7 @@ pub const PROBE_NAMES: &[&str] = &[
     "rt__run__task",
     "rt__pause__task",
     "rt__finish__task",
+    "rt__task__name",
 ];
 
 /// A garbage collection starts; `collection` identifies it (Julia passes the collection
@@ -290,13 +296,39 @@ pub fn rt_finish_task(task: u64) {
     }
 }
 
+/// Task `task` is called `name` (tracers call it so rather than by its number).
+/// Probe `tracer:rt__task__name(task, name)`, `name` the address of the NUL-terminated
+/// bytes, read by the tracer while the probe fires. Not one of Julia's probes.
+#[inline(always)]
+pub fn rt_task_name(task: u64, name: &core::ffi::CStr) {
+    if probe_lazy!(tracer, rt__task__name, task, name.as_ptr() as u64) {
+        page_align::keep();
+    }
+}
+
+/// [`rt_task_name`] with the name made only while a tracer is attached (formatting a
+/// name costs more than the probe).
+#[inline(always)]
+pub fn rt_task_name_with<N: AsRef<core::ffi::CStr>>(task: u64, name: impl FnOnce() -> N) {
+    // Holds the name until the probe has fired.
+    let mut made = None;
+    if probe_lazy!(
+        tracer,
+        rt__task__name,
+        task,
+        made.insert(name()).as_ref().as_ptr() as u64
+    ) {
+        page_align::keep();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn probe_names_are_distinct_and_julia_style() {
-        assert_eq!(PROBE_NAMES.len(), 13);
+        assert_eq!(PROBE_NAMES.len(), 14);
         for (i, name) in PROBE_NAMES.iter().enumerate() {
             assert!(!PROBE_NAMES[..i].contains(name), "{name} twice");
             assert!(
@@ -321,5 +353,9 @@ mod tests {
         rt_run_task(2);
         rt_pause_task(2);
         rt_finish_task(2);
+        rt_task_name(2, c"worker");
+        rt_task_name_with(2, || -> &core::ffi::CStr {
+            unreachable!("no tracer is attached")
+        });
     }
 }

@@ -26,7 +26,7 @@
 //!
 //! | tokio hook | probe | arguments |
 //! |---|---|---|
-//! | `on_task_spawn` | `tracer:rt__new__task` | parent, child |
+//! | `on_task_spawn` | `tracer:rt__new__task`, `tracer:rt__task__name` | parent, child; task, spawn location (`FILE:LINE:COLUMN`) |
 //! | `on_before_task_poll` | `tracer:rt__run__task` | task |
 //! | `on_after_task_poll` | `tracer:rt__pause__task` | task |
 //! | `on_task_terminate` | `tracer:rt__finish__task` | task |
@@ -72,10 +72,17 @@ pub fn instrument(builder: &mut Builder) -> &mut Builder {
         .on_task_terminate(task_terminated)
 }
 
-/// The `on_task_spawn` hook: `rt__new__task(parent, task)`.
+/// The `on_task_spawn` hook: `rt__new__task(parent, task)`, and `rt__task__name(task,
+/// FILE:LINE:COLUMN)` with where it was spawned.
 pub fn task_spawned(meta: &TaskMeta<'_>) {
     let parent = tokio::task::try_id().map_or(0, task_id);
-    crate::rt_new_task(parent, task_id(meta.id()));
+    let task = task_id(meta.id());
+    crate::rt_new_task(parent, task);
+    let at = meta.spawned_at();
+    crate::rt_task_name_with(task, || {
+        let name = std::format!("{}:{}:{}", at.file(), at.line(), at.column());
+        std::ffi::CString::new(name).unwrap_or_default()
+    });
 }
 
 /// The `on_before_task_poll` hook: `rt__run__task(task)`.

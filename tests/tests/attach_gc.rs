@@ -222,13 +222,13 @@ fn tasks_running_and_parked_time_match_the_targets_own_accounting() {
     assert!(
         folded
             .lines()
-            .any(|l| l.contains(";task #2;") && l.contains("gc_demo::sleeper_thread")),
+            .any(|l| l.contains(";task #2 on ") && l.contains("gc_demo::sleeper_thread")),
         "{folded}"
     );
     assert!(
         folded
             .lines()
-            .any(|l| l.contains(";task #4;") && l.contains("gc_demo::lock_waiter_thread")),
+            .any(|l| l.contains(";task #4 on ") && l.contains("gc_demo::lock_waiter_thread")),
         "{folded}"
     );
 }

@@ -922,7 +922,11 @@ fn every_tokio_task_fires_the_task_probes_through_the_hooks() {
     let mut by_task: BTreeMap<u64, Vec<&str>> = BTreeMap::new();
     let mut parents: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
     for (_, name, args) in &events {
-        let task = *args.last().unwrap();
+        // rt__task__name(task, name): the task first; the others end with it.
+        let task = match name.as_str() {
+            "rt__task__name" => args[0],
+            _ => *args.last().unwrap(),
+        };
         by_task.entry(task).or_default().push(name.as_str());
         if name == "rt__new__task" {
             parents.entry(task).or_default().push(args[0]);
@@ -936,12 +940,13 @@ fn every_tokio_task_fires_the_task_probes_through_the_hooks() {
         let id = task["id"].as_u64().unwrap();
         let polls = task["polls"].as_u64().unwrap();
         // Spawned once by its parent; each poll a run and a pause; tokio's termination hook
-        // runs inside the last poll, so: new, (run, pause) * (polls - 1), run, finish, pause.
+        // runs inside the last poll, so: new, name, (run, pause) * (polls - 1), run, finish,
+        // pause.
         assert_eq!(
             parents.get(&id),
             Some(&vec![task["parent"].as_u64().unwrap()])
         );
-        let mut expected = vec!["rt__new__task"];
+        let mut expected = vec!["rt__new__task", "rt__task__name"];
         for _ in 1..polls {
             expected.extend(["rt__run__task", "rt__pause__task"]);
         }

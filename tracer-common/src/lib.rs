@@ -33,6 +33,13 @@ pub mod map_names {
     pub const OFFCPU_TIME: &str = "OFFCPU_TIME";
     pub const TASK_STATES: &str = "TASK_STATES";
     pub const TASK_TIME: &str = "TASK_TIME";
+    /// The task each thread is running, by thread id ([`super::TaskId`]).
+    pub const THREAD_TASKS: &str = "THREAD_TASKS";
+    /// On-CPU samples and off-CPU time of threads while a task ran on them
+    /// ([`super::TaskWallKey`]).
+    pub const TASK_WALL: &str = "TASK_WALL";
+    /// Names and spawn locations runtimes gave their tasks ([`super::TaskName`]).
+    pub const TASK_NAMES: &str = "TASK_NAMES";
     pub const ONCPU_SAMPLES: &str = "ONCPU_SAMPLES";
     pub const STACKS: &str = "STACKS";
     pub const COUNTERS: &str = "COUNTERS";
@@ -73,6 +80,9 @@ pub mod map_names {
         OFFCPU_TIME,
         TASK_STATES,
         TASK_TIME,
+        THREAD_TASKS,
+        TASK_WALL,
+        TASK_NAMES,
         ONCPU_SAMPLES,
         STACKS,
         COUNTERS,
@@ -200,6 +210,10 @@ pub mod global_names {
     pub const UPID_SIZE: &str = "UPID_SIZE";
     pub const UPID_NS_OFFSET: &str = "UPID_NS_OFFSET";
     pub const PID_NS_INUM_OFFSET: &str = "PID_NS_INUM_OFFSET";
+    /// Non-zero when task probes are attached: on-CPU samples and off-CPU intervals of a
+    /// thread running a task also go to `TASK_WALL`. Zero, the scheduler programs never
+    /// look a thread's task up.
+    pub const TASKS_TRACED: &str = "TASKS_TRACED";
     /// Every name above, for the test that each is in the eBPF object.
     pub const ALL: &[&str] = &[
         TARGET_TGID,
@@ -229,6 +243,7 @@ pub mod global_names {
         UPID_SIZE,
         UPID_NS_OFFSET,
         PID_NS_INUM_OFFSET,
+        TASKS_TRACED,
     ];
 }
 
@@ -330,6 +345,9 @@ pub mod site_flags {
     pub const TASK_PAUSE: u8 = 4;
     /// The probe says a task finished: forget its state.
     pub const TASK_FINISH: u8 = 8;
+    /// The probe names a task: its name (or spawn file) is the string argument
+    /// `UsdtSite::task_name_arg`, a line and column may follow it (tokio's `task-spawn`).
+    pub const TASK_NAME: u8 = 64;
     /// Take the user and kernel stacks of every hit: into the event, or (counting) as
     /// the key of `HIT_STACKS` (`tracer trace --stack`).
     pub const STACKS: u8 = 16;
@@ -364,7 +382,9 @@ pub struct UsdtSite {
     pub latency_end_count: u8,
     /// For task probes: which argument identifies the task, or [`TASK_IS_THREAD`].
     pub task_arg: u8,
-    pub _pad: u8,
+    /// For a [`site_flags::TASK_NAME`] probe: the argument that points to the name; the
+    /// next two, when the site has them, are a line and a column.
+    pub task_name_arg: u8,
     /// Bit `i` set: argument `i` could not be decoded at this site (its spec is read as
     /// 0); copied into each event so user space shows it as unavailable.
     pub unavailable: u16,
@@ -577,7 +597,8 @@ pub struct TaskState {
     pub park_start_ns: u64,
     /// User stack where it parked (id in `STACKS`, or a negative errno).
     pub park_stack_id: i32,
-    pub _pad: u32,
+    /// The thread it runs on (or parked on).
+    pub tid: u32,
 }
 
 /// Whether a `TaskKey` accounts running or parked time.
@@ -596,7 +617,55 @@ pub struct TaskKey {
     pub phase: u32,
     /// User stack id for parked time; -1 for running time.
     pub stack_id: i32,
-    pub _pad: u32,
+    /// The thread it ran on (for parked time: the one it parked on).
+    pub tid: u32,
+}
+
+/// Value of `THREAD_TASKS`: the task a thread runs, from the task's run probe to its
+/// pause (or finish) probe.
+pub type ThreadTask = u64;
+
+/// Key of `TASK_WALL`: a thread's time while it ran `task` (what a [`OffCpuKey`] is for
+/// the thread's own time), so each task's running time splits into on CPU (samples,
+/// value `OffCpuTotal::count`), blocked in the kernel and runnable.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct TaskWallKey {
+    pub task: u64,
+    pub key: OffCpuKey,
+    /// One of [`task_wall`].
+    pub kind: u32,
+}
+
+/// What a [`TaskWallKey`] holds.
+pub mod task_wall {
+    /// Off CPU while running the task: `key.state` says blocked or runnable.
+    pub const OFF_CPU: u32 = 0;
+    /// On-CPU samples (frame-pointer stacks; unwound ones are aggregated in user space).
+    pub const ON_CPU: u32 = 1;
+}
+
+/// Bytes of a task's name kept (the rest is cut).
+pub const TASK_NAME_BYTES: usize = 120;
+
+/// Value of `TASK_NAMES`: what a runtime called a task (a name, or the file of its spawn
+/// location), NUL-terminated, and the line and column that go with a file (0 if none).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TaskName {
+    pub text: [u8; TASK_NAME_BYTES],
+    pub line: u32,
+    pub column: u32,
+}
+
+impl Default for TaskName {
+    fn default() -> Self {
+        Self {
+            text: [0; TASK_NAME_BYTES],
+            line: 0,
+            column: 0,
+        }
+    }
 }
 
 /// Indices of the `CONTROL` array: switches user space flips while programs run.
@@ -661,6 +730,9 @@ pub struct UnwindSample {
     /// at `sched_switch`: off-CPU keys carry this id (from [`FIRST_SNAPSHOT_ID`]) as
     /// their user stack id.
     pub snapshot_id: u32,
+    pub _pad: u32,
+    /// For an on-CPU sample: the runtime task the thread was running (0: none known).
+    pub task: u64,
     pub stack: [u8; UNWIND_STACK_BYTES],
 }
 
@@ -836,6 +908,8 @@ mod pod {
         TaskState,
         TaskId,
         TaskKey,
+        TaskWallKey,
+        TaskName,
         UnwindSample,
         BlockPlace,
         LastSnapshot,

@@ -27,7 +27,8 @@ use tracer_common::{
     BlockPlace, HitStackKey, KernelStack, LastSnapshot, LastUserStack, LatencyProcessKey,
     LatencyStartKey, LatencyStats, MAX_LATENCIES, MAX_PROBES, MAX_USDT_SITES, OffCpuKey,
     OffCpuStart, OffCpuTotal, OnCpuKey, ProbeHits, STACK_WORDS_SPAN, SnapshotCheck, TargetProcess,
-    TaskId, TaskKey, TaskState, UsdtSite, UsdtStrEvent, control, counter, histogram,
+    TaskId, TaskKey, TaskName, TaskState, TaskWallKey, ThreadTask, UsdtSite, UsdtStrEvent, control,
+    counter, histogram,
 };
 
 /// Per-site argument specs and latency roles, indexed by the uprobe's BPF cookie.
@@ -105,6 +106,18 @@ static TASK_STATES: HashMap<TaskId, TaskState> = HashMap::with_max_entries(65536
 /// Running and parked time per task (parked time by the stack where it parked).
 #[map]
 static TASK_TIME: HashMap<TaskKey, OffCpuTotal> = HashMap::with_max_entries(65536, 0);
+
+/// The task each thread runs right now (between its run and pause probes).
+#[map]
+static THREAD_TASKS: HashMap<u32, ThreadTask> = HashMap::with_max_entries(65536, 0);
+
+/// Threads' on-CPU samples and off-CPU time while they ran a task, by task and stacks.
+#[map]
+static TASK_WALL: HashMap<TaskWallKey, OffCpuTotal> = HashMap::with_max_entries(65536, 0);
+
+/// What runtimes called their tasks.
+#[map]
+static TASK_NAMES: HashMap<TaskId, TaskName> = HashMap::with_max_entries(65536, 0);
 
 /// User and kernel stacks referenced by id.
 #[map]
@@ -226,6 +239,8 @@ static UPID_SIZE: u32 = 16;
 static UPID_NS_OFFSET: u32 = 8;
 #[unsafe(no_mangle)]
 static PID_NS_INUM_OFFSET: u32 = 0;
+#[unsafe(no_mangle)]
+static TASKS_TRACED: u32 = 0;
 
 /// Reads a global set before load; volatile so the compiler cannot fold the default in.
 #[inline(always)]

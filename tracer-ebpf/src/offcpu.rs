@@ -20,6 +20,10 @@
 //! unwound it and said which stack words the unwinding read (`SNAPSHOT_CHECKS`), and if
 //! those words are unchanged: unwinding again would give the same frames.
 //!
+//! With task probes attached (`TASKS_TRACED`), an interval of a thread that was running
+//! a runtime task when it left the CPU (its `THREAD_TASKS` entry, which cannot change
+//! while it is off CPU) is added under that task too (`TASK_WALL`).
+//!
 //! A thread's switch back in has been seen to go unaccounted, rarely, under load (its
 //! start still open when it later ran and exited). Such a start is closed at the thread's
 //! next switch out, or its death: it has been on the CPU ever since it came back, for as
@@ -41,13 +45,15 @@ use tracer_common::{
     BlockPlace, EXEC_NS_UNKNOWN, FIRST_SNAPSHOT_ID, FIRST_SWITCH_IN_STACK_ID,
     KERNEL_STACK_ALWAYS_NS, KERNEL_STACK_AT_SWITCH_IN, KERNEL_STACK_NOT_SAMPLED, LastSnapshot,
     MAX_SNAPSHOT_CHECKS, MAX_STACK_DEPTH, NO_STACK, OffCpuKey, OffCpuStart, OffCpuTotal,
-    STACK_WORDS_SPAN, SWITCH_IN_STACK_IDS, StackWords, counter, offcpu_state, target_filter,
+    STACK_WORDS_SPAN, SWITCH_IN_STACK_IDS, StackWords, TaskWallKey, counter, offcpu_state,
+    target_filter, task_wall,
 };
 
 use crate::{
     KERNEL_STACK_SCRATCH, KERNEL_STACKS, LAST_USER_STACKS, MIN_BLOCK_NS, OFFCPU_SNAPSHOTS,
     OFFCPU_STARTS, OFFCPU_TIME, SNAPSHOT_CHECKS, SNAPSHOT_SEQ, STACK_WORDS_SCRATCH,
-    TASK_EXEC_RUNTIME_OFFSET, USER_STACK_SCRATCH, count, setting,
+    TASK_EXEC_RUNTIME_OFFSET, TASK_WALL, TASKS_TRACED, THREAD_TASKS, USER_STACK_SCRATCH, count,
+    setting,
     snapshot::{self, Regs},
     stacks::stack_id,
     targets,
@@ -163,7 +169,8 @@ fn close_missed(tid: u32, open: &OffCpuStart, now: u64, exec_ns: u64) {
         KERNEL_STACK_AT_SWITCH_IN => NO_STACK,
         id => id,
     };
-    add_time(&key(tid, open, kernel_stack_id, open.state), blocked);
+    // Not under a task: the thread has run since, maybe another one.
+    add_time(&key(tid, open, kernel_stack_id, open.state), blocked, 0);
 }
 
 /// The frame-pointer user stack id of the current thread, blocking with `regs`: its last
@@ -355,7 +362,7 @@ fn user_snapshot(ctx: &BtfTracePointContext, regs: &Regs, tgid: u32, tid: u32, n
         return last.snapshot_id;
     }
     let snapshot_id = next_snapshot_id();
-    if !snapshot::send(regs, tgid, tid, NO_STACK, snapshot_id as u32) {
+    if !snapshot::send(regs, tgid, tid, NO_STACK, snapshot_id as u32, 0) {
         count(counter::UNWIND_RING_FULL);
         return stack_id(ctx, BPF_F_USER_STACK as u64);
     }
@@ -430,13 +437,15 @@ fn account_switch_in(next: *const u8, now: u64) {
         return;
     }
     if start.kernel_stack_id != KERNEL_STACK_AT_SWITCH_IN {
-        // Marked by user space with the stacks /proc showed.
+        // Marked by user space with the stacks /proc showed (before any task probe).
         add_time(
             &key(next_tid, &start, start.kernel_stack_id, start.state),
             blocked,
+            0,
         );
         return;
     }
+    let task = running_task(next_tid);
     let always = blocked >= KERNEL_STACK_ALWAYS_NS;
     // A shorter interval: with probability blocked / KERNEL_STACK_ALWAYS_NS.
     let take = always
@@ -450,18 +459,21 @@ fn account_switch_in(next: *const u8, now: u64) {
         add_time(
             &key(next_tid, &start, kernel_stack_id, start.state),
             blocked,
+            task,
         );
         return;
     }
     add_time(
         &key(next_tid, &start, KERNEL_STACK_NOT_SAMPLED, start.state),
         blocked,
+        task,
     );
     if take {
         let state = start.state | offcpu_state::SAMPLED;
         add_time(
             &key(next_tid, &start, kernel_stack_id, state),
             KERNEL_STACK_ALWAYS_NS,
+            task,
         );
     }
 }
@@ -477,9 +489,29 @@ fn key(tid: u32, start: &OffCpuStart, kernel_stack_id: i32, state: u32) -> OffCp
     }
 }
 
-/// Adds `ns` and one interval to `key`'s total.
+/// The runtime task thread `tid` runs, 0 for none (or when no task probe is attached).
 #[inline(always)]
-fn add_time(key: &OffCpuKey, ns: u64) {
+pub fn running_task(tid: u32) -> u64 {
+    if setting(&TASKS_TRACED) == 0 {
+        return 0;
+    }
+    // SAFETY: the value is copied out at once.
+    unsafe { THREAD_TASKS.get(&tid) }.copied().unwrap_or(0)
+}
+
+/// Adds `ns` and one interval to `key`'s total, and to `task`'s unless 0.
+#[inline(always)]
+fn add_time(key: &OffCpuKey, ns: u64, task: u64) {
+    if task != 0 {
+        add_task_time(
+            &TaskWallKey {
+                task,
+                key: *key,
+                kind: task_wall::OFF_CPU,
+            },
+            ns,
+        );
+    }
     match OFFCPU_TIME.get_ptr_mut(key) {
         Some(total) => {
             // SAFETY: map value pointer valid during the program; the thread is switching
@@ -495,6 +527,28 @@ fn add_time(key: &OffCpuKey, ns: u64) {
                 count: 1,
             };
             if OFFCPU_TIME.insert(key, &total, 0).is_err() {
+                count(counter::MAP_FULL);
+            }
+        }
+    }
+}
+
+/// Adds `ns` and one interval (or sample) to a task's `TASK_WALL` entry.
+#[inline(always)]
+pub fn add_task_time(key: &TaskWallKey, ns: u64) {
+    match TASK_WALL.get_ptr_mut(key) {
+        // SAFETY: map value pointer valid during the program; the key's thread is on
+        // this CPU, so no one else updates it now.
+        Some(total) => unsafe {
+            (*total).total_ns += ns;
+            (*total).count += 1;
+        },
+        None => {
+            let total = OffCpuTotal {
+                total_ns: ns,
+                count: 1,
+            };
+            if TASK_WALL.insert(key, &total, 0).is_err() {
                 count(counter::MAP_FULL);
             }
         }

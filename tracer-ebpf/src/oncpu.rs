@@ -14,10 +14,10 @@ use aya_ebpf::{
     programs::PerfEventContext,
 };
 use aya_log_ebpf::debug;
-use tracer_common::{NO_STACK, OnCpuKey, counter, target_filter};
+use tracer_common::{NO_STACK, OnCpuKey, TaskWallKey, counter, target_filter, task_wall};
 
 use crate::{
-    ONCPU_SAMPLES, count,
+    ONCPU_SAMPLES, count, offcpu,
     snapshot::{self, Regs, is_user, saved_user_regs},
     stacks::stack_id,
     targets,
@@ -43,7 +43,8 @@ pub fn on_sample_dwarf(ctx: &PerfEventContext) {
     };
     match user {
         Some(regs) => {
-            if snapshot::send(&regs, tgid, tid, kernel_stack_id, 0) {
+            let task = offcpu::running_task(tid);
+            if snapshot::send(&regs, tgid, tid, kernel_stack_id, 0, task) {
                 return;
             }
             count(counter::UNWIND_RING_FULL);
@@ -74,6 +75,15 @@ fn aggregate(ctx: &PerfEventContext, tgid: u32, tid: u32) {
         kernel_stack_id: stack_id(ctx, 0),
         state: 0,
     };
+    let task = offcpu::running_task(tid);
+    if task != 0 {
+        let key = TaskWallKey {
+            task,
+            key,
+            kind: task_wall::ON_CPU,
+        };
+        offcpu::add_task_time(&key, 0);
+    }
     match ONCPU_SAMPLES.get_ptr_mut(&key) {
         Some(samples) => {
             // SAFETY: map value pointer valid during the program; the thread runs on this

@@ -60,9 +60,17 @@ pub fn task_user_regs(task: *mut task_struct) -> Option<Regs> {
 }
 
 /// Sends the current thread's user registers and stack (with its kernel stack id and, for
-/// an off-CPU snapshot, the snapshot's id); false when the ring buffer is full.
+/// an off-CPU snapshot, the snapshot's id; for an on-CPU sample, the runtime task it
+/// runs, or 0); false when the ring buffer is full.
 #[inline(always)]
-pub fn send(regs: &Regs, tgid: u32, tid: u32, kernel_stack_id: i32, snapshot_id: u32) -> bool {
+pub fn send(
+    regs: &Regs,
+    tgid: u32,
+    tid: u32,
+    kernel_stack_id: i32,
+    snapshot_id: u32,
+    task: u64,
+) -> bool {
     let Some(mut entry) = UNWIND_SAMPLES.reserve::<UnwindSample>(0) else {
         return false;
     };
@@ -77,6 +85,8 @@ pub fn send(regs: &Regs, tgid: u32, tid: u32, kernel_stack_id: i32, snapshot_id:
         (*sample).bp = regs.bp;
         (*sample).kernel_stack_id = kernel_stack_id;
         (*sample).snapshot_id = snapshot_id;
+        (*sample)._pad = 0;
+        (*sample).task = task;
         let stack = core::ptr::addr_of_mut!((*sample).stack) as *mut u8;
         read_user_stack(stack, regs.sp)
     };

@@ -1,15 +1,22 @@
 //! Runtime tasks (Julia tasks, tokio tasks, JVM threads) from their task-switch probes:
 //! time each task spends running and parked, parked time by the user stack where it
 //! parked. Keyed by the runtime's own task id, so tasks that migrate between threads are
-//! followed.
+//! followed. While a task runs, its thread's entry in `THREAD_TASKS` names it, so the
+//! scheduler programs put the thread's time then under the task too (`TASK_WALL`); a
+//! naming probe (a spawn with its location, a task's name) fills `TASK_NAMES`.
 
 use aya_ebpf::{bindings::BPF_F_USER_STACK, programs::ProbeContext};
 use tracer_common::{
-    MAX_USDT_ARGS, OffCpuTotal, TASK_IS_THREAD, TaskId, TaskKey, TaskState, UsdtSite, counter,
-    site_flags, task_phase,
+    MAX_USDT_ARGS, OffCpuTotal, TASK_IS_THREAD, TASK_NAME_BYTES, TaskId, TaskKey, TaskName,
+    TaskState, UsdtSite, counter, site_flags, task_phase,
 };
 
-use crate::{TASK_STATES, TASK_TIME, args::read_arg, count, stacks::stack_id};
+use crate::{
+    TASK_NAMES, TASK_STATES, TASK_TIME, THREAD_TASKS,
+    args::{read_arg, read_user_str},
+    count,
+    stacks::stack_id,
+};
 
 #[inline(always)]
 pub fn on_task_probe(ctx: &ProbeContext, site: &UsdtSite, pid_tgid: u64, now: u64) {
@@ -26,22 +33,43 @@ pub fn on_task_probe(ctx: &ProbeContext, site: &UsdtSite, pid_tgid: u64, now: u6
         tgid,
         _pad: 0,
     };
+    let tid = pid_tgid as u32;
+    if site.flags & site_flags::TASK_NAME != 0 {
+        name_task(ctx, site, &id);
+    }
     let finishing = site.flags & site_flags::TASK_FINISH != 0;
     let running = site.flags & site_flags::TASK_RUN != 0;
+    if !finishing && !running && site.flags & site_flags::TASK_PAUSE == 0 {
+        return;
+    }
+    // The thread's time is the task's from its run probe to its pause. A task that
+    // finishes inside its last run (tokio's and Julia's order: run, finish, pause) is the
+    // thread's until that pause, which then ends nothing.
+    // SAFETY: the value is copied out at once.
+    let thread_runs_it = unsafe { THREAD_TASKS.get(&tid) }.is_some_and(|&t| t == task);
+    if running {
+        if THREAD_TASKS.insert(&tid, &task, 0).is_err() {
+            count(counter::MAP_FULL);
+        }
+    } else if !finishing {
+        let _ = THREAD_TASKS.remove(&tid);
+    }
     let Some(state) = TASK_STATES.get_ptr_mut(&id) else {
-        if finishing {
+        if finishing || thread_runs_it {
             return;
         }
         // First sight of this task: start its clock in the phase the probe announces.
         let state = if running {
             TaskState {
                 run_start_ns: now,
+                tid,
                 ..TaskState::default()
             }
         } else {
             TaskState {
                 park_start_ns: now,
                 park_stack_id: park_stack(ctx),
+                tid,
                 ..TaskState::default()
             }
         };
@@ -61,6 +89,7 @@ pub fn on_task_probe(ctx: &ProbeContext, site: &UsdtSite, pid_tgid: u64, now: u6
     }
     // A switch closes the interval that was open and opens the other one.
     close_interval(state, task, tgid, now);
+    state.tid = tid;
     if running {
         state.park_start_ns = 0;
         state.run_start_ns = now;
@@ -80,7 +109,7 @@ fn close_interval(state: &TaskState, task: u64, tgid: u32, now: u64) {
                 tgid,
                 phase: task_phase::PARKED,
                 stack_id: state.park_stack_id,
-                _pad: 0,
+                tid: state.tid,
             },
             now - state.park_start_ns,
         );
@@ -92,12 +121,55 @@ fn close_interval(state: &TaskState, task: u64, tgid: u32, now: u64) {
                 tgid,
                 phase: task_phase::RUNNING,
                 stack_id: -1,
-                _pad: 0,
+                tid: state.tid,
             },
             now - state.run_start_ns,
         );
     }
 }
+
+/// Notes what the probe calls the task: the string its `task_name_arg` points to, and
+/// the line and column in the two arguments after it when the site has them. The first
+/// name stays (a runtime may name a task again at every spawn of its children).
+#[inline(always)]
+fn name_task(ctx: &ProbeContext, site: &UsdtSite, id: &TaskId) {
+    let at = site.task_name_arg as usize;
+    let arg = |i: usize| site.args.get(i).filter(|_| i < site.arg_count as usize);
+    let Some(name_arg) = arg(at) else {
+        return;
+    };
+    // SAFETY: the value is only tested for presence.
+    if unsafe { TASK_NAMES.get(id) }.is_some() {
+        return;
+    }
+    // From a zeroed value in .rodata: one on the stack would take a memset the verifier
+    // does not know.
+    if TASK_NAMES.insert(id, &NO_NAME, 0).is_err() {
+        count(counter::MAP_FULL);
+        return;
+    }
+    let Some(name) = TASK_NAMES.get_ptr_mut(id) else {
+        return;
+    };
+    let number = |i: usize| arg(i).map_or(0, |a| read_arg(ctx, a) as u32);
+    let pointer = read_arg(ctx, name_arg);
+    // SAFETY: map value pointer, valid during this program run, with room for the
+    // bytes; the helper checks the user address and always ends the copy with a NUL.
+    unsafe {
+        (*name).line = number(at + 1);
+        (*name).column = number(at + 2);
+        if read_user_str((*name).text.as_mut_ptr(), TASK_NAME_BYTES as u32, pointer) < 0 {
+            count(counter::ARG_READ_ERRORS);
+        }
+    }
+}
+
+/// An empty [`TaskName`], for a new entry to start from.
+static NO_NAME: TaskName = TaskName {
+    text: [0; TASK_NAME_BYTES],
+    line: 0,
+    column: 0,
+};
 
 /// The user stack where the task parks.
 #[inline(always)]

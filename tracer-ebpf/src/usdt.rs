@@ -64,7 +64,10 @@ pub fn on_hit<const TASKS: bool, const STACKS: bool>(ctx: &ProbeContext) {
     if STACKS && site.flags & site_flags::STACKS != 0 {
         count_stacks(ctx, site, pid_tgid);
     }
-    let task_flags = site_flags::TASK_RUN | site_flags::TASK_PAUSE | site_flags::TASK_FINISH;
+    let task_flags = site_flags::TASK_RUN
+        | site_flags::TASK_PAUSE
+        | site_flags::TASK_FINISH
+        | site_flags::TASK_NAME;
     let task_switch = TASKS && site.flags & task_flags != 0;
     if site.latency_begin_count == 0 && site.latency_end_count == 0 && !task_switch {
         return;
@@ -110,7 +113,7 @@ fn event_stacks(ctx: &ProbeContext, site: &UsdtSite, pid_tgid: u64) -> (i32, i32
     };
     let id = crate::offcpu::next_snapshot_id();
     let (tgid, tid) = ((pid_tgid >> 32) as u32, pid_tgid as u32);
-    let user = if snapshot::send(&regs, tgid, tid, NO_STACK, id as u32) {
+    let user = if snapshot::send(&regs, tgid, tid, NO_STACK, id as u32, 0) {
         id
     } else {
         count(counter::UNWIND_RING_FULL);

@@ -322,7 +322,12 @@ impl ProbePlan {
                 Some(TaskRole::Run) => site_flags::TASK_RUN,
                 Some(TaskRole::Pause) => site_flags::TASK_PAUSE,
                 Some(TaskRole::Finish) => site_flags::TASK_FINISH,
+                Some(TaskRole::Name { .. }) => site_flags::TASK_NAME,
                 None => 0,
+            };
+            let task_name_arg = match task.map(|t| t.role) {
+                Some(TaskRole::Name { name_arg }) => name_arg,
+                _ => 0,
             };
             let task_arg = match task.and_then(|t| t.task_arg) {
                 Some(index) => match args.get(index as usize) {
@@ -354,6 +359,7 @@ impl ProbePlan {
                 arg_count: args.len().min(MAX_USDT_ARGS) as u8,
                 flags: event_flag | task_flag,
                 task_arg,
+                task_name_arg,
                 latency_begin_count: begins.len() as u8,
                 latency_end_count: ends.len() as u8,
                 ..Default::default()

@@ -40,6 +40,35 @@ pub struct TaskReport {
     pub files: Option<ViewFiles>,
 }
 
+/// How many tasks the text report names as having blocked their threads.
+const BLOCKERS_SHOWN: usize = 5;
+
+/// A task's name for the table, without the `task ` its frame starts with.
+fn short_task_name(task: &crate::tasks::TaskSummary) -> &str {
+    task.name.strip_prefix("task ").unwrap_or(&task.name)
+}
+
+/// Where a task blocked, for one line: the innermost user frames and the kernel function
+/// it slept in, innermost first (`nanosleep_[k] <- std::thread::sleep <- app::handler`).
+fn blocking_place(frames: &[String]) -> String {
+    const SHOWN: usize = 6;
+    let kernel = frames
+        .iter()
+        .rev()
+        .find(|f| f.ends_with(crate::stacks::KERNEL_SUFFIX));
+    let user = frames
+        .iter()
+        .rev()
+        .filter(|f| !f.ends_with(crate::stacks::KERNEL_SUFFIX))
+        .take(SHOWN);
+    kernel
+        .into_iter()
+        .chain(user)
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .join(" <- ")
+}
+
 /// How many tasks the text report lists.
 const TASKS_SHOWN: usize = 10;
 
@@ -150,16 +179,6 @@ fn process_latency_table(per_process: &[ProcessLatency]) -> String {
 }
 
 impl AttachReport {
-    /// The name of task `task` where it is a thread of the target (the runtime's tasks
-    /// are its threads, as the JVM's parks are).
-    fn task_name(&self, task: &crate::tasks::TaskSummary) -> Option<&str> {
-        self.wall
-            .per_thread
-            .iter()
-            .find(|t| u64::from(t.tid) == task.task && t.tgid == task.tgid)
-            .and_then(|t| t.name.as_deref())
-    }
-
     fn gc_pause(&self) -> Option<&LatencyReport> {
         self.latencies.iter().find(|l| l.def.name == "gc_pause")
     }
@@ -271,25 +290,65 @@ impl AttachReport {
                     None => "flamegraph not written".into(),
                 }
             );
-            // Where the runtime's tasks are its threads (the JVM's parks), a task is named
-            // by its thread. Time between a run and the next park is "unparked": on CPU or
-            // not (a task blocked in a system call is unparked).
+            // Running: from a run probe to the next pause; of that, on CPU, blocked in the
+            // kernel (the task blocked its thread) and runnable.
             let _ = writeln!(
                 out,
-                "{:>20} {:<20} {:>10} {:>10} {:>7} {:>7}",
-                "TASK", "NAME", "PARKED", "UNPARKED", "PARKS", "RUNS"
+                "{:>20} {:<32} {:>10} {:>10} {:>10} {:>10} {:>10} {:>7} {:>7}",
+                "TASK",
+                "NAME",
+                "RUNNING",
+                "ON-CPU",
+                "BLOCKED",
+                "RUNNABLE",
+                "PARKED",
+                "PARKS",
+                "RUNS"
             );
             for task in tasks.profile.tasks.iter().take(TASKS_SHOWN) {
                 let _ = writeln!(
                     out,
-                    "{:>20} {:<20} {:>10} {:>10} {:>7} {:>7}",
+                    "{:>20} {:<32} {:>10} {:>10} {:>10} {:>10} {:>10} {:>7} {:>7}",
                     task.task,
-                    escape_text(self.task_name(task).unwrap_or("-")),
-                    format_ns(task.parked_ns),
+                    escape_text(short_task_name(task)),
                     format_ns(task.running_ns),
+                    format_ns(task.oncpu_ns()),
+                    format_ns(task.wall.blocked_ns),
+                    format_ns(task.wall.runnable_ns),
+                    format_ns(task.parked_ns),
                     task.parks,
                     task.runs
                 );
+            }
+            let mut blockers: Vec<_> = tasks
+                .profile
+                .tasks
+                .iter()
+                .filter(|t| t.wall.blocked_ns > 0)
+                .collect();
+            blockers.sort_by_key(|t| (std::cmp::Reverse(t.wall.blocked_ns), t.task));
+            if !blockers.is_empty() {
+                let _ = writeln!(
+                    out,
+                    "\nTasks that blocked their thread longest (in the kernel while running):"
+                );
+                for task in blockers.iter().take(BLOCKERS_SHOWN) {
+                    let _ = writeln!(
+                        out,
+                        "  {} blocked its thread {} in {} intervals{}",
+                        escape_text(&task.name),
+                        format_ns(task.wall.blocked_ns),
+                        task.wall.blocked_intervals,
+                        match &task.wall.longest_block {
+                            Some((place, ns)) => format!(
+                                ", {} of it in {}",
+                                format_ns(*ns),
+                                escape_text(&blocking_place(place))
+                            ),
+                            None => String::new(),
+                        }
+                    );
+                }
             }
         }
         // What went unrecorded is a paragraph of its own, after the last table.
@@ -412,11 +471,21 @@ impl AttachReport {
                 "list": t.profile.tasks.iter().map(|task| json!({
                     "task": task.task,
                     "pid": task.tgid,
-                    "name": self.task_name(task),
+                    "name": task.name,
+                    "given_name": task.given_name,
                     "running_ns": task.running_ns,
+                    "oncpu_ns": task.oncpu_ns(),
+                    "oncpu_samples": task.wall.oncpu_samples,
+                    "blocked_ns": task.wall.blocked_ns,
+                    "blocked_intervals": task.wall.blocked_intervals,
+                    "runnable_ns": task.wall.runnable_ns,
                     "parked_ns": task.parked_ns,
                     "runs": task.runs,
                     "parks": task.parks,
+                    "longest_block": task.wall.longest_block.as_ref().map(|(place, ns)| json!({
+                        "stack": place,
+                        "ns": ns,
+                    })),
                 })).collect::<Vec<_>>(),
             })),
             "lost": {
@@ -559,6 +628,7 @@ mod tests {
                 tasks: vec![crate::tasks::TaskSummary {
                     task: 7,
                     tgid: 42,
+                    name: "task #7 on worker [43]".into(),
                     ..Default::default()
                 }],
                 ..Default::default()
@@ -608,41 +678,75 @@ mod tests {
         assert!(tail[3].trim_start().starts_with("7 "), "{text}");
     }
 
-    /// Where the tasks are the target's threads (the JVM's parks), they carry the
-    /// thread's name, and every id is decimal.
+    /// Tasks carry their names, every id is decimal, and the tasks that blocked their
+    /// threads are named with where they blocked, innermost first.
     #[test]
-    fn tasks_that_are_threads_carry_their_names() {
-        use crate::tasks::{TaskProfile, TaskSummary};
-        let mut wall = WallClockProfile::default();
-        wall.per_thread.push(crate::wallclock::ThreadTime {
-            tgid: 42,
-            tid: 4711,
-            name: Some("parker-0".into()),
-            ..Default::default()
-        });
-        let task = |task| TaskSummary {
+    fn tasks_carry_their_names_and_where_they_blocked() {
+        use crate::{
+            tasks::{TaskProfile, TaskSummary},
+            wallclock::TaskWallTime,
+        };
+        let task = |task, name: &str, blocked_ns| TaskSummary {
             task,
             tgid: 42,
+            name: name.into(),
+            running_ns: 5_000_000,
+            wall: TaskWallTime {
+                blocked_ns,
+                blocked_intervals: 2,
+                longest_block: Some((
+                    vec![
+                        "main".into(),
+                        "app::handler".into(),
+                        "std::thread::sleep".into(),
+                        "do_syscall_64_[k]".into(),
+                        "hrtimer_nanosleep_[k]".into(),
+                    ],
+                    blocked_ns,
+                )),
+                ..TaskWallTime::default()
+            },
             ..Default::default()
         };
         let tasks = TaskReport {
             profile: TaskProfile {
-                tasks: vec![task(4711), task(0x7f00_1234)],
+                tasks: vec![
+                    task(4711, "thread parker-0 [4711]", 0),
+                    task(0x7f00_1234, "task src/api.rs:41:5 (#2130710068)", 3_000_000),
+                ],
                 ..Default::default()
             },
             files: None,
         };
-        let report = report_of("java", wall, Some(tasks));
+        let report = report_of("java", WallClockProfile::default(), Some(tasks));
         let text = report.to_text();
-        assert!(text.contains("                4711 parker-0 "), "{text}");
         assert!(
-            text.contains(&format!("{:>20} - ", 0x7f00_1234u64)),
+            text.contains("                4711 thread parker-0 [4711] "),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!(
+                "{:>20} src/api.rs:41:5 (#2130710068) ",
+                0x7f00_1234u64
+            )),
             "{text}"
         );
         assert!(!text.contains("0x7f"), "{text}");
+        assert!(
+            text.contains(
+                "  task src/api.rs:41:5 (#2130710068) blocked its thread 3.00ms in 2 intervals, \
+                 3.00ms of it in hrtimer_nanosleep_[k] <- std::thread::sleep <- app::handler <- main"
+            ),
+            "{text}"
+        );
         let json = report.to_json();
-        assert_eq!(json["tasks"]["list"][0]["name"], "parker-0");
-        assert!(json["tasks"]["list"][1]["name"].is_null());
+        assert_eq!(json["tasks"]["list"][0]["name"], "thread parker-0 [4711]");
+        assert_eq!(json["tasks"]["list"][1]["blocked_ns"], 3_000_000);
+        assert_eq!(json["tasks"]["list"][1]["oncpu_ns"], 2_000_000);
+        assert_eq!(
+            json["tasks"]["list"][1]["longest_block"]["stack"][4],
+            "hrtimer_nanosleep_[k]"
+        );
     }
 
     /// The text and JSON of a fixed report, byte for byte (tracer/tests/data; regenerate

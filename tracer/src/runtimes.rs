@@ -17,6 +17,11 @@ pub enum TaskRole {
     Run,
     Pause,
     Finish,
+    /// The probe names the task: argument `name_arg` points to a NUL-terminated name (or
+    /// a spawn location's file, then followed by its line and column).
+    Name {
+        name_arg: u8,
+    },
 }
 
 /// A probe that marks a task switch, and where it finds the task.
@@ -55,12 +60,20 @@ const JULIA_STYLE_TASKS: &[(&str, TaskRole, Option<u8>)] = &[
     ("rt__finish__task", TaskRole::Finish, Some(0)),
 ];
 
+/// Ours: Julia's, and a task's name (`probes::rt_task_name`).
+const TRACER_TASKS: &[(&str, TaskRole, Option<u8>)] = &[
+    ("rt__run__task", TaskRole::Run, Some(0)),
+    ("rt__pause__task", TaskRole::Pause, Some(0)),
+    ("rt__finish__task", TaskRole::Finish, Some(0)),
+    ("rt__task__name", TaskRole::Name { name_arg: 1 }, Some(0)),
+];
+
 pub const RUNTIMES: &[Runtime] = &[
     Runtime {
         name: "tracer probes",
         provider: "tracer",
         latencies: JULIA_STYLE_GC,
-        task_probes: JULIA_STYLE_TASKS,
+        task_probes: TRACER_TASKS,
     },
     Runtime {
         name: "Julia",

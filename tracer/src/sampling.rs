@@ -10,7 +10,7 @@ use std::{collections::HashMap, time::Duration};
 use anyhow::{Context as _, Result};
 use tracer_common::{
     KERNEL_STACK_AT_SWITCH_IN, NO_STACK, OffCpuStart, STACK_BEFORE_START, UNWIND_STACK_BYTES,
-    counter, offcpu_state,
+    counter, offcpu_state, task_wall,
 };
 
 use crate::{
@@ -26,7 +26,7 @@ use crate::{
     targets::KernelTargets,
     threads::{self, SnapshotOptions, ThreadState},
     unwind::{DwarfUnwinder, Snapshot, UnwindStats, UnwoundStack, WithUnwound},
-    wallclock::{self, BuildOptions, FIRST_SEEDED_ID, RawProfile, WallClockProfile},
+    wallclock::{self, BuildOptions, FIRST_SEEDED_ID, RawProfile, TaskEntries, WallClockProfile},
 };
 
 /// How often the ring buffer of stack snapshots is drained with `--unwind dwarf` (the
@@ -57,12 +57,15 @@ pub struct WallClockSampler {
 }
 
 /// How the profile is built from what was collected.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct ViewOptions {
     /// A `name [tid]` frame for each thread, under its process.
     pub per_thread: bool,
     /// Off-CPU intervals shorter than this are left out (`--min-block`).
     pub min_block: Duration,
+    /// The runtime tasks whose time the threads spent, named (see
+    /// [`TaskEntries::names`]); empty without task probes.
+    pub task_names: HashMap<(u32, u64), String>,
 }
 
 /// What the profile is made of, once the sampler stopped.
@@ -217,12 +220,24 @@ impl WallClockSampler {
             seeds.name_blocked_kernel_stacks(still_alive(loader.offcpu_pending()?))
         };
         let mut oncpu = loader.oncpu_samples()?;
+        let mut tasks = TaskEntries {
+            names: view.task_names,
+            running: loader.thread_tasks()?.into_iter().collect(),
+            ..TaskEntries::default()
+        };
+        for (key, total) in loader.task_wall()? {
+            match key.kind {
+                task_wall::ON_CPU => tasks.oncpu.push((key.task, key.key, total.count)),
+                _ => tasks.offcpu.push((key.task, key.key, total)),
+            }
+        }
         let (unwind_stats, unwound) = match self.unwinding {
             Some(Unwinding { unwinder, .. }) => {
                 let stats = unwinder.stats;
-                let (entries, stacks) = unwinder.finish();
-                oncpu.extend(entries);
-                (Some(stats), Some(stacks))
+                let unwound = unwinder.finish();
+                oncpu.extend(unwound.oncpu);
+                tasks.oncpu.extend(unwound.task_oncpu);
+                (Some(stats), Some(unwound.stacks))
             }
             None => (None, None),
         };
@@ -233,6 +248,7 @@ impl WallClockSampler {
             pending,
             now_ns,
             min_block_ns: u64::try_from(view.min_block.as_nanos()).unwrap_or(u64::MAX),
+            tasks,
         };
         let options = BuildOptions {
             frequency_hz: self.sampling.frequency_hz,

@@ -286,6 +286,7 @@ impl ThreadSnapshot {
             bp: user.bp.unwrap_or(0),
             kernel_stack_id: tracer_common::NO_STACK,
             snapshot_id: 0,
+            task: 0,
             stack: &user.stack,
         })
     }

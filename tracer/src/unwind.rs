@@ -55,7 +55,8 @@ const BP_AT: usize = 24;
 const STACK_LEN_AT: usize = 32;
 const KERNEL_STACK_AT: usize = 36;
 const SNAPSHOT_ID_AT: usize = 40;
-const STACK_AT: usize = 44;
+const TASK_AT: usize = 48;
+const STACK_AT: usize = 56;
 
 /// One snapshot as read from the ring buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,6 +70,8 @@ pub struct Snapshot<'a> {
     pub kernel_stack_id: i32,
     /// 0 for an on-CPU sample; the off-CPU snapshot's id otherwise.
     pub snapshot_id: u32,
+    /// For an on-CPU sample, the runtime task the thread ran (0: none known).
+    pub task: u64,
     /// The stack bytes from `sp` up.
     pub stack: &'a [u8],
 }
@@ -87,6 +90,7 @@ impl<'a> Snapshot<'a> {
             bp: u64_at(BP_AT)?,
             kernel_stack_id: u32_at(KERNEL_STACK_AT)? as i32,
             snapshot_id: u32_at(SNAPSHOT_ID_AT)?,
+            task: u64_at(TASK_AT)?,
             stack: record.get(STACK_AT..STACK_AT + stack_len)?,
         })
     }
@@ -316,8 +320,8 @@ pub struct DwarfUnwinder {
     objects: HashMap<(String, u64), Option<Arc<ObjectTables>>>,
     processes: HashMap<u32, ProcessUnwinder>,
     cache: CacheX86_64,
-    /// On-CPU samples per (tgid, tid, kernel stack id, user stack).
-    samples: HashMap<(u32, u32, i32, UnwoundStack), u64>,
+    /// On-CPU samples per (tgid, tid, kernel stack id, user stack, task).
+    samples: HashMap<(u32, u32, i32, UnwoundStack, u64), u64>,
     /// Off-CPU snapshots by id.
     snapshots: UnwoundStacks,
     pub stats: UnwindStats,
@@ -373,7 +377,13 @@ impl DwarfUnwinder {
         self.stats.in_kernel += u64::from(snapshot.kernel_stack_id != NO_STACK);
         *self
             .samples
-            .entry((snapshot.tgid, snapshot.tid, snapshot.kernel_stack_id, stack))
+            .entry((
+                snapshot.tgid,
+                snapshot.tid,
+                snapshot.kernel_stack_id,
+                stack,
+                snapshot.task,
+            ))
             .or_default() += 1;
         None
     }
@@ -575,10 +585,13 @@ impl DwarfUnwinder {
     /// The unwound on-CPU samples as on-CPU entries (user stack ids from
     /// [`FIRST_UNWOUND_ID`]), and every unwound stack by id: those and the off-CPU
     /// snapshots (ids from [`FIRST_SNAPSHOT_ID`], as the off-CPU keys carry them).
-    pub fn finish(self) -> (Vec<(OnCpuKey, u64)>, UnwoundStacks) {
-        let mut entries = Vec::with_capacity(self.samples.len());
-        let mut stacks = self.snapshots;
-        for (next_id, ((tgid, tid, kernel_stack_id, stack), samples)) in
+    pub fn finish(self) -> UnwoundSamples {
+        let mut unwound = UnwoundSamples {
+            oncpu: Vec::with_capacity(self.samples.len()),
+            task_oncpu: Vec::new(),
+            stacks: self.snapshots,
+        };
+        for (next_id, ((tgid, tid, kernel_stack_id, stack, task), samples)) in
             (FIRST_UNWOUND_ID..FIRST_SNAPSHOT_ID).zip(self.samples)
         {
             let key = OnCpuKey {
@@ -588,11 +601,24 @@ impl DwarfUnwinder {
                 kernel_stack_id,
                 state: 0,
             };
-            entries.push((key, samples));
-            stacks.insert(next_id, stack);
+            unwound.oncpu.push((key, samples));
+            if task != 0 {
+                unwound.task_oncpu.push((task, key, samples));
+            }
+            unwound.stacks.insert(next_id, stack);
         }
-        (entries, stacks)
+        unwound
     }
+}
+
+/// What [`DwarfUnwinder::finish`] gives.
+pub struct UnwoundSamples {
+    /// On-CPU samples by thread and stacks.
+    pub oncpu: Vec<(OnCpuKey, u64)>,
+    /// Those of threads running a runtime task: (task, key, samples).
+    pub task_oncpu: Vec<(u64, OnCpuKey, u64)>,
+    /// Every unwound stack by id.
+    pub stacks: UnwoundStacks,
 }
 
 /// The check of a snapshot the kernel is not to reuse: more words than it can check.
@@ -724,6 +750,10 @@ mod tests {
             std::mem::offset_of!(tracer_common::UnwindSample, snapshot_id),
             SNAPSHOT_ID_AT
         );
+        assert_eq!(
+            std::mem::offset_of!(tracer_common::UnwindSample, task),
+            TASK_AT
+        );
         let mut record = vec![0u8; STACK_AT + 16];
         record[TGID_AT..TGID_AT + 4].copy_from_slice(&7u32.to_ne_bytes());
         record[TID_AT..TID_AT + 4].copy_from_slice(&8u32.to_ne_bytes());
@@ -768,6 +798,7 @@ mod tests {
             bp,
             kernel_stack_id: NO_STACK,
             snapshot_id: 0,
+            task: 0,
             stack: &stack,
         };
         let mut unwinder = DwarfUnwinder::new();
@@ -836,6 +867,7 @@ mod tests {
             bp: sp + 0x100,
             kernel_stack_id: NO_STACK,
             snapshot_id: 5,
+            task: 0,
             stack: &[],
         };
         let read = |offset: u64, value: u64| StackRead {

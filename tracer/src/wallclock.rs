@@ -35,6 +35,13 @@ pub const OFF_CPU_FRAME: &str = "[off-cpu]";
 /// waiting for a CPU) in the wall-clock view.
 pub const RUNNABLE_FRAME: &str = "[runnable]";
 
+/// The leaf frames of the tasks view (see [`TaskEntries`]): which kind of a task's time
+/// a stack is.
+pub const TASK_ON_CPU_FRAME: &str = "[running]";
+pub const TASK_BLOCKED_FRAME: &str = "[blocked while running]";
+pub const TASK_RUNNABLE_FRAME: &str = "[runnable while running]";
+pub const TASK_PARKED_FRAME: &str = "[parked]";
+
 /// The frame standing for the stacks of threads that were already off CPU when profiling
 /// started (see [`tracer_common::STACK_BEFORE_START`]): where they blocked is not known.
 pub const BEFORE_START_FRAME: &str = "[blocked since before profiling started]";
@@ -75,6 +82,26 @@ pub struct WallClockProfile {
     pub unnamed_ns: u64,
     /// Processes seen on or off CPU.
     pub processes: usize,
+    /// The threads' time while they ran runtime tasks, under the task that ran: process,
+    /// task frame, stack, and a leaf frame saying on CPU, blocked or runnable
+    /// ([`TASK_ON_CPU_FRAME`], ...). Empty without task probes.
+    pub tasks: StackProfile,
+    /// Each task's part of it, by (tgid, task).
+    pub task_time: HashMap<(u32, u64), TaskWallTime>,
+}
+
+/// A runtime task's time while it was the running task of a thread: on CPU (samples),
+/// blocked in the kernel, runnable.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TaskWallTime {
+    pub oncpu_samples: u64,
+    pub oncpu_ns: u64,
+    pub blocked_ns: u64,
+    pub blocked_intervals: u64,
+    pub runnable_ns: u64,
+    /// The stack where it blocked its thread longest (frames root first, the process's
+    /// and the task's left out), and how long it blocked there in all.
+    pub longest_block: Option<(Vec<String>, u64)>,
 }
 
 /// One thread's wall time, split.
@@ -111,6 +138,24 @@ pub struct RawProfile {
     /// `--min-block`: pending intervals shorter than this are left out, as the kernel
     /// leaves out finished ones.
     pub min_block_ns: u64,
+    /// What of it was spent running runtime tasks.
+    pub tasks: TaskEntries,
+}
+
+/// The part of a profile the threads spent running runtime tasks (between a task's run
+/// and pause probes), as the kernel recorded it by task.
+#[derive(Debug, Default)]
+pub struct TaskEntries {
+    /// On-CPU samples: (task, key, samples).
+    pub oncpu: Vec<(u64, OnCpuKey, u64)>,
+    /// Off-CPU intervals, and the kernel-stack samples of short ones: (task, key, total).
+    pub offcpu: Vec<(u64, OffCpuKey, OffCpuTotal)>,
+    /// The task each thread runs right now: a thread still blocked when tracing
+    /// stopped blocked while running it.
+    pub running: HashMap<u32, u64>,
+    /// The frame that stands for each task, by (tgid, task); a task missing here is
+    /// `task #N`.
+    pub names: HashMap<(u32, u64), String>,
 }
 
 /// Threads still off CPU when tracing stopped (from the kernel's map of interval starts):
@@ -158,6 +203,7 @@ pub fn build_profile(
     let period_ns = 1_000_000_000 / options.frequency_hz.max(1);
 
     let mut offcpu = spread_unsampled(&raw.offcpu);
+    let mut task_offcpu = spread_task_unsampled(&raw.tasks.offcpu);
     let sampled: HashSet<u32> = raw.oncpu.iter().map(|(k, _)| k.tid).collect();
     let open = OpenIntervals {
         starts: &raw.pending,
@@ -182,6 +228,12 @@ pub fn build_profile(
             state: start.state,
         };
         offcpu.entry(key).or_default().add(Weight { events: 1, ns });
+        if let Some(&task) = raw.tasks.running.get(&tid) {
+            task_offcpu
+                .entry((task, key))
+                .or_default()
+                .add(Weight { events: 1, ns });
+        }
     }
 
     let keys: Vec<OffCpuKey> = raw
@@ -189,8 +241,11 @@ pub fn build_profile(
         .iter()
         .map(|(k, _)| *k)
         .chain(offcpu.keys().copied())
+        .chain(raw.tasks.oncpu.iter().map(|(_, k, _)| *k))
+        .chain(task_offcpu.keys().map(|(_, k)| *k))
         .collect();
-    let namer = Namer::new(&keys, stacks, symbolizer, processes, options.per_thread);
+    let mut namer = Namer::new(&keys, stacks, symbolizer, processes, options.per_thread);
+    let task_frames = TaskFrames::new(&mut namer.table, &raw.tasks, &task_offcpu);
     let oncpu_weight = |samples: u64| Weight {
         events: samples,
         ns: samples * period_ns,
@@ -199,7 +254,55 @@ pub fn build_profile(
     // map insert in two views, and the loop over hundreds of thousands of keys is time a
     // stopping tracer makes its user wait.
     let sized = |len: usize| InternedStacks::with_capacity_and_hasher(len, Default::default());
-    let (wall, oncpu, blocked, per_thread) = std::thread::scope(|scope| {
+    let (wall, oncpu, blocked, per_thread, tasks) = std::thread::scope(|scope| {
+        let tasks = scope.spawn(|| {
+            let mut tasks = sized(raw.tasks.oncpu.len() + task_offcpu.len());
+            let mut times: HashMap<(u32, u64), TaskWallTime> = HashMap::new();
+            let mut blocked_at: HashMap<(u32, u64), HashMap<Vec<u32>, u64>> = HashMap::new();
+            let mut frames = Vec::new();
+            for &(task, key, samples) in &raw.tasks.oncpu {
+                task_frames.frames(&namer, task, &key, task_frames.on_cpu, &mut frames);
+                let weight = oncpu_weight(samples);
+                add_interned(&mut tasks, &frames, weight);
+                let time = times.entry((key.tgid, task)).or_default();
+                time.oncpu_samples += weight.events;
+                time.oncpu_ns += weight.ns;
+            }
+            for (&(task, key), &weight) in &task_offcpu {
+                let runnable = key.state == offcpu_state::RUNNABLE;
+                let leaf = match runnable {
+                    true => task_frames.runnable,
+                    false => task_frames.blocked,
+                };
+                task_frames.frames(&namer, task, &key, leaf, &mut frames);
+                add_interned(&mut tasks, &frames, weight);
+                let time = times.entry((key.tgid, task)).or_default();
+                if runnable {
+                    time.runnable_ns += weight.ns;
+                } else {
+                    time.blocked_ns += weight.ns;
+                    time.blocked_intervals += weight.events;
+                    // Below the process and task frames, without the leaf.
+                    let place = frames[2..frames.len() - 1].to_vec();
+                    *blocked_at
+                        .entry((key.tgid, task))
+                        .or_default()
+                        .entry(place)
+                        .or_default() += weight.ns;
+                }
+            }
+            for (id, places) in blocked_at {
+                let longest = places
+                    .into_iter()
+                    .max_by(|a, b| a.1.cmp(&b.1).then_with(|| b.0.cmp(&a.0)));
+                if let (Some(time), Some((place, ns))) = (times.get_mut(&id), longest) {
+                    let names = namer.table.names();
+                    let place = place.iter().map(|&f| names[f as usize].clone()).collect();
+                    time.longest_block = Some((place, ns));
+                }
+            }
+            (tasks, times)
+        });
         let wall = scope.spawn(|| {
             let mut wall = sized(raw.oncpu.len() + offcpu.len());
             let mut frames = Vec::new();
@@ -259,12 +362,17 @@ pub fn build_profile(
                 add_interned(&mut blocked, &frames, weight);
             }
         }
-        let wall = wall
-            .join()
-            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-        (wall, oncpu, blocked, per_thread)
+        fn join<T>(handle: std::thread::ScopedJoinHandle<'_, T>) -> T {
+            handle
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+        }
+        (join(wall), oncpu, blocked, per_thread, join(tasks))
     });
     let table = namer.table;
+    let (tasks, task_time) = tasks;
+    profile.tasks = StackProfile::from_interned(table.clone(), tasks);
+    profile.task_time = task_time;
     profile.wall = StackProfile::from_interned(table.clone(), wall);
     profile.oncpu = StackProfile::from_interned(table.clone(), oncpu);
     profile.offcpu = StackProfile::from_interned(table, blocked);
@@ -396,6 +504,69 @@ fn spread_unsampled(totals: &[(OffCpuKey, OffCpuTotal)]) -> foldhash::HashMap<Of
         }
     }
     spread
+}
+
+/// [`spread_unsampled`] for each task's entries apart.
+fn spread_task_unsampled(
+    entries: &[(u64, OffCpuKey, OffCpuTotal)],
+) -> foldhash::HashMap<(u64, OffCpuKey), Weight> {
+    let mut by_task: BTreeMap<u64, Vec<(OffCpuKey, OffCpuTotal)>> = BTreeMap::new();
+    for &(task, key, total) in entries {
+        by_task.entry(task).or_default().push((key, total));
+    }
+    let mut spread = foldhash::HashMap::default();
+    for (task, totals) in by_task {
+        spread.extend(
+            spread_unsampled(&totals)
+                .into_iter()
+                .map(|(key, weight)| ((task, key), weight)),
+        );
+    }
+    spread
+}
+
+/// The frames of the tasks view that stacks do not give: each task's, and the leaves.
+struct TaskFrames {
+    tasks: foldhash::HashMap<(u32, u64), u32>,
+    on_cpu: u32,
+    blocked: u32,
+    runnable: u32,
+}
+
+impl TaskFrames {
+    fn new(
+        table: &mut FrameTable,
+        entries: &TaskEntries,
+        offcpu: &foldhash::HashMap<(u64, OffCpuKey), Weight>,
+    ) -> Self {
+        let mut tasks = foldhash::HashMap::default();
+        let ids = entries
+            .oncpu
+            .iter()
+            .map(|(task, key, _)| (key.tgid, *task))
+            .chain(offcpu.keys().map(|(task, key)| (key.tgid, *task)));
+        for id in ids {
+            tasks
+                .entry(id)
+                .or_insert_with(|| match entries.names.get(&id) {
+                    Some(name) => table.intern(name),
+                    None => table.intern(&format!("task #{}", id.1)),
+                });
+        }
+        Self {
+            tasks,
+            on_cpu: table.intern(TASK_ON_CPU_FRAME),
+            blocked: table.intern(TASK_BLOCKED_FRAME),
+            runnable: table.intern(TASK_RUNNABLE_FRAME),
+        }
+    }
+
+    /// `key`'s stack under its process and `task`, ending in `leaf`, into `frames`.
+    fn frames(&self, namer: &Namer, task: u64, key: &OffCpuKey, leaf: u32, frames: &mut Vec<u32>) {
+        namer.frames(key, frames);
+        frames.insert(1, self.tasks[&(key.tgid, task)]);
+        frames.push(leaf);
+    }
 }
 
 /// `weight` split in proportion to `samples` (by kernel stack id), exactly: what rounding
@@ -697,6 +868,7 @@ mod tests {
             ],
             now_ns: 1_000_100,
             min_block_ns: 0,
+            tasks: TaskEntries::default(),
         };
         let mut symbolizer = StackSymbolizer::new();
         let processes = Processes::default();
@@ -762,6 +934,107 @@ mod tests {
             )),
             "{wall}"
         );
+    }
+
+    /// A thread's time while it ran a task goes under the task too: its samples on CPU,
+    /// its blocked and runnable intervals (short ones' time spread over the kernel stacks
+    /// sampled), and its interval still open at the stop; each with its leaf frame.
+    #[test]
+    fn splits_the_time_of_each_task() {
+        let stacks = Stacks(HashMap::from([
+            (1, vec![0x10]),
+            (2, vec![0x20]),
+            (3, vec![0x30]),
+        ]));
+        let key = |user, kernel, state| OffCpuKey {
+            tgid: 7,
+            tid: 8,
+            user_stack_id: user,
+            kernel_stack_id: kernel,
+            state,
+        };
+        let total = |total_ns, count| OffCpuTotal { total_ns, count };
+        let blocked = offcpu_state::BLOCKED;
+        let raw = RawProfile {
+            oncpu: vec![(key(1, NO_STACK, 0), 5)],
+            offcpu: vec![(key(1, 2, blocked), total(4_000_000, 1))],
+            pending: vec![(
+                8,
+                OffCpuStart {
+                    ts_ns: 0,
+                    tgid: 7,
+                    user_stack_id: 1,
+                    kernel_stack_id: 3,
+                    state: blocked,
+                    ..OffCpuStart::default()
+                },
+            )],
+            now_ns: 2_000_000,
+            min_block_ns: 0,
+            tasks: TaskEntries {
+                oncpu: vec![(100, key(1, NO_STACK, 0), 3)],
+                offcpu: vec![
+                    (100, key(1, 2, blocked), total(3_000_000, 1)),
+                    // Ten short intervals, one of them sampled at kernel stack 2.
+                    (
+                        100,
+                        key(1, KERNEL_STACK_NOT_SAMPLED, blocked),
+                        total(1_000_000, 10),
+                    ),
+                    (
+                        100,
+                        key(1, 2, blocked | offcpu_state::SAMPLED),
+                        total(10_000_000, 1),
+                    ),
+                    (100, key(1, 2, offcpu_state::RUNNABLE), total(500_000, 2)),
+                    (101, key(1, 2, blocked), total(1_000_000, 1)),
+                ],
+                running: HashMap::from([(8, 101)]),
+                names: HashMap::from([((7, 100), "task demo (#100)".to_string())]),
+            },
+        };
+        let profile = build_profile(
+            &raw,
+            BuildOptions {
+                frequency_hz: 100,
+                per_thread: false,
+            },
+            &stacks,
+            &mut StackSymbolizer::new(),
+            &Processes::default(),
+        );
+        let demo = &profile.task_time[&(7, 100)];
+        assert_eq!(
+            (demo.oncpu_samples, demo.oncpu_ns, demo.blocked_ns),
+            (3, 30_000_000, 4_000_000)
+        );
+        assert_eq!((demo.blocked_intervals, demo.runnable_ns), (11, 500_000));
+        let (place, ns) = demo.longest_block.as_ref().unwrap();
+        assert_eq!((place.len(), *ns), (2, 4_000_000), "{place:?}");
+        // The other task: a finished interval, and the one open at the stop.
+        let other = &profile.task_time[&(7, 101)];
+        assert_eq!((other.blocked_ns, other.blocked_intervals), (3_000_000, 2));
+        let view = crate::render::flamegraph::FoldedStacks::from(&profile.tasks).to_string();
+        let line = |task: &str, leaf: &str| {
+            view.lines()
+                .filter(|l| l.contains(&format!(";{task};")) && l.contains(&format!(";{leaf} ")))
+                .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+                .sum::<u64>()
+        };
+        assert_eq!(
+            line("task demo (#100)", TASK_ON_CPU_FRAME),
+            30_000,
+            "{view}"
+        );
+        assert_eq!(
+            line("task demo (#100)", TASK_BLOCKED_FRAME),
+            4_000,
+            "{view}"
+        );
+        assert_eq!(line("task demo (#100)", TASK_RUNNABLE_FRAME), 500, "{view}");
+        assert_eq!(line("task #101", TASK_BLOCKED_FRAME), 3_000, "{view}");
+        // The threads' own views are as without tasks.
+        assert_eq!(profile.wall.total_us(), 50_000 + 4_000 + 2_000);
     }
 
     /// Short intervals' time, kept under "not sampled", goes to the kernel stacks sampled

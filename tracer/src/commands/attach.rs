@@ -4,12 +4,13 @@
 //! profile` takes it), until the duration ends, Ctrl-C, or the targets exit.
 
 use std::{
+    collections::HashMap,
     path::Path,
     time::{SystemTime, UNIX_EPOCH},
 };
 
 use anyhow::{Result, bail};
-use tracer_common::{counter, site_flags};
+use tracer_common::{OffCpuTotal, TaskKey, counter, site_flags};
 
 use crate::{
     cli::{AttachConfig, Format},
@@ -248,6 +249,7 @@ pub fn run(config: AttachConfig) -> Result<()> {
         }
     );
 
+    let tasks = TaskInput::read(&loader, &plan, reason, now, &processes)?;
     let mut symbolizer = StackSymbolizer::new();
     let collected = sampler.finish(
         &loader,
@@ -258,6 +260,7 @@ pub fn run(config: AttachConfig) -> Result<()> {
         ViewOptions {
             per_thread: config.per_thread,
             min_block: config.min_block,
+            task_names: tasks.as_ref().map(|t| t.names.clone()).unwrap_or_default(),
         },
     )?;
     if let Some(pid) = single
@@ -291,9 +294,9 @@ pub fn run(config: AttachConfig) -> Result<()> {
         &processes,
         &mut symbolizer,
         collected,
+        tasks,
         &export,
         reason,
-        now,
     )?;
     let text = match config.format {
         Format::Text => report.to_text(),
@@ -433,9 +436,9 @@ fn collect(
     processes: &Processes,
     symbolizer: &mut StackSymbolizer,
     collected: Collected,
+    tasks: Option<TaskInput>,
     export: &ExportInfo<'_>,
     reason: StopReason,
-    now: u64,
 ) -> Result<(AttachReport, Option<anyhow::Error>)> {
     let elapsed_ns = export.duration_ns;
     let by_process = loader.latency_by_process()?;
@@ -517,31 +520,31 @@ fn collect(
         missing_stacks: wall.missing_stacks,
     };
 
-    let has_task_probes = plan
-        .sites
-        .iter()
-        .any(|s| s.site.flags & (site_flags::TASK_RUN | site_flags::TASK_PAUSE) != 0);
-    let tasks = if has_task_probes {
-        // Open intervals of a live target are real time; a target that exited closed its
-        // tasks or never will.
-        let open = if reason == StopReason::TargetExited {
-            Vec::new()
-        } else {
-            loader.task_states()?
-        };
-        let times = tasks::with_open_intervals(loader.task_times()?, &open, now);
-        let profile = tasks::build_profile(&times, loader, symbolizer, processes);
-        let title = format!("Where the tasks of {what} waited");
-        let subtitle = format!(
-            "{} tasks; parked time by the stack where each parked",
-            profile.tasks.len()
-        );
-        let files = write_view(&profile.parked, config, "tasks", &title, &subtitle)
-            .map_err(|e| output_error.get_or_insert(e.into()))
-            .ok();
-        Some(TaskReport { profile, files })
-    } else {
-        None
+    let tasks = match tasks {
+        Some(input) => {
+            let profile = tasks::build_profile(
+                &input.times,
+                &input.names,
+                &input.given,
+                &wall.tasks,
+                &wall.task_time,
+                wall.processes > 1 || traced.len() > 1,
+                loader,
+                symbolizer,
+                processes,
+            );
+            let title = format!("Where the tasks of {what} spent their time");
+            let subtitle = format!(
+                "{} tasks; running (on CPU, blocked, runnable) by stack, parked by the stack \
+                 where each parked",
+                profile.tasks.len()
+            );
+            let files = write_view(&profile.view, config, "tasks", &title, &subtitle)
+                .map_err(|e| output_error.get_or_insert(e.into()))
+                .ok();
+            Some(TaskReport { profile, files })
+        }
+        None => None,
     };
 
     let counters = loader.counters()?;
@@ -571,6 +574,51 @@ fn collect(
         },
     };
     Ok((report, output_error))
+}
+
+/// What the task probes recorded, read before the profile is built (which names tasks
+/// after it).
+struct TaskInput {
+    /// Running and parked time by task, with the intervals still open.
+    times: Vec<(TaskKey, OffCpuTotal)>,
+    /// Each task's frame, and the names the runtimes gave.
+    names: HashMap<(u32, u64), String>,
+    given: HashMap<(u32, u64), String>,
+}
+
+impl TaskInput {
+    /// `None` when no task probe is attached.
+    fn read(
+        loader: &Loader,
+        plan: &ProbePlan,
+        reason: StopReason,
+        now: u64,
+        processes: &Processes,
+    ) -> Result<Option<Self>> {
+        let task_flags = site_flags::TASK_RUN | site_flags::TASK_PAUSE;
+        if !plan.sites.iter().any(|s| s.site.flags & task_flags != 0) {
+            return Ok(None);
+        }
+        // Open intervals of a live target are real time; a target that exited closed its
+        // tasks or never will.
+        let open = if reason == StopReason::TargetExited {
+            Vec::new()
+        } else {
+            loader.task_states()?
+        };
+        let times = tasks::with_open_intervals(loader.task_times()?, &open, now);
+        let named = loader.task_names()?;
+        let names = tasks::task_names(&named, &times, processes);
+        let given = named
+            .iter()
+            .filter_map(|(id, name)| Some(((id.tgid, id.task), tasks::given_name(name)?)))
+            .collect();
+        Ok(Some(Self {
+            times,
+            names,
+            given,
+        }))
+    }
 }
 
 /// Writes one off-CPU flame graph view (`NAME.folded`, `NAME.svg`) into the output

@@ -133,6 +133,8 @@ pub fn run(config: ProfileConfig) -> Result<()> {
         ViewOptions {
             per_thread: config.per_thread,
             min_block: config.min_block,
+            // No task probes are attached.
+            task_names: Default::default(),
         },
     )?;
     let elapsed_ns = now - started;

@@ -20,9 +20,9 @@ use aya::maps::{Array, HashMap, Map, MapData, PerCpuArray, PerCpuHashMap, RingBu
 use thiserror::Error;
 use tracer_common::{
     FIRST_SWITCH_IN_STACK_ID, HitStackKey, KernelStack, LatencyProcessKey, LatencyStats, OffCpuKey,
-    OffCpuStart, OffCpuTotal, OnCpuKey, ProbeHits, SWITCH_IN_STACK_IDS, TaskId, TaskKey, TaskState,
-    ThreadRegs, UsdtSite, control, counter, global_names, histogram, map_names, program_names,
-    site_flags, target_filter, target_match,
+    OffCpuStart, OffCpuTotal, OnCpuKey, ProbeHits, SWITCH_IN_STACK_IDS, TaskId, TaskKey, TaskName,
+    TaskState, TaskWallKey, ThreadRegs, ThreadTask, UsdtSite, control, counter, global_names,
+    histogram, map_names, program_names, site_flags, target_filter, target_match,
 };
 
 pub use diagnostics::{DiagnosticsReader, enable as enable_bpf_diagnostics};
@@ -137,13 +137,16 @@ impl MapSizes {
     pub const DEFAULT_STACKS: u32 = 32768;
     pub const DEFAULT_ENTRIES: u32 = 65536;
 
-    const HASH_MAPS: [&str; 7] = [
+    const HASH_MAPS: [&str; 10] = [
         map_names::LATENCY_STARTS,
         map_names::OFFCPU_STARTS,
         map_names::OFFCPU_TIME,
         map_names::ONCPU_SAMPLES,
         map_names::TASK_STATES,
         map_names::TASK_TIME,
+        map_names::THREAD_TASKS,
+        map_names::TASK_WALL,
+        map_names::TASK_NAMES,
         map_names::OFFCPU_SNAPSHOTS,
     ];
 }
@@ -220,7 +223,13 @@ impl Features {
             ),
             (
                 self.tasks,
-                &[map_names::TASK_STATES, map_names::TASK_TIME][..],
+                &[
+                    map_names::TASK_STATES,
+                    map_names::TASK_TIME,
+                    map_names::THREAD_TASKS,
+                    map_names::TASK_WALL,
+                    map_names::TASK_NAMES,
+                ][..],
             ),
             (stacks, &[map_names::STACKS][..]),
             (self.hit_stacks, &[map_names::HIT_STACKS][..]),
@@ -249,7 +258,7 @@ impl Default for Settings {
 /// Maps the USDT latency and event programs never use, created on another thread while
 /// those are loaded and attached, so the first events are not kept waiting for them (the
 /// stack map alone is tens of megabytes the kernel allocates up front).
-const DEFERRED_MAPS: [&str; 12] = [
+const DEFERRED_MAPS: [&str; 15] = [
     map_names::STACKS,
     map_names::KERNEL_STACKS,
     map_names::LAST_USER_STACKS,
@@ -258,6 +267,9 @@ const DEFERRED_MAPS: [&str; 12] = [
     map_names::ONCPU_SAMPLES,
     map_names::TASK_STATES,
     map_names::TASK_TIME,
+    map_names::THREAD_TASKS,
+    map_names::TASK_WALL,
+    map_names::TASK_NAMES,
     map_names::UNWIND_SAMPLES,
     map_names::OFFCPU_SNAPSHOTS,
     map_names::SNAPSHOT_CHECKS,
@@ -581,6 +593,7 @@ impl Loader {
                 global_names::PID_NS_INUM_OFFSET,
                 pid_numbers[3][0] + pid_numbers[4][0],
             ),
+            u32s(global_names::TASKS_TRACED, u32::from(features.tasks)),
         ];
         let mut max_entries = StdHashMap::from([
             (map_names::USDT_EVENTS, ring_buffer_bytes),
@@ -1231,6 +1244,22 @@ impl Loader {
         self.entries(map_names::TASK_STATES)
     }
 
+    /// Threads' time while they ran a task (on-CPU samples taken by frame pointers,
+    /// off-CPU intervals), by task and stacks.
+    pub fn task_wall(&self) -> Result<Vec<(TaskWallKey, OffCpuTotal)>> {
+        self.entries(map_names::TASK_WALL)
+    }
+
+    /// The task each thread runs right now, by thread id.
+    pub fn thread_tasks(&self) -> Result<Vec<(u32, ThreadTask)>> {
+        self.entries(map_names::THREAD_TASKS)
+    }
+
+    /// What runtimes called their tasks.
+    pub fn task_names(&self) -> Result<Vec<(TaskId, TaskName)>> {
+        self.entries(map_names::TASK_NAMES)
+    }
+
     /// The instruction pointers of stack `id`, innermost first; empty when `id` is an error.
     pub fn stack(&self, id: i32) -> Result<Vec<u64>> {
         if id < 0 {
@@ -1276,7 +1305,10 @@ fn spawn_keeper() -> Result<keeper::LinkKeeper> {
 
 /// The program for USDT site `site`.
 fn usdt_program_name(site: &UsdtSite) -> &'static str {
-    let task_switch = site_flags::TASK_RUN | site_flags::TASK_PAUSE | site_flags::TASK_FINISH;
+    let task_switch = site_flags::TASK_RUN
+        | site_flags::TASK_PAUSE
+        | site_flags::TASK_FINISH
+        | site_flags::TASK_NAME;
     let stacks = site.flags & (site_flags::STACKS | site_flags::STACK_SNAPSHOT) != 0;
     if site.flags & site_flags::EMIT_EVENT == 0 {
         if site.flags & task_switch != 0 {

@@ -1,0 +1,151 @@
+//! `tracer attach` splits each runtime task's wall time: running on a CPU, blocked in the
+//! kernel while it is the running task, runnable, and parked; each under its stacks, by
+//! the task's name.
+
+mod common;
+
+use common::*;
+
+const TASKS_DEMO: &str = env!("CARGO_BIN_EXE_tasks-demo");
+
+/// Whether `seen` is within `relative` of `truth`.
+fn within(seen: u64, truth: u64, relative: f64) -> bool {
+    (seen as f64 - truth as f64).abs() <= relative * truth as f64
+}
+
+/// The time (µs) of the folded lines under `task` (its frame) ending in `leaf`, and the
+/// part of it that also has `function`.
+fn leaf_time(folded: &str, task: &str, leaf: &str, function: &str) -> (u64, u64) {
+    let lines: Vec<(&str, u64)> = folded
+        .lines()
+        .filter(|l| l.contains(&format!(";{task};")) && l.contains(&format!(";{leaf} ")))
+        .map(|l| (l, l.rsplit(' ').next().unwrap().parse::<u64>().unwrap()))
+        .collect();
+    let us = lines.iter().map(|(_, us)| us).sum();
+    let under = lines
+        .iter()
+        .filter(|(l, _)| l.contains(function))
+        .map(|(_, us)| us)
+        .sum();
+    (us, under)
+}
+
+/// Three tasks on two threads: one spinning, one sleeping in a system call while it runs,
+/// one parked on a runtime-level lock. Each task's running, on-CPU, blocked-while-running
+/// and parked time is within 10% of the target's own clocks, under the task's name and
+/// the functions where it spent it.
+#[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+fn each_tasks_time_splits_into_running_blocked_and_parked() {
+    require_privileged();
+    let run = attach_json(
+        TASKS_DEMO,
+        &["--rounds", "40", "--spin-ms", "15", "--sleep-ms", "10"],
+        "tasks-split",
+        &["-F", "499"],
+    );
+    let report = &run.report;
+    let tasks = report["tasks"]["list"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{report:#}"));
+    let folded = std::fs::read_to_string(report["tasks"]["folded"].as_str().unwrap()).unwrap();
+    for truth in run.truth["tasks"].as_array().unwrap() {
+        let id = truth["id"].as_u64().unwrap();
+        let name = truth["name"].as_str().unwrap();
+        let task = tasks
+            .iter()
+            .find(|t| t["task"] == id)
+            .unwrap_or_else(|| panic!("task {id} missing: {report:#}"));
+        let frame = format!("task {name} (#{id})");
+        assert_eq!(task["name"], frame.as_str(), "{task}");
+        assert_eq!(task["runs"], truth["runs"], "task {name}: runs");
+        let field = |t: &serde_json::Value, key: &str| t[key].as_u64().unwrap();
+        for (seen, truth_key) in [
+            ("running_ns", "running_ns"),
+            ("oncpu_ns", "oncpu_ns"),
+            ("blocked_ns", "blocked_ns"),
+            ("parked_ns", "parked_ns"),
+        ] {
+            let (seen_ns, truth_ns) = (field(task, seen), field(truth, truth_key));
+            // Times of a few ms are within 10% or 1 ms (scheduling around the probes).
+            assert!(
+                within(seen_ns, truth_ns, 0.10) || seen_ns.abs_diff(truth_ns) < 1_000_000,
+                "task {name}: {seen} {seen_ns} ns, the task's own clock {truth_ns} ns: {task}"
+            );
+        }
+        eprintln!(
+            "task {name}: running {} ns (truth {}), on CPU {} (truth {}), blocked {} (truth {}), parked {} (truth {})",
+            field(task, "running_ns"),
+            field(truth, "running_ns"),
+            field(task, "oncpu_ns"),
+            field(truth, "oncpu_ns"),
+            field(task, "blocked_ns"),
+            field(truth, "blocked_ns"),
+            field(task, "parked_ns"),
+            field(truth, "parked_ns"),
+        );
+        // Where: the view has each kind of time under the function that spent it.
+        let (leaf, function, truth_key) = match name {
+            "spinner" => ("[running]", "tasks_demo::spin_while_running", "oncpu_ns"),
+            "sleeper" => (
+                "[blocked while running]",
+                "tasks_demo::sleep_while_running",
+                "blocked_ns",
+            ),
+            _ => ("[parked]", "tasks_demo::wait_for_runtime_lock", "parked_ns"),
+        };
+        let (us, under) = leaf_time(&folded, &frame, leaf, function);
+        // Sampled on-CPU time has the sampling's noise (about 300 samples here).
+        assert!(
+            within(us * 1000, field(truth, truth_key), 0.2),
+            "task {name}: {us} µs under {leaf}, truth {} ns:\n{folded}",
+            field(truth, truth_key)
+        );
+        // All but what a task spends around its first run and its finish.
+        assert!(
+            under as f64 >= 0.95 * us as f64,
+            "task {name}: {under} of {us} µs {leaf} under {function}:\n{folded}"
+        );
+    }
+    // The sleeper is named as the task that blocked its thread, in its sleep.
+    let blocked = &tasks.iter().find(|t| t["task"] == 2).unwrap()["longest_block"];
+    let stack: Vec<&str> = blocked["stack"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f.as_str().unwrap())
+        .collect();
+    assert!(
+        stack.contains(&"tasks_demo::sleep_while_running")
+            && stack.iter().any(|f| f.contains("nanosleep")),
+        "{stack:?}"
+    );
+    let _ = std::fs::remove_dir_all(&run.dir);
+}
+
+/// The text report names the task that blocked its thread, and where.
+#[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+fn the_text_report_names_the_task_that_blocked_its_thread() {
+    require_privileged();
+    let dir = out_dir("tasks-text");
+    let target = Target::start(TASKS_DEMO, &["--rounds", "10"]);
+    let pid = target.pid.to_string();
+    let tracer = Tracer::start(&["attach", "--pid", &pid, "-o", dir.to_str().unwrap()]);
+    target.release();
+    let _ = target.finish();
+    let (ok, out, err) = tracer.finish();
+    assert!(ok, "{err}");
+    let line = out
+        .lines()
+        .skip_while(|l| !l.starts_with("Tasks that blocked their thread longest"))
+        .nth(1)
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(
+        line.starts_with("  task sleeper (#2) blocked its thread ")
+            && line.contains("nanosleep")
+            && line.contains("tasks_demo::sleep_while_running"),
+        "{line}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
