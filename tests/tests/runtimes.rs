@@ -17,9 +17,8 @@ mod common;
 
 use std::{
     collections::BTreeMap,
-    io::{BufRead as _, BufReader, Read as _, Write as _},
     path::{Path, PathBuf},
-    process::{Child, ChildStdout, Command, Stdio},
+    process::Command,
 };
 
 use common::*;
@@ -319,59 +318,6 @@ fn a_latency_pair_given_with_the_flag_measures_what_the_builtin_pair_does() {
     // Same probe hits, same timestamps: the same figures, not just the same count.
     assert_eq!(latency(&report, requested[0]), builtin);
     let _ = std::fs::remove_dir_all(dir);
-}
-
-/// A target that prints `ready pid=PID` (other lines before it are skipped), waits for a
-/// line on its standard input, works, and exits; killed if the test fails first.
-struct StdinTarget {
-    pid: u32,
-    child: Child,
-    stdout: BufReader<ChildStdout>,
-}
-
-impl StdinTarget {
-    fn start(command: &mut Command) -> StdinTarget {
-        let mut child = command
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {command:?}: {e}"));
-        let mut target = StdinTarget {
-            pid: 0,
-            stdout: BufReader::new(child.stdout.take().unwrap()),
-            child,
-        };
-        loop {
-            let mut line = String::new();
-            assert!(
-                target.stdout.read_line(&mut line).unwrap() > 0,
-                "{command:?} exited before it was ready"
-            );
-            if let Some(pid) = line.trim().strip_prefix("ready pid=") {
-                target.pid = pid.parse().unwrap();
-                return target;
-            }
-        }
-    }
-
-    /// Lets it work, waits for it to exit, and returns the rest of its standard output.
-    fn release_and_finish(mut self) -> String {
-        let mut stdin = self.child.stdin.take().unwrap();
-        stdin.write_all(b"go\n").unwrap();
-        drop(stdin);
-        let mut rest = String::new();
-        self.stdout.read_to_string(&mut rest).unwrap();
-        let status = self.child.wait().unwrap();
-        assert!(status.success(), "target failed ({status}): {rest}");
-        rest
-    }
-}
-
-impl Drop for StdinTarget {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// A Java program that prints `ready pid=PID`, waits for a line on stdin, calls
@@ -825,54 +771,17 @@ fn main() {
 }
 "##;
 
-/// Builds the tokio program against this workspace's `probes` with `--cfg tokio_unstable`,
-/// as a project of its own under `target/` with its own target directory, so that the
-/// workspace's artifacts (built without the cfg) stay valid. Returns the binary.
+/// Builds the tokio program against this workspace's `probes`, with `--cfg
+/// tokio_unstable` (see [`build_side_project`]).
 fn build_tokio_target() -> PathBuf {
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .canonicalize()
-        .unwrap();
-    let project = workspace.join("target/tokio-task-probes");
-    std::fs::create_dir_all(project.join("src")).unwrap();
-    let manifest = format!(
-        r#"[package]
-name = "tokio-task-probes"
-version = "0.0.0"
-edition = "2024"
-publish = false
-
-# Not a member of the tracer workspace above it.
-[workspace]
-
-[dependencies]
-probes = {{ path = "{}", features = ["tokio"] }}
+    let probes = workspace_dir().join("probes");
+    let dependencies = format!(
+        r#"probes = {{ path = "{}", features = ["tokio"] }}
 tokio = {{ version = "1.54", default-features = false, features = ["rt", "rt-multi-thread"] }}
 "#,
-        workspace.join("probes").display()
+        probes.display()
     );
-    std::fs::write(project.join("Cargo.toml"), manifest).unwrap();
-    std::fs::write(project.join("src/main.rs"), TOKIO_MAIN).unwrap();
-    // The workspace's lock pins the same tokio and probe versions, already downloaded.
-    std::fs::copy(workspace.join("Cargo.lock"), project.join("Cargo.lock")).unwrap();
-    let out = Command::new(option_env!("CARGO").unwrap_or("cargo"))
-        .args(["build", "--release", "--target-dir"])
-        .arg(project.join("target"))
-        .current_dir(&project)
-        .env(
-            "RUSTFLAGS",
-            "--cfg tokio_unstable -C force-frame-pointers=yes",
-        )
-        .env_remove("CARGO_ENCODED_RUSTFLAGS")
-        .output()
-        .expect("cargo");
-    assert!(
-        out.status.success(),
-        "building the tokio target failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    project.join("target/release/tokio-task-probes")
+    build_side_project("tokio-task-probes", &dependencies, TOKIO_MAIN)
 }
 
 #[test]

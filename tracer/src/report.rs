@@ -48,25 +48,36 @@ fn short_task_name(task: &crate::tasks::TaskSummary) -> &str {
     task.name.strip_prefix("task ").unwrap_or(&task.name)
 }
 
-/// Where a task blocked, for one line: the innermost user frames and the kernel function
-/// it slept in, innermost first (`nanosleep_[k] <- std::thread::sleep <- app::handler`).
+/// Where a task blocked, for one line: the kernel function it slept in, then its user
+/// frames innermost first up to the first of the program's own (a Rust frame outside the
+/// standard library), at most a few: `hrtimer_nanosleep_[k] <- std::thread::sleep <-
+/// app::handler`.
 fn blocking_place(frames: &[String]) -> String {
     const SHOWN: usize = 6;
+    let library = |frame: &str| {
+        let frame = frame.trim_start_matches('<');
+        ["std::", "core::", "alloc::"]
+            .iter()
+            .any(|prefix| frame.starts_with(prefix))
+            || !frame.contains("::")
+    };
     let kernel = frames
         .iter()
         .rev()
         .find(|f| f.ends_with(crate::stacks::KERNEL_SUFFIX));
-    let user = frames
+    let mut place: Vec<&str> = kernel.into_iter().map(String::as_str).collect();
+    for frame in frames
         .iter()
         .rev()
         .filter(|f| !f.ends_with(crate::stacks::KERNEL_SUFFIX))
-        .take(SHOWN);
-    kernel
-        .into_iter()
-        .chain(user)
-        .map(String::as_str)
-        .collect::<Vec<_>>()
-        .join(" <- ")
+        .take(SHOWN)
+    {
+        place.push(frame);
+        if !library(frame) {
+            break;
+        }
+    }
+    place.join(" <- ")
 }
 
 /// How many tasks the text report lists.
@@ -735,7 +746,7 @@ mod tests {
         assert!(
             text.contains(
                 "  task src/api.rs:41:5 (#2130710068) blocked its thread 3.00ms in 2 intervals, \
-                 3.00ms of it in hrtimer_nanosleep_[k] <- std::thread::sleep <- app::handler <- main"
+                 3.00ms of it in hrtimer_nanosleep_[k] <- std::thread::sleep <- app::handler\n"
             ),
             "{text}"
         );

@@ -92,6 +92,22 @@ pub const RUNTIMES: &[Runtime] = &[
         ],
     },
     Runtime {
+        // The probes of the tokio-dtrace crate, through the usdt crate: a task's id and
+        // spawn location at every task probe; `__` in usdt's names is `-` in the notes.
+        name: "tokio",
+        provider: "tokio",
+        latencies: &[
+            ("task_poll", "task-poll-start", "task-poll-end"),
+            ("worker_park", "worker-thread-park", "worker-thread-unpark"),
+        ],
+        task_probes: &[
+            ("task-spawn", TaskRole::Name { name_arg: 1 }, Some(0)),
+            ("task-poll-start", TaskRole::Run, Some(0)),
+            ("task-poll-end", TaskRole::Pause, Some(0)),
+            ("task-terminate", TaskRole::Finish, Some(0)),
+        ],
+    },
+    Runtime {
         name: "CPython",
         provider: "python",
         latencies: &[("gc_pause", "gc__start", "gc__done")],
@@ -195,5 +211,12 @@ mod tests {
             );
         }
         assert!(by_provider("nodejs").is_none());
+        let tokio = by_provider("tokio").unwrap();
+        assert!(tokio.latency_defs().any(|l| l.name == "task_poll"));
+        assert!(
+            tokio
+                .task_probe_defs()
+                .any(|t| t.name == "task-spawn" && t.role == TaskRole::Name { name_arg: 1 })
+        );
     }
 }

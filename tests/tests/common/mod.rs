@@ -12,10 +12,10 @@ pub use bpftrace::{Bpftrace, BpftraceMaps};
 use std::{
     cell::RefCell,
     collections::{BTreeSet, HashMap},
-    io::{BufRead as _, BufReader, Read as _},
+    io::{BufRead as _, BufReader, Read as _, Write as _},
     os::unix::fs::{FileExt as _, MetadataExt as _},
     path::{Path, PathBuf},
-    process::{Child, ChildStderr, Command, Stdio},
+    process::{Child, ChildStderr, ChildStdout, Command, Stdio},
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
@@ -690,4 +690,110 @@ pub fn trace_counts(stdout: &str) -> HashMap<String, u64> {
             (format!("{provider}:{name}"), n.as_u64().unwrap())
         })
         .collect()
+}
+
+/// A target that prints `ready pid=PID` (other lines before it are skipped), waits for a
+/// line on its standard input, works, and exits; killed if the test fails first.
+pub struct StdinTarget {
+    pub pid: u32,
+    child: Child,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl StdinTarget {
+    pub fn start(command: &mut Command) -> StdinTarget {
+        let mut child = command
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {command:?}: {e}"));
+        let mut target = StdinTarget {
+            pid: 0,
+            stdout: BufReader::new(child.stdout.take().unwrap()),
+            child,
+        };
+        loop {
+            let mut line = String::new();
+            assert!(
+                target.stdout.read_line(&mut line).unwrap() > 0,
+                "{command:?} exited before it was ready"
+            );
+            if let Some(pid) = line.trim().strip_prefix("ready pid=") {
+                target.pid = pid.parse().unwrap();
+                return target;
+            }
+        }
+    }
+
+    /// Lets it work, waits for it to exit, and returns the rest of its standard output.
+    pub fn release_and_finish(mut self) -> String {
+        let mut stdin = self.child.stdin.take().unwrap();
+        stdin.write_all(b"go\n").unwrap();
+        drop(stdin);
+        let mut rest = String::new();
+        self.stdout.read_to_string(&mut rest).unwrap();
+        let status = self.child.wait().unwrap();
+        assert!(status.success(), "target failed ({status}): {rest}");
+        rest
+    }
+}
+
+impl Drop for StdinTarget {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The workspace's directory.
+pub fn workspace_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .canonicalize()
+        .unwrap()
+}
+
+/// Builds a program of its own (`main`, with `dependencies`: lines of a manifest's
+/// `[dependencies]`) with `--cfg tokio_unstable` and frame pointers, as a project of its
+/// own under `target/NAME` with its own target directory, so that the workspace's
+/// artifacts (built without the cfg) stay valid. Returns the binary.
+pub fn build_side_project(name: &str, dependencies: &str, main: &str) -> PathBuf {
+    let workspace = workspace_dir();
+    let project = workspace.join("target").join(name);
+    std::fs::create_dir_all(project.join("src")).unwrap();
+    let manifest = format!(
+        r#"[package]
+name = "{name}"
+version = "0.0.0"
+edition = "2024"
+publish = false
+
+# Not a member of the tracer workspace above it.
+[workspace]
+
+[dependencies]
+{dependencies}"#
+    );
+    std::fs::write(project.join("Cargo.toml"), manifest).unwrap();
+    std::fs::write(project.join("src/main.rs"), main).unwrap();
+    // The workspace's lock pins the versions it shares, already downloaded.
+    std::fs::copy(workspace.join("Cargo.lock"), project.join("Cargo.lock")).unwrap();
+    let out = Command::new(option_env!("CARGO").unwrap_or("cargo"))
+        .args(["build", "--release", "--target-dir"])
+        .arg(project.join("target"))
+        .current_dir(&project)
+        .env(
+            "RUSTFLAGS",
+            "--cfg tokio_unstable -C force-frame-pointers=yes",
+        )
+        .env_remove("CARGO_ENCODED_RUSTFLAGS")
+        .output()
+        .expect("cargo");
+    assert!(
+        out.status.success(),
+        "building {name} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    project.join("target/release").join(name)
 }
