@@ -40,6 +40,8 @@ pub mod map_names {
     pub const TASK_WALL: &str = "TASK_WALL";
     /// Names and spawn locations runtimes gave their tasks ([`super::TaskName`]).
     pub const TASK_NAMES: &str = "TASK_NAMES";
+    /// Intervals for `attach --timeline` ([`super::TimelineEvent`]).
+    pub const TIMELINE: &str = "TIMELINE";
     pub const ONCPU_SAMPLES: &str = "ONCPU_SAMPLES";
     pub const STACKS: &str = "STACKS";
     pub const COUNTERS: &str = "COUNTERS";
@@ -83,6 +85,7 @@ pub mod map_names {
         THREAD_TASKS,
         TASK_WALL,
         TASK_NAMES,
+        TIMELINE,
         ONCPU_SAMPLES,
         STACKS,
         COUNTERS,
@@ -214,6 +217,11 @@ pub mod global_names {
     /// thread running a task also go to `TASK_WALL`. Zero, the scheduler programs never
     /// look a thread's task up.
     pub const TASKS_TRACED: &str = "TASKS_TRACED";
+    /// Non-zero with `attach --timeline`: latencies, task runs and parks, and off-CPU
+    /// intervals of at least `TIMELINE_MIN_BLOCK_NS` also go to `TIMELINE`, each with its
+    /// start and end.
+    pub const TIMELINE_ON: &str = "TIMELINE_ON";
+    pub const TIMELINE_MIN_BLOCK_NS: &str = "TIMELINE_MIN_BLOCK_NS";
     /// Every name above, for the test that each is in the eBPF object.
     pub const ALL: &[&str] = &[
         TARGET_TGID,
@@ -244,6 +252,8 @@ pub mod global_names {
         UPID_NS_OFFSET,
         PID_NS_INUM_OFFSET,
         TASKS_TRACED,
+        TIMELINE_ON,
+        TIMELINE_MIN_BLOCK_NS,
     ];
 }
 
@@ -645,6 +655,36 @@ pub mod task_wall {
     pub const ON_CPU: u32 = 1;
 }
 
+/// One interval of `attach --timeline`, as the programs saw it end.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TimelineEvent {
+    /// CLOCK_MONOTONIC (ns).
+    pub start_ns: u64,
+    pub end_ns: u64,
+    /// For task intervals: the runtime's task id.
+    pub task: u64,
+    pub tgid: u32,
+    /// The thread it happened on (a parked task's: the one it parked on).
+    pub tid: u32,
+    /// One of [`timeline_kind`].
+    pub kind: u32,
+    /// For a latency, its id; for time off CPU, an [`offcpu_state`].
+    pub detail: u32,
+}
+
+/// What a [`TimelineEvent`] is.
+pub mod timeline_kind {
+    /// A latency between two probes (a GC pause, a phase of it).
+    pub const LATENCY: u32 = 0;
+    /// A task ran (from its run probe to its pause).
+    pub const TASK_RUN: u32 = 1;
+    /// A task was parked (from its pause to its next run).
+    pub const TASK_PARKED: u32 = 2;
+    /// A thread was off CPU (blocked or runnable) for at least the threshold.
+    pub const OFF_CPU: u32 = 3;
+}
+
 /// Bytes of a task's name kept (the rest is cut).
 pub const TASK_NAME_BYTES: usize = 120;
 
@@ -701,7 +741,9 @@ pub mod counter {
     /// Off-CPU: a thread's switch back in was not seen (the interval was closed at its next
     /// switch out or its death, from the CPU time it had had since).
     pub const SWITCH_INS_MISSED: u32 = 8;
-    pub const COUNT: u32 = 9;
+    /// The timeline's ring buffer was full: an interval is missing from it.
+    pub const TIMELINE_LOST: u32 = 9;
+    pub const COUNT: u32 = 10;
 }
 
 /// Maximum frames in a captured stack (the kernel's default perf_event_max_stack).
@@ -910,6 +952,7 @@ mod pod {
         TaskKey,
         TaskWallKey,
         TaskName,
+        TimelineEvent,
         UnwindSample,
         BlockPlace,
         LastSnapshot,

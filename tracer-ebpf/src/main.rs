@@ -27,8 +27,8 @@ use tracer_common::{
     BlockPlace, HitStackKey, KernelStack, LastSnapshot, LastUserStack, LatencyProcessKey,
     LatencyStartKey, LatencyStats, MAX_LATENCIES, MAX_PROBES, MAX_USDT_SITES, OffCpuKey,
     OffCpuStart, OffCpuTotal, OnCpuKey, ProbeHits, STACK_WORDS_SPAN, SnapshotCheck, TargetProcess,
-    TaskId, TaskKey, TaskName, TaskState, TaskWallKey, ThreadTask, UsdtSite, UsdtStrEvent, control,
-    counter, histogram,
+    TaskId, TaskKey, TaskName, TaskState, TaskWallKey, ThreadTask, TimelineEvent, UsdtSite,
+    UsdtStrEvent, control, counter, histogram,
 };
 
 /// Per-site argument specs and latency roles, indexed by the uprobe's BPF cookie.
@@ -118,6 +118,22 @@ static TASK_WALL: HashMap<TaskWallKey, OffCpuTotal> = HashMap::with_max_entries(
 /// What runtimes called their tasks.
 #[map]
 static TASK_NAMES: HashMap<TaskId, TaskName> = HashMap::with_max_entries(65536, 0);
+
+/// Intervals with their start and end, for `attach --timeline`; one page unless user space
+/// sizes it before load.
+#[map]
+static TIMELINE: RingBuf = RingBuf::with_byte_size(4096, 0);
+
+/// Sends one interval to `TIMELINE` when the timeline is on (counted when it is full).
+#[inline(always)]
+fn timeline(event: &TimelineEvent) {
+    if setting(&TIMELINE_ON) == 0 {
+        return;
+    }
+    if TIMELINE.output(event, 0).is_err() {
+        count(counter::TIMELINE_LOST);
+    }
+}
 
 /// User and kernel stacks referenced by id.
 #[map]
@@ -241,6 +257,10 @@ static UPID_NS_OFFSET: u32 = 8;
 static PID_NS_INUM_OFFSET: u32 = 0;
 #[unsafe(no_mangle)]
 static TASKS_TRACED: u32 = 0;
+#[unsafe(no_mangle)]
+static TIMELINE_ON: u32 = 0;
+#[unsafe(no_mangle)]
+static TIMELINE_MIN_BLOCK_NS: u64 = 0;
 
 /// Reads a global set before load; volatile so the compiler cannot fold the default in.
 #[inline(always)]

@@ -45,15 +45,15 @@ use tracer_common::{
     BlockPlace, EXEC_NS_UNKNOWN, FIRST_SNAPSHOT_ID, FIRST_SWITCH_IN_STACK_ID,
     KERNEL_STACK_ALWAYS_NS, KERNEL_STACK_AT_SWITCH_IN, KERNEL_STACK_NOT_SAMPLED, LastSnapshot,
     MAX_SNAPSHOT_CHECKS, MAX_STACK_DEPTH, NO_STACK, OffCpuKey, OffCpuStart, OffCpuTotal,
-    STACK_WORDS_SPAN, SWITCH_IN_STACK_IDS, StackWords, TaskWallKey, counter, offcpu_state,
-    target_filter, task_wall,
+    STACK_WORDS_SPAN, SWITCH_IN_STACK_IDS, StackWords, TaskWallKey, TimelineEvent, counter,
+    offcpu_state, target_filter, task_wall, timeline_kind,
 };
 
 use crate::{
     KERNEL_STACK_SCRATCH, KERNEL_STACKS, LAST_USER_STACKS, MIN_BLOCK_NS, OFFCPU_SNAPSHOTS,
     OFFCPU_STARTS, OFFCPU_TIME, SNAPSHOT_CHECKS, SNAPSHOT_SEQ, STACK_WORDS_SCRATCH,
-    TASK_EXEC_RUNTIME_OFFSET, TASK_WALL, TASKS_TRACED, THREAD_TASKS, USER_STACK_SCRATCH, count,
-    setting,
+    TASK_EXEC_RUNTIME_OFFSET, TASK_WALL, TASKS_TRACED, THREAD_TASKS, TIMELINE_MIN_BLOCK_NS,
+    USER_STACK_SCRATCH, count, setting,
     snapshot::{self, Regs},
     stacks::stack_id,
     targets,
@@ -435,6 +435,17 @@ fn account_switch_in(next: *const u8, now: u64) {
     let blocked = now.saturating_sub(start.ts_ns);
     if blocked < setting(&MIN_BLOCK_NS) {
         return;
+    }
+    if blocked >= setting(&TIMELINE_MIN_BLOCK_NS) {
+        crate::timeline(&TimelineEvent {
+            start_ns: start.ts_ns,
+            end_ns: now,
+            task: 0,
+            tgid: start.tgid,
+            tid: next_tid,
+            kind: timeline_kind::OFF_CPU,
+            detail: start.state,
+        });
     }
     if start.kernel_stack_id != KERNEL_STACK_AT_SWITCH_IN {
         // Marked by user space with the stacks /proc showed (before any task probe).

@@ -8,7 +8,7 @@
 use aya_ebpf::{bindings::BPF_F_USER_STACK, programs::ProbeContext};
 use tracer_common::{
     MAX_USDT_ARGS, OffCpuTotal, TASK_IS_THREAD, TASK_NAME_BYTES, TaskId, TaskKey, TaskName,
-    TaskState, UsdtSite, counter, site_flags, task_phase,
+    TaskState, TimelineEvent, UsdtSite, counter, site_flags, task_phase, timeline_kind,
 };
 
 use crate::{
@@ -113,6 +113,14 @@ fn close_interval(state: &TaskState, task: u64, tgid: u32, now: u64) {
             },
             now - state.park_start_ns,
         );
+        timeline_interval(
+            state,
+            task,
+            tgid,
+            timeline_kind::TASK_PARKED,
+            state.park_start_ns,
+            now,
+        );
     }
     if state.run_start_ns != 0 {
         add(
@@ -125,7 +133,28 @@ fn close_interval(state: &TaskState, task: u64, tgid: u32, now: u64) {
             },
             now - state.run_start_ns,
         );
+        timeline_interval(
+            state,
+            task,
+            tgid,
+            timeline_kind::TASK_RUN,
+            state.run_start_ns,
+            now,
+        );
     }
+}
+
+#[inline(always)]
+fn timeline_interval(state: &TaskState, task: u64, tgid: u32, kind: u32, start: u64, end: u64) {
+    crate::timeline(&TimelineEvent {
+        start_ns: start,
+        end_ns: end,
+        task,
+        tgid,
+        tid: state.tid,
+        kind,
+        detail: 0,
+    });
 }
 
 /// Notes what the probe calls the task: the string its `task_name_arg` points to, and

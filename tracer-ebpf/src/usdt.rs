@@ -13,8 +13,8 @@ use aya_log_ebpf::debug;
 use tracer_common::{
     HitStackKey, LatencyProcessKey, LatencyStartKey, LatencyStats, MAX_LATENCIES,
     MAX_LATENCIES_PER_PROBE, MAX_STR_ARGS, MAX_STR_LEN, MAX_USDT_ARGS, NO_STACK, STACK_NOT_TAKEN,
-    STR_LENGTH_MASK, STR_OFFSET_MASK, UsdtEvent, UsdtSite, UsdtStrEvent, UsdtStrHeader, counter,
-    histogram, site_flags, str_read_size, target_filter,
+    STR_LENGTH_MASK, STR_OFFSET_MASK, TimelineEvent, UsdtEvent, UsdtSite, UsdtStrEvent,
+    UsdtStrHeader, counter, histogram, site_flags, str_read_size, target_filter, timeline_kind,
 };
 
 use crate::{
@@ -225,6 +225,15 @@ fn end_latencies(site: &UsdtSite, tgid: u32, tid: u32, now: u64) {
             Some(&start) => {
                 let _ = LATENCY_STARTS.remove(&key);
                 record_latency(latency_id, tgid, now.saturating_sub(start));
+                crate::timeline(&TimelineEvent {
+                    start_ns: start,
+                    end_ns: now,
+                    task: 0,
+                    tgid,
+                    tid,
+                    kind: timeline_kind::LATENCY,
+                    detail: latency_id,
+                });
             }
             None => count(counter::UNMATCHED_ENDS),
         }

@@ -277,6 +277,19 @@ pub struct AttachArgs {
     /// Put each thread under its own root frame in the flamegraph.
     #[arg(long)]
     pub per_thread: bool,
+    /// Also write a timeline to FILE: Chrome trace-event JSON (Perfetto, speedscope,
+    /// chrome://tracing) with a track per thread (latencies such as GC phases, task runs,
+    /// time off CPU) and one per runtime task (running, parked).
+    #[arg(long, value_name = "FILE")]
+    pub timeline: Option<PathBuf>,
+    /// In the timeline, off-CPU intervals shorter than this are left out.
+    #[arg(
+        long,
+        default_value = "1ms",
+        value_name = "DURATION",
+        requires = "timeline"
+    )]
+    pub timeline_min_block: String,
     /// Report format on standard output.
     #[arg(long, value_enum, default_value_t = Format::Text)]
     pub format: Format,
@@ -347,9 +360,18 @@ pub struct AttachConfig {
     pub min_block: Duration,
     pub latencies: Vec<LatencyRequest>,
     pub per_thread: bool,
+    /// `--timeline FILE` and `--timeline-min-block`.
+    pub timeline: Option<TimelineConfig>,
     pub format: Format,
     pub sampling: Sampling,
     pub map_sizes: MapSizes,
+}
+
+/// Where the timeline goes, and the shortest off-CPU interval it shows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TimelineConfig {
+    pub path: PathBuf,
+    pub min_block: Duration,
 }
 
 impl TryFrom<AttachArgs> for AttachConfig {
@@ -373,6 +395,13 @@ impl TryFrom<AttachArgs> for AttachConfig {
                 .map(|l| parse_latency(l))
                 .collect::<Result<_, _>>()?,
             per_thread: args.per_thread,
+            timeline: match args.timeline {
+                Some(path) => Some(TimelineConfig {
+                    path,
+                    min_block: parse_duration(&args.timeline_min_block)?,
+                }),
+                None => None,
+            },
             format: args.format,
             sampling: Sampling::try_from(&args.sampling)?,
             map_sizes: map_sizes(&args.maps)?,

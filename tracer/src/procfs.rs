@@ -256,27 +256,35 @@ fn parse_namespace_pid(status: &str) -> Option<u32> {
 #[derive(Debug, Default)]
 pub struct ThreadNames {
     names: HashMap<u32, String>,
+    /// Threads seen lately, and when: a new thread often names itself just after it
+    /// starts (its first sight may show the name it inherited), so it is read again.
+    recent: HashMap<u32, std::time::Instant>,
 }
+
+/// How long after its first sight a thread's name is read again by
+/// [`ThreadNames::add_new`].
+const RENAMED_WITHIN: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl ThreadNames {
     /// Reads the names of every current thread of `pid` (threads seen before are kept).
     pub fn refresh(&mut self, pid: u32) {
-        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-            return;
-        };
-        for task in tasks.flatten() {
-            let Some(tid) = task.file_name().to_str().and_then(|t| t.parse().ok()) else {
-                continue;
-            };
-            if let Ok(comm) = read_name(&task.path().join("comm")) {
-                self.names.insert(tid, comm);
-            }
-        }
+        self.read(pid, |_, _| true);
     }
 
-    /// Reads the names of the threads of `pid` not seen before: one directory listing
-    /// when there are none, so it can run often (short-lived threads are named too).
+    /// Reads the names of the threads of `pid` not seen before, and again of those first
+    /// seen less than [`RENAMED_WITHIN`] ago: one directory listing when there are none,
+    /// so it can run often (short-lived threads are named too).
     pub fn add_new(&mut self, pid: u32) {
+        let now = std::time::Instant::now();
+        self.recent
+            .retain(|_, seen| now.duration_since(*seen) < RENAMED_WITHIN);
+        self.read(pid, |names, tid| {
+            !names.names.contains_key(&tid) || names.recent.contains_key(&tid)
+        });
+    }
+
+    /// Reads the names of the threads of `pid` that `wanted` picks.
+    fn read(&mut self, pid: u32, wanted: impl Fn(&Self, u32) -> bool) {
         let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
             return;
         };
@@ -284,11 +292,13 @@ impl ThreadNames {
             let Some(tid) = task.file_name().to_str().and_then(|t| t.parse().ok()) else {
                 continue;
             };
-            if self.names.contains_key(&tid) {
+            if !wanted(self, tid) {
                 continue;
             }
-            if let Ok(comm) = read_name(&task.path().join("comm")) {
-                self.names.insert(tid, comm);
+            if let Ok(comm) = read_name(&task.path().join("comm"))
+                && self.names.insert(tid, comm).is_none()
+            {
+                self.recent.insert(tid, std::time::Instant::now());
             }
         }
     }

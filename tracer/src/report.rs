@@ -156,7 +156,19 @@ pub struct AttachReport {
     /// How to get names for the code that could not be named, when much could not.
     pub unnamed: Option<String>,
     pub tasks: Option<TaskReport>,
+    /// With `--timeline`: the file and how many intervals it holds (`None` if it could
+    /// not be written).
+    pub timeline: Option<TimelineReport>,
     pub losses: Losses,
+}
+
+/// The timeline written (`attach --timeline`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TimelineReport {
+    pub path: std::path::PathBuf,
+    pub intervals: usize,
+    /// Intervals the full ring buffer lost.
+    pub lost: u64,
 }
 
 /// The processes with the most time in one latency: PID, name, count, mean, max, total.
@@ -362,6 +374,18 @@ impl AttachReport {
                 }
             }
         }
+        if let Some(timeline) = &self.timeline {
+            let _ = writeln!(
+                out,
+                "\nTimeline: {} intervals in {} (Chrome trace-event JSON: Perfetto, speedscope){}.",
+                timeline.intervals,
+                timeline.path.display(),
+                match timeline.lost {
+                    0 => String::new(),
+                    lost => format!("; {lost} lost to a full ring buffer"),
+                }
+            );
+        }
         // What went unrecorded is a paragraph of its own, after the last table.
         let l = &self.losses;
         let mut footnotes = String::new();
@@ -499,6 +523,11 @@ impl AttachReport {
                     })),
                 })).collect::<Vec<_>>(),
             })),
+            "timeline": self.timeline.as_ref().map(|t| json!({
+                "path": t.path,
+                "intervals": t.intervals,
+                "lost": t.lost,
+            })),
             "lost": {
                 "events_lost": self.losses.events_lost,
                 "map_full": self.losses.map_full,
@@ -628,6 +657,7 @@ mod tests {
             unwind_stats: None,
             unnamed: None,
             tasks,
+            timeline: None,
             losses: Losses::default(),
         }
     }

@@ -60,6 +60,53 @@ pub fn run() -> Result<()> {
     ensure_ebpf_toolchain(&toolchain)?;
     ensure_bpf_linker(&toolchain)?;
     ensure_test_tools()?;
+    ensure_speedscope()?;
+    Ok(())
+}
+
+/// The speedscope release the timeline test opens in headless Chromium, and its npm
+/// tarball's SHA-512.
+const SPEEDSCOPE_VERSION: &str = "1.25.0";
+const SPEEDSCOPE_SHA512: &str = "7297fd1d64d97f58a32d7049ae4f3b55eff9e2d9d8c7aae57f48144e1be7de8a24ea1eb784b5d539088c7f8e0f4fe5e8579d3770f7ef7e24f980fe6fa23a7a02";
+
+/// Unpacks speedscope's npm package (its built web app, `package/dist/release`) into
+/// `~/.cache/tracer/speedscope-VERSION`, where the timeline test looks; a no-op when it
+/// is there. The tarball is checked against its known SHA-512.
+fn ensure_speedscope() -> Result<()> {
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| "/root".into());
+    let dir = home
+        .join(".cache/tracer")
+        .join(format!("speedscope-{SPEEDSCOPE_VERSION}"));
+    if dir.join("package/dist/release/index.html").is_file() {
+        return Ok(());
+    }
+    std::fs::create_dir_all(&dir)?;
+    let tarball = dir.join("speedscope.tgz");
+    let url =
+        format!("https://registry.npmjs.org/speedscope/-/speedscope-{SPEEDSCOPE_VERSION}.tgz");
+    eprintln!("xtask setup: downloading {url}");
+    crate::run(
+        Command::new("curl")
+            .args(["-fsSL", "-o"])
+            .arg(&tarball)
+            .arg(&url),
+    )
+    .context("downloading speedscope failed")?;
+    let sum = output(Command::new("sha512sum").arg(&tarball))?;
+    if sum.split_whitespace().next() != Some(SPEEDSCOPE_SHA512) {
+        let _ = std::fs::remove_file(&tarball);
+        bail!("{url} does not have the expected SHA-512 ({sum})");
+    }
+    crate::run(
+        Command::new("tar")
+            .arg("xzf")
+            .arg(&tarball)
+            .arg("-C")
+            .arg(&dir),
+    )?;
+    let _ = std::fs::remove_file(&tarball);
     Ok(())
 }
 
@@ -210,7 +257,9 @@ fn have_package(package: &str) -> bool {
 /// The container smoke test (`cargo xtask container`) builds and runs its image with
 /// podman and runc (crun, podman's default, refuses the cgroup v1 these machines mount),
 /// with busybox-static's /bin/busybox as the image's shell (the `busybox` package's is
-/// linked dynamically, so only the package says which one is there).
+/// linked dynamically, so only the package says which one is there). Chromium opens the
+/// timeline in a real viewer (speedscope, see [`ensure_speedscope`]), headless; curl
+/// downloads that viewer.
 fn ensure_test_tools() -> Result<()> {
     let tools = [
         ("bpftrace", "bpftrace"),
@@ -223,6 +272,8 @@ fn ensure_test_tools() -> Result<()> {
         ),
         ("podman", "podman"),
         ("/usr/sbin/runc", "runc"),
+        ("chromium", "chromium"),
+        ("curl", "curl"),
     ];
     let mut missing: Vec<&str> = tools
         .into_iter()

@@ -16,7 +16,7 @@ use crate::{
     cli::{AttachConfig, Format},
     histogram::LatencyHistogram,
     late_sites::{self, LateSites, Members},
-    loader::{Features, Loader, Settings},
+    loader::{Features, Loader, RecordRing, Settings},
     privileges,
     probe_plan::{ProbePlan, SiteInput, SiteMode},
     processes::Processes,
@@ -25,11 +25,12 @@ use crate::{
         self,
         export::ExportInfo,
         flamegraph::{Palette, SvgOptions},
+        timeline::{self, Timeline, TimelineNames},
         views::write_profile_files,
     },
     report::{
         AttachReport, LatencyReport, Losses, OffCpuProfile, ProbeReport, ProcessLatency,
-        TaskReport, TracedProcess,
+        TaskReport, TimelineReport, TracedProcess,
     },
     runtimes::{self, LatencyDef, TaskProbeDef},
     sampling::{self, Collected, ViewOptions, WallClockSampler},
@@ -117,6 +118,9 @@ pub fn run(config: AttachConfig) -> Result<()> {
 
     // Before anything is attached: a trace whose files cannot be written fails now.
     render::prepare_output_dir(&config.output_dir)?;
+    if let Some(timeline) = &config.timeline {
+        render::prepare_output_file(&timeline.path)?;
+    }
 
     let mut processes = Processes::default();
     for &pid in &pids {
@@ -144,9 +148,17 @@ pub fn run(config: AttachConfig) -> Result<()> {
         map_sizes: config.map_sizes,
         // Sites found later get cookies after these: room for them.
         plan_sizes: Some(plan.room_to_grow()),
+        timeline_min_block: config.timeline.as_ref().map(|t| t.min_block),
         ..Settings::default()
     })
     .map_err(|e| on_target(e.into()))?;
+    let mut timeline = match config.timeline {
+        Some(_) => Some(TimelineReader {
+            ring: loader.take_timeline()?,
+            timeline: Timeline::default(),
+        }),
+        None => None,
+    };
     let mut tracker = TargetTracker::for_set(spec, &loader)?;
     loader
         .attach_usdt_sites(&plan.usdt_sites(), warm_up)
@@ -173,6 +185,9 @@ pub fn run(config: AttachConfig) -> Result<()> {
     let probe_names: Vec<String> = plan.probes.iter().map(|p| p.specifier()).collect();
     let _diagnostics = loader.start_diagnostics(&probe_names);
     let started = sampler.started_ns;
+    if let Some(reader) = timeline.as_mut() {
+        reader.timeline.origin_ns = started;
+    }
     let start_unix_ns = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64)
@@ -215,6 +230,7 @@ pub fn run(config: AttachConfig) -> Result<()> {
                 &mut processes,
                 &mut plan,
                 &mut later,
+                timeline.as_mut(),
             ),
             targets::track(tracker.as_mut()),
         ),
@@ -227,6 +243,9 @@ pub fn run(config: AttachConfig) -> Result<()> {
     later.release_all(&mut loader);
     loader.detach_usdt()?;
     sampler.detach(&mut processes);
+    if let Some(reader) = timeline.as_mut() {
+        reader.drain();
+    }
     stop::restore_default_signals();
     let traced: Vec<u32> = match &tracker {
         Some(tracker) => {
@@ -295,6 +314,7 @@ pub fn run(config: AttachConfig) -> Result<()> {
         &mut symbolizer,
         collected,
         tasks,
+        timeline.map(|t| t.timeline),
         &export,
         reason,
     )?;
@@ -390,11 +410,15 @@ async fn run_attached(
     processes: &mut Processes,
     plan: &mut ProbePlan,
     later: &mut LateSites,
+    mut timeline: Option<&mut TimelineReader>,
 ) -> std::io::Result<StopReason> {
     let mut chores = sampling::SamplerChores::default();
     let mut ticker = tokio::time::interval(late_sites::LOOK_PERIOD);
     loop {
         ticker.tick().await;
+        if let Some(reader) = timeline.as_deref_mut() {
+            reader.drain();
+        }
         let added = later.look(loader, plan);
         // Before the snapshots are unwound: a library just mapped (libjvm.so) has the
         // frames of what the process runs next.
@@ -437,6 +461,7 @@ fn collect(
     symbolizer: &mut StackSymbolizer,
     collected: Collected,
     tasks: Option<TaskInput>,
+    timeline: Option<Timeline>,
     export: &ExportInfo<'_>,
     reason: StopReason,
 ) -> Result<(AttachReport, Option<anyhow::Error>)> {
@@ -548,6 +573,47 @@ fn collect(
     };
 
     let counters = loader.counters()?;
+    let timeline = match (timeline, &config.timeline) {
+        (Some(timeline), Some(wanted)) => {
+            let latencies: Vec<String> = plan.latencies.iter().map(|l| l.name.clone()).collect();
+            let task_names = tasks.as_ref().map(|t| {
+                t.profile
+                    .tasks
+                    .iter()
+                    .map(|s| ((s.tgid, s.task), s.name.clone()))
+                    .collect::<HashMap<_, _>>()
+            });
+            let names = TimelineNames {
+                latencies: &latencies,
+                process: &|pid| name_of(pid),
+                thread: &|tid| processes.thread_name(tid).map(str::to_string),
+                task: &|tgid, task| {
+                    task_names
+                        .as_ref()
+                        .and_then(|names| names.get(&(tgid, task)).cloned())
+                        .unwrap_or_else(|| format!("task #{task}"))
+                },
+            };
+            let written = render::write_output(&wanted.path, |out| {
+                timeline::write_chrome_trace(&timeline, &names, out)
+            });
+            match written {
+                Ok(()) => Some(TimelineReport {
+                    path: wanted.path.clone(),
+                    intervals: timeline.events.len(),
+                    lost: counters[counter::TIMELINE_LOST as usize],
+                }),
+                Err(e) => {
+                    output_error.get_or_insert(anyhow::Error::new(e).context(format!(
+                        "cannot write the timeline {}",
+                        wanted.path.display()
+                    )));
+                    None
+                }
+            }
+        }
+        _ => None,
+    };
     let report = AttachReport {
         pid: target.pid.or(traced.first().map(|p| p.pid)).unwrap_or(0),
         process_name: target.name.clone(),
@@ -563,6 +629,7 @@ fn collect(
         unwind_stats,
         unnamed,
         tasks,
+        timeline,
         losses: Losses {
             events_lost: counters[counter::EVENTS_LOST as usize],
             map_full: counters[counter::MAP_FULL as usize],
@@ -574,6 +641,19 @@ fn collect(
         },
     };
     Ok((report, output_error))
+}
+
+/// The timeline's ring buffer and what was read from it.
+struct TimelineReader {
+    ring: RecordRing,
+    timeline: Timeline,
+}
+
+impl TimelineReader {
+    fn drain(&mut self) {
+        let timeline = &mut self.timeline;
+        self.ring.drain(|record| timeline.add_record(record));
+    }
 }
 
 /// What the task probes recorded, read before the profile is built (which names tasks

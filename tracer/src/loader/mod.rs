@@ -112,7 +112,14 @@ pub struct Settings {
     pub plan_sizes: Option<PlanSizes>,
     /// Sizes of the kernel's aggregation maps.
     pub map_sizes: MapSizes,
+    /// With `attach --timeline`: the shortest off-CPU interval the timeline shows; the
+    /// programs then send intervals to the timeline's ring buffer
+    /// ([`Loader::take_timeline`], [`TIMELINE_RING_BYTES`]).
+    pub timeline_min_block: Option<Duration>,
 }
+
+/// The size of the timeline's ring buffer: 400k intervals, drained every millisecond.
+pub const TIMELINE_RING_BYTES: u32 = 16 << 20;
 
 /// How many USDT sites, probes and latencies a run attaches (see [`Settings::plan_sizes`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -251,6 +258,7 @@ impl Default for Settings {
             unwind_ring_bytes: MIN_RING_BUFFER_BYTES,
             map_sizes: MapSizes::default(),
             plan_sizes: None,
+            timeline_min_block: None,
         }
     }
 }
@@ -594,10 +602,27 @@ impl Loader {
                 pid_numbers[3][0] + pid_numbers[4][0],
             ),
             u32s(global_names::TASKS_TRACED, u32::from(features.tasks)),
+            u32s(
+                global_names::TIMELINE_ON,
+                u32::from(settings.timeline_min_block.is_some()),
+            ),
+            u64s(
+                global_names::TIMELINE_MIN_BLOCK_NS,
+                settings
+                    .timeline_min_block
+                    .map_or(0, |d| d.as_nanos().min(u64::MAX as u128) as u64),
+            ),
         ];
         let mut max_entries = StdHashMap::from([
             (map_names::USDT_EVENTS, ring_buffer_bytes),
             (map_names::UNWIND_SAMPLES, settings.unwind_ring_bytes),
+            (
+                map_names::TIMELINE,
+                match settings.timeline_min_block {
+                    Some(_) => TIMELINE_RING_BYTES,
+                    None => MIN_RING_BUFFER_BYTES,
+                },
+            ),
         ]);
         if let Some(stacks) = settings.map_sizes.stacks {
             max_entries.insert(map_names::STACKS, stacks);
@@ -1038,6 +1063,12 @@ impl Loader {
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(Attachment { links })
+    }
+
+    /// Takes the timeline's ring buffer ([`tracer_common::TimelineEvent`]).
+    pub fn take_timeline(&mut self) -> Result<RecordRing> {
+        self.finish_maps()?;
+        self.take_ring(map_names::TIMELINE)
     }
 
     /// Takes the ring buffer of user stack snapshots ([`tracer_common::UnwindSample`]).

@@ -4,6 +4,7 @@
 pub mod export;
 pub mod flamegraph;
 pub mod hist;
+pub mod timeline;
 pub mod views;
 
 use std::fs::OpenOptions;
@@ -11,6 +12,36 @@ use std::io::{self, BufWriter, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
+
+/// Checks, before anything is traced, that the file `path` can be written (as
+/// [`write_output`] will: not through a link, into a directory that takes a new file),
+/// writing and removing a file beside it; what is at `path` stays until it is replaced.
+pub fn prepare_output_file(path: &Path) -> io::Result<()> {
+    let context = |err: io::Error| {
+        io::Error::new(
+            err.kind(),
+            format!("cannot write {}: {err}", path.display()),
+        )
+    };
+    if let Ok(meta) = std::fs::symlink_metadata(path)
+        && (meta.file_type().is_symlink() || !meta.is_file())
+    {
+        return Err(context(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "it is a link or not a regular file",
+        )));
+    }
+    let name = path
+        .file_name()
+        .ok_or_else(|| context(io::Error::new(io::ErrorKind::InvalidInput, "no file name")))?;
+    let mut check_name = std::ffi::OsString::from(".");
+    check_name.push(name);
+    check_name.push(".check");
+    let check = path.with_file_name(check_name);
+    write_output(&check, |_| Ok(()))
+        .and_then(|()| std::fs::remove_file(&check))
+        .map_err(context)
+}
 
 /// Checks, before anything is traced, that output files can be written into `dir`:
 /// creates it if needed (with its parents), and writes and removes a file in it. A trace

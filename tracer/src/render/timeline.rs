@@ -1,0 +1,263 @@
+//! `attach --timeline FILE`: the intervals the programs saw end, as a Chrome trace-event
+//! JSON file (the format Perfetto, speedscope and chrome://tracing open).
+//!
+//! Each process is a `pid`; each of its threads a track (`tid`) holding its latencies
+//! (GC pauses and their phases: `gc_pause`, `gc_stop_the_world`, ...), the runs of the
+//! runtime tasks it ran (`task NAME`) and its off-CPU intervals of at least the threshold
+//! (`blocked`, `runnable`); each runtime task a track of its own (`task NAME`, `running`
+//! and `parked`). Every interval is a complete event (`"ph":"X"`) with its start and
+//! length in microseconds, the format's unit, from the start of tracing, to the
+//! nanosecond (three decimals). Intervals still open when tracing stopped are not in it.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    io::{self, Write},
+};
+
+use serde_json::json;
+use tracer_common::{TimelineEvent, offcpu_state, timeline_kind};
+
+/// Track ids of task tracks start here, above any thread id (at most 2^22).
+const FIRST_TASK_TRACK: u64 = 1 << 30;
+
+/// The intervals read from the timeline's ring buffer.
+#[derive(Debug, Default)]
+pub struct Timeline {
+    pub events: Vec<TimelineEvent>,
+    /// When tracing started (CLOCK_MONOTONIC ns): time 0 in the file.
+    pub origin_ns: u64,
+}
+
+impl Timeline {
+    /// Adds one ring buffer record; a record of another size is ignored.
+    pub fn add_record(&mut self, record: &[u8]) {
+        if record.len() < std::mem::size_of::<TimelineEvent>() {
+            return;
+        }
+        // SAFETY: the record holds a whole TimelineEvent, plain old data written by the
+        // eBPF side; read unaligned, as ring buffer records are 8-byte aligned only.
+        let event = unsafe { std::ptr::read_unaligned(record.as_ptr() as *const TimelineEvent) };
+        self.events.push(event);
+    }
+}
+
+/// What the events' ids are called.
+pub struct TimelineNames<'a> {
+    /// Latencies by id.
+    pub latencies: &'a [String],
+    pub process: &'a dyn Fn(u32) -> String,
+    pub thread: &'a dyn Fn(u32) -> Option<String>,
+    /// A task's frame name, by (tgid, task).
+    pub task: &'a dyn Fn(u32, u64) -> String,
+}
+
+/// Writes `timeline` as Chrome trace-event JSON.
+pub fn write_chrome_trace(
+    timeline: &Timeline,
+    names: &TimelineNames<'_>,
+    out: &mut dyn Write,
+) -> io::Result<()> {
+    let origin_ns = timeline.origin_ns;
+    // Whole nanoseconds as microseconds: three decimals.
+    let us = |ns: u64| ns.saturating_sub(origin_ns) as f64 / 1e3;
+    let dur = |e: &TimelineEvent| e.end_ns.saturating_sub(e.start_ns) as f64 / 1e3;
+    let mut threads: BTreeMap<(u32, u32), ()> = BTreeMap::new();
+    let mut task_tracks: HashMap<(u32, u64), u64> = HashMap::new();
+    let mut tracks: Vec<(u32, u64, String)> = Vec::new();
+    let mut events = Vec::with_capacity(timeline.events.len() * 2);
+    let mut sorted: Vec<&TimelineEvent> = timeline.events.iter().collect();
+    // Outer intervals before the ones they hold, as viewers want them.
+    sorted.sort_by_key(|e| (e.start_ns, std::cmp::Reverse(e.end_ns)));
+    let mut task_track = |tgid: u32, task: u64, tracks: &mut Vec<(u32, u64, String)>| {
+        let next = FIRST_TASK_TRACK + task_tracks.len() as u64;
+        *task_tracks.entry((tgid, task)).or_insert_with(|| {
+            tracks.push((tgid, next, (names.task)(tgid, task)));
+            next
+        })
+    };
+    for e in sorted {
+        let (pid, tid) = (e.tgid, e.tid);
+        let complete = |name: &str, cat: &str, track: u64| {
+            json!({
+                "name": name, "cat": cat, "ph": "X", "pid": pid, "tid": track,
+                "ts": us(e.start_ns), "dur": dur(e),
+            })
+        };
+        match e.kind {
+            timeline_kind::LATENCY => {
+                threads.insert((pid, tid), ());
+                let name = names
+                    .latencies
+                    .get(e.detail as usize)
+                    .map_or("latency", String::as_str);
+                events.push(complete(name, "latency", u64::from(tid)));
+            }
+            timeline_kind::TASK_RUN => {
+                threads.insert((pid, tid), ());
+                let track = task_track(pid, e.task, &mut tracks);
+                events.push(complete(&(names.task)(pid, e.task), "task", u64::from(tid)));
+                events.push(complete("running", "task", track));
+            }
+            timeline_kind::TASK_PARKED => {
+                let track = task_track(pid, e.task, &mut tracks);
+                events.push(complete("parked", "task", track));
+            }
+            timeline_kind::OFF_CPU => {
+                threads.insert((pid, tid), ());
+                let name = match e.detail & !offcpu_state::SAMPLED {
+                    offcpu_state::RUNNABLE => "runnable",
+                    _ => "blocked",
+                };
+                events.push(complete(name, "off-cpu", u64::from(tid)));
+            }
+            _ => {}
+        }
+    }
+    let mut metadata = Vec::new();
+    let mut processes: Vec<u32> = threads.keys().map(|&(pid, _)| pid).collect();
+    processes.extend(tracks.iter().map(|&(pid, _, _)| pid));
+    processes.sort_unstable();
+    processes.dedup();
+    for &pid in &processes {
+        metadata.push(json!({
+            "name": "process_name", "ph": "M", "pid": pid,
+            "args": { "name": format!("{} [{pid}]", (names.process)(pid)) },
+        }));
+    }
+    for &(pid, tid) in threads.keys() {
+        let name = (names.thread)(tid).unwrap_or_else(|| "?".into());
+        metadata.push(json!({
+            "name": "thread_name", "ph": "M", "pid": pid, "tid": tid,
+            "args": { "name": format!("{name} [{tid}]") },
+        }));
+        metadata.push(json!({
+            "name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid,
+            "args": { "sort_index": tid },
+        }));
+    }
+    for (pid, track, name) in &tracks {
+        metadata.push(json!({
+            "name": "thread_name", "ph": "M", "pid": pid, "tid": track,
+            "args": { "name": name },
+        }));
+        metadata.push(json!({
+            "name": "thread_sort_index", "ph": "M", "pid": pid, "tid": track,
+            "args": { "sort_index": track },
+        }));
+    }
+    metadata.extend(events);
+    let file = json!({ "traceEvents": metadata, "displayTimeUnit": "ms" });
+    serde_json::to_writer(&mut *out, &file)?;
+    out.write_all(b"\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(kind: u32, tid: u32, start_ns: u64, end_ns: u64, detail: u32) -> TimelineEvent {
+        TimelineEvent {
+            start_ns,
+            end_ns,
+            task: 7,
+            tgid: 42,
+            tid,
+            kind,
+            detail,
+        }
+    }
+
+    /// Microseconds, as the format wants (not nanoseconds), from the origin, to the
+    /// nanosecond; one track per thread and per task, named; latencies named by id.
+    #[test]
+    fn writes_complete_events_in_microseconds_on_named_tracks() {
+        let timeline = Timeline {
+            events: vec![
+                event(timeline_kind::LATENCY, 43, 1_000_000, 21_000_500, 1),
+                event(timeline_kind::LATENCY, 43, 500_000, 21_500_000, 0),
+                event(timeline_kind::TASK_RUN, 44, 2_000_000, 3_000_000, 0),
+                event(timeline_kind::TASK_PARKED, 44, 3_000_000, 9_000_000, 0),
+                event(
+                    timeline_kind::OFF_CPU,
+                    44,
+                    2_100_000,
+                    2_900_000,
+                    offcpu_state::BLOCKED,
+                ),
+            ],
+            origin_ns: 500_000,
+        };
+        let latencies = ["gc_pause".to_string(), "gc_mark".to_string()];
+        let names = TimelineNames {
+            latencies: &latencies,
+            process: &|_| "demo".into(),
+            thread: &|tid| (tid == 43).then(|| "collector".into()),
+            task: &|_, task| format!("task worker (#{task})"),
+        };
+        let mut out = Vec::new();
+        write_chrome_trace(&timeline, &names, &mut out).unwrap();
+        let json: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        let events = json["traceEvents"].as_array().unwrap();
+        let find = |name: &str| {
+            events
+                .iter()
+                .find(|e| e["name"] == name && e["ph"] == "X")
+                .unwrap_or_else(|| panic!("no {name}: {json:#}"))
+        };
+        let pause = find("gc_pause");
+        assert_eq!(
+            (pause["ts"].as_f64(), pause["dur"].as_f64()),
+            (Some(0.0), Some(21_000.0))
+        );
+        assert_eq!(pause["tid"], 43);
+        let mark = find("gc_mark");
+        assert_eq!(
+            (mark["ts"].as_f64(), mark["dur"].as_f64()),
+            (Some(500.0), Some(20_000.5))
+        );
+        // The pause comes before the mark it holds.
+        let at = |name: &str| events.iter().position(|e| e["name"] == name).unwrap();
+        assert!(at("gc_pause") < at("gc_mark"));
+        // The task's run on its thread, and on its own track with its park.
+        let run = find("task worker (#7)");
+        assert_eq!(run["tid"], 44);
+        let (running, parked) = (find("running"), find("parked"));
+        assert_eq!(running["tid"], FIRST_TASK_TRACK);
+        assert_eq!(parked["tid"], FIRST_TASK_TRACK);
+        assert_eq!(parked["dur"].as_f64(), Some(6_000.0));
+        assert_eq!(find("blocked")["tid"], 44);
+        let track_name = |tid: u64| {
+            events
+                .iter()
+                .find(|e| e["name"] == "thread_name" && e["tid"] == tid)
+                .map(|e| e["args"]["name"].as_str().unwrap().to_string())
+        };
+        assert_eq!(track_name(43).as_deref(), Some("collector [43]"));
+        assert_eq!(track_name(44).as_deref(), Some("? [44]"));
+        assert_eq!(
+            track_name(FIRST_TASK_TRACK).as_deref(),
+            Some("task worker (#7)")
+        );
+        assert!(
+            events
+                .iter()
+                .any(|e| e["name"] == "process_name" && e["args"]["name"] == "demo [42]")
+        );
+    }
+
+    #[test]
+    fn a_record_is_read_whole_or_not_at_all() {
+        let mut timeline = Timeline::default();
+        let event = event(timeline_kind::LATENCY, 1, 2, 3, 4);
+        // SAFETY: a plain old data struct viewed as its bytes.
+        let bytes = unsafe {
+            std::slice::from_raw_parts(
+                &event as *const TimelineEvent as *const u8,
+                std::mem::size_of::<TimelineEvent>(),
+            )
+        };
+        timeline.add_record(&bytes[..10]);
+        timeline.add_record(bytes);
+        assert_eq!(timeline.events, [event]);
+    }
+}
