@@ -220,6 +220,12 @@ fn tokio_tasks_are_named_by_spawn_location_with_their_blocking_stack() {
                 blocked.abs_diff(slept) as f64 <= 0.1 * slept as f64,
                 "blocked {blocked} ns, slept {slept} ns"
             );
+            // Its longest poll holds one whole sleep.
+            let longest = task["longest_run_ns"].as_u64().unwrap();
+            assert!(
+                longest >= 15_000_000 && longest < slept,
+                "longest poll {longest} ns"
+            );
             let stack = task["longest_block"]["stack"].to_string();
             assert!(
                 stack.contains("std::thread::functions::sleep")

@@ -631,9 +631,24 @@ pub struct TaskKey {
     pub tid: u32,
 }
 
+/// Value of `TASK_TIME`: a task's time in one phase (and park stack), how many intervals
+/// made it up, and the longest of them (its longest poll, for tokio).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TaskTotal {
+    pub total_ns: u64,
+    pub count: u64,
+    pub max_ns: u64,
+}
+
 /// Value of `THREAD_TASKS`: the task a thread runs, from the task's run probe to its
-/// pause (or finish) probe.
+/// pause probe; with [`FINISHED_IN_RUN`] set, a task that finished in that run (its
+/// time is no longer the task's, and its pause ends nothing).
 pub type ThreadTask = u64;
+
+/// The bit of a [`ThreadTask`] that marks a task finished inside its run (task ids —
+/// addresses, counters, thread ids — never have it).
+pub const FINISHED_IN_RUN: u64 = 1 << 63;
 
 /// Key of `TASK_WALL`: a thread's time while it ran `task` (what a [`OffCpuKey`] is for
 /// the thread's own time), so each task's running time splits into on CPU (samples,
@@ -951,6 +966,7 @@ mod pod {
         TaskId,
         TaskKey,
         TaskWallKey,
+        TaskTotal,
         TaskName,
         TimelineEvent,
         UnwindSample,

@@ -27,8 +27,8 @@ use tracer_common::{
     BlockPlace, HitStackKey, KernelStack, LastSnapshot, LastUserStack, LatencyProcessKey,
     LatencyStartKey, LatencyStats, MAX_LATENCIES, MAX_PROBES, MAX_USDT_SITES, OffCpuKey,
     OffCpuStart, OffCpuTotal, OnCpuKey, ProbeHits, STACK_WORDS_SPAN, SnapshotCheck, TargetProcess,
-    TaskId, TaskKey, TaskName, TaskState, TaskWallKey, ThreadTask, TimelineEvent, UsdtSite,
-    UsdtStrEvent, control, counter, histogram,
+    TaskId, TaskKey, TaskName, TaskState, TaskTotal, TaskWallKey, ThreadTask, TimelineEvent,
+    UsdtSite, UsdtStrEvent, control, counter, histogram,
 };
 
 /// Per-site argument specs and latency roles, indexed by the uprobe's BPF cookie.
@@ -105,7 +105,7 @@ static TASK_STATES: HashMap<TaskId, TaskState> = HashMap::with_max_entries(65536
 
 /// Running and parked time per task (parked time by the stack where it parked).
 #[map]
-static TASK_TIME: HashMap<TaskKey, OffCpuTotal> = HashMap::with_max_entries(65536, 0);
+static TASK_TIME: HashMap<TaskKey, TaskTotal> = HashMap::with_max_entries(65536, 0);
 
 /// The task each thread runs right now (between its run and pause probes).
 #[map]
@@ -115,9 +115,10 @@ static THREAD_TASKS: HashMap<u32, ThreadTask> = HashMap::with_max_entries(65536,
 #[map]
 static TASK_WALL: HashMap<TaskWallKey, OffCpuTotal> = HashMap::with_max_entries(65536, 0);
 
-/// What runtimes called their tasks.
+/// What runtimes called their tasks; the least recently named give way in a long run of
+/// short tasks.
 #[map]
-static TASK_NAMES: HashMap<TaskId, TaskName> = HashMap::with_max_entries(65536, 0);
+static TASK_NAMES: LruHashMap<TaskId, TaskName> = LruHashMap::with_max_entries(65536, 0);
 
 /// Intervals with their start and end, for `attach --timeline`; one page unless user space
 /// sizes it before load.

@@ -38,11 +38,12 @@ use aya_ebpf::{
         bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_probe_read_user,
         generated::{bpf_get_prandom_u32, bpf_get_task_stack},
     },
+    maps::HashMap,
     programs::BtfTracePointContext,
 };
 use aya_log_ebpf::debug;
 use tracer_common::{
-    BlockPlace, EXEC_NS_UNKNOWN, FIRST_SNAPSHOT_ID, FIRST_SWITCH_IN_STACK_ID,
+    BlockPlace, EXEC_NS_UNKNOWN, FINISHED_IN_RUN, FIRST_SNAPSHOT_ID, FIRST_SWITCH_IN_STACK_ID,
     KERNEL_STACK_ALWAYS_NS, KERNEL_STACK_AT_SWITCH_IN, KERNEL_STACK_NOT_SAMPLED, LastSnapshot,
     MAX_SNAPSHOT_CHECKS, MAX_STACK_DEPTH, NO_STACK, OffCpuKey, OffCpuStart, OffCpuTotal,
     STACK_WORDS_SPAN, SWITCH_IN_STACK_IDS, StackWords, TaskWallKey, TimelineEvent, counter,
@@ -507,7 +508,10 @@ pub fn running_task(tid: u32) -> u64 {
         return 0;
     }
     // SAFETY: the value is copied out at once.
-    unsafe { THREAD_TASKS.get(&tid) }.copied().unwrap_or(0)
+    match unsafe { THREAD_TASKS.get(&tid) }.copied() {
+        Some(task) if task & FINISHED_IN_RUN == 0 => task,
+        _ => 0,
+    }
 }
 
 /// Adds `ns` and one interval to `key`'s total, and to `task`'s unless 0.
@@ -523,33 +527,21 @@ fn add_time(key: &OffCpuKey, ns: u64, task: u64) {
             ns,
         );
     }
-    match OFFCPU_TIME.get_ptr_mut(key) {
-        Some(total) => {
-            // SAFETY: map value pointer valid during the program; the thread is switching
-            // on this CPU only, so no one else updates this key now.
-            unsafe {
-                (*total).total_ns += ns;
-                (*total).count += 1;
-            }
-        }
-        None => {
-            let total = OffCpuTotal {
-                total_ns: ns,
-                count: 1,
-            };
-            if OFFCPU_TIME.insert(key, &total, 0).is_err() {
-                count(counter::MAP_FULL);
-            }
-        }
-    }
+    add_total(&OFFCPU_TIME, key, ns);
 }
 
 /// Adds `ns` and one interval (or sample) to a task's `TASK_WALL` entry.
 #[inline(always)]
 pub fn add_task_time(key: &TaskWallKey, ns: u64) {
-    match TASK_WALL.get_ptr_mut(key) {
-        // SAFETY: map value pointer valid during the program; the key's thread is on
-        // this CPU, so no one else updates it now.
+    add_total(&TASK_WALL, key, ns);
+}
+
+/// Adds `ns` and one interval to `key`'s total in `map` (counted when the map is full).
+#[inline(always)]
+fn add_total<K>(map: &HashMap<K, OffCpuTotal>, key: &K, ns: u64) {
+    match map.get_ptr_mut(key) {
+        // SAFETY: map value pointer valid during the program; the key's thread is
+        // switching (or sampled) on this CPU, so no one else updates it now.
         Some(total) => unsafe {
             (*total).total_ns += ns;
             (*total).count += 1;
@@ -559,7 +551,7 @@ pub fn add_task_time(key: &TaskWallKey, ns: u64) {
                 total_ns: ns,
                 count: 1,
             };
-            if TASK_WALL.insert(key, &total, 0).is_err() {
+            if map.insert(key, &total, 0).is_err() {
                 count(counter::MAP_FULL);
             }
         }

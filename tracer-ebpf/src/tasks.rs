@@ -7,8 +7,8 @@
 
 use aya_ebpf::{bindings::BPF_F_USER_STACK, programs::ProbeContext};
 use tracer_common::{
-    MAX_USDT_ARGS, OffCpuTotal, TASK_IS_THREAD, TASK_NAME_BYTES, TaskId, TaskKey, TaskName,
-    TaskState, TimelineEvent, UsdtSite, counter, site_flags, task_phase, timeline_kind,
+    FINISHED_IN_RUN, MAX_USDT_ARGS, TASK_IS_THREAD, TASK_NAME_BYTES, TaskId, TaskKey, TaskName,
+    TaskState, TaskTotal, TimelineEvent, UsdtSite, counter, site_flags, task_phase, timeline_kind,
 };
 
 use crate::{
@@ -43,19 +43,24 @@ pub fn on_task_probe(ctx: &ProbeContext, site: &UsdtSite, pid_tgid: u64, now: u6
         return;
     }
     // The thread's time is the task's from its run probe to its pause. A task that
-    // finishes inside its last run (tokio's and Julia's order: run, finish, pause) is the
-    // thread's until that pause, which then ends nothing.
+    // finishes inside its last run (tokio's and Julia's order: run, finish, pause) is
+    // marked finished on its thread: the rest of that run (a scheduler looking for the
+    // next task) is the thread's, and the pause ends nothing.
     // SAFETY: the value is copied out at once.
-    let thread_runs_it = unsafe { THREAD_TASKS.get(&tid) }.is_some_and(|&t| t == task);
+    let thread_task = unsafe { THREAD_TASKS.get(&tid) }.copied();
     if running {
         if THREAD_TASKS.insert(&tid, &task, 0).is_err() {
             count(counter::MAP_FULL);
         }
-    } else if !finishing {
+    } else if finishing {
+        if thread_task == Some(task) {
+            let _ = THREAD_TASKS.insert(&tid, &(task | FINISHED_IN_RUN), 0);
+        }
+    } else {
         let _ = THREAD_TASKS.remove(&tid);
     }
     let Some(state) = TASK_STATES.get_ptr_mut(&id) else {
-        if finishing || thread_runs_it {
+        if finishing || thread_task == Some(task | FINISHED_IN_RUN) {
             return;
         }
         // First sight of this task: start its clock in the phase the probe announces.
@@ -189,6 +194,8 @@ fn name_task(ctx: &ProbeContext, site: &UsdtSite, id: &TaskId) {
         (*name).column = number(at + 2);
         if read_user_str((*name).text.as_mut_ptr(), TASK_NAME_BYTES as u32, pointer) < 0 {
             count(counter::ARG_READ_ERRORS);
+            // Not the first name for good: the next naming probe tries again.
+            let _ = TASK_NAMES.remove(id);
         }
     }
 }
@@ -214,14 +221,18 @@ fn add(key: TaskKey, ns: u64) {
         Some(total) => unsafe {
             (*total).total_ns += ns;
             (*total).count += 1;
+            if ns > (*total).max_ns {
+                (*total).max_ns = ns;
+            }
         },
         None => {
             if TASK_TIME
                 .insert(
                     &key,
-                    &OffCpuTotal {
+                    &TaskTotal {
                         total_ns: ns,
                         count: 1,
+                        max_ns: ns,
                     },
                     0,
                 )

@@ -313,14 +313,16 @@ impl AttachReport {
                     None => "flamegraph not written".into(),
                 }
             );
-            // Running: from a run probe to the next pause; of that, on CPU, blocked in the
-            // kernel (the task blocked its thread) and runnable.
+            // Running: from a run probe to the next pause (LONGEST: the longest such run, a
+            // tokio task's longest poll); of that, on CPU, blocked in the kernel (the task
+            // blocked its thread) and runnable.
             let _ = writeln!(
                 out,
-                "{:>20} {:<32} {:>10} {:>10} {:>10} {:>10} {:>10} {:>7} {:>7}",
+                "{:>20} {:<32} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>7} {:>7}",
                 "TASK",
                 "NAME",
                 "RUNNING",
+                "LONGEST",
                 "ON-CPU",
                 "BLOCKED",
                 "RUNNABLE",
@@ -331,10 +333,11 @@ impl AttachReport {
             for task in tasks.profile.tasks.iter().take(TASKS_SHOWN) {
                 let _ = writeln!(
                     out,
-                    "{:>20} {:<32} {:>10} {:>10} {:>10} {:>10} {:>10} {:>7} {:>7}",
+                    "{:>20} {:<32} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>7} {:>7}",
                     task.task,
                     escape_text(short_task_name(task)),
                     format_ns(task.running_ns),
+                    format_ns(task.longest_run_ns),
                     format_ns(task.oncpu_ns()),
                     format_ns(task.wall.blocked_ns),
                     format_ns(task.wall.runnable_ns),
@@ -517,6 +520,8 @@ impl AttachReport {
                     "parked_ns": task.parked_ns,
                     "runs": task.runs,
                     "parks": task.parks,
+                    "longest_run_ns": task.longest_run_ns,
+                    "longest_park_ns": task.longest_park_ns,
                     "longest_block": task.wall.longest_block.as_ref().map(|(place, ns)| json!({
                         "stack": place,
                         "ns": ns,

@@ -6,7 +6,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use tracer_common::{OffCpuTotal, TaskId, TaskKey, TaskName, TaskState, task_phase};
+use tracer_common::{TaskId, TaskKey, TaskName, TaskState, TaskTotal, task_phase};
 
 use crate::{
     processes::Processes,
@@ -32,6 +32,9 @@ pub struct TaskSummary {
     pub runs: u64,
     /// Finished parked intervals.
     pub parks: u64,
+    /// Its longest run (for tokio, its longest poll) and longest park.
+    pub longest_run_ns: u64,
+    pub longest_park_ns: u64,
     /// Its threads' time while it ran: on CPU (sampled), blocked, runnable.
     pub wall: TaskWallTime,
 }
@@ -58,10 +61,10 @@ pub struct TaskProfile {
 /// Adds the intervals still open at `now` (tasks parked or running right now) to
 /// `times`, so a task blocked when tracing stops shows its wait so far.
 pub fn with_open_intervals(
-    mut times: Vec<(TaskKey, OffCpuTotal)>,
+    mut times: Vec<(TaskKey, TaskTotal)>,
     open: &[(TaskId, TaskState)],
     now: u64,
-) -> Vec<(TaskKey, OffCpuTotal)> {
+) -> Vec<(TaskKey, TaskTotal)> {
     for (id, state) in open {
         let (phase, stack_id, start) = if state.park_start_ns != 0 {
             (task_phase::PARKED, state.park_stack_id, state.park_start_ns)
@@ -75,11 +78,13 @@ pub fn with_open_intervals(
             stack_id,
             tid: state.tid,
         };
+        let ns = now.saturating_sub(start);
         times.push((
             key,
-            OffCpuTotal {
-                total_ns: now.saturating_sub(start),
+            TaskTotal {
+                total_ns: ns,
                 count: 1,
+                max_ns: ns,
             },
         ));
     }
@@ -111,9 +116,9 @@ pub fn given_name(name: &TaskName) -> Option<String> {
 /// [tid]` where the tasks are the threads.
 pub fn task_names(
     named: &[(TaskId, TaskName)],
-    times: &[(TaskKey, OffCpuTotal)],
+    times: &[(TaskKey, TaskTotal)],
     processes: &Processes,
-) -> HashMap<(u32, u64), String> {
+) -> TaskNames {
     let mut threads: HashMap<(u32, u64), HashMap<u32, u64>> = HashMap::new();
     for (key, total) in times {
         // Running time decides; a thread it only parked on is one to fall back on.
@@ -132,7 +137,8 @@ pub fn task_names(
         .filter_map(|(id, name)| Some(((id.tgid, id.task), given_name(name)?)))
         .collect();
     let ids: HashSet<(u32, u64)> = threads.keys().chain(given.keys()).copied().collect();
-    ids.into_iter()
+    let frames = ids
+        .into_iter()
         .map(|id| {
             let name = match given.get(&id) {
                 Some(name) => format!("task {name} (#{})", id.1),
@@ -159,7 +165,17 @@ pub fn task_names(
             };
             (id, name)
         })
-        .collect()
+        .collect();
+    TaskNames { frames, given }
+}
+
+/// What tasks are called, by (tgid, task).
+#[derive(Debug, Default, Clone)]
+pub struct TaskNames {
+    /// The frame of each (see [`task_names`]).
+    pub frames: HashMap<(u32, u64), String>,
+    /// What the runtime called it, where it did (see [`given_name`]).
+    pub given: HashMap<(u32, u64), String>,
 }
 
 /// Builds the task profile: totals from the task probes' `times`, the running time's
@@ -168,9 +184,8 @@ pub fn task_names(
 /// its root frame (`name [pid]` when `several` processes are traced).
 #[allow(clippy::too_many_arguments)]
 pub fn build_profile(
-    times: &[(TaskKey, OffCpuTotal)],
-    names: &HashMap<(u32, u64), String>,
-    given: &HashMap<(u32, u64), String>,
+    times: &[(TaskKey, TaskTotal)],
+    names: &TaskNames,
     wall_view: &StackProfile,
     wall_times: &HashMap<(u32, u64), TaskWallTime>,
     several: bool,
@@ -194,6 +209,7 @@ pub fn build_profile(
     }
     let name_of = |id: (u32, u64)| {
         names
+            .frames
             .get(&id)
             .cloned()
             .unwrap_or_else(|| format!("task #{}", id.1))
@@ -203,7 +219,7 @@ pub fn build_profile(
         task,
         tgid,
         name: name_of((tgid, task)),
-        given_name: given.get(&(tgid, task)).cloned(),
+        given_name: names.given.get(&(tgid, task)).cloned(),
         wall: wall_times.get(&(tgid, task)).cloned().unwrap_or_default(),
         ..Default::default()
     };
@@ -214,10 +230,12 @@ pub fn build_profile(
         if key.phase == task_phase::RUNNING {
             summary.running_ns += total.total_ns;
             summary.runs += total.count;
+            summary.longest_run_ns = summary.longest_run_ns.max(total.max_ns);
             continue;
         }
         summary.parked_ns += total.total_ns;
         summary.parks += total.count;
+        summary.longest_park_ns = summary.longest_park_ns.max(total.max_ns);
         let mut frames = vec![
             process_frame(processes, key.tgid, several),
             summary.name.clone(),
@@ -269,10 +287,11 @@ mod tests {
         }
     }
 
-    fn total(ns: u64, count: u64) -> OffCpuTotal {
-        OffCpuTotal {
+    fn total(ns: u64, count: u64) -> TaskTotal {
+        TaskTotal {
             total_ns: ns,
             count,
+            max_ns: ns / count,
         }
     }
 
@@ -287,7 +306,10 @@ mod tests {
         ];
         let mut processes = Processes::default();
         processes.observe_target(me).unwrap();
-        let names = HashMap::from([((me, 2), "task two (#2)".to_string())]);
+        let names = TaskNames {
+            frames: HashMap::from([((me, 2), "task two (#2)".to_string())]),
+            ..TaskNames::default()
+        };
         let wall_times = HashMap::from([(
             (me, 2),
             TaskWallTime {
@@ -299,7 +321,6 @@ mod tests {
         let profile = build_profile(
             &times,
             &names,
-            &HashMap::new(),
             &StackProfile::default(),
             &wall_times,
             false,
@@ -373,6 +394,8 @@ mod tests {
         processes.observe_target(me).unwrap();
         let thread = processes.thread_name(main_tid).unwrap().to_string();
         let names = task_names(&named, &times, &processes);
+        assert_eq!(names.given[&(me, 12)], "src/api.rs:41:5");
+        let names = names.frames;
         assert_eq!(names[&(me, 12)], "task src/api.rs:41:5 (#12)");
         assert_eq!(
             names[&(me, 13)],

@@ -282,8 +282,9 @@ pub fn build_profile(
                 } else {
                     time.blocked_ns += weight.ns;
                     time.blocked_intervals += weight.events;
-                    // Below the process and task frames, without the leaf.
-                    let place = frames[2..frames.len() - 1].to_vec();
+                    // Below the process, task (and thread) frames, without the leaf.
+                    let below = 2 + usize::from(options.per_thread);
+                    let place = frames[below..frames.len() - 1].to_vec();
                     *blocked_at
                         .entry((key.tgid, task))
                         .or_default()

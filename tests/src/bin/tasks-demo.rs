@@ -9,7 +9,7 @@
 //! # Tasks
 //! Each is named with `rt__task__name` before it first runs, and switched with the
 //! `probes` crate's task probes (`rt__run__task` / `rt__pause__task`, `rt__finish__task`
-//! at the end):
+//! at the end, while parked: that last park counts up to the finish):
 //! - `spinner` (task 1), on thread `worker-a`: each round it runs S ms on the CPU in
 //!   `spin_while_running`, then pauses.
 //! - `sleeper` (task 2), on thread `worker-a` after the spinner: each round it runs and,
@@ -113,6 +113,14 @@ impl TaskClock {
         probes::rt_pause_task(task);
     }
 
+    /// The task is done (outside a run: parked until now): `rt__finish__task`.
+    fn finish(&mut self, task: u64) {
+        if let Some(since) = self.parked_since.take() {
+            self.parked_ns += monotonic_ns() - since;
+        }
+        probes::rt_finish_task(task);
+    }
+
     fn json(&self, id: u64, name: &str) -> String {
         format!(
             r#"{{"id":{id},"name":"{name}","tid":{},"runs":{},"running_ns":{},"oncpu_ns":{},"blocked_ns":{},"parked_ns":{}}}"#,
@@ -197,10 +205,8 @@ fn worker_a(config: &Config, lock: &RuntimeLock) -> (TaskClock, TaskClock) {
     }
     lock.state.lock().unwrap().1 = true;
     lock.changed.notify_all();
-    // Finished: parked time ends with the last pause.
     for (task, clock) in [(SPINNER, &mut spinner), (SLEEPER, &mut sleeper)] {
-        clock.parked_since = None;
-        probes::rt_finish_task(task);
+        clock.finish(task);
     }
     (spinner, sleeper)
 }
@@ -219,8 +225,7 @@ fn worker_b(lock: &RuntimeLock) -> TaskClock {
         round += 1;
     }
     waiter.pause(WAITER);
-    waiter.parked_since = None;
-    probes::rt_finish_task(WAITER);
+    waiter.finish(WAITER);
     waiter
 }
 

@@ -9,7 +9,8 @@
  * sleeps 5 ms in blocking_read while it is the running task (a task blocking its
  * thread); thread `worker-b` runs task `waiter`, which parks in wait_for_channel until
  * worker-a's round ends. Each task's own clocks (CLOCK_MONOTONIC) count its running,
- * blocked-while-running and parked time.
+ * blocked-while-running and parked time. A task's last run ends with rt__finish__task
+ * then rt__pause__task, Julia's order.
  *
  * Usage: julia-probes GCS PAUSE_MS INTERVAL_MS [--wait-for-signal]. Prints "ready pid=N"
  * and with --wait-for-signal waits for SIGUSR1; at the end one JSON line with the GCs
@@ -67,9 +68,12 @@ static void pause_task(struct task *t) {
     DTRACE_PROBE1(julia, rt__pause__task, t);
 }
 
-static void finish_task(struct task *t) {
-    t->parked_since = 0;
+/* A task's last run ends as Julia's do: rt__finish__task inside the run, then
+ * rt__pause__task as the scheduler switches away. */
+static void end_task(struct task *t) {
     DTRACE_PROBE1(julia, rt__finish__task, t);
+    t->running_ns += now_ns() - t->run_since;
+    DTRACE_PROBE1(julia, rt__pause__task, t);
 }
 
 __attribute__((noinline)) void compute_kernel(void) { spin_ns(8000000); }
@@ -108,8 +112,10 @@ static void *worker_a(void *arg) {
         pthread_cond_broadcast(&changed);
         pthread_mutex_unlock(&lock);
     }
-    finish_task(&compute);
-    finish_task(&io_task);
+    run_task(&compute);
+    end_task(&compute);
+    run_task(&io_task);
+    end_task(&io_task);
     return NULL;
 }
 
@@ -121,8 +127,7 @@ static void *worker_b(void *arg) {
         spin_ns(100000);
         if (!wait_for_channel(round)) break;
     }
-    pause_task(&waiter);
-    finish_task(&waiter);
+    end_task(&waiter);
     return NULL;
 }
 

@@ -10,7 +10,7 @@ use std::{
 };
 
 use anyhow::{Result, bail};
-use tracer_common::{OffCpuTotal, TaskKey, counter, site_flags};
+use tracer_common::{TaskKey, TaskTotal, counter, site_flags};
 
 use crate::{
     cli::{AttachConfig, Format},
@@ -279,7 +279,10 @@ pub fn run(config: AttachConfig) -> Result<()> {
         ViewOptions {
             per_thread: config.per_thread,
             min_block: config.min_block,
-            task_names: tasks.as_ref().map(|t| t.names.clone()).unwrap_or_default(),
+            task_names: tasks
+                .as_ref()
+                .map(|t| t.names.frames.clone())
+                .unwrap_or_default(),
         },
     )?;
     if let Some(pid) = single
@@ -550,10 +553,10 @@ fn collect(
             let profile = tasks::build_profile(
                 &input.times,
                 &input.names,
-                &input.given,
                 &wall.tasks,
                 &wall.task_time,
-                wall.processes > 1 || traced.len() > 1,
+                // As the wall-clock views name their roots: by pid with several processes.
+                wall.processes > 1 || several_processes(&input.times),
                 loader,
                 symbolizer,
                 processes,
@@ -643,6 +646,11 @@ fn collect(
     Ok((report, output_error))
 }
 
+/// Whether task times come from more than one process.
+fn several_processes(times: &[(TaskKey, TaskTotal)]) -> bool {
+    times.windows(2).any(|w| w[0].0.tgid != w[1].0.tgid)
+}
+
 /// The timeline's ring buffer and what was read from it.
 struct TimelineReader {
     ring: RecordRing,
@@ -660,10 +668,9 @@ impl TimelineReader {
 /// after it).
 struct TaskInput {
     /// Running and parked time by task, with the intervals still open.
-    times: Vec<(TaskKey, OffCpuTotal)>,
+    times: Vec<(TaskKey, TaskTotal)>,
     /// Each task's frame, and the names the runtimes gave.
-    names: HashMap<(u32, u64), String>,
-    given: HashMap<(u32, u64), String>,
+    names: tasks::TaskNames,
 }
 
 impl TaskInput {
@@ -689,15 +696,7 @@ impl TaskInput {
         let times = tasks::with_open_intervals(loader.task_times()?, &open, now);
         let named = loader.task_names()?;
         let names = tasks::task_names(&named, &times, processes);
-        let given = named
-            .iter()
-            .filter_map(|(id, name)| Some(((id.tgid, id.task), tasks::given_name(name)?)))
-            .collect();
-        Ok(Some(Self {
-            times,
-            names,
-            given,
-        }))
+        Ok(Some(Self { times, names }))
     }
 }
 

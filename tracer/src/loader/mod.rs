@@ -21,8 +21,8 @@ use thiserror::Error;
 use tracer_common::{
     FIRST_SWITCH_IN_STACK_ID, HitStackKey, KernelStack, LatencyProcessKey, LatencyStats, OffCpuKey,
     OffCpuStart, OffCpuTotal, OnCpuKey, ProbeHits, SWITCH_IN_STACK_IDS, TaskId, TaskKey, TaskName,
-    TaskState, TaskWallKey, ThreadRegs, ThreadTask, UsdtSite, control, counter, global_names,
-    histogram, map_names, program_names, site_flags, target_filter, target_match,
+    TaskState, TaskTotal, TaskWallKey, ThreadRegs, ThreadTask, UsdtSite, control, counter,
+    global_names, histogram, map_names, program_names, site_flags, target_filter, target_match,
 };
 
 pub use diagnostics::{DiagnosticsReader, enable as enable_bpf_diagnostics};
@@ -118,7 +118,8 @@ pub struct Settings {
     pub timeline_min_block: Option<Duration>,
 }
 
-/// The size of the timeline's ring buffer: 400k intervals, drained every millisecond.
+/// The size of the timeline's ring buffer: about 350k intervals (48 bytes with the
+/// record header), drained every millisecond.
 pub const TIMELINE_RING_BYTES: u32 = 16 << 20;
 
 /// How many USDT sites, probes and latencies a run attaches (see [`Settings::plan_sizes`]).
@@ -1266,7 +1267,7 @@ impl Loader {
     }
 
     /// Running and parked time per runtime task.
-    pub fn task_times(&self) -> Result<Vec<(TaskKey, OffCpuTotal)>> {
+    pub fn task_times(&self) -> Result<Vec<(TaskKey, TaskTotal)>> {
         self.entries(map_names::TASK_TIME)
     }
 

@@ -58,16 +58,26 @@ pub fn write_chrome_trace(
     out: &mut dyn Write,
 ) -> io::Result<()> {
     let origin_ns = timeline.origin_ns;
-    // Whole nanoseconds as microseconds: three decimals.
+    // Whole nanoseconds as microseconds: three decimals. An interval that began before
+    // tracing did (a latency whose begin probe was attached first) starts at 0.
+    let start = |e: &TimelineEvent| e.start_ns.max(origin_ns);
     let us = |ns: u64| ns.saturating_sub(origin_ns) as f64 / 1e3;
-    let dur = |e: &TimelineEvent| e.end_ns.saturating_sub(e.start_ns) as f64 / 1e3;
+    let dur = |e: &TimelineEvent| e.end_ns.saturating_sub(start(e)) as f64 / 1e3;
+    // Written as it goes, one event at a time: a busy runtime's timeline has millions.
+    out.write_all(br#"{"displayTimeUnit":"ms","traceEvents":["#)?;
+    let mut first = true;
+    let mut emit = |out: &mut dyn Write, event: serde_json::Value| -> io::Result<()> {
+        if !std::mem::take(&mut first) {
+            out.write_all(b",")?;
+        }
+        serde_json::to_writer(&mut *out, &event).map_err(io::Error::from)
+    };
     let mut threads: BTreeMap<(u32, u32), ()> = BTreeMap::new();
     let mut task_tracks: HashMap<(u32, u64), u64> = HashMap::new();
     let mut tracks: Vec<(u32, u64, String)> = Vec::new();
-    let mut events = Vec::with_capacity(timeline.events.len() * 2);
     let mut sorted: Vec<&TimelineEvent> = timeline.events.iter().collect();
     // Outer intervals before the ones they hold, as viewers want them.
-    sorted.sort_by_key(|e| (e.start_ns, std::cmp::Reverse(e.end_ns)));
+    sorted.sort_by_key(|e| (start(e), std::cmp::Reverse(e.end_ns)));
     let mut task_track = |tgid: u32, task: u64, tracks: &mut Vec<(u32, u64, String)>| {
         let next = FIRST_TASK_TRACK + task_tracks.len() as u64;
         *task_tracks.entry((tgid, task)).or_insert_with(|| {
@@ -80,7 +90,7 @@ pub fn write_chrome_trace(
         let complete = |name: &str, cat: &str, track: u64| {
             json!({
                 "name": name, "cat": cat, "ph": "X", "pid": pid, "tid": track,
-                "ts": us(e.start_ns), "dur": dur(e),
+                "ts": us(start(e)), "dur": dur(e),
             })
         };
         match e.kind {
@@ -90,17 +100,20 @@ pub fn write_chrome_trace(
                     .latencies
                     .get(e.detail as usize)
                     .map_or("latency", String::as_str);
-                events.push(complete(name, "latency", u64::from(tid)));
+                emit(out, complete(name, "latency", u64::from(tid)))?;
             }
             timeline_kind::TASK_RUN => {
                 threads.insert((pid, tid), ());
                 let track = task_track(pid, e.task, &mut tracks);
-                events.push(complete(&(names.task)(pid, e.task), "task", u64::from(tid)));
-                events.push(complete("running", "task", track));
+                emit(
+                    out,
+                    complete(&(names.task)(pid, e.task), "task", u64::from(tid)),
+                )?;
+                emit(out, complete("running", "task", track))?;
             }
             timeline_kind::TASK_PARKED => {
                 let track = task_track(pid, e.task, &mut tracks);
-                events.push(complete("parked", "task", track));
+                emit(out, complete("parked", "task", track))?;
             }
             timeline_kind::OFF_CPU => {
                 threads.insert((pid, tid), ());
@@ -108,47 +121,58 @@ pub fn write_chrome_trace(
                     offcpu_state::RUNNABLE => "runnable",
                     _ => "blocked",
                 };
-                events.push(complete(name, "off-cpu", u64::from(tid)));
+                emit(out, complete(name, "off-cpu", u64::from(tid)))?;
             }
             _ => {}
         }
     }
-    let mut metadata = Vec::new();
     let mut processes: Vec<u32> = threads.keys().map(|&(pid, _)| pid).collect();
     processes.extend(tracks.iter().map(|&(pid, _, _)| pid));
     processes.sort_unstable();
     processes.dedup();
     for &pid in &processes {
-        metadata.push(json!({
-            "name": "process_name", "ph": "M", "pid": pid,
-            "args": { "name": format!("{} [{pid}]", (names.process)(pid)) },
-        }));
+        emit(
+            out,
+            json!({
+                "name": "process_name", "ph": "M", "pid": pid,
+                "args": { "name": format!("{} [{pid}]", (names.process)(pid)) },
+            }),
+        )?;
     }
     for &(pid, tid) in threads.keys() {
         let name = (names.thread)(tid).unwrap_or_else(|| "?".into());
-        metadata.push(json!({
-            "name": "thread_name", "ph": "M", "pid": pid, "tid": tid,
-            "args": { "name": format!("{name} [{tid}]") },
-        }));
-        metadata.push(json!({
-            "name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid,
-            "args": { "sort_index": tid },
-        }));
+        emit(
+            out,
+            json!({
+                "name": "thread_name", "ph": "M", "pid": pid, "tid": tid,
+                "args": { "name": format!("{name} [{tid}]") },
+            }),
+        )?;
+        emit(
+            out,
+            json!({
+                "name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid,
+                "args": { "sort_index": tid },
+            }),
+        )?;
     }
     for (pid, track, name) in &tracks {
-        metadata.push(json!({
-            "name": "thread_name", "ph": "M", "pid": pid, "tid": track,
-            "args": { "name": name },
-        }));
-        metadata.push(json!({
-            "name": "thread_sort_index", "ph": "M", "pid": pid, "tid": track,
-            "args": { "sort_index": track },
-        }));
+        emit(
+            out,
+            json!({
+                "name": "thread_name", "ph": "M", "pid": pid, "tid": track,
+                "args": { "name": name },
+            }),
+        )?;
+        emit(
+            out,
+            json!({
+                "name": "thread_sort_index", "ph": "M", "pid": pid, "tid": track,
+                "args": { "sort_index": track },
+            }),
+        )?;
     }
-    metadata.extend(events);
-    let file = json!({ "traceEvents": metadata, "displayTimeUnit": "ms" });
-    serde_json::to_writer(&mut *out, &file)?;
-    out.write_all(b"\n")
+    out.write_all(b"]}\n")
 }
 
 #[cfg(test)]
