@@ -1,17 +1,21 @@
-//! `tracer attach` on a tokio program with the probes of the `tokio-dtrace` crate:
-//! provider `tokio`, a task's id and spawn location (file, line, column) at every task
-//! probe, and the worker threads' start, park, unpark and stop, through the `usdt` crate.
+//! `tracer attach` on a tokio program using the `tokio-dtrace` crate
+//! (`tokio_dtrace::register_hooks`): provider `tokio`, a task's id and spawn location
+//! (file, line, column) at every task probe, and the worker threads' start, park, unpark
+//! and stop, through the `usdt` crate.
 //!
-//! tokio-dtrace 0.1.1 builds its probes with usdt 0.5, which emits no probe on Linux
-//! (SystemTap notes came with usdt 0.6), so the program defines the same provider with
-//! usdt 0.6 and registers the same hooks; once tokio-dtrace moves to usdt 0.6 the crate
-//! itself gives these notes.
+//! tokio-dtrace 0.1.1 depends on usdt 0.5, which emits no probe on Linux (SystemTap notes
+//! came with usdt 0.6, whose API it uses unchanged). So the program is built with usdt
+//! 0.6 in its place: vendored by cargo at test time and renumbered 0.5.600 so that
+//! cargo's `[patch]` takes it for tokio-dtrace's `^0.5`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
 
 mod common;
 
 use common::*;
 
-/// A tokio program emitting tokio-dtrace's probes. On a two-worker runtime: `blocker`
+/// A tokio program using tokio-dtrace's hooks. On a two-worker runtime: `blocker`
 /// polls ROUNDS + 1 times, sleeping in `std::thread::sleep` for SLEEP_MS inside the async
 /// fn at each of the first ROUNDS polls (blocking its worker: the mistake to find);
 /// `ticker` waits on a tokio timer TICKS times (parked). Every task's future counts its
@@ -31,30 +35,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use tokio::runtime::TaskMeta;
-
 const ROUNDS: u64 = 12;
 const SLEEP_MS: u64 = 15;
 const TICKS: u64 = 20;
-
-// tokio-dtrace's provider: the same probes, the same arguments.
-#[usdt::provider(provider = "tokio")]
-mod probes {
-    fn task__spawn(task_id: u64, file: String, line: u32, col: u32) {}
-    fn task__poll__start(task_id: u64, file: String, line: u32, col: u32) {}
-    fn task__poll__end(task_id: u64, file: String, line: u32, col: u32) {}
-    fn task__terminate(task_id: u64, file: String, line: u32, col: u32) {}
-    fn worker__thread__start() {}
-    fn worker__thread__stop() {}
-    fn worker__thread__park() {}
-    fn worker__thread__unpark() {}
-}
-
-fn meta_args(meta: &TaskMeta<'_>) -> (u64, String, u32, u32) {
-    let at = meta.spawned_at();
-    let id = meta.id().to_string().parse().unwrap();
-    (id, at.file().to_string(), at.line(), at.column())
-}
 
 /// A future that counts its polls.
 struct Counted<F> {
@@ -109,20 +92,12 @@ async fn ticker() -> u64 {
 }
 
 fn main() {
-    usdt::register_probes().unwrap();
     println!("ready pid={}", std::process::id());
     std::io::stdin().lock().read_line(&mut String::new()).unwrap();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_time()
-        .on_task_spawn(|meta| probes::task__spawn!(|| meta_args(meta)))
-        .on_before_task_poll(|meta| probes::task__poll__start!(|| meta_args(meta)))
-        .on_after_task_poll(|meta| probes::task__poll__end!(|| meta_args(meta)))
-        .on_task_terminate(|meta| probes::task__terminate!(|| meta_args(meta)))
-        .on_thread_start(|| probes::worker__thread__start!(|| ()))
-        .on_thread_stop(|| probes::worker__thread__stop!(|| ()))
-        .on_thread_park(|| probes::worker__thread__park!(|| ()))
-        .on_thread_unpark(|| probes::worker__thread__unpark!(|| ()))
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    builder.worker_threads(2).enable_time();
+    let runtime = tokio_dtrace::register_hooks(&mut builder)
+        .expect("tokio-dtrace's hooks")
         .build()
         .unwrap();
     let tasks = runtime.block_on(async {
@@ -146,13 +121,58 @@ fn main() {
 }
 "##;
 
-/// Builds the program (see [`build_side_project`]).
-fn build_tokio_dtrace_target() -> std::path::PathBuf {
+/// usdt 0.6's source, vendored by cargo under `target/`, as version 0.5.600.
+fn usdt_06_renumbered() -> PathBuf {
+    let base = workspace_dir().join("target/usdt-0.6-as-0.5");
+    let crate_dir = base.join("vendor/usdt-0.6.0");
+    if !crate_dir.join("Cargo.toml").is_file() {
+        std::fs::create_dir_all(base.join("src")).unwrap();
+        std::fs::write(
+            base.join("Cargo.toml"),
+            "[package]\nname = \"vendor-usdt\"\nversion = \"0.0.0\"\nedition = \"2024\"\n\
+             [workspace]\n[dependencies]\nusdt = \"=0.6.0\"\n",
+        )
+        .unwrap();
+        std::fs::write(base.join("src/main.rs"), "fn main() {}\n").unwrap();
+        let out = Command::new(option_env!("CARGO").unwrap_or("cargo"))
+            .args(["vendor", "--versioned-dirs", "vendor"])
+            .current_dir(&base)
+            .output()
+            .expect("cargo");
+        assert!(
+            out.status.success(),
+            "cargo vendor: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let manifest = crate_dir.join("Cargo.toml");
+    let text = std::fs::read_to_string(&manifest).unwrap();
+    // The package's own version line (its dependencies say "=0.6.0").
+    let renumbered = text.replacen("\nversion = \"0.6.0\"\n", "\nversion = \"0.5.600\"\n", 1);
+    assert!(
+        renumbered.contains("version = \"0.5.600\"") || text.contains("version = \"0.5.600\""),
+        "no package version in {}",
+        manifest.display()
+    );
+    std::fs::write(&manifest, renumbered).unwrap();
+    crate_dir
+}
+
+/// Builds the program (see [`build_side_project`]) with tokio-dtrace 0.1.1 and usdt 0.6
+/// in place of its usdt 0.5.
+fn build_tokio_dtrace_target() -> PathBuf {
+    let usdt: &Path = &usdt_06_renumbered();
     build_side_project(
         "tokio-dtrace-probes",
-        r#"tokio = { version = "1.54", default-features = false, features = ["rt", "rt-multi-thread", "time"] }
-usdt = "0.6"
+        &format!(
+            r#"tokio = {{ version = "1.54", default-features = false, features = ["rt", "rt-multi-thread", "time"] }}
+tokio-dtrace = "=0.1.1"
+
+[patch.crates-io]
+usdt = {{ path = "{}" }}
 "#,
+            usdt.display()
+        ),
         TOKIO_DTRACE_MAIN,
     )
 }

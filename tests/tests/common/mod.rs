@@ -755,7 +755,7 @@ pub fn workspace_dir() -> PathBuf {
 }
 
 /// Builds a program of its own (`main`, with `dependencies`: lines of a manifest's
-/// `[dependencies]`) with `--cfg tokio_unstable` and frame pointers, as a project of its
+/// `[dependencies]`, and any sections after them, such as a `[patch]`) with `--cfg tokio_unstable` and frame pointers, as a project of its
 /// own under `target/NAME` with its own target directory, so that the workspace's
 /// artifacts (built without the cfg) stay valid. Returns the binary.
 pub fn build_side_project(name: &str, dependencies: &str, main: &str) -> PathBuf {
