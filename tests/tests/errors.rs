@@ -481,3 +481,44 @@ fn a_process_hidden_by_hidepid_is_said_to_be_hidden() {
         }
     }
 }
+
+/// A timeline that cannot be written fails before anything is attached, naming the file
+/// and why; the target is untouched.
+#[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+fn an_unwritable_timeline_is_refused_before_attaching() {
+    require_privileged();
+    let target = Victim::start();
+    let pid = target.pid.to_string();
+    let dir = out_dir("timeline-refused");
+    let missing = dir.join("no/such/dir/timeline.json");
+    let cases = [
+        (
+            missing.clone(),
+            format!(
+                "cannot write {}: No such file or directory",
+                missing.display()
+            ),
+        ),
+        (
+            dir.clone(),
+            format!(
+                "cannot write {}: it is a link or not a regular file",
+                dir.display()
+            ),
+        ),
+    ];
+    for (path, expected) in cases {
+        let out = Command::new(tracer_bin())
+            .args(["attach", "--pid", &pid, "-o"])
+            .arg(dir.join("out"))
+            .arg("--timeline")
+            .arg(&path)
+            .output()
+            .unwrap();
+        assert_fails_with(&out, &expected, "attach --timeline");
+        assert!(!stderr(&out).contains("Attached"), "{}", stderr(&out));
+    }
+    assert!(!missing.exists());
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -576,9 +576,14 @@ fn switch_in_kernel_stack(task: *const u8) -> i32 {
             0,
         )
     };
-    if bytes <= 0 {
+    // No bytes: the task has no kernel stack to walk (one exiting has freed it), not a
+    // failure to take one.
+    if bytes == 0 {
+        return NO_STACK;
+    }
+    if bytes < 0 {
         count(counter::STACK_ERRORS);
-        return if bytes == 0 { NO_STACK } else { bytes as i32 };
+        return bytes as i32;
     }
     stack.len = (bytes as usize / 8).min(MAX_STACK_DEPTH) as u32;
     // FNV-1a over every slot: the helper zeroes those past the stack, and a loop of a
