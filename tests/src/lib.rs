@@ -72,6 +72,17 @@ pub fn announce_ready(wait_for_signal: bool) -> Result<()> {
 /// CLOCK_MONOTONIC in nanoseconds: the clock of eBPF's `bpf_ktime_get_ns`.
 pub use tracer::stop::monotonic_ns;
 
+/// CPU time of the calling thread (CLOCK_THREAD_CPUTIME_ID), ns.
+pub fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid out-pointer; the clock id is valid.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
 pub fn gettid() -> i32 {
     // SAFETY: gettid has no preconditions and cannot fail.
     unsafe { libc::gettid() }

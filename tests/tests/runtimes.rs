@@ -32,12 +32,6 @@ fn script(name: &str) -> PathBuf {
         .join(name)
 }
 
-/// `a` and `b` within `relative` of `b`, or `absolute_ns` apart.
-fn near(a: u64, b: u64, relative: f64, absolute_ns: u64) -> bool {
-    let diff = a.abs_diff(b);
-    diff <= absolute_ns || diff as f64 <= relative * b as f64
-}
-
 /// One gc-demo run with `tracer attach` (JSON report) and `bpftrace -p PID SCRIPT` on it:
 /// returns (tracer's report, gc-demo's truth, bpftrace's maps).
 fn gc_demo_with_script(

@@ -8,11 +8,6 @@ use common::*;
 
 const TASKS_DEMO: &str = env!("CARGO_BIN_EXE_tasks-demo");
 
-/// Whether `seen` is within `relative` of `truth`.
-fn within(seen: u64, truth: u64, relative: f64) -> bool {
-    (seen as f64 - truth as f64).abs() <= relative * truth as f64
-}
-
 /// The time (µs) of the folded lines under `task` (its frame) ending in `leaf`, and the
 /// part of it that also has `function`.
 fn leaf_time(folded: &str, task: &str, leaf: &str, function: &str) -> (u64, u64) {
@@ -69,7 +64,7 @@ fn each_tasks_time_splits_into_running_blocked_and_parked() {
             let (seen_ns, truth_ns) = (field(task, seen), field(truth, truth_key));
             // Times of a few ms are within 10% or 1 ms (scheduling around the probes).
             assert!(
-                within(seen_ns, truth_ns, 0.10) || seen_ns.abs_diff(truth_ns) < 1_000_000,
+                near(seen_ns, truth_ns, 0.10, 1_000_000),
                 "task {name}: {seen} {seen_ns} ns, the task's own clock {truth_ns} ns: {task}"
             );
         }
@@ -97,7 +92,7 @@ fn each_tasks_time_splits_into_running_blocked_and_parked() {
         let (us, under) = leaf_time(&folded, &frame, leaf, function);
         // Sampled on-CPU time has the sampling's noise (about 300 samples here).
         assert!(
-            within(us * 1000, field(truth, truth_key), 0.2),
+            near(us * 1000, field(truth, truth_key), 0.2, 0),
             "task {name}: {us} µs under {leaf}, truth {} ns:\n{folded}",
             field(truth, truth_key)
         );

@@ -536,6 +536,9 @@ pub struct OffCpuStart {
     pub kernel_stack_id: i32,
     /// Why the thread left the CPU: an [`offcpu_state`].
     pub state: u32,
+    /// The runtime task it was running when it left (its `THREAD_TASKS` entry, with task
+    /// probes attached); 0 for none.
+    pub task: u64,
 }
 
 /// [`OffCpuStart::exec_ns`] of a start marked by user space (a thread maybe running): its

@@ -21,8 +21,8 @@
 //! those words are unchanged: unwinding again would give the same frames.
 //!
 //! With task probes attached (`TASKS_TRACED`), an interval of a thread that was running
-//! a runtime task when it left the CPU (its `THREAD_TASKS` entry, which cannot change
-//! while it is off CPU) is added under that task too (`TASK_WALL`).
+//! a runtime task when it left the CPU (its `THREAD_TASKS` entry then, kept in the
+//! interval's start) is added under that task too (`TASK_WALL`).
 //!
 //! A thread's switch back in has been seen to go unaccounted, rarely, under load (its
 //! start still open when it later ran and exited). Such a start is closed at the thread's
@@ -120,6 +120,7 @@ fn record_switch_out<const DWARF: bool>(ctx: &BtfTracePointContext, now: u64) {
         user_stack_id,
         kernel_stack_id: KERNEL_STACK_AT_SWITCH_IN,
         state,
+        task: running_task(tid),
     };
     let inserted = match OFFCPU_STARTS.insert(&tid, &start, BPF_NOEXIST) {
         Err(EEXIST) => {
@@ -170,8 +171,11 @@ fn close_missed(tid: u32, open: &OffCpuStart, now: u64, exec_ns: u64) {
         KERNEL_STACK_AT_SWITCH_IN => NO_STACK,
         id => id,
     };
-    // Not under a task: the thread has run since, maybe another one.
-    add_time(&key(tid, open, kernel_stack_id, open.state), blocked, 0);
+    add_time(
+        &key(tid, open, kernel_stack_id, open.state),
+        blocked,
+        open.task,
+    );
 }
 
 /// The frame-pointer user stack id of the current thread, blocking with `regs`: its last
@@ -457,7 +461,7 @@ fn account_switch_in(next: *const u8, now: u64) {
         );
         return;
     }
-    let task = running_task(next_tid);
+    let task = start.task;
     let always = blocked >= KERNEL_STACK_ALWAYS_NS;
     // A shorter interval: with probability blocked / KERNEL_STACK_ALWAYS_NS.
     let take = always

@@ -222,7 +222,6 @@ impl WallClockSampler {
         let mut oncpu = loader.oncpu_samples()?;
         let mut tasks = TaskEntries {
             names: view.task_names,
-            running: loader.thread_tasks()?.into_iter().collect(),
             ..TaskEntries::default()
         };
         for (key, total) in loader.task_wall()? {
@@ -456,6 +455,8 @@ impl Seeds {
                     user_stack_id: ids[0],
                     kernel_stack_id: ids[1],
                     state: offcpu_state::BLOCKED,
+                    // Blocked since before any task probe was attached.
+                    task: 0,
                 };
                 (tid, start)
             })

@@ -150,9 +150,6 @@ pub struct TaskEntries {
     pub oncpu: Vec<(u64, OnCpuKey, u64)>,
     /// Off-CPU intervals, and the kernel-stack samples of short ones: (task, key, total).
     pub offcpu: Vec<(u64, OffCpuKey, OffCpuTotal)>,
-    /// The task each thread runs right now: a thread still blocked when tracing
-    /// stopped blocked while running it.
-    pub running: HashMap<u32, u64>,
     /// The frame that stands for each task, by (tgid, task); a task missing here is
     /// `task #N`.
     pub names: HashMap<(u32, u64), String>,
@@ -228,9 +225,9 @@ pub fn build_profile(
             state: start.state,
         };
         offcpu.entry(key).or_default().add(Weight { events: 1, ns });
-        if let Some(&task) = raw.tasks.running.get(&tid) {
+        if start.task != 0 {
             task_offcpu
-                .entry((task, key))
+                .entry((start.task, key))
                 .or_default()
                 .add(Weight { events: 1, ns });
         }
@@ -967,6 +964,7 @@ mod tests {
                     user_stack_id: 1,
                     kernel_stack_id: 3,
                     state: blocked,
+                    task: 101,
                     ..OffCpuStart::default()
                 },
             )],
@@ -990,7 +988,6 @@ mod tests {
                     (100, key(1, 2, offcpu_state::RUNNABLE), total(500_000, 2)),
                     (101, key(1, 2, blocked), total(1_000_000, 1)),
                 ],
-                running: HashMap::from([(8, 101)]),
                 names: HashMap::from([((7, 100), "task demo (#100)".to_string())]),
             },
         };

@@ -35,7 +35,7 @@ use std::{
 };
 
 use anyhow::{Result, bail};
-use tests::{Args, announce_ready, gettid, monotonic_ns, print_line};
+use tests::{Args, announce_ready, gettid, monotonic_ns, print_line, thread_cpu_ns};
 
 const SPINNER: u64 = 1;
 const SLEEPER: u64 = 2;
@@ -127,16 +127,6 @@ impl TaskClock {
             self.tid, self.runs, self.running_ns, self.oncpu_ns, self.blocked_ns, self.parked_ns
         )
     }
-}
-
-fn thread_cpu_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid out-pointer; the clock id is valid.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// Busy on the CPU for `duration`.

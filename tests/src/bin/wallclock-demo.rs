@@ -37,7 +37,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
-use tests::{Args, announce_ready, gettid, print_line};
+use tests::{Args, announce_ready, gettid, print_line, thread_cpu_ns};
 
 const USAGE: &str = "usage: wallclock-demo [--ms D] [--wait-for-signal]";
 
@@ -98,17 +98,6 @@ fn main() -> Result<()> {
 
 /// CPU time the spinner got inside `spin_on_cpu` (it may be preempted on a busy machine).
 static SPIN_CPU_NS: AtomicU64 = AtomicU64::new(0);
-
-/// CPU time of the calling thread.
-fn thread_cpu_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: ts is a valid timespec to write into.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
 
 /// Runs on the CPU until `deadline`; returns the time spent here.
 #[inline(never)]

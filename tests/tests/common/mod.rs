@@ -797,3 +797,9 @@ publish = false
     );
     project.join("target/release").join(name)
 }
+
+/// `a` and `b` within `relative` of `b`, or `absolute_ns` apart.
+pub fn near(a: u64, b: u64, relative: f64, absolute_ns: u64) -> bool {
+    let diff = a.abs_diff(b);
+    diff <= absolute_ns || diff as f64 <= relative * b as f64
+}

@@ -21,8 +21,8 @@ use thiserror::Error;
 use tracer_common::{
     FIRST_SWITCH_IN_STACK_ID, HitStackKey, KernelStack, LatencyProcessKey, LatencyStats, OffCpuKey,
     OffCpuStart, OffCpuTotal, OnCpuKey, ProbeHits, SWITCH_IN_STACK_IDS, TaskId, TaskKey, TaskName,
-    TaskState, TaskTotal, TaskWallKey, ThreadRegs, ThreadTask, UsdtSite, control, counter,
-    global_names, histogram, map_names, program_names, site_flags, target_filter, target_match,
+    TaskState, TaskTotal, TaskWallKey, ThreadRegs, UsdtSite, control, counter, global_names,
+    histogram, map_names, program_names, site_flags, target_filter, target_match,
 };
 
 pub use diagnostics::{DiagnosticsReader, enable as enable_bpf_diagnostics};
@@ -1280,11 +1280,6 @@ impl Loader {
     /// off-CPU intervals), by task and stacks.
     pub fn task_wall(&self) -> Result<Vec<(TaskWallKey, OffCpuTotal)>> {
         self.entries(map_names::TASK_WALL)
-    }
-
-    /// The task each thread runs right now, by thread id.
-    pub fn thread_tasks(&self) -> Result<Vec<(u32, ThreadTask)>> {
-        self.entries(map_names::THREAD_TASKS)
     }
 
     /// What runtimes called their tasks.

@@ -139,24 +139,12 @@ pub fn write_chrome_trace(
             }),
         )?;
     }
-    for &(pid, tid) in threads.keys() {
+    // Each track's name, and its place: threads by id, then tasks as first seen.
+    let thread_tracks = threads.keys().map(|&(pid, tid)| {
         let name = (names.thread)(tid).unwrap_or_else(|| "?".into());
-        emit(
-            out,
-            json!({
-                "name": "thread_name", "ph": "M", "pid": pid, "tid": tid,
-                "args": { "name": format!("{name} [{tid}]") },
-            }),
-        )?;
-        emit(
-            out,
-            json!({
-                "name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid,
-                "args": { "sort_index": tid },
-            }),
-        )?;
-    }
-    for (pid, track, name) in &tracks {
+        (pid, u64::from(tid), format!("{name} [{tid}]"))
+    });
+    for (pid, track, name) in thread_tracks.chain(tracks) {
         emit(
             out,
             json!({
