@@ -301,9 +301,19 @@ pub fn rt_finish_task(task: u64) {
 /// bytes, read by the tracer while the probe fires. Not one of Julia's probes.
 #[inline(always)]
 pub fn rt_task_name(task: u64, name: &core::ffi::CStr) {
-    if probe_lazy!(tracer, rt__task__name, task, name.as_ptr() as u64) {
+    if probe_lazy!(tracer, rt__task__name, task, touched(name)) {
         page_align::keep();
     }
+}
+
+/// The address of `name`, its first byte read: a tracer reading it from the probe cannot
+/// fault a page in, and a literal's page may not have been touched yet.
+#[inline(always)]
+fn touched(name: &core::ffi::CStr) -> u64 {
+    let address = name.as_ptr();
+    // SAFETY: a CStr has at least its NUL byte.
+    unsafe { core::ptr::read_volatile(address) };
+    address as u64
 }
 
 /// [`rt_task_name`] with the name made only while a tracer is attached (formatting a
@@ -316,7 +326,7 @@ pub fn rt_task_name_with<N: AsRef<core::ffi::CStr>>(task: u64, name: impl FnOnce
         tracer,
         rt__task__name,
         task,
-        made.insert(name()).as_ref().as_ptr() as u64
+        touched(made.insert(name()).as_ref())
     ) {
         page_align::keep();
     }

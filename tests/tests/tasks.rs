@@ -26,9 +26,9 @@ fn leaf_time(folded: &str, task: &str, leaf: &str, function: &str) -> (u64, u64)
 }
 
 /// Three tasks on two threads: one spinning, one sleeping in a system call while it runs,
-/// one parked on a runtime-level lock. Each task's running, on-CPU, blocked-while-running
-/// and parked time is within 10% of the target's own clocks, under the task's name and
-/// the functions where it spent it.
+/// one parked on a runtime-level lock. Each task's running, blocked-while-running and
+/// parked time is within 10% of the target's own clocks, its on-CPU time within the
+/// bounds its clocks give, under the task's name and the functions where it spent it.
 #[test]
 #[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn each_tasks_time_splits_into_running_blocked_and_parked() {
@@ -57,7 +57,6 @@ fn each_tasks_time_splits_into_running_blocked_and_parked() {
         let field = |t: &serde_json::Value, key: &str| t[key].as_u64().unwrap();
         for (seen, truth_key) in [
             ("running_ns", "running_ns"),
-            ("oncpu_ns", "oncpu_ns"),
             ("blocked_ns", "blocked_ns"),
             ("parked_ns", "parked_ns"),
         ] {
@@ -68,6 +67,20 @@ fn each_tasks_time_splits_into_running_blocked_and_parked() {
                 "task {name}: {seen} {seen_ns} ns, the task's own clock {truth_ns} ns: {task}"
             );
         }
+        // On CPU is at least the thread's CPU clock, which leaves out what the machine
+        // took from it (interrupts, a hypervisor's steal: seen as 3 ms of 7 ms under CI
+        // load), and at most that or its running time outside the blocking call (which
+        // holds the preemptions the tracer counts as runnable), whichever is more (the
+        // call itself is on CPU a little): within 10% or 1 ms.
+        let oncpu = field(task, "oncpu_ns");
+        let cpu_clock = field(truth, "oncpu_ns");
+        let unblocked = (field(truth, "running_ns") - field(truth, "blocked_ns")).max(cpu_clock);
+        let slack = |ns: u64| (ns / 10).max(1_000_000);
+        assert!(
+            oncpu + slack(cpu_clock) >= cpu_clock && oncpu <= unblocked + slack(unblocked),
+            "task {name}: on CPU {oncpu} ns, its CPU clock {cpu_clock} ns, running outside \
+             the blocking call {unblocked} ns: {task}"
+        );
         eprintln!(
             "task {name}: running {} ns (truth {}), on CPU {} (truth {}), blocked {} (truth {}), parked {} (truth {})",
             field(task, "running_ns"),
