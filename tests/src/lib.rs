@@ -74,13 +74,7 @@ pub use tracer::stop::monotonic_ns;
 
 /// CPU time of the calling thread (CLOCK_THREAD_CPUTIME_ID), ns.
 pub fn thread_cpu_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid out-pointer; the clock id is valid.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    tracer::stop::clock_ns(libc::CLOCK_THREAD_CPUTIME_ID)
 }
 
 pub fn gettid() -> i32 {

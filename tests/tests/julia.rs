@@ -35,15 +35,11 @@ fn julia_tasks_and_gcs_are_split_named_and_on_the_timeline() {
     for phase in ["gc_stop_the_world", "gc_mark", "gc_sweep"] {
         assert_eq!(report["latencies"][phase]["count"], 10, "{phase}");
     }
-    let tasks = report["tasks"]["list"].as_array().unwrap();
     let folded = std::fs::read_to_string(report["tasks"]["folded"].as_str().unwrap()).unwrap();
     for truth in run.truth["tasks"].as_array().unwrap() {
         let id = truth["id"].as_u64().unwrap();
         let name = truth["name"].as_str().unwrap();
-        let task = tasks
-            .iter()
-            .find(|t| t["task"] == id)
-            .unwrap_or_else(|| panic!("task {name} ({id}) missing: {report:#}"));
+        let task = report_task(report, id);
         // An address, so named after its thread too.
         let thread = if name == "waiter" {
             "worker-b"
@@ -95,10 +91,7 @@ fn julia_tasks_and_gcs_are_split_named_and_on_the_timeline() {
             "{name}: no {leaf} under {function}:\n{folded}"
         );
     }
-    let io = tasks
-        .iter()
-        .find(|t| t["task"] == run.truth["tasks"][1]["id"])
-        .unwrap();
+    let io = report_task(report, run.truth["tasks"][1]["id"].as_u64().unwrap());
     let place = io["longest_block"]["stack"].to_string();
     assert!(
         place.contains("blocking_read") && place.contains("nanosleep"),

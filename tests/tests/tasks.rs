@@ -40,17 +40,11 @@ fn each_tasks_time_splits_into_running_blocked_and_parked() {
         &["-F", "499"],
     );
     let report = &run.report;
-    let tasks = report["tasks"]["list"]
-        .as_array()
-        .unwrap_or_else(|| panic!("{report:#}"));
     let folded = std::fs::read_to_string(report["tasks"]["folded"].as_str().unwrap()).unwrap();
     for truth in run.truth["tasks"].as_array().unwrap() {
         let id = truth["id"].as_u64().unwrap();
         let name = truth["name"].as_str().unwrap();
-        let task = tasks
-            .iter()
-            .find(|t| t["task"] == id)
-            .unwrap_or_else(|| panic!("task {id} missing: {report:#}"));
+        let task = report_task(report, id);
         let frame = format!("task {name} (#{id})");
         assert_eq!(task["name"], frame.as_str(), "{task}");
         assert_eq!(task["runs"], truth["runs"], "task {name}: runs");
@@ -116,7 +110,7 @@ fn each_tasks_time_splits_into_running_blocked_and_parked() {
         );
     }
     // The sleeper is named as the task that blocked its thread, in its sleep.
-    let blocked = &tasks.iter().find(|t| t["task"] == 2).unwrap()["longest_block"];
+    let blocked = &report_task(report, 2)["longest_block"];
     let stack: Vec<&str> = blocked["stack"]
         .as_array()
         .unwrap()

@@ -209,19 +209,13 @@ fn tokio_tasks_are_named_by_spawn_location_with_their_blocking_stack() {
         .lines()
         .find_map(|l| serde_json::from_str(l).ok())
         .unwrap_or_else(|| panic!("no truth line: {out}"));
-    let tasks = report["tasks"]["list"]
-        .as_array()
-        .unwrap_or_else(|| panic!("{report:#}"));
     let mut total_polls = 0;
     for truth in truth["tasks"].as_array().unwrap() {
         let id = truth["id"].as_u64().unwrap();
         let location = truth["location"].as_str().unwrap();
         let polls = truth["polls"].as_u64().unwrap();
         total_polls += polls;
-        let task = tasks
-            .iter()
-            .find(|t| t["task"] == id)
-            .unwrap_or_else(|| panic!("task {id} missing: {report:#}"));
+        let task = report_task(&report, id);
         assert_eq!(task["given_name"], location, "{task}");
         assert_eq!(task["name"], format!("task {location} (#{id})"), "{task}");
         assert_eq!(task["runs"], polls, "task {location}: polls {task}");

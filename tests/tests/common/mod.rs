@@ -803,3 +803,11 @@ pub fn near(a: u64, b: u64, relative: f64, absolute_ns: u64) -> bool {
     let diff = a.abs_diff(b);
     diff <= absolute_ns || diff as f64 <= relative * b as f64
 }
+
+/// The entry of task `id` in an `attach` JSON report's task list.
+pub fn report_task(report: &serde_json::Value, id: u64) -> &serde_json::Value {
+    report["tasks"]["list"]
+        .as_array()
+        .and_then(|tasks| tasks.iter().find(|t| t["task"] == id))
+        .unwrap_or_else(|| panic!("task {id} missing: {report:#}"))
+}
