@@ -53,10 +53,12 @@ const NO_PREALLOC: u32 = aya_ebpf::bindings::BPF_F_NO_PREALLOC;
 static LATENCY_STARTS: HashMap<LatencyStartKey, u64> =
     HashMap::with_max_entries(16384, NO_PREALLOC);
 
-/// Log-linear buckets of every latency: `latency_id * BUCKETS + bucket`.
+/// Log-linear buckets of every latency: `latency_id * BUCKETS + bucket`. One array shared
+/// by the CPUs (counted with atomic adds), not a per-CPU one: the kernel allocates a
+/// per-CPU array's memory element by element, and thousands of allocations were
+/// milliseconds of every launch, before its first event.
 #[map]
-static LATENCY_HIST: PerCpuArray<u64> =
-    PerCpuArray::with_max_entries(MAX_LATENCIES * histogram::BUCKETS, 0);
+static LATENCY_HIST: Array<u64> = Array::with_max_entries(MAX_LATENCIES * histogram::BUCKETS, 0);
 
 /// Count, total, min and max of every latency.
 #[map]

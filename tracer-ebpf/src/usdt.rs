@@ -247,8 +247,8 @@ fn record_latency(latency_id: u32, tgid: u32, ns: u64) {
     }
     let bucket = latency_id * histogram::BUCKETS + histogram::bucket_of(ns);
     if let Some(slot) = LATENCY_HIST.get_ptr_mut(bucket) {
-        // SAFETY: per-CPU slot, no concurrent writer on this CPU.
-        unsafe { *slot += 1 };
+        // SAFETY: an aligned u64 of the array, only ever added to atomically (xadd).
+        unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(slot, 1) };
     }
     if let Some(stats) = LATENCY_STATS.get_ptr_mut(latency_id) {
         // SAFETY: as above.

@@ -45,11 +45,12 @@ pub fn run(config: TraceConfig) -> Result<()> {
         Some(argv) => Some(PausedChild::spawn(argv)?),
         None => None,
     };
+    // Now, before the other threads of the launch take the CPUs: the first uprobe waits
+    // for an RCU grace period, the longest step of a launch.
+    let warm_up = Loader::warm_up_uprobes();
     // Kernel types are read later, if at all: only following processes (or a PID
     // namespace of its own) needs them.
     Loader::prepare(false);
-    // Now: the first uprobe waits for an RCU grace period, the longest step of a launch.
-    let warm_up = Loader::warm_up_uprobes();
     // Whose hits: the command (and with --children its forks), the targets, or every
     // process running the probes' files.
     let spec = match &child {

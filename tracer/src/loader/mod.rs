@@ -455,88 +455,10 @@ impl Loader {
         let targets = settings.targets.as_ref();
         let follow_forks = targets.is_some_and(|t| t.follow_forks);
         let follow_execs = targets.is_some_and(|t| t.exe.is_some() || t.comm.is_some());
-        // Only the off-CPU programs, the process trackers and the thread iterator read
-        // kernel structures, and only they are verified against kernel types; reading
-        // kernel BTF costs milliseconds.
-        let kernel =
-            (features.offcpu || features.thread_regs || follow_forks || follow_execs || nested)
-                .then(|| {
-                    let early = EARLY_KERNEL_BTF
-                        .lock()
-                        .unwrap_or_else(|poisoned| poisoned.into_inner())
-                        .take();
-                    let read = match early {
-                        Some(reading) => reading
-                            .join()
-                            .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
-                        None => Btf::read(Path::new(KERNEL_BTF)),
-                    };
-                    read.map_err(|e| match e {
-                        btf::BtfError::Read { path, source }
-                            if oserror::cause(&source).is_some() =>
-                        {
-                            os_error(format!("reading kernel BTF at {path}"), source)
-                        }
-                        e => e.into(),
-                    })
-                })
-                .transpose()?;
-        let offsets = |wanted: bool, structure: &str, members: &[&str]| match (&kernel, wanted) {
-            (Some(kernel), true) => kernel.member_offsets(structure, members),
-            _ => Ok(vec![0; members.len()]),
-        };
-        let task = offsets(
-            true,
-            "task_struct",
-            &[
-                "pid",
-                "group_leader",
-                "start_boottime",
-                "tgid",
-                "comm",
-                "se",
-            ],
-        )?;
-        let sched_entity = offsets(features.offcpu, "sched_entity", &["sum_exec_runtime"])?;
         let exe = targets.and_then(|t| t.exe);
-        let file_offsets = [
-            offsets(exe.is_some(), "linux_binprm", &["file"])?,
-            offsets(exe.is_some(), "file", &["f_inode"])?,
-            offsets(exe.is_some(), "inode", &["i_ino", "i_sb"])?,
-            offsets(exe.is_some(), "super_block", &["s_dev"])?,
-        ];
-        let pid_numbers = [
-            offsets(nested, "task_struct", &["thread_pid"])?,
-            offsets(nested, "pid", &["level", "numbers"])?,
-            offsets(nested, "upid", &["ns"])?,
-            offsets(nested, "pid_namespace", &["ns"])?,
-            offsets(nested, "ns_common", &["inum"])?,
-        ];
-        // `struct upid` is an int and a pointer: the pointer's offset and its size.
-        let upid_ns_offset = pid_numbers[2][0];
-        let kernel_type_id =
-            |wanted: bool, id: &dyn Fn(&Btf) -> Result<u32, btf::BtfError>| match (&kernel, wanted)
-            {
-                (Some(kernel), true) => id(kernel).map(Some),
-                _ => Ok(None),
-            };
-        let sched_switch_btf_id =
-            kernel_type_id(features.offcpu, &|k| k.typedef_id("btf_trace_sched_switch"))?;
-        let fork_btf_id = kernel_type_id(follow_forks, &|k| {
-            k.typedef_id("btf_trace_sched_process_fork")
-        })?;
-        let exec_btf_id = kernel_type_id(follow_execs, &|k| {
-            k.typedef_id("btf_trace_sched_process_exec")
-        })?;
-        let iter_task_btf_id =
-            kernel_type_id(features.thread_regs, &|k| k.function_id("bpf_iter_task"))?;
         // One target that nothing can join is a constant to compare with: its PID *and*
         // its start time, so a process reusing the PID after it exited is not taken for it.
         let single = targets.and_then(|t| t.single);
-        let single_start_ticks = match single {
-            Some(pid) => process_start_ticks(pid)?,
-            None => 0,
-        };
         let filter = match targets {
             None => 0,
             // One process's USDT sites are attached for it alone.
@@ -564,56 +486,6 @@ impl Loader {
         };
         let u32s = |name: &'static str, value: u32| (name, value.to_ne_bytes().to_vec());
         let u64s = |name: &'static str, value: u64| (name, value.to_ne_bytes().to_vec());
-        let globals: Vec<(&'static str, Vec<u8>)> = vec![
-            u32s(global_names::TARGET_TGID, single.unwrap_or(0)),
-            u64s(global_names::TARGET_START_TICKS, single_start_ticks),
-            u32s(global_names::TARGET_FILTER, filter),
-            u64s(global_names::MIN_BLOCK_NS, min_block_ns),
-            u32s(global_names::TASK_PID_OFFSET, task[0]),
-            u32s(global_names::TASK_GROUP_LEADER_OFFSET, task[1]),
-            u32s(global_names::TASK_START_BOOTTIME_OFFSET, task[2]),
-            u32s(global_names::TASK_TGID_OFFSET, task[3]),
-            u32s(global_names::TASK_COMM_OFFSET, task[4]),
-            u32s(
-                global_names::TASK_EXEC_RUNTIME_OFFSET,
-                task[5] + sched_entity[0],
-            ),
-            u32s(global_names::BPRM_FILE_OFFSET, file_offsets[0][0]),
-            u32s(global_names::FILE_INODE_OFFSET, file_offsets[1][0]),
-            u32s(global_names::INODE_INO_OFFSET, file_offsets[2][0]),
-            u32s(global_names::INODE_SB_OFFSET, file_offsets[2][1]),
-            u32s(global_names::SB_DEV_OFFSET, file_offsets[3][0]),
-            u32s(global_names::TARGET_MATCH, matching),
-            u64s(global_names::MATCH_EXE_DEV, exe.map_or(0, |e| e.dev)),
-            u64s(global_names::MATCH_EXE_INO, exe.map_or(0, |e| e.ino)),
-            (
-                global_names::MATCH_COMM,
-                targets.and_then(|t| t.comm).unwrap_or_default().to_vec(),
-            ),
-            u64s(global_names::CLOCK_TICK_NS, clock_tick_ns),
-            (diagnostics::LEVEL_GLOBAL, vec![diagnostics::level()]),
-            u32s(global_names::PID_NS_INO, pid_ns_ino as u32),
-            u32s(global_names::TASK_THREAD_PID_OFFSET, pid_numbers[0][0]),
-            u32s(global_names::PID_LEVEL_OFFSET, pid_numbers[1][0]),
-            u32s(global_names::PID_NUMBERS_OFFSET, pid_numbers[1][1]),
-            u32s(global_names::UPID_NS_OFFSET, upid_ns_offset),
-            u32s(global_names::UPID_SIZE, upid_ns_offset + 8),
-            u32s(
-                global_names::PID_NS_INUM_OFFSET,
-                pid_numbers[3][0] + pid_numbers[4][0],
-            ),
-            u32s(global_names::TASKS_TRACED, u32::from(features.tasks)),
-            u32s(
-                global_names::TIMELINE_ON,
-                u32::from(settings.timeline_min_block.is_some()),
-            ),
-            u64s(
-                global_names::TIMELINE_MIN_BLOCK_NS,
-                settings
-                    .timeline_min_block
-                    .map_or(0, |d| d.as_nanos().min(u64::MAX as u128) as u64),
-            ),
-        ];
         let mut max_entries = StdHashMap::from([
             (map_names::USDT_EVENTS, ring_buffer_bytes),
             (map_names::UNWIND_SAMPLES, settings.unwind_ring_bytes),
@@ -652,14 +524,163 @@ impl Loader {
             Some(plan) if plan.sites > 0 => Some(spawn_keeper()?),
             _ => None,
         };
+        // Kernel types (read on a thread since the launch began) are waited for only once
+        // the maps that do not need them are created: the load does both at once.
+        let mut kernel_ids = KernelTypeIds::default();
+        let globals = || -> Result<Vec<(&'static str, Vec<u8>)>> {
+            // Only the off-CPU programs, the process trackers and the thread iterator read
+            // kernel structures, and only they are verified against kernel types; reading
+            // kernel BTF costs milliseconds.
+            let kernel =
+                (features.offcpu || features.thread_regs || follow_forks || follow_execs || nested)
+                    .then(|| {
+                        let early = EARLY_KERNEL_BTF
+                            .lock()
+                            .unwrap_or_else(|poisoned| poisoned.into_inner())
+                            .take();
+                        let read = match early {
+                            Some(reading) => reading
+                                .join()
+                                .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+                            None => Btf::read(Path::new(KERNEL_BTF)),
+                        };
+                        read.map_err(|e| match e {
+                            btf::BtfError::Read { path, source }
+                                if oserror::cause(&source).is_some() =>
+                            {
+                                os_error(format!("reading kernel BTF at {path}"), source)
+                            }
+                            e => e.into(),
+                        })
+                    })
+                    .transpose()?;
+            // After the kernel types: a target that exits while they are read is found
+            // gone here, before anything is attached (its start time is a constant below).
+            let single_start_ticks = match single {
+                Some(pid) => process_start_ticks(pid)?,
+                None => 0,
+            };
+            let offsets = |wanted: bool, structure: &str, members: &[&str]| match (&kernel, wanted)
+            {
+                (Some(kernel), true) => kernel.member_offsets(structure, members),
+                _ => Ok(vec![0; members.len()]),
+            };
+            let task = offsets(
+                true,
+                "task_struct",
+                &[
+                    "pid",
+                    "group_leader",
+                    "start_boottime",
+                    "tgid",
+                    "comm",
+                    "se",
+                ],
+            )?;
+            let sched_entity = offsets(features.offcpu, "sched_entity", &["sum_exec_runtime"])?;
+            let file_offsets = [
+                offsets(exe.is_some(), "linux_binprm", &["file"])?,
+                offsets(exe.is_some(), "file", &["f_inode"])?,
+                offsets(exe.is_some(), "inode", &["i_ino", "i_sb"])?,
+                offsets(exe.is_some(), "super_block", &["s_dev"])?,
+            ];
+            let pid_numbers = [
+                offsets(nested, "task_struct", &["thread_pid"])?,
+                offsets(nested, "pid", &["level", "numbers"])?,
+                offsets(nested, "upid", &["ns"])?,
+                offsets(nested, "pid_namespace", &["ns"])?,
+                offsets(nested, "ns_common", &["inum"])?,
+            ];
+            // `struct upid` is an int and a pointer: the pointer's offset and its size.
+            let upid_ns_offset = pid_numbers[2][0];
+            let kernel_type_id =
+                |wanted: bool, id: &dyn Fn(&Btf) -> Result<u32, btf::BtfError>| match (
+                    &kernel, wanted,
+                ) {
+                    (Some(kernel), true) => id(kernel).map(Some),
+                    _ => Ok(None),
+                };
+            let sched_switch_btf_id =
+                kernel_type_id(features.offcpu, &|k| k.typedef_id("btf_trace_sched_switch"))?;
+            let fork_btf_id = kernel_type_id(follow_forks, &|k| {
+                k.typedef_id("btf_trace_sched_process_fork")
+            })?;
+            let exec_btf_id = kernel_type_id(follow_execs, &|k| {
+                k.typedef_id("btf_trace_sched_process_exec")
+            })?;
+            let iter_task_btf_id =
+                kernel_type_id(features.thread_regs, &|k| k.function_id("bpf_iter_task"))?;
+            kernel_ids = KernelTypeIds {
+                sched_switch: sched_switch_btf_id,
+                fork: fork_btf_id,
+                exec: exec_btf_id,
+                iter_task: iter_task_btf_id,
+            };
+            Ok(vec![
+                u32s(global_names::TARGET_TGID, single.unwrap_or(0)),
+                u64s(global_names::TARGET_START_TICKS, single_start_ticks),
+                u32s(global_names::TARGET_FILTER, filter),
+                u64s(global_names::MIN_BLOCK_NS, min_block_ns),
+                u32s(global_names::TASK_PID_OFFSET, task[0]),
+                u32s(global_names::TASK_GROUP_LEADER_OFFSET, task[1]),
+                u32s(global_names::TASK_START_BOOTTIME_OFFSET, task[2]),
+                u32s(global_names::TASK_TGID_OFFSET, task[3]),
+                u32s(global_names::TASK_COMM_OFFSET, task[4]),
+                u32s(
+                    global_names::TASK_EXEC_RUNTIME_OFFSET,
+                    task[5] + sched_entity[0],
+                ),
+                u32s(global_names::BPRM_FILE_OFFSET, file_offsets[0][0]),
+                u32s(global_names::FILE_INODE_OFFSET, file_offsets[1][0]),
+                u32s(global_names::INODE_INO_OFFSET, file_offsets[2][0]),
+                u32s(global_names::INODE_SB_OFFSET, file_offsets[2][1]),
+                u32s(global_names::SB_DEV_OFFSET, file_offsets[3][0]),
+                u32s(global_names::TARGET_MATCH, matching),
+                u64s(global_names::MATCH_EXE_DEV, exe.map_or(0, |e| e.dev)),
+                u64s(global_names::MATCH_EXE_INO, exe.map_or(0, |e| e.ino)),
+                (
+                    global_names::MATCH_COMM,
+                    targets.and_then(|t| t.comm).unwrap_or_default().to_vec(),
+                ),
+                u64s(global_names::CLOCK_TICK_NS, clock_tick_ns),
+                (diagnostics::LEVEL_GLOBAL, vec![diagnostics::level()]),
+                u32s(global_names::PID_NS_INO, pid_ns_ino as u32),
+                u32s(global_names::TASK_THREAD_PID_OFFSET, pid_numbers[0][0]),
+                u32s(global_names::PID_LEVEL_OFFSET, pid_numbers[1][0]),
+                u32s(global_names::PID_NUMBERS_OFFSET, pid_numbers[1][1]),
+                u32s(global_names::UPID_NS_OFFSET, upid_ns_offset),
+                u32s(global_names::UPID_SIZE, upid_ns_offset + 8),
+                u32s(
+                    global_names::PID_NS_INUM_OFFSET,
+                    pid_numbers[3][0] + pid_numbers[4][0],
+                ),
+                u32s(global_names::TASKS_TRACED, u32::from(features.tasks)),
+                u32s(
+                    global_names::TIMELINE_ON,
+                    u32::from(settings.timeline_min_block.is_some()),
+                ),
+                u64s(
+                    global_names::TIMELINE_MIN_BLOCK_NS,
+                    settings
+                        .timeline_min_block
+                        .map_or(0, |d| d.as_nanos().min(u64::MAX as u128) as u64),
+                ),
+            ])
+        };
         // With USDT sites to attach first, the deferred maps wait for them.
         let (maps, programs) = object::load(
             EBPF_OBJECT,
-            &globals,
+            globals,
             &max_entries,
             &DEFERRED_MAPS,
             keeper.is_some(),
         )?;
+        let KernelTypeIds {
+            sched_switch: sched_switch_btf_id,
+            fork: fork_btf_id,
+            exec: exec_btf_id,
+            iter_task: iter_task_btf_id,
+        } = kernel_ids;
         let mut loader = Self {
             maps,
             programs,
@@ -785,7 +806,8 @@ impl Loader {
             let keeper = self.keeper.as_mut().expect("started above");
             let path = crate::procfs::lasting_path(&first.path);
             for chunk in uprobes.chunks(keeper::MAX_UPROBES_PER_LINK) {
-                match keeper.link_uprobe_multi(prog_fd, &path, chunk, first.pid) {
+                let r = keeper.link_uprobe_multi(prog_fd, &path, chunk, first.pid);
+                match r {
                     Ok(()) => self.usdt_sites_attached += chunk.len(),
                     // One of a set that exited meanwhile, whose files only it showed us (a
                     // container's): the others are traced still.
@@ -899,11 +921,17 @@ impl Loader {
     }
 
     /// Registers a uprobe in tracer's own code on a thread of its own, before the programs
-    /// are loaded: the first uprobe registered waits for an RCU grace period (10-40 ms
+    /// are loaded: the first uprobe registered waits for an RCU grace period (8-16 ms
     /// here), and uprobes registered within a grace period of another do not, so
     /// [`Loader::attach_usdt_sites`] finds that wait over or under way instead of starting
-    /// it. Start it before [`Loader::load`]. The target never sees this uprobe; its
-    /// failure only loses the head start.
+    /// it. Start it before [`Loader::load`]. The target never sees this uprobe (it is in a
+    /// function of ours that is never called); its failure only loses the head start.
+    ///
+    /// It is opened for every process, on one CPU, not for this process: the first perf
+    /// event bound to a task (after a second with none in the system) waits for another
+    /// grace period before its uprobe is even registered, while the kernel switches its
+    /// scheduler hooks on (`perf_sched_events`): 25-50 ms to the first event instead of
+    /// 6-18 ms.
     pub fn warm_up_uprobes() -> UprobeWarmUp {
         UprobeWarmUp(std::thread::spawn(|| {
             let site = own_code_site(warm_up_site as *const () as usize as u64)?;
@@ -914,7 +942,7 @@ impl Loader {
                     path: &site.0,
                     offset: site.1,
                     ref_ctr_offset: None,
-                    pid: Some(std::process::id()),
+                    pid: None,
                 },
             )
             .ok()
@@ -1121,6 +1149,11 @@ impl Loader {
             .map_err(|source| LoaderError::Map { name, source })
     }
 
+    fn array<T: aya::Pod>(&self, name: &'static str) -> Result<Array<&MapData, T>> {
+        let map = self.maps.get(name).ok_or(LoaderError::Missing(name))?;
+        Array::try_from(map).map_err(|source| LoaderError::Map { name, source })
+    }
+
     fn per_cpu_array<T: aya::Pod>(&self, name: &'static str) -> Result<PerCpuArray<&MapData, T>> {
         let map = self.maps.get(name).ok_or(LoaderError::Missing(name))?;
         PerCpuArray::try_from(map).map_err(|source| LoaderError::Map { name, source })
@@ -1149,7 +1182,7 @@ impl Loader {
 
     /// The histogram and totals of latency `latency_id`.
     pub fn latency(&self, latency_id: u32) -> Result<LatencyData> {
-        let hist = self.per_cpu_array::<u64>(map_names::LATENCY_HIST)?;
+        let hist = self.array::<u64>(map_names::LATENCY_HIST)?;
         let stats_map = self.per_cpu_array::<LatencyStats>(map_names::LATENCY_STATS)?;
         let map_error = |name| move |source| LoaderError::Map { name, source };
         let mut data = LatencyData {
@@ -1177,9 +1210,7 @@ impl Loader {
             let index = latency_id * histogram::BUCKETS + bucket as u32;
             *slot = hist
                 .get(&index, 0)
-                .map_err(map_error(map_names::LATENCY_HIST))?
-                .iter()
-                .sum();
+                .map_err(map_error(map_names::LATENCY_HIST))?;
         }
         Ok(data)
     }
@@ -1356,23 +1387,66 @@ fn usdt_program_name(site: &UsdtSite) -> &'static str {
     }
 }
 
+/// The kernel type ids the programs that need them are verified against.
+#[derive(Default)]
+struct KernelTypeIds {
+    sched_switch: Option<u32>,
+    fork: Option<u32>,
+    exec: Option<u32>,
+    iter_task: Option<u32>,
+}
+
 /// Where [`Loader::warm_up_uprobes`] places its uprobe; never called.
 #[inline(never)]
 extern "C" fn warm_up_site() {
     std::hint::black_box(());
 }
 
-/// The file and file offset of `address` in this process's own code (from
-/// /proc/self/maps).
+/// The file and file offset of `address` in this executable's own code, from its program
+/// headers as loaded: no file is read (/proc/self/maps takes the memory map lock that the
+/// launch's other threads take as they allocate), as this is the first thing a launch
+/// does and the one it waits for.
 fn own_code_site(address: u64) -> Option<(PathBuf, u64)> {
-    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
-    crate::procfs::parse_maps(&maps)
-        .into_iter()
-        .find_map(|entry| {
-            let inside = entry.start <= address && address < entry.end && entry.is_executable();
-            let path = entry.path.filter(|p| inside && p.starts_with('/'))?;
-            Some((PathBuf::from(path), address - entry.start + entry.offset))
-        })
+    struct Search {
+        address: u64,
+        offset: Option<u64>,
+    }
+    /// Called for each loaded object, the executable first: searches that one only.
+    unsafe extern "C" fn search_executable(
+        info: *mut libc::dl_phdr_info,
+        _size: usize,
+        data: *mut libc::c_void,
+    ) -> libc::c_int {
+        // SAFETY: `data` is the `Search` passed below, and `info` the loader's record of a
+        // loaded object, valid during this call, with `dlpi_phnum` program headers.
+        let (search, info) = unsafe { (&mut *data.cast::<Search>(), &*info) };
+        let headers = match info.dlpi_phdr.is_null() {
+            true => &[][..],
+            // SAFETY: as above.
+            false => unsafe {
+                std::slice::from_raw_parts(info.dlpi_phdr, usize::from(info.dlpi_phnum))
+            },
+        };
+        let relative = search.address.wrapping_sub(info.dlpi_addr);
+        search.offset = headers
+            .iter()
+            .find(|h| {
+                h.p_type == libc::PT_LOAD
+                    && h.p_flags & libc::PF_X != 0
+                    && (h.p_vaddr..h.p_vaddr + h.p_memsz).contains(&relative)
+            })
+            .map(|h| relative - h.p_vaddr + h.p_offset);
+        1
+    }
+    let mut search = Search {
+        address,
+        offset: None,
+    };
+    // SAFETY: the callback only reads the records it is given and writes `search`, which
+    // outlives the call.
+    unsafe { libc::dl_iterate_phdr(Some(search_executable), (&mut search as *mut Search).cast()) };
+    // The kernel resolves this path in the calling thread's context: our executable.
+    Some((PathBuf::from("/proc/self/exe"), search.offset?))
 }
 
 /// The uprobe opened by [`Loader::warm_up_uprobes`].
@@ -1422,6 +1496,20 @@ fn gone_with_its_process(path: &Path) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn own_code_site_is_where_the_memory_maps_place_it() {
+        let address = warm_up_site as *const () as usize as u64;
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        let (path, offset) = crate::procfs::parse_maps(&maps)
+            .into_iter()
+            .find(|e| e.start <= address && address < e.end && e.is_executable())
+            .map(|e| (e.path.unwrap(), address - e.start + e.offset))
+            .unwrap();
+        let (site, site_offset) = own_code_site(address).unwrap();
+        assert_eq!(site_offset, offset);
+        assert_eq!(std::fs::canonicalize(site).unwrap(), PathBuf::from(path));
+    }
 
     /// A name in `tracer-common` that the eBPF object lacks would only fail at run time
     /// (a map not found), or silently (a global whose setting is never applied).

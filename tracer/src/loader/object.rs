@@ -85,39 +85,41 @@ fn parse(data: &[u8]) -> Result<Object, aya_obj::ParseError> {
     }
 }
 
-/// Creates the maps of `data` (sizes from `max_entries`, read-only globals from
-/// `globals`) and returns them and the programs. Maps named in `deferred` are created on
-/// a thread of their own meanwhile (the kernel preallocates some whole, which takes
-/// milliseconds): they reach the caller through [`Programs::finish_maps`], and a program
-/// that needs one waits for them. With `hold`, that thread starts only then: on two cores
-/// it would take a core from the programs verified and attached first (the USDT probes,
-/// whose first event a launch waits for).
+/// Creates the maps of `data` (sizes from `max_entries`, read-only globals from what
+/// `globals` returns) and returns them and the programs. The maps of the globals are
+/// created last: `globals` may wait for kernel types read on another thread, and the other
+/// maps are created meanwhile. Maps named in `deferred` are created on a thread of their
+/// own (the kernel preallocates some whole, which takes milliseconds): they reach the
+/// caller through [`Programs::finish_maps`], and a program that needs one waits for them.
+/// With `hold`, that thread starts only then: on two cores it would take a core from the
+/// programs verified and attached first (the USDT probes, whose first event a launch
+/// waits for).
 pub(super) fn load(
     data: &[u8],
-    globals: &[(&'static str, Vec<u8>)],
+    globals: impl FnOnce() -> Result<Vec<(&'static str, Vec<u8>)>, LoaderError>,
     max_entries: &HashMap<&'static str, u32>,
     deferred: &[&str],
     hold: bool,
 ) -> Result<(HashMap<String, Map>, Programs), LoaderError> {
     let error = |e: EbpfError| LoaderError::Load(e);
     let mut object = parse(data).map_err(|e| error(e.into()))?;
-    object
-        .patch_map_data(
-            globals
-                .iter()
-                .map(|(name, bytes)| (*name, (bytes.as_slice(), true)))
-                .collect(),
-        )
-        .map_err(|e| error(e.into()))?;
-    let (mut now, mut later) = (Vec::new(), Vec::new());
-    for (name, mut map) in object.maps.drain() {
+    let sized = |(name, mut map): (String, aya_obj::Map)| {
         if let Some(&entries) = max_entries.get(name.as_str()) {
             map.set_max_entries(entries);
         }
-        if deferred.contains(&name.as_str()) {
-            later.push((name, map));
+        (name, map)
+    };
+    // The globals' maps stay in the object, to be patched once their values are known.
+    let (mut now, mut later) = (Vec::new(), Vec::new());
+    for named in object
+        .maps
+        .extract_if(|_, map| !holds_globals(map))
+        .map(sized)
+    {
+        if deferred.contains(&named.0.as_str()) {
+            later.push(named);
         } else {
-            now.push((name, map));
+            now.push(named);
         }
     }
     let pending_definitions = later.clone();
@@ -150,11 +152,33 @@ pub(super) fn load(
         pending_definitions,
         loaded: HashMap::new(),
     };
-    let created = now
-        .into_iter()
-        .map(|(name, map)| create_map(name, map))
-        .collect::<Result<Vec<_>, _>>();
-    let maps = match created.and_then(|created| programs.record(created)) {
+    let create_all = || -> Result<Vec<(String, Map)>, LoaderError> {
+        let created = now
+            .drain(..)
+            .map(|(name, map)| create_map(name, map))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut maps = programs.record(created)?;
+        let globals = globals()?;
+        programs
+            .object
+            .patch_map_data(
+                globals
+                    .iter()
+                    .map(|(name, bytes)| (*name, (bytes.as_slice(), true)))
+                    .collect(),
+            )
+            .map_err(|e| error(e.into()))?;
+        let created = programs
+            .object
+            .maps
+            .drain()
+            .map(sized)
+            .map(|(name, map)| create_map(name, map))
+            .collect::<Result<Vec<_>, _>>()?;
+        maps.extend(programs.record(created)?);
+        Ok(maps)
+    };
+    let maps = match create_all() {
         Ok(maps) => maps,
         Err(e) => {
             // Let the thread end before its maps are dropped.
@@ -163,6 +187,15 @@ pub(super) fn load(
         }
     };
     Ok((maps.into_iter().collect(), programs))
+}
+
+/// Whether `map` holds global variables (`.rodata`, `.data`, `.bss`), whose initial values
+/// it is created with.
+fn holds_globals(map: &aya_obj::Map) -> bool {
+    matches!(
+        map.section_kind(),
+        EbpfSectionKind::Data | EbpfSectionKind::Rodata | EbpfSectionKind::Bss
+    )
 }
 
 /// Creates map `name` as `map` defines it, with its initial data for globals.
@@ -180,11 +213,7 @@ fn create_map(
         e => LoaderError::Load(e.into()),
     })?;
     let kind = definition.section_kind();
-    if matches!(
-        kind,
-        EbpfSectionKind::Data | EbpfSectionKind::Rodata | EbpfSectionKind::Bss
-    ) && !definition.data().is_empty()
-    {
+    if holds_globals(&definition) && !definition.data().is_empty() {
         sys::fill_data_map(
             data.fd().as_fd(),
             definition.data(),
