@@ -368,8 +368,11 @@ fn main() -> Result<()> {
     }
 
     let size = |path: &Path| std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+    // The tracer hands inferno its lines as sorted (no re-sort): the picture must be the
+    // one inferno draws after sorting them itself.
+    let same_svg = std::fs::read(&svg_path)? == std::fs::read(&inferno_path)?;
     print_line(&format!(
-        r#"{{"samples":{samples},"keys":{keys},"folded_stacks":{folded_stacks},"folded_bytes":{},"svg_bytes":{},"inferno_svg_bytes":{},"tracer_ns":{},"symbolize_ns":{},"files_ns":{},"render_ns":{},"inferno_ns":{}}}"#,
+        r#"{{"samples":{samples},"keys":{keys},"folded_stacks":{folded_stacks},"folded_bytes":{},"svg_bytes":{},"inferno_svg_bytes":{},"same_svg":{same_svg},"tracer_ns":{},"symbolize_ns":{},"files_ns":{},"render_ns":{},"inferno_ns":{}}}"#,
         size(&folded_path),
         size(&svg_path),
         size(&inferno_path),

@@ -600,6 +600,9 @@ pub fn render_flamegraph_svg(
     });
     // Color by function name so the same function looks the same across runs.
     opts.hash = true;
+    // The lines are sorted by stack already (see [`FoldedStacks`]): inferno's own sort of
+    // the text, hundreds of megabytes of long shared prefixes, would only redo it.
+    opts.no_sort = true;
     flamegraph::from_lines(&mut opts, stacks.text().lines(), out)
 }
 

@@ -33,6 +33,9 @@ pub(super) fn measure(config: &Config) -> Result<Vec<Row>> {
         med("render_ns")?,
         med("inferno_ns")?,
     );
+    // The tracer hands inferno its lines as they are (sorted already): its picture
+    // must be the one inferno draws from the same lines sorted by itself.
+    let same_svg = result["same_svg"].as_bool() == Some(true);
     let stacks = json_u64(&result, "folded_stacks")?;
     let bytes = json_u64(&result, "folded_bytes")?;
     println!(
@@ -47,6 +50,10 @@ pub(super) fn measure(config: &Config) -> Result<Vec<Row>> {
     println!("    write the folded file and SVG:  {folded:.2} s (together, as every view)");
     println!("  tracer's SVG render alone:        {render:.2} s");
     println!("  inferno alone (same folded stacks): {inferno:.2} s");
+    println!(
+        "  tracer's SVG {} inferno's, byte for byte",
+        if same_svg { "is" } else { "DIFFERS from" }
+    );
     Ok(vec![
         Row {
             figure: "5. symbolize + render".into(),
@@ -64,7 +71,7 @@ pub(super) fn measure(config: &Config) -> Result<Vec<Row>> {
             baselines: format!("inferno {inferno:.2} s"),
             ratio: format!("{:.2}x", render / inferno),
             goal: "<= 1.10x inferno".into(),
-            met: yes_no(render <= inferno * 1.10),
+            met: yes_no(render <= inferno * 1.10 && same_svg),
         },
     ])
 }
