@@ -9,6 +9,11 @@ use tracer::{
 };
 
 fn main() {
+    // One malloc arena for every thread: the naming threads parse symbol files while the
+    // stacks are taken and views are written on threads of their own, and glibc's arena
+    // per thread kept each one's freed memory apart (5 MB more at the peak of a stop).
+    // SAFETY: mallopt only sets an allocator parameter; no allocation has a thread yet.
+    unsafe { libc::mallopt(libc::M_ARENA_MAX, 1) };
     if tracer::loader::keeper::is_keeper(std::env::args_os().nth(1).as_deref()) {
         std::process::exit(tracer::loader::keeper::serve());
     }

@@ -22,6 +22,7 @@ use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::sync::{LazyLock, mpsc};
+use std::time::{Duration, Instant};
 
 use blazesym::symbolize::source::{Elf, Kernel, Process, Source};
 use blazesym::symbolize::{Input, Sym, Symbolized, Symbolizer};
@@ -516,6 +517,9 @@ pub struct StackSymbolizer {
     naming_thread: Option<NamingThread>,
     on_naming_thread: HashSet<(String, u64)>,
     on_main_symbolizer: HashSet<(String, u64)>,
+    /// A symbolizer of kallsyms on a thread of its own, once [`StackSymbolizer::prepare`]
+    /// started it: it keeps kallsyms parsed for every request.
+    kernel_thread: Option<KernelNamingThread>,
 }
 
 impl Default for StackSymbolizer {
@@ -543,6 +547,76 @@ impl StackSymbolizer {
             naming_thread: None,
             on_naming_thread: HashSet::new(),
             on_main_symbolizer: HashSet::new(),
+            kernel_thread: None,
+        }
+    }
+
+    /// Starts parsing, on the naming threads and [`PREPARE_DELAY`] from now, what naming
+    /// stacks of the processes of `maps` will need: kallsyms, and the symbols and debug
+    /// information of the files nearly every stack of theirs runs through, each process's
+    /// executable and C library (libc's separate debug information alone is about
+    /// 100 ms; at most [`PREPARED_FILES`] files). A stopping tracer then makes its user
+    /// wait for lookups, not for parsing. Names are the same with or without it; the
+    /// other files are parsed at the stop, as only some are reached (parsed, each holds
+    /// megabytes).
+    pub fn prepare<'m>(&mut self, maps: impl IntoIterator<Item = &'m ProcessMaps>) {
+        if self.kernel_thread.is_none() && self.kallsyms_usable() {
+            self.kernel_thread = KernelNamingThread::start();
+        }
+        let own_executable = self.own_executable();
+        let mut files: Vec<((String, u64), ElfFile, u64)> = Vec::new();
+        'processes: for maps in maps {
+            let executable = fs::metadata(format!("/proc/{}/exe", maps.pid))
+                .ok()
+                .map(|m| m.ino());
+            for (index, object) in maps.objects.iter().enumerate() {
+                if Some(object.inode) != executable && !is_c_library(&object.module) {
+                    continue;
+                }
+                let key = (object.dev.clone(), object.inode);
+                let taken = self.on_main_symbolizer.contains(&key)
+                    || self.on_naming_thread.contains(&key)
+                    || files.iter().any(|(k, _, _)| *k == key);
+                // Where its code starts: a place to look up, to have it all parsed.
+                let code = maps
+                    .mappings
+                    .iter()
+                    .find(|m| m.target == Target::Object(index))
+                    .map(|m| m.offset);
+                if taken
+                    || object
+                        .file
+                        .as_ref()
+                        .is_some_and(|f| is_same_file(f, own_executable))
+                {
+                    continue;
+                }
+                if let (Some(file), Some(offset)) = (self.elf_file(object, own_executable), code) {
+                    files.push((key, file, offset));
+                    if files.len() == PREPARED_FILES {
+                        break 'processes;
+                    }
+                }
+            }
+        }
+        if files.is_empty() {
+            return;
+        }
+        if self.naming_thread.is_none() {
+            self.naming_thread = NamingThread::start();
+        }
+        let Some(thread) = &self.naming_thread else {
+            return;
+        };
+        let keys: Vec<(String, u64)> = files.iter().map(|(key, _, _)| key.clone()).collect();
+        let request = files.into_iter().map(|(_, file, offset)| (file, offset));
+        if thread
+            .jobs
+            .send(NamingRequest::Prepare(request.collect()))
+            .is_ok()
+        {
+            // Named there from now on: where they are parsed.
+            self.on_naming_thread.extend(keys);
         }
     }
 
@@ -707,8 +781,11 @@ impl StackSymbolizer {
     pub fn kernel_stacks(&mut self, stacks: &[&[u64]]) -> Vec<Vec<&Frame>> {
         let missing = self.unnamed_kernel_addresses(stacks.iter().copied());
         if !missing.is_empty() {
-            // This symbolizer keeps kallsyms parsed for the next call.
-            let named = missing.name_with(&self.symbolizer);
+            // Either symbolizer keeps kallsyms parsed for the next call.
+            let named = match &self.kernel_thread {
+                Some(_) => self.name_kernel_apart(missing).wait(),
+                None => missing.name_with(&self.symbolizer),
+            };
             self.add_kernel_names(named);
         }
         static UNKNOWN_FRAME: LazyLock<Frame> = LazyLock::new(Frame::unknown);
@@ -735,14 +812,7 @@ impl StackSymbolizer {
         &mut self,
         stacks: impl IntoIterator<Item = &'s [u64]>,
     ) -> KernelAddresses {
-        let usable = *self.kallsyms_usable.get_or_insert_with(|| {
-            let usable = kallsyms_has_addresses();
-            if !usable {
-                log::warn!("/proc/kallsyms hides kernel addresses; kernel frames stay unnamed");
-            }
-            usable
-        });
-        if !usable || self.kernel_failed {
+        if !self.kallsyms_usable() || self.kernel_failed {
             return KernelAddresses(Vec::new());
         }
         let mut missing: Vec<u64> = stacks
@@ -754,6 +824,36 @@ impl StackSymbolizer {
         missing.sort_unstable();
         missing.dedup();
         KernelAddresses(missing)
+    }
+
+    /// Whether /proc/kallsyms shows real addresses (warned about once if not).
+    fn kallsyms_usable(&mut self) -> bool {
+        *self.kallsyms_usable.get_or_insert_with(|| {
+            let usable = kallsyms_has_addresses();
+            if !usable {
+                log::warn!("/proc/kallsyms hides kernel addresses; kernel frames stay unnamed");
+            }
+            usable
+        })
+    }
+
+    /// Names `addresses` on another thread (the kernel naming thread once
+    /// [`StackSymbolizer::prepare`] started it, one of their own otherwise) while the caller
+    /// goes on; what [`PendingKernelNames::wait`] returns goes to
+    /// [`StackSymbolizer::add_kernel_names`].
+    pub fn name_kernel_apart(&mut self, addresses: KernelAddresses) -> PendingKernelNames {
+        let (reply, named) = mpsc::channel();
+        let sent = match &self.kernel_thread {
+            Some(thread) => thread.jobs.send((addresses, reply)).map_err(|e| e.0),
+            None => Err((addresses, reply)),
+        };
+        if let Err((addresses, reply)) = sent {
+            self.kernel_thread = None;
+            std::thread::spawn(move || {
+                let _ = reply.send(addresses.name());
+            });
+        }
+        PendingKernelNames(named)
     }
 
     /// Keeps the names [`KernelAddresses::name`] gave; after a failure, kernel frames
@@ -792,26 +892,7 @@ impl StackSymbolizer {
         let own_executable = self.own_executable();
         let files: Vec<Option<ElfFile>> = work
             .iter()
-            .map(|(index, _)| {
-                let object = &maps.objects[*index];
-                let key = (object.dev.clone(), object.inode);
-                if self.unreadable.contains(&key) {
-                    return None;
-                }
-                if !self.shared_files.contains_key(&key)
-                    && let Some(file) = object.file.as_ref().and_then(|f| f.try_clone().ok())
-                {
-                    self.shared_files.insert(key.clone(), file);
-                }
-                let file = self.shared_files.get(&key)?;
-                Some(ElfFile {
-                    path: format!("/proc/self/fd/{}", file.as_raw_fd()),
-                    // The tracer's own frames (a system-wide profile has them) are named
-                    // from its symbol table alone: its debug information is tens of
-                    // megabytes to parse while the user waits for the report.
-                    debug_syms: !is_same_file(file, own_executable),
-                })
-            })
+            .map(|(index, _)| self.elf_file(&maps.objects[*index], own_executable))
             .collect();
         // An object named on the naming thread before is named there again (its file is
         // parsed there); new ones go to the side with fewer offsets, most first, once
@@ -853,7 +934,7 @@ impl StackSymbolizer {
             .filter_map(|i| Some((i, files[i].clone()?, work[i].1.clone())))
             .collect();
         let sent = match (&self.naming_thread, thread_jobs.is_empty()) {
-            (Some(thread), false) => thread.jobs.send(thread_jobs).is_ok(),
+            (Some(thread), false) => thread.jobs.send(NamingRequest::Name(thread_jobs)).is_ok(),
             _ => false,
         };
         let mut named: Vec<Option<ObjectSymbols>> = vec![None; work.len()];
@@ -891,6 +972,32 @@ impl StackSymbolizer {
                 None => vec![None; work[i].1.len()],
             })
             .collect()
+    }
+
+    /// `object`'s file as blazesym is to read it, through our one descriptor of it;
+    /// `None` if it cannot be read.
+    fn elf_file(
+        &mut self,
+        object: &MappedObject,
+        own_executable: Option<(u64, u64)>,
+    ) -> Option<ElfFile> {
+        let key = (object.dev.clone(), object.inode);
+        if self.unreadable.contains(&key) {
+            return None;
+        }
+        if !self.shared_files.contains_key(&key)
+            && let Some(file) = object.file.as_ref().and_then(|f| f.try_clone().ok())
+        {
+            self.shared_files.insert(key.clone(), file);
+        }
+        let file = self.shared_files.get(&key)?;
+        Some(ElfFile {
+            path: format!("/proc/self/fd/{}", file.as_raw_fd()),
+            // The tracer's own frames (a system-wide profile has them) are named from its
+            // symbol table alone: its debug information is tens of megabytes to parse
+            // while the user waits for the report.
+            debug_syms: !is_same_file(file, own_executable),
+        })
     }
 
     /// Symbols for offsets into the target's vDSO, looked up in ours: the kernel maps
@@ -966,6 +1073,22 @@ type ObjectOffset = (String, u64, u64);
 /// Names to look up above which the objects are shared out between two threads.
 const SHARED_NAMING_OFFSETS: usize = 4096;
 
+/// How long after [`StackSymbolizer::prepare`] its parsing starts: the launch and the
+/// first reads of the rings go first.
+const PREPARE_DELAY: Duration = Duration::from_millis(300);
+
+/// The files [`StackSymbolizer::prepare`] parses at most (each costs memory).
+const PREPARED_FILES: usize = 8;
+
+/// Whether a mapped file named `module` is a C library: glibc's (`libc.so.6`, or
+/// `libc-2.31.so` before 2.34) or musl's (`libc.musl-x86_64.so.1`, `ld-musl-x86_64.so.1`).
+fn is_c_library(module: &str) -> bool {
+    module.starts_with("libc.so")
+        || module.starts_with("libc-")
+        || module.starts_with("libc.musl-")
+        || module.starts_with("ld-musl-")
+}
+
 /// A blazesym symbolizer that demangles Rust and C++ names and expands inlined functions
 /// where debug information has them.
 fn new_blazesym() -> Symbolizer {
@@ -977,6 +1100,11 @@ fn new_blazesym() -> Symbolizer {
         // after a snapshot is dropped: let blazesym notice the change.
         .enable_auto_reload(true)
         .build()
+}
+
+/// A blazesym symbolizer for kernel addresses (kallsyms names functions).
+fn kernel_blazesym() -> Symbolizer {
+    Symbolizer::builder().enable_demangling(true).build()
 }
 
 /// A mapped object's file as blazesym is to read it.
@@ -1008,6 +1136,16 @@ impl ElfFile {
 /// Objects to name: (index in the caller's list, file, file offsets).
 type NamingJob = Vec<(usize, ElfFile, Vec<u64>)>;
 
+/// What the [`NamingThread`] is asked.
+#[derive(Debug)]
+enum NamingRequest {
+    /// Parse these files (an offset of each is looked up, its name not wanted), while no
+    /// job waits, from [`PREPARE_DELAY`] after the thread started: no reply.
+    Prepare(Vec<(ElfFile, u64)>),
+    /// Name these: one reply.
+    Name(NamingJob),
+}
+
 /// Symbols for the offsets of an object (`None` where it has none), or why it has none.
 type ObjectSymbols = Result<Vec<Option<Sym<'static>>>, String>;
 
@@ -1016,35 +1154,126 @@ type ObjectSymbols = Result<Vec<Option<Sym<'static>>>, String>;
 /// on the thread that made it, and keeps what it parsed for the next request.
 #[derive(Debug)]
 struct NamingThread {
-    jobs: mpsc::Sender<NamingJob>,
+    jobs: mpsc::Sender<NamingRequest>,
     named: mpsc::Receiver<Vec<(usize, ObjectSymbols)>>,
 }
 
 impl NamingThread {
     /// `None` if no thread can be started: everything is then named on the caller's.
     fn start() -> Option<Self> {
-        let (jobs, requests) = mpsc::channel::<NamingJob>();
+        let (jobs, requests) = mpsc::channel::<NamingRequest>();
         let (replies, named) = mpsc::channel();
+        let prepare_from = Instant::now() + PREPARE_DELAY;
         std::thread::Builder::new()
             .name("tracer-naming".into())
             .spawn(move || {
                 let symbolizer = new_blazesym();
+                let mut to_prepare: Vec<(ElfFile, u64)> = Vec::new();
                 // Ends when the StackSymbolizer (the sender) is dropped.
-                for job in requests {
-                    let reply = job
-                        .into_iter()
-                        .map(|(i, file, offsets)| {
-                            let symbols = file.symbolize(&symbolizer, &offsets);
-                            (i, symbols.map_err(|err| err.to_string()))
-                        })
-                        .collect();
-                    if replies.send(reply).is_err() {
-                        break;
+                while let Some(request) = next_request(
+                    &requests,
+                    &mut to_prepare,
+                    prepare_from,
+                    |(file, offset)| {
+                        let _ = file.symbolize(&symbolizer, &[offset]);
+                    },
+                ) {
+                    match request {
+                        NamingRequest::Prepare(files) => {
+                            // Kept in order, taken from the end.
+                            to_prepare.extend(files.into_iter().rev());
+                        }
+                        NamingRequest::Name(job) => {
+                            // Naming is what the stop waits for: what was not parsed yet
+                            // is parsed as it is named.
+                            to_prepare.clear();
+                            let reply = job
+                                .into_iter()
+                                .map(|(i, file, offsets)| {
+                                    let symbols = file.symbolize(&symbolizer, &offsets);
+                                    (i, symbols.map_err(|err| err.to_string()))
+                                })
+                                .collect();
+                            if replies.send(reply).is_err() {
+                                break;
+                            }
+                        }
                     }
                 }
             })
             .ok()?;
         Some(Self { jobs, named })
+    }
+}
+
+/// The next request on `requests`; while none comes and there is something `to_prepare`
+/// (from `prepare_from` on), prepares it with `prepare`, one at a time. `None` once the
+/// sender is gone.
+fn next_request<R, P>(
+    requests: &mpsc::Receiver<R>,
+    to_prepare: &mut Vec<P>,
+    prepare_from: Instant,
+    mut prepare: impl FnMut(P),
+) -> Option<R> {
+    loop {
+        if to_prepare.is_empty() {
+            return requests.recv().ok();
+        }
+        let wait = prepare_from.saturating_duration_since(Instant::now());
+        match requests.recv_timeout(wait) {
+            Ok(request) => return Some(request),
+            Err(mpsc::RecvTimeoutError::Disconnected) => return None,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                if let Some(item) = to_prepare.pop() {
+                    prepare(item);
+                }
+            }
+        }
+    }
+}
+
+/// Kernel addresses to name, and where to send their names.
+type KernelJob = (KernelAddresses, mpsc::Sender<KernelNames>);
+
+/// A symbolizer of kallsyms on a thread of its own, which parses kallsyms
+/// [`PREPARE_DELAY`] after it starts unless a request comes first, and keeps it parsed.
+#[derive(Debug)]
+struct KernelNamingThread {
+    jobs: mpsc::Sender<KernelJob>,
+}
+
+impl KernelNamingThread {
+    fn start() -> Option<Self> {
+        let (jobs, requests) = mpsc::channel::<KernelJob>();
+        let prepare_from = Instant::now() + PREPARE_DELAY;
+        std::thread::Builder::new()
+            .name("tracer-kernel-naming".into())
+            .spawn(move || {
+                let symbolizer = kernel_blazesym();
+                // Any address has kallsyms parsed; its name is not wanted.
+                let mut to_prepare = vec![KernelAddresses(vec![u64::MAX])];
+                while let Some((addresses, reply)) =
+                    next_request(&requests, &mut to_prepare, prepare_from, |addresses| {
+                        let _ = addresses.name_with(&symbolizer);
+                    })
+                {
+                    to_prepare.clear();
+                    let _ = reply.send(addresses.name_with(&symbolizer));
+                }
+            })
+            .ok()?;
+        Some(Self { jobs })
+    }
+}
+
+/// Kernel names being found on another thread (see [`StackSymbolizer::name_kernel_apart`]).
+pub struct PendingKernelNames(mpsc::Receiver<KernelNames>);
+
+impl PendingKernelNames {
+    pub fn wait(self) -> KernelNames {
+        self.0
+            .recv()
+            .unwrap_or_else(|_| KernelNames(Err("the kernel naming thread ended".to_string())))
     }
 }
 
@@ -1101,7 +1330,7 @@ pub struct KernelAddresses(Vec<u64>);
 
 /// What [`KernelAddresses::name`] found.
 #[derive(Debug)]
-pub struct KernelNames(Result<Vec<(u64, Vec<Frame>)>, blazesym::Error>);
+pub struct KernelNames(Result<Vec<(u64, Vec<Frame>)>, String>);
 
 impl KernelAddresses {
     pub fn is_empty(&self) -> bool {
@@ -1112,7 +1341,7 @@ impl KernelAddresses {
     /// can run on another thread while user stacks are named (a [`StackSymbolizer`] is
     /// not `Send`).
     pub fn name(self) -> KernelNames {
-        self.name_with(&Symbolizer::builder().enable_demangling(true).build())
+        self.name_with(&kernel_blazesym())
     }
 
     fn name_with(self, symbolizer: &Symbolizer) -> KernelNames {
@@ -1141,7 +1370,8 @@ impl KernelAddresses {
                         (addr, frames)
                     })
                     .collect()
-            });
+            })
+            .map_err(|err| err.to_string());
         KernelNames(named)
     }
 }
@@ -1493,6 +1723,61 @@ mod tests {
             );
         }
         assert!(reference.on_naming_thread.is_empty());
+    }
+
+    #[test]
+    fn prepared_objects_are_named_where_they_were_parsed_and_alike() {
+        let maps = ProcessMaps::capture(std::process::id()).unwrap();
+        let ours = symbolization_target as fn(u64) -> u64 as usize as u64;
+        let libc = libc::getpid as unsafe extern "C" fn() -> libc::pid_t as usize as u64;
+        let stacks: Vec<Vec<u64>> = (0..64).map(|i| vec![libc + i * 4, ours + i * 2]).collect();
+        let stacks: Vec<&[u64]> = stacks.iter().map(Vec::as_slice).collect();
+        let named = |symbolizer: &mut StackSymbolizer| -> Vec<Vec<Frame>> {
+            symbolizer
+                .user_stacks(&maps, &stacks)
+                .into_iter()
+                .map(|frames| frames.into_iter().cloned().collect())
+                .collect()
+        };
+        let mut plain = StackSymbolizer::new();
+        plain.own_executable = Some(None);
+        let expected = named(&mut plain);
+        // Named before the preparation starts, and again once it had time to run.
+        for wait in [Duration::ZERO, PREPARE_DELAY * 2] {
+            let mut prepared = StackSymbolizer::new();
+            prepared.own_executable = Some(None);
+            prepared.prepare([&maps]);
+            std::thread::sleep(wait);
+            assert_eq!(named(&mut prepared), expected, "after {wait:?}");
+            assert!(prepared.on_naming_thread.len() >= 2, "after {wait:?}");
+            assert!(
+                prepared.on_main_symbolizer.is_empty(),
+                "an object prepared on the naming thread was parsed on the caller's"
+            );
+        }
+        // Kernel addresses, where kallsyms shows them (as root).
+        let kernel: Vec<u64> = fs::read_to_string("/proc/kallsyms")
+            .unwrap()
+            .lines()
+            .filter_map(|line| u64::from_str_radix(line.split(' ').next()?, 16).ok())
+            .filter(|&addr| addr != 0)
+            .step_by(5000)
+            .map(|addr| addr + 1)
+            .collect();
+        let kernel_stacks: Vec<&[u64]> = kernel.chunks(4).collect();
+        let kernel_names = |symbolizer: &mut StackSymbolizer| -> Vec<Vec<Frame>> {
+            symbolizer
+                .kernel_stacks(&kernel_stacks)
+                .into_iter()
+                .map(|frames| frames.into_iter().cloned().collect())
+                .collect()
+        };
+        let expected = kernel_names(&mut StackSymbolizer::new());
+        let mut prepared = StackSymbolizer::new();
+        prepared.prepare([&maps]);
+        assert_eq!(prepared.kernel_thread.is_some(), !kernel.is_empty());
+        std::thread::sleep(PREPARE_DELAY * 2);
+        assert_eq!(kernel_names(&mut prepared), expected);
     }
 
     #[test]

@@ -659,24 +659,18 @@ impl Namer {
         let unnamed_kernel = symbolizer.unnamed_kernel_addresses(kernel_stacks.addresses());
         let mut table = FrameTable::default();
         let mut user = foldhash::HashMap::default();
-        // Kernel addresses are named on a thread of their own meanwhile: the two take
-        // about as long, and this is the time a stopping tracer makes its user wait.
-        std::thread::scope(|scope| {
-            let kernel_naming =
-                (!unnamed_kernel.is_empty()).then(|| scope.spawn(|| unnamed_kernel.name()));
-            for (tgid, ids) in user_ids {
-                let maps = processes.get(tgid).and_then(|p| p.maps.as_ref());
-                let names =
-                    user_stack_frames(ids, stacks, symbolizer, maps, |name| table.intern(name));
-                user.extend(names.into_iter().map(|(id, names)| ((tgid, id), names)));
-            }
-            if let Some(naming) = kernel_naming {
-                let named = naming
-                    .join()
-                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-                symbolizer.add_kernel_names(named);
-            }
-        });
+        // Kernel addresses are named on another thread meanwhile: the two take about as
+        // long, and this is the time a stopping tracer makes its user wait.
+        let kernel_naming =
+            (!unnamed_kernel.is_empty()).then(|| symbolizer.name_kernel_apart(unnamed_kernel));
+        for (tgid, ids) in user_ids {
+            let maps = processes.get(tgid).and_then(|p| p.maps.as_ref());
+            let names = user_stack_frames(ids, stacks, symbolizer, maps, |name| table.intern(name));
+            user.extend(names.into_iter().map(|(id, names)| ((tgid, id), names)));
+        }
+        if let Some(naming) = kernel_naming {
+            symbolizer.add_kernel_names(naming.wait());
+        }
         let kernel = kernel_stack_frames(kernel_ids, &kernel_stacks, symbolizer, |name| {
             table.intern(name)
         });

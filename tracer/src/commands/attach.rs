@@ -219,6 +219,12 @@ pub fn run(config: AttachConfig) -> Result<()> {
         }
     );
 
+    // What naming the stacks takes is parsed while they are taken, not at the stop.
+    let mut symbolizer = StackSymbolizer::new();
+    symbolizer.prepare(
+        pids.iter()
+            .filter_map(|&pid| processes.get(pid)?.maps.as_ref()),
+    );
     let reason = runtime.block_on(stop::run_until_stopped_with(
         signals,
         watch,
@@ -269,7 +275,6 @@ pub fn run(config: AttachConfig) -> Result<()> {
     );
 
     let tasks = TaskInput::read(&loader, &plan, reason, now, &processes)?;
-    let mut symbolizer = StackSymbolizer::new();
     let collected = sampler.finish(
         &loader,
         &mut processes,

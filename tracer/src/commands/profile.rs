@@ -104,6 +104,14 @@ pub fn run(config: ProfileConfig) -> Result<()> {
         }
     );
 
+    // What naming the stacks takes is parsed while they are taken, not at the stop.
+    let mut symbolizer = StackSymbolizer::new();
+    symbolizer.prepare(
+        targets
+            .iter()
+            .flat_map(|t| &t.members)
+            .filter_map(|m| processes.get(m.pid)?.maps.as_ref()),
+    );
     let reason = runtime.block_on(stop::run_until_stopped_with(
         signals,
         watch,
@@ -120,7 +128,6 @@ pub fn run(config: ProfileConfig) -> Result<()> {
     stop::restore_default_signals();
     crate::status!("Stopped: {reason}. Detached.");
     let started = sampler.started_ns;
-    let mut symbolizer = StackSymbolizer::new();
     let Collected {
         profile,
         unwind_stats,
