@@ -806,8 +806,7 @@ impl Loader {
             let keeper = self.keeper.as_mut().expect("started above");
             let path = crate::procfs::lasting_path(&first.path);
             for chunk in uprobes.chunks(keeper::MAX_UPROBES_PER_LINK) {
-                let r = keeper.link_uprobe_multi(prog_fd, &path, chunk, first.pid);
-                match r {
+                match keeper.link_uprobe_multi(prog_fd, &path, chunk, first.pid) {
                     Ok(()) => self.usdt_sites_attached += chunk.len(),
                     // One of a set that exited meanwhile, whose files only it showed us (a
                     // container's): the others are traced still.
