@@ -577,12 +577,6 @@ impl StackSymbolizer {
                 let taken = self.on_main_symbolizer.contains(&key)
                     || self.on_naming_thread.contains(&key)
                     || files.iter().any(|(k, _, _)| *k == key);
-                // Where its code starts: a place to look up, to have it all parsed.
-                let code = maps
-                    .mappings
-                    .iter()
-                    .find(|m| m.target == Target::Object(index))
-                    .map(|m| m.offset);
                 if taken
                     || object
                         .file
@@ -591,6 +585,12 @@ impl StackSymbolizer {
                 {
                     continue;
                 }
+                // Where its code starts: a place to look up, to have it all parsed.
+                let code = maps
+                    .mappings
+                    .iter()
+                    .find(|m| m.target == Target::Object(index))
+                    .map(|m| m.offset);
                 if let (Some(file), Some(offset)) = (self.elf_file(object, own_executable), code) {
                     files.push((key, file, offset));
                     if files.len() == PREPARED_FILES {
