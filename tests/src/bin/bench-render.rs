@@ -13,7 +13,8 @@
 //! kernel functions from /proc/kallsyms (needs root to see them). Stacks are random walks
 //! of a fixed call graph, so they share prefixes as real ones do.
 //!
-//! Each round (default 3) alternates two measurements:
+//! Each round (default 3) alternates two measurements, each started with the files it
+//! writes removed and the disk synced (no write-back of another round's files under way):
 //! - tracer: exactly what `tracer attach` does once tracing stops, through the `tracer`
 //!   library: `wallclock::build_profile` (symbolize every stack with a fresh
 //!   `StackSymbolizer`, fold), then `write_folded_view` (the folded file and the SVG,
@@ -284,6 +285,18 @@ fn inferno_render(folded: &str, subtitle: &str, path: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Before a timed step: its output files of an earlier round removed and everything
+/// written so far on disk, so that no step pays for deleting another round's hundreds of
+/// megabytes or for their write-back, and each writes into the directory as a first run
+/// does.
+fn settle(outputs: &[&Path]) {
+    for path in outputs {
+        let _ = std::fs::remove_file(path);
+    }
+    // SAFETY: sync(2) takes no arguments and cannot fail.
+    unsafe { libc::sync() };
+}
+
 fn main() -> Result<()> {
     let mut args = Args::from_env();
     let mut samples: u64 = 1_000_000;
@@ -326,6 +339,7 @@ fn main() -> Result<()> {
     let mut folded_stacks = 0;
     for round in 0..rounds {
         let mut tracer_round = || -> Result<()> {
+            settle(&[&folded_path, &svg_path]);
             let start = Instant::now();
             let mut symbolizer = StackSymbolizer::new();
             let built = build_profile(
@@ -358,6 +372,7 @@ fn main() -> Result<()> {
             tracer_round()?;
         }
         let text = std::fs::read_to_string(&folded_path)?;
+        settle(&[&inferno_path]);
         let start = Instant::now();
         inferno_render(&text, &subtitle, &inferno_path)?;
         inferno_ns.push(start.elapsed().as_nanos());

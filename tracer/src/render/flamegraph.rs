@@ -2,7 +2,6 @@
 //! tools) and their rendering to an SVG flame graph with inferno.
 
 use std::cmp::Ordering;
-use std::collections::BTreeMap;
 use std::fmt;
 use std::io::{self, Write};
 use std::path::Path;
@@ -15,22 +14,48 @@ use crate::{stacks::StackProfile, symbolize::UNKNOWN};
 
 /// Weighted stacks in their folded form (root frame first, frames joined by `;`), as
 /// the text flame graph tools read: one `STACK WEIGHT` line per distinct stack, sorted
-/// by stack so output files are deterministic and inferno needs no re-sort. The text is
-/// the whole store: a profile's folded text runs to hundreds of megabytes, and both the
-/// folded file and inferno read it as it is.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// by stack so output files are deterministic. Held as interned frames, not as text: a
+/// profile's folded text runs to hundreds of megabytes, made only while it is written
+/// out, a piece at a time; the flame graph needs only the frames wide enough to draw.
+#[derive(Clone, Debug, Default)]
 pub struct FoldedStacks {
-    text: String,
-    /// Each line of `text`: where it starts, how long its stack is, and its weight.
+    /// Frame names by id, sanitized and distinct: stacks fold alike exactly when their
+    /// ids are equal.
+    names: Vec<String>,
+    /// The frames of every line, one line after another, root first.
+    frames: Vec<FrameId>,
     lines: Vec<FoldedLine>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct FoldedLine {
-    start: usize,
-    stack_len: usize,
+    /// Where its frames start in `frames`.
+    first: usize,
+    /// How many frames its stack has, and how many leading ones it shares with the line
+    /// before it: the shape of the flame graph.
+    frames: u32,
+    shared: u32,
     weight: u64,
 }
+
+/// Equal when the text is.
+impl PartialEq for FoldedStacks {
+    fn eq(&self, other: &Self) -> bool {
+        fn names<'a>(stacks: &'a FoldedStacks, line: &FoldedLine) -> Vec<&'a str> {
+            stacks
+                .stack(line)
+                .iter()
+                .map(|&id| stacks.names[id as usize].as_str())
+                .collect()
+        }
+        self.lines.len() == other.lines.len()
+            && self.lines.iter().zip(&other.lines).all(|(a, b)| {
+                a.weight == b.weight && a.frames == b.frames && names(self, a) == names(other, b)
+            })
+    }
+}
+
+impl Eq for FoldedStacks {}
 
 /// A folded-stacks line that is not `STACK COUNT`.
 #[derive(Debug, thiserror::Error)]
@@ -88,7 +113,7 @@ fn fold_profile(
             (stack, weight)
         })
         .collect();
-    fold_interned(&folder.names, stacks)
+    fold_interned(std::mem::take(&mut folder.names), stacks)
 }
 
 impl FoldedStacks {
@@ -113,68 +138,19 @@ impl FoldedStacks {
         F: IntoIterator,
         F::Item: AsRef<str>,
     {
-        let mut sorted: BTreeMap<String, u64> = BTreeMap::new();
+        let mut folder = StackFolder::new();
+        let mut ids = Vec::new();
         for (frames, weight) in stacks {
-            let mut key = String::new();
-            for frame in frames {
-                if !key.is_empty() {
-                    key.push(';');
-                }
-                push_sanitized(&mut key, frame.as_ref());
-            }
-            if key.is_empty() {
-                key.push_str(UNKNOWN);
-            }
-            let slot = sorted.entry(key).or_default();
-            *slot = slot.saturating_add(weight);
+            ids.clear();
+            ids.extend(frames.into_iter().map(|frame| folder.frame(frame.as_ref())));
+            folder.add(&ids, weight);
         }
-        Self::from_sorted(
-            sorted
-                .iter()
-                .map(|(stack, &weight)| (stack.as_str(), weight)),
-        )
+        folder.finish(|weight| weight)
     }
 
-    /// From stacks already folded and sorted; a stack equal to the one before it adds
-    /// its weight to it.
-    fn from_sorted<'s>(stacks: impl IntoIterator<Item = (&'s str, u64)>) -> Self {
-        let mut folded = Self::default();
-        for (stack, weight) in stacks {
-            folded.push(stack, weight);
-        }
-        folded
-    }
-
-    /// Appends the line of `stack`, which sorts at or after the last line's stack.
-    fn push(&mut self, stack: &str, weight: u64) {
-        self.push_with(weight, |text| text.push_str(stack));
-    }
-
-    /// Appends a line whose stack `write_stack` appends to the text (written in place:
-    /// a profile's text is hundreds of megabytes, not worth a copy).
-    fn push_with(&mut self, weight: u64, write_stack: impl FnOnce(&mut String)) {
-        let start = self.text.len();
-        write_stack(&mut self.text);
-        let stack_len = self.text.len() - start;
-        if let Some(last) = self.lines.last_mut() {
-            let (before, stack) = self.text.split_at(start);
-            let last_stack = &before[last.start..last.start + last.stack_len];
-            if last_stack == stack {
-                // The last line ends the text before this stack: its weight is written
-                // again, summed.
-                last.weight = last.weight.saturating_add(weight);
-                self.text.truncate(last.start + last.stack_len);
-                push_weight(&mut self.text, last.weight);
-                return;
-            }
-            debug_assert!(last_stack < stack, "folded stacks pushed out of order");
-        }
-        self.lines.push(FoldedLine {
-            start,
-            stack_len,
-            weight,
-        });
-        push_weight(&mut self.text, weight);
+    /// The frame ids of line `line`, root first.
+    fn stack(&self, line: &FoldedLine) -> &[FrameId] {
+        &self.frames[line.first..line.first + line.frames as usize]
     }
 
     /// Number of distinct stacks.
@@ -195,19 +171,21 @@ impl FoldedStacks {
     }
 
     /// The folded stacks and their weights, sorted by stack.
-    pub fn iter(&self) -> impl Iterator<Item = (&str, u64)> {
+    pub fn iter(&self) -> impl Iterator<Item = (String, u64)> + '_ {
         self.lines.iter().map(|line| {
-            (
-                &self.text[line.start..line.start + line.stack_len],
-                line.weight,
-            )
+            let mut text = Vec::new();
+            self.push_stack(self.stack(line), &mut text);
+            (Self::utf8(text), line.weight)
         })
     }
 
     /// Parses folded text as written by [`write_folded`] (or by other folded-stack
-    /// tools): one `STACK COUNT` per line; blank lines are skipped.
+    /// tools): one `STACK COUNT` per line; blank lines are skipped. Frames are kept as
+    /// they are written.
     pub fn parse(text: &str) -> Result<Self, ParseFoldedError> {
-        let mut stacks: BTreeMap<&str, u64> = BTreeMap::new();
+        let mut ids: HashMap<&str, FrameId> = HashMap::default();
+        let mut names: Vec<String> = Vec::new();
+        let mut stacks: HashMap<Vec<FrameId>, u64> = HashMap::default();
         for (index, line) in text.lines().enumerate() {
             let line = line.trim();
             if line.is_empty() {
@@ -223,27 +201,158 @@ impl FoldedStacks {
                     text: line.to_string(),
                 });
             };
-            let slot = stacks.entry(stack).or_default();
+            let frames = stack
+                .split(';')
+                .map(|name| {
+                    *ids.entry(name).or_insert_with(|| {
+                        names.push(name.to_string());
+                        count_u32(names.len() - 1)
+                    })
+                })
+                .collect();
+            let slot = stacks.entry(frames).or_default();
             *slot = slot.saturating_add(weight);
         }
-        Ok(Self::from_sorted(stacks))
+        let stacks = stacks
+            .iter()
+            .map(|(frames, &weight)| (frames.as_slice(), weight))
+            .collect();
+        Ok(fold_interned(names, stacks))
     }
 
-    /// The folded text: one `STACK COUNT` line per stack, sorted.
-    pub fn text(&self) -> &str {
-        &self.text
+    /// The lines inferno draws the same flame graph from as from all of them, given that
+    /// it leaves out every frame narrower than `min_time` (its `min_width`, in weight).
+    ///
+    /// A frame's width is the summed weight of the run of lines whose stacks pass
+    /// through it, and a frame is never wider than its parent: so each stack is cut
+    /// after its last frame wide enough to be drawn (its root frame is always kept),
+    /// and neighbours cut alike are summed. Every drawn frame keeps its place and width
+    /// and ends at the same line change as before, so the SVG is the same byte for byte;
+    /// inferno merges a few thousand lines instead of hundreds of thousands.
+    fn drawn_lines(&self, min_time: f64) -> String {
+        let lines = &self.lines;
+        // Frames of each line that are drawn, found as each frame's run of lines ends.
+        let mut drawn = vec![1u32; lines.len()];
+        // The open frames, by depth: the first line of each and the weight before it.
+        let mut open: Vec<(usize, u64)> = Vec::new();
+        let mut before = 0u64;
+        let mut close = |open: &mut Vec<(usize, u64)>, depth: usize, end: usize, at: u64| {
+            while open.len() > depth {
+                let (start, from) = open.pop().expect("an open frame");
+                // As inferno: `(end_time - start_time) as f64 < minwidth_time` is left out.
+                if (at - from) as f64 >= min_time {
+                    let frames = count_u32(open.len() + 1);
+                    for kept in &mut drawn[start..end] {
+                        *kept = (*kept).max(frames);
+                    }
+                }
+            }
+        };
+        for (index, line) in lines.iter().enumerate() {
+            let shared = if index == 0 { 0 } else { line.shared as usize };
+            close(&mut open, shared, index, before);
+            while open.len() < line.frames as usize {
+                open.push((index, before));
+            }
+            before += line.weight;
+        }
+        close(&mut open, 0, lines.len(), before);
+
+        let mut text = Vec::new();
+        let mut pending: Option<(&[FrameId], u64)> = None;
+        let mut last_kept = 0;
+        for (index, line) in lines.iter().enumerate() {
+            let kept = drawn[index].min(line.frames);
+            // Cut alike as the line before: as many frames kept, all of them shared.
+            let same = index > 0 && kept == last_kept && line.shared >= kept;
+            last_kept = kept;
+            match &mut pending {
+                Some((_, weight)) if same => *weight += line.weight,
+                _ => {
+                    let stack = &self.stack(line)[..kept as usize];
+                    if let Some((last, weight)) = pending.replace((stack, line.weight)) {
+                        self.push_stack(last, &mut text);
+                        push_weight(&mut text, weight);
+                    }
+                }
+            }
+        }
+        if let Some((last, weight)) = pending {
+            self.push_stack(last, &mut text);
+            push_weight(&mut text, weight);
+        }
+        Self::utf8(text)
     }
 
-    /// Writes the folded lines, sorted.
+    /// Appends the text of the stack of `frames`: their names joined by `;`.
+    fn push_stack(&self, frames: &[FrameId], out: &mut Vec<u8>) {
+        for (index, &id) in frames.iter().enumerate() {
+            if index > 0 {
+                out.push(b';');
+            }
+            out.extend_from_slice(self.names[id as usize].as_bytes());
+        }
+    }
+
+    /// Appends the folded lines of `lines`.
+    fn push_lines(&self, lines: &[FoldedLine], out: &mut Vec<u8>) {
+        for line in lines {
+            self.push_stack(self.stack(line), out);
+            push_weight(out, line.weight);
+        }
+    }
+
+    /// Text made of names (each a whole `&str`), `;`, spaces, digits and newlines.
+    fn utf8(text: Vec<u8>) -> String {
+        String::from_utf8(text).expect("folded text is made of whole names and ASCII")
+    }
+
+    /// Writes the folded lines, sorted. A big profile's text is made a piece at a time on
+    /// another thread while this one writes the piece before: never all of it in memory,
+    /// and the copy into the file overlaps the making.
     pub fn write_to(&self, mut out: impl Write) -> io::Result<()> {
-        out.write_all(self.text().as_bytes())
+        if self.lines.len() <= 2 * WRITE_CHUNK_LINES {
+            let mut text = Vec::new();
+            self.push_lines(&self.lines, &mut text);
+            return out.write_all(&text);
+        }
+        let (made, to_write) = std::sync::mpsc::sync_channel::<Vec<u8>>(2);
+        let (written, to_reuse) = std::sync::mpsc::channel::<Vec<u8>>();
+        std::thread::scope(|scope| {
+            scope.spawn(move || {
+                for lines in self.lines.chunks(WRITE_CHUNK_LINES) {
+                    let mut text = to_reuse.try_recv().unwrap_or_default();
+                    text.clear();
+                    self.push_lines(lines, &mut text);
+                    if made.send(text).is_err() {
+                        // The writer stopped at an error.
+                        break;
+                    }
+                }
+            });
+            for text in to_write {
+                out.write_all(&text)?;
+                let _ = written.send(text);
+            }
+            Ok(())
+        })
     }
 }
 
+/// Lines of folded text made at a time while a big profile is written (about a megabyte).
+const WRITE_CHUNK_LINES: usize = 2048;
+
 impl fmt::Display for FoldedStacks {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.text())
+        let mut text = Vec::new();
+        self.push_lines(&self.lines, &mut text);
+        f.write_str(&Self::utf8(text))
     }
+}
+
+/// A count of frames, which no stack has 2^32 of.
+fn count_u32(count: usize) -> u32 {
+    u32::try_from(count).expect("fewer than 2^32 frames in a stack")
 }
 
 /// `value` in decimal, written at the end of `buf`; `format!` costs more per line.
@@ -326,17 +435,16 @@ impl StackFolder {
     /// The folded stacks, each stack's summed weight converted by `weight` (e.g. from
     /// nanoseconds to microseconds, once per stack so rounding loses nothing).
     pub fn finish(self, weight: impl Fn(u64) -> u64) -> FoldedStacks {
-        let stacks = self
-            .stacks
+        let Self { names, stacks, .. } = self;
+        let stacks = stacks
             .iter()
             .map(|(frames, &sum)| (frames.as_slice(), weight(sum)))
             .collect();
-        fold_interned(&self.names, stacks)
+        fold_interned(names, stacks)
     }
 }
 
-/// Profiles with more stacks than this are sorted and written in two halves, on two
-/// threads: a big profile's folded text runs to hundreds of megabytes.
+/// Profiles with more stacks than this are sorted in two halves, on two threads.
 const FOLD_IN_HALVES_STACKS: usize = 20_000;
 
 /// A stack of interned frames, root first, and its weight.
@@ -345,13 +453,13 @@ type IdStack<'s> = (&'s [FrameId], u64);
 /// The folded stacks of `stacks`, frames of sanitized `names` by id (distinct names:
 /// stacks fold alike exactly when their ids are equal): sorted by frame ids in the order
 /// of their text (texts share long prefixes, so sorting them compares far more bytes),
-/// equal stacks summed, then each stack's text built once, in that order.
-fn fold_interned(names: &[String], mut stacks: Vec<IdStack>) -> FoldedStacks {
-    let ranks = TextRanks::new(names);
+/// equal stacks summed.
+fn fold_interned(names: Vec<String>, mut stacks: Vec<IdStack>) -> FoldedStacks {
+    let ranks = TextRanks::new(&names);
     let order = |a: &IdStack, b: &IdStack| ranks.order(a.0, b.0);
     if stacks.len() <= FOLD_IN_HALVES_STACKS {
         stacks.sort_unstable_by(order);
-        return fold_sorted(names, &summed(stacks.iter().copied()));
+        return from_sorted(names, &summed(stacks.iter().copied()));
     }
     let half = stacks.len() / 2;
     let (left, right) = stacks.split_at_mut(half);
@@ -363,7 +471,7 @@ fn fold_interned(names: &[String], mut stacks: Vec<IdStack>) -> FoldedStacks {
             .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
     });
     let sorted = summed(merge_sorted(left, right, |a, b| order(a, b).is_le()).copied());
-    fold_sorted(names, &sorted)
+    from_sorted(names, &sorted)
 }
 
 /// The stacks of `sorted`, with equal neighbours summed into one.
@@ -393,78 +501,34 @@ fn merge_sorted<'t, T>(
     })
 }
 
-/// The folded stacks of distinct `sorted` stacks. Each line's place is known from the
-/// names' lengths, so the text is allocated once and, when large, written in two halves
-/// on two threads.
-fn fold_sorted(names: &[String], sorted: &[IdStack]) -> FoldedStacks {
+/// The folded stacks of distinct `sorted` stacks, frames of `names` by id.
+fn from_sorted(names: Vec<String>, sorted: &[IdStack]) -> FoldedStacks {
+    let mut frames = Vec::with_capacity(sorted.iter().map(|(stack, _)| stack.len()).sum());
     let mut lines = Vec::with_capacity(sorted.len());
-    let mut len = 0;
-    for &(frames, weight) in sorted {
-        let stack_len = stack_len(names, frames);
+    let mut last: &[FrameId] = &[];
+    for &(stack, weight) in sorted {
+        let shared = last.iter().zip(stack).take_while(|(a, b)| a == b).count();
+        last = stack;
         lines.push(FoldedLine {
-            start: len,
-            stack_len,
+            first: frames.len(),
+            frames: count_u32(stack.len()),
+            shared: count_u32(shared),
             weight,
         });
-        // `STACK WEIGHT\n`
-        len += stack_len + weight.checked_ilog10().map_or(1, |log| log as usize + 1) + 2;
+        frames.extend_from_slice(stack);
     }
-    // Zeroed memory this large comes untouched from the kernel: it is written only once.
-    let mut text = vec![0u8; len];
-    if sorted.len() <= FOLD_IN_HALVES_STACKS {
-        write_lines(names, sorted, &mut text);
-    } else {
-        let half = sorted.len() / 2;
-        let (first, second) = text.split_at_mut(lines[half].start);
-        std::thread::scope(|scope| {
-            let writing = scope.spawn(|| write_lines(names, &sorted[..half], first));
-            write_lines(names, &sorted[half..], second);
-            writing
-                .join()
-                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-        });
+    FoldedStacks {
+        names,
+        frames,
+        lines,
     }
-    // SAFETY: every byte is zero or part of a whole `&str` or ASCII copied in: UTF-8
-    // (checking the hundreds of megabytes again would cost a tenth of the fold).
-    let text = unsafe { String::from_utf8_unchecked(text) };
-    FoldedStacks { text, lines }
-}
-
-/// Writes the lines of `stacks` into `out`, exactly as long as they are.
-fn write_lines(names: &[String], stacks: &[IdStack], out: &mut [u8]) {
-    let mut at = 0;
-    let mut put = |bytes: &[u8]| {
-        out[at..at + bytes.len()].copy_from_slice(bytes);
-        at += bytes.len();
-    };
-    for &(frames, weight) in stacks {
-        for (index, &id) in frames.iter().enumerate() {
-            if index > 0 {
-                put(b";");
-            }
-            put(names[id as usize].as_bytes());
-        }
-        put(b" ");
-        put(itoa_u64(weight, &mut [0; 20]).as_bytes());
-        put(b"\n");
-    }
-    debug_assert_eq!(at, out.len(), "folded line lengths miscounted");
 }
 
 /// Appends ` WEIGHT` and the end of the line.
-fn push_weight(text: &mut String, weight: u64) {
-    text.push(' ');
-    text.push_str(itoa_u64(weight, &mut [0; 20]));
-    text.push('\n');
-}
-
-/// The length of the folded text of `frames`.
-fn stack_len(names: &[String], frames: &[FrameId]) -> usize {
-    frames
-        .iter()
-        .map(|&id| names[id as usize].len() + 1)
-        .sum::<usize>()
-        - 1
+fn push_weight(text: &mut Vec<u8>, weight: u64) {
+    text.push(b' ');
+    text.extend_from_slice(itoa_u64(weight, &mut [0; 20]).as_bytes());
+    text.push(b'\n');
 }
 
 /// Where each frame name sorts in folded text, so that stacks are ordered as their texts
@@ -600,10 +664,17 @@ pub fn render_flamegraph_svg(
     });
     // Color by function name so the same function looks the same across runs.
     opts.hash = true;
-    // The lines are sorted by stack already (see [`FoldedStacks`]): inferno's own sort of
-    // the text, hundreds of megabytes of long shared prefixes, would only redo it.
-    opts.no_sort = true;
-    flamegraph::from_lines(&mut opts, stacks.text().lines(), out)
+    // inferno's own threshold (`minwidth_time`), computed as it does.
+    let min_time = opts.min_width / (100.0 / stacks.total() as f64);
+    let drawn = stacks.drawn_lines(min_time);
+    // Cut stacks are in the order of the whole ones, which is not always the order of
+    // their own text (`a;b;c` sorts after `a;b-c`, `a;b` before it): inferno is told to
+    // draw the lines in the order given (a flame chart, which it reads last line first),
+    // with its frames merged as a flame graph's, since the order is the sorted one.
+    opts.flame_chart = true;
+    let mut lines: Vec<&str> = drawn.lines().collect();
+    lines.reverse();
+    flamegraph::from_lines(&mut opts, lines, out)
 }
 
 /// A small valid SVG with the title and "No samples collected".
@@ -738,7 +809,7 @@ mod tests {
         let folded = folder.finish(|w| w);
         let expected = FoldedStacks::from_stacks(stacks);
         assert!(folded.len() > FOLD_IN_HALVES_STACKS, "{}", folded.len());
-        assert_eq!(folded.text(), expected.text());
+        assert_eq!(folded.to_string(), expected.to_string());
         assert_eq!(folded, expected);
     }
 
@@ -776,8 +847,70 @@ mod tests {
         let parsed = FoldedStacks::parse("main;operator new(unsigned long) 9\n\n").unwrap();
         assert_eq!(
             parsed.iter().collect::<Vec<_>>(),
-            [("main;operator new(unsigned long)", 9)]
+            [("main;operator new(unsigned long)".to_string(), 9)]
         );
+    }
+
+    /// The lines the flame graph is drawn from are cut to the frames inferno draws:
+    /// the SVG is the one inferno draws from all the lines itself, byte for byte, with
+    /// names whose order as text differs from their order as pieces of a stack (`-`,
+    /// `:`, `.` and digits sort below `;`), weights from 1 to thousands, and widths
+    /// around inferno's threshold.
+    #[test]
+    fn drawn_lines_draw_what_all_lines_draw() {
+        let names = ["a", "a-b", "a:b", "a.1", "ab", "b", "a0", "c", "c;d", "zz"];
+        let mut state = 0x2545_f491_4f6c_dd1d_u64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for round in 0..6 {
+            let stacks: Vec<(Vec<&str>, u64)> = (0..3000)
+                .map(|_| {
+                    let depth = next() % 9 + 1;
+                    let frames = (0..depth)
+                        .map(|_| names[(next() % names.len() as u64) as usize])
+                        .collect();
+                    // Mostly tiny weights, a few big: many frames near the threshold.
+                    let weight = match next() % 50 {
+                        0 => next() % 5000 + 1,
+                        _ => next() % (4 << round) + 1,
+                    };
+                    (frames, weight)
+                })
+                .collect();
+            let folded = FoldedStacks::from_stacks(stacks);
+            let options = SvgOptions {
+                title: "t",
+                subtitle: None,
+                count_name: "us",
+                palette: Palette::OnCpu,
+            };
+            let mut ours = Vec::new();
+            render_flamegraph_svg(&folded, &options, &mut ours).unwrap();
+            let mut opts = flamegraph::Options::default();
+            opts.title = "t".to_string();
+            opts.count_name = "us".to_string();
+            opts.colors = flamegraph::Palette::Basic(BasicPalette::Hot);
+            opts.hash = true;
+            let text = folded.to_string();
+            let mut inferno = Vec::new();
+            flamegraph::from_lines(&mut opts, text.lines(), &mut inferno).unwrap();
+            let min_time = opts.min_width / (100.0 / folded.total() as f64);
+            let drawn = folded.drawn_lines(min_time);
+            assert!(
+                drawn.lines().count() < folded.len(),
+                "round {round}: nothing was cut"
+            );
+            assert!(
+                ours == inferno,
+                "round {round}: the SVGs differ ({} and {} bytes)",
+                ours.len(),
+                inferno.len()
+            );
+        }
     }
 
     #[test]
