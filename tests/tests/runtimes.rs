@@ -314,6 +314,46 @@ fn a_latency_pair_given_with_the_flag_measures_what_the_builtin_pair_does() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// A probe that begins four latencies (the most one can) is counted by the program for
+/// many latencies, not the smaller one for at most two (`usdt_probe_few`): each of the
+/// four gets every GC, and the one given again as a flag the builtin's figures exactly.
+#[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+fn a_probe_that_begins_four_latencies_measures_each() {
+    require_privileged();
+    let AttachRun { report, dir, .. } = attach_json(
+        GC_DEMO,
+        &["--gcs", "8", "--pause-ms", "10", "--interval-ms", "10"],
+        "four-latencies",
+        &[
+            "--latency",
+            "tracer:gc__begin,tracer:gc__end",
+            "--latency",
+            "tracer:gc__begin,tracer:gc__mark__begin",
+        ],
+    );
+    let latencies = report["latencies"].as_object().unwrap();
+    let requested = |end: &str| -> String {
+        let names: Vec<&String> = latencies
+            .iter()
+            .filter(|(name, l)| {
+                !name.starts_with("gc_pause")
+                    && l["begin"] == "tracer:gc__begin"
+                    && l["end"] == end
+            })
+            .map(|(name, _)| name)
+            .collect();
+        assert_eq!(names.len(), 1, "{end}: {report:#}");
+        names[0].clone()
+    };
+    let (to_end, to_mark) = (requested("tracer:gc__end"), requested("tracer:gc__mark__begin"));
+    for name in ["gc_pause", "gc_stop_the_world", &to_end, &to_mark] {
+        assert_eq!(latency(&report, name).0, 8, "{name}: {report:#}");
+    }
+    assert_eq!(latency(&report, &to_end), latency(&report, "gc_pause"));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// A Java program that prints `ready pid=PID`, waits for a line on stdin, calls
 /// `System.gc()` N times and halts (no shutdown work that could collect again).
 /// Compiles Java class `class` from `source` in `dir` and starts it with `jvm_args` and

@@ -18,6 +18,9 @@ pub const MAX_LATENCIES: u32 = 16;
 /// How many latencies a single probe can begin or end (`gc__begin` begins both the GC
 /// pause and the stop-the-world latency).
 pub const MAX_LATENCIES_PER_PROBE: usize = 4;
+/// Sites that begin and end at most this many latencies each are counted by a smaller
+/// program (every known runtime's are: `attach` verifies it before its first event).
+pub const FEW_LATENCIES_PER_PROBE: usize = 2;
 /// Capacity of the per-probe hit counters (`probe_id` is below this).
 pub const MAX_PROBES: u32 = 1024;
 
@@ -108,6 +111,10 @@ pub mod map_names {
 pub mod program_names {
     /// Counting and latencies.
     pub const USDT: &str = "usdt_probe";
+    /// `usdt_probe` for sites in at most [`super::FEW_LATENCIES_PER_PROBE`] latencies as
+    /// begin and as end: the verifier walks each latency's code once per latency, so
+    /// this one takes half the time to verify.
+    pub const USDT_FEW: &str = "usdt_probe_few";
     /// `usdt_probe` that also counts hits by stack (`trace --count --stack`).
     pub const USDT_STACKS: &str = "usdt_probe_stacks";
     /// Counting, latencies and runtime task switches (a task id argument, park stacks):
@@ -145,6 +152,7 @@ pub mod program_names {
     /// Every name above, for the test that each is in the eBPF object.
     pub const ALL: &[&str] = &[
         USDT,
+        USDT_FEW,
         USDT_STACKS,
         USDT_TASK,
         USDT_EVENT,

@@ -292,14 +292,22 @@ fn count_by(index: u32, n: u64) {
 /// what to do.
 #[uprobe]
 pub fn usdt_probe(ctx: ProbeContext) -> u32 {
-    usdt::on_hit::<false, false>(&ctx);
+    usdt::on_hit::<false, false, { tracer_common::MAX_LATENCIES_PER_PROBE }>(&ctx);
+    0
+}
+
+/// `usdt_probe` for sites in at most `FEW_LATENCIES_PER_PROBE` latencies as begin and as
+/// end (every known runtime's): half the time to verify, before `attach`'s first event.
+#[uprobe]
+pub fn usdt_probe_few(ctx: ProbeContext) -> u32 {
+    usdt::on_hit::<false, false, { tracer_common::FEW_LATENCIES_PER_PROBE }>(&ctx);
     0
 }
 
 /// `usdt_probe` for sites whose hits are counted by stack (`trace --count --stack`).
 #[uprobe]
 pub fn usdt_probe_stacks(ctx: ProbeContext) -> u32 {
-    usdt::on_hit::<false, true>(&ctx);
+    usdt::on_hit::<false, true, { tracer_common::MAX_LATENCIES_PER_PROBE }>(&ctx);
     0
 }
 
@@ -314,7 +322,7 @@ pub fn dl_debug_state(_ctx: ProbeContext) -> u32 {
 /// `usdt_probe` for sites that are also runtime task switches.
 #[uprobe]
 pub fn usdt_task(ctx: ProbeContext) -> u32 {
-    usdt::on_hit::<true, false>(&ctx);
+    usdt::on_hit::<true, false, { tracer_common::MAX_LATENCIES_PER_PROBE }>(&ctx);
     0
 }
 

@@ -57,7 +57,7 @@ fn hit_site(ctx: &ProbeContext) -> Option<(&'static UsdtSite, u64)> {
 /// id's. With `STACKS`, hits are also counted by stack (`trace --count --stack`): only
 /// that program uses the stack map, so the others never wait for it to be created.
 #[inline(always)]
-pub fn on_hit<const TASKS: bool, const STACKS: bool>(ctx: &ProbeContext) {
+pub fn on_hit<const TASKS: bool, const STACKS: bool, const LATENCIES: usize>(ctx: &ProbeContext) {
     let Some((site, pid_tgid)) = hit_site(ctx) else {
         return;
     };
@@ -74,8 +74,8 @@ pub fn on_hit<const TASKS: bool, const STACKS: bool>(ctx: &ProbeContext) {
     }
     let now = unsafe { bpf_ktime_get_ns() };
     let tid = pid_tgid as u32;
-    end_latencies(site, (pid_tgid >> 32) as u32, tid, now);
-    begin_latencies(site, tid, now);
+    end_latencies::<LATENCIES>(site, (pid_tgid >> 32) as u32, tid, now);
+    begin_latencies::<LATENCIES>(site, tid, now);
     if task_switch {
         crate::tasks::on_task_probe(ctx, site, pid_tgid, now);
     }
@@ -195,8 +195,8 @@ pub fn on_hit_with_strings(ctx: &ProbeContext) {
 }
 
 #[inline(always)]
-fn begin_latencies(site: &UsdtSite, tid: u32, now: u64) {
-    for i in 0..MAX_LATENCIES_PER_PROBE {
+fn begin_latencies<const LATENCIES: usize>(site: &UsdtSite, tid: u32, now: u64) {
+    for i in 0..LATENCIES.min(MAX_LATENCIES_PER_PROBE) {
         if i >= site.latency_begin_count as usize {
             break;
         }
@@ -213,8 +213,8 @@ fn begin_latencies(site: &UsdtSite, tid: u32, now: u64) {
 }
 
 #[inline(always)]
-fn end_latencies(site: &UsdtSite, tgid: u32, tid: u32, now: u64) {
-    for i in 0..MAX_LATENCIES_PER_PROBE {
+fn end_latencies<const LATENCIES: usize>(site: &UsdtSite, tgid: u32, tid: u32, now: u64) {
+    for i in 0..LATENCIES.min(MAX_LATENCIES_PER_PROBE) {
         if i >= site.latency_end_count as usize {
             break;
         }

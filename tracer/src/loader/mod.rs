@@ -1372,6 +1372,10 @@ fn usdt_program_name(site: &UsdtSite) -> &'static str {
             program_names::USDT_TASK
         } else if stacks {
             program_names::USDT_STACKS
+        } else if site.latency_begin_count as usize <= tracer_common::FEW_LATENCIES_PER_PROBE
+            && site.latency_end_count as usize <= tracer_common::FEW_LATENCIES_PER_PROBE
+        {
+            program_names::USDT_FEW
         } else {
             program_names::USDT
         }
