@@ -932,20 +932,31 @@ impl Loader {
     /// scheduler hooks on (`perf_sched_events`): 25-50 ms to the first event instead of
     /// 6-18 ms.
     pub fn warm_up_uprobes() -> UprobeWarmUp {
-        UprobeWarmUp(std::thread::spawn(|| {
+        let (release, released) = std::sync::mpsc::channel::<()>();
+        let opened = std::thread::spawn(move || {
             let site = own_code_site(warm_up_site as *const () as usize as u64)?;
             let pmu_type = sys::uprobe_pmu_type().ok()?;
-            sys::open_uprobe(
-                pmu_type,
-                &sys::UprobeTarget {
-                    path: &site.0,
-                    offset: site.1,
-                    ref_ctr_offset: None,
-                    pid: None,
-                },
-            )
-            .ok()
-        }))
+            let target = sys::UprobeTarget {
+                path: &site.0,
+                offset: site.1,
+                ref_ctr_offset: None,
+                pid: None,
+            };
+            let open = || sys::open_uprobe(pmu_type, &target).ok();
+            let mut opened = vec![open()?];
+            // The kernel skips the wait for registrations until a grace period passes
+            // with none (the lock's `rcu_sync`): one more every few milliseconds keeps
+            // that from happening before the launch registers its own, however long the
+            // programs take to verify.
+            while opened.len() < WARM_UP_MAX_UPROBES {
+                match released.recv_timeout(WARM_UP_PERIOD) {
+                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) => opened.extend(open()),
+                    _ => break,
+                }
+            }
+            Some(opened)
+        });
+        UprobeWarmUp { opened, release }
     }
 
     /// Stops recording USDT hits now, in the kernel, before the slow detach: whatever
@@ -1452,14 +1463,25 @@ fn own_code_site(address: u64) -> Option<(PathBuf, u64)> {
     Some((PathBuf::from("/proc/self/exe"), search.offset?))
 }
 
-/// The uprobe opened by [`Loader::warm_up_uprobes`].
-pub struct UprobeWarmUp(std::thread::JoinHandle<Option<OwnedFd>>);
+/// The uprobes opened by [`Loader::warm_up_uprobes`].
+pub struct UprobeWarmUp {
+    opened: std::thread::JoinHandle<Option<Vec<OwnedFd>>>,
+    /// Dropped to stop opening more.
+    release: std::sync::mpsc::Sender<()>,
+}
+
+/// How often, and at most how many times, [`Loader::warm_up_uprobes`] registers one more
+/// uprobe: well within a grace period (4 ms ticks here; one takes two or more), for up to
+/// a quarter of a second.
+const WARM_UP_PERIOD: std::time::Duration = std::time::Duration::from_millis(3);
+const WARM_UP_MAX_UPROBES: usize = 80;
 
 impl UprobeWarmUp {
-    /// Closes the warm-up uprobe on a thread of its own: removing a uprobe waits for a
+    /// Closes the warm-up uprobes on a thread of their own: removing a uprobe waits for a
     /// grace period, which nothing should wait for.
     fn release(self) {
-        std::thread::spawn(move || drop(self.0.join()));
+        drop(self.release);
+        std::thread::spawn(move || drop(self.opened.join()));
     }
 }
 
