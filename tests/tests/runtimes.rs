@@ -337,16 +337,17 @@ fn a_probe_that_begins_four_latencies_measures_each() {
         let names: Vec<&String> = latencies
             .iter()
             .filter(|(name, l)| {
-                !name.starts_with("gc_pause")
-                    && l["begin"] == "tracer:gc__begin"
-                    && l["end"] == end
+                !name.starts_with("gc_pause") && l["begin"] == "tracer:gc__begin" && l["end"] == end
             })
             .map(|(name, _)| name)
             .collect();
         assert_eq!(names.len(), 1, "{end}: {report:#}");
         names[0].clone()
     };
-    let (to_end, to_mark) = (requested("tracer:gc__end"), requested("tracer:gc__mark__begin"));
+    let (to_end, to_mark) = (
+        requested("tracer:gc__end"),
+        requested("tracer:gc__mark__begin"),
+    );
     for name in ["gc_pause", "gc_stop_the_world", &to_end, &to_mark] {
         assert_eq!(latency(&report, name).0, 8, "{name}: {report:#}");
     }

@@ -89,7 +89,8 @@ static HELD: HashMap<u32, u32> = HashMap::with_max_entries(1024, 0);
 #[map]
 static PROBE_HITS: PerCpuArray<ProbeHits> = PerCpuArray::with_max_entries(MAX_PROBES, 0);
 
-/// Threads currently off CPU: when they left and where.
+/// Each traced thread's last switch out: when it left and where; `ts_ns` is
+/// `OFFCPU_START_ENDED` once it came back (the entry stays until the thread dies).
 #[map]
 static OFFCPU_STARTS: HashMap<u32, OffCpuStart> = HashMap::with_max_entries(65536, 0);
 

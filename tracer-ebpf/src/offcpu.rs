@@ -45,9 +45,9 @@ use aya_log_ebpf::debug;
 use tracer_common::{
     BlockPlace, EXEC_NS_UNKNOWN, FINISHED_IN_RUN, FIRST_SNAPSHOT_ID, FIRST_SWITCH_IN_STACK_ID,
     KERNEL_STACK_ALWAYS_NS, KERNEL_STACK_AT_SWITCH_IN, KERNEL_STACK_NOT_SAMPLED, LastSnapshot,
-    MAX_SNAPSHOT_CHECKS, MAX_STACK_DEPTH, NO_STACK, OffCpuKey, OffCpuStart, OffCpuTotal,
-    STACK_WORDS_SPAN, SWITCH_IN_STACK_IDS, StackWords, TaskWallKey, TimelineEvent, counter,
-    offcpu_state, target_filter, task_wall, timeline_kind,
+    MAX_SNAPSHOT_CHECKS, MAX_STACK_DEPTH, NO_STACK, OFFCPU_START_ENDED, OffCpuKey, OffCpuStart,
+    OffCpuTotal, STACK_WORDS_SPAN, SWITCH_IN_STACK_IDS, StackWords, TaskWallKey, TimelineEvent,
+    counter, offcpu_state, target_filter, task_wall, timeline_kind,
 };
 
 use crate::{
@@ -88,7 +88,9 @@ fn record_switch_out<const DWARF: bool>(ctx: &BtfTracePointContext, now: u64) {
         // SAFETY: the value is copied out before the entry is removed.
         if let Some(open) = unsafe { OFFCPU_STARTS.get(&tid) }.copied() {
             let _ = OFFCPU_STARTS.remove(&tid);
-            close_missed(tid, &open, now, exec_ns);
+            if open.ts_ns != OFFCPU_START_ENDED {
+                close_missed(tid, &open, now, exec_ns);
+            }
         }
         return;
     }
@@ -122,21 +124,18 @@ fn record_switch_out<const DWARF: bool>(ctx: &BtfTracePointContext, now: u64) {
         state,
         task: running_task(tid),
     };
-    let inserted = match OFFCPU_STARTS.insert(&tid, &start, BPF_NOEXIST) {
-        Err(EEXIST) => {
-            // SAFETY: the value is copied out before the entry is replaced.
-            let open = unsafe { OFFCPU_STARTS.get(&tid) }.copied();
-            let replaced = OFFCPU_STARTS.insert(&tid, &start, 0);
-            // Closed only once replaced: a start left in place is closed by the next
-            // switch in, and must not be counted twice.
-            if let (Ok(()), Some(open)) = (replaced, open) {
-                close_missed(tid, &open, now, exec_ns);
-            }
-            replaced
+    // The thread's entry, overwritten in place (see `OFFCPU_START_ENDED`); only a thread's
+    // first switch out inserts one.
+    if let Some(slot) = OFFCPU_STARTS.get_ptr_mut(&tid) {
+        // SAFETY: only this thread's switches touch its entry, and it is on this CPU.
+        let open = unsafe { *slot };
+        unsafe { *slot = start };
+        if open.ts_ns != OFFCPU_START_ENDED {
+            close_missed(tid, &open, now, exec_ns);
         }
-        other => other,
-    };
-    if inserted.is_err() {
+        return;
+    }
+    if OFFCPU_STARTS.insert(&tid, &start, BPF_NOEXIST).is_err() {
         count(counter::MAP_FULL);
         debug!(ctx, "OFFCPU_STARTS is full: thread {} blocks unseen", tid);
     }
@@ -428,15 +427,16 @@ fn account_switch_in(next: *const u8, now: u64) {
     let Some(next_tid) = targets::task_tid(next) else {
         return;
     };
-    // SAFETY: the value is copied out before the entry is removed.
-    let Some(start) = (unsafe { OFFCPU_STARTS.get(&next_tid) }).copied() else {
+    let Some(slot) = OFFCPU_STARTS.get_ptr_mut(&next_tid) else {
         return;
     };
-    // A start that stays (its removal failed) is closed at the thread's next switch out,
-    // as one whose switch in went unseen: accounting it now too would count it twice.
-    if OFFCPU_STARTS.remove(&next_tid).is_err() {
+    // SAFETY: only this thread's switches touch its entry, and it is not running yet.
+    let start = unsafe { *slot };
+    if start.ts_ns == OFFCPU_START_ENDED {
         return;
     }
+    // SAFETY: as above.
+    unsafe { (*slot).ts_ns = OFFCPU_START_ENDED };
     let blocked = now.saturating_sub(start.ts_ns);
     if blocked < setting(&MIN_BLOCK_NS) {
         return;

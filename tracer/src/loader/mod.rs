@@ -1304,7 +1304,9 @@ impl Loader {
 
     /// Threads that are off CPU right now (their interval has not ended yet).
     pub fn offcpu_pending(&self) -> Result<Vec<(u32, OffCpuStart)>> {
-        self.entries(map_names::OFFCPU_STARTS)
+        let mut starts: Vec<(u32, OffCpuStart)> = self.entries(map_names::OFFCPU_STARTS)?;
+        starts.retain(|(_, start)| start.ts_ns != tracer_common::OFFCPU_START_ENDED);
+        Ok(starts)
     }
 
     /// Running and parked time per runtime task.
