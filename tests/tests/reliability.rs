@@ -696,6 +696,47 @@ fn stopping_a_busy_trace_loses_nothing() {
     );
 }
 
+/// Ctrl-C while standard output's reader has stopped reading (the tracer's queue for it
+/// full, and the tracer waiting for room): once the reader reads again, every event the
+/// tracer took off the ring buffer is written, none only counted.
+#[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+fn a_stop_while_the_reader_stalls_writes_every_event_taken() {
+    require_privileged();
+    let target = Target::start(EVENT_STORM, &["--tasks", "120000", "--rate", "60000"]);
+    let tracer = LiveTracer::start(
+        &[
+            "trace",
+            "--format",
+            "json",
+            "--pid",
+            &target.pid.to_string(),
+            TASK_SPEC,
+        ],
+        |out| {
+            // Not a byte read until well after the stop (but within its 2 s for a reader
+            // that makes no progress).
+            thread::sleep(Duration::from_millis(1200));
+            count_events(out)
+        },
+    );
+    target.release();
+    thread::sleep(Duration::from_millis(500));
+    send(tracer.pid(), libc::SIGINT);
+    let (status, printed_lines, err) = tracer.finish();
+    target.finish();
+    let (printed, lost) = stopped_line(&err);
+    // While the reader stalled the ring buffer overflowed, as it is let to: losses are
+    // reported, and make the exit status an error.
+    assert!(
+        status.success() || (lost > 0 && err.contains(&format!("{lost} events were lost"))),
+        "{err}"
+    );
+    assert!(!err.contains("not written"), "{err}");
+    assert!(printed > 0, "{err}");
+    assert_eq!(printed_lines, printed, "{err}");
+}
+
 /// `attach --per-thread` on a process with 1,000 threads that all block in one function:
 /// every thread appears under its own name and thread id with the time it really spent
 /// blocked there (within 10%; all threads together within 3%), and nothing was dropped.

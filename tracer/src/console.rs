@@ -160,14 +160,23 @@ impl OutputStream {
         }
     }
 
-    /// Queues `bytes` (holding `items` events), waiting while the queue is full; false once
-    /// the writer has failed.
-    pub async fn send(&self, bytes: Vec<u8>, items: u64) -> bool {
+    /// Waits for room in the queue, then queues what `make` returns (bytes holding that
+    /// many events), taken only once there is room: cancelled while it waits (a stop
+    /// signal won the race), nothing was taken, so nothing is lost. False once the writer
+    /// has failed.
+    pub async fn send_made(&self, make: impl FnOnce() -> (Vec<u8>, u64)) -> bool {
         let Some(sender) = &self.sender else {
             return false;
         };
-        self.progress.queued(bytes.len());
-        sender.send(Chunk { bytes, items }).await.is_ok()
+        let Ok(permit) = sender.reserve().await else {
+            return false;
+        };
+        let (bytes, items) = make();
+        if items > 0 || !bytes.is_empty() {
+            self.progress.queued(bytes.len());
+            permit.send(Chunk { bytes, items });
+        }
+        true
     }
 
     /// Queues `bytes` from code outside the runtime, waiting at most until `deadline`

@@ -794,8 +794,11 @@ async fn pump(
                 // Clear before draining: the kernel only wakes a reader that has caught
                 // up, so a wakeup arriving during the drain must not be cleared afterwards.
                 guard.clear_ready();
-                let (bytes, count) = printer.format(guard.get_inner_mut(), &*pumped.loader);
-                if count > 0 && !out.send(bytes, count).await {
+                // The events are taken off the ring only once the queue has room: a stop
+                // arriving meanwhile finds them there, to write them out itself.
+                let ring = guard.get_inner_mut();
+                let loader = &*pumped.loader;
+                if !out.send_made(|| printer.format(ring, loader)).await {
                     return Ok(StopReason::OutputClosed);
                 }
             }
