@@ -341,6 +341,24 @@ fn read_all(mut out: BufReader<ChildStdout>) -> String {
     text
 }
 
+/// `trace --format json` of the task probes of `target`, its output read by `consume`.
+fn trace_json<T: Send + 'static>(
+    target: &Target,
+    consume: impl FnOnce(BufReader<ChildStdout>) -> T + Send + 'static,
+) -> LiveTracer<T> {
+    LiveTracer::start(
+        &[
+            "trace",
+            "--format",
+            "json",
+            "--pid",
+            &target.pid.to_string(),
+            TASK_SPEC,
+        ],
+        consume,
+    )
+}
+
 /// Counts the event lines of `trace --format json`.
 fn count_events(out: BufReader<ChildStdout>) -> u64 {
     out.lines()
@@ -623,17 +641,7 @@ fn trace_signal_case(signal: i32, delay_ms: u64, reason: &str) {
         &["--tasks", &TASKS.to_string(), "--rate", "4000"],
     );
     let sites = ProbeSites::of(target.pid);
-    let tracer = LiveTracer::start(
-        &[
-            "trace",
-            "--format",
-            "json",
-            "--pid",
-            &target.pid.to_string(),
-            TASK_SPEC,
-        ],
-        count_events,
-    );
+    let tracer = trace_json(&target, count_events);
     let objects = TracerObjects::of(tracer.pid());
     signal_tracer(&tracer, &target, &objects, &sites, signal, delay_ms);
     let (status, printed_lines, err) =
@@ -669,17 +677,7 @@ fn trace_signal_case(signal: i32, delay_ms: u64, reason: &str) {
 fn stopping_a_busy_trace_loses_nothing() {
     require_privileged();
     let target = Target::start(EVENT_STORM, &["--tasks", "120000", "--rate", "60000"]);
-    let mut tracer = LiveTracer::start(
-        &[
-            "trace",
-            "--format",
-            "json",
-            "--pid",
-            &target.pid.to_string(),
-            TASK_SPEC,
-        ],
-        count_events,
-    );
+    let mut tracer = trace_json(&target, count_events);
     target.release();
     thread::sleep(Duration::from_millis(500));
     let stop = Instant::now();
@@ -704,22 +702,12 @@ fn stopping_a_busy_trace_loses_nothing() {
 fn a_stop_while_the_reader_stalls_writes_every_event_taken() {
     require_privileged();
     let target = Target::start(EVENT_STORM, &["--tasks", "120000", "--rate", "60000"]);
-    let tracer = LiveTracer::start(
-        &[
-            "trace",
-            "--format",
-            "json",
-            "--pid",
-            &target.pid.to_string(),
-            TASK_SPEC,
-        ],
-        |out| {
-            // Not a byte read until well after the stop (but within its 2 s for a reader
-            // that makes no progress).
-            thread::sleep(Duration::from_millis(1200));
-            count_events(out)
-        },
-    );
+    let tracer = trace_json(&target, |out| {
+        // Not a byte read until well after the stop (but within its 2 s for a reader
+        // that makes no progress).
+        thread::sleep(Duration::from_millis(1200));
+        count_events(out)
+    });
     target.release();
     thread::sleep(Duration::from_millis(500));
     send(tracer.pid(), libc::SIGINT);

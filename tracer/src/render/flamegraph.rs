@@ -258,27 +258,22 @@ impl FoldedStacks {
         }
         close(&mut open, 0, lines.len(), before);
 
-        let mut text = Vec::new();
-        let mut pending: Option<(&[FrameId], u64)> = None;
+        // Each line cut to its drawn frames; neighbours cut alike (as many frames kept,
+        // all of them shared) summed.
+        let mut cut: Vec<(&[FrameId], u64)> = Vec::new();
         let mut last_kept = 0;
         for (index, line) in lines.iter().enumerate() {
             let kept = drawn[index].min(line.frames);
-            // Cut alike as the line before: as many frames kept, all of them shared.
             let same = index > 0 && kept == last_kept && line.shared >= kept;
             last_kept = kept;
-            match &mut pending {
+            match cut.last_mut() {
                 Some((_, weight)) if same => *weight += line.weight,
-                _ => {
-                    let stack = &self.stack(line)[..kept as usize];
-                    if let Some((last, weight)) = pending.replace((stack, line.weight)) {
-                        self.push_stack(last, &mut text);
-                        push_weight(&mut text, weight);
-                    }
-                }
+                _ => cut.push((&self.stack(line)[..kept as usize], line.weight)),
             }
         }
-        if let Some((last, weight)) = pending {
-            self.push_stack(last, &mut text);
+        let mut text = Vec::new();
+        for (stack, weight) in cut {
+            self.push_stack(stack, &mut text);
             push_weight(&mut text, weight);
         }
         Self::utf8(text)
