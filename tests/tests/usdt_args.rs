@@ -11,11 +11,22 @@ use std::path::PathBuf;
 use common::*;
 use serde_json::Value;
 
-/// `usdt-forms` built with `opt` and `pie` (`-pie` or `-no-pie`).
+/// `usdt-forms` built with `opt` and `pie` (`-pie` or `-no-pie`), once per test run:
+/// tests run in parallel, and one rebuilding the file while another's bpftrace reads it
+/// made bpftrace fail to parse its notes.
 fn build(opt: &str, pie: &str) -> PathBuf {
+    static BUILT: std::sync::Mutex<Vec<(String, PathBuf)>> = std::sync::Mutex::new(Vec::new());
     let name = format!("usdt-forms{opt}{pie}");
+    let mut built = BUILT
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    if let Some((_, bin)) = built.iter().find(|(n, _)| *n == name) {
+        return bin.clone();
+    }
     let flags = [opt, pie, if pie == "-pie" { "-fPIE" } else { "-fno-PIE" }];
-    compile_target("gcc", "src/usdt-forms/usdt-forms.c", &name, &flags)
+    let bin = compile_target("gcc", "src/usdt-forms/usdt-forms.c", &name, &flags);
+    built.push((name, bin.clone()));
+    bin
 }
 
 const VARIANTS: [(&str, &str); 4] = [
