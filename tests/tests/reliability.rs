@@ -498,13 +498,13 @@ fn attach_survives_sigint_sigterm_and_sigkill_and_leaves_nothing_behind() {
 }
 
 fn attach_signal_case(signal: i32, delay_ms: u64, reason: &str) {
-    // About 10 s: the target must outlive the tracer's detach, which takes a while per
-    // probe site on a loaded machine.
-    const GCS: u64 = 250;
+    // About 16 s: the target must outlive the tracer's detach, which takes a while per
+    // probe site on a loaded machine (10 s was once not enough under CI's load).
+    const GCS: u64 = 400;
     let case = format!("attach, signal {signal} after {delay_ms} ms");
     let dir = out_dir(&format!("attach-signal-{signal}-{delay_ms}"));
     let gc_demo = executable_copy(GC_DEMO, &dir);
-    // 250 collections of 10 ms, 30 ms apart.
+    // 400 collections of 10 ms, 30 ms apart.
     let target = Target::start(
         gc_demo.to_str().unwrap(),
         &[
