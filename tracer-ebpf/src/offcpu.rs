@@ -35,7 +35,7 @@ use core::ffi::c_void;
 use aya_ebpf::{
     bindings::{BPF_F_USER_STACK, task_struct},
     helpers::{
-        bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_probe_read_user,
+        bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_probe_read_user,
         generated::{bpf_get_prandom_u32, bpf_get_task_stack},
     },
     maps::HashMap,
@@ -141,12 +141,10 @@ fn record_switch_out<const DWARF: bool>(ctx: &BtfTracePointContext, now: u64) {
     }
 }
 
-/// The CPU time of `task` so far (ns); [`EXEC_NS_UNKNOWN`] if unreadable.
+/// The CPU time of `task` (a pointer the verifier trusts) so far, in ns.
 #[inline(always)]
 fn cpu_time(task: *const u8) -> u64 {
-    let field = task.wrapping_add(setting(&TASK_EXEC_RUNTIME_OFFSET) as usize) as *const u64;
-    // SAFETY: bpf_probe_read_kernel validates the address.
-    unsafe { bpf_probe_read_kernel(field) }.unwrap_or(EXEC_NS_UNKNOWN)
+    targets::trusted_field(task, setting(&TASK_EXEC_RUNTIME_OFFSET))
 }
 
 /// Accounts `open`, a start of thread `tid` whose switch back in went unseen: the thread

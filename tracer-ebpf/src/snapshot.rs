@@ -6,10 +6,7 @@ use core::ffi::c_void;
 
 use aya_ebpf::{
     bindings::{pt_regs, task_struct},
-    helpers::{
-        bpf_probe_read_kernel,
-        generated::{bpf_get_current_task_btf, bpf_probe_read_user, bpf_task_pt_regs},
-    },
+    helpers::generated::{bpf_get_current_task_btf, bpf_probe_read_user, bpf_task_pt_regs},
 };
 use tracer_common::{UNWIND_STACK_BYTES, UnwindSample, counter};
 
@@ -46,15 +43,16 @@ pub fn saved_user_regs() -> Option<Regs> {
 #[inline(always)]
 pub fn task_user_regs(task: *mut task_struct) -> Option<Regs> {
     // SAFETY: the helper takes no memory from us and returns the task's saved registers.
-    let regs = unsafe { bpf_task_pt_regs(task) } as *const pt_regs;
-    // One read of the whole frame costs less than one per register.
-    // SAFETY: the helper validates the kernel address.
-    let saved = unsafe { bpf_probe_read_kernel(regs) }.ok()?;
-    let regs = Regs {
-        ip: saved.rip,
-        sp: saved.rsp,
-        bp: saved.rbp,
-        cs: saved.cs,
+    let saved = unsafe { bpf_task_pt_regs(task) } as *const pt_regs;
+    // SAFETY: the helper's result is a pointer the verifier trusts (its BTF type is
+    // `pt_regs`): each load is checked at load time and guarded against faults.
+    let regs = unsafe {
+        Regs {
+            ip: core::ptr::read_volatile(core::ptr::addr_of!((*saved).rip)),
+            sp: core::ptr::read_volatile(core::ptr::addr_of!((*saved).rsp)),
+            bp: core::ptr::read_volatile(core::ptr::addr_of!((*saved).rbp)),
+            cs: core::ptr::read_volatile(core::ptr::addr_of!((*saved).cs)),
+        }
     };
     is_user(&regs).then_some(regs)
 }
