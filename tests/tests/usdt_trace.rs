@@ -1,5 +1,5 @@
 //! `tracer trace` and `tracer list` on real USDT probes: every argument form value by
-//! value, several sites, semaphores by PID and by path, bpftrace agreeing on the same
+//! value, several sites, several PIDs, semaphores by PID and by path, bpftrace agreeing on the same
 //! process, CPython's probes, a target in another mount namespace, and bad input.
 
 mod common;
@@ -432,4 +432,36 @@ fn count_mode_counts_every_hit_in_the_kernel() {
     assert_eq!(count("noargs"), 250);
     assert_eq!(count("multi"), 750, "three sites, one probe");
     assert_eq!(count("guarded"), 250);
+}
+
+#[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+fn several_pids_count_each_of_theirs_and_no_other() {
+    require_privileged();
+    let targets: Vec<Target> = (0..3)
+        .map(|_| Target::start(USDT_ARGS, &["--loops", "200"]))
+        .collect();
+    let [first, second] = [targets[0].pid.to_string(), targets[1].pid.to_string()];
+    let probe = "usdt:*:tracer_test:noargs";
+    let tracer = Tracer::start(&[
+        "trace", "--count", "--format", "json", "--pid", &first, "--pid", &second, probe, "-d",
+        "60s",
+    ]);
+    for target in &targets {
+        target.release();
+    }
+    let fired: Vec<u64> = targets
+        .into_iter()
+        .map(|target| target.finish()["fired"]["noargs"].as_u64().unwrap())
+        .collect();
+    assert_eq!(fired, [200, 200, 200]);
+    let (ok, stdout, stderr) = tracer.finish();
+    assert!(ok, "{stderr}");
+    // The third process runs the same sites, attached for the two alone: none of its
+    // hits count.
+    assert_eq!(
+        trace_counts(&stdout).get("tracer_test:noargs"),
+        Some(&400),
+        "{stdout}"
+    );
 }

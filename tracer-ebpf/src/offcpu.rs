@@ -76,10 +76,10 @@ fn record_switch_out<const DWARF: bool>(ctx: &BtfTracePointContext, now: u64) {
     let Some((tgid, tid)) = targets::current_ids() else {
         return;
     };
-    if tid == 0 || !targets::is_traced(tgid, target_filter::SCHED) {
+    let prev: *const u8 = ctx.arg(1);
+    if tid == 0 || !targets::is_traced_task(tgid, target_filter::SCHED, prev) {
         return;
     }
-    let prev: *const u8 = ctx.arg(1);
     let exec_ns = cpu_time(prev);
     // A dying thread never switches back in; its interval would be closed by whichever
     // thread reuses its id. One still open lost its switch in.

@@ -10,7 +10,7 @@
 use aya_ebpf::{
     helpers::{
         bpf_get_current_pid_tgid, bpf_probe_read_kernel,
-        generated::{bpf_get_current_task, bpf_get_current_task_btf, bpf_send_signal},
+        generated::{bpf_get_current_task, bpf_send_signal},
     },
     programs::BtfTracePointContext,
 };
@@ -102,17 +102,36 @@ fn ns_number(task: *const u8) -> Option<u32> {
 /// bit of `tracer_common::target_filter`).
 #[inline(always)]
 pub fn is_traced(tgid: u32, kind: u32) -> bool {
+    is_traced_started(tgid, kind, current_start_ticks)
+}
+
+/// [`is_traced`] for the current thread `current`, a task pointer the verifier trusts
+/// (the `prev` of `sched_switch`): its start time read by plain loads. Only for programs
+/// loaded with the kernel's task offsets (those verified against kernel types).
+#[inline(always)]
+pub fn is_traced_task(tgid: u32, kind: u32, current: *const u8) -> bool {
+    is_traced_started(tgid, kind, || {
+        let leader: *const u8 = trusted_field(current, setting(&TASK_GROUP_LEADER_OFFSET));
+        let start_ns: u64 = trusted_field(leader, setting(&TASK_START_BOOTTIME_OFFSET));
+        start_ns / setting(&CLOCK_TICK_NS).max(1)
+    })
+}
+
+/// [`is_traced`], with `start_ticks` giving the current process's start time (only
+/// called when a target's start time is known).
+#[inline(always)]
+fn is_traced_started(tgid: u32, kind: u32, start_ticks: impl Fn() -> u64) -> bool {
     if setting(&TARGET_FILTER) & kind == 0 {
         return true;
     }
     let single = setting(&TARGET_TGID);
     if single != 0 {
         let start = setting(&TARGET_START_TICKS);
-        return tgid == single && (start == 0 || current_start_ticks() == start);
+        return tgid == single && (start == 0 || start_ticks() == start);
     }
     // SAFETY: the value is copied out at once.
     match unsafe { TARGETS.get(&tgid) }.copied() {
-        Some(target) => target.start_ticks == 0 || current_start_ticks() == target.start_ticks,
+        Some(target) => target.start_ticks == 0 || start_ticks() == target.start_ticks,
         None => false,
     }
 }
@@ -270,10 +289,16 @@ fn has_comm() -> bool {
 /// When the current thread's process started, in clock ticks since boot (0 if unknown).
 #[inline(always)]
 fn current_start_ticks() -> u64 {
-    // SAFETY: the helper returns the running task, a pointer the verifier trusts.
-    let task = unsafe { bpf_get_current_task_btf() } as *const u8;
-    let leader: *const u8 = trusted_field(task, setting(&TASK_GROUP_LEADER_OFFSET));
-    let start_ns: u64 = trusted_field(leader, setting(&TASK_START_BOOTTIME_OFFSET));
+    // Helper reads, not plain loads: programs loaded without the kernel's task offsets
+    // (0 then) reach this too, and a load through a field that is no pointer would fail
+    // verification.
+    // SAFETY: bpf_get_current_task returns the running task; the reads below go through
+    // bpf_probe_read_kernel, which validates the addresses (offsets from kernel BTF).
+    let task = unsafe { bpf_get_current_task() } as *const u8;
+    let Some(leader) = read_ptr(task, setting(&TASK_GROUP_LEADER_OFFSET)) else {
+        return 0;
+    };
+    let start_ns = read_u64(leader, setting(&TASK_START_BOOTTIME_OFFSET)).unwrap_or(0);
     start_ns / setting(&CLOCK_TICK_NS).max(1)
 }
 

@@ -528,32 +528,40 @@ impl Loader {
         // the maps that do not need them are created: the load does both at once.
         let mut kernel_ids = KernelTypeIds::default();
         let globals = || -> Result<Vec<(&'static str, Vec<u8>)>> {
-            // Only the off-CPU programs, the process trackers and the thread iterator read
-            // kernel structures, and only they are verified against kernel types; reading
-            // kernel BTF costs milliseconds.
-            let kernel =
-                (features.offcpu || features.thread_regs || follow_forks || follow_execs || nested)
-                    .then(|| {
-                        let early = EARLY_KERNEL_BTF
-                            .lock()
-                            .unwrap_or_else(|poisoned| poisoned.into_inner())
-                            .take();
-                        let read = match early {
-                            Some(reading) => reading
-                                .join()
-                                .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
-                            None => Btf::read(Path::new(KERNEL_BTF)),
-                        };
-                        read.map_err(|e| match e {
-                            btf::BtfError::Read { path, source }
-                                if oserror::cause(&source).is_some() =>
-                            {
-                                os_error(format!("reading kernel BTF at {path}"), source)
-                            }
-                            e => e.into(),
-                        })
+            // Only the off-CPU programs, the process trackers, the thread iterator and the
+            // target checks that compare a process's start time (the targets of a set, or
+            // the one target of the sampling programs) read kernel structures, and only
+            // the first three are verified against kernel types; reading kernel BTF costs
+            // milliseconds.
+            let checks_start_times = filter & target_filter::USDT != 0
+                || (filter != 0 && (features.offcpu || features.oncpu));
+            let kernel = (features.offcpu
+                || features.thread_regs
+                || follow_forks
+                || follow_execs
+                || nested
+                || checks_start_times)
+                .then(|| {
+                    let early = EARLY_KERNEL_BTF
+                        .lock()
+                        .unwrap_or_else(|poisoned| poisoned.into_inner())
+                        .take();
+                    let read = match early {
+                        Some(reading) => reading
+                            .join()
+                            .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+                        None => Btf::read(Path::new(KERNEL_BTF)),
+                    };
+                    read.map_err(|e| match e {
+                        btf::BtfError::Read { path, source }
+                            if oserror::cause(&source).is_some() =>
+                        {
+                            os_error(format!("reading kernel BTF at {path}"), source)
+                        }
+                        e => e.into(),
                     })
-                    .transpose()?;
+                })
+                .transpose()?;
             // After the kernel types: a target that exits while they are read is found
             // gone here, before anything is attached (its start time is a constant below).
             let single_start_ticks = match single {
