@@ -8,6 +8,7 @@ use std::{
 };
 
 use anyhow::{Context as _, bail};
+use object::build::elf::SectionData;
 
 /// The pinned nightly of the eBPF build: the `channel` line of
 /// `tracer-ebpf/rust-toolchain.toml` (`cargo xtask setup` installs it from the same line).
@@ -88,5 +89,42 @@ fn main() -> anyhow::Result<()> {
             "building the eBPF programs failed; if the {toolchain} toolchain or its rust-src \
              is missing, or bpf-linker is broken, run `cargo xtask setup`"
         )
-    })
+    })?;
+    let object = PathBuf::from(env::var("OUT_DIR")?).join("tracer-ebpf");
+    strip_debug_info(&object)
+}
+
+/// Removes the DWARF sections (and their relocations) from the eBPF object tracer embeds:
+/// bpf-linker needs them to make the BTF, which stays, but the loader never reads them,
+/// and they were four fifths of the object: every launch parsed their 50,000
+/// relocations (about a millisecond) before loading anything.
+fn strip_debug_info(path: &Path) -> anyhow::Result<()> {
+    let data = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let mut builder = object::build::elf::Builder::read(data.as_slice())
+        .with_context(|| format!("cannot parse {}", path.display()))?;
+    for section in builder.sections.iter_mut() {
+        let name = section.name.as_slice();
+        if name.starts_with(b".debug_") || name.starts_with(b".rel.debug_") {
+            section.delete = true;
+        }
+    }
+    builder.delete_orphans();
+    // LLVM keeps the section names in the symbol string table; the writer wants a table
+    // of their own.
+    let has_section_names = builder
+        .sections
+        .iter()
+        .any(|section| matches!(section.data, SectionData::SectionString));
+    if !has_section_names {
+        let names = builder.sections.add();
+        names.name = b".shstrtab"[..].into();
+        names.sh_type = object::elf::SHT_STRTAB;
+        names.sh_addralign = 1;
+        names.data = SectionData::SectionString;
+    }
+    let mut stripped = Vec::new();
+    builder
+        .write(&mut stripped)
+        .with_context(|| format!("cannot write {} without debug info", path.display()))?;
+    std::fs::write(path, stripped).with_context(|| format!("cannot write {}", path.display()))
 }

@@ -47,12 +47,14 @@ pub fn run(config: AttachConfig) -> Result<()> {
     privileges::check()?;
     // At once: the first uprobe waits for an RCU grace period, the longest step of a launch.
     let warm_up = Loader::warm_up_uprobes();
+    Loader::start_keeper();
+    // The eBPF object and the kernel types are read on threads of their own while the
+    // targets are scanned.
+    Loader::prepare(true);
     let spec = &config.targets;
     let single = spec.single_pid();
     let watch = single.map(ProcessWatch::target).transpose()?;
     let targets = spec.find()?;
-    // Once the targets are known to exist: from here on, one missing has exited.
-    Loader::prepare(true);
     let pids: Vec<u32> = targets.members.iter().map(|m| m.pid).collect();
     // From here on the targets are known to have existed: wherever one is missing, it
     // exited (or /proc hides it).

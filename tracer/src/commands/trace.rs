@@ -48,9 +48,7 @@ pub fn run(config: TraceConfig) -> Result<()> {
     // Now, before the other threads of the launch take the CPUs: the first uprobe waits
     // for an RCU grace period, the longest step of a launch.
     let warm_up = Loader::warm_up_uprobes();
-    // Kernel types are read later, if at all: only following processes (or a PID
-    // namespace of its own) needs them.
-    Loader::prepare(false);
+    Loader::start_keeper();
     // Whose hits: the command (and with --children its forks), the targets, or every
     // process running the probes' files.
     let spec = match &child {
@@ -61,6 +59,9 @@ pub fn run(config: TraceConfig) -> Result<()> {
         None => config.targets.clone(),
     };
     let single = spec.single_pid();
+    // Kernel types only for a set of processes (each hit's process is checked against
+    // the set, start time included) or a PID namespace of its own.
+    Loader::prepare(!spec.is_everything() && single.is_none());
     let targets = match spec.is_everything() {
         true => None,
         false => Some(spec.find()?),

@@ -285,6 +285,11 @@ const DEFERRED_MAPS: [&str; 15] = [
     map_names::SNAPSHOT_SEQ,
 ];
 
+/// The link keeper started by [`Loader::start_keeper`], for the next load to take.
+static EARLY_KEEPER: std::sync::Mutex<
+    Option<std::thread::JoinHandle<std::io::Result<keeper::LinkKeeper>>>,
+> = std::sync::Mutex::new(None);
+
 /// Kernel BTF read by [`Loader::prepare`], for the next load to take.
 static EARLY_KERNEL_BTF: std::sync::Mutex<
     Option<std::thread::JoinHandle<std::result::Result<Btf, btf::BtfError>>>,
@@ -519,10 +524,17 @@ impl Loader {
             max_entries.insert(map_names::LATENCY_STATS, latencies);
             max_entries.insert(map_names::LATENCY_HIST, latencies * histogram::BUCKETS);
         }
-        // A run with USDT sites starts the keeper now: it starts while the object loads.
+        // A run with USDT sites takes its keeper now (started early, or now: it starts
+        // while the object loads); one started early for nothing goes.
         let keeper = match settings.plan_sizes {
             Some(plan) if plan.sites > 0 => Some(spawn_keeper()?),
-            _ => None,
+            _ => {
+                if let Some(unused) = take_early_keeper() {
+                    // Its end waits for the process to exit: not on this thread.
+                    std::thread::spawn(move || drop(unused.join()));
+                }
+                None
+            }
         };
         // Kernel types (read on a thread since the launch began) are waited for only once
         // the maps that do not need them are created: the load does both at once.
@@ -924,6 +936,20 @@ impl Loader {
                 );
                 Ok(btf)
             }));
+        }
+    }
+
+    /// Starts the link keeper (see [`keeper`]) on a thread of its own, for a launch that
+    /// attaches USDT sites: spawning it waits for the exec of tracer's own binary, which
+    /// takes a few milliseconds (more while the launch's other threads hold both CPUs),
+    /// and they then pass while the targets are scanned, not on the way to the first
+    /// event. The next [`Loader::load`] takes it; if it has no sites, the keeper exits.
+    pub fn start_keeper() {
+        let mut early = EARLY_KEEPER
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if early.is_none() {
+            *early = Some(std::thread::spawn(keeper::LinkKeeper::spawn));
         }
     }
 
@@ -1377,8 +1403,22 @@ impl Loader {
     }
 }
 
+/// The keeper [`Loader::start_keeper`] started, else a new one.
 fn spawn_keeper() -> Result<keeper::LinkKeeper> {
-    keeper::LinkKeeper::spawn().map_err(LoaderError::Keeper)
+    match take_early_keeper() {
+        Some(starting) => starting
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+        None => keeper::LinkKeeper::spawn(),
+    }
+    .map_err(LoaderError::Keeper)
+}
+
+fn take_early_keeper() -> Option<std::thread::JoinHandle<std::io::Result<keeper::LinkKeeper>>> {
+    EARLY_KEEPER
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .take()
 }
 
 /// The program for USDT site `site`.
