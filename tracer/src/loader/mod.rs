@@ -1521,17 +1521,31 @@ pub struct UprobeWarmUp {
 }
 
 /// How often, and at most how many times, [`Loader::warm_up_uprobes`] registers one more
-/// uprobe: well within a grace period (4 ms ticks here; one takes two or more), for up to
-/// a quarter of a second.
+/// uprobe: well within a grace period (4 ms ticks here; one takes two or more), for about
+/// 20 ms after the first, which covers a launch whose programs verify slowly. Not longer:
+/// each uprobe costs a removal that waits for grace periods, one after another (a third of
+/// a second each under load, seen on a busy PostgreSQL), and a tracer stopped before they
+/// are all removed waits for them on its way out. A launch slower than that pays one
+/// grace period more at its attach.
 const WARM_UP_PERIOD: std::time::Duration = std::time::Duration::from_millis(3);
-const WARM_UP_MAX_UPROBES: usize = 80;
+const WARM_UP_MAX_UPROBES: usize = 8;
 
 impl UprobeWarmUp {
-    /// Closes the warm-up uprobes on a thread of their own: removing a uprobe waits for a
-    /// grace period, which nothing should wait for.
+    /// Closes the warm-up uprobes on threads of their own: removing a uprobe waits for
+    /// grace periods (RCU tasks trace, then SRCU), which nothing should wait for. Each one
+    /// on its own thread, so all wait for the same grace periods: one after another, the
+    /// twenty a slow launch opens took seconds, and what was not closed yet when tracing
+    /// stopped held up the tracer's exit that long (2.4 s seen after a Ctrl-C).
     fn release(self) {
         drop(self.release);
-        std::thread::spawn(move || drop(self.opened.join()));
+        std::thread::spawn(move || {
+            let opened = self.opened.join().ok().flatten().unwrap_or_default();
+            std::thread::scope(|scope| {
+                for uprobe in opened {
+                    scope.spawn(move || drop(uprobe));
+                }
+            });
+        });
     }
 }
 
