@@ -31,7 +31,7 @@ use super::{
 /// Off-CPU time by user+kernel stack per thread of the target ($1), the way bpftrace users
 /// write it: timestamp and stacks when a thread of the target leaves the CPU, the blocked
 /// time summed by those stacks when it comes back.
-const BPFTRACE_OFFCPU: &str = r#"
+pub(super) const BPFTRACE_OFFCPU: &str = r#"
 BEGIN { printf("bench: attached\n"); }
 tracepoint:sched:sched_switch
 {

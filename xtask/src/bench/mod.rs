@@ -1,4 +1,4 @@
-//! `cargo xtask bench`: the six figures of issue 6, each next to its baseline measured in
+//! `cargo xtask bench`: the figures of issues 6 and 15, each next to its baseline measured in
 //! the same run, as medians of alternating runs (the machines this runs on are noisy).
 //! One file per figure says what it measures and how:
 //!
@@ -8,6 +8,7 @@
 //! 4. [`fig4_launch_to_first_event`]: launch to first event, against bpftrace.
 //! 5. [`fig5_render_profile`]: symbolize + fold + render a profile, against inferno.
 //! 6. [`fig6_peak_memory`]: peak RSS of the tracer runs of figures 2-4, against bpftrace's.
+//! 7. [`fig7_stop`]: Ctrl-C to exit in each mode on a busy target, against bpftrace.
 //!
 //! [`harness`] starts, times and stops the targets and tools; [`stats`] reduces the runs.
 //!
@@ -19,6 +20,7 @@ mod fig3_offcpu_pingpong;
 mod fig4_launch_to_first_event;
 mod fig5_render_profile;
 mod fig6_peak_memory;
+mod fig7_stop;
 mod harness;
 mod stats;
 
@@ -37,10 +39,10 @@ pub struct BenchArgs {
     /// Fewer iterations, rounds and stacks: about a minute instead of a few.
     #[arg(long)]
     quick: bool,
-    /// Rounds of alternating runs in figures 2-4 [default: 5; --quick: 3].
+    /// Rounds of alternating runs in figures 2-4 and 7 [default: 5; --quick: 3].
     #[arg(long)]
     rounds: Option<usize>,
-    /// Only these figures (1-6, comma-separated); 6 uses the tracer runs of 2-4.
+    /// Only these figures (1-7, comma-separated); 6 uses the tracer runs of 2-4.
     #[arg(long, value_delimiter = ',')]
     only: Vec<u8>,
     /// Iterations of each disabled-probe loop, figure 1 [default: 200M; --quick: 50M].
@@ -79,12 +81,12 @@ impl Config {
             value.unwrap_or(if quick { fast } else { full })
         };
         let figures = if args.only.is_empty() {
-            (1..=6).collect()
+            (1..=7).collect()
         } else {
             args.only
         };
-        if let Some(bad) = figures.iter().find(|f| !(1..=6).contains(*f)) {
-            bail!("no figure {bad}: figures are 1 to 6");
+        if let Some(bad) = figures.iter().find(|f| !(1..=7).contains(*f)) {
+            bail!("no figure {bad}: figures are 1 to 7");
         }
         let rounds = args.rounds.unwrap_or(if quick { 3 } else { 5 });
         if rounds == 0 {
@@ -127,7 +129,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         bail!("cargo xtask bench loads eBPF programs: run it as root");
     }
     crate::build()?;
-    let needs_tracefs = [2, 3, 4].iter().any(|&f| config.wants(f));
+    let needs_tracefs = [2, 3, 4, 7].iter().any(|&f| config.wants(f));
     let _tracefs = if needs_tracefs {
         Some(TracefsMount::ensure()?)
     } else {
@@ -159,22 +161,19 @@ pub fn run(args: BenchArgs) -> Result<()> {
         };
         match result {
             Ok(mut new_rows) => rows.append(&mut new_rows),
-            Err(err) => {
-                println!("figure {figure} failed: {err:#}");
-                rows.push(Row {
-                    figure: format!("{figure}. {title}"),
-                    tracer: "failed".into(),
-                    baselines: format!("{err:#}"),
-                    ratio: "-".into(),
-                    goal: "-".into(),
-                    met: "?".into(),
-                });
-            }
+            Err(err) => rows.push(failed(figure, title, &err)),
         }
     }
     if config.wants(6) {
         println!("\n== Figure 6: peak memory while tracing");
         rows.push(fig6_peak_memory::measure(&memory));
+    }
+    if config.wants(7) {
+        println!("\n== Figure 7: Ctrl-C to exit");
+        match fig7_stop::measure(&config) {
+            Ok(mut new_rows) => rows.append(&mut new_rows),
+            Err(err) => rows.push(failed(7, "Ctrl-C to exit", &err)),
+        }
     }
     print_summary(&rows, started.elapsed());
     println!(
@@ -182,6 +181,19 @@ pub fn run(args: BenchArgs) -> Result<()> {
         load_average()
     );
     Ok(())
+}
+
+/// The summary line of a figure that could not be measured.
+fn failed(figure: u8, title: &str, err: &anyhow::Error) -> Row {
+    println!("figure {figure} failed: {err:#}");
+    Row {
+        figure: format!("{figure}. {title}"),
+        tracer: "failed".into(),
+        baselines: format!("{err:#}"),
+        ratio: "-".into(),
+        goal: "-".into(),
+        met: "?".into(),
+    }
 }
 
 fn yes_no(ok: bool) -> String {
