@@ -162,8 +162,14 @@ fn stop_time(mode: &Mode, out_dir: &Path) -> Result<f64> {
             error_lines(&finished.stderr, 5)
         );
     }
-    // What it collected must be written: a stop that drops its report is no stop.
-    if finished.stdout.trim().is_empty() {
+    // What it collected must be written: a stop that drops its report is no stop. stdout
+    // holds tracer's report alone (it says "Attached" on stderr); bpftrace's also holds its
+    // ready line, so its report is its map of blocked time.
+    let wrote = match mode.tracer_args {
+        Some(_) => !finished.stdout.trim().is_empty(),
+        None => finished.stdout.contains("@off["),
+    };
+    if !wrote {
         bail!("{} wrote nothing at Ctrl-C", mode.label);
     }
     Ok(elapsed)

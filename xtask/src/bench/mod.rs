@@ -140,12 +140,14 @@ pub fn run(args: BenchArgs) -> Result<()> {
     println!("load average before: {load_before} (other work on the machine skews every figure)");
     let mut rows = Vec::new();
     let mut memory = PeakMemory::default();
-    let figures: [(u8, &str); 5] = [
+    let figures: [(u8, &str); 7] = [
         (1, "disabled probe vs no probe"),
         (2, "cost per traced USDT event"),
         (3, "off-CPU tracing of a ping-pong"),
         (4, "launch to first event"),
         (5, "symbolize + render a profile"),
+        (6, "peak memory while tracing"),
+        (7, "Ctrl-C to exit"),
     ];
     for (figure, title) in figures {
         if !config.wants(figure) {
@@ -157,22 +159,24 @@ pub fn run(args: BenchArgs) -> Result<()> {
             2 => fig2_event_cost::measure(&config, &mut memory),
             3 => fig3_offcpu_pingpong::measure(&config, &mut memory),
             4 => fig4_launch_to_first_event::measure(&config, &mut memory),
-            _ => fig5_render_profile::measure(&config),
+            5 => fig5_render_profile::measure(&config),
+            // Figure 6 reports the tracer runs of figures 2-4, so it comes after them.
+            6 => Ok(vec![fig6_peak_memory::measure(&memory)]),
+            _ => fig7_stop::measure(&config),
         };
         match result {
             Ok(mut new_rows) => rows.append(&mut new_rows),
-            Err(err) => rows.push(failed(figure, title, &err)),
-        }
-    }
-    if config.wants(6) {
-        println!("\n== Figure 6: peak memory while tracing");
-        rows.push(fig6_peak_memory::measure(&memory));
-    }
-    if config.wants(7) {
-        println!("\n== Figure 7: Ctrl-C to exit");
-        match fig7_stop::measure(&config) {
-            Ok(mut new_rows) => rows.append(&mut new_rows),
-            Err(err) => rows.push(failed(7, "Ctrl-C to exit", &err)),
+            Err(err) => {
+                println!("figure {figure} failed: {err:#}");
+                rows.push(Row {
+                    figure: format!("{figure}. {title}"),
+                    tracer: "failed".into(),
+                    baselines: format!("{err:#}"),
+                    ratio: "-".into(),
+                    goal: "-".into(),
+                    met: "?".into(),
+                });
+            }
         }
     }
     print_summary(&rows, started.elapsed());
@@ -181,19 +185,6 @@ pub fn run(args: BenchArgs) -> Result<()> {
         load_average()
     );
     Ok(())
-}
-
-/// The summary line of a figure that could not be measured.
-fn failed(figure: u8, title: &str, err: &anyhow::Error) -> Row {
-    println!("figure {figure} failed: {err:#}");
-    Row {
-        figure: format!("{figure}. {title}"),
-        tracer: "failed".into(),
-        baselines: format!("{err:#}"),
-        ratio: "-".into(),
-        goal: "-".into(),
-        met: "?".into(),
-    }
 }
 
 fn yes_no(ok: bool) -> String {
