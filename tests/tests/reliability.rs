@@ -344,19 +344,14 @@ fn read_all(mut out: BufReader<ChildStdout>) -> String {
 /// `trace --format json` of the task probes of `target`, its output read by `consume`.
 fn trace_json<T: Send + 'static>(
     target: &Target,
+    extra_args: &[&str],
     consume: impl FnOnce(BufReader<ChildStdout>) -> T + Send + 'static,
 ) -> LiveTracer<T> {
-    LiveTracer::start(
-        &[
-            "trace",
-            "--format",
-            "json",
-            "--pid",
-            &target.pid.to_string(),
-            TASK_SPEC,
-        ],
-        consume,
-    )
+    let pid = target.pid.to_string();
+    let mut args = vec!["trace", "--format", "json", "--pid", &pid];
+    args.extend_from_slice(extra_args);
+    args.push(TASK_SPEC);
+    LiveTracer::start(&args, consume)
 }
 
 /// Counts the event lines of `trace --format json`.
@@ -641,7 +636,7 @@ fn trace_signal_case(signal: i32, delay_ms: u64, reason: &str) {
         &["--tasks", &TASKS.to_string(), "--rate", "4000"],
     );
     let sites = ProbeSites::of(target.pid);
-    let tracer = trace_json(&target, count_events);
+    let tracer = trace_json(&target, &[], count_events);
     let objects = TracerObjects::of(tracer.pid());
     signal_tracer(&tracer, &target, &objects, &sites, signal, delay_ms);
     let (status, printed_lines, err) =
@@ -677,7 +672,11 @@ fn trace_signal_case(signal: i32, delay_ms: u64, reason: &str) {
 fn stopping_a_busy_trace_loses_nothing() {
     require_privileged();
     let target = Target::start(EVENT_STORM, &["--tasks", "120000", "--rate", "60000"]);
-    let mut tracer = trace_json(&target, count_events);
+    // The 128 MiB ring buffer holds the whole run (about 400k events of 136 bytes): on
+    // two cores shared with the other tests the reader can fall 100k events behind while
+    // running, which the default 4 MiB cannot absorb. Those would be losses of a slow
+    // reader, the subject of the minute-long test, not of the stop this test is about.
+    let mut tracer = trace_json(&target, &["--ring-buffer", "128M"], count_events);
     target.release();
     thread::sleep(Duration::from_millis(500));
     let stop = Instant::now();
@@ -702,7 +701,7 @@ fn stopping_a_busy_trace_loses_nothing() {
 fn a_stop_while_the_reader_stalls_writes_every_event_taken() {
     require_privileged();
     let target = Target::start(EVENT_STORM, &["--tasks", "120000", "--rate", "60000"]);
-    let tracer = trace_json(&target, |out| {
+    let tracer = trace_json(&target, &[], |out| {
         // Not a byte read until well after the stop (but within its 2 s for a reader
         // that makes no progress).
         thread::sleep(Duration::from_millis(1200));
