@@ -513,11 +513,13 @@ fn check_results(dir: &Path, mode: PidMode) -> Result<String> {
             let (min, max) = (field("min "), field("max "));
             let truth_min = *truth.pause_ns.iter().min().context("no pauses")? as f64;
             let truth_max = *truth.pause_ns.iter().max().context("no pauses")? as f64;
-            // Printed to 3 significant digits; the probes fire just inside gc-demo's own
-            // clock readings, a little later when the collector is preempted between the
-            // two on a busy machine (130 µs was seen): within 5%, gross errors only.
+            // The probes fire inside gc-demo's own clock readings, so a pause can only be
+            // shorter than gc-demo's: by the time the collector is preempted between its
+            // clock reading and the probe's program (1.6 ms was seen on two busy CPUs),
+            // as the attach tests allow (a quarter). Never longer, but for the 3
+            // significant digits it is printed to.
             let close = |seen: Option<f64>, truth: f64| {
-                seen.is_some_and(|s| (s - truth).abs() <= truth * 0.05)
+                seen.is_some_and(|s| s <= truth * 1.005 && s >= truth * 0.75)
             };
             if !close(min, truth_min) || !close(max, truth_max) {
                 return Err(fail(format!(
