@@ -47,7 +47,7 @@ fn counts_every_gc_and_buckets_the_known_pause() {
         .iter()
         .map(|v| v.as_u64().unwrap())
         .collect();
-    let within = |tracer: u64, truth: u64| tracer <= truth && tracer as f64 >= 0.75 * truth as f64;
+    let within = |tracer: u64, truth: u64| inside_target_span(tracer, truth, 0);
     let (min, max) = (
         pause["min_ns"].as_u64().unwrap(),
         pause["max_ns"].as_u64().unwrap(),
