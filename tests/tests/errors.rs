@@ -30,7 +30,12 @@ struct Victim {
 impl Victim {
     /// Starts it and returns once it is ready.
     fn start() -> Self {
-        let mut child = Command::new(GC_DEMO)
+        Self::start_program(Path::new(GC_DEMO))
+    }
+
+    /// Starts `program`, a copy of gc-demo, and returns once it is ready.
+    fn start_program(program: &Path) -> Self {
+        let mut child = Command::new(program)
             .arg("--wait-for-signal")
             .stdout(Stdio::piped())
             .spawn()
@@ -95,15 +100,16 @@ fn assert_fails_with(out: &Output, expected: &str, what: &str) {
     assert!(!err.contains("panicked"), "{what}: {err}");
 }
 
-/// Holds opens of a file by one process until let go (fanotify permission events), and
-/// lets everyone else's through at once: a test can then act at a known point of the
-/// tracer's start (kernel BTF is read first thing in `Loader::load`, just before the
-/// target's start time).
+/// Holds opens of some files by one process until let go (fanotify permission events),
+/// and lets everyone else's through at once: a test can then act at a known point of the
+/// tracer's start.
 struct OpenGate {
     fd: OwnedFd,
+    /// The files watched, as (device, inode).
+    files: Vec<(u64, u64)>,
 }
 
-/// An open held by [`OpenGate::wait_for`]; dropping it lets the open proceed.
+/// An open held by [`OpenGate::hold`]; dropping it lets the open proceed.
 struct HeldOpen<'a> {
     gate: &'a OpenGate,
     event_fd: i32,
@@ -115,8 +121,18 @@ impl Drop for HeldOpen<'_> {
     }
 }
 
+/// The (device, inode) of the file at `path`, following links.
+fn file_id(path: impl AsRef<Path>) -> std::io::Result<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt as _;
+    let meta = std::fs::metadata(path)?;
+    Ok((meta.dev(), meta.ino()))
+}
+
 impl OpenGate {
-    fn new(path: &str) -> Self {
+    /// Watches opens of `paths`. Every open of them by anyone waits until the gate reads
+    /// it (in [`Self::hold`] or [`Self::allow_until`]): start a process that opens one (a
+    /// program that execs one) before.
+    fn new(paths: &[&str]) -> Self {
         // SAFETY: plain syscalls; the path is NUL-terminated.
         let fd = unsafe {
             libc::fanotify_init(
@@ -131,19 +147,23 @@ impl OpenGate {
         );
         // SAFETY: fanotify_init returned a new fd nothing else owns.
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        let path = std::ffi::CString::new(path).unwrap();
-        // SAFETY: as above.
-        let rc = unsafe {
-            libc::fanotify_mark(
-                fd.as_raw_fd(),
-                libc::FAN_MARK_ADD,
-                libc::FAN_OPEN_PERM,
-                libc::AT_FDCWD,
-                path.as_ptr(),
-            )
-        };
-        assert_eq!(rc, 0, "fanotify_mark: {}", std::io::Error::last_os_error());
-        Self { fd }
+        let mut files = Vec::new();
+        for path in paths {
+            files.push(file_id(path).unwrap());
+            let path = std::ffi::CString::new(*path).unwrap();
+            // SAFETY: as above.
+            let rc = unsafe {
+                libc::fanotify_mark(
+                    fd.as_raw_fd(),
+                    libc::FAN_MARK_ADD,
+                    libc::FAN_OPEN_PERM,
+                    libc::AT_FDCWD,
+                    path.as_ptr(),
+                )
+            };
+            assert_eq!(rc, 0, "fanotify_mark: {}", std::io::Error::last_os_error());
+        }
+        Self { fd, files }
     }
 
     fn allow(&self, event_fd: i32) {
@@ -162,67 +182,117 @@ impl OpenGate {
         }
     }
 
-    /// Waits for process `pid` to open the file, letting other processes' opens through,
-    /// and returns with that open held; `None` if `pid` did not open it before `timeout`
-    /// or while `alive` says it runs.
-    fn wait_for(
+    /// The open events that arrive within `timeout_ms` (none if none did).
+    fn events(&self, timeout_ms: i32) -> Vec<libc::fanotify_event_metadata> {
+        let mut poll = libc::pollfd {
+            fd: self.fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        if unsafe { libc::poll(&mut poll, 1, timeout_ms) } <= 0 {
+            return Vec::new();
+        }
+        let mut buf = vec![0u8; 4096];
+        // SAFETY: reads into buf, of the length given.
+        let n = unsafe { libc::read(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+        assert!(
+            n > 0,
+            "reading fanotify: {}",
+            std::io::Error::last_os_error()
+        );
+        let mut events = Vec::new();
+        let mut at = 0;
+        while at + std::mem::size_of::<libc::fanotify_event_metadata>() <= n as usize {
+            // SAFETY: the kernel wrote whole event records; read_unaligned copes with any
+            // alignment.
+            let event: libc::fanotify_event_metadata =
+                unsafe { std::ptr::read_unaligned(buf[at..].as_ptr().cast()) };
+            at += event.event_len as usize;
+            if event.fd >= 0 {
+                events.push(event);
+            }
+        }
+        events
+    }
+
+    /// Waits for process `pid` to open each watched file, letting other processes' opens
+    /// (and its later opens of a file held) through, and returns with the first open of
+    /// each held, in the order of the paths given; `None` if `pid` did not open them all
+    /// before `timeout` or while `alive` says it runs.
+    fn hold(
         &self,
         pid: u32,
         timeout: Duration,
         mut alive: impl FnMut() -> bool,
-    ) -> Option<HeldOpen<'_>> {
+    ) -> Option<Vec<HeldOpen<'_>>> {
         let deadline = Instant::now() + timeout;
-        let mut buf = vec![0u8; 4096];
-        let mut held = None;
-        while held.is_none() && Instant::now() < deadline && alive() {
-            let mut poll = libc::pollfd {
-                fd: self.fd.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            // SAFETY: one valid pollfd.
-            if unsafe { libc::poll(&mut poll, 1, 50) } <= 0 {
-                continue;
+        let mut held: Vec<Option<HeldOpen>> = self.files.iter().map(|_| None).collect();
+        while held.iter().any(Option::is_none) {
+            if Instant::now() >= deadline || !alive() {
+                return None;
             }
-            // SAFETY: reads into buf, of the length given.
-            let n = unsafe { libc::read(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
-            assert!(
-                n > 0,
-                "reading fanotify: {}",
-                std::io::Error::last_os_error()
-            );
-            let mut at = 0;
-            while at + std::mem::size_of::<libc::fanotify_event_metadata>() <= n as usize {
-                // SAFETY: the kernel wrote whole event records; read_unaligned copes with
-                // any alignment.
-                let event: libc::fanotify_event_metadata =
-                    unsafe { std::ptr::read_unaligned(buf[at..].as_ptr().cast()) };
-                at += event.event_len as usize;
-                if event.fd < 0 {
-                    continue;
-                }
-                if event.pid as u32 == pid && held.is_none() {
-                    held = Some(HeldOpen {
-                        gate: self,
-                        event_fd: event.fd,
-                    });
-                } else {
-                    self.allow(event.fd);
+            for event in self.events(50) {
+                let file = file_id(format!("/proc/self/fd/{}", event.fd)).ok();
+                let slot = self.files.iter().position(|f| Some(*f) == file);
+                match slot.map(|i| &mut held[i]) {
+                    Some(slot @ None) if event.pid as u32 == pid => {
+                        *slot = Some(HeldOpen {
+                            gate: self,
+                            event_fd: event.fd,
+                        })
+                    }
+                    _ => self.allow(event.fd),
                 }
             }
         }
-        held
+        Some(held.into_iter().flatten().collect())
+    }
+
+    /// Lets every open through until `done` says so (true) or `timeout` passes (false).
+    fn allow_until(&self, timeout: Duration, mut done: impl FnMut() -> bool) -> bool {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if done() {
+                return true;
+            }
+            for event in self.events(1) {
+                self.allow(event.fd);
+            }
+        }
+        false
     }
 }
 
-/// Starts `tracer COMMAND --pid PID`, kills the target (reaped or left a zombie) while the
-/// tracer's open of kernel BTF is held, so it exits just before the tracer reads its start
-/// time, and returns the tracer's output.
+/// A check that thread `tid` has slept on a futex for `long` without a break, for each
+/// look at it.
+fn parked_on_futex(tid: u32, long: Duration) -> impl FnMut() -> bool {
+    let wchan = format!("/proc/{tid}/task/{tid}/wchan");
+    let mut since = None;
+    move || {
+        let parked = std::fs::read_to_string(&wchan).is_ok_and(|w| w.starts_with("futex"));
+        match (parked, since) {
+            (false, _) => since = None,
+            (true, None) => since = Some(Instant::now()),
+            (true, Some(at)) => return at.elapsed() >= long,
+        }
+        false
+    }
+}
+
+/// Starts `tracer COMMAND --pid PID` and kills the target (reaped or left a zombie) at a
+/// known point: the tracer has found it and scanned it, and waits for kernel BTF (its
+/// read held here) to read the target's start time. Returns the tracer's output.
 fn exit_while_loading(command: &str, reap: bool) -> (u32, Output) {
-    let gate = OpenGate::new(KERNEL_BTF);
-    let mut target = Victim::start();
-    let pid = target.pid;
     let dir = out_dir(&format!("exit-{command}"));
+    // A copy of its own: the gate holds every open of the file, and the other tests,
+    // running beside this one, start gc-demo too. Their children, forked while the gate
+    // is open, share its descriptor until they exec, so one whose exec waited for it
+    // would wait forever.
+    let program = executable_copy(GC_DEMO, &dir);
+    let mut target = Victim::start_program(&program);
+    let pid = target.pid;
+    let gate = OpenGate::new(&[KERNEL_BTF, program.to_str().unwrap()]);
     let mut tracer = Command::new(tracer_bin())
         .args([command, "--pid", &pid.to_string(), "--duration", "5s", "-o"])
         .arg(&dir)
@@ -231,16 +301,27 @@ fn exit_while_loading(command: &str, reap: bool) -> (u32, Output) {
         .spawn()
         .unwrap();
     let tracer_pid = tracer.id();
-    let held = gate.wait_for(tracer_pid, Duration::from_secs(60), || {
+    let held = gate.hold(tracer_pid, Duration::from_secs(60), || {
         Path::new(&format!("/proc/{tracer_pid}")).exists()
             && tracer.try_wait().ok().flatten().is_none()
     });
+    let Some([kernel_btf, executable]) = held.and_then(|h| <[_; 2]>::try_from(h).ok()) else {
+        panic!("{command}: the tracer never opened both {KERNEL_BTF} and its target");
+    };
+    // It opened the target's executable: it found the target, and scans it now. The load
+    // then waits for the kernel types (a thread of its own reads them from the start),
+    // on a futex while we hold them; it reads the target's start time right after. Other
+    // waits of its main thread's start end by themselves within milliseconds.
+    drop(executable);
     assert!(
-        held.is_some(),
-        "{command}: the tracer never read {KERNEL_BTF}"
+        gate.allow_until(
+            Duration::from_secs(60),
+            parked_on_futex(tracer_pid, Duration::from_millis(300))
+        ),
+        "{command}: the tracer never waited for kernel BTF"
     );
     target.kill(reap);
-    drop(held);
+    drop(kernel_btf);
     drop(gate);
     (pid, tracer.wait_with_output().unwrap())
 }
