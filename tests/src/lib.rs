@@ -82,6 +82,16 @@ pub fn gettid() -> i32 {
     unsafe { libc::gettid() }
 }
 
+/// The calling thread's involuntary context switches so far (preemptions).
+pub fn preemptions() -> u64 {
+    // SAFETY: rusage is plain data; getrusage fills it for the calling thread.
+    unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_THREAD, &mut usage);
+        usage.ru_nivcsw as u64
+    }
+}
+
 /// A hand-rolled parser for `--flag`, `--flag VALUE` and `--flag=VALUE` arguments.
 pub struct Args {
     args: std::vec::IntoIter<String>,

@@ -56,6 +56,10 @@
 //! - `sleep_in_demo_io_calls`, `wait_for_demo_lock_calls`: number of calls;
 //! - `wait_for_gc_end_ns`: total time workers spent blocked in `wait_for_gc_end` (all
 //!   workers added up; only calls that found the world stopped count);
+//! - `first_gc_begin_monotonic_ns`: CLOCK_MONOTONIC just before the first `gc__begin`;
+//! - `gc_preemptions`: how often the collecting thread was preempted (involuntary context
+//!   switches) inside the probes from `gc__begin` to `gc__end` (each a trap in which every
+//!   attached tracer's program runs), all collections added up;
 //! - `tasks`: one object per worker: `name`, task `id`, thread `tid`, `runs` (the number of
 //!   rt__run__task events, equal to the number of rt__pause__task events; the waiter's is
 //!   one more than its lock waits, as its last run ends when the holder hangs up).
@@ -73,7 +77,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
-use tests::{Args, announce_ready, gettid, json_array, monotonic_ns, print_line};
+use tests::{Args, announce_ready, gettid, json_array, monotonic_ns, preemptions, print_line};
 
 /// Share of the pause spent marking; the rest is sweeping.
 const MARK_PERCENT: u32 = 60;
@@ -270,6 +274,9 @@ struct Collection {
     pause: Duration,
     stw: Duration,
     full: bool,
+    /// Times the collecting thread was preempted inside the probes from `gc__begin` to
+    /// `gc__end`.
+    preempted: u64,
 }
 
 /// Runs `config.gcs` collections on the calling thread.
@@ -279,19 +286,33 @@ fn run_collections(world: &World, config: &Config) -> Vec<Collection> {
     let mut collections = Vec::with_capacity(config.gcs as usize);
     for i in 0..config.gcs {
         let full = i % 4 == 0;
+        // Each probe is a trap in which every attached tracer's program runs, one after
+        // the other: a preemption inside one may split them. (A macro, not a closure: the
+        // probes stay in this function's frame.)
+        let mut preempted = 0;
+        macro_rules! fire {
+            ($probe:expr) => {{
+                let before = preemptions();
+                $probe;
+                preempted += preemptions() - before;
+            }};
+        }
         let start = Instant::now();
         let began_ns = monotonic_ns();
-        probes::gc_begin(i);
+        fire!(probes::gc_begin(i));
         world.stop();
         let stw = start.elapsed();
-        probes::gc_stop_the_world();
-        probes::gc_mark_begin();
+        fire!(probes::gc_stop_the_world());
+        fire!(probes::gc_mark_begin());
         black_box(gc_mark(start + mark));
-        probes::gc_mark_end((i as i64 + 1) * 1_048_576, i as i64 * 4096);
-        probes::gc_sweep_begin(full);
+        fire!(probes::gc_mark_end(
+            (i as i64 + 1) * 1_048_576,
+            i as i64 * 4096
+        ));
+        fire!(probes::gc_sweep_begin(full));
         black_box(gc_sweep(start + config.pause));
-        probes::gc_sweep_end();
-        probes::gc_end();
+        fire!(probes::gc_sweep_end());
+        fire!(probes::gc_end());
         let pause = start.elapsed();
         world.restart();
         probes::gc_finalizer();
@@ -300,6 +321,7 @@ fn run_collections(world: &World, config: &Config) -> Vec<Collection> {
             pause,
             stw,
             full,
+            preempted,
         });
         thread::sleep(config.interval);
     }
@@ -517,7 +539,7 @@ fn main() -> Result<()> {
             r#""sleep_in_demo_io_ns":{},"wait_for_demo_lock_ns":{},"wall_ns":{},"#,
             r#""pause_ms":{},"interval_ms":{},"sleep_ms":{},"work_us":{},"full_sweeps":{},"#,
             r#""sleep_in_demo_io_calls":{},"wait_for_demo_lock_calls":{},"wait_for_gc_end_ns":{},"#,
-            r#""first_gc_begin_monotonic_ns":{},"tasks":[{}]}}"#
+            r#""first_gc_begin_monotonic_ns":{},"gc_preemptions":{},"tasks":[{}]}}"#
         ),
         std::process::id(),
         config.gcs,
@@ -538,6 +560,7 @@ fn main() -> Result<()> {
         collections
             .first()
             .map_or("null".to_string(), |c| c.began_ns.to_string()),
+        collections.iter().map(|c| c.preempted).sum::<u64>(),
         tasks.join(","),
     ))
 }

@@ -804,6 +804,19 @@ pub fn near(a: u64, b: u64, relative: f64, absolute_ns: u64) -> bool {
     diff <= absolute_ns || diff as f64 <= relative * b as f64
 }
 
+/// Whether two tracers' times of the same `spans` (totals, or one span each) agree. Both
+/// programs run in the same uprobe traps, one after the other: microseconds apart, 50 µs
+/// a span allowed. A busy machine may also preempt the target between them (the kernel
+/// runs a trap's handlers preemptibly; 1.7 ms seen in CI, about one other task's time
+/// slice): 4 ms more for each of the target's `preemptions` inside the spans (gc-demo
+/// counts them; allow one where the target does not).
+pub fn tracers_agree(a_ns: u64, b_ns: u64, spans: u64, preemptions: u64) -> bool {
+    a_ns.abs_diff(b_ns) <= spans * 50_000 + preemptions * ONE_PREEMPTION_NS
+}
+
+/// What one preemption of a busy machine may take from a span (1.7 ms seen in CI).
+pub const ONE_PREEMPTION_NS: u64 = 4_000_000;
+
 /// Whether `probed_ns`, measured between two probes, fits the target's own measurement
 /// `truth_ns` of the same span: the target reads its clock just before the first probe
 /// and just after the second, so the probes' span is never longer (but for `rounding_ns`,
