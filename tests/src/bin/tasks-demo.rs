@@ -21,11 +21,14 @@
 //!
 //! # Ground truth
 //! At the end one JSON line: `{"pid":..,"tasks":[{"id":1,"name":"spinner","tid":..,
-//! "runs":..,"running_ns":..,"oncpu_ns":..,"blocked_ns":..,"parked_ns":..},..]}`: per
-//! task, its runs, the time from each run probe to the next pause (running), the thread's
-//! CPU time in there (on CPU), the time inside its blocking system call while running
-//! (blocked), and from each pause to the next run (parked), all on the task's own thread
-//! and clocks (CLOCK_MONOTONIC, CLOCK_THREAD_CPUTIME_ID).
+//! "runs":..,"running_ns":..,"running_with_probes_ns":..,"oncpu_ns":..,"blocked_ns":..,
+//! "blocked_oncpu_ns":..,"parked_ns":..},..]}`: per task, its runs, the time from each
+//! run probe to the next pause (running: from just after the one to just before the other;
+//! and with probes: from just before to just after, so with the traps in which tracers
+//! run), the thread's CPU time in there (on CPU), the time inside its blocking system call
+//! while running (blocked) and the thread's CPU time inside it (the call's entry and exit,
+//! and what the kernel did for it on CPU), and from each pause to the next run (parked),
+//! all on the task's own thread and clocks (CLOCK_MONOTONIC, CLOCK_THREAD_CPUTIME_ID).
 
 use std::{
     hint::black_box,
@@ -75,11 +78,15 @@ struct TaskClock {
     tid: i32,
     runs: u64,
     running_ns: u64,
+    running_with_probes_ns: u64,
     oncpu_ns: u64,
     blocked_ns: u64,
+    blocked_oncpu_ns: u64,
     parked_ns: u64,
     /// When it last ran or paused (monotonic, thread CPU), while running / parked.
     run_since: Option<(u64, u64)>,
+    /// When it was about to run (monotonic), while running.
+    run_probe_since: Option<u64>,
     parked_since: Option<u64>,
 }
 
@@ -93,6 +100,7 @@ impl TaskClock {
 
     /// The task is switched to: `rt__run__task`, then its clocks start.
     fn run(&mut self, task: u64) {
+        self.run_probe_since = Some(monotonic_ns());
         probes::rt_run_task(task);
         let now = monotonic_ns();
         if let Some(since) = self.parked_since.take() {
@@ -111,6 +119,9 @@ impl TaskClock {
         }
         self.parked_since = Some(monotonic_ns());
         probes::rt_pause_task(task);
+        if let Some(since) = self.run_probe_since.take() {
+            self.running_with_probes_ns += monotonic_ns() - since;
+        }
     }
 
     /// The task is done (outside a run: parked until now): `rt__finish__task`.
@@ -123,8 +134,15 @@ impl TaskClock {
 
     fn json(&self, id: u64, name: &str) -> String {
         format!(
-            r#"{{"id":{id},"name":"{name}","tid":{},"runs":{},"running_ns":{},"oncpu_ns":{},"blocked_ns":{},"parked_ns":{}}}"#,
-            self.tid, self.runs, self.running_ns, self.oncpu_ns, self.blocked_ns, self.parked_ns
+            r#"{{"id":{id},"name":"{name}","tid":{},"runs":{},"running_ns":{},"running_with_probes_ns":{},"oncpu_ns":{},"blocked_ns":{},"blocked_oncpu_ns":{},"parked_ns":{}}}"#,
+            self.tid,
+            self.runs,
+            self.running_ns,
+            self.running_with_probes_ns,
+            self.oncpu_ns,
+            self.blocked_ns,
+            self.blocked_oncpu_ns,
+            self.parked_ns
         )
     }
 }
@@ -142,12 +160,14 @@ fn spin_while_running(duration: Duration) -> u64 {
     x
 }
 
-/// Sleeps `duration` in a system call while the task runs; returns the time inside.
+/// Sleeps `duration` in a system call while the task runs; returns the time inside, and
+/// the thread's CPU time inside.
 #[inline(never)]
-fn sleep_while_running(duration: Duration) -> u64 {
-    let start = monotonic_ns();
+fn sleep_while_running(duration: Duration) -> (u64, u64) {
+    let (start, cpu_start) = (monotonic_ns(), thread_cpu_ns());
     thread::sleep(black_box(duration));
-    monotonic_ns() - start
+    let cpu = thread_cpu_ns() - cpu_start;
+    (monotonic_ns() - start, cpu)
 }
 
 /// About 100 µs of work.
@@ -187,7 +207,9 @@ fn worker_a(config: &Config, lock: &RuntimeLock) -> (TaskClock, TaskClock) {
         black_box(spin_while_running(config.spin));
         spinner.pause(SPINNER);
         sleeper.run(SLEEPER);
-        sleeper.blocked_ns += sleep_while_running(config.sleep);
+        let (blocked, blocked_oncpu) = sleep_while_running(config.sleep);
+        sleeper.blocked_ns += blocked;
+        sleeper.blocked_oncpu_ns += blocked_oncpu;
         sleeper.pause(SLEEPER);
         let mut state = lock.state.lock().unwrap();
         state.0 = round;
