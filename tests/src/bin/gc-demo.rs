@@ -46,7 +46,9 @@
 //! # Ground truth
 //! One JSON line, fields in this order:
 //! - `pid`, `gcs` (N), `pause_ns`: per collection, `Instant` read just before `gc__begin`
-//!   to just after `gc__end`; `stw_ns`: from the same start to just before
+//!   to just after `gc__end`; `pause_inner_ns`: from just after `gc__begin` returned to
+//!   just before `gc__end` (a tracer's span between the two probes lies between the two
+//!   figures, however long a preemption around a probe); `stw_ns`: from the same start to just before
 //!   `gc__stop_the_world`;
 //! - `sleep_in_demo_io_ns`, `wait_for_demo_lock_ns`: total time spent inside those
 //!   functions (each reads the clock at its start and end); `wall_ns`: from the signal (or
@@ -272,6 +274,9 @@ struct Collection {
     /// CLOCK_MONOTONIC just before `gc__begin` fired.
     began_ns: u64,
     pause: Duration,
+    /// From just after `gc__begin` returned to just before `gc__end` fired: a tracer's
+    /// span between the two lies between this and `pause`.
+    pause_inner: Duration,
     stw: Duration,
     full: bool,
     /// Times the collecting thread was preempted inside the probes from `gc__begin` to
@@ -300,6 +305,7 @@ fn run_collections(world: &World, config: &Config) -> Vec<Collection> {
         let start = Instant::now();
         let began_ns = monotonic_ns();
         fire!(probes::gc_begin(i));
+        let after_begin = Instant::now();
         world.stop();
         let stw = start.elapsed();
         fire!(probes::gc_stop_the_world());
@@ -312,6 +318,7 @@ fn run_collections(world: &World, config: &Config) -> Vec<Collection> {
         fire!(probes::gc_sweep_begin(full));
         black_box(gc_sweep(start + config.pause));
         fire!(probes::gc_sweep_end());
+        let pause_inner = after_begin.elapsed();
         fire!(probes::gc_end());
         let pause = start.elapsed();
         world.restart();
@@ -319,6 +326,7 @@ fn run_collections(world: &World, config: &Config) -> Vec<Collection> {
         collections.push(Collection {
             began_ns,
             pause,
+            pause_inner,
             stw,
             full,
             preempted,
@@ -520,6 +528,7 @@ fn main() -> Result<()> {
 
     let ns = |d: Duration| d.as_nanos() as u64;
     let pauses: Vec<u64> = collections.iter().map(|c| ns(c.pause)).collect();
+    let inner_pauses: Vec<u64> = collections.iter().map(|c| ns(c.pause_inner)).collect();
     let stws: Vec<u64> = collections.iter().map(|c| ns(c.stw)).collect();
     let full_sweeps = collections.iter().filter(|c| c.full).count();
     let task = |name: &str, id: u64, stats: &WorkerStats| {
@@ -535,7 +544,7 @@ fn main() -> Result<()> {
     ];
     print_line(&format!(
         concat!(
-            r#"{{"pid":{},"gcs":{},"pause_ns":{},"stw_ns":{},"#,
+            r#"{{"pid":{},"gcs":{},"pause_ns":{},"pause_inner_ns":{},"stw_ns":{},"#,
             r#""sleep_in_demo_io_ns":{},"wait_for_demo_lock_ns":{},"wall_ns":{},"#,
             r#""pause_ms":{},"interval_ms":{},"sleep_ms":{},"work_us":{},"full_sweeps":{},"#,
             r#""sleep_in_demo_io_calls":{},"wait_for_demo_lock_calls":{},"wait_for_gc_end_ns":{},"#,
@@ -544,6 +553,7 @@ fn main() -> Result<()> {
         std::process::id(),
         config.gcs,
         json_array(&pauses),
+        json_array(&inner_pauses),
         json_array(&stws),
         ns(sleeper.blocked),
         ns(waiter.blocked),
