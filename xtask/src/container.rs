@@ -689,14 +689,14 @@ mod tests {
                 r.replace("[4K, 8K)              10", "[4K, 8K)               9")
             }),
             ("task 3", |r| {
-                r.replace("       5       5", "       5       4")
+                r.replace("324ms       6       6", "324ms       6       5")
             }),
             ("max", |r| {
-                r.replace("max 10.0ms, p50 9.94ms", "max 12.0ms, p50 9.94ms")
+                r.replace("max 10.0ms, p50 10.0ms", "max 12.0ms, p50 10.0ms")
             }),
-            ("thread 17425", |r| r.replace("17425", "99999")),
-            ("Traced process 17409", |r| {
-                r.replace("process 17409", "process 1")
+            ("thread 24844", |r| r.replace("24844", "99999")),
+            ("Traced process 24811", |r| {
+                r.replace("process 24811", "process 1")
             }),
         ];
         for (what, edit) in cases {
