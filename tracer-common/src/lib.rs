@@ -6,6 +6,7 @@
 #![no_std]
 
 pub mod histogram;
+pub mod python;
 
 /// The most arguments a USDT probe can carry (SystemTap SDT v3).
 pub const MAX_USDT_ARGS: usize = 12;
@@ -73,6 +74,12 @@ pub mod map_names {
     /// Processes held (stopped) at the dynamic loader's `_dl_debug_state` until user
     /// space has attached the objects they mapped.
     pub const HELD: &str = "HELD";
+    /// CPython interpreters of target processes, by tgid ([`super::python::PythonProcess`]).
+    pub const PYTHON_PROCESSES: &str = "PYTHON_PROCESSES";
+    /// Each Python thread's thread state, by thread id ([`super::python::PythonThread`]).
+    pub const PYTHON_THREADS: &str = "PYTHON_THREADS";
+    /// Where a thread's Python frames are gathered before they go with a snapshot.
+    pub const PYTHON_SCRATCH: &str = "PYTHON_SCRATCH";
     /// Every name above, for the test that each is in the eBPF object.
     pub const ALL: &[&str] = &[
         USDT_SPECS,
@@ -104,6 +111,9 @@ pub mod map_names {
         USDT_STR_SCRATCH,
         HIT_STACKS,
         HELD,
+        PYTHON_PROCESSES,
+        PYTHON_THREADS,
+        PYTHON_SCRATCH,
     ];
 }
 
@@ -230,6 +240,9 @@ pub mod global_names {
     /// start and end.
     pub const TIMELINE_ON: &str = "TIMELINE_ON";
     pub const TIMELINE_MIN_BLOCK_NS: &str = "TIMELINE_MIN_BLOCK_NS";
+    /// Byte offset of `thread.fsbase` in `task_struct`: a thread's `pthread_self()`,
+    /// which CPython keeps in each thread state.
+    pub const TASK_FSBASE_OFFSET: &str = "TASK_FSBASE_OFFSET";
     /// Every name above, for the test that each is in the eBPF object.
     pub const ALL: &[&str] = &[
         TARGET_TGID,
@@ -262,6 +275,7 @@ pub mod global_names {
         TASKS_TRACED,
         TIMELINE_ON,
         TIMELINE_MIN_BLOCK_NS,
+        TASK_FSBASE_OFFSET,
     ];
 }
 
@@ -807,6 +821,8 @@ pub struct UnwindSample {
     pub _pad: u32,
     /// For an on-CPU sample: the runtime task the thread was running (0: none known).
     pub task: u64,
+    /// The thread's Python frames, when its process is a CPython interpreter.
+    pub python: python::PythonStack,
     pub stack: [u8; UNWIND_STACK_BYTES],
 }
 
@@ -823,6 +839,8 @@ pub struct ThreadRegs {
     pub ip: u64,
     pub sp: u64,
     pub bp: u64,
+    /// Its FS base (`pthread_self()`), which finds its Python thread state.
+    pub fsbase: u64,
 }
 
 /// Off-CPU snapshot ids start here, above every `STACKS` id and every id user space
@@ -857,6 +875,8 @@ pub struct LastSnapshot {
     pub sent_ns: u64,
     pub snapshot_id: i32,
     pub _pad: u32,
+    /// [`python::PythonStack::hash`] of the Python frames sent with it (0: none).
+    pub python_hash: u64,
 }
 
 /// Stack words a [`StackWords`] holds at most: a stack whose walk depends on more is
@@ -994,5 +1014,7 @@ mod pod {
         LastUserStack,
         KernelStack,
         ThreadRegs,
+        python::PythonProcess,
+        python::PythonThread,
     );
 }

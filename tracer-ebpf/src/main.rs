@@ -11,6 +11,7 @@
 mod args;
 mod offcpu;
 mod oncpu;
+mod python;
 mod snapshot;
 mod stacks;
 mod targets;
@@ -29,6 +30,7 @@ use tracer_common::{
     OffCpuStart, OffCpuTotal, OnCpuKey, ProbeHits, STACK_WORDS_SPAN, SnapshotCheck, TargetProcess,
     TaskId, TaskKey, TaskName, TaskState, TaskTotal, TaskWallKey, ThreadTask, TimelineEvent,
     UsdtSite, UsdtStrEvent, control, counter, histogram,
+    python::{PythonProcess, PythonStack, PythonThread},
 };
 
 /// Per-site argument specs and latency roles, indexed by the uprobe's BPF cookie.
@@ -183,6 +185,19 @@ static KERNEL_STACKS: HashMap<i32, KernelStack> =
 #[map]
 static KERNEL_STACK_SCRATCH: PerCpuArray<KernelStack> = PerCpuArray::with_max_entries(1, 0);
 
+/// CPython interpreters of target processes, by tgid: where their thread states are and
+/// how their frames are laid out (see `python`).
+#[map]
+static PYTHON_PROCESSES: HashMap<u32, PythonProcess> = HashMap::with_max_entries(4096, 0);
+
+/// Each Python thread's thread state, by thread id.
+#[map]
+static PYTHON_THREADS: LruHashMap<u32, PythonThread> = LruHashMap::with_max_entries(16384, 0);
+
+/// Where a thread's Python frames are gathered before they go with a snapshot.
+#[map]
+static PYTHON_SCRATCH: PerCpuArray<PythonStack> = PerCpuArray::with_max_entries(1, 0);
+
 /// Per-CPU sequence numbers of off-CPU snapshots.
 #[map]
 static SNAPSHOT_SEQ: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
@@ -265,6 +280,8 @@ static TASKS_TRACED: u32 = 0;
 static TIMELINE_ON: u32 = 0;
 #[unsafe(no_mangle)]
 static TIMELINE_MIN_BLOCK_NS: u64 = 0;
+#[unsafe(no_mangle)]
+static TASK_FSBASE_OFFSET: u32 = 0;
 
 /// Reads a global set before load; volatile so the compiler cannot fold the default in.
 #[inline(always)]

@@ -54,7 +54,7 @@ use crate::{
     KERNEL_STACK_SCRATCH, KERNEL_STACKS, LAST_USER_STACKS, MIN_BLOCK_NS, OFFCPU_SNAPSHOTS,
     OFFCPU_STARTS, OFFCPU_TIME, SNAPSHOT_CHECKS, SNAPSHOT_SEQ, STACK_WORDS_SCRATCH,
     TASK_EXEC_RUNTIME_OFFSET, TASK_WALL, TASKS_TRACED, THREAD_TASKS, TIMELINE_MIN_BLOCK_NS,
-    USER_STACK_SCRATCH, count, setting,
+    USER_STACK_SCRATCH, count, python, setting,
     snapshot::{self, Regs},
     stacks::stack_id,
     targets,
@@ -356,15 +356,19 @@ fn user_snapshot(ctx: &BtfTracePointContext, regs: &Regs, tgid: u32, tid: u32, n
     // Its check, once user space has unwound it.
     // SAFETY: map value pointer valid during the program; user space only replaces it.
     let check = last.and_then(|last| unsafe { SNAPSHOT_CHECKS.get(&last.snapshot_id) });
+    // A Python thread blocks at the same native place under many Python stacks.
+    let python = python::current_stack(tgid, tid, now);
+    let python_hash = python.map_or(0, |p| p.hash);
     // The key holds the instruction and stack pointers: only the rest is compared.
     if let (Some(last), Some(check)) = (last, check)
         && (check.uses_bp == 0 || last.bp == regs.bp)
+        && last.python_hash == python_hash
         && words_unchanged(&check.words, regs.sp)
     {
         return last.snapshot_id;
     }
     let snapshot_id = next_snapshot_id();
-    if !snapshot::send(regs, tgid, tid, NO_STACK, snapshot_id as u32, 0) {
+    if !snapshot::send(regs, tgid, tid, NO_STACK, snapshot_id as u32, 0, python) {
         count(counter::UNWIND_RING_FULL);
         return stack_id(ctx, BPF_F_USER_STACK as u64);
     }
@@ -385,6 +389,7 @@ fn user_snapshot(ctx: &BtfTracePointContext, regs: &Regs, tgid: u32, tid: u32, n
         sent_ns: now,
         snapshot_id,
         _pad: 0,
+        python_hash,
     };
     // LRU: a full map evicts another entry, whose thread then only sends a new snapshot.
     let _ = OFFCPU_SNAPSHOTS.insert(&place, &last, 0);

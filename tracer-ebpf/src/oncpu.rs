@@ -17,7 +17,7 @@ use aya_log_ebpf::debug;
 use tracer_common::{NO_STACK, OnCpuKey, TaskWallKey, counter, target_filter, task_wall};
 
 use crate::{
-    ONCPU_SAMPLES, count, offcpu,
+    ONCPU_SAMPLES, count, offcpu, python,
     snapshot::{self, Regs, is_user, saved_user_regs},
     stacks::stack_id,
     targets,
@@ -44,7 +44,10 @@ pub fn on_sample_dwarf(ctx: &PerfEventContext) {
     match user {
         Some(regs) => {
             let task = offcpu::running_task(tid);
-            if snapshot::send(&regs, tgid, tid, kernel_stack_id, 0, task) {
+            // SAFETY: the helper reads the clock only.
+            let now = unsafe { aya_ebpf::helpers::generated::bpf_ktime_get_ns() };
+            let python = python::current_stack(tgid, tid, now);
+            if snapshot::send(&regs, tgid, tid, kernel_stack_id, 0, task, python) {
                 return;
             }
             count(counter::UNWIND_RING_FULL);

@@ -6,9 +6,11 @@ use core::ffi::c_void;
 
 use aya_ebpf::{
     bindings::{pt_regs, task_struct},
-    helpers::generated::{bpf_get_current_task_btf, bpf_probe_read_user, bpf_task_pt_regs},
+    helpers::generated::{
+        bpf_get_current_task_btf, bpf_probe_read_kernel, bpf_probe_read_user, bpf_task_pt_regs,
+    },
 };
-use tracer_common::{UNWIND_STACK_BYTES, UnwindSample, counter};
+use tracer_common::{UNWIND_STACK_BYTES, UnwindSample, counter, python::PythonStack};
 
 use crate::{UNWIND_SAMPLES, count};
 
@@ -59,7 +61,7 @@ pub fn task_user_regs(task: *mut task_struct) -> Option<Regs> {
 
 /// Sends the current thread's user registers and stack (with its kernel stack id and, for
 /// an off-CPU snapshot, the snapshot's id; for an on-CPU sample, the runtime task it
-/// runs, or 0); false when the ring buffer is full.
+/// runs, or 0) and its Python frames, if any; false when the ring buffer is full.
 #[inline(always)]
 pub fn send(
     regs: &Regs,
@@ -68,6 +70,7 @@ pub fn send(
     kernel_stack_id: i32,
     snapshot_id: u32,
     task: u64,
+    python: Option<&PythonStack>,
 ) -> bool {
     let Some(mut entry) = UNWIND_SAMPLES.reserve::<UnwindSample>(0) else {
         return false;
@@ -85,6 +88,24 @@ pub fn send(
         (*sample).snapshot_id = snapshot_id;
         (*sample)._pad = 0;
         (*sample).task = task;
+        let python_at = core::ptr::addr_of_mut!((*sample).python);
+        match python {
+            // A copy between two buffers of the kernel's: the scratch map and the ring.
+            Some(python) => {
+                bpf_probe_read_kernel(
+                    python_at as *mut c_void,
+                    core::mem::size_of::<PythonStack>() as u32,
+                    python as *const PythonStack as *const c_void,
+                );
+            }
+            None => {
+                (*python_at).count = 0;
+                (*python_at).truncated = 0;
+                (*python_at).boundaries = 0;
+                (*python_at).hash = 0;
+                (*python_at)._pad = 0;
+            }
+        }
         let stack = core::ptr::addr_of_mut!((*sample).stack) as *mut u8;
         read_user_stack(stack, regs.sp)
     };

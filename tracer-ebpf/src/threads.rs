@@ -55,6 +55,10 @@ pub fn on_task(ctx: *const IterTask) {
         ip: regs.ip,
         sp: regs.sp,
         bp: regs.bp,
+        fsbase: crate::targets::trusted_field(
+            task as *const u8,
+            crate::setting(&crate::TASK_FSBASE_OFFSET),
+        ),
     };
     // SAFETY: `meta` is the iterator's metadata (a trusted pointer the verifier checks
     // the load against); the helper copies `record` from our stack.

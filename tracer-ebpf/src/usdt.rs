@@ -113,7 +113,10 @@ fn event_stacks(ctx: &ProbeContext, site: &UsdtSite, pid_tgid: u64) -> (i32, i32
     };
     let id = crate::offcpu::next_snapshot_id();
     let (tgid, tid) = ((pid_tgid >> 32) as u32, pid_tgid as u32);
-    let user = if snapshot::send(&regs, tgid, tid, NO_STACK, id as u32, 0) {
+    // SAFETY: the helper reads the clock only.
+    let now = unsafe { aya_ebpf::helpers::generated::bpf_ktime_get_ns() };
+    let python = crate::python::current_stack(tgid, tid, now);
+    let user = if snapshot::send(&regs, tgid, tid, NO_STACK, id as u32, 0, python) {
         id
     } else {
         count(counter::UNWIND_RING_FULL);

@@ -15,7 +15,9 @@
 //!   (`wallclock` also writes pprof and speedscope files);
 //! - `stacks`: naming recorded stacks as frames (user, kernel, process; the `_[k]` and
 //!   ` [fp]` marks), the one home of stack naming;
-//! - `symbolize`: naming addresses (blazesym);
+//! - `symbolize`: naming addresses (blazesym), and `frame_tokens` the frames that have no
+//!   address (a Python function at a line);
+//! - `python`: CPython's frames read from the interpreter and merged into user stacks;
 //! - `threads`: what each thread of a process is doing now, read from /proc (`tracer stacks`);
 //! - `unwind`: DWARF unwinding of user stack snapshots (framehop), for binaries without
 //!   frame pointers;
@@ -29,6 +31,7 @@ pub mod btf;
 pub mod cli;
 pub mod commands;
 pub mod console;
+pub mod frame_tokens;
 #[cfg(test)]
 mod golden;
 pub mod histogram;
@@ -40,6 +43,7 @@ pub mod privileges;
 pub mod probe_plan;
 pub mod processes;
 pub mod procfs;
+pub mod python;
 pub mod render;
 pub mod report;
 pub mod runtimes;

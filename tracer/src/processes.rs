@@ -113,6 +113,11 @@ impl Processes {
         self.processes.get(&tgid)
     }
 
+    /// Every process seen, by tgid.
+    pub fn iter(&self) -> impl Iterator<Item = (u32, &ProcessInfo)> {
+        self.processes.iter().map(|(&tgid, info)| (tgid, info))
+    }
+
     pub fn len(&self) -> usize {
         self.processes.len()
     }

@@ -20,12 +20,13 @@ use crate::{
     },
     processes::Processes,
     procfs,
+    python::Interpreters,
     stacks::{FRAME_POINTER_SUFFIX, KERNEL_SUFFIX, StackSource},
     stop::{self, StopReason},
     symbolize::StackSymbolizer,
     targets::KernelTargets,
     threads::{self, SnapshotOptions, ThreadState},
-    unwind::{DwarfUnwinder, Snapshot, UnwindStats, UnwoundStack, WithUnwound},
+    unwind::{DwarfUnwinder, Snapshot, StackMerger, UnwindStats, UnwoundStack, WithUnwound},
     wallclock::{self, BuildOptions, FIRST_SEEDED_ID, RawProfile, TaskEntries, WallClockProfile},
 };
 
@@ -46,6 +47,8 @@ pub struct WallClockSampler {
     /// Every process is sampled.
     system_wide: bool,
     unwinding: Option<Unwinding>,
+    /// The CPython interpreters of the processes sampled, whose frames the kernel walks.
+    interpreters: Interpreters,
     /// The stacks of the threads blocked when sampling started.
     seeds: Seeds,
     /// CLOCK_MONOTONIC when sampling started.
@@ -109,6 +112,10 @@ impl WallClockSampler {
         processes: &Processes,
     ) -> Result<Self> {
         let dwarf = sampling.unwind == UnwindMethod::Dwarf;
+        let mut interpreters = Interpreters::default();
+        if dwarf {
+            register_python_processes(loader, processes, &mut interpreters);
+        }
         let stacks = match sampling.unwind {
             UnwindMethod::Dwarf => UserStacks::Snapshots,
             UnwindMethod::Fp => UserStacks::FramePointers,
@@ -134,7 +141,8 @@ impl WallClockSampler {
         let started_ns = stop::monotonic_ns();
         let mut seeds = Seeds::default();
         for member in targets.iter().flat_map(|t| &t.members) {
-            let marks = seeds.mark_threads(loader, member.pid, started_ns, processes);
+            let marks =
+                seeds.mark_threads(loader, member.pid, started_ns, processes, &mut interpreters);
             loader.seed_offcpu_starts(&marks)?;
         }
         let set = targets.filter(|t| t.single.is_none());
@@ -143,6 +151,7 @@ impl WallClockSampler {
             targets: set.map(|_| loader.targets_map()).transpose()?,
             system_wide: targets.is_none(),
             unwinding,
+            interpreters,
             seeds,
             started_ns,
             cpus,
@@ -158,8 +167,13 @@ impl WallClockSampler {
     /// Unwinds the snapshots waiting (with `--unwind dwarf`); call every [`DRAIN_PERIOD`].
     pub fn drain(&mut self, processes: &mut Processes) {
         if let Some(unwinding) = self.unwinding.as_mut() {
-            unwinding.drain(processes);
+            unwinding.drain(processes, &mut self.interpreters);
         }
+    }
+
+    /// The CPython interpreters found in the processes profiled.
+    pub fn interpreters(&self) -> &Interpreters {
+        &self.interpreters
     }
 
     /// Captures the processes that joined a set of targets (their names and mappings,
@@ -291,7 +305,7 @@ impl WallClockSampler {
 /// second. Never finishes on its own.
 pub async fn run_sampler(
     sampler: &mut WallClockSampler,
-    loader: &Loader,
+    loader: &mut Loader,
     processes: &mut Processes,
 ) -> std::io::Result<StopReason> {
     let mut chores = SamplerChores::default();
@@ -326,7 +340,7 @@ impl SamplerChores {
     pub fn run(
         &mut self,
         sampler: &mut WallClockSampler,
-        loader: &Loader,
+        loader: &mut Loader,
         processes: &mut Processes,
     ) {
         let due = |at: Option<std::time::Instant>, every: Duration| {
@@ -338,11 +352,31 @@ impl SamplerChores {
         }
         if due(self.observed, OBSERVE_PERIOD) {
             sampler.observe_targets(processes);
+            if sampler.unwinds() {
+                register_python_processes(loader, processes, &mut sampler.interpreters);
+            }
             self.observed = Some(std::time::Instant::now());
         }
         if due(self.refreshed, Duration::from_secs(1)) {
             sampler.refresh(loader, processes);
             self.refreshed = Some(std::time::Instant::now());
+        }
+    }
+}
+
+/// Tells the kernel of the Python interpreters found ready since the last call, so
+/// their threads' snapshots carry Python frames.
+pub fn register_python_processes(
+    loader: &mut Loader,
+    processes: &Processes,
+    interpreters: &mut Interpreters,
+) {
+    for (tgid, info) in processes.iter() {
+        interpreters.find(tgid, info.maps.as_ref());
+    }
+    for (tgid, process) in interpreters.ready_for_kernel() {
+        if let Err(e) = loader.add_python_process(tgid, &process) {
+            log::warn!("process {tgid}: no Python frames: {e}");
         }
     }
 }
@@ -399,6 +433,7 @@ impl Seeds {
         pid: u32,
         started_ns: u64,
         processes: &Processes,
+        interpreters: &mut Interpreters,
     ) -> Vec<(u32, OffCpuStart)> {
         // The frame pointers /proc does not give, read first, so that they are those of
         // the registers /proc then shows (the snapshot checks they agree).
@@ -415,6 +450,7 @@ impl Seeds {
         };
         let snapshots = threads::snapshot_threads_with(pid, &options).unwrap_or_default();
         let maps = processes.get(pid).and_then(|p| p.maps.as_ref());
+        let mut python = interpreters.find(pid, maps);
         let mut unwinder = DwarfUnwinder::new();
         let id_for = |stacks: &mut Self, user: Option<UnwoundStack>, kernel: Vec<String>| {
             let mut ids = [NO_STACK, NO_STACK];
@@ -438,7 +474,11 @@ impl Seeds {
                     Some(thread) => {
                         let user = maps
                             .zip(thread.unwind_snapshot(pid))
-                            .map(|(maps, snapshot)| unwinder.unwind_one(&snapshot, maps).0);
+                            .map(|(maps, snapshot)| unwinder.unwind_one(&snapshot, maps).0)
+                            .map(|stack| match (python.as_deref_mut(), thread.fsbase()) {
+                                (Some(python), Some(fsbase)) => python.merge_thread(stack, fsbase),
+                                _ => stack,
+                            });
                         id_for(self, user, thread.kernel_frame_names())
                     }
                     None => [NO_STACK, NO_STACK],
@@ -503,7 +543,7 @@ struct Unwinding {
 impl Unwinding {
     /// Unwinds every stack snapshot waiting in the ring buffer, capturing the mappings
     /// of processes seen for the first time, and lets the kernel reuse the off-CPU ones.
-    fn drain(&mut self, processes: &mut Processes) {
+    fn drain(&mut self, processes: &mut Processes, interpreters: &mut Interpreters) {
         let Self {
             ring,
             checks,
@@ -517,7 +557,13 @@ impl Unwinding {
             let maps = processes
                 .get(snapshot.tgid)
                 .and_then(|info| info.maps.as_ref());
-            if let Some(check) = unwinder.add(&snapshot, maps)
+            let merger = match &snapshot.python {
+                Some(_) => interpreters
+                    .find(snapshot.tgid, maps)
+                    .map(|p| p as &mut dyn StackMerger),
+                None => None,
+            };
+            if let Some(check) = unwinder.add(&snapshot, maps, merger)
                 && let Err(e) = checks.publish(snapshot.snapshot_id, &check)
             {
                 // The kernel then sends a new snapshot each time: slower, not wrong.

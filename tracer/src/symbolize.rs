@@ -753,6 +753,14 @@ impl StackSymbolizer {
             .zip(addrs)
             .map(|(named, &(lookup, addr))| {
                 named.unwrap_or_else(|| {
+                    if let Some((name, module)) = crate::frame_tokens::frame(lookup) {
+                        return Rc::from([Frame {
+                            name,
+                            module: Some(module.to_string()),
+                            inlined: false,
+                            offset: None,
+                        }]);
+                    }
                     let frame = match self.jit_name(maps, lookup) {
                         Some(name) => Frame {
                             name,

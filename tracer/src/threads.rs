@@ -249,6 +249,9 @@ pub struct UserState {
     pub sp: u64,
     /// The frame pointer, when known (see [`SnapshotOptions::registers`]).
     pub bp: Option<u64>,
+    /// The FS base (`pthread_self()`), when known likewise: it finds the thread's Python
+    /// thread state.
+    pub fsbase: Option<u64>,
     /// The stack bytes from `sp` up (at most [`UNWIND_STACK_BYTES`], fewer where the
     /// stack's mapping ends sooner; empty if unreadable).
     pub stack: Vec<u8>,
@@ -287,8 +290,14 @@ impl ThreadSnapshot {
             kernel_stack_id: tracer_common::NO_STACK,
             snapshot_id: 0,
             task: 0,
+            python: None,
             stack: &user.stack,
         })
+    }
+
+    /// Its FS base, when read (see [`UserState::fsbase`]).
+    pub fn fsbase(&self) -> Option<u64> {
+        self.user.as_ref()?.fsbase
     }
 
     /// The kernel frames named as every tracer output names them (`futex_do_wait_[k]`).
@@ -533,6 +542,7 @@ impl ThreadReader<'_> {
                         .registers
                         .filter(|r| (r.ip, r.sp) == (pc, sp))
                         .map(|r| r.bp),
+                    fsbase: self.registers.map(|r| r.fsbase).filter(|&f| f != 0),
                     stack: read_stack(self.mem, self.regions, sp, self.stack_bytes),
                 });
             let ran_meanwhile = user.is_some() && self.exec_start() != exec_start;
@@ -663,12 +673,18 @@ pub fn user_stacks(
     maps: &ProcessMaps,
     unwinder: &mut DwarfUnwinder,
     symbolizer: &mut StackSymbolizer,
+    mut python: Option<&mut crate::python::Interpreter>,
 ) -> Vec<Option<UserStack>> {
     let unwound: Vec<Option<(UnwoundStack, UnwindEnd)>> = threads
         .iter()
         .map(|thread| {
             let snapshot = thread.unwind_snapshot(pid)?;
-            Some(unwinder.unwind_one(&snapshot, maps))
+            let (stack, end) = unwinder.unwind_one(&snapshot, maps);
+            let stack = match (python.as_deref_mut(), thread.fsbase()) {
+                (Some(python), Some(fsbase)) => python.merge_thread(stack, fsbase),
+                _ => stack,
+            };
+            Some((stack, end))
         })
         .collect();
     let addrs: Vec<&[u64]> = unwound
@@ -1001,6 +1017,7 @@ mod tests {
             &maps,
             &mut DwarfUnwinder::new(),
             &mut StackSymbolizer::new(),
+            None,
         );
         let stack = stacks[0].as_ref().unwrap();
         assert!(stack.frames.len() >= 2, "{:?}", stack.frames);

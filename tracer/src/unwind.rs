@@ -15,6 +15,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
+use std::mem::offset_of;
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -24,7 +25,7 @@ use gimli::{BaseAddresses, CieOrFde, DebugFrame, EhFrame, LittleEndian, UnwindSe
 use object::{Object as _, ObjectSection as _, ObjectSegment as _, ReadCache};
 use tracer_common::{
     FIRST_SNAPSHOT_ID, MAX_SNAPSHOT_CHECKS, MAX_STACK_DEPTH, NO_STACK, OnCpuKey, SnapshotCheck,
-    StackWords, UNWIND_STACK_BYTES,
+    StackWords, UNWIND_STACK_BYTES, UnwindSample, python::PythonStack,
 };
 
 use crate::{stacks::StackSource, symbolize::ProcessMaps};
@@ -47,19 +48,20 @@ pub struct UnwoundStack {
 pub type UnwoundStacks = HashMap<i32, UnwoundStack>;
 
 /// Byte offsets of the fields of [`tracer_common::UnwindSample`].
-const TGID_AT: usize = 0;
-const TID_AT: usize = 4;
-const IP_AT: usize = 8;
-const SP_AT: usize = 16;
-const BP_AT: usize = 24;
-const STACK_LEN_AT: usize = 32;
-const KERNEL_STACK_AT: usize = 36;
-const SNAPSHOT_ID_AT: usize = 40;
-const TASK_AT: usize = 48;
-const STACK_AT: usize = 56;
+const TGID_AT: usize = offset_of!(UnwindSample, tgid);
+const TID_AT: usize = offset_of!(UnwindSample, tid);
+const IP_AT: usize = offset_of!(UnwindSample, ip);
+const SP_AT: usize = offset_of!(UnwindSample, sp);
+const BP_AT: usize = offset_of!(UnwindSample, bp);
+const STACK_LEN_AT: usize = offset_of!(UnwindSample, stack_len);
+const KERNEL_STACK_AT: usize = offset_of!(UnwindSample, kernel_stack_id);
+const SNAPSHOT_ID_AT: usize = offset_of!(UnwindSample, snapshot_id);
+const TASK_AT: usize = offset_of!(UnwindSample, task);
+const PYTHON_AT: usize = offset_of!(UnwindSample, python);
+const STACK_AT: usize = offset_of!(UnwindSample, stack);
 
 /// One snapshot as read from the ring buffer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Snapshot<'a> {
     pub tgid: u32,
     pub tid: u32,
@@ -72,6 +74,9 @@ pub struct Snapshot<'a> {
     pub snapshot_id: u32,
     /// For an on-CPU sample, the runtime task the thread ran (0: none known).
     pub task: u64,
+    /// The thread's Python frames, when its process is a CPython interpreter the kernel
+    /// walks.
+    pub python: Option<Box<PythonStack>>,
     /// The stack bytes from `sp` up.
     pub stack: &'a [u8],
 }
@@ -91,9 +96,28 @@ impl<'a> Snapshot<'a> {
             kernel_stack_id: u32_at(KERNEL_STACK_AT)? as i32,
             snapshot_id: u32_at(SNAPSHOT_ID_AT)?,
             task: u64_at(TASK_AT)?,
+            python: python_frames(record.get(PYTHON_AT..STACK_AT)?),
             stack: record.get(STACK_AT..STACK_AT + stack_len)?,
         })
     }
+}
+
+/// The Python frames of a snapshot's [`PythonStack`] bytes; `None` when it has none.
+fn python_frames(bytes: &[u8]) -> Option<Box<PythonStack>> {
+    let count = u32::from_ne_bytes(bytes.get(..4)?.try_into().ok()?);
+    if count == 0 || bytes.len() < std::mem::size_of::<PythonStack>() {
+        return None;
+    }
+    // SAFETY: `bytes` holds a whole `PythonStack`, a #[repr(C)] struct of integers for
+    // which every bit pattern is valid; `read_unaligned` makes no alignment demand.
+    let stack = unsafe { std::ptr::read_unaligned(bytes.as_ptr() as *const PythonStack) };
+    Some(Box::new(stack))
+}
+
+/// What puts a runtime's own frames into an unwound native stack (the Python frames a
+/// snapshot carries, in place of the interpreter's frames).
+pub trait StackMerger {
+    fn merge_python(&mut self, stack: UnwoundStack, python: &PythonStack) -> UnwoundStack;
 }
 
 /// How unwinding one stack ended.
@@ -339,9 +363,10 @@ impl DwarfUnwinder {
         &mut self,
         snapshot: &Snapshot<'_>,
         maps: Option<&ProcessMaps>,
+        merger: Option<&mut dyn StackMerger>,
     ) -> Option<SnapshotCheck> {
         let mut reads = Vec::new();
-        let stack = match maps {
+        let native = match maps {
             Some(maps) => {
                 let (stack, end) = self.unwind(snapshot, maps, &mut reads);
                 match end {
@@ -359,6 +384,12 @@ impl DwarfUnwinder {
                 }
             }
         };
+        // The reuse check is of the native frames: the kernel compares Python frames itself.
+        let native_addrs = (snapshot.snapshot_id != 0).then(|| native.addrs.clone());
+        let stack = match (merger, &snapshot.python) {
+            (Some(merger), Some(python)) => merger.merge_python(native, python),
+            _ => native,
+        };
         self.stats.frames += stack.addrs.len() as u64;
         self.stats.frame_pointer_frames +=
             stack.by_frame_pointer.iter().filter(|&&fp| fp).count() as u64;
@@ -366,9 +397,9 @@ impl DwarfUnwinder {
         if snapshot.snapshot_id != 0 {
             self.stats.offcpu_snapshots += 1;
             // Without mappings nothing was read: the snapshot is not to be reused.
-            let check = match maps {
-                Some(_) => snapshot_check(snapshot, &reads, &stack.addrs),
-                None => NEVER_REUSE,
+            let check = match (maps, &native_addrs) {
+                (Some(_), Some(native)) => snapshot_check(snapshot, &reads, native),
+                _ => NEVER_REUSE,
             };
             self.snapshots.insert(snapshot.snapshot_id as i32, stack);
             return Some(check);
@@ -799,10 +830,11 @@ mod tests {
             kernel_stack_id: NO_STACK,
             snapshot_id: 0,
             task: 0,
+            python: None,
             stack: &stack,
         };
         let mut unwinder = DwarfUnwinder::new();
-        unwinder.add(&snapshot, Some(&maps));
+        unwinder.add(&snapshot, Some(&maps), None);
         assert!(unwinder.stats.max_depth >= 3, "{:?}", unwinder.stats);
         let stats = unwinder.stats;
         // The same snapshot on its own: the same stack, and nothing counted.
@@ -868,6 +900,7 @@ mod tests {
             kernel_stack_id: NO_STACK,
             snapshot_id: 5,
             task: 0,
+            python: None,
             stack: &[],
         };
         let read = |offset: u64, value: u64| StackRead {

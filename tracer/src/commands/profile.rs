@@ -117,7 +117,7 @@ pub fn run(config: ProfileConfig) -> Result<()> {
         watch,
         config.duration,
         stop::either(
-            sampling::run_sampler(&mut sampler, &loader, &mut processes),
+            sampling::run_sampler(&mut sampler, &mut loader, &mut processes),
             targets::track(tracker.as_mut()),
         ),
     ))?;

@@ -16,6 +16,7 @@ use crate::{
     cli::{Format, StacksConfig},
     loader::{Features, Loader, Settings},
     privileges,
+    python::Interpreter,
     render::hist::format_ns,
     symbolize::{ProcessMaps, StackSymbolizer},
     threads::{self, SnapshotError, SnapshotOptions, ThreadSnapshot, ThreadState, UserStack},
@@ -41,13 +42,20 @@ pub fn run(config: StacksConfig) -> Result<()> {
         );
     }
     let stacks = match ProcessMaps::capture(pid) {
-        Ok(maps) => threads::user_stacks(
-            pid,
-            &threads,
-            &maps,
-            &mut DwarfUnwinder::new(),
-            &mut StackSymbolizer::new(),
-        ),
+        Ok(maps) => {
+            let mut python = Interpreter::find(&maps).unwrap_or_else(|why| {
+                crate::status!("tracer: no Python frames: {why}");
+                None
+            });
+            threads::user_stacks(
+                pid,
+                &threads,
+                &maps,
+                &mut DwarfUnwinder::new(),
+                &mut StackSymbolizer::new(),
+                python.as_mut(),
+            )
+        }
         Err(_) => {
             crate::status!("tracer: process {pid} exited while being read: no user stacks");
             vec![None; threads.len()]
@@ -247,6 +255,7 @@ mod tests {
                 pc: 0x1000,
                 sp: 0x2000,
                 bp: None,
+                fsbase: None,
                 stack: Vec::new(),
             }),
         }

@@ -22,7 +22,8 @@ use tracer_common::{
     FIRST_SWITCH_IN_STACK_ID, HitStackKey, KernelStack, LatencyProcessKey, LatencyStats, OffCpuKey,
     OffCpuStart, OffCpuTotal, OnCpuKey, ProbeHits, SWITCH_IN_STACK_IDS, TaskId, TaskKey, TaskName,
     TaskState, TaskTotal, TaskWallKey, ThreadRegs, UsdtSite, control, counter, global_names,
-    histogram, map_names, program_names, site_flags, target_filter, target_match,
+    histogram, map_names, program_names, python::PythonProcess, site_flags, target_filter,
+    target_match,
 };
 
 pub use diagnostics::{DiagnosticsReader, enable as enable_bpf_diagnostics};
@@ -240,6 +241,14 @@ impl Features {
                 ][..],
             ),
             (stacks, &[map_names::STACKS][..]),
+            (
+                self.offcpu_snapshots || self.oncpu || self.hit_stacks,
+                &[
+                    map_names::PYTHON_PROCESSES,
+                    map_names::PYTHON_THREADS,
+                    map_names::PYTHON_SCRATCH,
+                ][..],
+            ),
             (self.hit_stacks, &[map_names::HIT_STACKS][..]),
         ]
         .into_iter()
@@ -296,8 +305,9 @@ static EARLY_KERNEL_BTF: std::sync::Mutex<
 > = std::sync::Mutex::new(None);
 
 /// Every kernel struct, typedef and function [`Loader::load`] may look up.
-const KERNEL_STRUCTS_USED: [&str; 10] = [
+const KERNEL_STRUCTS_USED: [&str; 11] = [
     "task_struct",
+    "thread_struct",
     "sched_entity",
     "linux_binprm",
     "file",
@@ -595,8 +605,10 @@ impl Loader {
                     "tgid",
                     "comm",
                     "se",
+                    "thread",
                 ],
             )?;
+            let thread_struct = offsets(true, "thread_struct", &["fsbase"])?;
             let sched_entity = offsets(features.offcpu, "sched_entity", &["sum_exec_runtime"])?;
             let file_offsets = [
                 offsets(exe.is_some(), "linux_binprm", &["file"])?,
@@ -675,6 +687,7 @@ impl Loader {
                     pid_numbers[3][0] + pid_numbers[4][0],
                 ),
                 u32s(global_names::TASKS_TRACED, u32::from(features.tasks)),
+                u32s(global_names::TASK_FSBASE_OFFSET, task[6] + thread_struct[0]),
                 u32s(
                     global_names::TIMELINE_ON,
                     u32::from(settings.timeline_min_block.is_some()),
@@ -1100,6 +1113,7 @@ impl Loader {
                     ip: u64_at(8),
                     sp: u64_at(16),
                     bp: u64_at(24),
+                    fsbase: u64_at(32),
                 }
             })
             .filter(|regs| tids.contains(&regs.tid))
@@ -1182,6 +1196,18 @@ impl Loader {
             }
         }
         Ok(())
+    }
+
+    /// Tells the programs that process `tgid` runs a CPython interpreter laid out as
+    /// `process` says: its snapshots carry its threads' Python frames from now on.
+    pub fn add_python_process(&mut self, tgid: u32, process: &PythonProcess) -> Result<()> {
+        self.finish_maps()?;
+        let name = map_names::PYTHON_PROCESSES;
+        let map = self.maps.get_mut(name).ok_or(LoaderError::Missing(name))?;
+        let mut map: HashMap<&mut MapData, u32, PythonProcess> =
+            HashMap::try_from(map).map_err(|source| LoaderError::Map { name, source })?;
+        map.insert(&tgid, process, 0)
+            .map_err(|source| LoaderError::Map { name, source })
     }
 
     /// On-CPU sample counts per thread and stacks.

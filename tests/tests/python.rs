@@ -1,0 +1,238 @@
+//! Python frames in Python's own words: `tests/python/wallclock_demo.py` profiled on
+//! Debian's CPython 3.11 and on pyenv's builds, and `tracer stacks` against the
+//! interpreter's own view of its threads.
+
+mod common;
+
+use std::{
+    collections::BTreeMap,
+    io::{BufRead as _, BufReader},
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+};
+
+use common::*;
+
+const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/python/wallclock_demo.py");
+const SCRIPT_FILE: &str = "wallclock_demo.py";
+
+/// The functions of the script each timing itself, by the field of its report.
+const TIMED: [&str; 5] = [
+    "spin_python",
+    "nap",
+    "sleep_in_python",
+    "churn_garbage",
+    "wait_on_socket",
+];
+
+/// Debian's interpreter, or a pyenv build of `version` (`3.12.1`).
+fn interpreter(version: Option<&str>) -> PathBuf {
+    let path = match version {
+        None => PathBuf::from("/usr/bin/python3.11"),
+        Some(version) => {
+            let root = std::env::var_os("PYENV_ROOT")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| PathBuf::from("/root/.pyenv"));
+            let minor: String = version.splitn(3, '.').take(2).collect::<Vec<_>>().join(".");
+            root.join("versions")
+                .join(version)
+                .join("bin")
+                .join(format!("python{minor}"))
+        }
+    };
+    assert!(
+        path.is_file(),
+        "{} is missing: the machines this project runs on have Debian's python3.11 and \
+         pyenv's CPython builds",
+        path.display()
+    );
+    path
+}
+
+/// Whether `stack` (a folded line's frames) names a function of the script.
+fn names_the_script(stack: &str) -> bool {
+    stack.contains(&format!("({SCRIPT_FILE}:"))
+}
+
+/// Profiles the script on `python` from its start to its exit and checks that every
+/// thread's wall time is named in Python and each timed function's share matches its
+/// own clock.
+fn profile_python(python: &Path, name: &str) {
+    require_privileged();
+    let dir = out_dir(name);
+    let python = python.to_str().unwrap();
+    let target = Target::start(python, &[SCRIPT]);
+    let pid = target.pid.to_string();
+    let tracer = Tracer::start(&[
+        "profile",
+        "--pid",
+        &pid,
+        "--per-thread",
+        // Enough on-CPU samples that each function's share is within a few percent.
+        "--frequency",
+        "499",
+        "-o",
+        dir.to_str().unwrap(),
+    ]);
+    target.release();
+    let truth = target.finish();
+    let (ok, out, err) = tracer.finish();
+    assert!(ok, "tracer failed: {err}");
+    let wall = std::fs::read_to_string(dir.join("wallclock.folded")).unwrap();
+
+    // Every thread's wall time (the thread is the second frame) names the script.
+    let mut threads: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
+    for (stack, weight) in wall.lines().filter_map(|l| l.rsplit_once(' ')) {
+        let weight: u64 = weight.parse().unwrap();
+        let thread = stack.split(';').nth(1).unwrap_or("?");
+        let entry = threads.entry(thread).or_default();
+        entry.0 += weight;
+        if names_the_script(stack) {
+            entry.1 += weight;
+        }
+    }
+    eprintln!("{out}\nper thread (total us, named us): {threads:?}");
+    assert!(threads.len() >= 6, "{threads:?}\n{wall}");
+    for (thread, (total, named)) in &threads {
+        let share = *named as f64 / *total as f64;
+        assert!(
+            share >= 0.9,
+            "{thread}: {:.1}% of {total} us names a function of the script\n{wall}",
+            share * 100.0
+        );
+    }
+
+    // Each timed function's wall time against the function's own clock.
+    for function in TIMED {
+        let frame = format!("{function} ({SCRIPT_FILE}:");
+        let measured = folded_weight_where(&wall, |stack| stack.contains(&frame));
+        let own_us = truth[function].as_u64().unwrap() / 1000;
+        let error = (measured as f64 - own_us as f64).abs() / own_us as f64;
+        eprintln!("{function}: {measured} us, its own clock {own_us} us");
+        assert!(
+            error <= 0.1,
+            "{function}: {measured} us, its own clock says {own_us} us\n{wall}"
+        );
+    }
+
+    // C code called from Python sits between the Python caller and the kernel: the C
+    // library's call (3.9 sleeps in select(2), later versions in clock_nanosleep(2)).
+    let calls_into = |line: &str, caller: &str, callees: &[&str]| {
+        let Some(at) = line.find(&format!("{caller} ({SCRIPT_FILE}:")) else {
+            return false;
+        };
+        line[at..]
+            .split(';')
+            .any(|frame| callees.iter().any(|callee| frame.ends_with(callee)))
+            && line.contains("_[k]")
+    };
+    assert!(
+        wall.lines()
+            .any(|line| calls_into(line, "nap", &["clock_nanosleep", "select"])),
+        "no nap -> C library sleep -> kernel stack\n{wall}"
+    );
+    assert!(
+        wall.lines()
+            .any(|line| calls_into(line, "wait_on_socket", &["recv"])),
+        "no wait_on_socket -> recv -> kernel stack\n{wall}"
+    );
+}
+
+#[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+fn debian_python_3_11_threads_are_named_in_python() {
+    profile_python(&interpreter(None), "python-debian-3.11");
+}
+
+#[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+fn pyenv_python_3_9_threads_are_named_in_python() {
+    profile_python(&interpreter(Some("3.9.18")), "python-pyenv-3.9");
+}
+
+#[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+fn pyenv_python_3_12_threads_are_named_in_python() {
+    profile_python(&interpreter(Some("3.12.1")), "python-pyenv-3.12");
+}
+
+#[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+fn pyenv_python_3_13_threads_are_named_in_python() {
+    profile_python(&interpreter(Some("3.13.0")), "python-pyenv-3.13");
+}
+
+/// `(function, line)` of each Python frame of a `tracer stacks` user stack, innermost
+/// first: `Event.wait (threading.py:629)` is `("wait", 629)`.
+fn python_frames(stack: &[serde_json::Value]) -> Vec<(String, u64)> {
+    stack
+        .iter()
+        .filter_map(|frame| {
+            let frame = frame.as_str()?;
+            let (name, place) = frame.split_once(" (")?;
+            let (_, line) = place.strip_suffix(')')?.rsplit_once(':')?;
+            let function = name.rsplit('.').next()?;
+            Some((function.to_string(), line.parse().ok()?))
+        })
+        .collect()
+}
+
+/// `tracer stacks` names each blocked thread's Python functions and lines as the
+/// interpreter itself does (`sys._current_frames()`).
+fn stacks_match_python(python: &Path) {
+    require_privileged();
+    let mut child = Command::new(python)
+        .args([SCRIPT, "--park"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let own: BTreeMap<String, Vec<(String, u64)>> = serde_json::from_str(
+        line.trim()
+            .strip_prefix("parked ")
+            .unwrap_or_else(|| panic!("{line}")),
+    )
+    .unwrap();
+    let out = run_tracer(&[
+        "stacks",
+        "--pid",
+        &child.id().to_string(),
+        "--format",
+        "json",
+    ]);
+    drop(child.stdin.take());
+    let _ = child.wait();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dump: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for (tid, expected) in &own {
+        let thread = dump["threads"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["tid"].as_u64().map(|t| t.to_string()).as_deref() == Some(tid))
+            .unwrap_or_else(|| panic!("thread {tid} missing\n{dump:#}"));
+        let frames = python_frames(thread["user_stack"].as_array().unwrap());
+        assert_eq!(&frames, expected, "thread {tid}\n{thread:#}");
+    }
+}
+
+#[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+fn stacks_names_python_frames_as_python_does_3_11() {
+    stacks_match_python(&interpreter(None));
+}
+
+#[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+fn stacks_names_python_frames_as_python_does_3_9_and_3_13() {
+    stacks_match_python(&interpreter(Some("3.9.18")));
+    stacks_match_python(&interpreter(Some("3.13.0")));
+}
