@@ -19,10 +19,10 @@ use tracer_common::{TargetProcess, counter, target_filter, target_flags, target_
 use crate::{
     BPRM_FILE_OFFSET, CLOCK_TICK_NS, FILE_INODE_OFFSET, INODE_INO_OFFSET, INODE_SB_OFFSET,
     MATCH_COMM, MATCH_EXE_DEV, MATCH_EXE_INO, PID_LEVEL_OFFSET, PID_NS_INO, PID_NS_INUM_OFFSET,
-    PID_NUMBERS_OFFSET, SB_DEV_OFFSET, TARGET_FILTER, TARGET_MATCH, TARGET_START_TICKS,
-    TARGET_TGID, TARGETS, TASK_COMM_OFFSET, TASK_GROUP_LEADER_OFFSET, TASK_PID_OFFSET,
-    TASK_START_BOOTTIME_OFFSET, TASK_TGID_OFFSET, TASK_THREAD_PID_OFFSET, UPID_NS_OFFSET,
-    UPID_SIZE, count, setting,
+    PID_NUMBERS_OFFSET, PYTHON_PROCESSES, SB_DEV_OFFSET, TARGET_FILTER, TARGET_MATCH,
+    TARGET_START_TICKS, TARGET_TGID, TARGETS, TASK_COMM_OFFSET, TASK_GROUP_LEADER_OFFSET,
+    TASK_PID_OFFSET, TASK_START_BOOTTIME_OFFSET, TASK_TGID_OFFSET, TASK_THREAD_PID_OFFSET,
+    UPID_NS_OFFSET, UPID_SIZE, count, setting,
 };
 
 /// The current thread's process and thread ids as user space sees them: the host's, or
@@ -203,6 +203,14 @@ pub fn on_fork(ctx: &BtfTracePointContext) {
     if TARGETS.insert(&child_tgid, &target, 0).is_err() {
         count(counter::MAP_FULL);
     }
+    // The child's memory is a copy of its parent's: a Python parent's interpreter is at
+    // the same addresses in the child from its first instruction.
+    // SAFETY: the value is copied out at once.
+    if let Some(python) = unsafe { PYTHON_PROCESSES.get(&parent_tgid) }.copied()
+        && PYTHON_PROCESSES.insert(&child_tgid, &python, 0).is_err()
+    {
+        count(counter::MAP_FULL);
+    }
 }
 
 /// `sched_process_exec(task, old_pid, bprm)`, run by the process that executes: it joins
@@ -217,6 +225,8 @@ pub fn on_exec(ctx: &BtfTracePointContext) {
     let bprm: *const u8 = ctx.arg(2);
     let matches = (matching & target_match::EXE != 0 && runs_exe(bprm))
         || (matching & target_match::COMM != 0 && has_comm());
+    // A new program: whatever interpreter the process ran is gone.
+    let _ = PYTHON_PROCESSES.remove(&tgid);
     // SAFETY: the value is copied out at once.
     match unsafe { TARGETS.get(&tgid) }.copied() {
         Some(target) if !matches && target.flags & target_flags::BY_MATCH != 0 => {
