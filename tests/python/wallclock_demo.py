@@ -18,6 +18,7 @@ import time
 
 SECONDS = 2.0
 spent = {}
+tids = {}
 spent_lock = threading.Lock()
 work_lock = threading.Lock()
 
@@ -25,6 +26,16 @@ work_lock = threading.Lock()
 def add(name, ns):
     with spent_lock:
         spent[name] = spent.get(name, 0) + ns
+
+
+def named_thread(target):
+    """`target`, noting the thread's id under its name first."""
+
+    def run(*args):
+        tids[threading.current_thread().name] = threading.get_native_id()
+        return target(*args)
+
+    return run
 
 
 def spin_python(seconds):
@@ -88,11 +99,13 @@ def run_workload():
     end = time.perf_counter() + SECONDS
     left, right = socket.socketpair()
     threads = [
-        threading.Thread(target=cpu_worker, args=(end,), name="cpu-1"),
-        threading.Thread(target=cpu_worker, args=(end,), name="cpu-2"),
-        threading.Thread(target=sleep_in_python, args=(end,), name="sleeper"),
-        threading.Thread(target=collector, args=(end,), name="collector"),
-        threading.Thread(target=wait_on_socket, args=(left,), name="socket"),
+        threading.Thread(target=named_thread(cpu_worker), args=(end,), name="cpu-1"),
+        threading.Thread(target=named_thread(cpu_worker), args=(end,), name="cpu-2"),
+        threading.Thread(
+            target=named_thread(sleep_in_python), args=(end,), name="sleeper"
+        ),
+        threading.Thread(target=named_thread(collector), args=(end,), name="collector"),
+        threading.Thread(target=named_thread(wait_on_socket), args=(left,), name="socket"),
     ]
     for thread in threads:
         thread.start()
@@ -100,7 +113,7 @@ def run_workload():
         thread.join()
     right.send(b"x")
     threads[-1].join()
-    return {name: ns for name, ns in spent.items()}
+    return dict(spent, tids=tids)
 
 
 def park_forever(event):
@@ -134,6 +147,37 @@ def park():
     sys.stdin.read()
 
 
+def spin_in_child(seconds):
+    deadline = time.perf_counter() + seconds
+    total = 0
+    while time.perf_counter() < deadline:
+        total += sum(range(1000))
+    return total
+
+
+def child_work():
+    spin_in_child(0.4)
+    nap(0.4)
+
+
+def supervise(children):
+    for child in children:
+        os.waitpid(child, 0)
+
+
+def fork_workers():
+    """A server forking its workers: each child works in Python, then exits."""
+    children = []
+    for _ in range(2):
+        child = os.fork()
+        if child == 0:
+            child_work()
+            os._exit(0)
+        children.append(child)
+    supervise(children)
+    return {"children": children}
+
+
 def main():
     if "--park" in sys.argv:
         park()
@@ -142,7 +186,8 @@ def main():
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
         print(f"ready pid={os.getpid()}", flush=True)
         signal.sigwait({signal.SIGUSR1})
-    print(json.dumps(run_workload()), flush=True)
+    work = fork_workers if "--fork" in sys.argv else run_workload
+    print(json.dumps(work()), flush=True)
 
 
 if __name__ == "__main__":

@@ -236,3 +236,175 @@ fn stacks_names_python_frames_as_python_does_3_9_and_3_13() {
     stacks_match_python(&interpreter(Some("3.9.18")));
     stacks_match_python(&interpreter(Some("3.13.0")));
 }
+
+/// `attach` splits each Python thread's wall time in Python's terms: the sleeper is
+/// blocked, the collector collects garbage, the workers run Python and wait for the GIL.
+#[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+fn attach_splits_python_threads_time_in_pythons_terms() {
+    require_privileged();
+    let python = interpreter(Some("3.12.1"));
+    let run = attach_json(python.to_str().unwrap(), &[SCRIPT], "python-states", &[]);
+    let threads = run.report["threads"].as_array().unwrap();
+    let split = |name: &str| {
+        let tid = run.truth["tids"][name].as_u64().unwrap();
+        let thread = threads
+            .iter()
+            .find(|t| t["tid"].as_u64() == Some(tid))
+            .unwrap_or_else(|| panic!("{name} ({tid}) missing: {threads:#?}"));
+        let wall = ["oncpu_ns", "blocked_ns", "runnable_ns"]
+            .iter()
+            .map(|f| thread[f].as_u64().unwrap())
+            .sum::<u64>();
+        let python = &thread["python"];
+        let ns = move |field: &str| {
+            python[field]
+                .as_u64()
+                .unwrap_or_else(|| panic!("{thread:#}"))
+        };
+        let total = ["running_ns", "gil_ns", "gc_ns", "blocked_ns", "runnable_ns"]
+            .iter()
+            .map(|f| ns(f))
+            .sum::<u64>();
+        eprintln!("{name}: wall {wall} ns, in Python's terms {python}");
+        assert!(total as f64 >= 0.9 * wall as f64, "{name}: {thread:#}");
+        (wall, ns)
+    };
+    // The sleeper sleeps, and waits for the GIL the spinners hold each time it wakes.
+    let (wall, sleeper) = split("sleeper");
+    assert!(
+        (sleeper("blocked_ns") + sleeper("gil_ns")) as f64 >= 0.9 * wall as f64
+            && sleeper("blocked_ns") as f64 >= 0.5 * wall as f64,
+        "the sleeper sleeps"
+    );
+    let (_, collector) = split("collector");
+    let own_gc_us = run.truth["churn_garbage"].as_u64().unwrap() / 1000;
+    assert!(
+        collector("gc_ns") > 0 && collector("gc_ns") / 1000 <= own_gc_us,
+        "the collector's GC time is part of churn_garbage's {own_gc_us} us"
+    );
+    for worker in ["cpu-1", "cpu-2"] {
+        let (_, worker) = split(worker);
+        assert!(worker("running_ns") > 0 && worker("blocked_ns") > 0);
+    }
+    let gil: u64 = ["cpu-1", "cpu-2", "sleeper", "collector"]
+        .iter()
+        .map(|name| split(name).1("gil_ns"))
+        .sum();
+    assert!(gil > 0, "threads that wake take the GIL from the spinners");
+}
+
+/// Per process of a folded profile (its root frame, `name [pid]`): its total weight and
+/// the weight of stacks that name the script.
+fn named_share_by_process(wall: &str) -> BTreeMap<String, (u64, u64)> {
+    let mut processes: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+    for (stack, weight) in wall.lines().filter_map(|l| l.rsplit_once(' ')) {
+        let weight: u64 = weight.parse().unwrap();
+        let process = stack.split(';').next().unwrap_or("?").to_string();
+        let entry = processes.entry(process).or_default();
+        entry.0 += weight;
+        if names_the_script(stack) {
+            entry.1 += weight;
+        }
+    }
+    processes
+}
+
+/// A Python server's forked workers (`--children`) are named in Python from their first
+/// instruction: the kernel gives each child its parent's interpreter.
+#[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+fn forked_python_workers_are_named_in_python() {
+    require_privileged();
+    let python = interpreter(Some("3.12.1"));
+    let dir = out_dir("python-children");
+    let target = Target::start(python.to_str().unwrap(), &[SCRIPT, "--fork"]);
+    let pid = target.pid.to_string();
+    let tracer = Tracer::start(&[
+        "profile",
+        "--pid",
+        &pid,
+        "--children",
+        "-o",
+        dir.to_str().unwrap(),
+    ]);
+    target.release();
+    let truth = target.finish();
+    let (ok, out, err) = tracer.finish();
+    assert!(ok, "tracer failed: {err}");
+    let wall = std::fs::read_to_string(dir.join("wallclock.folded")).unwrap();
+    let processes = named_share_by_process(&wall);
+    eprintln!("{out}\nper process (total us, named us): {processes:?}");
+    for child in truth["children"].as_array().unwrap() {
+        let suffix = format!("[{child}]");
+        let (total, named) = processes
+            .iter()
+            .find(|(name, _)| name.ends_with(&suffix))
+            .map(|(_, weights)| *weights)
+            .unwrap_or_else(|| panic!("child {child} missing\n{wall}"));
+        assert!(
+            named as f64 >= 0.9 * total as f64,
+            "child {child}: {named} of {total} us named\n{wall}"
+        );
+        assert!(
+            wall.lines()
+                .any(|l| l.starts_with(&format!("python3.12 {suffix}"))
+                    && l.contains(&format!("spin_in_child ({SCRIPT_FILE}:"))),
+            "child {child}\n{wall}"
+        );
+    }
+}
+
+/// A Python process in a mount namespace of its own, its interpreter and script at paths
+/// the host does not have: its frames are read through /proc all the same.
+#[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+fn python_in_its_own_mount_namespace_is_named_in_python() {
+    require_privileged();
+    let python = interpreter(Some("3.12.1"));
+    let home = python.parent().unwrap().parent().unwrap();
+    let root = out_dir("python-container-root");
+    let scripts = std::path::Path::new(SCRIPT).parent().unwrap();
+    // The interpreter at /opt/py and the script at /app, seen only inside the namespace.
+    let setup = format!(
+        "set -e; R={root}; mkdir -p $R/usr $R/opt/py $R/app $R/tmp; \
+         ln -sfn usr/lib $R/lib; ln -sfn usr/lib64 $R/lib64; ln -sfn usr/bin $R/bin; \
+         mount --bind /usr $R/usr; mount --bind {home} $R/opt/py; mount --bind {scripts} $R/app; \
+         exec chroot $R /usr/bin/env LD_LIBRARY_PATH=/opt/py/lib PYTHONHOME=/opt/py \
+         /opt/py/bin/python3.12 /app/{SCRIPT_FILE} \"$@\"",
+        root = root.display(),
+        home = home.display(),
+        scripts = scripts.display(),
+    );
+    let target = Target::start(
+        "unshare",
+        &[
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            &setup,
+            "sh",
+        ],
+    );
+    let maps = std::fs::read_to_string(format!("/proc/{}/maps", target.pid)).unwrap();
+    assert!(maps.contains("/opt/py/lib/libpython3.12"), "{maps}");
+    let dir = out_dir("python-container");
+    let pid = target.pid.to_string();
+    let tracer = Tracer::start(&["profile", "--pid", &pid, "-o", dir.to_str().unwrap()]);
+    target.release();
+    let _ = target.finish();
+    let (ok, out, err) = tracer.finish();
+    assert!(ok, "tracer failed: {err}");
+    let wall = std::fs::read_to_string(dir.join("wallclock.folded")).unwrap();
+    let (total, named) = named_share_by_process(&wall)
+        .into_values()
+        .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+    eprintln!("{out}\nnamed {named} of {total} us");
+    assert!(named as f64 >= 0.9 * total as f64, "{wall}");
+    assert!(
+        wall.contains(&format!("spin_python ({SCRIPT_FILE}:")),
+        "{wall}"
+    );
+}

@@ -148,6 +148,10 @@ pub struct SamplingArgs {
     /// resident memory (the kernel maps a ring's pages twice). Rounded up to a power of two.
     #[arg(long, default_value = "8M", value_name = "SIZE")]
     pub unwind_buffer: String,
+    /// Leave CPython processes' stacks in C: no Python frames (`function (file.py:LINE)`)
+    /// in place of the interpreter's. Python frames need --unwind dwarf.
+    #[arg(long)]
+    pub no_python_frames: bool,
 }
 
 /// [`SamplingArgs`], validated.
@@ -156,6 +160,8 @@ pub struct Sampling {
     pub frequency_hz: u64,
     pub unwind: UnwindMethod,
     pub unwind_buffer_bytes: u32,
+    /// CPython processes' stacks carry Python frames (with DWARF unwinding).
+    pub python_frames: bool,
 }
 
 impl TryFrom<&SamplingArgs> for Sampling {
@@ -169,6 +175,7 @@ impl TryFrom<&SamplingArgs> for Sampling {
             frequency_hz: args.frequency,
             unwind: args.unwind,
             unwind_buffer_bytes: parse_buffer_size("unwind-buffer", &args.unwind_buffer)?,
+            python_frames: !args.no_python_frames,
         })
     }
 }

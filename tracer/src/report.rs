@@ -20,7 +20,9 @@ use crate::{
     tasks::TaskProfile,
     text::escape_text,
     unwind::UnwindStats,
-    wallclock::{OFF_CPU_FRAME, RUNNABLE_FRAME, WallClockProfile, thread_table},
+    wallclock::{
+        OFF_CPU_FRAME, RUNNABLE_FRAME, WallClockProfile, python_thread_table, thread_table,
+    },
 };
 
 /// What the off-CPU profile holds and what could not be recorded.
@@ -302,6 +304,10 @@ impl AttachReport {
             THREADS_SHOWN.min(self.wall.per_thread.len())
         );
         out.push_str(&thread_table(&self.wall, THREADS_SHOWN));
+        if let Some(table) = python_thread_table(&self.wall, THREADS_SHOWN) {
+            out.push('\n');
+            out.push_str(&table);
+        }
         if let Some(tasks) = &self.tasks {
             let _ = writeln!(
                 out,
@@ -493,6 +499,13 @@ impl AttachReport {
                 "oncpu_ns": t.oncpu_ns,
                 "blocked_ns": t.blocked_ns,
                 "runnable_ns": t.runnable_ns,
+                "python": t.python.as_ref().map(|p| json!({
+                    "running_ns": p.running_ns,
+                    "gil_ns": p.gil_ns,
+                    "gc_ns": p.gc_ns,
+                    "blocked_ns": p.blocked_ns,
+                    "runnable_ns": p.runnable_ns,
+                })),
             })).collect::<Vec<_>>(),
             "unwind": self.unwind_stats.as_ref().map(|u| json!({
                 "method": "dwarf",
@@ -624,6 +637,9 @@ pub fn profile_summary(
         THREADS_SHOWN.min(profile.per_thread.len())
     );
     out += &thread_table(profile, THREADS_SHOWN);
+    if let Some(table) = python_thread_table(profile, THREADS_SHOWN) {
+        out += &table;
+    }
     if stack_errors + map_full + profile.missing_stacks == 0 {
         out += "Nothing lost: every sample and interval was recorded with its stacks.\n";
     } else {
@@ -861,6 +877,13 @@ mod tests {
                 oncpu_ns: 100_000_000,
                 blocked_ns: 2_400_000_000,
                 runnable_ns: 4_000_000,
+                python: Some(crate::wallclock::PythonThreadTime {
+                    running_ns: 80_000_000,
+                    gil_ns: 300_000_000,
+                    gc_ns: 20_000_000,
+                    blocked_ns: 2_100_000_000,
+                    runnable_ns: 4_000_000,
+                }),
             },
         ];
         let text = profile_summary(

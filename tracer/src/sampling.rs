@@ -112,10 +112,11 @@ impl WallClockSampler {
         processes: &Processes,
     ) -> Result<Self> {
         let dwarf = sampling.unwind == UnwindMethod::Dwarf;
-        let mut interpreters = Interpreters::default();
-        if dwarf {
-            register_python_processes(loader, processes, &mut interpreters);
-        }
+        let mut interpreters = match dwarf && sampling.python_frames {
+            true => Interpreters::default(),
+            false => Interpreters::disabled(),
+        };
+        register_python_processes(loader, processes, &mut interpreters);
         let stacks = match sampling.unwind {
             UnwindMethod::Dwarf => UserStacks::Snapshots,
             UnwindMethod::Fp => UserStacks::FramePointers,
@@ -352,9 +353,7 @@ impl SamplerChores {
         }
         if due(self.observed, OBSERVE_PERIOD) {
             sampler.observe_targets(processes);
-            if sampler.unwinds() {
-                register_python_processes(loader, processes, &mut sampler.interpreters);
-            }
+            register_python_processes(loader, processes, &mut sampler.interpreters);
             self.observed = Some(std::time::Instant::now());
         }
         if due(self.refreshed, Duration::from_secs(1)) {

@@ -116,6 +116,41 @@ pub struct ThreadTime {
     pub blocked_ns: u64,
     /// Preempted: runnable, waiting for a CPU.
     pub runnable_ns: u64,
+    /// For a thread that ran Python code: its time in Python's terms.
+    pub python: Option<PythonThreadTime>,
+}
+
+/// A Python thread's wall time in Python's terms. Time in stacks without Python frames
+/// (before the thread's first Python function, or in a native thread) is not in it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PythonThreadTime {
+    /// On CPU running Python code or what it called, not collecting garbage.
+    pub running_ns: u64,
+    /// Blocked taking (or handing over) the GIL.
+    pub gil_ns: u64,
+    /// Collecting garbage, on or off CPU.
+    pub gc_ns: u64,
+    /// Blocked elsewhere in the kernel (IO, sleep, a lock).
+    pub blocked_ns: u64,
+    /// Runnable, waiting for a CPU.
+    pub runnable_ns: u64,
+}
+
+impl PythonThreadTime {
+    fn add(&mut self, state: PythonState, ns: u64) {
+        match state {
+            PythonState::NotPython => {}
+            PythonState::Running => self.running_ns += ns,
+            PythonState::Gil => self.gil_ns += ns,
+            PythonState::Collecting => self.gc_ns += ns,
+            PythonState::Blocked => self.blocked_ns += ns,
+            PythonState::Runnable => self.runnable_ns += ns,
+        }
+    }
+
+    pub fn total_ns(&self) -> u64 {
+        self.running_ns + self.gil_ns + self.gc_ns + self.blocked_ns + self.runnable_ns
+    }
 }
 
 impl ThreadTime {
@@ -342,13 +377,21 @@ pub fn build_profile(
             profile.unnamed_ns += weight.ns * u64::from(namer.has_unnamed(&frames));
             profile.oncpu_samples += weight.events;
             profile.oncpu_ns += weight.ns;
-            thread(&mut per_thread, processes, &key).oncpu_ns += weight.ns;
+            let time = thread(&mut per_thread, processes, &key);
+            time.oncpu_ns += weight.ns;
+            add_python_time(time, namer.python_state(&frames, None), weight.ns);
             add_interned(&mut oncpu, &frames, weight);
         }
         for (key, &weight) in &offcpu {
             profile.missing_stacks += u64::from(is_missing(key));
             namer.frames(key, &mut frames);
             profile.unnamed_ns += weight.ns * u64::from(namer.has_unnamed(&frames));
+            let python_state = namer.python_state(&frames, Some(key.state));
+            add_python_time(
+                thread(&mut per_thread, processes, key),
+                python_state,
+                weight.ns,
+            );
             if key.state == offcpu_state::RUNNABLE {
                 profile.runnable_intervals += weight.events;
                 profile.runnable_ns += weight.ns;
@@ -413,6 +456,57 @@ pub fn thread_table(profile: &WallClockProfile, shown: usize) -> String {
         );
     }
     out
+}
+
+/// Adds `ns` in `state` to a thread's Python time (which it has from its first stack
+/// with Python frames).
+fn add_python_time(time: &mut ThreadTime, state: PythonState, ns: u64) {
+    if state != PythonState::NotPython {
+        time.python.get_or_insert_default().add(state, ns);
+    }
+}
+
+/// The Python threads of `profile` (those with Python frames), as a table: id, name, and
+/// their time running, waiting for the GIL, collecting garbage, blocked and runnable.
+/// At most `shown` rows, most wall time first; `None` without Python threads.
+pub fn python_thread_table(profile: &WallClockProfile, shown: usize) -> Option<String> {
+    use std::fmt::Write as _;
+    let seconds = |ns: u64| format!("{:.3}s", ns as f64 / 1e9);
+    let threads: Vec<(&ThreadTime, &PythonThreadTime)> = profile
+        .per_thread
+        .iter()
+        .filter_map(|t| Some((t, t.python.as_ref()?)))
+        .collect();
+    if threads.is_empty() {
+        return None;
+    }
+    let mut out = format!(
+        "Python threads: {}; their time in Python's terms (running, waiting for the GIL, \
+         collecting garbage, blocked elsewhere, runnable):\n\
+         {:>8} {:<20} {:>10} {:>10} {:>10} {:>10} {:>10}\n",
+        threads.len(),
+        "TID",
+        "THREAD",
+        "RUNNING",
+        "GIL",
+        "GC",
+        "BLOCKED",
+        "RUNNABLE"
+    );
+    for (t, python) in threads.into_iter().take(shown) {
+        let _ = writeln!(
+            out,
+            "{:>8} {:<20} {:>10} {:>10} {:>10} {:>10} {:>10}",
+            t.tid,
+            crate::text::escape_text(t.name.as_deref().unwrap_or("?")),
+            seconds(python.running_ns),
+            seconds(python.gil_ns),
+            seconds(python.gc_ns),
+            seconds(python.blocked_ns),
+            seconds(python.runnable_ns)
+        );
+    }
+    Some(out)
 }
 
 /// Whether a frame could not be named.
@@ -630,6 +724,71 @@ struct Namer {
     off_cpu: u32,
     /// By frame id: could not be named.
     unnamed: Vec<bool>,
+    /// By frame id: what the frame says of a Python thread's state.
+    python: Vec<PythonFrameKind>,
+}
+
+/// What a frame says of the state of the Python thread that has it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PythonFrameKind {
+    /// A Python function.
+    Function,
+    /// Part of CPython's garbage collector.
+    Collector,
+    /// Where CPython takes or hands over the GIL.
+    Gil,
+    Other,
+}
+
+impl PythonFrameKind {
+    fn of(name: &str) -> Self {
+        // Python frames read `function (file.py:LINE)` (see `crate::python`).
+        let is_python = name.ends_with(')')
+            && name
+                .rsplit_once(" (")
+                .is_some_and(|(_, place)| place.contains(".py") || place.starts_with('<'));
+        if is_python {
+            Self::Function
+        } else if PYTHON_GC_FUNCTIONS.contains(&name) {
+            Self::Collector
+        } else if PYTHON_GIL_FUNCTIONS.contains(&name) {
+            Self::Gil
+        } else {
+            Self::Other
+        }
+    }
+}
+
+/// CPython's collector functions (3.9 to 3.13), as builds with a symbol table name them.
+const PYTHON_GC_FUNCTIONS: [&str; 7] = [
+    "gc_collect_main",
+    "gc_collect_with_callback",
+    "collect_with_callback",
+    "gc_collect_impl",
+    "gc_collect_generations",
+    "_PyGC_Collect",
+    "_PyGC_CollectNoFail",
+];
+
+/// CPython's functions that wait to take the GIL or to hand it over.
+const PYTHON_GIL_FUNCTIONS: [&str; 6] = [
+    "take_gil",
+    "drop_gil",
+    "PyEval_RestoreThread",
+    "PyEval_AcquireThread",
+    "PyEval_AcquireLock",
+    "_PyThreadState_Attach",
+];
+
+/// How a Python thread spent one stack's time (see [`PythonThreadTime`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PythonState {
+    NotPython,
+    Running,
+    Gil,
+    Collecting,
+    Blocked,
+    Runnable,
 }
 
 impl Namer {
@@ -698,6 +857,11 @@ impl Namer {
         let runnable = table.intern(RUNNABLE_FRAME);
         let off_cpu = table.intern(OFF_CPU_FRAME);
         let unnamed = table.names().iter().map(|name| is_unnamed(name)).collect();
+        let python = table
+            .names()
+            .iter()
+            .map(|name| PythonFrameKind::of(name))
+            .collect();
         Self {
             per_thread,
             table,
@@ -710,6 +874,7 @@ impl Namer {
             runnable,
             off_cpu,
             unnamed,
+            python,
         }
     }
 
@@ -735,6 +900,23 @@ impl Namer {
     }
 
     /// Whether any of `frames` could not be named.
+    /// What a stack with `frames`, in `state` (on CPU: `None`), says a Python thread did.
+    fn python_state(&self, frames: &[u32], state: Option<u32>) -> PythonState {
+        let kinds = || frames.iter().map(|&id| self.python[id as usize]);
+        if !kinds().any(|k| k == PythonFrameKind::Function) {
+            return PythonState::NotPython;
+        }
+        if kinds().any(|k| k == PythonFrameKind::Collector) {
+            return PythonState::Collecting;
+        }
+        match state {
+            None => PythonState::Running,
+            Some(offcpu_state::RUNNABLE) => PythonState::Runnable,
+            Some(_) if kinds().any(|k| k == PythonFrameKind::Gil) => PythonState::Gil,
+            Some(_) => PythonState::Blocked,
+        }
+    }
+
     fn has_unnamed(&self, frames: &[u32]) -> bool {
         frames.iter().any(|&id| self.unnamed[id as usize])
     }

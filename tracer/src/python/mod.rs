@@ -75,12 +75,25 @@ impl PythonFrames {
 pub struct Interpreters {
     /// `None`: the process runs no interpreter the tracer reads.
     by_process: HashMap<u32, Option<Interpreter>>,
+    /// Python frames are not wanted: no interpreter is looked for.
+    disabled: bool,
 }
 
 impl Interpreters {
+    /// Interpreters never looked for (`--no-python-frames`, or frame-pointer unwinding).
+    pub fn disabled() -> Self {
+        Self {
+            disabled: true,
+            ..Self::default()
+        }
+    }
+
     /// The interpreter of process `tgid`, looked for in `maps` the first time (a version
     /// the tracer cannot read is said then, once).
     pub fn find(&mut self, tgid: u32, maps: Option<&ProcessMaps>) -> Option<&mut Interpreter> {
+        if self.disabled {
+            return None;
+        }
         let found = match self.by_process.entry(tgid) {
             std::collections::hash_map::Entry::Occupied(known) => known.into_mut(),
             std::collections::hash_map::Entry::Vacant(new) => {
