@@ -178,6 +178,21 @@ def fork_workers():
     return {"children": children}
 
 
+def allocate_cycles():
+    return [Node() for _ in range(3000)]
+
+
+def collect_garbage_often():
+    """Collections the allocations trigger, and explicit ones."""
+    explicit = 0
+    for _ in range(20):
+        junk = allocate_cycles()
+        del junk
+        gc.collect()
+        explicit += 1
+    return {"explicit": explicit}
+
+
 def main():
     if "--park" in sys.argv:
         park()
@@ -186,7 +201,11 @@ def main():
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
         print(f"ready pid={os.getpid()}", flush=True)
         signal.sigwait({signal.SIGUSR1})
-    work = fork_workers if "--fork" in sys.argv else run_workload
+    work = run_workload
+    if "--fork" in sys.argv:
+        work = fork_workers
+    elif "--gc" in sys.argv:
+        work = collect_garbage_often
     print(json.dumps(work()), flush=True)
 
 

@@ -408,3 +408,62 @@ fn python_in_its_own_mount_namespace_is_named_in_python() {
         "{wall}"
     );
 }
+
+/// Each collection's stack, at Debian's CPython's own `gc__start` probe, sits under the
+/// Python line that allocated and triggered it (`trace --stack`).
+#[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+fn gc_probe_hits_sit_under_the_python_line_that_triggered_them() {
+    require_privileged();
+    let python = interpreter(None);
+    let target = Target::start(python.to_str().unwrap(), &[SCRIPT, "--gc"]);
+    let pid = target.pid.to_string();
+    let probe = format!("usdt:{}:python:gc__start", python.display());
+    let tracer = Tracer::start(&[
+        "trace", "--pid", &pid, "--stack", "--unwind", "dwarf", "--format", "json", &probe,
+    ]);
+    target.release();
+    let truth = target.finish();
+    let (ok, out, err) = tracer.finish();
+    assert!(ok, "tracer failed: {err}");
+    let hits: Vec<serde_json::Value> = out
+        .lines()
+        .filter_map(|line| serde_json::from_str(line).ok())
+        .filter(|event: &serde_json::Value| event["probe"] == probe.as_str())
+        .collect();
+    let explicit = truth["explicit"].as_u64().unwrap() as usize;
+    assert!(hits.len() >= explicit, "{} hits\n{out}", hits.len());
+    let innermost_python = |hit: &serde_json::Value| -> String {
+        hit["stack"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|frame| frame["module"] == "[python]")
+            .map(|frame| frame["function"].as_str().unwrap().to_string())
+            .unwrap_or_default()
+    };
+    // The interpreter's last collection, as it exits, runs no Python code.
+    let at_exit = |hit: &&serde_json::Value| {
+        hit["stack"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|frame| frame["function"] == "Py_FinalizeEx")
+    };
+    for hit in hits.iter().filter(|hit| !at_exit(hit)) {
+        assert!(
+            innermost_python(hit).contains(&format!("({SCRIPT_FILE}:")),
+            "a collection outside the script's Python code: {hit:#}"
+        );
+    }
+    let triggered = hits
+        .iter()
+        .filter(|hit| innermost_python(hit).starts_with("allocate_cycles"))
+        .count();
+    let collected = hits
+        .iter()
+        .filter(|hit| innermost_python(hit).starts_with("collect_garbage_often"))
+        .count();
+    assert!(triggered > 0, "no collection under the allocating line\n{out}");
+    assert_eq!(collected, explicit, "{out}");
+}

@@ -87,6 +87,7 @@ impl WallClockSampler {
             offcpu_snapshots: sampling.unwind == UnwindMethod::Dwarf,
             // The saved frame pointers of the threads blocked at the start.
             thread_regs: true,
+            python_frames: sampling.unwind == UnwindMethod::Dwarf && sampling.python_frames,
             ..Features::NONE
         }
     }

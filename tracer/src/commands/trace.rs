@@ -17,13 +17,15 @@ use crate::{
     loader::{Features, Loader, RecordRing, Settings},
     privileges,
     probe_plan::{ProbePlan, SiteInput, SiteMode},
-    procfs, render,
+    procfs,
+    python::Interpreters,
+    render,
     stacks::{self, HitStack, StackProfile, StackSource, Weight},
     stop::{self, ProcessWatch, StopReason},
     symbolize::{ProcessMaps, StackSymbolizer},
     targets::{self, TargetSpec, TargetTracker},
     text::{escape_text, quote_bytes},
-    unwind::{DwarfUnwinder, Snapshot, UnwindEnd, UnwoundStack},
+    unwind::{DwarfUnwinder, Snapshot, StackMerger, UnwindEnd, UnwoundStack},
     usdt::{self, Scope},
 };
 
@@ -61,7 +63,9 @@ pub fn run(config: TraceConfig) -> Result<()> {
     let single = spec.single_pid();
     // Kernel types only for a set of processes (each hit's process is checked against
     // the set, start time included) or a PID namespace of its own.
-    Loader::prepare(!spec.is_everything() && single.is_none());
+    // And to find a thread's Python frames.
+    let python_frames = config.stack && config.unwind == UnwindMethod::Dwarf;
+    Loader::prepare((!spec.is_everything() && single.is_none()) || python_frames);
     let targets = match spec.is_everything() {
         true => None,
         false => Some(spec.find()?),
@@ -164,6 +168,7 @@ pub fn run(config: TraceConfig) -> Result<()> {
             // Counting by stack announces each new stack through the event ring.
             events: !config.count || config.stack,
             hit_stacks: config.stack,
+            python_frames,
             ..Features::NONE
         },
         ..Settings::default()
@@ -179,6 +184,21 @@ pub fn run(config: TraceConfig) -> Result<()> {
         true => Some(loader.take_unwind_samples()?),
         false => None,
     };
+    // Stacks of hits in a CPython process carry its Python frames (those of processes
+    // running when the trace starts).
+    let mut interpreters = match python_frames {
+        true => Interpreters::default(),
+        false => Interpreters::disabled(),
+    };
+    for &pid in pids
+        .iter()
+        .filter(|&&pid| Some(pid) != child.as_ref().map(|c| c.pid))
+    {
+        interpreters.find(pid, ProcessMaps::capture(pid).ok().as_ref());
+    }
+    for (tgid, process) in interpreters.ready_for_kernel() {
+        loader.add_python_process(tgid, &process)?;
+    }
     if !later_specs.is_empty() && !spec.is_everything() {
         let exes = match &child {
             Some(child) => vec![(child.exe.clone(), PathBuf::from("/"))],
@@ -224,7 +244,9 @@ pub fn run(config: TraceConfig) -> Result<()> {
         types,
         started_ns: stop::monotonic_ns(),
         count: 0,
-        stacks: config.stack.then(|| StackNamer::new(snapshots)),
+        stacks: config
+            .stack
+            .then(|| StackNamer::new(snapshots, interpreters)),
         counting: config.count,
         counted: HashMap::new(),
     };
@@ -562,6 +584,8 @@ struct StackNamer {
     /// id until their events take them.
     snapshots: Option<RecordRing>,
     unwinder: DwarfUnwinder,
+    /// The CPython interpreters whose frames snapshots carry.
+    interpreters: Interpreters,
     unwound: HashMap<i32, (UnwoundStack, UnwindEnd)>,
     /// Unwound stacks named, by process, addresses and kernel stack: hits repeat stacks.
     named_unwound: HashMap<(u32, UnwoundStack, i32), HitStack>,
@@ -591,13 +615,14 @@ impl StackSource for OneStack<'_> {
 }
 
 impl StackNamer {
-    fn new(snapshots: Option<RecordRing>) -> Self {
+    fn new(snapshots: Option<RecordRing>, interpreters: Interpreters) -> Self {
         Self {
             symbolizer: StackSymbolizer::new(),
             maps: HashMap::new(),
             named: HashMap::new(),
             snapshots,
             unwinder: DwarfUnwinder::new(),
+            interpreters,
             unwound: HashMap::new(),
             named_unwound: HashMap::new(),
         }
@@ -625,7 +650,14 @@ impl StackNamer {
             };
             self.observe(snapshot.tgid);
             let unwound = match self.maps.get(&snapshot.tgid).and_then(Option::as_ref) {
-                Some(maps) => self.unwinder.unwind_one(&snapshot, maps),
+                Some(maps) => {
+                    let (stack, end) = self.unwinder.unwind_one(&snapshot, maps);
+                    let merger = self.interpreters.find(snapshot.tgid, Some(maps));
+                    match (merger, &snapshot.python) {
+                        (Some(merger), Some(python)) => (merger.merge_python(stack, python), end),
+                        _ => (stack, end),
+                    }
+                }
                 // Named later as the address of a process gone, and said so.
                 None => (
                     UnwoundStack {

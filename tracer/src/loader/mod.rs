@@ -179,6 +179,9 @@ pub struct Features {
     pub thread_regs: bool,
     /// Stacks at USDT hits, in events or counted by stack (`trace --stack`).
     pub hit_stacks: bool,
+    /// CPython frames walked with user stack snapshots (the FS base that finds a thread's
+    /// Python state is read at its kernel BTF offset).
+    pub python_frames: bool,
 }
 
 impl Features {
@@ -191,6 +194,7 @@ impl Features {
         offcpu_snapshots: true,
         thread_regs: true,
         hit_stacks: true,
+        python_frames: true,
     };
     pub const NONE: Features = Features {
         events: false,
@@ -201,6 +205,7 @@ impl Features {
         offcpu_snapshots: false,
         thread_regs: false,
         hit_stacks: false,
+        python_frames: false,
     };
 
     /// The maps only needed by features this run does not use.
@@ -242,7 +247,7 @@ impl Features {
             ),
             (stacks, &[map_names::STACKS][..]),
             (
-                self.offcpu_snapshots || self.oncpu || self.hit_stacks,
+                self.python_frames,
                 &[
                     map_names::PYTHON_PROCESSES,
                     map_names::PYTHON_THREADS,
@@ -559,6 +564,7 @@ impl Loader {
                 || (filter != 0 && (features.offcpu || features.oncpu));
             let kernel = (features.offcpu
                 || features.thread_regs
+                || features.python_frames
                 || follow_forks
                 || follow_execs
                 || nested
