@@ -152,6 +152,11 @@ pub struct SamplingArgs {
     /// in place of the interpreter's. Python frames need --unwind dwarf.
     #[arg(long)]
     pub no_python_frames: bool,
+    /// Leave HotSpot JVMs alone: do not ask them for their perf maps (what
+    /// `jcmd PID Compiler.perfmap` does), so JIT-compiled Java methods stay unnamed
+    /// unless a perf map is there already.
+    #[arg(long)]
+    pub no_jit_symbols: bool,
 }
 
 /// [`SamplingArgs`], validated.
@@ -162,6 +167,8 @@ pub struct Sampling {
     pub unwind_buffer_bytes: u32,
     /// CPython processes' stacks carry Python frames (with DWARF unwinding).
     pub python_frames: bool,
+    /// HotSpot JVMs are asked for their perf maps.
+    pub jit_symbols: bool,
 }
 
 impl TryFrom<&SamplingArgs> for Sampling {
@@ -176,6 +183,7 @@ impl TryFrom<&SamplingArgs> for Sampling {
             unwind: args.unwind,
             unwind_buffer_bytes: parse_buffer_size("unwind-buffer", &args.unwind_buffer)?,
             python_frames: !args.no_python_frames,
+            jit_symbols: !args.no_jit_symbols,
         })
     }
 }

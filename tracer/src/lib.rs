@@ -18,6 +18,7 @@
 //! - `symbolize`: naming addresses (blazesym), and `frame_tokens` the frames that have no
 //!   address (a Python function at a line);
 //! - `python`: CPython's frames read from the interpreter and merged into user stacks;
+//! - `jit`: JIT-compiled code named without the user's help (HotSpot's perf map);
 //! - `threads`: what each thread of a process is doing now, read from /proc (`tracer stacks`);
 //! - `unwind`: DWARF unwinding of user stack snapshots (framehop), for binaries without
 //!   frame pointers;
@@ -35,6 +36,7 @@ pub mod frame_tokens;
 #[cfg(test)]
 mod golden;
 pub mod histogram;
+pub mod jit;
 pub mod late_sites;
 pub mod launch;
 pub mod loader;

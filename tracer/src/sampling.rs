@@ -15,6 +15,7 @@ use tracer_common::{
 
 use crate::{
     cli::{Sampling, UnwindMethod},
+    jit::JvmPerfMaps,
     loader::{
         Attachment, Features, Loader, RecordRing, Settings, SnapshotChecks, TargetsMap, UserStacks,
     },
@@ -49,6 +50,8 @@ pub struct WallClockSampler {
     unwinding: Option<Unwinding>,
     /// The CPython interpreters of the processes sampled, whose frames the kernel walks.
     interpreters: Interpreters,
+    /// The perf maps asked of the JVMs among the targets.
+    jvm_perf_maps: JvmPerfMaps,
     /// The stacks of the threads blocked when sampling started.
     seeds: Seeds,
     /// CLOCK_MONOTONIC when sampling started.
@@ -148,12 +151,15 @@ impl WallClockSampler {
             loader.seed_offcpu_starts(&marks)?;
         }
         let set = targets.filter(|t| t.single.is_none());
+        let mut jvm_perf_maps = JvmPerfMaps::new(sampling.jit_symbols && targets.is_some());
+        jvm_perf_maps.request_at_start(targets.iter().flat_map(|t| &t.members).map(|m| m.pid));
         Ok(Self {
             sampling,
             targets: set.map(|_| loader.targets_map()).transpose()?,
             system_wide: targets.is_none(),
             unwinding,
             interpreters,
+            jvm_perf_maps,
             seeds,
             started_ns,
             cpus,
@@ -224,6 +230,16 @@ impl WallClockSampler {
             observe_seen(loader, processes);
         }
         self.observe_targets(processes);
+        // A perf map is a snapshot: what the JVMs compiled since the start is named too.
+        let mut jvm_perf_maps = self.jvm_perf_maps;
+        if reason != StopReason::TargetExited {
+            jvm_perf_maps.request_before_naming(processes.iter().map(|(tgid, _)| tgid));
+        } else {
+            jvm_perf_maps.request_before_naming([]);
+        }
+        if let Some(summary) = jvm_perf_maps.summary() {
+            crate::status!("{summary}");
+        }
         if reason != StopReason::TargetExited {
             processes.refresh();
         }

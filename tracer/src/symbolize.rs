@@ -1061,7 +1061,11 @@ impl StackSymbolizer {
             *map = read_perf_map(file).unwrap_or_default();
             *parsed_len = Some(len);
         }
-        map.lookup(addr).map(str::to_string)
+        // HotSpot's template interpreter is one blob: its frames are interpreted methods.
+        map.lookup(addr).map(|name| match name {
+            "Interpreter" => "[interpreted]".to_string(),
+            name => name.to_string(),
+        })
     }
 }
 

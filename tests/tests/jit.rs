@@ -1,0 +1,158 @@
+//! JIT-compiled code named without asking the user: a JVM started with no flag is asked
+//! for its perf map at the start and again at the stop.
+
+mod common;
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use common::*;
+
+const HOT: &str = r#"
+public class HoHot {
+    static volatile long sink;
+    static long hoSpin(long n) {
+        long s = 0;
+        for (long i = 0; i < n; i++) { s += (i * i) ^ (s >>> 3); }
+        return s;
+    }
+    static long lateSpin(long n) {
+        long s = 1;
+        for (long i = 0; i < n; i++) { s = s * 31 + (i ^ (s >>> 7)); }
+        return s;
+    }
+    static void spinFor(long millis, boolean late) {
+        long end = System.nanoTime() + millis * 1_000_000L;
+        while (System.nanoTime() < end) { sink += late ? lateSpin(200_000) : hoSpin(200_000); }
+    }
+    public static void main(String[] args) throws Exception {
+        System.out.println("ready pid=" + ProcessHandle.current().pid());
+        System.out.flush();
+        new java.io.BufferedReader(new java.io.InputStreamReader(System.in)).readLine();
+        spinFor(Long.parseLong(args[0]), false);
+        spinFor(Long.parseLong(args[1]), true);
+        System.out.println("spun");
+    }
+}
+"#;
+
+/// One JVM at a time: each spins a CPU.
+fn jvm_alone() -> std::sync::MutexGuard<'static, ()> {
+    static JVM: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    JVM.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// `HoHot` compiled once into the tests' scratch directory.
+fn classes() -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("jit-classes");
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("HoHot.java");
+    std::fs::write(&file, HOT).unwrap();
+    let javac = Command::new("javac")
+        .arg("-d")
+        .arg(&dir)
+        .arg(&file)
+        .output()
+        .expect("javac (JDK 17) is needed for the JVM tests");
+    assert!(javac.status.success(), "{javac:?}");
+    dir
+}
+
+/// Profiles `java HoHot` (no JVM flag) for 4 s: 2 s in `hoSpin`, then `lateSpin`,
+/// compiled after the start, until after the tracer stopped. Returns the on-CPU folded
+/// stacks, the tracer's standard error, and the JVM's pid.
+fn profile_jvm(java: &str, name: &str, extra: &[&str]) -> (String, String, u32) {
+    require_privileged();
+    let _alone = jvm_alone();
+    let classes = classes();
+    let target = StdinTarget::start(
+        Command::new(java)
+            .arg("-cp")
+            .arg(&classes)
+            .args(["HoHot", "2000", "4000"]),
+    );
+    let pid = target.pid;
+    let dir = out_dir(name);
+    let pid_text = pid.to_string();
+    let mut args = vec![
+        "profile",
+        "--pid",
+        &pid_text,
+        "--per-thread",
+        "--duration",
+        "4s",
+        "-o",
+        dir.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    let tracer = Tracer::start(&args);
+    let rest = target.release_and_finish();
+    assert!(rest.contains("spun"), "{rest}");
+    let (ok, _out, err) = tracer.finish();
+    assert!(ok, "tracer failed: {err}");
+    let oncpu = std::fs::read_to_string(dir.join("oncpu.folded")).unwrap();
+    (oncpu, err, pid)
+}
+
+fn java_methods_named_without_a_flag(java: &str, name: &str) {
+    let (oncpu, err, pid) = profile_jvm(java, name, &[]);
+    assert!(
+        err.contains(&format!(
+            "asked the JVM {pid} for its perf map at the start"
+        )) && err.contains(&format!("asked the JVM {pid} for its perf map at the stop")),
+        "{err}"
+    );
+    // The spinning thread is the one whose samples name either method.
+    let spinner = oncpu
+        .lines()
+        .find(|l| l.contains("HoHot.hoSpin"))
+        .and_then(|l| l.split(';').nth(1))
+        .unwrap_or_else(|| panic!("hoSpin is never named\n{oncpu}"))
+        .to_string();
+    let of_spinner = |l: &str| l.split(';').nth(1) == Some(spinner.as_str());
+    let total = folded_weight_where(&oncpu, |l| of_spinner(l));
+    let named = folded_weight_where(&oncpu, |l| {
+        of_spinner(l) && (l.contains("HoHot.hoSpin") || l.contains("HoHot.lateSpin"))
+    });
+    let late = folded_weight_where(&oncpu, |l| of_spinner(l) && l.contains("HoHot.lateSpin"));
+    eprintln!("{spinner}: {named} of {total} us named, lateSpin {late} us\n{err}");
+    assert!(named as f64 >= 0.8 * total as f64, "{oncpu}");
+    assert!(
+        late > 0,
+        "lateSpin, compiled after the start, is unnamed\n{oncpu}"
+    );
+    let _ = std::fs::remove_file(format!("/tmp/perf-{pid}.map"));
+}
+
+#[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+fn jdk17_methods_are_named_without_a_flag() {
+    java_methods_named_without_a_flag("java", "jit-jdk17");
+}
+
+#[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+fn temurin25_methods_are_named_without_a_flag() {
+    let java = "/usr/lib/jvm/temurin-25-jdk-amd64/bin/java";
+    assert!(
+        Path::new(java).is_file(),
+        "{java} is missing: the machines this project runs on have Temurin 25"
+    );
+    java_methods_named_without_a_flag(java, "jit-temurin25");
+}
+
+/// `--no-jit-symbols` leaves the JVM untouched: no perf map is written.
+#[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+fn no_jit_symbols_leaves_the_jvm_alone() {
+    let (_oncpu, err, pid) = profile_jvm("java", "jit-none", &["--no-jit-symbols"]);
+    let map = format!("/tmp/perf-{pid}.map");
+    assert!(!Path::new(&map).exists(), "{map} was written\n{err}");
+    assert!(!err.contains("asked the JVM"), "{err}");
+    assert!(
+        !Path::new(&format!("/tmp/.java_pid{pid}")).exists(),
+        "the JVM's attach listener was started"
+    );
+}
