@@ -464,6 +464,9 @@ fn gc_probe_hits_sit_under_the_python_line_that_triggered_them() {
         .iter()
         .filter(|hit| innermost_python(hit).starts_with("collect_garbage_often"))
         .count();
-    assert!(triggered > 0, "no collection under the allocating line\n{out}");
+    assert!(
+        triggered > 0,
+        "no collection under the allocating line\n{out}"
+    );
     assert_eq!(collected, explicit, "{out}");
 }

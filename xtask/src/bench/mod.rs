@@ -9,6 +9,8 @@
 //! 5. [`fig5_render_profile`]: symbolize + fold + render a profile, against inferno.
 //! 6. [`fig6_peak_memory`]: peak RSS of the tracer runs of figures 2-4, against bpftrace's.
 //! 7. [`fig7_stop`]: Ctrl-C to exit in each mode on a busy target, against bpftrace.
+//! 8. [`fig8_python_frames`]: a Python target's throughput and the eBPF programs' time with
+//!    Python frames on and off, against py-spy.
 //!
 //! [`harness`] starts, times and stops the targets and tools; [`stats`] reduces the runs.
 //!
@@ -21,6 +23,7 @@ mod fig4_launch_to_first_event;
 mod fig5_render_profile;
 mod fig6_peak_memory;
 mod fig7_stop;
+mod fig8_python_frames;
 mod harness;
 mod stats;
 
@@ -39,10 +42,10 @@ pub struct BenchArgs {
     /// Fewer iterations, rounds and stacks: about a minute instead of a few.
     #[arg(long)]
     quick: bool,
-    /// Rounds of alternating runs in figures 2-4 and 7 [default: 5; --quick: 3].
+    /// Rounds of alternating runs in figures 2-4, 7 and 8 [default: 5; --quick: 3].
     #[arg(long)]
     rounds: Option<usize>,
-    /// Only these figures (1-7, comma-separated); 6 uses the tracer runs of 2-4.
+    /// Only these figures (1-8, comma-separated); 6 uses the tracer runs of 2-4.
     #[arg(long, value_delimiter = ',')]
     only: Vec<u8>,
     /// Iterations of each disabled-probe loop, figure 1 [default: 200M; --quick: 50M].
@@ -60,6 +63,9 @@ pub struct BenchArgs {
     /// Distinct (thread, user stack, kernel stack) keys in it [default: 200k; --quick: 50k].
     #[arg(long)]
     render_stacks: Option<u64>,
+    /// Seconds of each run of the Python workload, figure 8 [default: 3; --quick: 2].
+    #[arg(long)]
+    python_seconds: Option<f64>,
 }
 
 struct Config {
@@ -71,6 +77,7 @@ struct Config {
     render_samples: u64,
     render_stacks: u64,
     render_rounds: usize,
+    python_seconds: f64,
     figures: Vec<u8>,
 }
 
@@ -81,16 +88,20 @@ impl Config {
             value.unwrap_or(if quick { fast } else { full })
         };
         let figures = if args.only.is_empty() {
-            (1..=7).collect()
+            (1..=8).collect()
         } else {
             args.only
         };
-        if let Some(bad) = figures.iter().find(|f| !(1..=7).contains(*f)) {
-            bail!("no figure {bad}: figures are 1 to 7");
+        if let Some(bad) = figures.iter().find(|f| !(1..=8).contains(*f)) {
+            bail!("no figure {bad}: figures are 1 to 8");
         }
         let rounds = args.rounds.unwrap_or(if quick { 3 } else { 5 });
         if rounds == 0 {
             bail!("--rounds must be at least 1");
+        }
+        let python_seconds = args.python_seconds.unwrap_or(if quick { 2.0 } else { 3.0 });
+        if python_seconds.is_nan() || python_seconds <= 0.0 {
+            bail!("--python-seconds must be more than 0");
         }
         Ok(Self {
             rounds,
@@ -103,6 +114,7 @@ impl Config {
             // One round is a single sample of a noisy machine, with the tracer always
             // first; three alternate the order and give a median, for a few seconds more.
             render_rounds: 3,
+            python_seconds,
             figures,
         })
     }
@@ -140,7 +152,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     println!("load average before: {load_before} (other work on the machine skews every figure)");
     let mut rows = Vec::new();
     let mut memory = PeakMemory::default();
-    let figures: [(u8, &str); 7] = [
+    let figures: [(u8, &str); 8] = [
         (1, "disabled probe vs no probe"),
         (2, "cost per traced USDT event"),
         (3, "off-CPU tracing of a ping-pong"),
@@ -148,6 +160,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         (5, "symbolize + render a profile"),
         (6, "peak memory while tracing"),
         (7, "Ctrl-C to exit"),
+        (8, "the cost of Python frames"),
     ];
     for (figure, title) in figures {
         if !config.wants(figure) {
@@ -162,7 +175,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
             5 => fig5_render_profile::measure(&config),
             // Figure 6 reports the tracer runs of figures 2-4, so it comes after them.
             6 => Ok(vec![fig6_peak_memory::measure(&memory)]),
-            _ => fig7_stop::measure(&config),
+            7 => fig7_stop::measure(&config),
+            _ => fig8_python_frames::measure(&config),
         };
         match result {
             Ok(mut new_rows) => rows.append(&mut new_rows),
