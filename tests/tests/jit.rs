@@ -156,3 +156,43 @@ fn no_jit_symbols_leaves_the_jvm_alone() {
         "the JVM's attach listener was started"
     );
 }
+
+const NODE_SPIN: &str = r#"
+function hotLoop(n) { let s = 0; for (let i = 0; i < n; i++) { s = (s + i * i) % 1000003; } return s; }
+console.log(`ready pid=${process.pid}`);
+process.stdin.once('data', () => {
+    const end = Date.now() + 2000;
+    let t = 0;
+    while (Date.now() < end) { t += hotLoop(100000); }
+    console.log(`spun ${t}`);
+    process.exit(0);
+});
+"#;
+
+/// Node started with `--perf-prof` writes a jitdump and maps it: its JIT-compiled
+/// JavaScript is named from it.
+#[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+fn node_code_is_named_from_its_jitdump() {
+    require_privileged();
+    let dir = out_dir("jit-node");
+    let script = dir.join("spin.js");
+    std::fs::write(&script, NODE_SPIN).unwrap();
+    let target = StdinTarget::start(
+        Command::new("node")
+            .arg("--perf-prof")
+            .arg(&script)
+            .current_dir(&dir),
+    );
+    let pid = target.pid.to_string();
+    let tracer = Tracer::start(&["profile", "--pid", &pid, "-o", dir.to_str().unwrap()]);
+    let rest = target.release_and_finish();
+    assert!(rest.contains("spun"), "{rest}");
+    let (ok, _out, err) = tracer.finish();
+    assert!(ok, "tracer failed: {err}");
+    let oncpu = std::fs::read_to_string(dir.join("oncpu.folded")).unwrap();
+    let total = folded_weight_where(&oncpu, |_| true);
+    let hot = folded_weight_where(&oncpu, |l| l.contains("hotLoop"));
+    eprintln!("hotLoop in {hot} of {total} us on CPU");
+    assert!(hot as f64 >= 0.8 * total as f64, "{oncpu}");
+}

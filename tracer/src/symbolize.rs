@@ -28,6 +28,7 @@ use blazesym::symbolize::source::{Elf, Kernel, Process, Source};
 use blazesym::symbolize::{Input, Sym, Symbolized, Symbolizer};
 use blazesym::{MaybeDefault, Pid};
 
+use crate::jit::jitdump::JitSymbols;
 use crate::procfs::{MapsEntry, parse_maps_line};
 
 /// Name of frames that no mapping or symbol source can place.
@@ -181,6 +182,14 @@ impl ProcessMaps {
         mappings.extend(stale);
         mappings.sort_by_key(|m| m.start);
         self.mappings = mappings;
+    }
+
+    /// The jitdump file the process maps (see [`crate::jit::jitdump`]), kept open.
+    pub fn jitdump(&self) -> Option<&File> {
+        self.objects
+            .iter()
+            .find(|o| crate::jit::jitdump::is_jitdump_name(&o.module))
+            .and_then(|o| o.file.as_ref())
     }
 
     /// The process this snapshot is of.
@@ -489,6 +498,8 @@ struct CachedPerfMap {
 pub struct StackSymbolizer {
     symbolizer: Symbolizer,
     perf_maps: HashMap<u32, CachedPerfMap>,
+    /// Each process's jitdump as last parsed, and the length it had then.
+    jitdumps: HashMap<u32, (u64, JitSymbols)>,
     /// Objects (device, inode) whose symbols could not be read: warned about once, not
     /// retried. Not keyed by our fd path: fd numbers are reused.
     unreadable: HashSet<(String, u64)>,
@@ -535,6 +546,7 @@ impl StackSymbolizer {
         Self {
             symbolizer: new_blazesym(),
             perf_maps: HashMap::new(),
+            jitdumps: HashMap::new(),
             unreadable: HashSet::new(),
             own_executable: None,
             own_vdso: None,
@@ -1043,8 +1055,29 @@ impl StackSymbolizer {
         }
     }
 
-    /// The JIT symbol at `addr` from the target's perf map, re-read when it grew.
+    /// The JIT symbol at `addr` from the target's perf map or, failing that, its jitdump,
+    /// each re-read when it grew.
     fn jit_name(&mut self, maps: &ProcessMaps, addr: u64) -> Option<String> {
+        self.perf_map_name(maps, addr)
+            .or_else(|| self.jitdump_name(maps, addr))
+    }
+
+    fn jitdump_name(&mut self, maps: &ProcessMaps, addr: u64) -> Option<String> {
+        let file = maps.jitdump()?;
+        let len = file.metadata().ok()?.len();
+        let (parsed_len, symbols) = self.jitdumps.entry(maps.pid).or_default();
+        if *parsed_len != len {
+            let mut bytes = Vec::new();
+            let mut reader = file;
+            reader.seek(SeekFrom::Start(0)).ok()?;
+            reader.read_to_end(&mut bytes).ok()?;
+            *symbols = JitSymbols::parse(&bytes).unwrap_or_default();
+            *parsed_len = len;
+        }
+        symbols.lookup(addr).map(str::to_string)
+    }
+
+    fn perf_map_name(&mut self, maps: &ProcessMaps, addr: u64) -> Option<String> {
         let CachedPerfMap {
             fallback,
             parsed_len,
