@@ -101,7 +101,9 @@ fn java_methods_named_without_a_flag(java: &str, name: &str) {
     assert!(
         err.contains(&format!(
             "asked the JVM {pid} for its perf map at the start"
-        )) && err.contains(&format!("asked the JVM {pid} for its perf map at the stop")),
+        )) && err.contains(&format!(
+            "asked the JVM {pid} for its perf map before naming the stacks"
+        )),
         "{err}"
     );
     // The spinning thread is the one whose samples name either method.
@@ -195,4 +197,60 @@ fn node_code_is_named_from_its_jitdump() {
     let hot = folded_weight_where(&oncpu, |l| l.contains("hotLoop"));
     eprintln!("hotLoop in {hot} of {total} us on CPU");
     assert!(hot as f64 >= 0.8 * total as f64, "{oncpu}");
+}
+
+/// `tracer stacks` shows the thread on a CPU too, from one sample of it: a JVM's
+/// spinning thread is in its hot method, named from the perf map it is asked for.
+#[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+fn stacks_shows_what_a_running_thread_runs() {
+    require_privileged();
+    let _alone = jvm_alone();
+    let classes = classes();
+    let mut command = Command::new("java");
+    command
+        .arg("-cp")
+        .arg(&classes)
+        .args(["HoHot", "60000", "0"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped());
+    let mut child = command.spawn().unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.as_mut().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let pid: u32 = line
+        .trim()
+        .strip_prefix("ready pid=")
+        .unwrap()
+        .parse()
+        .unwrap();
+    std::io::Write::write_all(&mut stdin, b"go\n").unwrap();
+    // Long enough for hoSpin to be compiled.
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    let out = run_tracer(&["stacks", "--pid", &pid.to_string(), "--format", "json"]);
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_file(format!("/tmp/perf-{pid}.map"));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dump: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let spinning = dump["threads"].as_array().unwrap().iter().find(|t| {
+        t["user_stack"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|f| f.as_str().unwrap_or_default().contains("HoHot.hoSpin"))
+    });
+    let spinning = spinning.unwrap_or_else(|| panic!("no thread in hoSpin\n{dump:#}"));
+    assert!(
+        ["running", "runnable"].contains(&spinning["state"].as_str().unwrap()),
+        "{spinning:#}"
+    );
 }

@@ -50,6 +50,10 @@ pub struct StacksArgs {
     /// Output format: text, or one JSON document.
     #[arg(long, value_enum, default_value_t = Format::Text)]
     pub format: Format,
+    /// Leave a HotSpot JVM alone: do not ask it for its perf map, so JIT-compiled Java
+    /// methods stay unnamed unless a perf map is there already.
+    #[arg(long)]
+    pub no_jit_symbols: bool,
 }
 
 #[derive(Debug, Args)]
@@ -497,6 +501,8 @@ impl TryFrom<ListArgs> for ListConfig {
 pub struct StacksConfig {
     pub pid: NonZeroU32,
     pub format: Format,
+    /// A HotSpot JVM is asked for its perf map.
+    pub jit_symbols: bool,
 }
 
 impl TryFrom<StacksArgs> for StacksConfig {
@@ -506,6 +512,7 @@ impl TryFrom<StacksArgs> for StacksConfig {
         Ok(Self {
             pid: nonzero_pid(args.pid)?,
             format: args.format,
+            jit_symbols: !args.no_jit_symbols,
         })
     }
 }

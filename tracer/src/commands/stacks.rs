@@ -6,7 +6,7 @@
 //! frame pointers, which a task iterator reads from the kernel: without them (no BPF),
 //! user stacks through code built with frame pointers stop early.
 
-use std::{borrow::Cow, collections::HashMap, fmt::Write as _};
+use std::{borrow::Cow, collections::HashMap, fmt::Write as _, time::Duration};
 
 use anyhow::Result;
 use serde_json::{Value, json};
@@ -14,12 +14,15 @@ use tracer_common::{ThreadRegs, UNWIND_STACK_BYTES};
 
 use crate::{
     cli::{Format, StacksConfig},
-    loader::{Features, Loader, Settings},
+    jit::JvmPerfMaps,
+    loader::{Features, Loader, Settings, sample_running_thread},
     privileges,
     python::Interpreter,
     render::hist::format_ns,
     symbolize::{ProcessMaps, StackSymbolizer},
-    threads::{self, SnapshotError, SnapshotOptions, ThreadSnapshot, ThreadState, UserStack},
+    threads::{
+        self, SnapshotError, SnapshotOptions, ThreadSnapshot, ThreadState, UserStack, UserState,
+    },
     unwind::{DwarfUnwinder, UnwindEnd},
 };
 
@@ -34,7 +37,14 @@ pub fn run(config: StacksConfig) -> Result<()> {
         registers: registers.as_ref().cloned().unwrap_or_default(),
         ..SnapshotOptions::default()
     };
-    let threads = threads::snapshot_threads_with(pid, &options)?;
+    let mut threads = threads::snapshot_threads_with(pid, &options)?;
+    sample_running_threads(&mut threads, &options);
+    // Before the mappings are captured, which opens the perf map the JVM writes.
+    let mut jvm_perf_maps = JvmPerfMaps::new(config.jit_symbols);
+    jvm_perf_maps.request_before_naming([pid]);
+    if let Some(summary) = jvm_perf_maps.summary() {
+        crate::status!("{summary}");
+    }
     if let Err(e) = registers {
         crate::status!(
             "tracer: cannot read the threads' frame pointers ({e:#}): user stacks through \
@@ -73,6 +83,38 @@ pub fn run(config: StacksConfig) -> Result<()> {
     };
     crate::console::print(out)?;
     Ok(())
+}
+
+/// How long a thread on a CPU (or waiting for one) may take to run a little, for its
+/// one sample.
+const RUNNING_SAMPLE_WAIT: Duration = Duration::from_millis(200);
+
+/// Gives each thread on a CPU (or waiting for one) the user registers and stack of one
+/// sample of it (see [`sample_running_thread`]): /proc has none for it.
+fn sample_running_threads(threads: &mut [ThreadSnapshot], options: &SnapshotOptions) {
+    for thread in threads.iter_mut() {
+        let running = matches!(thread.state, ThreadState::Running | ThreadState::Runnable);
+        if !running || thread.user.is_some() {
+            continue;
+        }
+        match sample_running_thread(thread.tid, UNWIND_STACK_BYTES as u32, RUNNING_SAMPLE_WAIT) {
+            Ok(Some(sample)) => {
+                thread.user = Some(UserState {
+                    pc: sample.ip,
+                    sp: sample.sp,
+                    bp: Some(sample.bp),
+                    fsbase: options
+                        .registers
+                        .get(&thread.tid)
+                        .map(|r| r.fsbase)
+                        .filter(|&f| f != 0),
+                    stack: sample.stack,
+                });
+            }
+            Ok(None) => {}
+            Err(e) => log::debug!("cannot sample thread {}: {e}", thread.tid),
+        }
+    }
 }
 
 /// The saved user registers of every thread of `pid`, by thread id, from the kernel.
@@ -154,8 +196,9 @@ impl Dump {
                 None if matches!(thread.state, ThreadState::Running | ThreadState::Runnable) => {
                     let _ = writeln!(
                         out,
-                        "    (user stack unknown: the registers of a thread on a CPU or \
-                         waiting for one cannot be read without stopping it)"
+                        "    (user stack unknown: the thread did not run within {} ms of \
+                         being sampled)",
+                        RUNNING_SAMPLE_WAIT.as_millis()
                     );
                 }
                 None => {}
@@ -341,8 +384,8 @@ mod tests {
              \x20   ... (the stack goes deeper than the 16 KiB read)\n\
              \n\
              Thread 4245 \"worker-1\": running on CPU 1\n\
-             \x20   (user stack unknown: the registers of a thread on a CPU or waiting for \
-             one cannot be read without stopping it)\n"
+             \x20   (user stack unknown: the thread did not run within 200 ms of being \
+             sampled)\n"
         );
     }
 

@@ -81,7 +81,8 @@ impl JvmPerfMaps {
                 continue;
             }
             self.asked.insert(pid, Instant::now());
-            self.outcomes.push((pid, "at the stop", ask(pid)));
+            self.outcomes
+                .push((pid, "before naming the stacks", ask(pid)));
         }
     }
 

@@ -8,6 +8,7 @@ mod object;
 mod rings;
 mod sys;
 mod targets;
+mod thread_sample;
 
 use std::{
     collections::HashMap as StdHashMap,
@@ -30,6 +31,7 @@ pub use diagnostics::{DiagnosticsReader, enable as enable_bpf_diagnostics};
 pub use rings::{RecordRing, SnapshotChecks};
 pub use sys::supports_ref_ctr_offset;
 pub use targets::{COMM_LEN, FileId, KernelTargets, Member, TargetsMap};
+pub use thread_sample::{RunningSample, sample_running_thread};
 
 use crate::{
     btf::{self, Btf},

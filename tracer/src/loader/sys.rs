@@ -267,6 +267,22 @@ pub fn open_cpu_clock(cpu: u32, frequency_hz: u64) -> io::Result<OwnedFd> {
     owned_fd(fd)
 }
 
+/// Opens a perf event described by `attr` on thread `tid` alone, on any CPU.
+pub fn open_thread_event(attr: &perf_event_attr, tid: u32) -> io::Result<OwnedFd> {
+    // SAFETY: attr is a valid perf_event_attr that outlives the call.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_perf_event_open,
+            attr as *const perf_event_attr,
+            tid as libc::pid_t,
+            -1 as libc::c_int,
+            -1,
+            PERF_FLAG_FD_CLOEXEC,
+        )
+    };
+    owned_fd(fd)
+}
+
 /// What kind of program a load creates.
 #[derive(Debug, Clone, Copy)]
 pub struct ProgramKind {
