@@ -193,6 +193,14 @@ def collect_garbage_often():
     return {"explicit": explicit}
 
 
+def deep(levels):
+    """Recursion deeper than the Python frames a stack keeps, then a sleep."""
+    if levels == 0:
+        time.sleep(1.0)
+        return 0
+    return deep(levels - 1) + 1
+
+
 def main():
     if "--park" in sys.argv:
         park()
@@ -206,6 +214,8 @@ def main():
         work = fork_workers
     elif "--gc" in sys.argv:
         work = collect_garbage_often
+    elif "--deep" in sys.argv:
+        work = lambda: {"depth": deep(100)}
     print(json.dumps(work()), flush=True)
 
 

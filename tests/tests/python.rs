@@ -470,3 +470,27 @@ fn gc_probe_hits_sit_under_the_python_line_that_triggered_them() {
     );
     assert_eq!(collected, explicit, "{out}");
 }
+
+/// A stack deeper than the Python frames the kernel sends is marked cut short, and the
+/// report says how much of the wall time is.
+#[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+fn a_stack_cut_short_says_so() {
+    require_privileged();
+    let python = interpreter(Some("3.12.1"));
+    let dir = out_dir("python-deep");
+    let target = Target::start(python.to_str().unwrap(), &[SCRIPT, "--deep"]);
+    let pid = target.pid.to_string();
+    let tracer = Tracer::start(&["profile", "--pid", &pid, "-o", dir.to_str().unwrap()]);
+    target.release();
+    let _ = target.finish();
+    let (ok, out, err) = tracer.finish();
+    assert!(ok, "tracer failed: {err}");
+    let wall = std::fs::read_to_string(dir.join("wallclock.folded")).unwrap();
+    let cut = folded_weight_where(&wall, |stack| {
+        stack.split(';').nth(1) == Some("[truncated]")
+            && stack.contains(&format!("deep ({SCRIPT_FILE}:"))
+    });
+    assert!(cut >= 900_000, "{cut} us cut short\n{wall}");
+    assert!(out.contains("Truncated: "), "{out}");
+}

@@ -22,6 +22,7 @@ use crate::{
     unwind::UnwindStats,
     wallclock::{
         OFF_CPU_FRAME, RUNNABLE_FRAME, WallClockProfile, python_thread_table, thread_table,
+        truncated_line,
     },
 };
 
@@ -297,6 +298,9 @@ impl AttachReport {
         if let Some(line) = &self.unnamed {
             let _ = writeln!(out, "{line}");
         }
+        if let Some(line) = truncated_line(&self.wall) {
+            let _ = writeln!(out, "{line}");
+        }
         let _ = writeln!(
             out,
             "\nThreads: {}; the {} with the most wall time:",
@@ -490,6 +494,7 @@ impl AttachReport {
                 "pprof": self.files.pprof,
                 "speedscope": self.files.speedscope,
                 "unnamed_ns": self.wall.unnamed_ns,
+                "truncated_ns": self.wall.truncated_ns,
                 "unnamed_hint": self.unnamed,
             },
             "threads": self.wall.per_thread.iter().map(|t| json!({
@@ -636,6 +641,10 @@ pub fn profile_summary(
         profile.per_thread.len(),
         THREADS_SHOWN.min(profile.per_thread.len())
     );
+    if let Some(line) = truncated_line(profile) {
+        out += &line;
+        out.push('\n');
+    }
     out += &thread_table(profile, THREADS_SHOWN);
     if let Some(table) = python_thread_table(profile, THREADS_SHOWN) {
         out += &table;

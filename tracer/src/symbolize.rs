@@ -1449,7 +1449,11 @@ fn fallback_frame(location: Location<'_>) -> Frame {
             ..
         } => Frame::module_offset(module, file_offset),
         Location::Vdso { offset } => Frame::module_offset(VDSO, offset),
-        Location::Anonymous | Location::Unmapped => Frame::unknown(),
+        Location::Anonymous => Frame {
+            name: format!("{UNKNOWN} (anonymous memory)"),
+            ..Frame::unknown()
+        },
+        Location::Unmapped => Frame::unknown(),
     }
 }
 
@@ -1532,10 +1536,16 @@ mod tests {
             ],
         );
         let names: Vec<&str> = frames.iter().map(|f| f.name.as_str()).collect();
-        // Offsets are of the address itself, not of the adjusted lookup address.
+        // Offsets are of the address itself, not of the adjusted lookup address. Anonymous
+        // memory (JIT code no source names) says so; an address mapped nowhere does not.
         assert_eq!(
             names,
-            ["libfoo.so.1+0x28100", "app+0x2011", UNKNOWN, UNKNOWN]
+            [
+                "libfoo.so.1+0x28100",
+                "app+0x2011",
+                "[unknown] (anonymous memory)",
+                UNKNOWN
+            ]
         );
         assert_eq!(frames[0].module.as_deref(), Some("libfoo.so.1"));
         assert_eq!(frames[2].module, None);
@@ -1611,7 +1621,7 @@ mod tests {
         let frames = symbolizer.user_frames(&maps, &[0x7f0000000042, 0x7f0000000142]);
         assert_eq!(frames[0].name, "jitted_fn");
         assert_eq!(frames[0].module.as_deref(), Some(JIT_MODULE));
-        assert_eq!(frames[1].name, UNKNOWN);
+        assert_eq!(frames[1].name, "[unknown] (anonymous memory)");
         fs::remove_dir_all(dir).unwrap();
     }
 

@@ -44,6 +44,15 @@ pub struct UnwoundStack {
     pub by_frame_pointer: Vec<bool>,
 }
 
+/// The outermost frame of a stack cut short (deeper than the bytes copied, or than
+/// [`MAX_STACK_DEPTH`] frames, or its Python frames more than the kernel sends).
+pub const TRUNCATED_FRAME: &str = "[truncated]";
+
+/// The token standing for [`TRUNCATED_FRAME`].
+fn truncated_token() -> u64 {
+    crate::frame_tokens::token(TRUNCATED_FRAME.to_string(), "[tracer]")
+}
+
 /// Unwound user stacks by their ids.
 pub type UnwoundStacks = HashMap<i32, UnwoundStack>;
 
@@ -366,12 +375,16 @@ impl DwarfUnwinder {
         merger: Option<&mut dyn StackMerger>,
     ) -> Option<SnapshotCheck> {
         let mut reads = Vec::new();
+        let mut cut_short = snapshot.python.as_ref().is_some_and(|p| p.truncated != 0);
         let native = match maps {
             Some(maps) => {
                 let (stack, end) = self.unwind(snapshot, maps, &mut reads);
                 match end {
                     UnwindEnd::Complete => {}
-                    UnwindEnd::OutOfStack => self.stats.out_of_stack += 1,
+                    UnwindEnd::OutOfStack => {
+                        self.stats.out_of_stack += 1;
+                        cut_short = true;
+                    }
                     UnwindEnd::Truncated => self.stats.truncated += 1,
                 }
                 stack
@@ -386,10 +399,14 @@ impl DwarfUnwinder {
         };
         // The reuse check is of the native frames: the kernel compares Python frames itself.
         let native_addrs = (snapshot.snapshot_id != 0).then(|| native.addrs.clone());
-        let stack = match (merger, &snapshot.python) {
+        let mut stack = match (merger, &snapshot.python) {
             (Some(merger), Some(python)) => merger.merge_python(native, python),
             _ => native,
         };
+        if cut_short {
+            stack.addrs.push(truncated_token());
+            stack.by_frame_pointer.push(false);
+        }
         self.stats.frames += stack.addrs.len() as u64;
         self.stats.frame_pointer_frames +=
             stack.by_frame_pointer.iter().filter(|&&fp| fp).count() as u64;

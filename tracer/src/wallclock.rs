@@ -80,6 +80,8 @@ pub struct WallClockProfile {
     /// Wall time whose user stack has a frame that could not be named (JIT-compiled code
     /// without a perf map, code without symbols).
     pub unnamed_ns: u64,
+    /// Wall time whose stack was cut short: its root frame is [`TRUNCATED_FRAME`].
+    pub truncated_ns: u64,
     /// Processes seen on or off CPU.
     pub processes: usize,
     /// The threads' time while they ran runtime tasks, under the task that ran: process,
@@ -375,6 +377,7 @@ pub fn build_profile(
             profile.missing_stacks += u64::from(is_missing(&key));
             namer.frames(&key, &mut frames);
             profile.unnamed_ns += weight.ns * u64::from(namer.has_unnamed(&frames));
+            profile.truncated_ns += weight.ns * u64::from(namer.is_truncated(&frames));
             profile.oncpu_samples += weight.events;
             profile.oncpu_ns += weight.ns;
             let time = thread(&mut per_thread, processes, &key);
@@ -386,6 +389,7 @@ pub fn build_profile(
             profile.missing_stacks += u64::from(is_missing(key));
             namer.frames(key, &mut frames);
             profile.unnamed_ns += weight.ns * u64::from(namer.has_unnamed(&frames));
+            profile.truncated_ns += weight.ns * u64::from(namer.is_truncated(&frames));
             let python_state = namer.python_state(&frames, Some(key.state));
             add_python_time(
                 thread(&mut per_thread, processes, key),
@@ -512,6 +516,25 @@ pub fn python_thread_table(profile: &WallClockProfile, shown: usize) -> Option<S
 /// Whether a frame could not be named.
 fn is_unnamed(frame: &str) -> bool {
     frame.starts_with(crate::symbolize::UNKNOWN)
+}
+
+/// The outermost frame of a stack cut short: deeper than the stack bytes copied or
+/// [`tracer_common::MAX_STACK_DEPTH`] frames.
+pub const TRUNCATED_FRAME: &str = crate::unwind::TRUNCATED_FRAME;
+
+/// The line saying how much of `profile`'s wall time is in stacks cut short; `None`
+/// when none is.
+pub fn truncated_line(profile: &WallClockProfile) -> Option<String> {
+    let wall = profile.oncpu_ns + profile.offcpu_ns + profile.runnable_ns;
+    (profile.truncated_ns > 0).then(|| {
+        format!(
+            "Truncated: {:.1}% of the wall time is in stacks cut short (their root frame is \
+             {TRUNCATED_FRAME}): deeper than the {} KiB of stack copied or {} frames.",
+            profile.truncated_ns as f64 * 100.0 / wall.max(1) as f64,
+            tracer_common::UNWIND_STACK_BYTES / 1024,
+            tracer_common::MAX_STACK_DEPTH
+        )
+    })
 }
 
 /// The share of a profile's wall time above which the reports say how to name what
@@ -915,6 +938,13 @@ impl Namer {
             Some(_) if kinds().any(|k| k == PythonFrameKind::Gil) => PythonState::Gil,
             Some(_) => PythonState::Blocked,
         }
+    }
+
+    /// Whether the stack of `frames` was cut short.
+    fn is_truncated(&self, frames: &[u32]) -> bool {
+        frames
+            .iter()
+            .any(|&id| self.table.names()[id as usize] == TRUNCATED_FRAME)
     }
 
     fn has_unnamed(&self, frames: &[u32]) -> bool {
