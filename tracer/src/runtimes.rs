@@ -155,17 +155,18 @@ pub fn jit_naming_hint<'a>(pid: u32, files: impl IntoIterator<Item = &'a str>) -
     let maps = |prefix: &str| names.iter().any(|name| name.starts_with(prefix));
     if maps("libjvm.so") {
         format!(
-            "this is a JVM: `jcmd {pid} Compiler.perfmap` (JDK 17 and later) writes \
-             /tmp/perf-{pid}.map, from which tracer names the JIT-compiled Java methods; \
-             starting it with -XX:+PreserveFramePointer lets their callers be found too"
+            "this is a JVM: tracer asks it for its perf map (what `jcmd {pid} \
+             Compiler.perfmap` does, JDK 17 and later) unless --no-jit-symbols is given or \
+             its attach mechanism is off; starting it with -XX:+PreserveFramePointer lets \
+             the callers of JIT-compiled methods be found too"
         )
     } else if maps("libjulia") {
         "this is Julia: start it with ENABLE_JITPROFILING=1 to have it write a perf map \
          tracer reads"
             .to_string()
     } else if maps("node") || maps("libnode") {
-        "this is Node.js: start it with --perf-basic-prof to have it write a perf map \
-         tracer reads"
+        "this is Node.js: start it with --perf-prof (a jitdump) or --perf-basic-prof (a \
+         perf map) to have it name its JIT-compiled code for tracer"
             .to_string()
     } else if maps("python3.1") || maps("libpython3.1") {
         "this is CPython: from 3.12, `-X perf` (or PYTHONPERFSUPPORT=1) writes a perf map \
