@@ -254,3 +254,81 @@ fn stacks_shows_what_a_running_thread_runs() {
         "{spinning:#}"
     );
 }
+
+/// Runs `program ARGS`, failing the test with its output if it fails.
+fn run(program: &str, args: &[&str]) {
+    let out = Command::new(program)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {program}: {e}"));
+    assert!(out.status.success(), "{program} {args:?}: {out:?}");
+}
+
+/// Code registered through the GDB JIT interface (as LLVM's JITs register what they
+/// emit) is named from the object registered with it.
+#[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+fn code_registered_with_the_gdb_jit_interface_is_named() {
+    require_privileged();
+    let tmp = Path::new(env!("CARGO_TARGET_TMPDIR")).join("gdb-jit");
+    std::fs::create_dir_all(&tmp).unwrap();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/gdbjit");
+    let path = |name: &str| tmp.join(name).to_str().unwrap().to_string();
+    let source = |name: &str| src.join(name).to_str().unwrap().to_string();
+    // The object a JIT would emit: linked at the address its code is copied to.
+    let address = "0x7e0000000000";
+    run(
+        "gcc",
+        &[
+            "-O1",
+            "-fno-pic",
+            "-fno-omit-frame-pointer",
+            "-c",
+            &source("jitted.c"),
+            "-o",
+            &path("jitted.o"),
+        ],
+    );
+    run(
+        "ld",
+        &[
+            "-e",
+            "0",
+            &format!("-Ttext={address}"),
+            &path("jitted.o"),
+            "-o",
+            &path("jitted.elf"),
+        ],
+    );
+    run(
+        "objcopy",
+        &[
+            "-O",
+            "binary",
+            "--only-section=.text",
+            &path("jitted.elf"),
+            &path("jitted.bin"),
+        ],
+    );
+    run(
+        "gcc",
+        &["-O2", "-o", &path("gdb-jit-demo"), &source("demo.c")],
+    );
+    let target = StdinTarget::start(Command::new(path("gdb-jit-demo")).args([
+        path("jitted.elf"),
+        path("jitted.bin"),
+        address.to_string(),
+        "1500".to_string(),
+    ]));
+    let dir = out_dir("jit-gdb");
+    let pid = target.pid.to_string();
+    let tracer = Tracer::start(&["profile", "--pid", &pid, "-o", dir.to_str().unwrap()]);
+    let rest = target.release_and_finish();
+    assert!(rest.contains("spun"), "{rest}");
+    let (ok, _out, err) = tracer.finish();
+    assert!(ok, "tracer failed: {err}");
+    let oncpu = std::fs::read_to_string(dir.join("oncpu.folded")).unwrap();
+    let total = folded_weight_where(&oncpu, |_| true);
+    let named = folded_weight_where(&oncpu, |l| l.contains("jitted_spin"));
+    assert!(named as f64 >= 0.8 * total as f64, "{oncpu}");
+}

@@ -17,6 +17,7 @@
 //!   ` [fp]` marks), the one home of stack naming;
 //! - `symbolize`: naming addresses (blazesym), and `frame_tokens` the frames that have no
 //!   address (a Python function at a line);
+//! - `elf`: symbols looked up by name in mapped ELF files, and where they are loaded;
 //! - `python`: CPython's frames read from the interpreter and merged into user stacks;
 //! - `jit`: JIT-compiled code named without the user's help (HotSpot's perf map);
 //! - `threads`: what each thread of a process is doing now, read from /proc (`tracer stacks`);
@@ -32,6 +33,7 @@ pub mod btf;
 pub mod cli;
 pub mod commands;
 pub mod console;
+pub mod elf;
 pub mod frame_tokens;
 #[cfg(test)]
 mod golden;

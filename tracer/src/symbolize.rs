@@ -28,6 +28,7 @@ use blazesym::symbolize::source::{Elf, Kernel, Process, Source};
 use blazesym::symbolize::{Input, Sym, Symbolized, Symbolizer};
 use blazesym::{MaybeDefault, Pid};
 
+use crate::elf::ElfSymbols;
 use crate::jit::jitdump::JitSymbols;
 use crate::procfs::{MapsEntry, parse_maps_line};
 
@@ -142,7 +143,22 @@ pub struct ProcessMaps {
     mappings: Vec<Mapping>,
     objects: Vec<MappedObject>,
     perf_map: PerfMapSource,
+    /// The code its JIT registered through the GDB JIT interface, as last read.
+    gdb_jit: Option<GdbJit>,
 }
+
+/// A process's GDB JIT descriptor and what was last read behind it.
+#[derive(Debug)]
+struct GdbJit {
+    descriptor: u64,
+    mem: File,
+    code: JitSymbols,
+}
+
+/// For each mapped file, by (device, inode): the link-time address of its GDB JIT
+/// descriptor, if it has one. Each file's symbols are read once per run.
+static GDB_JIT_DESCRIPTORS: LazyLock<std::sync::Mutex<HashMap<(String, u64), Option<u64>>>> =
+    LazyLock::new(Default::default);
 
 impl ProcessMaps {
     /// Reads `/proc/PID/maps` and opens every executable file mapped by `pid`.
@@ -153,9 +169,11 @@ impl ProcessMaps {
             mappings: Vec::new(),
             objects: Vec::new(),
             perf_map: PerfMapSource::locate(pid),
+            gdb_jit: None,
         };
         snapshot.mappings = snapshot.add_entries(maps.lines().filter_map(parse_maps_line));
         snapshot.perf_map.open_if_missing();
+        snapshot.read_gdb_jit();
         Ok(snapshot)
     }
 
@@ -167,6 +185,7 @@ impl ProcessMaps {
         let maps = fs::read_to_string(format!("/proc/{}/maps", self.pid))?;
         self.merge_maps(&maps);
         self.perf_map.open_if_missing();
+        self.read_gdb_jit();
         Ok(())
     }
 
@@ -182,6 +201,49 @@ impl ProcessMaps {
         mappings.extend(stale);
         mappings.sort_by_key(|m| m.start);
         self.mappings = mappings;
+    }
+
+    /// Reads the code registered through the GDB JIT interface again, finding the
+    /// descriptor first if the process has one (see [`crate::jit::gdb`]).
+    fn read_gdb_jit(&mut self) {
+        if self.gdb_jit.is_none() {
+            self.gdb_jit = self.find_gdb_jit();
+        }
+        if let Some(jit) = &mut self.gdb_jit {
+            let code = crate::jit::gdb::registered_code(&jit.mem, jit.descriptor);
+            // A process gone reads as nothing: what was read before stays.
+            if !code.is_empty() {
+                jit.code = code;
+            }
+        }
+    }
+
+    fn find_gdb_jit(&self) -> Option<GdbJit> {
+        let mut known = GDB_JIT_DESCRIPTORS.lock().ok()?;
+        for mapping in self.mapped_files() {
+            let key = (mapping.dev.to_string(), mapping.inode);
+            let at = *known.entry(key).or_insert_with(|| {
+                let symbols = ElfSymbols::read(mapping.file?, &[crate::jit::gdb::DESCRIPTOR])?;
+                symbols.address(crate::jit::gdb::DESCRIPTOR)
+            });
+            let Some(at) = at else {
+                continue;
+            };
+            let symbols = ElfSymbols::read(mapping.file?, &[])?;
+            let bias = symbols.load_bias(mapping.start, mapping.offset)?;
+            let mem = File::open(format!("/proc/{}/mem", self.pid)).ok()?;
+            return Some(GdbJit {
+                descriptor: bias.wrapping_add(at),
+                mem,
+                code: JitSymbols::default(),
+            });
+        }
+        None
+    }
+
+    /// The name of the code at `addr` its JIT registered through the GDB JIT interface.
+    fn gdb_jit_name(&self, addr: u64) -> Option<&str> {
+        self.gdb_jit.as_ref()?.code.lookup(addr)
     }
 
     /// The jitdump file the process maps (see [`crate::jit::jitdump`]), kept open.
@@ -296,6 +358,7 @@ impl ProcessMaps {
             mappings: Vec::new(),
             objects: Vec::new(),
             perf_map: PerfMapSource::default(),
+            gdb_jit: None,
         };
         snapshot.mappings = snapshot.add_entries(maps.lines().filter_map(parse_maps_line));
         snapshot
@@ -1060,6 +1123,7 @@ impl StackSymbolizer {
     fn jit_name(&mut self, maps: &ProcessMaps, addr: u64) -> Option<String> {
         self.perf_map_name(maps, addr)
             .or_else(|| self.jitdump_name(maps, addr))
+            .or_else(|| maps.gdb_jit_name(addr).map(str::to_string))
     }
 
     fn jitdump_name(&mut self, maps: &ProcessMaps, addr: u64) -> Option<String> {

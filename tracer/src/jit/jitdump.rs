@@ -85,7 +85,8 @@ impl JitSymbols {
         }
     }
 
-    fn insert(&mut self, start: u64, size: u64, name: String) {
+    /// Names the code at `start`, `size` bytes, replacing whatever it overlaps.
+    pub fn insert(&mut self, start: u64, size: u64, name: String) {
         let end = start.saturating_add(size.max(1));
         let overlapping: Vec<u64> = self
             .by_start

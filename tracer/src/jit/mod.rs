@@ -1,8 +1,10 @@
 //! JIT-compiled code named without the user's help: the perf maps HotSpot JVMs write
 //! when asked ([`hotspot`]), requested when tracing starts and again before stacks are
-//! named, since a perf map is a snapshot of what was compiled by then; and the jitdump
-//! files other runtimes write ([`jitdump`]).
+//! named, since a perf map is a snapshot of what was compiled by then; the jitdump
+//! files other runtimes write ([`jitdump`]); and the in-memory objects JITs register
+//! through the GDB JIT interface ([`gdb`]).
 
+pub mod gdb;
 pub mod hotspot;
 pub mod jitdump;
 

@@ -24,12 +24,12 @@ use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::rc::Rc;
 
-use object::{Object as _, ObjectSegment as _, ObjectSymbol as _};
 use tracer_common::python::{
     MAX_PYTHON_FRAMES, MAX_PYTHON_THREADS, NO_FIELD, PythonProcess, PythonStack, boundary,
 };
 
 use self::layout::Layout;
+use crate::elf::ElfSymbols;
 use crate::frame_tokens;
 use crate::symbolize::ProcessMaps;
 use crate::unwind::{StackMerger, UnwoundStack};
@@ -183,14 +183,17 @@ impl Interpreter {
             let Some(file) = mapping.file else {
                 continue;
             };
-            let Some(symbols) = InterpreterSymbols::read(file) else {
+            let Some(symbols) = ElfSymbols::read(file, &INTERPRETER_SYMBOLS) else {
+                continue;
+            };
+            let Some(runtime) = symbols.address("_PyRuntime") else {
                 continue;
             };
             let Some(bias) = symbols.load_bias(mapping.start, mapping.offset) else {
                 continue;
             };
             let mem = File::open(format!("/proc/{pid}/mem")).map_err(|e| e.to_string())?;
-            let version = match symbols.py_version {
+            let version = match symbols.address("Py_Version") {
                 Some(at) => {
                     let mut word = [0u8; 4];
                     mem.read_exact_at(&mut word, bias.wrapping_add(at))
@@ -209,14 +212,15 @@ impl Interpreter {
                 ));
             };
             let eval_ranges = symbols
-                .eval_ranges
+                .found
                 .iter()
-                .map(|r| bias.wrapping_add(r.start)..bias.wrapping_add(r.end))
+                .filter(|(name, _, _)| name.starts_with("_PyEval_EvalFrameDefault"))
+                .map(|&(_, at, size)| bias.wrapping_add(at)..bias.wrapping_add(at + size.max(1)))
                 .collect();
             let mut interpreter = Self {
                 version,
                 layout,
-                runtime: bias.wrapping_add(symbols.runtime),
+                runtime: bias.wrapping_add(runtime),
                 mem: Some(mem),
                 kernel: None,
                 registered: false,
@@ -488,6 +492,14 @@ impl StackMerger for Interpreter {
     }
 }
 
+/// The symbols of an interpreter's file that the tracer needs.
+const INTERPRETER_SYMBOLS: [&str; 4] = [
+    "_PyRuntime",
+    "Py_Version",
+    "_PyEval_EvalFrameDefault",
+    "_PyEval_EvalFrameDefault.cold",
+];
+
 /// `co_filename` as frames show it: the file's name, with its directory for a
 /// package's `__init__.py`.
 fn short_file_name(path: &str) -> String {
@@ -506,62 +518,6 @@ fn version_from_file_name(name: &str) -> Option<(u8, u8)> {
         .or_else(|| name.strip_prefix("python3."))?;
     let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
     Some((3, digits.parse().ok()?))
-}
-
-/// The symbols of an interpreter's file that the tracer needs, as link-time addresses.
-#[derive(Debug)]
-struct InterpreterSymbols {
-    runtime: u64,
-    py_version: Option<u64>,
-    eval_ranges: Vec<Range<u64>>,
-    /// (file offset, address, size) of each loadable segment.
-    segments: Vec<(u64, u64, u64)>,
-}
-
-impl InterpreterSymbols {
-    fn read(file: &File) -> Option<Self> {
-        let data = object::ReadCache::new(file);
-        let elf = object::File::parse(&data).ok()?;
-        let mut runtime = None;
-        let mut py_version = None;
-        let mut eval_ranges = Vec::new();
-        for symbol in elf.symbols().chain(elf.dynamic_symbols()) {
-            match symbol.name() {
-                Ok("_PyRuntime") => runtime = Some(symbol.address()),
-                Ok("Py_Version") => py_version = Some(symbol.address()),
-                Ok("_PyEval_EvalFrameDefault" | "_PyEval_EvalFrameDefault.cold") => {
-                    let range = symbol.address()..symbol.address() + symbol.size().max(1);
-                    if !eval_ranges.contains(&range) {
-                        eval_ranges.push(range);
-                    }
-                }
-                _ => {}
-            }
-        }
-        let segments = elf
-            .segments()
-            .map(|s| (s.file_range().0, s.address(), s.file_range().1))
-            .collect();
-        Some(Self {
-            runtime: runtime?,
-            py_version,
-            eval_ranges,
-            segments,
-        })
-    }
-
-    /// Where the file is loaded, from one of its mappings: what to add to a link-time
-    /// address to find it in the process.
-    fn load_bias(&self, start: u64, offset: u64) -> Option<u64> {
-        const PAGE: u64 = 4096;
-        self.segments
-            .iter()
-            .filter(|(at, _, size)| (at & !(PAGE - 1)..at + size.max(&1)).contains(&offset))
-            .max_by_key(|(at, _, _)| *at)
-            .map(|(at, address, _)| {
-                start.wrapping_sub(address.wrapping_add(offset).wrapping_sub(*at))
-            })
-    }
 }
 
 /// `stack` (innermost first) with each native frame that `is_eval` says is
