@@ -62,11 +62,21 @@ impl ElfSymbols {
 mod tests {
     use super::*;
 
+    /// A function of this test binary, found by name where it is loaded.
+    #[unsafe(no_mangle)]
+    #[inline(never)]
+    extern "C" fn tracer_elf_test_marker() -> u32 {
+        std::hint::black_box(7)
+    }
+
     #[test]
     fn finds_our_own_symbols_where_they_are_loaded() {
         let exe = File::open("/proc/self/exe").unwrap();
-        let symbols = ElfSymbols::read(&exe, &["main"]).unwrap();
-        let main = symbols.address("main").expect("the test binary has main");
+        let name = "tracer_elf_test_marker";
+        let symbols = ElfSymbols::read(&exe, &[name]).unwrap();
+        let linked = symbols
+            .address(name)
+            .expect("the test binary has the marker");
         let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
         let exe_path = std::fs::read_link("/proc/self/exe").unwrap();
         let mapping = maps
@@ -75,9 +85,8 @@ mod tests {
             .find(|e| e.path.as_deref() == exe_path.to_str() && e.is_executable())
             .unwrap();
         let bias = symbols.load_bias(mapping.start, mapping.offset).unwrap();
-        unsafe extern "C" {
-            fn main();
-        }
-        assert_eq!(bias.wrapping_add(main), main as usize as u64);
+        let marker = tracer_elf_test_marker as extern "C" fn() -> u32;
+        assert_eq!(bias.wrapping_add(linked), marker as usize as u64);
+        assert_eq!(marker(), 7);
     }
 }

@@ -157,8 +157,11 @@ struct GdbJit {
 
 /// For each mapped file, by (device, inode): the link-time address of its GDB JIT
 /// descriptor, if it has one. Each file's symbols are read once per run.
-static GDB_JIT_DESCRIPTORS: LazyLock<std::sync::Mutex<HashMap<(String, u64), Option<u64>>>> =
+static GDB_JIT_DESCRIPTORS: LazyLock<std::sync::Mutex<DescriptorsByFile>> =
     LazyLock::new(Default::default);
+
+/// Link-time descriptor addresses by (device, inode); `None` for a file without one.
+type DescriptorsByFile = HashMap<(String, u64), Option<u64>>;
 
 impl ProcessMaps {
     /// Reads `/proc/PID/maps` and opens every executable file mapped by `pid`.
