@@ -232,9 +232,10 @@ fn stacks_names_python_frames_as_python_does_3_11() {
 
 #[test]
 #[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
-fn stacks_names_python_frames_as_python_does_3_9_and_3_13() {
-    stacks_match_python(&interpreter(Some("3.9.18")));
-    stacks_match_python(&interpreter(Some("3.13.0")));
+fn stacks_names_python_frames_as_python_does_in_pyenvs_3_9_to_3_13() {
+    for version in ["3.9.18", "3.10.13", "3.11.7", "3.12.1", "3.13.0"] {
+        stacks_match_python(&interpreter(Some(version)));
+    }
 }
 
 /// `attach` splits each Python thread's wall time in Python's terms: the sleeper is
