@@ -204,7 +204,25 @@ impl Interpreter {
                 None => version_from_file_name(file_name)
                     .ok_or_else(|| format!("cannot tell the Python version of {file_name}"))?,
             };
-            let Some(layout) = layout::layout(version.0, version.1) else {
+            // From 3.13 the interpreter describes its own structures at the start of
+            // `_PyRuntime`; the table is the fallback.
+            let described = (version >= (3, 13))
+                .then(|| {
+                    let mut bytes = vec![0u8; layout::DEBUG_OFFSETS_SIZE_3_13];
+                    mem.read_exact_at(&mut bytes, bias.wrapping_add(runtime)).ok()?;
+                    layout::layout_from_debug_offsets(&bytes)
+                })
+                .flatten();
+            log::debug!(
+                "process {pid}: CPython {}.{}, layout from {}",
+                version.0,
+                version.1,
+                match described {
+                    Some(_) => "its _Py_DebugOffsets",
+                    None => "the table",
+                }
+            );
+            let Some(layout) = described.or_else(|| layout::layout(version.0, version.1)) else {
                 return Err(format!(
                     "CPython {}.{} is not supported (3.9 to 3.13 are): stacks keep the \
                      interpreter's native frames",
