@@ -201,6 +201,21 @@ def deep(levels):
     return deep(levels - 1) + 1
 
 
+def fork_short_workers(count):
+    """Short-lived workers one after the other, then a pause while the parent lives on."""
+    children = []
+    for _ in range(count):
+        child = os.fork()
+        if child == 0:
+            spin_in_child(0.03)
+            os._exit(0)
+        os.waitpid(child, 0)
+        children.append(child)
+    print("workers done", flush=True)
+    time.sleep(2.0)
+    return {"children": children}
+
+
 def main():
     if "--park" in sys.argv:
         park()
@@ -214,6 +229,8 @@ def main():
         work = fork_workers
     elif "--gc" in sys.argv:
         work = collect_garbage_often
+    elif "--fork-many" in sys.argv:
+        work = lambda: fork_short_workers(30)
     elif "--deep" in sys.argv:
         work = lambda: {"depth": deep(100)}
     print(json.dumps(work()), flush=True)

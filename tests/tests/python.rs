@@ -495,3 +495,74 @@ fn a_stack_cut_short_says_so() {
     assert!(cut >= 900_000, "{cut} us cut short\n{wall}");
     assert!(out.contains("Truncated: "), "{out}");
 }
+
+/// The descriptors of `/proc/PID/mem` the tracer `tracer` holds, by the PID they read.
+fn mem_descriptors(tracer: u32) -> Vec<u32> {
+    std::fs::read_dir(format!("/proc/{tracer}/fd"))
+        .unwrap()
+        .flatten()
+        .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+        .filter_map(|target| {
+            let target = target.to_str()?.to_string();
+            target
+                .strip_prefix("/proc/")?
+                .strip_suffix("/mem")?
+                .parse()
+                .ok()
+        })
+        .collect()
+}
+
+/// Short-lived Python workers (`--children`) leave no descriptor open in the tracer once
+/// they are done: their memory is read while they are named, then closed.
+#[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+fn python_workers_that_exit_leave_no_descriptor_open() {
+    require_privileged();
+    let python = interpreter(Some("3.12.1"));
+    let dir = out_dir("python-fork-many");
+    let mut target = Target::start(python.to_str().unwrap(), &[SCRIPT, "--fork-many"]);
+    let pid = target.pid.to_string();
+    let tracer = Tracer::start(&[
+        "profile",
+        "--pid",
+        &pid,
+        "--children",
+        "-o",
+        dir.to_str().unwrap(),
+    ]);
+    target.release();
+    assert_eq!(target.read_line(), "workers done");
+    // A few of the tracer's observe periods after the last worker exited.
+    std::thread::sleep(std::time::Duration::from_millis(1200));
+    let held = mem_descriptors(tracer.pid());
+    let truth = target.finish();
+    let (ok, out, err) = tracer.finish();
+    assert!(ok, "tracer failed: {err}");
+    let children: Vec<u32> = truth["children"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_u64().unwrap() as u32)
+        .collect();
+    eprintln!("{out}\nthe tracer holds the memory of {held:?}");
+    assert!(
+        held.iter().all(|pid| !children.contains(pid)),
+        "descriptors of exited workers: {held:?}"
+    );
+    let wall = std::fs::read_to_string(dir.join("wallclock.folded")).unwrap();
+    let named = children
+        .iter()
+        .filter(|child| {
+            wall.lines().any(|l| {
+                l.starts_with(&format!("python3.12 [{child}]"))
+                    && l.contains(&format!("spin_in_child ({SCRIPT_FILE}:"))
+            })
+        })
+        .count();
+    assert!(
+        named * 2 >= children.len(),
+        "{named} of {} workers named\n{wall}",
+        children.len()
+    );
+}

@@ -390,6 +390,7 @@ pub fn register_python_processes(
     for (tgid, info) in processes.iter() {
         interpreters.find(tgid, info.maps.as_ref());
     }
+    interpreters.close_idle();
     for (tgid, process) in interpreters.ready_for_kernel() {
         if let Err(e) = loader.add_python_process(tgid, &process) {
             log::warn!("process {tgid}: no Python frames: {e}");

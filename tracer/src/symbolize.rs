@@ -151,7 +151,6 @@ pub struct ProcessMaps {
 #[derive(Debug)]
 struct GdbJit {
     descriptor: u64,
-    mem: File,
     code: JitSymbols,
 }
 
@@ -213,7 +212,11 @@ impl ProcessMaps {
             self.gdb_jit = self.find_gdb_jit();
         }
         if let Some(jit) = &mut self.gdb_jit {
-            let code = crate::jit::gdb::registered_code(&jit.mem, jit.descriptor);
+            // Opened for each read: no descriptor is held per process between reads.
+            let Ok(mem) = File::open(format!("/proc/{}/mem", self.pid)) else {
+                return;
+            };
+            let code = crate::jit::gdb::registered_code(&mem, jit.descriptor);
             // A process gone reads as nothing: what was read before stays.
             if !code.is_empty() {
                 jit.code = code;
@@ -234,10 +237,8 @@ impl ProcessMaps {
             };
             let symbols = ElfSymbols::read(mapping.file?, &[])?;
             let bias = symbols.load_bias(mapping.start, mapping.offset)?;
-            let mem = File::open(format!("/proc/{}/mem", self.pid)).ok()?;
             return Some(GdbJit {
                 descriptor: bias.wrapping_add(at),
-                mem,
                 code: JitSymbols::default(),
             });
         }

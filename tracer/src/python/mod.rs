@@ -116,6 +116,16 @@ impl Interpreters {
             .collect()
     }
 
+    /// Closes the memory of every interpreter not read since the last call: the
+    /// descriptors held stay as few as the processes being named.
+    pub fn close_idle(&mut self) {
+        for interpreter in self.by_process.values().flatten() {
+            if !interpreter.used.replace(false) {
+                interpreter.mem.borrow_mut().take();
+            }
+        }
+    }
+
     /// Each process's interpreter version, for the report.
     pub fn versions(&self) -> Vec<(u32, (u8, u8))> {
         let mut versions: Vec<_> = self
@@ -135,8 +145,13 @@ pub struct Interpreter {
     layout: Layout,
     /// Where `_PyRuntime` is in the process.
     runtime: u64,
-    /// The process's memory; `None` once it exited.
-    mem: Option<File>,
+    pid: u32,
+    /// The process's memory, opened when read and closed when idle (see
+    /// [`Interpreters::close_idle`]): a run that sees many processes keeps no
+    /// descriptor of those that are done.
+    mem: std::cell::RefCell<Option<File>>,
+    /// Whether `mem` was read since the last [`Interpreters::close_idle`].
+    used: std::cell::Cell<bool>,
     /// What the kernel is told, once the interpreter is initialized.
     kernel: Option<PythonProcess>,
     /// Whether the kernel has been told.
@@ -209,7 +224,8 @@ impl Interpreter {
             let described = (version >= (3, 13))
                 .then(|| {
                     let mut bytes = vec![0u8; layout::DEBUG_OFFSETS_SIZE_3_13];
-                    mem.read_exact_at(&mut bytes, bias.wrapping_add(runtime)).ok()?;
+                    mem.read_exact_at(&mut bytes, bias.wrapping_add(runtime))
+                        .ok()?;
                     layout::layout_from_debug_offsets(&bytes)
                 })
                 .flatten();
@@ -239,7 +255,9 @@ impl Interpreter {
                 version,
                 layout,
                 runtime: bias.wrapping_add(runtime),
-                mem: Some(mem),
+                pid,
+                mem: std::cell::RefCell::new(Some(mem)),
+                used: std::cell::Cell::new(true),
                 kernel: None,
                 registered: false,
                 eval_ranges,
@@ -311,7 +329,12 @@ impl Interpreter {
     }
 
     fn read(&self, addr: u64, buf: &mut [u8]) -> Option<()> {
-        self.mem.as_ref()?.read_exact_at(buf, addr).ok()
+        self.used.set(true);
+        let mut mem = self.mem.borrow_mut();
+        if mem.is_none() {
+            *mem = File::open(format!("/proc/{}/mem", self.pid)).ok();
+        }
+        mem.as_ref()?.read_exact_at(buf, addr).ok()
     }
 
     /// The Python frames of the thread whose FS base is `fsbase`, read from the
