@@ -54,31 +54,39 @@ fn names_the_script(stack: &str) -> bool {
     stack.contains(&format!("({SCRIPT_FILE}:"))
 }
 
-/// Profiles the script on `python` from its start to its exit and checks that every
-/// thread's wall time is named in Python and each timed function's share matches its
-/// own clock.
-fn profile_python(python: &Path, name: &str) {
+/// Profiles `python SCRIPT ARGS` from its release to its exit with `tracer profile --pid
+/// PID EXTRA -o DIR`; returns the script's report, the tracer's summary and the
+/// wall-clock profile's folded stacks.
+fn profile_script(
+    python: &Path,
+    args: &[&str],
+    name: &str,
+    extra: &[&str],
+) -> (serde_json::Value, String, String) {
     require_privileged();
     let dir = out_dir(name);
-    let python = python.to_str().unwrap();
-    let target = Target::start(python, &[SCRIPT]);
+    let mut target_args = vec![SCRIPT];
+    target_args.extend_from_slice(args);
+    let target = Target::start(python.to_str().unwrap(), &target_args);
     let pid = target.pid.to_string();
-    let tracer = Tracer::start(&[
-        "profile",
-        "--pid",
-        &pid,
-        "--per-thread",
-        // Enough on-CPU samples that each function's share is within a few percent.
-        "--frequency",
-        "499",
-        "-o",
-        dir.to_str().unwrap(),
-    ]);
+    let mut tracer_args = vec!["profile", "--pid", &pid, "-o", dir.to_str().unwrap()];
+    tracer_args.extend_from_slice(extra);
+    let tracer = Tracer::start(&tracer_args);
     target.release();
     let truth = target.finish();
     let (ok, out, err) = tracer.finish();
     assert!(ok, "tracer failed: {err}");
     let wall = std::fs::read_to_string(dir.join("wallclock.folded")).unwrap();
+    (truth, out, wall)
+}
+
+/// Profiles the script on `python` from its start to its exit and checks that every
+/// thread's wall time is named in Python and each timed function's share matches its
+/// own clock.
+fn profile_python(python: &Path, name: &str) {
+    // Enough on-CPU samples that each function's share is within a few percent.
+    let extra = ["--per-thread", "--frequency", "499"];
+    let (truth, out, wall) = profile_script(python, &[], name, &extra);
 
     // Every thread's wall time (the thread is the second frame) names the script.
     let mut threads: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
@@ -316,24 +324,9 @@ fn named_share_by_process(wall: &str) -> BTreeMap<String, (u64, u64)> {
 #[test]
 #[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn forked_python_workers_are_named_in_python() {
-    require_privileged();
     let python = interpreter(Some("3.12.1"));
-    let dir = out_dir("python-children");
-    let target = Target::start(python.to_str().unwrap(), &[SCRIPT, "--fork"]);
-    let pid = target.pid.to_string();
-    let tracer = Tracer::start(&[
-        "profile",
-        "--pid",
-        &pid,
-        "--children",
-        "-o",
-        dir.to_str().unwrap(),
-    ]);
-    target.release();
-    let truth = target.finish();
-    let (ok, out, err) = tracer.finish();
-    assert!(ok, "tracer failed: {err}");
-    let wall = std::fs::read_to_string(dir.join("wallclock.folded")).unwrap();
+    let (truth, out, wall) =
+        profile_script(&python, &["--fork"], "python-children", &["--children"]);
     let processes = named_share_by_process(&wall);
     eprintln!("{out}\nper process (total us, named us): {processes:?}");
     for child in truth["children"].as_array().unwrap() {
@@ -477,17 +470,8 @@ fn gc_probe_hits_sit_under_the_python_line_that_triggered_them() {
 #[test]
 #[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn a_stack_cut_short_says_so() {
-    require_privileged();
     let python = interpreter(Some("3.12.1"));
-    let dir = out_dir("python-deep");
-    let target = Target::start(python.to_str().unwrap(), &[SCRIPT, "--deep"]);
-    let pid = target.pid.to_string();
-    let tracer = Tracer::start(&["profile", "--pid", &pid, "-o", dir.to_str().unwrap()]);
-    target.release();
-    let _ = target.finish();
-    let (ok, out, err) = tracer.finish();
-    assert!(ok, "tracer failed: {err}");
-    let wall = std::fs::read_to_string(dir.join("wallclock.folded")).unwrap();
+    let (_, out, wall) = profile_script(&python, &["--deep"], "python-deep", &[]);
     let cut = folded_weight_where(&wall, |stack| {
         stack.split(';').nth(1) == Some("[truncated]")
             && stack.contains(&format!("deep ({SCRIPT_FILE}:"))

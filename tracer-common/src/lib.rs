@@ -760,7 +760,10 @@ pub mod control {
     /// detach proceeds, so the trace ends at one instant and the ring buffer cannot
     /// overflow after the stop.
     pub const STOPPED: u32 = 0;
-    pub const COUNT: u32 = 1;
+    /// Non-zero once a CPython interpreter is in `PYTHON_PROCESSES`: until then, stack
+    /// snapshots skip looking their process up there.
+    pub const PYTHON: u32 = 1;
+    pub const COUNT: u32 = 2;
 }
 
 /// Indices of the `COUNTERS` per-CPU array: things the eBPF side could not record, so

@@ -6,6 +6,7 @@
 use core::ffi::c_void;
 
 use aya_ebpf::helpers::generated::{bpf_get_current_task_btf, bpf_probe_read_user};
+use tracer_common::control;
 use tracer_common::python::{
     MAX_PYTHON_FRAMES, MAX_PYTHON_THREADS, NO_FIELD, PYTHON_THREAD_RETRY_NS, PythonProcess,
     PythonStack, PythonThread, boundary,
@@ -20,6 +21,14 @@ const FRAME_WORDS: usize = 16;
 /// its process is not a Python target or the thread runs no Python.
 #[inline(always)]
 pub fn current_stack(tgid: u32, tid: u32, now: u64) -> Option<&'static PythonStack> {
+    // An array slot, before a hash lookup that most runs (no Python) would make for
+    // nothing at every switch.
+    if crate::CONTROL
+        .get(control::PYTHON)
+        .is_none_or(|&on| on == 0)
+    {
+        return None;
+    }
     // SAFETY: the value is copied out at once.
     let process = *unsafe { PYTHON_PROCESSES.get(&tgid) }?;
     let tstate = thread_state(&process, tid, now)?;

@@ -1017,12 +1017,17 @@ impl Loader {
     /// Stops recording USDT hits now, in the kernel, before the slow detach: whatever
     /// fires afterwards is neither counted nor sent.
     pub fn stop_recording(&mut self) -> Result<()> {
+        self.set_control(control::STOPPED, 1)
+    }
+
+    /// Sets one of the `CONTROL` switches (see [`control`]).
+    fn set_control(&mut self, index: u32, value: u32) -> Result<()> {
         let name = map_names::CONTROL;
         let map = self.maps.get_mut(name).ok_or(LoaderError::Missing(name))?;
         let mut control: Array<_, u32> =
             Array::try_from(map).map_err(|source| LoaderError::Map { name, source })?;
         control
-            .set(control::STOPPED, &1, 0)
+            .set(index, &value, 0)
             .map_err(|source| LoaderError::Map { name, source })
     }
 
@@ -1215,7 +1220,8 @@ impl Loader {
         let mut map: HashMap<&mut MapData, u32, PythonProcess> =
             HashMap::try_from(map).map_err(|source| LoaderError::Map { name, source })?;
         map.insert(&tgid, process, 0)
-            .map_err(|source| LoaderError::Map { name, source })
+            .map_err(|source| LoaderError::Map { name, source })?;
+        self.set_control(control::PYTHON, 1)
     }
 
     /// On-CPU sample counts per thread and stacks.
