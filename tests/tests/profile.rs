@@ -566,3 +566,33 @@ fn frames_are_named_from_separate_debug_files() {
         "{named} of {total} us named\n{oncpu}"
     );
 }
+
+/// C functions named `f`, `i` and `w` keep their names: only mangled names are demangled
+/// (a C++ demangler reads them as the types float, int and wchar_t).
+#[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+fn one_letter_c_functions_keep_their_names() {
+    require_privileged();
+    let bin = compile_target(
+        "gcc",
+        "src/oneletter/oneletter.c",
+        "oneletter",
+        &["-fno-omit-frame-pointer", "-fno-inline"],
+    );
+    let target = StdinTarget::start(std::process::Command::new(&bin).arg("1000"));
+    let dir = out_dir("profile-oneletter");
+    let pid = target.pid.to_string();
+    let tracer = Tracer::start(&["profile", "--pid", &pid, "-o", dir.to_str().unwrap()]);
+    let rest = target.release_and_finish();
+    assert!(rest.contains("spun"), "{rest}");
+    let (ok, _out, err) = tracer.finish();
+    assert!(ok, "tracer failed: {err}");
+    let oncpu = read(&dir, "oncpu.folded");
+    assert!(
+        oncpu.lines().any(|l| l.contains(";f;i;w ")),
+        "no f -> i -> w stack\n{oncpu}"
+    );
+    for builtin in ["float", "wchar_t", ";int;"] {
+        assert!(!oncpu.contains(builtin), "{builtin}\n{oncpu}");
+    }
+}

@@ -1206,7 +1206,8 @@ fn is_c_library(module: &str) -> bool {
 /// where debug information has them.
 fn new_blazesym() -> Symbolizer {
     Symbolizer::builder()
-        .enable_demangling(true)
+        // Names are demangled in `frames_of`, only those that are mangled.
+        .enable_demangling(false)
         .enable_code_info(true)
         .enable_inlined_fns(true)
         // Our paths are /proc/self/fd/N, and a number can be reused for another file
@@ -1217,7 +1218,7 @@ fn new_blazesym() -> Symbolizer {
 
 /// A blazesym symbolizer for kernel addresses (kallsyms names functions).
 fn kernel_blazesym() -> Symbolizer {
-    Symbolizer::builder().enable_demangling(true).build()
+    Symbolizer::builder().enable_demangling(false).build()
 }
 
 /// A mapped object's file as blazesym is to read it.
@@ -1493,7 +1494,7 @@ impl KernelAddresses {
 /// calls outermost first, after the function that contains them.
 fn frames_of(sym: &Sym<'_>, module: Option<&str>) -> Vec<Frame> {
     let frame = |name: &str, inlined, offset| Frame {
-        name: name.to_string(),
+        name: demangle(name),
         module: module.map(str::to_string),
         inlined,
         offset,
@@ -1506,6 +1507,22 @@ fn frames_of(sym: &Sym<'_>, module: Option<&str>) -> Vec<Frame> {
         .collect();
     frames.push(frame(&sym.name, false, Some(sym.offset as u64)));
     frames
+}
+
+/// `name` demangled when it is a mangled Rust (legacy `_ZN...E` or v0 `_R...`) or C++
+/// (`_Z...`) name, without Rust's hash; any other name as it is (a C function `f` is not
+/// the type `float`).
+pub fn demangle(name: &str) -> String {
+    if !name.starts_with("_Z") && !name.starts_with("_R") && !name.starts_with("__Z") {
+        return name.to_string();
+    }
+    if let Ok(rust) = rustc_demangle::try_demangle(name) {
+        return format!("{rust:#}");
+    }
+    cpp_demangle::Symbol::new(name)
+        .ok()
+        .and_then(|symbol| symbol.demangle().ok())
+        .unwrap_or_else(|| name.to_string())
 }
 
 /// The frame for an address no symbol source could name.
@@ -1585,6 +1602,21 @@ mod tests {
         assert_eq!(maps.locate(0x55d0c8a05000), Location::Unmapped);
         assert_eq!(maps.locate(0x10), Location::Unmapped);
         assert_eq!(maps.locate(u64::MAX), Location::Unmapped);
+    }
+
+    #[test]
+    fn only_mangled_names_are_demangled() {
+        // One-letter C functions are not C++ builtin types.
+        for c in ["f", "i", "w", "main", "gc_collect_main", "Z", "R"] {
+            assert_eq!(demangle(c), c);
+        }
+        assert_eq!(demangle("_ZN3foo3barEv"), "foo::bar()");
+        assert_eq!(
+            demangle("_ZN4core3ptr13drop_in_place17h0123456789abcdefE"),
+            "core::ptr::drop_in_place"
+        );
+        assert_eq!(demangle("_RNvCs1234_7mycrate3foo"), "mycrate::foo");
+        assert_eq!(demangle("_Znot_really"), "_Znot_really");
     }
 
     #[test]
