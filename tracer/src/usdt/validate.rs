@@ -152,11 +152,12 @@ pub enum SiteProblem {
          the dynamic loader has relocated the object"
     )]
     SemaphoreInRelro { addr: u64, start: u64, end: u64 },
-    /// In zero-filled memory past the pages mapped from the file: anonymous memory, where
-    /// the kernel does not look for semaphores.
+    /// In the zero-filled part of the segment past the file's bytes (`.bss`): the
+    /// program's own variables, never a semaphore's (and anonymous memory past the pages
+    /// mapped from the file, where the kernel does not look for semaphores).
     #[error(
-        "semaphore {addr:#x} is in the zero-filled part of {segment} past the pages mapped \
-         from the file, where the kernel cannot count it"
+        "semaphore {addr:#x} is in the zero-filled part of {segment} past the file's bytes \
+         (.bss, the program's own variables): counting there would change the program"
     )]
     SemaphoreNotFileMapped { addr: u64, segment: Segment },
 }
@@ -231,15 +232,12 @@ fn semaphore_offset(layout: &Layout, addr: u64) -> Result<u64, SiteProblem> {
             return Err(SiteProblem::SemaphoreInRelro { addr, start, end });
         }
     }
-    // The loader maps the file-backed bytes page by page, the last page whole; the rest
-    // of the segment is anonymous memory.
+    // Past the file's bytes is `.bss`: the program's own zero-initialized variables,
+    // even in the rest of the last page the loader maps from the file. A counter there
+    // would flip one of them.
     let file_bytes = segment.file_bytes(layout.file_len);
-    let mapped_end = segment
-        .vaddr
-        .saturating_add(file_bytes)
-        .checked_next_multiple_of(PAGE)
-        .unwrap_or(u64::MAX);
-    if file_bytes == 0 || addr + SEMAPHORE_SIZE > mapped_end {
+    let file_end = segment.vaddr.saturating_add(file_bytes);
+    if file_bytes == 0 || addr.saturating_add(SEMAPHORE_SIZE) > file_end {
         return Err(SiteProblem::SemaphoreNotFileMapped { addr, segment });
     }
     Ok(offset)
@@ -390,9 +388,9 @@ mod tests {
     }
 
     #[test]
-    fn bss_on_the_last_file_page_is_counted() {
-        // The file's bytes end mid-page: the rest of that page is the file's mapping too
-        // (zeroed by the loader), so a semaphore there is in a file-backed mapping.
+    fn only_the_files_bytes_hold_semaphores_not_bss() {
+        // The file's bytes end mid-page; the rest of that page, though mapped from the
+        // file, is `.bss`, zeroed by the loader.
         let layout = Layout {
             loads: vec![
                 Segment {
@@ -413,14 +411,23 @@ mod tests {
             relro: None,
             file_len: 0x2f00,
         };
+        // Within the file's bytes: a semaphore.
         assert_eq!(
-            validate(&layout, 0x1000, Some(0x3f80)).map(|o| o.semaphore),
-            Ok(Some(0x2f80))
+            validate(&layout, 0x1000, Some(0x3e80)).map(|o| o.semaphore),
+            Ok(Some(0x2e80))
         );
         assert_eq!(
-            validate(&layout, 0x1000, Some(0x3ffe)).map(|o| o.semaphore),
-            Ok(Some(0x2ffe))
+            validate(&layout, 0x1000, Some(0x3efe)).map(|o| o.semaphore),
+            Ok(Some(0x2efe))
         );
+        // Past them, `.bss` even on the page the loader maps from the file: the
+        // program's own variables, which a counter would flip.
+        for bss in [0x3f00, 0x3f80, 0x3ffe] {
+            assert!(matches!(
+                validate(&layout, 0x1000, Some(bss)),
+                Err(SiteProblem::SemaphoreNotFileMapped { .. })
+            ));
+        }
         assert!(matches!(
             validate(&layout, 0x1000, Some(0x4000)),
             Err(SiteProblem::SemaphoreNotFileMapped { addr: 0x4000, .. })
