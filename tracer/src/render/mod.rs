@@ -54,6 +54,24 @@ pub fn prepare_output_dir(dir: &Path) -> io::Result<()> {
             format!("cannot write to output directory {}: {err}", dir.display()),
         )
     };
+    // A link another user planted (in /tmp, say) would have root write where they chose.
+    if let Ok(link) = std::fs::symlink_metadata(dir)
+        && link.file_type().is_symlink()
+    {
+        use std::os::unix::fs::MetadataExt as _;
+        // SAFETY: geteuid has no preconditions.
+        let euid = unsafe { libc::geteuid() };
+        if link.uid() != euid && link.uid() != 0 {
+            return Err(context(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!(
+                    "it is a symbolic link owned by another user (uid {}); give the \
+                     directory it points to instead",
+                    link.uid()
+                ),
+            )));
+        }
+    }
     match std::fs::metadata(dir) {
         Ok(meta) if !meta.is_dir() => {
             return Err(context(io::Error::new(
@@ -247,6 +265,28 @@ mod tests {
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "old");
         assert_eq!(entries(&dir), ["out.svg"]);
         std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    #[ignore = "needs root to give a link another owner: run as root with --include-ignored (cargo xtask test does)"]
+    fn refuses_an_output_directory_linked_by_another_user() {
+        let dir = scratch_dir("planted");
+        let target = dir.join("target");
+        std::fs::create_dir_all(&target).unwrap();
+        let link = dir.join("out");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        // Ours (or root's): followed.
+        prepare_output_dir(&link).unwrap();
+        // Another user's: refused, and nothing is written where it points.
+        let other = 4242;
+        std::os::unix::fs::lchown(&link, Some(other), None).unwrap();
+        let err = prepare_output_dir(&link).unwrap_err();
+        assert!(
+            err.to_string().contains("owned by another user (uid 4242)"),
+            "{err}"
+        );
+        assert_eq!(std::fs::read_dir(&target).unwrap().count(), 0);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
