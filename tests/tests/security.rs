@@ -490,3 +490,52 @@ fn exe_mappings_of(pid: u32, file: &Path) -> Vec<(u64, u64, u64)> {
         })
         .collect()
 }
+
+/// The link keeper reads `tracer-keeper` in `ps`, and holds nothing the tracer's caller
+/// left open: a pipe's reader is not kept waiting by it.
+#[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+fn the_keeper_is_named_and_inherits_no_descriptor() {
+    require_privileged();
+    let target = Target::start(GC_DEMO, &["--gcs", "1000"]);
+    let (reader, writer) = {
+        let mut fds = [0; 2];
+        // SAFETY: `fds` has room for the two descriptors pipe writes (no O_CLOEXEC: the
+        // tracer inherits the write end, as from a careless caller).
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        (fds[0], fds[1])
+    };
+    let pid = target.pid.to_string();
+    let probe = format!("usdt:{GC_DEMO}:tracer:gc__begin");
+    let tracer = Tracer::start(&["trace", "--pid", &pid, "--count", &probe]);
+    let keeper = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+        .find(|&p| {
+            std::fs::read_to_string(format!("/proc/{p}/stat")).is_ok_and(|stat| {
+                stat.rsplit_once(") ")
+                    .and_then(|(_, rest)| rest.split(' ').nth(1)?.parse::<u32>().ok())
+                    == Some(tracer.pid())
+            })
+        })
+        .expect("the tracer has a keeper");
+    let comm = std::fs::read_to_string(format!("/proc/{keeper}/comm")).unwrap();
+    let pipe = std::fs::read_link(format!("/proc/self/fd/{writer}")).unwrap();
+    let held: Vec<PathBuf> = std::fs::read_dir(format!("/proc/{keeper}/fd"))
+        .unwrap()
+        .flatten()
+        .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+        .collect();
+    // SAFETY: the two ends are ours, closed once.
+    unsafe {
+        libc::close(reader);
+        libc::close(writer);
+    }
+    // SAFETY: kill has no memory preconditions; the tracer is our child.
+    unsafe { libc::kill(tracer.pid() as i32, libc::SIGINT) };
+    let _ = tracer.finish();
+    drop(target);
+    assert_eq!(comm.trim_end(), "tracer-keeper");
+    assert!(!held.contains(&pipe), "the keeper holds {pipe:?}: {held:?}");
+}

@@ -211,7 +211,8 @@ pub fn serve() -> i32 {
     // Out of tracer's session and process group: neither the terminal's signals nor a
     // kill of the group reach the keeper. Catchable stop signals are ignored, so only
     // SIGKILL aimed at the keeper itself can end it before its links are released.
-    // SAFETY: setsid and signal have no memory preconditions.
+    // SAFETY: setsid, signal, prctl (with a NUL-terminated name) and close_range (of
+    // descriptors this process does not use) have no memory preconditions.
     unsafe {
         libc::setsid();
         for signal in [
@@ -225,6 +226,11 @@ pub fn serve() -> i32 {
         ] {
             libc::signal(signal, libc::SIG_IGN);
         }
+        // Named as `ps` shows it (an exec of /proc/self/exe is named `exe`).
+        libc::prctl(libc::PR_SET_NAME, c"tracer-keeper".as_ptr(), 0, 0, 0);
+        // Whatever the tracer's caller left open and inheritable (a pipe's write end, say)
+        // is not the keeper's to hold: its reader would wait for the keeper too.
+        libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
     }
     // SAFETY: fd 0 is the socket the tracer passed, owned by this process alone.
     let socket = unsafe { BorrowedFd::borrow_raw(0) };
