@@ -523,10 +523,11 @@ fn is_unnamed(frame: &str) -> bool {
 pub const TRUNCATED_FRAME: &str = crate::unwind::TRUNCATED_FRAME;
 
 /// The line saying how much of `profile`'s wall time is in stacks cut short; `None`
-/// when none is.
+/// when less than a thousandth is.
 pub fn truncated_line(profile: &WallClockProfile) -> Option<String> {
     let wall = profile.oncpu_ns + profile.offcpu_ns + profile.runnable_ns;
-    (profile.truncated_ns > 0).then(|| {
+    // Below a thousandth the share rounds to nothing; the JSON keeps the exact time.
+    (profile.truncated_ns.saturating_mul(1000) >= wall.max(1)).then(|| {
         format!(
             "Truncated: {:.1}% of the wall time is in stacks cut short (their root frame is \
              {TRUNCATED_FRAME}): deeper than the {} KiB of stack copied or {} frames.",

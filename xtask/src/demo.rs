@@ -14,7 +14,7 @@ const GCS: &str = "20";
 const PAUSE_MS: &str = "20";
 
 pub fn run() -> Result<()> {
-    crate::build()?;
+    crate::build_demo()?;
     let out_dir = workspace_root().join("out/demo");
     std::fs::create_dir_all(&out_dir)?;
 

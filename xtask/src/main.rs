@@ -32,7 +32,8 @@ enum Task {
     Setup,
     /// Set up, then build the tracer (with its eBPF programs) and the target programs.
     Build,
-    /// Set up, build, trace the demo runtime: GC histogram on stdout, flamegraph in out/demo.
+    /// Set up what the build needs, build the tracer and the demo runtime, trace it: GC
+    /// histogram on stdout, flamegraph in out/demo.
     Demo,
     /// Set up, build and run every test, privileged end-to-end tests included.
     Test,
@@ -99,6 +100,29 @@ pub fn cargo(args: &[&str]) -> Command {
         std::env::join_paths(paths).expect("PATH entries are valid"),
     );
     cmd
+}
+
+/// Set up what the build needs, then build the tracer and the demo runtime (`gc-demo`)
+/// alone, in release mode: what `cargo xtask demo` uses.
+pub fn build_demo() -> Result<()> {
+    setup::run_for_build()?;
+    eprintln!("xtask: building tracer (with its eBPF programs) and gc-demo");
+    run(&mut cargo(&[
+        "build",
+        "--release",
+        "--package",
+        "tracer",
+        "--bin",
+        "tracer",
+    ]))?;
+    run(&mut cargo(&[
+        "build",
+        "--release",
+        "--package",
+        "tests",
+        "--bin",
+        "gc-demo",
+    ]))
 }
 
 /// Set up, then build the tracer and the target programs in release mode.

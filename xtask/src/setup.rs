@@ -55,13 +55,20 @@ fn output(cmd: &mut Command) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// Everything: the build's pieces and the tools the tests use.
 pub fn run() -> Result<()> {
-    let toolchain = ebpf_toolchain()?;
-    ensure_ebpf_toolchain(&toolchain)?;
-    ensure_bpf_linker(&toolchain)?;
+    run_for_build()?;
     ensure_test_tools()?;
     ensure_speedscope()?;
     Ok(())
+}
+
+/// What building the tracer needs and no more: the eBPF toolchain and bpf-linker (the
+/// demo's setup; the tests' tools come with `cargo xtask test`).
+pub fn run_for_build() -> Result<()> {
+    let toolchain = ebpf_toolchain()?;
+    ensure_ebpf_toolchain(&toolchain)?;
+    ensure_bpf_linker(&toolchain)
 }
 
 /// The speedscope release the timeline test opens in headless Chromium, and its npm
