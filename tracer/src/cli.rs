@@ -27,12 +27,14 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Attach to a running process: GC pause histograms from its USDT probes and an
-    /// off-CPU flamegraph of its threads.
+    /// Attach to running processes: GC pauses and latencies from their runtime's probes,
+    /// and a wall-clock profile of every thread (on CPU, blocked, runnable) in the
+    /// runtime's own frames.
     Attach(AttachArgs),
     /// List the USDT probes of a file or a running process (with its shared libraries).
     List(ListArgs),
-    /// Print every hit of USDT probes with its decoded arguments.
+    /// Print (or count) every hit of USDT probes, with its decoded arguments and, with
+    /// --stack, its stacks.
     Trace(TraceArgs),
     /// Wall-clock profile: on-CPU samples and off-CPU (blocked) time of a process, or of
     /// every process, as flame graphs, folded stacks, pprof and speedscope files.
@@ -40,6 +42,28 @@ pub enum Command {
     /// What every thread of a running process is doing now, without stopping it: state,
     /// the system call it is blocked in and for how long, kernel and user stacks.
     Stacks(StacksArgs),
+    /// Writes the man pages or the shell completions into a directory (for packaging:
+    /// `cargo xtask install` uses it).
+    #[command(hide = true)]
+    Generate(GenerateArgs),
+}
+
+/// What `tracer generate` writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Generated {
+    /// `tracer.1` and one page per command (`tracer-attach.1`, ...).
+    Man,
+    /// `tracer.bash`, `_tracer` (zsh) and `tracer.fish`.
+    Completions,
+}
+
+#[derive(Debug, Args)]
+pub struct GenerateArgs {
+    /// What to write.
+    #[arg(value_enum)]
+    pub what: Generated,
+    /// The directory to write into (created if needed).
+    pub dir: PathBuf,
 }
 
 #[derive(Debug, Args)]

@@ -38,6 +38,7 @@ fn main() {
         Command::Stacks(args) => StacksConfig::try_from(args)
             .map_err(anyhow::Error::from)
             .and_then(commands::stacks::run),
+        Command::Generate(args) => commands::generate::run(args.what, &args.dir),
     };
     if let Err(error) = result {
         // A reader that went away (`tracer list | head -1`) wanted no more: not an error.

@@ -1,4 +1,5 @@
-//! Project tasks: `cargo xtask setup | build | demo | test | container | bench | fuzz`.
+//! Project tasks: `cargo xtask setup | build | demo | test | container | bench | fuzz |
+//! install`.
 //!
 //! Everything a fresh machine lacks is installed by `setup`, which every other task runs
 //! first; it caches what it builds so a second run costs nothing.
@@ -7,6 +8,7 @@ mod bench;
 mod container;
 mod demo;
 mod fuzz;
+mod install;
 mod setup;
 mod test;
 
@@ -42,6 +44,13 @@ enum Task {
     Container(container::ContainerArgs),
     /// Set up, build, and measure issue 6's figures against bpftrace and inferno (root).
     Bench(bench::BenchArgs),
+    /// Build the tracer and install it: PREFIX/bin/tracer, its man pages in
+    /// PREFIX/share/man/man1, and bash, zsh and fish completions under PREFIX/share.
+    Install {
+        /// Where to install.
+        #[arg(long, default_value = "/usr/local")]
+        prefix: PathBuf,
+    },
     /// Fuzz the USDT note parser, object discovery and argument specs with cargo-fuzz (nightly).
     Fuzz {
         /// How long to run each fuzz target.
@@ -59,6 +68,7 @@ fn main() -> Result<()> {
         Task::Container(args) => container::run(args),
         Task::Bench(args) => bench::run(args),
         Task::Fuzz { seconds } => fuzz::run(seconds),
+        Task::Install { prefix } => install::run(&prefix),
     }
 }
 
@@ -91,10 +101,15 @@ pub fn run(cmd: &mut Command) -> Result<()> {
 pub fn cargo(args: &[&str]) -> Command {
     let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
     cmd.args(args);
-    let mut paths: Vec<_> = setup::bpf_linker_bin_dir().into_iter().collect();
-    paths.extend(std::env::split_paths(
-        &std::env::var_os("PATH").unwrap_or_default(),
-    ));
+    // The same PATH as the cargo that runs this (when it found bpf-linker the same way):
+    // tracer's build script reruns, and tracer is built again, when PATH changes.
+    let inherited: Vec<_> =
+        std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()).collect();
+    let mut paths: Vec<_> = setup::bpf_linker_bin_dir()
+        .into_iter()
+        .filter(|dir| inherited.first() != Some(dir))
+        .collect();
+    paths.extend(inherited);
     cmd.env(
         "PATH",
         std::env::join_paths(paths).expect("PATH entries are valid"),
