@@ -13,7 +13,8 @@ use tracer_common::{DEFAULT_STR_LEN, MAX_STR_LEN, MAX_USDT_ARGS};
 #[command(
     name = "tracer",
     version,
-    about = "eBPF tracer and wall-clock profiler for language runtimes"
+    about = "eBPF tracer and wall-clock profiler for language runtimes",
+    after_help = "Examples:\n  sudo tracer attach --pid 4242 -d 30s -o profile/\n  sudo tracer profile --comm python3.11 -d 10s\n  sudo tracer stacks --pid 4242\n\nSee `man tracer-COMMAND` or `tracer COMMAND --help`."
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -30,23 +31,50 @@ pub enum Command {
     /// Attach to running processes: GC pauses and latencies from their runtime's probes,
     /// and a wall-clock profile of every thread (on CPU, blocked, runnable) in the
     /// runtime's own frames.
+    #[command(after_help = ATTACH_EXAMPLES)]
     Attach(AttachArgs),
     /// List the USDT probes of a file or a running process (with its shared libraries).
+    #[command(after_help = LIST_EXAMPLES)]
     List(ListArgs),
     /// Print (or count) every hit of USDT probes, with its decoded arguments and, with
     /// --stack, its stacks.
+    #[command(after_help = TRACE_EXAMPLES)]
     Trace(TraceArgs),
     /// Wall-clock profile: on-CPU samples and off-CPU (blocked) time of a process, or of
     /// every process, as flame graphs, folded stacks, pprof and speedscope files.
+    #[command(after_help = PROFILE_EXAMPLES)]
     Profile(ProfileArgs),
     /// What every thread of a running process is doing now, without stopping it: state,
     /// the system call it is blocked in and for how long, kernel and user stacks.
+    #[command(after_help = STACKS_EXAMPLES)]
     Stacks(StacksArgs),
     /// Writes the man pages or the shell completions into a directory (for packaging:
     /// `cargo xtask install` uses it).
     #[command(hide = true)]
     Generate(GenerateArgs),
 }
+
+/// Examples each command's `--help` ends with (the README's and the help's examples
+/// are checked to parse).
+pub const ATTACH_EXAMPLES: &str = "Examples:
+  sudo tracer attach --pid 4242 --duration 30s -o profile/
+  sudo tracer attach --exe /usr/lib/postgresql/15/bin/postgres --format json
+  sudo tracer attach --pid 5211 --children --latency postgresql:transaction__start,postgresql:transaction__commit";
+pub const LIST_EXAMPLES: &str = "Examples:
+  tracer list /usr/bin/python3.11
+  sudo tracer list --pid 4242 'hotspot:gc__*'
+  tracer list 'usdt:/usr/lib/jvm/java-17-openjdk-amd64/lib/server/libjvm.so:*:thread__*'";
+pub const TRACE_EXAMPLES: &str = "Examples:
+  sudo tracer trace --pid 4242 'usdt:*:python:gc__*'
+  sudo tracer trace --count --stack --pid 4242 'usdt:/usr/bin/python3.11:python:gc__start'
+  sudo tracer trace --count 'usdt:*:python:gc__start' -- python3.11 app.py";
+pub const PROFILE_EXAMPLES: &str = "Examples:
+  sudo tracer profile --pid 4242 -d 10s -o prof/
+  sudo tracer profile --comm python3.11 --per-thread
+  sudo tracer profile -F 499 -d 5s";
+pub const STACKS_EXAMPLES: &str = "Examples:
+  sudo tracer stacks --pid 4242
+  sudo tracer stacks --pid 4242 --format json";
 
 /// What `tracer generate` writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -746,6 +774,76 @@ fn parse_latency(text: &str) -> Result<LatencyRequest, ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::CommandFactory as _;
+
+    /// The words of a shell command line: single and double quotes group, as a shell's.
+    fn shell_words(line: &str) -> Vec<String> {
+        let (mut words, mut word, mut quote, mut any) = (Vec::new(), String::new(), None, false);
+        for c in line.chars() {
+            match (quote, c) {
+                (Some(q), c) if c == q => quote = None,
+                (Some(_), c) => word.push(c),
+                (None, '\'' | '"') => {
+                    quote = Some(c);
+                    any = true;
+                }
+                (None, c) if c.is_whitespace() => {
+                    if any || !word.is_empty() {
+                        words.push(std::mem::take(&mut word));
+                    }
+                    any = false;
+                }
+                (None, c) => word.push(c),
+            }
+        }
+        if any || !word.is_empty() {
+            words.push(word);
+        }
+        words
+    }
+
+    /// A `tracer ...` command line of an example, as clap gets it (without `sudo` and a
+    /// trailing comment).
+    fn example_args(line: &str) -> Option<Vec<String>> {
+        let line = line
+            .trim()
+            .trim_start_matches("$ ")
+            .trim_start_matches("sudo ");
+        let line = line.split("   #").next()?.trim();
+        line.starts_with("tracer ").then(|| shell_words(line))
+    }
+
+    #[test]
+    fn every_example_in_the_help_and_the_readme_parses() {
+        let help = [
+            ATTACH_EXAMPLES,
+            LIST_EXAMPLES,
+            TRACE_EXAMPLES,
+            PROFILE_EXAMPLES,
+            STACKS_EXAMPLES,
+        ];
+        let top = Cli::command()
+            .get_after_help()
+            .map(|h| h.to_string())
+            .unwrap_or_default();
+        let readme = include_str!("../../README.md");
+        let mut checked = 0;
+        for line in help
+            .iter()
+            .flat_map(|h| h.lines())
+            .chain(top.lines())
+            .chain(readme.lines())
+        {
+            let Some(args) = example_args(line) else {
+                continue;
+            };
+            if let Err(e) = Cli::try_parse_from(&args) {
+                panic!("{line:?} does not parse: {e}");
+            }
+            checked += 1;
+        }
+        assert!(checked >= 25, "only {checked} examples found");
+    }
 
     #[test]
     fn str_requests_name_a_probe_an_argument_and_a_length() {
