@@ -529,7 +529,7 @@ fn bad_specifiers_say_what_is_wrong() {
         ),
         (
             "usdt:./bin/noprobes:*",
-            "no probes match usdt:./bin/noprobes:*:* in the given files",
+            "no USDT probes in ./bin/noprobes: its build has no SystemTap SDT notes",
         ),
         (
             "usdt:./bin/app*:nosuch:*",

@@ -368,6 +368,10 @@ fn bad_input_gets_a_clear_error() {
             vec!["list".into(), "/no/such/binary".into()],
         ),
         ("expected usdt:PATH", vec!["list".into(), "usdt:".into()]),
+        (
+            "no USDT probes in /usr/bin/true: its build has no SystemTap SDT notes",
+            vec!["list".into(), "/usr/bin/true".into()],
+        ),
     ]);
     for (message, args) in cases {
         let out = run_tracer(&args.iter().map(String::as_str).collect::<Vec<_>>());

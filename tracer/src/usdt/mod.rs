@@ -114,6 +114,13 @@ pub enum UsdtError {
     /// No probe matched what the user asked for.
     #[error("no probes match {wanted} in {place}")]
     NoProbes { wanted: String, place: String },
+    /// A file asked for all its probes has none at all.
+    #[error(
+        "no USDT probes in {path}: its build has no SystemTap SDT notes (readelf -n shows \
+         them). Its threads can still be profiled (tracer profile, tracer attach) and \
+         inspected (tracer stacks)"
+    )]
+    NoUsdtProbes { path: String },
     /// Reading a file failed for a reason other than the ones above (permissions, I/O).
     #[error("cannot read {}{}", path.display(), proc_permission_hint(path, source))]
     Io {

@@ -194,8 +194,18 @@ pub fn why_none(specs: &[UsdtSpecifier], scope: Scope<'_>, found: Found) -> Usdt
     }
 }
 
-/// The error for finding no probe: "no probes match".
+/// The error for finding no probe: "no probes match", or, for a file asked for all its
+/// probes (`tracer list FILE`), that it has none.
 fn nothing_matches(specs: &[UsdtSpecifier], scope: Scope<'_>) -> UsdtError {
+    if let ([spec], Scope::Files { .. }) = (specs, scope)
+        && let Some(path) = spec.path.as_deref().filter(|p| Glob::new(p).is_literal())
+        && spec.pattern.provider.as_str() == "*"
+        && spec.pattern.name.as_str() == "*"
+    {
+        return UsdtError::NoUsdtProbes {
+            path: path.to_string(),
+        };
+    }
     let wanted: Vec<String> = specs.iter().map(describe).collect();
     let place = match scope {
         Scope::Process(pid) => format!("process {pid}"),
