@@ -179,10 +179,6 @@ impl WallClockSampler {
         }
     }
 
-    /// The CPython interpreters found in the processes profiled.
-    pub fn interpreters(&self) -> &Interpreters {
-        &self.interpreters
-    }
 
     /// Captures the processes that joined a set of targets (their names and mappings,
     /// while they run) and names the targets' new threads; call every [`OBSERVE_PERIOD`].

@@ -125,17 +125,6 @@ impl Interpreters {
             }
         }
     }
-
-    /// Each process's interpreter version, for the report.
-    pub fn versions(&self) -> Vec<(u32, (u8, u8))> {
-        let mut versions: Vec<_> = self
-            .by_process
-            .iter()
-            .filter_map(|(&tgid, found)| Some((tgid, found.as_ref()?.version)))
-            .collect();
-        versions.sort_unstable();
-        versions
-    }
 }
 
 /// What the tracer knows of a process's CPython interpreter.
