@@ -20,6 +20,20 @@ pub struct ProcessInfo {
     pub maps: Option<ProcessMaps>,
     /// Its PID in its own PID namespace, when that is below ours (a container's).
     pub namespace_pid: Option<u32>,
+    /// Refreshes left in which to look for a title it gives itself (see
+    /// [`procfs::process_title`]): a server's worker sets it just after its fork.
+    title_tries: u8,
+}
+
+/// How many refreshes (about a second apart) look for a process's title.
+const TITLE_TRIES: u8 = 5;
+
+/// A process's name: its title if it gave itself one, else its `comm`.
+fn name_of(tgid: u32, comm: String) -> (String, u8) {
+    match procfs::process_title(tgid, &comm) {
+        Some(title) => (title, 0),
+        None => (comm, TITLE_TRIES),
+    }
 }
 
 /// The processes seen in the profile, captured while they run so their stacks can be
@@ -49,10 +63,13 @@ impl Processes {
             }
             return;
         }
-        let name = read_name(&format!("/proc/{tgid}/comm")).unwrap_or_else(|_| match known_name {
-            Some(name) if !name.is_empty() => name.to_string(),
-            _ => format!("[pid {tgid}]"),
-        });
+        let (name, title_tries) = match read_name(&format!("/proc/{tgid}/comm")) {
+            Ok(comm) => name_of(tgid, comm),
+            Err(_) => match known_name {
+                Some(name) if !name.is_empty() => (name.to_string(), 0),
+                _ => (format!("[pid {tgid}]"), 0),
+            },
+        };
         let maps = ProcessMaps::capture(tgid).ok();
         self.threads.refresh(tgid);
         let namespace_pid = procfs::namespace_pid(tgid);
@@ -62,6 +79,7 @@ impl Processes {
                 name,
                 maps,
                 namespace_pid,
+                title_tries,
             },
         );
     }
@@ -70,12 +88,13 @@ impl Processes {
     /// what kept them from being read.
     pub fn observe_target(&mut self, tgid: u32) -> io::Result<&ProcessInfo> {
         let maps = ProcessMaps::capture(tgid)?;
-        let name = read_name(&format!("/proc/{tgid}/comm"))?;
+        let (name, title_tries) = name_of(tgid, read_name(&format!("/proc/{tgid}/comm"))?);
         self.threads.refresh(tgid);
         let info = ProcessInfo {
             name,
             maps: Some(maps),
             namespace_pid: procfs::namespace_pid(tgid),
+            title_tries,
         };
         Ok(self.processes.entry(tgid).insert_entry(info).into_mut())
     }
@@ -88,13 +107,21 @@ impl Processes {
         }
     }
 
-    /// Re-reads the mappings and thread names of every known process still running.
+    /// Re-reads the mappings and thread names of every known process still running, and
+    /// the title of those young enough to be still giving themselves one.
     pub fn refresh(&mut self) {
         for (&tgid, info) in &mut self.processes {
             if let Some(maps) = &mut info.maps
                 && maps.refresh().is_ok()
             {
                 self.threads.refresh(tgid);
+                if info.title_tries > 0 {
+                    info.title_tries -= 1;
+                    if let Some(title) = procfs::process_title(tgid, &info.name) {
+                        info.name = title;
+                        info.title_tries = 0;
+                    }
+                }
             }
         }
     }

@@ -233,6 +233,23 @@ pub fn read_name(path: &Path) -> io::Result<String> {
     Ok(text.strip_suffix('\n').unwrap_or(&text).to_string())
 }
 
+/// The title a process gave itself by rewriting its command line, as `ps` shows it
+/// (PostgreSQL's `postgres: walwriter`, `postgres: app db [local] idle`): its first
+/// argument when that starts with the process's name and a colon. `None` for a process
+/// that did not (most keep their program's path there).
+pub fn process_title(pid: u32, comm: &str) -> Option<String> {
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    parse_process_title(&cmdline, comm)
+}
+
+fn parse_process_title(cmdline: &[u8], comm: &str) -> Option<String> {
+    let first = cmdline.split(|&b| b == 0).next()?;
+    let title = String::from_utf8_lossy(first);
+    let title = title.trim_end();
+    (!comm.is_empty() && title.starts_with(&format!("{comm}: ")) && title.len() > comm.len() + 2)
+        .then(|| title.to_string())
+}
+
 /// Process `pid`'s PID in its own PID namespace, when that is not ours (a process in a
 /// container, seen from the host): the last number of the `NSpid:` line of its status.
 pub fn namespace_pid(pid: u32) -> Option<u32> {
@@ -436,6 +453,22 @@ mod tests {
     }
 
     use super::*;
+
+    #[test]
+    fn a_title_is_a_rewritten_first_argument_starting_with_the_name() {
+        let title = |cmdline: &[u8], comm| parse_process_title(cmdline, comm);
+        assert_eq!(
+            title(b"postgres: walwriter \0\0\0", "postgres").as_deref(),
+            Some("postgres: walwriter")
+        );
+        assert_eq!(
+            title(b"postgres: app db [local] idle\0", "postgres").as_deref(),
+            Some("postgres: app db [local] idle")
+        );
+        assert_eq!(title(b"/usr/bin/python3\0app.py\0", "python3"), None);
+        assert_eq!(title(b"postgres\0-D\0/data\0", "postgres"), None);
+        assert_eq!(title(b"postgres: \0", "postgres"), None);
+    }
 
     #[test]
     fn reads_stat_fields_after_any_name() {

@@ -179,7 +179,6 @@ impl WallClockSampler {
         }
     }
 
-
     /// Captures the processes that joined a set of targets (their names and mappings,
     /// while they run) and names the targets' new threads; call every [`OBSERVE_PERIOD`].
     pub fn observe_targets(&self, processes: &mut Processes) {
