@@ -459,7 +459,10 @@ fn threads_blocked_throughout_are_profiled_under_their_real_stacks() {
                 })
                 .collect()
         } else {
-            let table = stdout.split_once("with the most wall time:\n").unwrap().1;
+            let table = stdout
+                .split_once("busiest (most time on a CPU or waiting for one):\n")
+                .unwrap()
+                .1;
             table
                 .lines()
                 .skip(1)

@@ -303,7 +303,7 @@ impl AttachReport {
         }
         let _ = writeln!(
             out,
-            "\nThreads: {}; the {} with the most wall time:",
+            "\nThreads: {}; the {} busiest (most time on a CPU or waiting for one):",
             self.wall.per_thread.len(),
             THREADS_SHOWN.min(self.wall.per_thread.len())
         );
@@ -637,7 +637,7 @@ pub fn profile_summary(
         shown(outputs.speedscope.as_deref())
     );
     out += &format!(
-        "Threads: {}; the {} with the most wall time:\n",
+        "Threads: {}; the {} busiest (most time on a CPU or waiting for one):\n",
         profile.per_thread.len(),
         THREADS_SHOWN.min(profile.per_thread.len())
     );

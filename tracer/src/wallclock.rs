@@ -75,7 +75,7 @@ pub struct WallClockProfile {
     pub missing_stacks: u64,
     /// Threads seen on or off CPU.
     pub threads: usize,
-    /// Each thread's time on CPU, blocked and runnable, most wall time first.
+    /// Each thread's time on CPU, blocked and runnable, busiest (on CPU or runnable) first.
     pub per_thread: Vec<ThreadTime>,
     /// Wall time whose user stack has a frame that could not be named (JIT-compiled code
     /// without a perf map, code without symbols).
@@ -433,11 +433,19 @@ pub fn build_profile(
     profile.per_thread = per_thread.into_values().collect();
     profile
         .per_thread
-        .sort_by_key(|t| (std::cmp::Reverse(t.wall_ns()), t.tid));
+        // Busiest first: every thread of a process has about the same wall time, and the
+        // idle ones (a server's auxiliary threads) would otherwise top the table.
+        .sort_by_key(|t| {
+            (
+                std::cmp::Reverse(t.oncpu_ns + t.runnable_ns),
+                std::cmp::Reverse(t.wall_ns()),
+                t.tid,
+            )
+        });
     profile
 }
 
-/// The threads of `profile` with the most wall time, as a table: id (decimal), name, and
+/// The busiest threads of `profile` (on CPU or waiting for one the longest), as a table: id (decimal), name, and
 /// their time on CPU, blocked and runnable. At most `shown` rows.
 pub fn thread_table(profile: &WallClockProfile, shown: usize) -> String {
     use std::fmt::Write as _;
@@ -472,7 +480,7 @@ fn add_python_time(time: &mut ThreadTime, state: PythonState, ns: u64) {
 
 /// The Python threads of `profile` (those with Python frames), as a table: id, name, and
 /// their time running, waiting for the GIL, collecting garbage, blocked and runnable.
-/// At most `shown` rows, most wall time first; `None` without Python threads.
+/// At most `shown` rows, busiest first; `None` without Python threads.
 pub fn python_thread_table(profile: &WallClockProfile, shown: usize) -> Option<String> {
     use std::fmt::Write as _;
     let seconds = |ns: u64| format!("{:.3}s", ns as f64 / 1e9);
@@ -1098,7 +1106,7 @@ mod tests {
         assert_eq!(profile.missing_stacks, 1);
         assert_eq!((profile.threads, profile.processes), (2, 1));
         // Per thread: 8 ran 50 ms, was blocked 5 ms + 1 ms still open, preempted 3 ms; 9
-        // was blocked from its mark at the start on (100 ns), most wall time first.
+        // was blocked from its mark at the start on (100 ns), busiest first.
         let split: Vec<_> = profile
             .per_thread
             .iter()
