@@ -96,13 +96,10 @@ impl PythonStack {
 }
 
 /// Value of `PYTHON_THREADS` (keyed by thread id): the thread state found for a thread,
-/// checked at each use, or 0 and when the search found none.
+/// checked at each use, and when it was found.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PythonThread {
     pub tstate: u64,
-    pub searched_ns: u64,
+    pub found_ns: u64,
 }
-
-/// A thread without a thread state is searched for again after this long (ns).
-pub const PYTHON_THREAD_RETRY_NS: u64 = 20_000_000;

@@ -1,15 +1,15 @@
 //! The current thread's Python frames, walked from its CPython thread state (see
 //! `tracer_common::python`). The thread state is found by the thread's FS base, which
-//! CPython keeps in `thread_id`, and remembered per thread (`PYTHON_THREADS`), checked
-//! again at each use.
+//! CPython keeps in `thread_id`, and remembered per thread once found (`PYTHON_THREADS`),
+//! checked again at each use.
 
 use core::ffi::c_void;
 
 use aya_ebpf::helpers::generated::{bpf_get_current_task_btf, bpf_probe_read_user};
 use tracer_common::control;
 use tracer_common::python::{
-    MAX_PYTHON_FRAMES, MAX_PYTHON_THREADS, NO_FIELD, PYTHON_THREAD_RETRY_NS, PythonProcess,
-    PythonStack, PythonThread, boundary,
+    MAX_PYTHON_FRAMES, MAX_PYTHON_THREADS, NO_FIELD, PythonProcess, PythonStack, PythonThread,
+    boundary,
 };
 
 use crate::{PYTHON_PROCESSES, PYTHON_SCRATCH, PYTHON_THREADS, TASK_FSBASE_OFFSET, setting};
@@ -131,7 +131,7 @@ fn byte_at(words: &[u64; FRAME_WORDS], offset: u16) -> u8 {
 }
 
 /// The current thread's thread state: the one remembered if it still names this thread,
-/// else found in the interpreter's list (and remembered, or its absence for a while).
+/// else found in the interpreter's list (and remembered).
 #[inline(always)]
 fn thread_state(process: &PythonProcess, tid: u32, now: u64) -> Option<u64> {
     // SAFETY: the helper takes no memory from us and returns the current task (trusted by
@@ -145,13 +145,10 @@ fn thread_state(process: &PythonProcess, tid: u32, now: u64) -> Option<u64> {
     }
     let thread_id_at = u64::from(process.tstate_thread_id);
     // SAFETY: the value is copied out at once.
-    if let Some(known) = unsafe { PYTHON_THREADS.get(&tid) }.copied() {
-        if known.tstate != 0 && read_u64(known.tstate + thread_id_at) == Some(fsbase) {
-            return Some(known.tstate);
-        }
-        if known.tstate == 0 && now.wrapping_sub(known.searched_ns) < PYTHON_THREAD_RETRY_NS {
-            return None;
-        }
+    if let Some(known) = unsafe { PYTHON_THREADS.get(&tid) }.copied()
+        && read_u64(known.tstate + thread_id_at) == Some(fsbase)
+    {
+        return Some(known.tstate);
     }
     let mut tstate = read_u64(process.threads_head).unwrap_or(0);
     let mut found = 0;
@@ -165,13 +162,18 @@ fn thread_state(process: &PythonProcess, tid: u32, now: u64) -> Option<u64> {
         }
         tstate = read_u64(tstate + u64::from(process.tstate_next)).unwrap_or(0);
     }
+    // Not found is not remembered: a thread's state is linked before the thread binds to
+    // it, and a thread that blocks soon after binding would otherwise go unnamed.
+    if found == 0 {
+        return None;
+    }
     let entry = PythonThread {
         tstate: found,
-        searched_ns: now,
+        found_ns: now,
     };
     // LRU: a full map forgets the thread used least recently, found again when it runs.
     let _ = PYTHON_THREADS.insert(&tid, &entry, 0);
-    (found != 0).then_some(found)
+    Some(found)
 }
 
 /// An 8-byte word of user memory; `None` where it faults.
