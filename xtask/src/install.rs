@@ -19,15 +19,7 @@ const COMPLETIONS: [(&str, &str); 3] = [
 ];
 
 pub fn run(prefix: &Path) -> Result<()> {
-    crate::setup::run_for_build()?;
-    crate::run(&mut crate::cargo(&[
-        "build",
-        "--release",
-        "--package",
-        "tracer",
-        "--bin",
-        "tracer",
-    ]))?;
+    crate::build_tracer()?;
     let bin = prefix.join("bin/tracer");
     copy(&release_dir().join("tracer"), &bin)?;
     let man = prefix.join("share/man/man1");

@@ -117,11 +117,10 @@ pub fn cargo(args: &[&str]) -> Command {
     cmd
 }
 
-/// Set up what the build needs, then build the tracer and the demo runtime (`gc-demo`)
-/// alone, in release mode: what `cargo xtask demo` uses.
-pub fn build_demo() -> Result<()> {
+/// Set up what the build needs, then build the tracer binary alone, in release mode.
+pub fn build_tracer() -> Result<()> {
     setup::run_for_build()?;
-    eprintln!("xtask: building tracer (with its eBPF programs) and gc-demo");
+    eprintln!("xtask: building tracer (with its eBPF programs)");
     run(&mut cargo(&[
         "build",
         "--release",
@@ -129,7 +128,13 @@ pub fn build_demo() -> Result<()> {
         "tracer",
         "--bin",
         "tracer",
-    ]))?;
+    ]))
+}
+
+/// The tracer and the demo runtime (`gc-demo`) alone, in release mode: what `cargo xtask
+/// demo` uses.
+pub fn build_demo() -> Result<()> {
+    build_tracer()?;
     run(&mut cargo(&[
         "build",
         "--release",
