@@ -186,17 +186,7 @@ fn node_code_is_named_from_its_jitdump() {
             .arg(&script)
             .current_dir(&dir),
     );
-    let pid = target.pid.to_string();
-    let tracer = Tracer::start(&["profile", "--pid", &pid, "-o", dir.to_str().unwrap()]);
-    let rest = target.release_and_finish();
-    assert!(rest.contains("spun"), "{rest}");
-    let (ok, _out, err) = tracer.finish();
-    assert!(ok, "tracer failed: {err}");
-    let oncpu = std::fs::read_to_string(dir.join("oncpu.folded")).unwrap();
-    let total = folded_weight_where(&oncpu, |_| true);
-    let hot = folded_weight_where(&oncpu, |l| l.contains("hotLoop"));
-    eprintln!("hotLoop in {hot} of {total} us on CPU");
-    assert!(hot as f64 >= 0.8 * total as f64, "{oncpu}");
+    assert_named_on_cpu(target, &dir, "hotLoop");
 }
 
 /// `tracer stacks` shows the thread on a CPU too, from one sample of it: a JVM's
@@ -320,7 +310,12 @@ fn code_registered_with_the_gdb_jit_interface_is_named() {
         address.to_string(),
         "1500".to_string(),
     ]));
-    let dir = out_dir("jit-gdb");
+    assert_named_on_cpu(target, &out_dir("jit-gdb"), "jitted_spin");
+}
+
+/// Profiles `target` (its files in `dir`) from its release to its exit, which it says
+/// with `spun`, and checks that at least 80% of its on-CPU time names `function`.
+fn assert_named_on_cpu(target: StdinTarget, dir: &Path, function: &str) {
     let pid = target.pid.to_string();
     let tracer = Tracer::start(&["profile", "--pid", &pid, "-o", dir.to_str().unwrap()]);
     let rest = target.release_and_finish();
@@ -329,6 +324,7 @@ fn code_registered_with_the_gdb_jit_interface_is_named() {
     assert!(ok, "tracer failed: {err}");
     let oncpu = std::fs::read_to_string(dir.join("oncpu.folded")).unwrap();
     let total = folded_weight_where(&oncpu, |_| true);
-    let named = folded_weight_where(&oncpu, |l| l.contains("jitted_spin"));
+    let named = folded_weight_where(&oncpu, |l| l.contains(function));
+    eprintln!("{function} in {named} of {total} us on CPU");
     assert!(named as f64 >= 0.8 * total as f64, "{oncpu}");
 }
