@@ -547,8 +547,8 @@ fn bad_specifiers_say_what_is_wrong() {
         ),
         (
             "k*:./bin/app:*",
-            "bad probe specifier \"k*:./bin/app:*\": probe type \"k*\" does not match usdt, the \
-             only one tracer traces",
+            "bad probe specifier \"k*:./bin/app:*\": probe type \"k*\" does not match usdt; \
+             wildcards in the probe type select USDT probes only",
         ),
         (
             r#"usdt:./bin/app:"probe1"#,

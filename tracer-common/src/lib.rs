@@ -15,7 +15,7 @@ pub const FEW_USDT_ARGS: usize = 3;
 /// Capacity of the per-site argument spec table (one entry per attached probe site).
 pub const MAX_USDT_SITES: u32 = 8192;
 /// How many latencies (begin/end probe pairs) can be measured at once.
-pub const MAX_LATENCIES: u32 = 16;
+pub const MAX_LATENCIES: u32 = 32;
 /// How many latencies a single probe can begin or end (`gc__begin` begins both the GC
 /// pause and the stop-the-world latency).
 pub const MAX_LATENCIES_PER_PROBE: usize = 4;
@@ -320,12 +320,14 @@ pub struct TargetProcess {
     pub comm: [u8; 16],
 }
 
-/// Key of `LATENCY_BY_PROCESS`: one latency in one process.
+/// Key of `LATENCY_BY_PROCESS`: one latency in one process, of one class ([`NO_CLASS`]
+/// for latencies without classes).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct LatencyProcessKey {
     pub tgid: u32,
     pub latency_id: u32,
+    pub class: u32,
 }
 
 /// How a USDT argument is located at the probe site.
@@ -388,7 +390,13 @@ pub mod site_flags {
     /// user stack id is the snapshot's id), by frame pointers when the ring is full
     /// (`trace --stack --unwind dwarf`).
     pub const STACK_SNAPSHOT: u8 = 32;
+    /// The site is a function's return (a uretprobe): its stack pointer is one return
+    /// address above the one the function was entered with.
+    pub const RETURN_PROBE: u8 = 128;
 }
+
+/// The class of a latency nothing classified.
+pub const NO_CLASS: u32 = u32::MAX;
 
 /// `UsdtSite::task_arg` value meaning "the task is the thread that hit the probe" (the
 /// JVM's thread__park probes); otherwise it is the index of the argument holding the task.
@@ -426,7 +434,18 @@ pub struct UsdtSite {
     /// The most bytes shown of each (at most [`MAX_STR_LEN`]).
     pub str_max: [u16; MAX_STR_ARGS],
     pub str_count: u8,
-    pub _str_pad: [u8; 7],
+    /// Bit `i`: `latency_begins[i]` is keyed on the stack pointer at the hit, so a
+    /// recursive function's calls each end at their own return; bit `4 + i`: so is
+    /// `latency_ends[i]` (see [`site_flags::RETURN_PROBE`]).
+    pub latency_frames: u8,
+    /// 1 + the index of the argument whose value classifies the latencies this site
+    /// begins (a collection's generation); 0 for none (so a default site has none).
+    pub class_arg: u8,
+    /// 1 + the id of a latency open on the hitting thread that this site classifies with
+    /// `class_arg` without beginning or ending it (V8's collector, chosen after the
+    /// collection began); 0 for none.
+    pub class_latency: u8,
+    pub _pad: [u8; 4],
 }
 
 /// Arguments one probe can show as strings.
@@ -514,12 +533,24 @@ pub struct HitStackKey {
     pub kernel_stack_id: i32,
 }
 
-/// Key of `LATENCY_STARTS`: a latency open on a thread (the value is its start time).
+/// Key of `LATENCY_STARTS`: a latency open on a thread, at a stack frame (the stack
+/// pointer at a function's entry; 0 for latencies between USDT probes).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct LatencyStartKey {
     pub tid: u32,
     pub latency_id: u32,
+    pub frame: u64,
+}
+
+/// Value of `LATENCY_STARTS`: when the latency began, and its class so far ([`NO_CLASS`]
+/// or an argument's value, see `UsdtSite::class_arg`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LatencyStart {
+    pub start_ns: u64,
+    pub class: u32,
+    pub _pad: u32,
 }
 
 /// Value of `PROBE_HITS` (by probe id), per CPU: how often the probe fired and when it
@@ -995,6 +1026,7 @@ mod pod {
         UsdtStrHeader,
         HitStackKey,
         LatencyStartKey,
+        LatencyStart,
         LatencyStats,
         TargetProcess,
         LatencyProcessKey,

@@ -26,10 +26,10 @@ use aya_ebpf::{
 };
 use tracer_common::{
     BlockPlace, HitStackKey, KernelStack, LastSnapshot, LastUserStack, LatencyProcessKey,
-    LatencyStartKey, LatencyStats, MAX_LATENCIES, MAX_PROBES, MAX_USDT_SITES, OffCpuKey,
-    OffCpuStart, OffCpuTotal, OnCpuKey, ProbeHits, STACK_WORDS_SPAN, SnapshotCheck, TargetProcess,
-    TaskId, TaskKey, TaskName, TaskState, TaskTotal, TaskWallKey, ThreadTask, TimelineEvent,
-    UsdtSite, UsdtStrEvent, control, counter, histogram,
+    LatencyStart, LatencyStartKey, LatencyStats, MAX_LATENCIES, MAX_PROBES, MAX_USDT_SITES,
+    OffCpuKey, OffCpuStart, OffCpuTotal, OnCpuKey, ProbeHits, STACK_WORDS_SPAN, SnapshotCheck,
+    TargetProcess, TaskId, TaskKey, TaskName, TaskState, TaskTotal, TaskWallKey, ThreadTask,
+    TimelineEvent, UsdtSite, UsdtStrEvent, control, counter, histogram,
     python::{PythonProcess, PythonStack, PythonThread},
 };
 
@@ -52,7 +52,7 @@ const NO_PREALLOC: u32 = aya_ebpf::bindings::BPF_F_NO_PREALLOC;
 
 /// Start times of latencies open on a thread.
 #[map]
-static LATENCY_STARTS: HashMap<LatencyStartKey, u64> =
+static LATENCY_STARTS: HashMap<LatencyStartKey, LatencyStart> =
     HashMap::with_max_entries(16384, NO_PREALLOC);
 
 /// Log-linear buckets of every latency: `latency_id * BUCKETS + bucket`. One array shared

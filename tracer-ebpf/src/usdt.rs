@@ -11,10 +11,11 @@ use aya_ebpf::{
 };
 use aya_log_ebpf::debug;
 use tracer_common::{
-    HitStackKey, LatencyProcessKey, LatencyStartKey, LatencyStats, MAX_LATENCIES,
-    MAX_LATENCIES_PER_PROBE, MAX_STR_ARGS, MAX_STR_LEN, MAX_USDT_ARGS, NO_STACK, STACK_NOT_TAKEN,
-    STR_LENGTH_MASK, STR_OFFSET_MASK, TimelineEvent, UsdtEvent, UsdtSite, UsdtStrEvent,
-    UsdtStrHeader, counter, histogram, site_flags, str_read_size, target_filter, timeline_kind,
+    HitStackKey, LatencyProcessKey, LatencyStart, LatencyStartKey, LatencyStats, MAX_LATENCIES,
+    MAX_LATENCIES_PER_PROBE, MAX_STR_ARGS, MAX_STR_LEN, MAX_USDT_ARGS, NO_CLASS, NO_STACK,
+    STACK_NOT_TAKEN, STR_LENGTH_MASK, STR_OFFSET_MASK, TimelineEvent, UsdtEvent, UsdtSite,
+    UsdtStrEvent, UsdtStrHeader, counter, histogram, site_flags, str_read_size, target_filter,
+    timeline_kind,
 };
 
 use crate::{
@@ -69,13 +70,19 @@ pub fn on_hit<const TASKS: bool, const STACKS: bool, const LATENCIES: usize>(ctx
         | site_flags::TASK_FINISH
         | site_flags::TASK_NAME;
     let task_switch = TASKS && site.flags & task_flags != 0;
-    if site.latency_begin_count == 0 && site.latency_end_count == 0 && !task_switch {
+    let classifies = site.class_latency != 0;
+    if site.latency_begin_count == 0 && site.latency_end_count == 0 && !task_switch && !classifies {
         return;
     }
     let now = unsafe { bpf_ktime_get_ns() };
     let tid = pid_tgid as u32;
-    end_latencies::<LATENCIES>(site, (pid_tgid >> 32) as u32, tid, now);
-    begin_latencies::<LATENCIES>(site, tid, now);
+    let frame = frame_of(ctx, site);
+    let class = class_of(ctx, site);
+    if classifies {
+        classify_open(site.class_latency as u32 - 1, tid, class);
+    }
+    end_latencies::<LATENCIES>(site, (pid_tgid >> 32) as u32, tid, now, frame);
+    begin_latencies::<LATENCIES>(site, tid, now, frame, class);
     if task_switch {
         crate::tasks::on_task_probe(ctx, site, pid_tgid, now);
     }
@@ -197,8 +204,53 @@ pub fn on_hit_with_strings(ctx: &ProbeContext) {
     emit_event_with_strings(ctx, site, pid_tgid, now);
 }
 
+/// The function frame a frame-keyed latency is open at: the stack pointer at the
+/// function's entry, which its return probe sees one return address higher.
 #[inline(always)]
-fn begin_latencies<const LATENCIES: usize>(site: &UsdtSite, tid: u32, now: u64) {
+fn frame_of(ctx: &ProbeContext, site: &UsdtSite) -> u64 {
+    if site.latency_frames == 0 {
+        return 0;
+    }
+    // SAFETY: a uprobe's context is the user registers at the probe, readable directly.
+    let sp = unsafe { (*ctx.regs).rsp };
+    match site.flags & site_flags::RETURN_PROBE {
+        0 => sp,
+        _ => sp.wrapping_sub(8),
+    }
+}
+
+/// The class this site gives latencies (an argument's value), or [`NO_CLASS`].
+#[inline(always)]
+fn class_of(ctx: &ProbeContext, site: &UsdtSite) -> u32 {
+    let index = (site.class_arg as usize).wrapping_sub(1);
+    if index >= MAX_USDT_ARGS {
+        return NO_CLASS;
+    }
+    crate::args::read_arg(ctx, &site.args[index]) as u32
+}
+
+/// Gives the latency `latency_id` open on thread `tid` (not frame-keyed) its class.
+#[inline(always)]
+fn classify_open(latency_id: u32, tid: u32, class: u32) {
+    let key = LatencyStartKey {
+        tid,
+        latency_id,
+        frame: 0,
+    };
+    if let Some(start) = LATENCY_STARTS.get_ptr_mut(&key) {
+        // SAFETY: the entry is this thread's, written by no one else.
+        unsafe { (*start).class = class };
+    }
+}
+
+#[inline(always)]
+fn begin_latencies<const LATENCIES: usize>(
+    site: &UsdtSite,
+    tid: u32,
+    now: u64,
+    frame: u64,
+    class: u32,
+) {
     for i in 0..LATENCIES.min(MAX_LATENCIES_PER_PROBE) {
         if i >= site.latency_begin_count as usize {
             break;
@@ -206,28 +258,56 @@ fn begin_latencies<const LATENCIES: usize>(site: &UsdtSite, tid: u32, now: u64) 
         let key = LatencyStartKey {
             tid,
             latency_id: site.latency_begins[i],
+            frame: if site.latency_frames & (1 << i) != 0 {
+                frame
+            } else {
+                0
+            },
+        };
+        let start = LatencyStart {
+            start_ns: now,
+            class,
+            _pad: 0,
         };
         // Counted only: a log here would make the program every `attach` starts with
         // longer to relocate and verify (bench figure 4).
-        if LATENCY_STARTS.insert(&key, &now, 0).is_err() {
+        if LATENCY_STARTS.insert(&key, &start, 0).is_err() {
             count(counter::MAP_FULL);
         }
     }
 }
 
 #[inline(always)]
-fn end_latencies<const LATENCIES: usize>(site: &UsdtSite, tgid: u32, tid: u32, now: u64) {
+fn end_latencies<const LATENCIES: usize>(
+    site: &UsdtSite,
+    tgid: u32,
+    tid: u32,
+    now: u64,
+    frame: u64,
+) {
     for i in 0..LATENCIES.min(MAX_LATENCIES_PER_PROBE) {
         if i >= site.latency_end_count as usize {
             break;
         }
         let latency_id = site.latency_ends[i];
-        let key = LatencyStartKey { tid, latency_id };
+        let key = LatencyStartKey {
+            tid,
+            latency_id,
+            frame: if site.latency_frames & (16 << i) != 0 {
+                frame
+            } else {
+                0
+            },
+        };
         // SAFETY: the value is copied out before the entry is removed.
         match unsafe { LATENCY_STARTS.get(&key) } {
-            Some(&start) => {
+            Some(&LatencyStart {
+                start_ns: start,
+                class,
+                ..
+            }) => {
                 let _ = LATENCY_STARTS.remove(&key);
-                record_latency(latency_id, tgid, now.saturating_sub(start));
+                record_latency(latency_id, tgid, class, now.saturating_sub(start));
                 crate::timeline(&TimelineEvent {
                     start_ns: start,
                     end_ns: now,
@@ -244,7 +324,7 @@ fn end_latencies<const LATENCIES: usize>(site: &UsdtSite, tgid: u32, tid: u32, n
 }
 
 #[inline(always)]
-fn record_latency(latency_id: u32, tgid: u32, ns: u64) {
+fn record_latency(latency_id: u32, tgid: u32, class: u32, ns: u64) {
     if latency_id >= MAX_LATENCIES {
         return;
     }
@@ -257,7 +337,11 @@ fn record_latency(latency_id: u32, tgid: u32, ns: u64) {
         // SAFETY: as above.
         add_to(unsafe { &mut *stats }, ns);
     }
-    let key = LatencyProcessKey { tgid, latency_id };
+    let key = LatencyProcessKey {
+        tgid,
+        latency_id,
+        class,
+    };
     match LATENCY_BY_PROCESS.get_ptr_mut(&key) {
         // SAFETY: per-CPU value, no concurrent writer on this CPU.
         Some(stats) => add_to(unsafe { &mut *stats }, ns),

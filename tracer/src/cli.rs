@@ -312,7 +312,9 @@ pub struct TraceArgs {
     #[arg(long = "output", short = 'o', requires_all = ["count", "stack"])]
     pub output: Option<PathBuf>,
     /// Probes as bpftrace writes them: usdt:PATH:PROVIDER:NAME (wildcards allowed; with
-    /// --pid the path may be `*` or a library name).
+    /// --pid the path may be `*` or a library name), or functions: uprobe:PATH:FUNC
+    /// (entry; FUNC+OFFSET or 0xADDRESS within it) and uretprobe:PATH:FUNC (return),
+    /// C++ and Rust names matched mangled or demangled.
     #[arg(required = true, value_name = "PROBE")]
     pub probes: Vec<String>,
     /// A command to start and trace from its first instruction.
@@ -341,8 +343,10 @@ pub struct AttachArgs {
     /// Ignore off-CPU intervals shorter than this (e.g. 100us).
     #[arg(long, default_value = "0")]
     pub min_block: String,
-    /// Measure the latency between two probes of the target, matched per thread
-    /// (PROVIDER:BEGIN,PROVIDER:END). May be repeated.
+    /// Measure the latency between two probes of the target, matched per thread: USDT
+    /// probes as PROVIDER:NAME, functions as uprobe:PATH:FUNC (entry) and
+    /// uretprobe:PATH:FUNC (return; a function's entry to its return is matched per call,
+    /// recursion included). May be repeated.
     #[arg(long = "latency", value_name = "BEGIN,END")]
     pub latencies: Vec<String>,
     /// Put each thread under its own root frame in the flamegraph.
@@ -395,9 +399,12 @@ pub enum ConfigError {
     #[error("invalid --frequency {0}: expected 1 to {MAX_FREQUENCY_HZ} samples per second")]
     Frequency(u64),
     #[error(
-        "invalid --latency {0:?}: expected PROVIDER:BEGIN,PROVIDER:END (e.g. julia:gc__begin,julia:gc__end)"
+        "invalid --latency {0:?}: expected BEGIN,END, each PROVIDER:NAME (a USDT probe), \
+         uprobe:PATH:FUNC or uretprobe:PATH:FUNC (e.g. julia:gc__begin,julia:gc__end)"
     )]
     Latency(String),
+    #[error("invalid --latency {0:?}: {1}")]
+    LatencyProbe(String, String),
     #[error(
         "invalid --str {0:?}: expected [[PROVIDER:]NAME:]argN[:LEN], like arg0, query__start:arg0 or postgresql:query__start:arg0:256"
     )]
@@ -417,9 +424,25 @@ pub enum ConfigError {
 /// A latency asked for on the command line.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LatencyRequest {
-    pub provider: String,
-    pub begin: String,
-    pub end: String,
+    pub begin: LatencyProbe,
+    pub end: LatencyProbe,
+}
+
+/// One end of a latency asked for: a USDT probe by provider and name, or a function's
+/// entry or return (resolved to its symbol in the targets).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LatencyProbe {
+    Usdt { provider: String, name: String },
+    Function(crate::usdt::UsdtSpecifier),
+}
+
+impl std::fmt::Display for LatencyProbe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LatencyProbe::Usdt { provider, name } => write!(f, "{provider}:{name}"),
+            LatencyProbe::Function(spec) => f.write_str(&spec.describe()),
+        }
+    }
 }
 
 /// `tracer attach`, validated.
@@ -755,19 +778,38 @@ fn parse_string_request(text: &str) -> Result<StringRequest, ConfigError> {
 fn parse_latency(text: &str) -> Result<LatencyRequest, ConfigError> {
     let err = || ConfigError::Latency(text.to_string());
     let (begin, end) = text.split_once(',').ok_or_else(err)?;
-    let (begin_provider, begin) = begin.trim().split_once(':').ok_or_else(err)?;
-    let (end_provider, end) = end.trim().split_once(':').ok_or_else(err)?;
-    if begin_provider != end_provider
-        || begin.is_empty()
-        || end.is_empty()
-        || begin_provider.is_empty()
-    {
-        return Err(err());
-    }
+    let probe = |side: &str| -> Result<LatencyProbe, ConfigError> {
+        let side = side.trim();
+        if crate::usdt::has_probe_type(side) {
+            let spec = crate::usdt::parse_specifier(side)
+                .map_err(|e| ConfigError::LatencyProbe(text.to_string(), e.to_string()))?;
+            if spec.kind.is_function() {
+                return Ok(LatencyProbe::Function(spec));
+            }
+            let (provider, name) = (spec.pattern.provider, spec.pattern.name);
+            if !provider.is_literal() || !name.is_literal() {
+                return Err(err());
+            }
+            return Ok(LatencyProbe::Usdt {
+                provider: provider.to_string(),
+                name: name.to_string(),
+            });
+        }
+        match side.split_once(':') {
+            Some((provider, name))
+                if !provider.is_empty() && !name.is_empty() && !name.contains(':') =>
+            {
+                Ok(LatencyProbe::Usdt {
+                    provider: provider.into(),
+                    name: name.into(),
+                })
+            }
+            _ => Err(err()),
+        }
+    };
     Ok(LatencyRequest {
-        provider: begin_provider.into(),
-        begin: begin.into(),
-        end: end.into(),
+        begin: probe(begin)?,
+        end: probe(end)?,
     })
 }
 
@@ -956,10 +998,20 @@ mod tests {
     fn latencies() {
         let l = parse_latency("julia:gc__begin,julia:gc__end").unwrap();
         assert_eq!(
-            (l.provider.as_str(), l.begin.as_str(), l.end.as_str()),
-            ("julia", "gc__begin", "gc__end")
+            (l.begin.to_string(), l.end.to_string()),
+            ("julia:gc__begin".into(), "julia:gc__end".into())
         );
-        for bad in ["a:b", "a:b,c:d", "a:b,", ":b,:c", "ab,cd"] {
+        let l = parse_latency("uprobe:/lib/x.so:f,uretprobe:/lib/x.so:f").unwrap();
+        let LatencyProbe::Function(begin) = &l.begin else {
+            panic!("{l:?}")
+        };
+        assert_eq!(begin.kind, crate::usdt::ProbeKind::Uprobe);
+        assert_eq!(l.end.to_string(), "uretprobe:/lib/x.so:f");
+        // Any mix, of providers too.
+        let l = parse_latency("python:gc__start,uretprobe:/x:f").unwrap();
+        assert!(matches!(l.begin, LatencyProbe::Usdt { .. }));
+        assert!(parse_latency("a:b,c:d").is_ok());
+        for bad in ["a:b", "a:b,", ":b,:c", "ab,cd", "a:b,uretprobe:/x:f+4"] {
             assert!(parse_latency(bad).is_err(), "{bad}");
         }
     }

@@ -65,6 +65,9 @@ pub struct LateSites {
     pid: Option<u32>,
     members: Members,
     ticks: u32,
+    /// Passes over the catalogue's function sites in files with the runtime's USDT
+    /// probes (`attach`).
+    usdt_elsewhere: Option<crate::runtimes::functions::UsdtElsewhere>,
 }
 
 impl LateSites {
@@ -85,7 +88,14 @@ impl LateSites {
             pid,
             members,
             ticks: 0,
+            usdt_elsewhere: None,
         }
+    }
+
+    /// Leaves out the function sites of runtimes whose files have USDT probes.
+    pub fn keeping(mut self, usdt_elsewhere: crate::runtimes::functions::UsdtElsewhere) -> Self {
+        self.usdt_elsewhere = Some(usdt_elsewhere);
+        self
     }
 
     /// Continues the processes the kernel held, once their new objects' probes are
@@ -125,9 +135,12 @@ impl LateSites {
     }
 
     fn look_at(&mut self, pid: u32, loader: &mut Loader, plan: &mut ProbePlan) {
-        let (sites, skipped) = usdt::find_new(&self.specs, pid, &mut self.searched);
+        let (mut sites, skipped) = usdt::find_new(&self.specs, pid, &mut self.searched);
         for skipped in &skipped {
             log::warn!("skipped a probe site: {skipped}");
+        }
+        if let Some(keep) = self.usdt_elsewhere.as_mut() {
+            sites.retain(|site| keep.keep(site));
         }
         if sites.is_empty() {
             return;

@@ -13,7 +13,7 @@ use tracer_common::{
 use crate::{
     loader::{PlanSizes, UsdtAttachment},
     runtimes::{LatencyDef, TaskProbeDef, TaskRole},
-    usdt::{Glob, SiteArg},
+    usdt::{Glob, ProbeKind, SiteArg},
 };
 
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -71,7 +71,11 @@ pub struct SiteInput {
     pub path: PathBuf,
     /// The binary as this process opens it (through /proc/PID/root).
     pub attach_path: PathBuf,
+    /// A note's site, or a function's entry or return.
+    pub kind: ProbeKind,
+    /// Empty for a function probe.
     pub provider: String,
+    /// The probe's name, or the function's symbol (with `+N` past its entry).
     pub name: String,
     pub file_offset: u64,
     pub semaphore_offset: Option<u64>,
@@ -84,6 +88,7 @@ pub struct SiteInput {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProbeInfo {
     pub path: PathBuf,
+    pub kind: ProbeKind,
     pub provider: String,
     pub name: String,
     pub arg_count: usize,
@@ -93,12 +98,24 @@ pub struct ProbeInfo {
 impl ProbeInfo {
     /// bpftrace's spelling of the probe.
     pub fn specifier(&self) -> String {
-        format!(
-            "usdt:{}:{}:{}",
-            self.path.display(),
-            self.provider,
-            self.name
-        )
+        match self.kind {
+            ProbeKind::Usdt => format!(
+                "usdt:{}:{}:{}",
+                self.path.display(),
+                self.provider,
+                self.name
+            ),
+            kind => format!("{kind}:{}:{}", self.path.display(), self.name),
+        }
+    }
+
+    /// How the probe is named where no path is needed: `provider:name`, or the
+    /// function probe's type and symbol.
+    pub fn short_name(&self) -> String {
+        match self.kind {
+            ProbeKind::Usdt => format!("{}:{}", self.provider, self.name),
+            kind => format!("{kind}:{}", self.name),
+        }
     }
 }
 
@@ -280,29 +297,47 @@ impl ProbePlan {
         let latencies = &self.latencies.clone();
         let plan = self;
         for input in sites {
-            let roles = |pick: fn(&LatencyDef) -> &str| -> Vec<u32> {
+            let roles = |pick: fn(&LatencyDef) -> &crate::runtimes::ProbeRef| -> Vec<u32> {
                 latencies
                     .iter()
                     .enumerate()
-                    .filter(|(_, l)| l.provider == input.provider && pick(l) == input.name)
+                    .filter(|(_, l)| pick(l).is(input.kind, &input.provider, &input.name))
                     .map(|(i, _)| i as u32)
                     .collect()
             };
             let begins = roles(|l| &l.begin);
             let ends = roles(|l| &l.end);
-            let task = tasks
-                .iter()
-                .find(|t| t.provider == input.provider && t.name == input.name);
+            // A probe that classifies a latency open on its thread (V8's collector).
+            let classifies = latencies.iter().enumerate().find_map(|(i, l)| {
+                match l.class.as_ref().and_then(|c| c.probe.as_ref()) {
+                    Some((probe, arg)) if probe.is(input.kind, &input.provider, &input.name) => {
+                        Some((i, *arg))
+                    }
+                    _ => None,
+                }
+            });
+            let task = (input.kind == ProbeKind::Usdt)
+                .then(|| {
+                    tasks
+                        .iter()
+                        .find(|t| t.provider == input.provider && t.name == input.name)
+                })
+                .flatten();
             let emit_events = mode == SiteMode::Events;
             if mode == SiteMode::LatenciesOnly
                 && begins.is_empty()
                 && ends.is_empty()
                 && task.is_none()
+                && classifies.is_none()
             {
                 continue;
             }
-            let probe_label =
-                || format!("{}:{}:{}", input.path.display(), input.provider, input.name);
+            let probe_label = || match input.kind {
+                ProbeKind::Usdt => {
+                    format!("{}:{}:{}", input.path.display(), input.provider, input.name)
+                }
+                kind => format!("{kind}:{}:{}", input.path.display(), input.name),
+            };
             if begins.len() > MAX_LATENCIES_PER_PROBE || ends.len() > MAX_LATENCIES_PER_PROBE {
                 return Err(PlanError::TooManyRoles(probe_label()));
             }
@@ -353,15 +388,55 @@ impl ProbePlan {
             } else {
                 0
             };
+            let return_flag = match input.kind {
+                ProbeKind::Uretprobe => site_flags::RETURN_PROBE,
+                _ => 0,
+            };
+            let mut latency_frames = 0u8;
+            for (i, &id) in begins.iter().enumerate() {
+                if latencies[id as usize].frame_keyed {
+                    latency_frames |= 1 << i;
+                }
+            }
+            for (i, &id) in ends.iter().enumerate() {
+                if latencies[id as usize].frame_keyed {
+                    latency_frames |= 16 << i;
+                }
+            }
+            // The argument that classifies what this site begins, or the open latency it
+            // classifies; 1 + the index, 0 for none.
+            let begin_class = begins.iter().find_map(|&id| {
+                latencies[id as usize]
+                    .class
+                    .as_ref()
+                    .and_then(|c| c.begin_arg)
+            });
+            let (class_arg, class_latency) = match (classifies, begin_class) {
+                (Some((latency, arg)), _) => (arg + 1, latency as u8 + 1),
+                (None, Some(arg)) => (arg + 1, 0),
+                (None, None) => (0, 0),
+            };
+            if class_arg > 0 && !matches!(args.get(class_arg as usize - 1), Some(Ok(_))) {
+                return Err(PlanError::BadArguments {
+                    probe: probe_label(),
+                    reason: format!(
+                        "arg{} classifies a latency, and the probe does not have it",
+                        class_arg - 1
+                    ),
+                });
+            }
             let probe_id = plan.probe_id(input, args.len());
             let mut site = UsdtSite {
                 probe_id,
                 arg_count: args.len().min(MAX_USDT_ARGS) as u8,
-                flags: event_flag | task_flag,
+                flags: event_flag | task_flag | return_flag,
                 task_arg,
                 task_name_arg,
                 latency_begin_count: begins.len() as u8,
                 latency_end_count: ends.len() as u8,
+                latency_frames,
+                class_arg,
+                class_latency,
                 ..Default::default()
             };
             for (i, arg) in args.iter().take(MAX_USDT_ARGS).enumerate() {
@@ -389,6 +464,7 @@ impl ProbePlan {
                     offset: input.file_offset,
                     semaphore_offset: input.semaphore_offset,
                     pid,
+                    ret: input.kind == ProbeKind::Uretprobe,
                 },
                 site,
             });
@@ -506,11 +582,15 @@ impl ProbePlan {
 
     fn probe_id(&mut self, input: &SiteInput, arg_count: usize) -> u32 {
         let existing = self.probes.iter().position(|p| {
-            p.path == input.path && p.provider == input.provider && p.name == input.name
+            p.path == input.path
+                && p.kind == input.kind
+                && p.provider == input.provider
+                && p.name == input.name
         });
         let id = existing.unwrap_or_else(|| {
             self.probes.push(ProbeInfo {
                 path: input.path.clone(),
+                kind: input.kind,
                 provider: input.provider.clone(),
                 name: input.name.clone(),
                 arg_count,
@@ -523,11 +603,11 @@ impl ProbePlan {
     }
 
     /// Ids of the probes named `provider:name`, in any binary.
-    pub fn probe_ids(&self, provider: &str, name: &str) -> Vec<u32> {
+    pub fn probe_ids(&self, probe: &crate::runtimes::ProbeRef) -> Vec<u32> {
         (0..self.probes.len() as u32)
             .filter(|&i| {
                 let p = &self.probes[i as usize];
-                p.provider == provider && p.name == name
+                probe.is(p.kind, &p.provider, &p.name)
             })
             .collect()
     }
@@ -542,6 +622,7 @@ mod tests {
         SiteInput {
             path: "/app".into(),
             attach_path: "/proc/1/root/app".into(),
+            kind: ProbeKind::Usdt,
             provider: "tracer".into(),
             name: name.into(),
             file_offset: offset,
@@ -582,12 +663,11 @@ mod tests {
     }
 
     fn latency(name: &str, begin: &str, end: &str) -> LatencyDef {
-        LatencyDef {
-            name: name.into(),
-            provider: "tracer".into(),
-            begin: begin.into(),
-            end: end.into(),
-        }
+        LatencyDef::between(
+            name.into(),
+            crate::runtimes::ProbeRef::usdt("tracer", begin),
+            crate::runtimes::ProbeRef::usdt("tracer", end),
+        )
     }
 
     #[test]

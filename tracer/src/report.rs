@@ -15,7 +15,7 @@ use crate::{
         hist::{MICROSECONDS, format_ns, render_latency, summary_json},
         views::ProfileFiles,
     },
-    runtimes::LatencyDef,
+    runtimes::{LatencyDef, Mechanism},
     stop::StopReason,
     tasks::TaskProfile,
     text::escape_text,
@@ -99,6 +99,57 @@ pub struct LatencyReport {
     pub hist: LatencyHistogram,
     /// The same latency split by process.
     pub per_process: Vec<ProcessLatency>,
+    /// Split by class (a collection's generation), labelled; empty for a latency without
+    /// classes.
+    pub by_class: Vec<(String, LatencyStats)>,
+}
+
+impl LatencyReport {
+    /// What a reader needs to know of where it comes from: `CPython, from function
+    /// probes: no USDT in this build`.
+    fn origin(&self) -> Option<String> {
+        let function = self.def.mechanism == Mechanism::FunctionProbes;
+        match (self.def.runtime, function) {
+            (Some(runtime), true) => Some(format!(
+                "{runtime}, from function probes: no USDT in this build"
+            )),
+            (Some(runtime), false) => Some(runtime.to_string()),
+            (None, _) => None,
+        }
+    }
+
+    /// `gen0 37 (5.00 ms), gen2 1 (3.10 ms)`.
+    fn classes_line(&self) -> Option<String> {
+        if self.by_class.is_empty() {
+            return None;
+        }
+        Some(
+            self.by_class
+                .iter()
+                .map(|(label, stats)| {
+                    format!("{label} {} ({})", stats.count, format_ns(stats.total_ns))
+                })
+                .collect::<Vec<_>>()
+                .join(", "),
+        )
+    }
+
+    fn classes_json(&self) -> Value {
+        match &self.def.class {
+            None => Value::Null,
+            Some(class) => {
+                let mut out = serde_json::Map::new();
+                out.insert("by".into(), json!(class.what));
+                for (label, stats) in &self.by_class {
+                    out.insert(
+                        label.clone(),
+                        json!({"count": stats.count, "total_ns": stats.total_ns, "max_ns": stats.max_ns}),
+                    );
+                }
+                Value::Object(out)
+            }
+        }
+    }
 }
 
 /// A process traced: its PID (as the tracer sees it), name, and its PID in its own PID
@@ -174,6 +225,14 @@ pub struct TimelineReport {
     pub lost: u64,
 }
 
+/// How a latency is measured, in the JSON.
+fn mechanism_name(mechanism: Mechanism) -> &'static str {
+    match mechanism {
+        Mechanism::Usdt => "usdt",
+        Mechanism::FunctionProbes => "function probes",
+    }
+}
+
 /// The processes with the most time in one latency: PID, name, count, mean, max, total.
 fn process_latency_table(per_process: &[ProcessLatency]) -> String {
     let mut rows: Vec<&ProcessLatency> = per_process.iter().collect();
@@ -205,8 +264,30 @@ fn process_latency_table(per_process: &[ProcessLatency]) -> String {
 }
 
 impl AttachReport {
+    /// Every runtime's GC pauses.
+    fn gc_pauses(&self) -> impl Iterator<Item = &LatencyReport> {
+        self.latencies.iter().filter(|l| l.def.name == "gc_pause")
+    }
+
+    /// The GC the `gc` block describes: one runtime's, the one with the most
+    /// collections when a process hosts two.
     fn gc_pause(&self) -> Option<&LatencyReport> {
-        self.latencies.iter().find(|l| l.def.name == "gc_pause")
+        self.gc_pauses()
+            .max_by_key(|l| (l.hist.count(), std::cmp::Reverse(l.def.runtime)))
+    }
+
+    /// The key of latency `l` in the JSON: its name, with its runtime when another
+    /// runtime's latency has the same name.
+    fn latency_key(&self, l: &LatencyReport) -> String {
+        let same = self
+            .latencies
+            .iter()
+            .filter(|other| other.def.name == l.def.name)
+            .count();
+        match (same, l.def.runtime) {
+            (2.., Some(runtime)) => format!("{}:{runtime}", l.def.name),
+            _ => l.def.name.clone(),
+        }
     }
 
     pub fn to_text(&self) -> String {
@@ -236,13 +317,21 @@ impl AttachReport {
                 );
             }
         }
-        if let Some(gc) = self.gc_pause() {
+        for gc in self.gc_pauses() {
             let share = gc.hist.total_ns() as f64 / self.elapsed_ns.max(1) as f64 * 100.0;
             let _ = writeln!(
                 out,
-                "GC: {} collections, {} paused in all ({share:.1}% of wall time).",
+                "GC{}: {} collections, {} paused in all ({share:.1}% of wall time){}.",
+                match gc.origin() {
+                    Some(origin) => format!(" ({origin})"),
+                    None => String::new(),
+                },
                 gc.hist.count(),
-                format_ns(gc.hist.total_ns())
+                format_ns(gc.hist.total_ns()),
+                match gc.classes_line() {
+                    Some(line) => format!("; {line}"),
+                    None => String::new(),
+                }
             );
         }
         for latency in &self.latencies {
@@ -250,8 +339,21 @@ impl AttachReport {
                 continue;
             }
             let _ = writeln!(out);
+            let title = match latency.def.runtime {
+                Some(runtime)
+                    if self
+                        .latencies
+                        .iter()
+                        .filter(|l| l.def.name == latency.def.name)
+                        .count()
+                        > 1 =>
+                {
+                    format!("{}_us ({runtime})", latency.def.name)
+                }
+                _ => format!("{}_us", latency.def.name),
+            };
             out.push_str(&render_latency(
-                &format!("{}_us", escape_text(&latency.def.name)),
+                &escape_text(&title),
                 &latency.hist,
                 MICROSECONDS,
             ));
@@ -429,8 +531,11 @@ impl AttachReport {
             .iter()
             .map(|l| {
                 let mut summary = summary_json(&l.hist);
-                summary["begin"] = json!(format!("{}:{}", l.def.provider, l.def.begin));
-                summary["end"] = json!(format!("{}:{}", l.def.provider, l.def.end));
+                summary["begin"] = json!(l.def.begin.to_string());
+                summary["end"] = json!(l.def.end.to_string());
+                summary["runtime"] = json!(l.def.runtime);
+                summary["mechanism"] = json!(mechanism_name(l.def.mechanism));
+                summary["classes"] = l.classes_json();
                 summary["per_process"] = l
                     .per_process
                     .iter()
@@ -445,9 +550,19 @@ impl AttachReport {
                         })
                     })
                     .collect();
-                (l.def.name.clone(), summary)
+                (self.latency_key(l), summary)
             })
             .collect();
+        let gc_json = |gc: &LatencyReport| {
+            json!({
+                "runtime": gc.def.runtime,
+                "mechanism": mechanism_name(gc.def.mechanism),
+                "count": gc.hist.count(),
+                "total_pause_ns": gc.hist.total_ns(),
+                "wall_share": gc.hist.total_ns() as f64 / self.elapsed_ns.max(1) as f64,
+                "classes": gc.classes_json(),
+            })
+        };
         json!({
             "pid": self.pid,
             "process": self.process_name,
@@ -465,11 +580,8 @@ impl AttachReport {
                 "first_hit_monotonic_ns": p.hits.first_ns,
             })).collect::<Vec<_>>(),
             "latencies": latencies,
-            "gc": self.gc_pause().map(|gc| json!({
-                "count": gc.hist.count(),
-                "total_pause_ns": gc.hist.total_ns(),
-                "wall_share": gc.hist.total_ns() as f64 / self.elapsed_ns.max(1) as f64,
-            })),
+            "gc": self.gc_pause().map(gc_json),
+            "gc_by_runtime": self.gc_pauses().map(gc_json).collect::<Vec<_>>(),
             "offcpu": {
                 "total_ns": self.offcpu.total_ns,
                 "intervals": self.offcpu.intervals,

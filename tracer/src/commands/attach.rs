@@ -10,10 +10,10 @@ use std::{
 };
 
 use anyhow::{Result, bail};
-use tracer_common::{TaskKey, TaskTotal, counter, site_flags};
+use tracer_common::{LatencyStats, TaskKey, TaskTotal, counter, site_flags};
 
 use crate::{
-    cli::{AttachConfig, Format},
+    cli::{AttachConfig, Format, LatencyProbe},
     histogram::LatencyHistogram,
     late_sites::{self, LateSites, Members},
     loader::{Features, Loader, RecordRing, Settings},
@@ -32,7 +32,7 @@ use crate::{
         AttachReport, LatencyReport, Losses, OffCpuProfile, ProbeReport, ProcessLatency,
         TaskReport, TimelineReport, TracedProcess,
     },
-    runtimes::{self, LatencyDef, TaskProbeDef},
+    runtimes::{self, LatencyDef, ProbeRef, TaskProbeDef, functions::UsdtElsewhere},
     sampling::{self, Collected, ViewOptions, WallClockSampler},
     stop::{self, ProcessWatch, StopReason},
     symbolize::StackSymbolizer,
@@ -100,10 +100,38 @@ pub fn run(config: AttachConfig) -> Result<()> {
             Err(problem) => log::warn!("skipped a probe site: {problem}"),
         }
     }
+    // Functions: those --latency names, and the GC functions of runtimes whose builds
+    // have no USDT probes (pyenv's CPython, Node).
+    let scope = match single {
+        Some(pid) => usdt::Scope::Process(pid),
+        None => usdt::Scope::Processes {
+            pids: &pids,
+            exe: spec.exe.as_deref(),
+        },
+    };
+    let requested = resolve_requested_functions(&config, scope).map_err(on_target)?;
+    let mut usdt_elsewhere = UsdtElsewhere::default();
+    let catalogue = match usdt::find(&runtimes::functions::specifiers(), scope) {
+        Ok(found) => found.sites,
+        Err(e) => {
+            log::warn!("cannot look for the functions of runtimes without USDT probes: {e}");
+            Vec::new()
+        }
+    };
+    for site in catalogue
+        .iter()
+        .filter(|site| usdt_elsewhere.keep(site))
+        .chain(&requested.sites)
+    {
+        match SiteInput::try_from(site) {
+            Ok(input) => sites.push(input),
+            Err(problem) => log::warn!("skipped a function probe: {problem}"),
+        }
+    }
     // Every known runtime's latencies and task probes: its probes may be in a library
     // loaded later (a JVM's libjvm.so), or a process started later; those without sites
     // are left out of the report.
-    let latencies = latencies_for(&sites, &config);
+    let latencies = latencies_for(&sites, &config, &requested.names);
     let task_probes: Vec<TaskProbeDef> = runtimes::RUNTIMES
         .iter()
         .flat_map(|r| r.task_probe_defs())
@@ -172,7 +200,7 @@ pub fn run(config: AttachConfig) -> Result<()> {
     )
     .map_err(on_target)?;
     let mut later = LateSites::new(
-        later_specs(&config),
+        later_specs(&config, &requested.names),
         searched,
         SiteMode::LatenciesOnly,
         task_probes,
@@ -181,7 +209,8 @@ pub fn run(config: AttachConfig) -> Result<()> {
             Some(pid) => Members::One(pid),
             None => Members::Set,
         },
-    );
+    )
+    .keeping(usdt_elsewhere);
     let mut sampler = WallClockSampler::attach(&mut loader, Some(&targets), sampling, &processes)
         .map_err(on_target)?;
     let probe_names: Vec<String> = plan.probes.iter().map(|p| p.specifier()).collect();
@@ -368,46 +397,163 @@ impl Subject {
     }
 }
 
-/// The latencies to measure: every known runtime's, plus those asked for with --latency
-/// (whose probes may only come in a library loaded later).
-fn latencies_for(sites: &[SiteInput], config: &AttachConfig) -> Vec<LatencyDef> {
+/// The functions the --latency requests name, found in the targets: the sites, and the
+/// symbol each function end names (by the request's index and end), which the latency
+/// matches its sites by.
+#[derive(Default)]
+struct RequestedFunctions {
+    sites: Vec<usdt::ProbeSite>,
+    names: HashMap<(usize, bool), ProbeRef>,
+}
+
+/// Finds the functions of --latency requests. A function end names one function: a
+/// pattern matching several is refused; one matching none now is looked for in what is
+/// loaded later when it names a symbol literally, and refused otherwise.
+fn resolve_requested_functions(
+    config: &AttachConfig,
+    scope: usdt::Scope<'_>,
+) -> Result<RequestedFunctions> {
+    let mut requested = RequestedFunctions::default();
+    for (index, request) in config.latencies.iter().enumerate() {
+        for (is_end, probe) in [(false, &request.begin), (true, &request.end)] {
+            let LatencyProbe::Function(spec) = probe else {
+                continue;
+            };
+            let found = usdt::find(std::slice::from_ref(spec), scope)?;
+            let mut names: Vec<&str> = found.sites.iter().map(|s| s.note.name.as_str()).collect();
+            names.sort_unstable();
+            names.dedup();
+            let name = match names.as_slice() {
+                [one] => one.to_string(),
+                [] if spec.pattern.name.is_literal() => {
+                    crate::status!(
+                        "No function {} in {} yet: looking for it in what is loaded later.",
+                        spec.describe(),
+                        config.targets
+                    );
+                    spec.pattern.name.to_string()
+                }
+                [] => bail!("--latency: {} matches no function", spec.describe()),
+                several => bail!(
+                    "--latency: {} matches {} functions ({}): a latency needs one",
+                    spec.describe(),
+                    several.len(),
+                    several
+                        .iter()
+                        .take(5)
+                        .map(|n| crate::symbolize::demangle(n))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            };
+            requested
+                .names
+                .insert((index, is_end), ProbeRef::function(spec.kind, &name));
+            requested.sites.extend(found.sites);
+        }
+    }
+    Ok(requested)
+}
+
+/// The probe a --latency end names: a USDT probe, or the function found for it.
+fn requested_probe(
+    requested: &HashMap<(usize, bool), ProbeRef>,
+    index: usize,
+    is_end: bool,
+    probe: &LatencyProbe,
+) -> ProbeRef {
+    match probe {
+        LatencyProbe::Usdt { provider, name } => ProbeRef::usdt(provider, name),
+        LatencyProbe::Function(spec) => requested
+            .get(&(index, is_end))
+            .cloned()
+            .unwrap_or_else(|| ProbeRef::function(spec.kind, spec.pattern.name.as_str())),
+    }
+}
+
+/// The latencies to measure: every known runtime's (from USDT probes, or from functions
+/// where its build has none), plus those asked for with --latency (whose probes may only
+/// come in a library loaded later).
+fn latencies_for(
+    sites: &[SiteInput],
+    config: &AttachConfig,
+    requested: &HashMap<(usize, bool), ProbeRef>,
+) -> Vec<LatencyDef> {
     let mut defs: Vec<LatencyDef> = runtimes::RUNTIMES
         .iter()
         .flat_map(|r| r.latency_defs())
+        .chain(runtimes::functions::latency_defs())
         .collect();
-    for request in &config.latencies {
-        for name in [&request.begin, &request.end] {
-            if !sites
-                .iter()
-                .any(|s| s.provider == request.provider && &s.name == name)
+    for (index, request) in config.latencies.iter().enumerate() {
+        let begin = requested_probe(requested, index, false, &request.begin);
+        let end = requested_probe(requested, index, true, &request.end);
+        for (probe, asked) in [(&begin, &request.begin), (&end, &request.end)] {
+            if matches!(asked, LatencyProbe::Usdt { .. })
+                && !sites.iter().any(|s| probe.is(s.kind, &s.provider, &s.name))
             {
                 crate::status!(
-                    "No probe {}:{name} in {} yet: looking for it in what is loaded later.",
-                    request.provider,
+                    "No probe {probe} in {} yet: looking for it in what is loaded later.",
                     config.targets
                 );
             }
         }
-        defs.push(LatencyDef {
-            name: format!("{}_to_{}", request.begin, request.end),
-            provider: request.provider.clone(),
-            begin: request.begin.clone(),
-            end: request.end.clone(),
-        });
+        let short = |probe: &ProbeRef| match probe.kind {
+            usdt::ProbeKind::Usdt => probe.name.clone(),
+            kind => format!("{}_{kind}", crate::symbolize::demangle(&probe.name)),
+        };
+        // A function's entry to its return is the function's own time, named after it.
+        let name = match begin.kind == usdt::ProbeKind::Uprobe
+            && end.kind == usdt::ProbeKind::Uretprobe
+            && begin.name == end.name
+        {
+            true => crate::symbolize::demangle(&begin.name),
+            false => format!("{}_to_{}", short(&begin), short(&end)),
+        };
+        defs.push(LatencyDef::between(name, begin, end));
     }
     defs
 }
 
-/// What is looked for in objects mapped later: every known runtime's probes, and those of
-/// the providers asked for with --latency.
-fn later_specs(config: &AttachConfig) -> Vec<usdt::UsdtSpecifier> {
+/// What is looked for in objects mapped later: every known runtime's probes (or its
+/// functions, where its build has no USDT probes), and the probes and functions asked for
+/// with --latency.
+fn later_specs(
+    config: &AttachConfig,
+    requested: &HashMap<(usize, bool), ProbeRef>,
+) -> Vec<usdt::UsdtSpecifier> {
     let mut providers: Vec<&str> = runtimes::RUNTIMES.iter().map(|r| r.provider).collect();
-    providers.extend(config.latencies.iter().map(|l| l.provider.as_str()));
+    let mut specs = runtimes::functions::specifiers();
+    for (index, request) in config.latencies.iter().enumerate() {
+        for (is_end, probe) in [(false, &request.begin), (true, &request.end)] {
+            match probe {
+                LatencyProbe::Usdt { provider, .. } => providers.push(provider),
+                LatencyProbe::Function(spec) => {
+                    // The function found, by its symbol, in whatever file the spec names.
+                    let mut spec = spec.clone();
+                    if let Some(found) = requested.get(&(index, is_end)) {
+                        spec.pattern = ProbePattern::new("", &escape_glob(&found.name));
+                    }
+                    specs.push(spec);
+                }
+            }
+        }
+    }
     providers.sort_unstable();
     providers.dedup();
     providers
         .into_iter()
         .filter_map(|provider| usdt::parse_specifier(&format!("usdt:*:{provider}:*")).ok())
+        .chain(specs)
+        .collect()
+}
+
+/// `text` as a glob matching only itself.
+fn escape_glob(text: &str) -> String {
+    text.chars()
+        .map(|c| match c {
+            '*' | '?' | '[' => format!("[{c}]"),
+            c => c.to_string(),
+        })
         .collect()
 }
 
@@ -449,14 +595,25 @@ async fn run_attached(
     }
 }
 
-fn runtime_names(plan: &ProbePlan) -> Vec<&'static str> {
-    let mut names: Vec<_> = plan
-        .probes
-        .iter()
-        .filter_map(|p| runtimes::by_provider(&p.provider))
-        .map(|r| r.name)
-        .collect();
-    names.dedup();
+/// The runtimes whose probes are attached, each once, those measured through their
+/// functions saying so.
+fn runtime_names(plan: &ProbePlan) -> Vec<String> {
+    let mut names: Vec<String> = Vec::new();
+    for probe in &plan.probes {
+        let name = match runtimes::by_provider(&probe.provider) {
+            Some(runtime) if probe.kind == usdt::ProbeKind::Usdt => runtime.name.to_string(),
+            _ => match runtimes::functions::runtime_of(probe.kind, &probe.path, &probe.name) {
+                Some(runtime) => format!(
+                    "{} (GC from function probes: no USDT in this build)",
+                    runtime.name
+                ),
+                None => continue,
+            },
+        };
+        if !names.contains(&name) {
+            names.push(name);
+        }
+    }
     names
 }
 
@@ -488,10 +645,10 @@ fn collect(
     let mut latencies = Vec::new();
     for (id, def) in plan.latencies.iter().enumerate() {
         // A known runtime's latency whose probes were never found is not this target's.
-        let has_sites = |name: &str| {
+        let has_sites = |probe: &ProbeRef| {
             plan.probes
                 .iter()
-                .any(|p| p.provider == def.provider && p.name == name && p.site_count > 0)
+                .any(|p| probe.is(p.kind, &p.provider, &p.name) && p.site_count > 0)
         };
         if !has_sites(&def.begin) || !has_sites(&def.end) {
             continue;
@@ -504,20 +661,78 @@ fn collect(
             }
         }
         hist.merge_stats(&data.stats);
-        let per_process = by_process
+        let mut per_process: Vec<ProcessLatency> = Vec::new();
+        let mut by_class: Vec<(u32, LatencyStats)> = Vec::new();
+        for (key, stats) in by_process
             .iter()
             .filter(|(key, _)| key.latency_id == id as u32)
-            .map(|(key, stats)| ProcessLatency {
-                pid: key.tgid,
-                name: name_of(key.tgid),
-                stats: *stats,
-            })
-            .collect();
-        latencies.push(LatencyReport {
-            def: def.clone(),
-            hist,
-            per_process,
+        {
+            match per_process.iter_mut().find(|p| p.pid == key.tgid) {
+                Some(process) => add_stats(&mut process.stats, stats),
+                None => per_process.push(ProcessLatency {
+                    pid: key.tgid,
+                    name: name_of(key.tgid),
+                    stats: *stats,
+                }),
+            }
+            if def.class.is_some() {
+                match by_class.iter_mut().find(|(class, _)| *class == key.class) {
+                    Some((_, total)) => add_stats(total, stats),
+                    None => by_class.push((key.class, *stats)),
+                }
+            }
+        }
+        by_class.sort_by_key(|(class, _)| *class);
+        // Values with one label (V8's two young-generation collectors) are one class.
+        let mut labelled: Vec<(String, LatencyStats)> = Vec::new();
+        if let Some(class) = &def.class {
+            for (value, stats) in by_class {
+                let label = match value {
+                    tracer_common::NO_CLASS => "unclassified".to_string(),
+                    value => class.label(value),
+                };
+                match labelled.iter_mut().find(|(l, _)| *l == label) {
+                    Some((_, total)) => add_stats(total, &stats),
+                    None => labelled.push((label, stats)),
+                }
+            }
+        }
+        let by_class = labelled;
+        // One runtime's latency found through several functions (CPython 3.8's two
+        // clones of `collect`) is one latency.
+        let same = latencies.iter_mut().find(|l: &&mut LatencyReport| {
+            l.def.name == def.name
+                && l.def.runtime.is_some()
+                && l.def.runtime == def.runtime
+                && l.def.mechanism == def.mechanism
         });
+        match same {
+            Some(existing) => {
+                existing.hist.merge(&hist);
+                for process in per_process {
+                    match existing
+                        .per_process
+                        .iter_mut()
+                        .find(|p| p.pid == process.pid)
+                    {
+                        Some(p) => add_stats(&mut p.stats, &process.stats),
+                        None => existing.per_process.push(process),
+                    }
+                }
+                for (label, stats) in by_class {
+                    match existing.by_class.iter_mut().find(|(l, _)| *l == label) {
+                        Some((_, total)) => add_stats(total, &stats),
+                        None => existing.by_class.push((label, stats)),
+                    }
+                }
+            }
+            None => latencies.push(LatencyReport {
+                def: def.clone(),
+                hist,
+                per_process,
+                by_class,
+            }),
+        }
     }
     let mut probes = Vec::new();
     for (id, info) in plan.probes.iter().enumerate() {
@@ -653,6 +868,14 @@ fn collect(
     Ok((report, output_error))
 }
 
+/// Adds `more` to the totals `into`.
+fn add_stats(into: &mut LatencyStats, more: &LatencyStats) {
+    into.count += more.count;
+    into.total_ns += more.total_ns;
+    into.min_ns = into.min_ns.min(more.min_ns);
+    into.max_ns = into.max_ns.max(more.max_ns);
+}
+
 /// Whether task times come from more than one process.
 fn several_processes(times: &[(TaskKey, TaskTotal)]) -> bool {
     times.windows(2).any(|w| w[0].0.tgid != w[1].0.tgid)
@@ -735,6 +958,7 @@ impl TryFrom<&usdt::ProbeSite> for SiteInput {
         Ok(SiteInput {
             path: site.binary.path.clone(),
             attach_path: site.binary.host_path.clone(),
+            kind: site.kind,
             provider: site.note.provider.clone(),
             name: site.note.name.clone(),
             file_offset: offsets.probe,

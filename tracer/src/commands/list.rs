@@ -1,6 +1,7 @@
 //! `tracer list [--pid PID] [-v] [TARGET]`: the USDT probes of a file or a process, one per
 //! line as bpftrace spells them; `-v` adds every site. Sites whose notes are malformed
-//! (see `usdt::validate`) are listed too, marked, with `-v` saying what is wrong.
+//! (see `usdt::validate`) are listed too, marked, with `-v` saying what is wrong. A
+//! function specifier (`uprobe:FILE:*gc*`) lists the functions it matches.
 
 use std::{collections::BTreeMap, path::PathBuf};
 
@@ -55,17 +56,30 @@ fn target_specifier(target: Option<&str>, have_pid: bool) -> Result<UsdtSpecifie
 
 /// One line per probe, sorted by file then provider and name; with `verbose`, each site.
 fn render(sites: &[ProbeSite], verbose: bool) -> String {
-    let mut probes: BTreeMap<(PathBuf, String, String), Vec<&ProbeSite>> = BTreeMap::new();
+    let mut probes: BTreeMap<(PathBuf, String, String, usdt::ProbeKind), Vec<&ProbeSite>> =
+        BTreeMap::new();
     for site in sites {
         let key = (
             site.binary.path.clone(),
             site.note.provider.clone(),
             site.note.name.clone(),
+            site.kind,
         );
         probes.entry(key).or_default().push(site);
     }
     let mut out = String::new();
-    for ((path, provider, name), sites) in probes {
+    for ((path, provider, name, kind), sites) in probes {
+        if kind.is_function() {
+            out.push_str(&escape_text(&format!("{kind}:{}:{name}", path.display())));
+            out.push('\n');
+            if verbose {
+                for site in sites {
+                    out.push_str(&escape_text(&function_details(site)));
+                    out.push('\n');
+                }
+            }
+            continue;
+        }
         let probe = format!("usdt:{}:{provider}:{name}", path.display());
         out.push_str(&escape_text(&probe));
         let malformed = sites.iter().filter(|s| !s.is_valid()).count();
@@ -131,6 +145,21 @@ fn render(sites: &[ProbeSite], verbose: bool) -> String {
     out
 }
 
+/// `-v` for a function: its address, size, file offset and demangled name.
+fn function_details(site: &ProbeSite) -> String {
+    let offset = site.note.file_offset().unwrap_or_default();
+    match &site.function {
+        Some(function) => format!(
+            "  function {} at {:#x}, {} bytes (probe at {:#x}, file offset {offset:#x})",
+            function.demangled, function.address, function.size, site.note.pc
+        ),
+        None => format!(
+            "  address {:#x} (file offset {offset:#x}), in no function of the symbol tables",
+            site.note.pc
+        ),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -155,6 +184,8 @@ mod tests {
                 }),
             },
             args: Err("bad \x1b[A".into()),
+            kind: usdt::ProbeKind::Usdt,
+            function: None,
         };
         let text = render(std::slice::from_ref(&site), false);
         assert_eq!(
@@ -205,6 +236,8 @@ mod tests {
                 location,
             },
             args: Ok(vec![]),
+            kind: usdt::ProbeKind::Usdt,
+            function: None,
         };
         let sites = [
             site(

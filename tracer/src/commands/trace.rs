@@ -241,6 +241,7 @@ pub fn run(config: TraceConfig) -> Result<()> {
     let mut printer = EventPrinter {
         format: config.format,
         names,
+        kinds: plan.probes.iter().map(|p| p.kind).collect(),
         types,
         started_ns: stop::monotonic_ns(),
         count: 0,
@@ -864,6 +865,7 @@ impl Pumped<'_> {
             self.format,
         );
         printer.names = self.plan.probes.iter().map(|p| p.specifier()).collect();
+        printer.kinds = self.plan.probes.iter().map(|p| p.kind).collect();
         printer.types = probe_arg_types(self.plan);
         // Mappings read before the new objects were mapped would not name their frames.
         if let Some(namer) = printer.stacks.as_mut() {
@@ -891,6 +893,9 @@ fn warn_unavailable(args: &[crate::probe_plan::UnavailableArg], plan: &ProbePlan
 struct EventPrinter {
     format: Format,
     names: Vec<String>,
+    /// Each probe's kind: a function probe's arguments are labelled (`arg0=`,
+    /// `retval=`).
+    kinds: Vec<usdt::ProbeKind>,
     types: Vec<Vec<ArgType>>,
     started_ns: u64,
     count: u64,
@@ -958,6 +963,7 @@ impl EventPrinter {
     ) -> std::io::Result<()> {
         let id = event.probe_id as usize;
         let name = self.names.get(id).map(String::as_str).unwrap_or("?");
+        let kind = self.kinds.get(id).copied().unwrap_or_default();
         let types = self.types.get(id).map(Vec::as_slice).unwrap_or(&[]);
         let args = &event.args[..(event.arg_count as usize).min(event.args.len())];
         // An argument the site cannot decode has no value, not 0.
@@ -977,6 +983,10 @@ impl EventPrinter {
                     "probe": name,
                     "args": values,
                 });
+                if kind == usdt::ProbeKind::Uretprobe {
+                    line["args"] = json!([]);
+                    line["retval"] = values.first().cloned().unwrap_or_default();
+                }
                 if !strings.is_empty() {
                     let shown: serde_json::Map<String, serde_json::Value> = strings
                         .iter()
@@ -1002,13 +1012,19 @@ impl EventPrinter {
                 let name = escape_text(name);
                 write!(out, "{secs:>12.6} {:>7} {:>7} {name}", event.pid, event.tid)?;
                 for i in 0..args.len() {
+                    match kind {
+                        usdt::ProbeKind::Usdt => {}
+                        usdt::ProbeKind::Uprobe => write!(out, " arg{i}=")?,
+                        usdt::ProbeKind::Uretprobe => write!(out, " retval=")?,
+                    }
                     let string = strings.iter().find(|(arg, _)| *arg == i);
+                    let space = if kind.is_function() { "" } else { " " };
                     match (value(i), string) {
-                        (Some(_), Some((_, Some(s)))) => write!(out, " {}", s.text())?,
+                        (Some(_), Some((_, Some(s)))) => write!(out, "{space}{}", s.text())?,
                         // No string where one was asked for: the pointer was NULL or
                         // unmapped.
-                        (None, _) | (_, Some((_, None))) => write!(out, " ?")?,
-                        (Some((ty, v)), None) => write!(out, " {}", ty.text(v))?,
+                        (None, _) | (_, Some((_, None))) => write!(out, "{space}?")?,
+                        (Some((ty, v)), None) => write!(out, "{space}{}", ty.text(v))?,
                     }
                 }
                 writeln!(out)?;
@@ -1095,6 +1111,7 @@ mod tests {
     fn probe_names_are_escaped_in_text_lines() {
         let mut printer = EventPrinter {
             format: Format::Text,
+            kinds: Vec::new(),
             names: vec!["usdt:/tmp/a\x07:p\x1b[31m:n\r".into()],
             types: vec![vec![ArgType::Signed]],
             started_ns: 0,
@@ -1132,6 +1149,7 @@ mod tests {
     fn arguments_print_as_typed_and_unavailable_ones_as_such() {
         let mut printer = EventPrinter {
             format: Format::Text,
+            kinds: Vec::new(),
             names: vec!["usdt:/a:p:n".into()],
             types: vec![vec![
                 ArgType::Unsigned,
@@ -1234,6 +1252,7 @@ mod tests {
         assert_eq!(strings[4], (4, None));
         let mut printer = EventPrinter {
             format: Format::Text,
+            kinds: Vec::new(),
             names: vec!["usdt:/a:p:n".into()],
             types: vec![vec![ArgType::Unsigned; 6]],
             started_ns: 0,

@@ -53,6 +53,8 @@ pub const MAX_UPROBES_PER_LINK: usize = 2048;
 const REQUEST_ATTACH: u32 = 1;
 const REQUEST_RELEASE: u32 = 2;
 const REQUEST_HELD_MAP: u32 = 3;
+/// Attaches a return probe link (the uprobes fire at the functions' returns).
+const REQUEST_ATTACH_RETURN: u32 = 4;
 /// kind, pid (0: every process), uprobe count, path length.
 const HEADER_BYTES: usize = 16;
 const UPROBE_BYTES: usize = 24;
@@ -109,6 +111,7 @@ impl LinkKeeper {
         path: &Path,
         uprobes: &[MultiUprobe],
         pid: Option<u32>,
+        ret: bool,
     ) -> io::Result<()> {
         assert!(uprobes.len() <= MAX_UPROBES_PER_LINK);
         let path = path.as_os_str().as_bytes();
@@ -120,7 +123,11 @@ impl LinkKeeper {
         }
         let mut request = Vec::with_capacity(HEADER_BYTES + path.len() + uprobes.len() * 24);
         for word in [
-            REQUEST_ATTACH,
+            if ret {
+                REQUEST_ATTACH_RETURN
+            } else {
+                REQUEST_ATTACH
+            },
             pid.unwrap_or(0),
             uprobes.len() as u32,
             path.len() as u32,
@@ -315,7 +322,7 @@ fn handle(
             *held = Some(prog.ok_or_else(invalid)?);
             Ok(())
         }
-        REQUEST_ATTACH => {
+        kind @ (REQUEST_ATTACH | REQUEST_ATTACH_RETURN) => {
             let prog = prog.ok_or_else(invalid)?;
             let (pid, count, path_len) = (word(1)?, word(2)? as usize, word(3)? as usize);
             let path = request
@@ -334,8 +341,13 @@ fn handle(
                 })
                 .collect();
             let path = Path::new(OsStr::from_bytes(path));
-            let link =
-                sys::link_uprobe_multi(prog.as_fd(), path, &uprobes, (pid != 0).then_some(pid))?;
+            let link = sys::link_uprobe_multi(
+                prog.as_fd(),
+                path,
+                &uprobes,
+                (pid != 0).then_some(pid),
+                kind == REQUEST_ATTACH_RETURN,
+            )?;
             links.push(link);
             Ok(())
         }

@@ -389,6 +389,8 @@ pub struct UsdtAttachment {
     pub semaphore_offset: Option<u64>,
     /// Only this process, or every process mapping the file.
     pub pid: Option<u32>,
+    /// A return probe: fires when the function at `offset` returns.
+    pub ret: bool,
 }
 
 /// A program attached: dropping it detaches the program and closes the perf event it runs
@@ -831,7 +833,10 @@ impl Loader {
                 cookie: u64::from(*cookie),
             };
             match groups.iter_mut().find(|(p, first, _)| {
-                *p == program && first.path == target.path && first.pid == target.pid
+                *p == program
+                    && first.path == target.path
+                    && first.pid == target.pid
+                    && first.ret == target.ret
             }) {
                 Some((_, _, uprobes)) => uprobes.push(uprobe),
                 None => groups.push((program, target, vec![uprobe])),
@@ -847,7 +852,7 @@ impl Loader {
             let keeper = self.keeper.as_mut().expect("started above");
             let path = crate::procfs::lasting_path(&first.path);
             for chunk in uprobes.chunks(keeper::MAX_UPROBES_PER_LINK) {
-                match keeper.link_uprobe_multi(prog_fd, &path, chunk, first.pid) {
+                match keeper.link_uprobe_multi(prog_fd, &path, chunk, first.pid, first.ret) {
                     Ok(()) => self.usdt_sites_attached += chunk.len(),
                     // One of a set that exited meanwhile, whose files only it showed us (a
                     // container's): the others are traced still.
@@ -883,6 +888,7 @@ impl Loader {
             offset,
             semaphore_offset: None,
             pid,
+            ret: false,
         };
         let keeper = self.keeper.as_mut().expect("started above");
         // Before the first hold can happen: whatever ends the tracer, the keeper
@@ -893,7 +899,7 @@ impl Loader {
                 .map_err(LoaderError::Keeper)?;
         }
         keeper
-            .link_uprobe_multi(prog_fd, path, &[uprobe], pid)
+            .link_uprobe_multi(prog_fd, path, &[uprobe], pid, false)
             .map_err(|e| attach_error(&target, e))
     }
 

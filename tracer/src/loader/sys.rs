@@ -153,14 +153,19 @@ pub struct MultiUprobe {
     pub cookie: u64,
 }
 
+/// `BPF_F_UPROBE_MULTI_RETURN`: the uprobes fire at the functions' returns.
+const UPROBE_MULTI_RETURN: u32 = 1;
+
 /// Attaches a program loaded for `BPF_TRACE_UPROBE_MULTI` to `uprobes` of the ELF file at
-/// `path`, in process `pid` only or in every process; closing the returned link removes
-/// them all, waiting for the kernel's grace period once rather than once per uprobe.
+/// `path` (to the returns of the functions they are at, with `ret`), in process `pid`
+/// only or in every process; closing the returned link removes them all, waiting for the
+/// kernel's grace period once rather than once per uprobe.
 pub fn link_uprobe_multi(
     prog: BorrowedFd<'_>,
     path: &Path,
     uprobes: &[MultiUprobe],
     pid: Option<u32>,
+    ret: bool,
 ) -> io::Result<OwnedFd> {
     let path = CString::new(path.as_os_str().as_encoded_bytes())
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains NUL"))?;
@@ -180,6 +185,7 @@ pub fn link_uprobe_multi(
         multi.cookies = cookies.as_ptr() as u64;
         multi.cnt = uprobes.len() as u32;
         multi.pid = pid.unwrap_or(0);
+        multi.flags = if ret { UPROBE_MULTI_RETURN } else { 0 };
     }
     // SAFETY: the path and the three arrays attr points to (cnt entries each) outlive the
     // call.

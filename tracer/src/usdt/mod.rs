@@ -6,6 +6,7 @@
 //! Everything here is plain user-space parsing with no eBPF or root requirement, so it can
 //! be unit-tested and fuzzed; attaching uprobes is the caller's business.
 
+mod functions;
 mod notes;
 mod pattern;
 mod process;
@@ -23,8 +24,12 @@ use std::path::{Path, PathBuf};
 
 use crate::procfs::ProcessError;
 
+pub use functions::{FunctionSymbol, Functions, function_args};
 pub use notes::{NoteDesc, UsdtNote, parse_note_desc, parse_notes, read_notes};
-pub use pattern::{Glob, ProbePattern, UsdtSpecifier, glob_paths, has_probe_type, parse_specifier};
+pub use pattern::{
+    FunctionPlace, Glob, ProbeKind, ProbePattern, UsdtSpecifier, glob_paths, has_probe_type,
+    parse_specifier,
+};
 pub use process::{MappedObject, MapsEntry, executable, mapped_objects, parse_maps};
 pub use resolve::{Found, Resolved, Scope, Searched, find, find_new, resolve, why_none};
 pub use spec::{ArgSpec, SiteArg, describe, parse_arg_specs, resolve_globals};
@@ -172,6 +177,12 @@ pub struct ProbeSite {
     /// only with more arguments than an event holds. Kept so `list` still shows a site
     /// whose spec we cannot read, and `trace` shows what it can of it.
     pub args: Result<Vec<SiteArg>, String>,
+    /// A note's site, or a function's entry or return (then `note` is made up: no
+    /// provider, the function's name, no semaphore).
+    pub kind: ProbeKind,
+    /// For a function probe, the function it is in (none for an address no symbol
+    /// names).
+    pub function: Option<FunctionSymbol>,
 }
 
 impl ProbeSite {
@@ -289,7 +300,8 @@ pub fn dedup_by_file(sites: &mut Vec<ProbeSite>) {
         let id = std::fs::metadata(&site.binary.host_path)
             .map(|m| (m.dev(), m.ino(), PathBuf::new()))
             .unwrap_or_else(|_| (0, 0, site.binary.host_path.clone()));
-        seen.insert((id, site.note.pc))
+        // An entry and a return probe on one function are two sites.
+        seen.insert((id, site.note.pc, site.kind))
     });
 }
 
@@ -334,6 +346,8 @@ pub(crate) fn sites_in(
                 binary: binary.clone(),
                 note,
                 args,
+                kind: ProbeKind::Usdt,
+                function: None,
             }
         })
         .collect())

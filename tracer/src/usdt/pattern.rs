@@ -1,5 +1,6 @@
-//! Probe name patterns (`python:gc__*`) and bpftrace-style `usdt:PATH:PROVIDER:NAME`
-//! specifiers.
+//! Probe name patterns (`python:gc__*`) and bpftrace-style specifiers:
+//! `usdt:PATH:PROVIDER:NAME`, and functions as `uprobe:PATH:FUNC[+OFFSET]`,
+//! `uprobe:PATH:0xADDR` and `uretprobe:PATH:FUNC`.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -250,15 +251,144 @@ impl FromStr for ProbePattern {
     }
 }
 
+/// What fires: a USDT probe's site, a function's entry (or an instruction in it), or a
+/// function's return.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ProbeKind {
+    #[default]
+    Usdt,
+    Uprobe,
+    Uretprobe,
+}
+
+impl ProbeKind {
+    /// bpftrace's name for the probe type.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProbeKind::Usdt => "usdt",
+            ProbeKind::Uprobe => "uprobe",
+            ProbeKind::Uretprobe => "uretprobe",
+        }
+    }
+
+    /// Whether this is a function probe (`uprobe` or `uretprobe`).
+    pub fn is_function(self) -> bool {
+        self != ProbeKind::Usdt
+    }
+}
+
+impl fmt::Display for ProbeKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Where in a function a function probe goes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum FunctionPlace {
+    /// This many bytes past the start of each function the name matches (0: its entry).
+    #[default]
+    Entry,
+    Offset(u64),
+    /// A link-time address in the file (`uprobe:PATH:0xADDR`).
+    Address(u64),
+}
+
 /// A bpftrace-style probe specifier: which file(s) and which probes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct UsdtSpecifier {
+    pub kind: ProbeKind,
     /// The binary or library; may contain wildcards or be `*` (every object of the
     /// target process). `None` when left empty (`usdt::gc__start`), which only makes
     /// sense together with a PID.
     pub path: Option<String>,
-    /// Which probes in the file(s).
+    /// Which probes in the file(s); for a function probe, the provider is empty and the
+    /// name matches the function's symbol, mangled or demangled.
     pub pattern: ProbePattern,
+    /// For a function probe, where in the function.
+    pub place: FunctionPlace,
+}
+
+impl UsdtSpecifier {
+    /// The specifier as bpftrace writes it.
+    pub fn describe(&self) -> String {
+        let path = self.path.as_deref().unwrap_or("");
+        match self.kind {
+            ProbeKind::Usdt => format!("usdt:{path}:{}", self.pattern),
+            kind => format!("{kind}:{path}:{}", self.pattern.name),
+        }
+    }
+}
+
+/// Parses `uprobe:PATH:FUNC[+OFFSET]`, `uprobe:PATH:0xADDR` and `uretprobe:PATH:FUNC`
+/// (the fields after the type, joined by colons: the path, then the function, whose
+/// C++ or Rust name may hold colons of its own, as `gc_demo::gc_mark`).
+fn parse_function_specifier(
+    spec: &str,
+    kind: ProbeKind,
+    fields: Vec<String>,
+) -> Result<UsdtSpecifier, UsdtError> {
+    let bad = |reason: String| UsdtError::BadSpecifier {
+        spec: spec.to_owned(),
+        reason,
+    };
+    let expected = format!("expected {kind}:PATH:FUNCTION");
+    let (path, function) = match fields.as_slice() {
+        [path, rest @ ..] if !rest.is_empty() => (path.clone(), rest.join(":")),
+        _ => return Err(bad(expected)),
+    };
+    if path.is_empty() {
+        return Err(bad(format!(
+            "{expected}: a function probe needs the file that holds the function"
+        )));
+    }
+    if function.is_empty() {
+        return Err(bad("missing function name".into()));
+    }
+    let number = |text: &str| match text.strip_prefix("0x").or_else(|| text.strip_prefix("0X")) {
+        Some(hex) => u64::from_str_radix(hex, 16).ok(),
+        None => text.parse::<u64>().ok(),
+    };
+    let (name, place) = if function.starts_with("0x") || function.starts_with("0X") {
+        let address =
+            number(&function).ok_or_else(|| bad(format!("\"{function}\" is not an address")))?;
+        (function.clone(), FunctionPlace::Address(address))
+    } else {
+        match function.rsplit_once('+') {
+            Some((name, offset)) if !name.is_empty() && !offset.is_empty() => {
+                let offset =
+                    number(offset).ok_or_else(|| bad(format!("\"{offset}\" is not an offset")))?;
+                let place = match offset {
+                    0 => FunctionPlace::Entry,
+                    n => FunctionPlace::Offset(n),
+                };
+                (name.to_owned(), place)
+            }
+            _ => (function.clone(), FunctionPlace::Entry),
+        }
+    };
+    if kind == ProbeKind::Uretprobe && place != FunctionPlace::Entry {
+        return Err(bad(
+            "a return probe goes on a function, not an offset or address: it finds the \
+             return address where the function's entry left it"
+                .into(),
+        ));
+    }
+    Ok(UsdtSpecifier {
+        kind,
+        path: Some(path),
+        pattern: ProbePattern::new("", &name),
+        place,
+    })
+}
+
+/// The function probe type a specifier's first field names, bpftrace's way.
+fn function_kind(field: &str) -> Option<ProbeKind> {
+    match field {
+        "uprobe" | "u" => Some(ProbeKind::Uprobe),
+        "uretprobe" | "ur" => Some(ProbeKind::Uretprobe),
+        _ => None,
+    }
 }
 
 /// Parses a specifier as bpftrace does: `usdt:PATH:PROVIDER:NAME`, `usdt:PATH:NAME` (any
@@ -280,12 +410,19 @@ pub fn parse_specifier(spec: &str) -> Result<UsdtSpecifier, UsdtError> {
         return Err(bad(expected));
     }
     let probe_type = fields.remove(0);
+    if let Some(kind) = function_kind(&probe_type) {
+        return parse_function_specifier(spec, kind, fields);
+    }
     if !is_usdt_type(&probe_type) {
         if Glob::new(&probe_type).is_literal() {
-            return Err(bad(expected));
+            return Err(bad(
+                "expected usdt:PATH:[PROVIDER:]NAME, uprobe:PATH:FUNCTION or \
+                 uretprobe:PATH:FUNCTION",
+            ));
         }
         return Err(bad(&format!(
-            "probe type \"{probe_type}\" does not match usdt, the only one tracer traces"
+            "probe type \"{probe_type}\" does not match usdt; wildcards in the probe type \
+             select USDT probes only"
         )));
     }
     let (path, provider, name) = match fields.len() {
@@ -312,8 +449,10 @@ pub fn parse_specifier(spec: &str) -> Result<UsdtSpecifier, UsdtError> {
         return Err(bad(&format!("{expected} (a path needs a probe after it)")));
     }
     Ok(UsdtSpecifier {
+        kind: ProbeKind::Usdt,
         path: (!path.is_empty()).then_some(path),
         pattern: ProbePattern::new(if provider.is_empty() { "*" } else { &provider }, &name),
+        place: FunctionPlace::Entry,
     })
 }
 
@@ -336,6 +475,7 @@ pub fn has_probe_type(text: &str) -> bool {
     };
     match fields.first() {
         Some(first) if first == "usdt" || first == "U" => fields.len() > 1,
+        Some(first) if function_kind(first).is_some() => fields.len() > 1,
         // One that does not match usdt too, for the parser to say so.
         Some(first) => fields.len() > 2 && !Glob::new(first).is_literal(),
         None => false,
@@ -473,7 +613,7 @@ mod tests {
             "usdt:/bin/x",
             "usdt:/bin/x:",
             "usdt:/bin/x:p:",
-            "uprobe:/bin/x:f",
+            "kprobe:/bin/x:f",
             "python:gc__start",
         ] {
             let e = parse_specifier(bad).unwrap_err();
@@ -541,14 +681,61 @@ mod tests {
         let reason = |s: &str| parse_specifier(s).unwrap_err().to_string();
         assert_eq!(
             reason("k*:/bin/x:f"),
-            "bad probe specifier \"k*:/bin/x:f\": probe type \"k*\" does not match usdt, the \
-             only one tracer traces"
+            "bad probe specifier \"k*:/bin/x:f\": probe type \"k*\" does not match usdt; \
+             wildcards in the probe type select USDT probes only"
         );
         assert!(reason(r#"usdt:/x:p:"n"#).ends_with("unterminated quote"));
         assert!(reason(r#"usdt:/x:p:"n\"#).ends_with("unterminated quote"));
         assert!(reason("usdt:/bin/x").contains("a path needs a probe after it"));
         assert!(reason(r#"usdt:/x:p:"""#).ends_with("missing probe name"));
         assert!(reason("usdt:").ends_with("expected usdt:PATH:[PROVIDER:]NAME"));
+    }
+
+    #[test]
+    fn function_specifiers() {
+        let parsed = |s: &str| parse_specifier(s).unwrap_or_else(|e| panic!("{s}: {e}"));
+        let s = parsed("uprobe:/usr/lib/libpython3.12.so.1.0:gc_collect_main");
+        assert_eq!(s.kind, ProbeKind::Uprobe);
+        assert_eq!(s.path.as_deref(), Some("/usr/lib/libpython3.12.so.1.0"));
+        assert_eq!(s.pattern, ProbePattern::new("", "gc_collect_main"));
+        assert_eq!(s.place, FunctionPlace::Entry);
+        assert_eq!(
+            s.describe(),
+            "uprobe:/usr/lib/libpython3.12.so.1.0:gc_collect_main"
+        );
+        // Colons of a C++ or Rust name are the function's.
+        let s = parsed("uretprobe:./gc-demo:gc_demo::gc_mark");
+        assert_eq!(s.kind, ProbeKind::Uretprobe);
+        assert_eq!(s.pattern.name.as_str(), "gc_demo::gc_mark");
+        let s = parsed("u:node:*Heap::CollectGarbage*");
+        assert_eq!(
+            (s.kind, s.path.as_deref()),
+            (ProbeKind::Uprobe, Some("node"))
+        );
+        assert_eq!(parsed("ur:/x:f").kind, ProbeKind::Uretprobe);
+        assert_eq!(parsed("uprobe:/x:f+16").place, FunctionPlace::Offset(16));
+        assert_eq!(parsed("uprobe:/x:f+0x10").place, FunctionPlace::Offset(16));
+        assert_eq!(parsed("uprobe:/x:f+0").place, FunctionPlace::Entry);
+        assert_eq!(parsed("uprobe:/x:f+0").pattern.name.as_str(), "f");
+        assert_eq!(
+            parsed("uprobe:/x:0x4b3a10").place,
+            FunctionPlace::Address(0x4b3a10)
+        );
+        // An operator+ is a name, not an offset.
+        assert_eq!(
+            parsed("uprobe:/x:operator+").pattern.name.as_str(),
+            "operator+"
+        );
+
+        let reason = |s: &str| parse_specifier(s).unwrap_err().to_string();
+        assert!(reason("uretprobe:/x:f+4").contains("a return probe goes on a function"));
+        assert!(reason("uretprobe:/x:0x1000").contains("a return probe goes on a function"));
+        assert!(reason("uprobe:/x:f+z").ends_with("\"z\" is not an offset"));
+        assert!(reason("uprobe:/x:0xzz").ends_with("\"0xzz\" is not an address"));
+        assert!(reason("uprobe::f").contains("needs the file that holds the function"));
+        assert!(reason("uprobe:/x").contains("expected uprobe:PATH:FUNCTION"));
+        assert!(reason("uprobe:/x:").ends_with("missing function name"));
+        assert!(has_probe_type("uprobe:/x:f") && has_probe_type("ur:/x:f"));
     }
 
     #[test]

@@ -6,9 +6,9 @@ use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 
 use super::{
-    Glob, MappedObject, ProbePattern, ProbeSite, UsdtError, UsdtSpecifier, dedup_by_file,
-    executable, find_probes_in_file, glob_paths, mapped_objects, scan_process, scan_processes,
-    sites_in,
+    Functions, Glob, MappedObject, ProbePattern, ProbeSite, UsdtError, UsdtSpecifier,
+    dedup_by_file, executable, find_probes_in_file, glob_paths, mapped_objects, scan_process,
+    scan_processes, sites_in,
 };
 
 /// Where to look for probes.
@@ -53,6 +53,23 @@ pub struct Resolved {
 /// The sites matching any of `specs`, each site once, valid or not. Fails when a file
 /// cannot be read; finding nothing is not an error here.
 pub fn find(specs: &[UsdtSpecifier], scope: Scope<'_>) -> Result<Found, UsdtError> {
+    let (functions, notes): (Vec<UsdtSpecifier>, Vec<UsdtSpecifier>) = specs
+        .iter()
+        .cloned()
+        .partition(|spec| spec.kind.is_function());
+    let mut found = match notes.is_empty() {
+        true => Found::default(),
+        false => find_notes(&notes, scope)?,
+    };
+    if !functions.is_empty() {
+        find_functions(&functions, scope, &mut found)?;
+    }
+    dedup_by_file(&mut found.sites);
+    Ok(found)
+}
+
+/// [`find`] for USDT specifiers.
+fn find_notes(specs: &[UsdtSpecifier], scope: Scope<'_>) -> Result<Found, UsdtError> {
     let mut found = Found::default();
     match scope {
         Scope::Process(pid) => {
@@ -114,8 +131,113 @@ pub fn find(specs: &[UsdtSpecifier], scope: Scope<'_>) -> Result<Found, UsdtErro
             }
         }
     }
-    dedup_by_file(&mut found.sites);
     Ok(found)
+}
+
+/// The objects a function specifier's path names in `scope`: the processes' objects it
+/// matches, and the files it names.
+fn objects_for(
+    spec: &UsdtSpecifier,
+    scope: Scope<'_>,
+    mapped: &mut std::collections::HashMap<u32, Vec<MappedObject>>,
+) -> Result<Vec<MappedObject>, UsdtError> {
+    let path = spec.path.as_deref();
+    let mut in_processes = |pids: &[u32]| -> Vec<MappedObject> {
+        pids.iter()
+            .flat_map(|&pid| {
+                mapped
+                    .entry(pid)
+                    .or_insert_with(|| process_objects(pid))
+                    .clone()
+            })
+            .filter(|object| path_matches(path, &object.path))
+            .collect()
+    };
+    let named_files = |exe: Option<&Path>| -> Result<Vec<MappedObject>, UsdtError> {
+        let mut objects: Vec<MappedObject> = match path {
+            Some(path) if path.contains('/') => files_named(spec, path, exe)?
+                .iter()
+                .map(|file| MappedObject::from_path(file))
+                .collect(),
+            _ => Vec::new(),
+        };
+        // A command's executable, named by its file name (`uprobe:app:f -- ./app`).
+        if let Some(exe) = exe
+            && path.is_some_and(|p| p != "*" && !p.contains('/') && path_matches(Some(p), exe))
+        {
+            objects.push(MappedObject::from_path(exe));
+        }
+        Ok(objects)
+    };
+    Ok(match scope {
+        Scope::Process(pid) => {
+            // The process must be there, as for USDT probes.
+            executable(pid)?;
+            in_processes(&[pid])
+        }
+        Scope::Processes { pids, exe } => {
+            let mut objects = in_processes(pids);
+            if let (Some(exe), Some("*") | None) = (exe, path) {
+                objects.push(MappedObject::from_path(exe));
+            }
+            objects.extend(named_files(exe)?);
+            objects
+        }
+        Scope::Everything => {
+            let mut objects = in_processes(&crate::procfs::all_processes());
+            objects.extend(named_files(None)?);
+            objects
+        }
+        Scope::Files { exe } => match (path, exe) {
+            (None | Some("*"), Some(exe)) => vec![MappedObject::from_path(exe)],
+            (None | Some("*"), None) => return Err(needs_pid(spec)),
+            (Some(path), exe) => files_named(spec, path, exe)?
+                .iter()
+                .map(|file| MappedObject::from_path(file))
+                .collect(),
+        },
+    })
+}
+
+/// [`find`] for function specifiers: each object a specifier's path names is read once
+/// for its symbols, however many specifiers and processes name it.
+fn find_functions(
+    specs: &[UsdtSpecifier],
+    scope: Scope<'_>,
+    found: &mut Found,
+) -> Result<(), UsdtError> {
+    let mut read: std::collections::HashMap<PathBuf, Option<std::rc::Rc<Functions>>> =
+        std::collections::HashMap::new();
+    let mut mapped = std::collections::HashMap::new();
+    for spec in specs {
+        let literal = spec
+            .path
+            .as_deref()
+            .is_some_and(|p| Glob::new(p).is_literal());
+        for object in objects_for(spec, scope, &mut mapped)? {
+            let functions = match read.get(&object.host_path) {
+                Some(functions) => functions.clone(),
+                None => {
+                    let functions = match Functions::read(&object.host_path) {
+                        Ok(functions) => Some(std::rc::Rc::new(functions)),
+                        Err(error) if literal && object.path.to_string_lossy() != "*" => {
+                            return Err(error);
+                        }
+                        Err(error) => {
+                            log::debug!("{}: {error}", object.host_path.display());
+                            None
+                        }
+                    };
+                    read.insert(object.host_path.clone(), functions.clone());
+                    functions
+                }
+            };
+            if let Some(functions) = functions {
+                found.sites.extend(functions.sites(&object, spec)?);
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The sites to attach for `specs`. A site whose note fails validation is an error when a
@@ -256,7 +378,7 @@ fn is_literal_probe(spec: &UsdtSpecifier) -> bool {
 /// Whether `spec` selects `site`: in a process by name and path, in files by name and
 /// the specifier's own file.
 fn matches_in(spec: &UsdtSpecifier, site: &ProbeSite, scope: Scope<'_>) -> bool {
-    if !spec.pattern.matches(&site.note.provider, &site.note.name) {
+    if spec.kind != site.kind || !spec.pattern.matches(&site.note.provider, &site.note.name) {
         return false;
     }
     match (scope, spec.path.as_deref()) {
@@ -323,6 +445,24 @@ pub fn find_new(
     let (mut sites, mut skipped) = (Vec::new(), Vec::new());
     for object in process_objects(pid) {
         if !searched.mark(&object.host_path) {
+            continue;
+        }
+        let mut functions = None;
+        for spec in specs.iter().filter(|spec| spec.kind.is_function()) {
+            if !path_matches(spec.path.as_deref(), &object.path) {
+                continue;
+            }
+            let Some(read) =
+                functions.get_or_insert_with(|| Functions::read(&object.host_path).ok())
+            else {
+                break;
+            };
+            match read.sites(&object, spec) {
+                Ok(found) => sites.extend(found),
+                Err(problem) => skipped.push(problem),
+            }
+        }
+        if specs.iter().all(|spec| spec.kind.is_function()) {
             continue;
         }
         let Ok(found) = sites_in(&object, &ProbePattern::any()) else {
@@ -424,11 +564,7 @@ fn needs_pid(spec: &UsdtSpecifier) -> UsdtError {
 }
 
 fn describe(spec: &UsdtSpecifier) -> String {
-    format!(
-        "usdt:{}:{}",
-        spec.path.as_deref().unwrap_or(""),
-        spec.pattern
-    )
+    spec.describe()
 }
 
 /// Makes a user-given path absolute (as bpftrace prints it) and checks it exists.
@@ -458,7 +594,7 @@ fn absolute(path: &Path) -> Result<PathBuf, UsdtError> {
 
 /// Whether a site found in a process is what `spec` asks for.
 fn matches(spec: &UsdtSpecifier, site: &ProbeSite) -> bool {
-    if !spec.pattern.matches(&site.note.provider, &site.note.name) {
+    if spec.kind != site.kind || !spec.pattern.matches(&site.note.provider, &site.note.name) {
         return false;
     }
     path_matches(spec.path.as_deref(), &site.binary.path)
@@ -573,6 +709,8 @@ mod tests {
             binary: MappedObject::from_path(Path::new(LIB)),
             note,
             args: Ok(Vec::new()),
+            kind: super::super::ProbeKind::Usdt,
+            function: None,
         }
     }
 

@@ -1,14 +1,122 @@
 //! The runtimes `tracer attach` recognises by the USDT providers they carry, and what it
 //! measures for each: latencies as pairs of probes matched per thread.
 
+pub mod functions;
+
+use crate::usdt::ProbeKind;
+
+/// A probe as latencies and task roles name it: a USDT probe (provider and name), or a
+/// function's entry or return (no provider; the function's symbol).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ProbeRef {
+    pub kind: ProbeKind,
+    pub provider: String,
+    pub name: String,
+}
+
+impl ProbeRef {
+    pub fn usdt(provider: &str, name: &str) -> Self {
+        ProbeRef {
+            kind: ProbeKind::Usdt,
+            provider: provider.into(),
+            name: name.into(),
+        }
+    }
+
+    pub fn function(kind: ProbeKind, symbol: &str) -> Self {
+        ProbeRef {
+            kind,
+            provider: String::new(),
+            name: symbol.into(),
+        }
+    }
+
+    /// Whether a site of this kind, provider and name is this probe.
+    pub fn is(&self, kind: ProbeKind, provider: &str, name: &str) -> bool {
+        self.kind == kind && self.provider == provider && self.name == name
+    }
+}
+
+impl std::fmt::Display for ProbeRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.kind {
+            ProbeKind::Usdt => write!(f, "{}:{}", self.provider, self.name),
+            kind => write!(f, "{kind}:{}", self.name),
+        }
+    }
+}
+
+/// How a latency's occurrences are told apart in reports: by an argument of the probe
+/// that begins it (a collection's generation), then by an argument of a probe hit while
+/// it is open on the same thread (the collector V8 picks once it collects; the
+/// generation CPython 3.13 picks inside the collection), which wins.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LatencyClass {
+    pub begin_arg: Option<u8>,
+    pub probe: Option<(ProbeRef, u8)>,
+    /// What the class is, for reports: `generation`, `collector`.
+    pub what: &'static str,
+    /// The names of known values; others are shown as numbers.
+    pub labels: &'static [(u32, &'static str)],
+}
+
+impl LatencyClass {
+    /// The label of class `value`.
+    pub fn label(&self, value: u32) -> String {
+        match self.labels.iter().find(|(v, _)| *v == value) {
+            Some((_, label)) => label.to_string(),
+            None => format!("{} {value}", self.what),
+        }
+    }
+}
+
 /// A latency measured from one probe to another on the same thread.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LatencyDef {
     /// Name in reports, e.g. `gc_pause`.
     pub name: String,
-    pub provider: String,
-    pub begin: String,
-    pub end: String,
+    pub begin: ProbeRef,
+    pub end: ProbeRef,
+    /// Each begin is matched to the end at its own stack frame (a function's entry and
+    /// return), so a recursive function's calls are each timed; otherwise to the next
+    /// end on the thread.
+    pub frame_keyed: bool,
+    pub class: Option<LatencyClass>,
+    /// The runtime it measures, when a known runtime's (`CPython`).
+    pub runtime: Option<&'static str>,
+    /// How it is measured, for reports: `usdt`, or `function probes` for a runtime
+    /// without USDT probes.
+    pub mechanism: Mechanism,
+}
+
+/// Where a runtime's latencies come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mechanism {
+    Usdt,
+    FunctionProbes,
+}
+
+impl LatencyDef {
+    /// A latency between two probes, named by the user: frame-keyed when it is a
+    /// function's entry to its return.
+    pub fn between(name: String, begin: ProbeRef, end: ProbeRef) -> Self {
+        let frame_keyed = begin.kind == ProbeKind::Uprobe
+            && end.kind == ProbeKind::Uretprobe
+            && begin.name == end.name;
+        let mechanism = match begin.kind.is_function() || end.kind.is_function() {
+            true => Mechanism::FunctionProbes,
+            false => Mechanism::Usdt,
+        };
+        LatencyDef {
+            name,
+            begin,
+            end,
+            frame_keyed,
+            class: None,
+            runtime: None,
+            mechanism,
+        }
+    }
 }
 
 /// What a task-switch probe says about a task.
@@ -119,9 +227,12 @@ impl Runtime {
     pub fn latency_defs(&self) -> impl Iterator<Item = LatencyDef> + '_ {
         self.latencies.iter().map(|&(name, begin, end)| LatencyDef {
             name: name.into(),
-            provider: self.provider.into(),
-            begin: begin.into(),
-            end: end.into(),
+            begin: ProbeRef::usdt(self.provider, begin),
+            end: ProbeRef::usdt(self.provider, end),
+            frame_keyed: false,
+            class: None,
+            runtime: Some(self.name),
+            mechanism: Mechanism::Usdt,
         })
     }
 }
