@@ -314,7 +314,9 @@ pub struct TargetProcess {
     pub start_ticks: u64,
     /// Bits of [`target_flags`].
     pub flags: u32,
-    pub _pad: u32,
+    /// The process it forked from while it has not executed another program since
+    /// (its memory and mappings are a copy of that one's); 0 otherwise.
+    pub forked_from: u32,
     /// Its name when it joined (the kernel's `comm`, zero-padded): a process that exits
     /// before user space looks at it is still named.
     pub comm: [u8; 16],
@@ -397,6 +399,11 @@ pub mod site_flags {
 
 /// The class of a latency nothing classified.
 pub const NO_CLASS: u32 = u32::MAX;
+/// Bit of `UsdtSite::class_latency`: the latency classified is frame-keyed.
+pub const CLASSIFIES_INNERMOST: u8 = 0x80;
+/// The frame of the `LATENCY_STARTS` entry whose `start_ns` holds the frame of a
+/// frame-keyed latency's innermost call open on the thread (no stack pointer is this).
+pub const INNERMOST_FRAME: u64 = u64::MAX;
 
 /// `UsdtSite::task_arg` value meaning "the task is the thread that hit the probe" (the
 /// JVM's thread__park probes); otherwise it is the index of the argument holding the task.
@@ -443,9 +450,13 @@ pub struct UsdtSite {
     pub class_arg: u8,
     /// 1 + the id of a latency open on the hitting thread that this site classifies with
     /// `class_arg` without beginning or ending it (V8's collector, chosen after the
-    /// collection began); 0 for none.
+    /// collection began); 0 for none. With [`CLASSIFIES_INNERMOST`] set, the latency is
+    /// frame-keyed, and the innermost call open is the one classified.
     pub class_latency: u8,
-    pub _pad: [u8; 4],
+    /// Bit `i`: note the frame of `latency_begins[i]` as its latency's innermost call
+    /// open on the thread (at [`INNERMOST_FRAME`]), for a site that classifies it.
+    pub latency_innermost: u8,
+    pub _pad: [u8; 3],
 }
 
 /// Arguments one probe can show as strings.
@@ -794,7 +805,11 @@ pub mod control {
     /// Non-zero once a CPython interpreter is in `PYTHON_PROCESSES`: until then, stack
     /// snapshots skip looking their process up there.
     pub const PYTHON: u32 = 1;
-    pub const COUNT: u32 = 2;
+    /// Non-zero once the wall-clock profile started: until then the scheduler and
+    /// sampling programs record nothing, so every thread's time starts at one instant
+    /// however long attaching them took (threads blocked then are seeded from it).
+    pub const RECORDING: u32 = 2;
+    pub const COUNT: u32 = 3;
 }
 
 /// Indices of the `COUNTERS` per-CPU array: things the eBPF side could not record, so

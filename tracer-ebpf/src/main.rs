@@ -215,6 +215,12 @@ fn stopped() -> bool {
     CONTROL.get(control::STOPPED).is_some_and(|&v| v != 0)
 }
 
+/// Whether user space has started the wall-clock profile.
+#[inline(always)]
+fn recording() -> bool {
+    CONTROL.get(control::RECORDING).is_some_and(|&v| v != 0)
+}
+
 /// What could not be recorded (see `tracer_common::counter`).
 #[map]
 static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::COUNT, 0);

@@ -94,6 +94,9 @@ fn record_switch_out<const DWARF: bool>(ctx: &BtfTracePointContext, now: u64) {
         }
         return;
     }
+    if !crate::recording() {
+        return;
+    }
     let regs = snapshot::saved_user_regs();
     let user_stack_id = match (DWARF, regs) {
         (true, Some(regs)) => user_snapshot(ctx, &regs, tgid, tid, now),

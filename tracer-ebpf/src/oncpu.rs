@@ -61,6 +61,9 @@ pub fn on_sample_dwarf(ctx: &PerfEventContext) {
 /// target.
 #[inline(always)]
 fn sampled_thread() -> Option<(u32, u32)> {
+    if !crate::recording() {
+        return None;
+    }
     let (tgid, tid) = targets::current_ids()?;
     // tid 0 is the idle task: the CPU had nothing to run.
     if tid == 0 || !targets::is_traced(tgid, target_filter::SCHED) {

@@ -197,7 +197,7 @@ pub fn on_fork(ctx: &BtfTracePointContext) {
     let target = TargetProcess {
         start_ticks: start_ns / setting(&CLOCK_TICK_NS).max(1),
         flags: parent.flags,
-        _pad: 0,
+        forked_from: parent_tgid,
         comm: comm_of(child),
     };
     if TARGETS.insert(&child_tgid, &target, 0).is_err() {
@@ -238,12 +238,17 @@ pub fn on_exec(ctx: &BtfTracePointContext) {
             let target = TargetProcess {
                 start_ticks: current_start_ticks(),
                 flags: target_flags::FOLLOW_FORKS | target_flags::BY_MATCH,
-                _pad: 0,
+                forked_from: 0,
                 comm: comm_of(task),
             };
             if TARGETS.insert(&tgid, &target, 0).is_err() {
                 count(counter::MAP_FULL);
             }
+        }
+        // Still a target, running another program: no longer a copy of its parent.
+        Some(mut target) if target.forked_from != 0 => {
+            target.forked_from = 0;
+            let _ = TARGETS.insert(&tgid, &target, 0);
         }
         _ => {}
     }

@@ -11,11 +11,11 @@ use aya_ebpf::{
 };
 use aya_log_ebpf::debug;
 use tracer_common::{
-    HitStackKey, LatencyProcessKey, LatencyStart, LatencyStartKey, LatencyStats, MAX_LATENCIES,
-    MAX_LATENCIES_PER_PROBE, MAX_STR_ARGS, MAX_STR_LEN, MAX_USDT_ARGS, NO_CLASS, NO_STACK,
-    STACK_NOT_TAKEN, STR_LENGTH_MASK, STR_OFFSET_MASK, TimelineEvent, UsdtEvent, UsdtSite,
-    UsdtStrEvent, UsdtStrHeader, counter, histogram, site_flags, str_read_size, target_filter,
-    timeline_kind,
+    CLASSIFIES_INNERMOST, HitStackKey, INNERMOST_FRAME, LatencyProcessKey, LatencyStart,
+    LatencyStartKey, LatencyStats, MAX_LATENCIES, MAX_LATENCIES_PER_PROBE, MAX_STR_ARGS,
+    MAX_STR_LEN, MAX_USDT_ARGS, NO_CLASS, NO_STACK, STACK_NOT_TAKEN, STR_LENGTH_MASK,
+    STR_OFFSET_MASK, TimelineEvent, UsdtEvent, UsdtSite, UsdtStrEvent, UsdtStrHeader, counter,
+    histogram, site_flags, str_read_size, target_filter, timeline_kind,
 };
 
 use crate::{
@@ -79,7 +79,7 @@ pub fn on_hit<const TASKS: bool, const STACKS: bool, const LATENCIES: usize>(ctx
     let frame = frame_of(ctx, site);
     let class = class_of(ctx, site);
     if classifies {
-        classify_open(site.class_latency as u32 - 1, tid, class);
+        classify_open(site.class_latency, tid, class);
     }
     end_latencies::<LATENCIES>(site, (pid_tgid >> 32) as u32, tid, now, frame);
     begin_latencies::<LATENCIES>(site, tid, now, frame, class);
@@ -229,14 +229,24 @@ fn class_of(ctx: &ProbeContext, site: &UsdtSite) -> u32 {
     crate::args::read_arg(ctx, &site.args[index]) as u32
 }
 
-/// Gives the latency `latency_id` open on thread `tid` (not frame-keyed) its class.
+/// Gives the latency open on thread `tid` that `class_latency` names (see
+/// `UsdtSite::class_latency`) its class: its innermost call when it is frame-keyed.
 #[inline(always)]
-fn classify_open(latency_id: u32, tid: u32, class: u32) {
-    let key = LatencyStartKey {
+fn classify_open(class_latency: u8, tid: u32, class: u32) {
+    let latency_id = (class_latency & !CLASSIFIES_INNERMOST) as u32 - 1;
+    let mut key = LatencyStartKey {
         tid,
         latency_id,
         frame: 0,
     };
+    if class_latency & CLASSIFIES_INNERMOST != 0 {
+        key.frame = INNERMOST_FRAME;
+        // SAFETY: the value is copied out.
+        match unsafe { LATENCY_STARTS.get(&key) } {
+            Some(innermost) => key.frame = innermost.start_ns,
+            None => return,
+        }
+    }
     if let Some(start) = LATENCY_STARTS.get_ptr_mut(&key) {
         // SAFETY: the entry is this thread's, written by no one else.
         unsafe { (*start).class = class };
@@ -273,6 +283,18 @@ fn begin_latencies<const LATENCIES: usize>(
         // longer to relocate and verify (bench figure 4).
         if LATENCY_STARTS.insert(&key, &start, 0).is_err() {
             count(counter::MAP_FULL);
+        }
+        if site.latency_innermost & (1 << i) != 0 {
+            let innermost = LatencyStart {
+                start_ns: frame,
+                class: NO_CLASS,
+                _pad: 0,
+            };
+            let key = LatencyStartKey {
+                frame: INNERMOST_FRAME,
+                ..key
+            };
+            let _ = LATENCY_STARTS.insert(&key, &innermost, 0);
         }
     }
 }

@@ -412,10 +412,25 @@ impl ProbePlan {
                     .and_then(|c| c.begin_arg)
             });
             let (class_arg, class_latency) = match (classifies, begin_class) {
-                (Some((latency, arg)), _) => (arg + 1, latency as u8 + 1),
+                (Some((latency, arg)), _) => {
+                    let innermost = match latencies[latency].frame_keyed {
+                        true => tracer_common::CLASSIFIES_INNERMOST,
+                        false => 0,
+                    };
+                    (arg + 1, (latency as u8 + 1) | innermost)
+                }
                 (None, Some(arg)) => (arg + 1, 0),
                 (None, None) => (0, 0),
             };
+            // Begins of frame-keyed latencies another probe classifies note their frame.
+            let mut latency_innermost = 0u8;
+            for (i, &id) in begins.iter().enumerate() {
+                let latency = &latencies[id as usize];
+                if latency.frame_keyed && latency.class.as_ref().is_some_and(|c| c.probe.is_some())
+                {
+                    latency_innermost |= 1 << i;
+                }
+            }
             if class_arg > 0 && !matches!(args.get(class_arg as usize - 1), Some(Ok(_))) {
                 return Err(PlanError::BadArguments {
                     probe: probe_label(),
@@ -437,6 +452,7 @@ impl ProbePlan {
                 latency_frames,
                 class_arg,
                 class_latency,
+                latency_innermost,
                 ..Default::default()
             };
             for (i, arg) in args.iter().take(MAX_USDT_ARGS).enumerate() {

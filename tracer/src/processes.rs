@@ -84,6 +84,30 @@ impl Processes {
         );
     }
 
+    /// [`Processes::observe`] for a process forked from `parent` that has not executed
+    /// another program since: gone already (a short-lived worker), its stacks are named
+    /// from its parent's mappings, of which its own were a copy.
+    pub fn observe_fork(&mut self, tgid: u32, parent: u32) {
+        if self.processes.contains_key(&tgid) {
+            return;
+        }
+        self.observe(tgid);
+        let parent_name = self.processes.get(&parent).map(|p| p.name.clone());
+        if let Some(info) = self.processes.get_mut(&tgid)
+            && info.maps.is_none()
+        {
+            info.maps = ProcessMaps::capture(parent).ok();
+            if let Some(name) = parent_name.filter(|_| info.name.starts_with("[pid ")) {
+                info.name = name;
+            }
+        }
+    }
+
+    /// Whether `tgid` was observed already.
+    pub fn knows(&self, tgid: u32) -> bool {
+        self.processes.contains_key(&tgid)
+    }
+
     /// Captures the target `tgid` (its name, mappings and thread names), failing with
     /// what kept them from being read.
     pub fn observe_target(&mut self, tgid: u32) -> io::Result<&ProcessInfo> {

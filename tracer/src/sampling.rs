@@ -143,6 +143,10 @@ impl WallClockSampler {
             }),
             false => None,
         };
+        // Both programs record from one instant: an interval begun after it is counted
+        // from its own start, a thread blocked then from here (the seeds below), however
+        // long attaching took on a busy machine.
+        loader.start_recording()?;
         let started_ns = stop::monotonic_ns();
         let mut seeds = Seeds::default();
         for member in targets.iter().flat_map(|t| &t.members) {
@@ -175,7 +179,7 @@ impl WallClockSampler {
     /// Unwinds the snapshots waiting (with `--unwind dwarf`); call every [`DRAIN_PERIOD`].
     pub fn drain(&mut self, processes: &mut Processes) {
         if let Some(unwinding) = self.unwinding.as_mut() {
-            unwinding.drain(processes, &mut self.interpreters);
+            unwinding.drain(processes, &mut self.interpreters, self.targets.as_ref());
         }
     }
 
@@ -555,7 +559,14 @@ struct Unwinding {
 impl Unwinding {
     /// Unwinds every stack snapshot waiting in the ring buffer, capturing the mappings
     /// of processes seen for the first time, and lets the kernel reuse the off-CPU ones.
-    fn drain(&mut self, processes: &mut Processes, interpreters: &mut Interpreters) {
+    /// A process that joined the `targets` by forking is named from its parent's
+    /// mappings when it is gone before its first snapshot is read.
+    fn drain(
+        &mut self,
+        processes: &mut Processes,
+        interpreters: &mut Interpreters,
+        targets: Option<&crate::loader::TargetsMap>,
+    ) {
         let Self {
             ring,
             checks,
@@ -565,6 +576,12 @@ impl Unwinding {
             let Some(snapshot) = Snapshot::parse(record) else {
                 return;
             };
+            if !processes.knows(snapshot.tgid)
+                && let Some(parent) = targets.and_then(|t| t.forked_from(snapshot.tgid))
+            {
+                processes.observe_fork(snapshot.tgid, parent);
+                interpreters.note_fork(snapshot.tgid, parent);
+            }
             processes.observe(snapshot.tgid);
             let maps = processes
                 .get(snapshot.tgid)

@@ -1022,6 +1022,12 @@ impl Loader {
 
     /// Stops recording USDT hits now, in the kernel, before the slow detach: whatever
     /// fires afterwards is neither counted nor sent.
+    /// Starts the wall-clock profile: the scheduler and sampling programs record from now
+    /// on (see [`control::RECORDING`]).
+    pub fn start_recording(&mut self) -> Result<()> {
+        self.set_control(control::RECORDING, 1)
+    }
+
     pub fn stop_recording(&mut self) -> Result<()> {
         self.set_control(control::STOPPED, 1)
     }

@@ -101,7 +101,7 @@ impl TargetsMap {
             let target = TargetProcess {
                 start_ticks,
                 flags: member.flags,
-                _pad: 0,
+                forked_from: 0,
                 comm,
             };
             self.map
@@ -118,6 +118,16 @@ impl TargetsMap {
         if let Err(e) = self.add_members(&members) {
             log::warn!("cannot add processes to the targets: {e}");
         }
+    }
+
+    /// The process `pid` forked from, while it runs a copy of that one's program (see
+    /// `TargetProcess::forked_from`).
+    pub fn forked_from(&self, pid: u32) -> Option<u32> {
+        self.map
+            .get(&pid, 0)
+            .ok()
+            .map(|target| target.forked_from)
+            .filter(|&parent| parent != 0)
     }
 
     /// The processes traced now (as the kernel knows them: some may have exited).

@@ -75,6 +75,8 @@ impl PythonFrames {
 pub struct Interpreters {
     /// `None`: the process runs no interpreter the tracer reads.
     by_process: HashMap<u32, Option<Interpreter>>,
+    /// Processes forked from another without executing since, by the one they copy.
+    forked_from: HashMap<u32, u32>,
     /// Python frames are not wanted: no interpreter is looked for.
     disabled: bool,
 }
@@ -88,19 +90,45 @@ impl Interpreters {
         }
     }
 
+    /// Process `child` forked from `parent` and runs its copy of the program: once it
+    /// exited, its code objects are read from its parent, where they are at the same
+    /// addresses (a short-lived worker's frames are named after it is gone).
+    pub fn note_fork(&mut self, child: u32, parent: u32) {
+        self.forked_from.insert(child, parent);
+    }
+
     /// The interpreter of process `tgid`, looked for in `maps` the first time (a version
     /// the tracer cannot read is said then, once).
     pub fn find(&mut self, tgid: u32, maps: Option<&ProcessMaps>) -> Option<&mut Interpreter> {
         if self.disabled {
             return None;
         }
+        // A fork's interpreter is its parent's, at the same addresses: known so even
+        // when the fork is gone before it is looked at.
+        if !self.by_process.contains_key(&tgid)
+            && let Some(forked) = self
+                .forked_from
+                .get(&tgid)
+                .and_then(|parent| self.by_process.get(parent))
+                .and_then(Option::as_ref)
+                .map(|parent| parent.forked(tgid))
+        {
+            self.by_process.insert(tgid, Some(forked));
+        }
         let found = match self.by_process.entry(tgid) {
             std::collections::hash_map::Entry::Occupied(known) => known.into_mut(),
             std::collections::hash_map::Entry::Vacant(new) => {
-                let found = Interpreter::find(maps?).unwrap_or_else(|why| {
+                let mut found = Interpreter::find(maps?).unwrap_or_else(|why| {
                     crate::status!("tracer: process {tgid}: no Python frames: {why}");
                     None
                 });
+                if let Some(interpreter) = found.as_mut() {
+                    interpreter.copy_of = self
+                        .forked_from
+                        .get(&tgid)
+                        .copied()
+                        .filter(|&parent| parent != interpreter.pid);
+                }
                 new.insert(found)
             }
         };
@@ -122,6 +150,7 @@ impl Interpreters {
         for interpreter in self.by_process.values().flatten() {
             if !interpreter.used.replace(false) {
                 interpreter.mem.borrow_mut().take();
+                interpreter.copy_mem.borrow_mut().take();
             }
         }
     }
@@ -141,6 +170,11 @@ pub struct Interpreter {
     mem: std::cell::RefCell<Option<File>>,
     /// Whether `mem` was read since the last [`Interpreters::close_idle`].
     used: std::cell::Cell<bool>,
+    /// The process this one forked from without executing since: what its own memory,
+    /// once it exited, no longer gives is read there.
+    copy_of: Option<u32>,
+    /// That process's memory, opened as `mem` is.
+    copy_mem: std::cell::RefCell<Option<File>>,
     /// What the kernel is told, once the interpreter is initialized.
     kernel: Option<PythonProcess>,
     /// Whether the kernel has been told.
@@ -150,6 +184,21 @@ pub struct Interpreter {
     codes: HashMap<u64, Option<Rc<Code>>>,
     /// Tokens by code object and instruction.
     frame_tokens: HashMap<(u64, u64), u64>,
+}
+
+/// Reads `buf.len()` bytes at `addr` of process `pid`'s memory, `mem` opened if it is
+/// not.
+fn read_memory(
+    mem: &std::cell::RefCell<Option<File>>,
+    pid: u32,
+    addr: u64,
+    buf: &mut [u8],
+) -> Option<()> {
+    let mut mem = mem.borrow_mut();
+    if mem.is_none() {
+        *mem = File::open(format!("/proc/{pid}/mem")).ok();
+    }
+    mem.as_ref()?.read_exact_at(buf, addr).ok()
 }
 
 /// What naming a code object's frames needs.
@@ -171,6 +220,27 @@ const MAX_FRAME_TOKENS: usize = 1 << 18;
 const MAX_OBJECT_BYTES: usize = 1 << 20;
 
 impl Interpreter {
+    /// This interpreter as the fork `child` has it: the same layout and addresses, its
+    /// memory read first, this process's once it is gone.
+    fn forked(&self, child: u32) -> Self {
+        Self {
+            version: self.version,
+            layout: self.layout,
+            runtime: self.runtime,
+            pid: child,
+            mem: std::cell::RefCell::new(None),
+            used: std::cell::Cell::new(true),
+            copy_of: Some(self.pid),
+            copy_mem: std::cell::RefCell::new(None),
+            // The kernel was told at the fork (`PYTHON_PROCESSES` follows forks).
+            kernel: self.kernel,
+            registered: true,
+            eval_ranges: self.eval_ranges.clone(),
+            codes: self.codes.clone(),
+            frame_tokens: HashMap::new(),
+        }
+    }
+
     /// The interpreter of the process `maps` was captured from, if it runs CPython of a
     /// version the tracer can read. An interpreter not initialized yet is returned all
     /// the same: [`Interpreter::kernel_process`] says when it is.
@@ -247,6 +317,8 @@ impl Interpreter {
                 pid,
                 mem: std::cell::RefCell::new(Some(mem)),
                 used: std::cell::Cell::new(true),
+                copy_of: None,
+                copy_mem: std::cell::RefCell::new(None),
                 kernel: None,
                 registered: false,
                 eval_ranges,
@@ -319,11 +391,10 @@ impl Interpreter {
 
     fn read(&self, addr: u64, buf: &mut [u8]) -> Option<()> {
         self.used.set(true);
-        let mut mem = self.mem.borrow_mut();
-        if mem.is_none() {
-            *mem = File::open(format!("/proc/{}/mem", self.pid)).ok();
+        if read_memory(&self.mem, self.pid, addr, buf).is_some() {
+            return Some(());
         }
-        mem.as_ref()?.read_exact_at(buf, addr).ok()
+        read_memory(&self.copy_mem, self.copy_of?, addr, buf)
     }
 
     /// The Python frames of the thread whose FS base is `fsbase`, read from the

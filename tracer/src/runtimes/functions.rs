@@ -25,7 +25,7 @@ pub struct FunctionLatency {
     pub begin: (ProbeKind, &'static str),
     pub end: (ProbeKind, &'static str),
     /// Entry and return of one function, matched per call (see
-    /// [`LatencyDef::frame_keyed`]); off where a probe between them classifies it.
+    /// [`LatencyDef::frame_keyed`]).
     pub frame_keyed: bool,
     pub class: Option<FunctionClass>,
 }
@@ -66,14 +66,16 @@ const fn cpython_collect(symbol: &'static str, generation_arg: u8) -> FunctionLa
 /// passes -1 for automatic collections and picks the generation inside, then invokes the
 /// collection's callbacks with it (`invoke_gc_callback`'s third argument, which its
 /// compiler-made clone keeps; called whether or not callbacks are registered); before
-/// 3.13 the callbacks run outside the function, so no collection is open then. Not
-/// frame-keyed: a collection never nests, and the callback finds it at no frame.
+/// 3.13 the callbacks run outside the function, so no collection is open then.
+/// Frame-keyed: 3.13 re-enters the function from a finalizer run by a collection (and
+/// returns at once), and each call is matched to its own return; the callback classifies
+/// the innermost call open.
 const fn cpython_collect_main(callback: &'static str) -> FunctionLatency {
     FunctionLatency {
         name: "gc_pause",
         begin: (ProbeKind::Uprobe, "gc_collect_main"),
         end: (ProbeKind::Uretprobe, "gc_collect_main"),
-        frame_keyed: false,
+        frame_keyed: true,
         class: Some(FunctionClass {
             begin_arg: Some(1),
             probe: Some(((ProbeKind::Uprobe, callback), 2)),
@@ -266,7 +268,7 @@ mod tests {
             }
         }
         let python = &FUNCTION_RUNTIMES[0];
-        let def = python.latency_defs().nth(1).unwrap();
+        let def = python.latency_defs().next().unwrap();
         assert!(def.frame_keyed, "{def:?}");
         assert_eq!(def.class.as_ref().unwrap().label(2), "gen2");
         assert_eq!(def.class.as_ref().unwrap().label(7), "generation 7");
