@@ -6,7 +6,9 @@ Protocol (as the other targets): with --wait-for-signal it prints `ready pid=N` 
 waits for SIGUSR1; at the end it prints one JSON line: collections by generation and the
 time between each start and stop callback, then (with --wait-for-signal) waits for
 another SIGUSR1 to exit, so that a tracer can be stopped before the collections of the
-interpreter's exit. Usage: gc_workload.py SECONDS [--wait-for-signal].
+interpreter's exit. With `--rounds N` instead of SECONDS it does a fixed amount of work
+(the benchmark's), prints its JSON with `ns`, the time the work took, and exits. Usage:
+gc_workload.py SECONDS|--rounds N [--wait-for-signal].
 """
 
 import gc
@@ -54,7 +56,8 @@ def make_cycles(n):
 
 
 def main():
-    seconds = float(sys.argv[1])
+    fixed_rounds = int(sys.argv[2]) if sys.argv[1] == "--rounds" else None
+    seconds = float(sys.argv[1]) if fixed_rounds is None else 0.0
     wait = "--wait-for-signal" in sys.argv
     # Few, large collections: each spans far more than the callbacks' own cost, which
     # the callbacks' timing includes.
@@ -65,14 +68,18 @@ def main():
         print(f"ready pid={os.getpid()}", flush=True)
         signal.pause()
     gc.callbacks.append(on_gc)
+    began = time.perf_counter_ns()
     deadline = time.perf_counter() + seconds
     rounds = 0
-    while time.perf_counter() < deadline:
+    while (
+        rounds < fixed_rounds if fixed_rounds is not None else time.perf_counter() < deadline
+    ):
         make_cycles(2000)
         rounds += 1
         if rounds % 10 == 0:
             gc.collect(rounds // 10 % 3)
     del live
+    elapsed = time.perf_counter_ns() - began
     gc.callbacks.remove(on_gc)
     print(
         json.dumps(
@@ -80,11 +87,12 @@ def main():
                 "collections": sum(c for c, _ in by_generation.values()),
                 "by_generation": {str(g): c for g, (c, _) in sorted(by_generation.items())},
                 "total_ns": total_ns,
+                "ns": elapsed,
             }
         ),
         flush=True,
     )
-    if wait:
+    if wait and fixed_rounds is None:
         signal.pause()
 
 

@@ -60,7 +60,48 @@ pub fn run() -> Result<()> {
     run_for_build()?;
     ensure_test_tools()?;
     ensure_speedscope()?;
+    ensure_julia_bundle()?;
     Ok(())
+}
+
+/// The Julia runtime the tests measure without USDT probes: the `ace-jax-coupling` wheel
+/// bundles a juliac-compiled library with Julia 1.13's own `libjulia-internal`, built as
+/// official Julia releases are (no `WITH_DTRACE`).
+const JULIA_BUNDLE: &str = "ace-jax-coupling==0.2.0";
+
+/// Where the Julia bundle's venv is (the tests look there too).
+fn julia_venv() -> PathBuf {
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| "/root".into());
+    home.join(".cache/tracer/julia")
+}
+
+/// A venv of Debian's python3.11 with the Julia bundle and numpy, made with pip; a no-op
+/// when its runtime imports.
+fn ensure_julia_bundle() -> Result<()> {
+    let venv = julia_venv();
+    let python = venv.join("bin/python");
+    let imports = Command::new(&python)
+        .args(["-c", "import ace_jax_coupling, numpy"])
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if imports {
+        return Ok(());
+    }
+    eprintln!(
+        "xtask setup: installing {JULIA_BUNDLE} and numpy with pip in a venv, {}",
+        venv.display()
+    );
+    crate::run(Command::new("python3.11").args(["-m", "venv"]).arg(&venv))
+        .context("making the Julia bundle's venv failed")?;
+    crate::run(
+        Command::new(venv.join("bin/pip"))
+            .args(["install", "-q", JULIA_BUNDLE, "numpy"])
+            .env("PIP_DISABLE_PIP_VERSION_CHECK", "1"),
+    )
+    .context("installing the Julia bundle with pip failed")
 }
 
 /// What building the tracer needs and no more: the eBPF toolchain and bpf-linker (the
@@ -266,9 +307,10 @@ fn have_package(package: &str) -> bool {
 /// with busybox-static's /bin/busybox as the image's shell (the `busybox` package's is
 /// linked dynamically, so only the package says which one is there). Chromium opens the
 /// timeline in a real viewer (speedscope, see [`ensure_speedscope`]), headless; curl
-/// downloads that viewer.
+/// downloads that viewer. Go is a runtime the tests measure through its functions.
 fn ensure_test_tools() -> Result<()> {
     let tools = [
+        ("go", "golang-go"),
         ("bpftrace", "bpftrace"),
         ("bpftool", "bpftool"),
         ("gcc", "gcc"),

@@ -3,6 +3,7 @@
 //! ```text
 //! bench-usdt-loop --compare-disabled [--iters N] [--rounds R]
 //! bench-usdt-loop [--iters N] [--wait-for-signal]
+//! bench-usdt-loop --calls [--iters N] [--wait-for-signal]
 //! bench-usdt-loop --forever [--interval-us U]
 //! ```
 //! - `--compare-disabled` (figure 1, nothing attached): R rounds (default 11), each timing
@@ -14,6 +15,9 @@
 //!   with `clock_gettime(CLOCK_MONOTONIC)` around it and prints `{"iters":N,"ns":T}`. Run
 //!   untraced, the probe is disabled (semaphore 0); traced, every iteration is one event
 //!   of `tracer:gc__begin`.
+//! - `--calls` (figure 9): as the default, each iteration a call of the function
+//!   `bench_collect` (never inlined), which holds the probe site: a function probe on it
+//!   and the USDT probe within it fire once per iteration.
 //! - `--forever` (figure 4): prints `ready pid=<PID>`, then fires `tracer:gc__begin(i)`
 //!   every U µs (default 100; 0 = back to back) until killed.
 //!
@@ -38,6 +42,7 @@ use tests::{Args, announce_ready, json_array, print_line};
 enum Mode {
     CompareDisabled,
     Loop,
+    Calls,
     Forever,
 }
 
@@ -65,6 +70,10 @@ impl Config {
                 "--forever" => {
                     args.no_value(&flag)?;
                     config.mode = Mode::Forever;
+                }
+                "--calls" => {
+                    args.no_value(&flag)?;
+                    config.mode = Mode::Calls;
                 }
                 "--iters" => config.iters = Some(args.value(&flag)?),
                 "--rounds" => config.rounds = args.value(&flag)?,
@@ -97,6 +106,25 @@ fn with_probe(n: u64) -> Duration {
     for i in 0..n {
         probes::gc_begin(i);
         black_box(i);
+    }
+    start.elapsed()
+}
+
+/// A function standing in for a runtime's collection: what function probes attach to.
+#[inline(never)]
+#[unsafe(no_mangle)]
+pub extern "C" fn bench_collect(i: u64) -> u64 {
+    probes::gc_begin(i);
+    black_box(i)
+}
+
+/// N calls of [`bench_collect`].
+#[inline(never)]
+fn with_calls(n: u64) -> Duration {
+    let start = Instant::now();
+    align_loop();
+    for i in 0..n {
+        black_box(bench_collect(i));
     }
     start.elapsed()
 }
@@ -142,6 +170,12 @@ fn main() -> Result<()> {
             let n = config.iters.unwrap_or(1_000_000);
             announce_ready(args.wait_for_signal())?;
             let elapsed = with_probe(n);
+            print_line(&format!(r#"{{"iters":{n},"ns":{}}}"#, elapsed.as_nanos()))
+        }
+        Mode::Calls => {
+            let n = config.iters.unwrap_or(1_000_000);
+            announce_ready(args.wait_for_signal())?;
+            let elapsed = with_calls(n);
             print_line(&format!(r#"{{"iters":{n},"ns":{}}}"#, elapsed.as_nanos()))
         }
         Mode::Forever => {

@@ -24,6 +24,7 @@ mod fig5_render_profile;
 mod fig6_peak_memory;
 mod fig7_stop;
 mod fig8_python_frames;
+mod fig9_function_probes;
 mod harness;
 mod stats;
 
@@ -42,10 +43,10 @@ pub struct BenchArgs {
     /// Fewer iterations, rounds and stacks: about a minute instead of a few.
     #[arg(long)]
     quick: bool,
-    /// Rounds of alternating runs in figures 2-4, 7 and 8 [default: 5; --quick: 3].
+    /// Rounds of alternating runs in figures 2-4 and 7-9 [default: 5; --quick: 3].
     #[arg(long)]
     rounds: Option<usize>,
-    /// Only these figures (1-8, comma-separated); 6 uses the tracer runs of 2-4.
+    /// Only these figures (1-9, comma-separated); 6 uses the tracer runs of 2-4.
     #[arg(long, value_delimiter = ',')]
     only: Vec<u8>,
     /// Iterations of each disabled-probe loop, figure 1 [default: 200M; --quick: 50M].
@@ -88,12 +89,12 @@ impl Config {
             value.unwrap_or(if quick { fast } else { full })
         };
         let figures = if args.only.is_empty() {
-            (1..=8).collect()
+            (1..=9).collect()
         } else {
             args.only
         };
-        if let Some(bad) = figures.iter().find(|f| !(1..=8).contains(*f)) {
-            bail!("no figure {bad}: figures are 1 to 8");
+        if let Some(bad) = figures.iter().find(|f| !(1..=9).contains(*f)) {
+            bail!("no figure {bad}: figures are 1 to 9");
         }
         let rounds = args.rounds.unwrap_or(if quick { 3 } else { 5 });
         if rounds == 0 {
@@ -152,7 +153,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     println!("load average before: {load_before} (other work on the machine skews every figure)");
     let mut rows = Vec::new();
     let mut memory = PeakMemory::default();
-    let figures: [(u8, &str); 8] = [
+    let figures: [(u8, &str); 9] = [
         (1, "disabled probe vs no probe"),
         (2, "cost per traced USDT event"),
         (3, "off-CPU tracing of a ping-pong"),
@@ -161,6 +162,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         (6, "peak memory while tracing"),
         (7, "Ctrl-C to exit"),
         (8, "the cost of Python frames"),
+        (9, "what function probes cost"),
     ];
     for (figure, title) in figures {
         if !config.wants(figure) {
@@ -176,7 +178,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
             // Figure 6 reports the tracer runs of figures 2-4, so it comes after them.
             6 => Ok(vec![fig6_peak_memory::measure(&memory)]),
             7 => fig7_stop::measure(&config),
-            _ => fig8_python_frames::measure(&config),
+            8 => fig8_python_frames::measure(&config),
+            _ => fig9_function_probes::measure(&config),
         };
         match result {
             Ok(mut new_rows) => rows.append(&mut new_rows),
