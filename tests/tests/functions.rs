@@ -502,3 +502,121 @@ fn node_collections_are_counted_minor_and_major_as_perf_hooks_counts_them() {
         "{ours} ns paused, perf_hooks timed {theirs} ns"
     );
 }
+
+/// The venv `cargo xtask setup` makes with the Julia 1.13 bundle.
+fn julia_venv_python() -> std::path::PathBuf {
+    let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
+    std::path::PathBuf::from(home).join(".cache/tracer/julia/bin/python")
+}
+
+#[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+fn python_calling_julia_has_each_runtimes_collections_apart() {
+    require_privileged();
+    let python = julia_venv_python();
+    assert!(
+        python.exists(),
+        "{} is missing: `cargo xtask setup` installs the Julia bundle",
+        python.display()
+    );
+    let script = workspace_dir().join("tests/python/julia_gc.py");
+    let mut target = LineTarget::start(
+        python.to_str().unwrap(),
+        &[script.to_str().unwrap(), "3", "100"],
+    );
+    let (report, truth) = attach_to_workload(&mut target, "functions-julia");
+    let runtimes = report["gc_by_runtime"].as_array().unwrap();
+    let of = |name: &str| {
+        runtimes
+            .iter()
+            .find(|gc| gc["runtime"] == name)
+            .unwrap_or_else(|| panic!("no {name} in {runtimes:?}"))
+    };
+    // Julia's collections, from its functions; Python's, from its USDT probes.
+    let julia = of("Julia");
+    assert_eq!(julia["mechanism"], "function probes");
+    assert_eq!(
+        julia["count"], truth["julia_collections"],
+        "{julia} vs {truth}"
+    );
+    let python = of("CPython");
+    assert_eq!(python["mechanism"], "usdt");
+    assert_eq!(
+        python["count"], truth["python_collections"],
+        "{python} vs {truth}"
+    );
+    // Marking and sweeping is the span Julia itself times.
+    let latencies = &report["latencies"];
+    let mark_sweep = latencies["gc_mark_sweep"]["total_ns"].as_u64().unwrap();
+    let theirs = truth["julia_gc_ns"].as_u64().unwrap();
+    assert!(
+        near(mark_sweep, theirs, 0.10, 0),
+        "{mark_sweep} ns marking and sweeping, jl_gc_total_hrtime {theirs} ns"
+    );
+    // Each runtime's pause under its own key.
+    assert!(latencies["gc_pause:Julia"].is_object(), "{latencies}");
+    assert!(latencies["gc_pause:CPython"].is_object(), "{latencies}");
+    assert!(julia["total_pause_ns"].as_u64().unwrap() >= mark_sweep);
+}
+
+/// The Go workload, built with Debian's Go (which `cargo xtask setup` installs).
+fn go_workload() -> std::path::PathBuf {
+    let out = workspace_dir().join("target/tmp/go-gc-workload");
+    std::fs::create_dir_all(out.parent().unwrap()).unwrap();
+    let source = workspace_dir().join("tests/src/functions/gc_workload.go");
+    let built = Command::new("go")
+        .args(["build", "-o"])
+        .arg(&out)
+        .arg(&source)
+        .output()
+        .expect("go is installed by `cargo xtask setup`");
+    assert!(
+        built.status.success(),
+        "go build: {}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    out
+}
+
+#[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+fn go_stops_of_the_world_are_counted_by_phase_from_entry_probes() {
+    require_privileged();
+    let program = go_workload();
+    let mut target = LineTarget::start(program.to_str().unwrap(), &["2"]);
+    let (report, truth) = attach_to_workload(&mut target, "functions-go");
+    let gc = &report["gc"];
+    assert_eq!(gc["runtime"], "Go", "{gc}");
+    let collections = truth["collections"].as_u64().unwrap();
+    assert!(collections > 10, "{truth}");
+    // Each collection stops the world twice; ReadMemStats stops it too, outside any.
+    assert_eq!(
+        gc["classes"]["mark termination"]["count"], collections,
+        "{gc} vs {truth}"
+    );
+    assert_eq!(
+        gc["classes"]["sweep termination"]["count"], collections,
+        "{gc} vs {truth}"
+    );
+    // Only entry probes: no return probe on Go code, ever.
+    let probes = report["probes"].as_array().unwrap();
+    assert!(
+        probes
+            .iter()
+            .all(|p| p["probe"].as_str().unwrap().starts_with("uprobe:")),
+        "{probes:?}"
+    );
+    // Go times each pause a little past where the world is started again (the start
+    // probe's entry), so the two totals are near, not equal.
+    let ours = gc["classes"]["mark termination"]["total_ns"]
+        .as_u64()
+        .unwrap()
+        + gc["classes"]["sweep termination"]["total_ns"]
+            .as_u64()
+            .unwrap();
+    let theirs = truth["pause_total_ns"].as_u64().unwrap();
+    assert!(
+        ours <= theirs && ours * 2 >= theirs,
+        "{ours} ns stopped, Go's PauseTotalNs {theirs} ns"
+    );
+}

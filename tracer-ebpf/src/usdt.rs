@@ -248,8 +248,14 @@ fn classify_open(class_latency: u8, tid: u32, class: u32) {
         }
     }
     if let Some(start) = LATENCY_STARTS.get_ptr_mut(&key) {
+        // The first class given wins: Julia collects again within one collection when the
+        // first pass asks for it, as an automatic one.
         // SAFETY: the entry is this thread's, written by no one else.
-        unsafe { (*start).class = class };
+        unsafe {
+            if (*start).class == NO_CLASS {
+                (*start).class = class;
+            }
+        }
     }
 }
 

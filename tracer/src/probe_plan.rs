@@ -12,7 +12,7 @@ use tracer_common::{
 
 use crate::{
     loader::{PlanSizes, UsdtAttachment},
-    runtimes::{LatencyDef, TaskProbeDef, TaskRole},
+    runtimes::{ClassValue, LatencyDef, TaskProbeDef, TaskRole},
     usdt::{Glob, ProbeKind, SiteArg},
 };
 
@@ -309,12 +309,11 @@ impl ProbePlan {
             let ends = roles(|l| &l.end);
             // A probe that classifies a latency open on its thread (V8's collector).
             let classifies = latencies.iter().enumerate().find_map(|(i, l)| {
-                match l.class.as_ref().and_then(|c| c.probe.as_ref()) {
-                    Some((probe, arg)) if probe.is(input.kind, &input.provider, &input.name) => {
-                        Some((i, *arg))
-                    }
-                    _ => None,
-                }
+                let probes = l.class.as_ref().map(|c| c.probes.as_slice()).unwrap_or(&[]);
+                probes
+                    .iter()
+                    .find(|(probe, _)| probe.is(input.kind, &input.provider, &input.name))
+                    .map(|(_, value)| (i, *value))
             });
             let task = (input.kind == ProbeKind::Usdt)
                 .then(|| {
@@ -411,11 +410,21 @@ impl ProbePlan {
                     .as_ref()
                     .and_then(|c| c.begin_arg)
             });
+            // A class of the probe's own is a constant in the last argument slot, past
+            // those events show.
+            let mut class_constant = None;
             let (class_arg, class_latency) = match (classifies, begin_class) {
-                (Some((latency, arg)), _) => {
+                (Some((latency, value)), _) => {
                     let innermost = match latencies[latency].frame_keyed {
                         true => tracer_common::CLASSIFIES_INNERMOST,
                         false => 0,
+                    };
+                    let arg = match value {
+                        ClassValue::Arg(arg) => arg,
+                        ClassValue::Const(class) => {
+                            class_constant = Some(class);
+                            MAX_USDT_ARGS as u8 - 1
+                        }
                     };
                     (arg + 1, (latency as u8 + 1) | innermost)
                 }
@@ -426,12 +435,16 @@ impl ProbePlan {
             let mut latency_innermost = 0u8;
             for (i, &id) in begins.iter().enumerate() {
                 let latency = &latencies[id as usize];
-                if latency.frame_keyed && latency.class.as_ref().is_some_and(|c| c.probe.is_some())
+                if latency.frame_keyed
+                    && latency.class.as_ref().is_some_and(|c| !c.probes.is_empty())
                 {
                     latency_innermost |= 1 << i;
                 }
             }
-            if class_arg > 0 && !matches!(args.get(class_arg as usize - 1), Some(Ok(_))) {
+            if class_constant.is_none()
+                && class_arg > 0
+                && !matches!(args.get(class_arg as usize - 1), Some(Ok(_)))
+            {
                 return Err(PlanError::BadArguments {
                     probe: probe_label(),
                     reason: format!(
@@ -471,6 +484,14 @@ impl ProbePlan {
                         }
                     }
                 }
+            }
+            if let Some(class) = class_constant {
+                site.args[MAX_USDT_ARGS - 1] = tracer_common::UsdtArg {
+                    kind: tracer_common::arg_kind::CONST,
+                    val_off: class as _,
+                    size: 4,
+                    ..Default::default()
+                };
             }
             site.latency_begins[..begins.len()].copy_from_slice(&begins);
             site.latency_ends[..ends.len()].copy_from_slice(&ends);

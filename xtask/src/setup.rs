@@ -77,13 +77,20 @@ fn julia_venv() -> PathBuf {
     home.join(".cache/tracer/julia")
 }
 
+/// Debian's CPython, which carries USDT probes: the Julia bundle's host, so that one
+/// process has a runtime measured by USDT probes and one by its functions.
+const JULIA_HOST_PYTHON: &str = "/usr/bin/python3.11";
+
 /// A venv of Debian's python3.11 with the Julia bundle and numpy, made with pip; a no-op
-/// when its runtime imports.
+/// when its runtime imports under that interpreter.
 fn ensure_julia_bundle() -> Result<()> {
     let venv = julia_venv();
     let python = venv.join("bin/python");
     let imports = Command::new(&python)
-        .args(["-c", "import ace_jax_coupling, numpy"])
+        .args([
+            "-c",
+            "import sys, ace_jax_coupling, numpy; sys.exit(sys.base_prefix != '/usr')",
+        ])
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
@@ -94,8 +101,13 @@ fn ensure_julia_bundle() -> Result<()> {
         "xtask setup: installing {JULIA_BUNDLE} and numpy with pip in a venv, {}",
         venv.display()
     );
-    crate::run(Command::new("python3.11").args(["-m", "venv"]).arg(&venv))
-        .context("making the Julia bundle's venv failed")?;
+    let _ = std::fs::remove_dir_all(&venv);
+    crate::run(
+        Command::new(JULIA_HOST_PYTHON)
+            .args(["-m", "venv"])
+            .arg(&venv),
+    )
+    .context("making the Julia bundle's venv failed")?;
     crate::run(
         Command::new(venv.join("bin/pip"))
             .args(["install", "-q", JULIA_BUNDLE, "numpy"])

@@ -45,6 +45,8 @@ func main() {
 			runtime.GC()
 		}
 	}
+	// A collection still running would end after the record: end them all first.
+	runtime.GC()
 	runtime.ReadMemStats(&after)
 	// PauseNs is a ring of the last 256 pauses, NumGC-1 the latest.
 	var pauses uint64

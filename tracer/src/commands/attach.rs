@@ -111,7 +111,7 @@ pub fn run(config: AttachConfig) -> Result<()> {
     };
     let requested = resolve_requested_functions(&config, scope).map_err(on_target)?;
     let mut usdt_elsewhere = UsdtElsewhere::default();
-    let catalogue = match usdt::find(&runtimes::functions::specifiers(), scope) {
+    let catalogue = match usdt::find(&runtimes::functions::specifiers(&pids), scope) {
         Ok(found) => found.sites,
         Err(e) => {
             log::warn!("cannot look for the functions of runtimes without USDT probes: {e}");
@@ -522,7 +522,7 @@ fn later_specs(
     requested: &HashMap<(usize, bool), ProbeRef>,
 ) -> Vec<usdt::UsdtSpecifier> {
     let mut providers: Vec<&str> = runtimes::RUNTIMES.iter().map(|r| r.provider).collect();
-    let mut specs = runtimes::functions::specifiers();
+    let mut specs = runtimes::functions::specifiers(&[]);
     for (index, request) in config.latencies.iter().enumerate() {
         for (is_end, probe) in [(false, &request.begin), (true, &request.end)] {
             match probe {
@@ -687,10 +687,7 @@ fn collect(
         let mut labelled: Vec<(String, LatencyStats)> = Vec::new();
         if let Some(class) = &def.class {
             for (value, stats) in by_class {
-                let label = match value {
-                    tracer_common::NO_CLASS => "unclassified".to_string(),
-                    value => class.label(value),
-                };
+                let label = class.label(value);
                 match labelled.iter_mut().find(|(l, _)| *l == label) {
                     Some((_, total)) => add_stats(total, &stats),
                     None => labelled.push((label, stats)),

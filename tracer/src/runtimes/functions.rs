@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use super::{LatencyClass, LatencyDef, Mechanism, ProbeRef};
+use super::{ClassValue, LatencyClass, LatencyDef, Mechanism, ProbeRef};
 use crate::usdt::{self, ProbeKind, UsdtSpecifier};
 
 /// A runtime whose collections are timed from function probes.
@@ -14,9 +14,17 @@ pub struct FunctionRuntime {
     pub name: &'static str,
     /// Its USDT provider: a file carrying these probes is measured by them instead.
     pub provider: Option<&'static str>,
-    /// The files that hold its functions, by file name (wildcards allowed).
-    pub files: &'static [&'static str],
+    /// The files that hold its functions.
+    pub files: Files,
     pub latencies: &'static [FunctionLatency],
+}
+
+/// Which files hold a runtime's functions.
+pub enum Files {
+    /// By file name, wildcards allowed.
+    Named(&'static [&'static str]),
+    /// A target's executable when it is a Go program.
+    GoPrograms,
 }
 
 /// One latency of a [`FunctionRuntime`], between two function probes.
@@ -33,9 +41,10 @@ pub struct FunctionLatency {
 /// Where a [`FunctionLatency`]'s class comes from, as in [`LatencyClass`].
 pub struct FunctionClass {
     pub begin_arg: Option<u8>,
-    pub probe: Option<((ProbeKind, &'static str), u8)>,
+    pub probes: &'static [((ProbeKind, &'static str), ClassValue)],
     pub what: &'static str,
     pub labels: &'static [(u32, &'static str)],
+    pub unclassified: &'static str,
 }
 
 const GENERATIONS: &[(u32, &str)] = &[(0, "gen0"), (1, "gen1"), (2, "gen2")];
@@ -55,9 +64,10 @@ const fn cpython_collect(symbol: &'static str, generation_arg: u8) -> FunctionLa
         frame_keyed: true,
         class: Some(FunctionClass {
             begin_arg: Some(generation_arg),
-            probe: None,
+            probes: &[],
             what: "generation",
             labels: GENERATIONS,
+            unclassified: "unclassified",
         }),
     }
 }
@@ -70,7 +80,7 @@ const fn cpython_collect(symbol: &'static str, generation_arg: u8) -> FunctionLa
 /// Frame-keyed: 3.13 re-enters the function from a finalizer run by a collection (and
 /// returns at once), and each call is matched to its own return; the callback classifies
 /// the innermost call open.
-const fn cpython_collect_main(callback: &'static str) -> FunctionLatency {
+const fn cpython_collect_main() -> FunctionLatency {
     FunctionLatency {
         name: "gc_pause",
         begin: (ProbeKind::Uprobe, "gc_collect_main"),
@@ -78,12 +88,22 @@ const fn cpython_collect_main(callback: &'static str) -> FunctionLatency {
         frame_keyed: true,
         class: Some(FunctionClass {
             begin_arg: Some(1),
-            probe: Some(((ProbeKind::Uprobe, callback), 2)),
+            probes: &[(
+                (ProbeKind::Uprobe, "invoke_gc_callback.isra.0"),
+                ClassValue::Arg(2),
+            )],
             what: "generation",
             labels: GENERATIONS,
+            unclassified: "unclassified",
         }),
     }
 }
+
+/// The stops of the world of a Go collection.
+const GO_PHASES: &[(u32, &str)] = &[(0, "sweep termination"), (1, "mark termination")];
+
+/// What `ijl_gc_collect` is asked for (`jl_gc_collection_t`).
+const JULIA_COLLECTIONS: &[(u32, &str)] = &[(0, "auto"), (1, "full"), (2, "incremental")];
 
 const V8_COLLECT_GARBAGE: &str = "_ZN2v88internal4Heap14CollectGarbageENS0_15AllocationSpaceENS0_23GarbageCollectionReasonENS_15GCCallbackFlagsE";
 const V8_PERFORM_GARBAGE_COLLECTION: &str = "_ZN2v88internal4Heap24PerformGarbageCollectionENS0_16GarbageCollectorENS0_23GarbageCollectionReasonEPKc";
@@ -92,10 +112,10 @@ pub const FUNCTION_RUNTIMES: &[FunctionRuntime] = &[
     FunctionRuntime {
         name: "CPython",
         provider: Some("python"),
-        files: &["libpython3.*.so*", "python3.*"],
+        files: Files::Named(&["libpython3.*.so*", "python3.*"]),
         latencies: &[
             // 3.10 to 3.13.
-            cpython_collect_main("invoke_gc_callback.isra.0"),
+            cpython_collect_main(),
             // 3.9 (and 3.6, 3.7).
             cpython_collect("collect", 1),
             // 3.8: GCC's clones of `collect`, one without its state argument (the
@@ -109,17 +129,91 @@ pub const FUNCTION_RUNTIMES: &[FunctionRuntime] = &[
                 // Always the oldest generation, which the clone is not told.
                 class: Some(FunctionClass {
                     begin_arg: None,
-                    probe: None,
+                    probes: &[],
                     what: "generation",
                     labels: GENERATIONS,
+                    unclassified: "unclassified",
                 }),
             },
         ],
     },
     FunctionRuntime {
+        // Julia 1.13 as official releases build it (no WITH_DTRACE), checked on the
+        // runtime bundled by the ace-jax-coupling wheel.
+        name: "Julia",
+        provider: Some("julia"),
+        files: Files::Named(&["*libjulia-internal.so*"]),
+        latencies: &[
+            // The whole pause of the collecting thread: stopping the world, marking and
+            // sweeping (twice when the first pass asks for a full one), finalizers.
+            // Classified by what the first mark and sweep was asked for; a thread that
+            // only waited for another thread's collection stays unclassified.
+            FunctionLatency {
+                name: "gc_pause",
+                begin: (ProbeKind::Uprobe, "ijl_gc_collect"),
+                end: (ProbeKind::Uretprobe, "ijl_gc_collect"),
+                frame_keyed: true,
+                class: Some(FunctionClass {
+                    begin_arg: None,
+                    probes: &[((ProbeKind::Uprobe, "_jl_gc_collect"), ClassValue::Arg(1))],
+                    what: "collection",
+                    labels: JULIA_COLLECTIONS,
+                    unclassified: "waited for another thread's collection",
+                }),
+            },
+            // Marking and sweeping: the span `jl_gc_total_hrtime` sums.
+            FunctionLatency {
+                name: "gc_mark_sweep",
+                begin: (ProbeKind::Uprobe, "_jl_gc_collect"),
+                end: (ProbeKind::Uretprobe, "_jl_gc_collect"),
+                frame_keyed: true,
+                class: None,
+            },
+            // Stopping the world: from asking the other threads to stop to all of them
+            // having stopped.
+            FunctionLatency {
+                name: "gc_stop_the_world",
+                begin: (ProbeKind::Uprobe, "jl_safepoint_start_gc"),
+                end: (ProbeKind::Uretprobe, "jl_gc_wait_for_the_world"),
+                frame_keyed: false,
+                class: None,
+            },
+        ],
+    },
+    FunctionRuntime {
+        // Go 1.19 (Debian's golang-go): entry probes only, as a return probe corrupts the
+        // stacks Go moves. Every stop of the world, from stopping to starting it again;
+        // the collection's phase is the function that runs while it is stopped.
+        name: "Go",
+        provider: None,
+        files: Files::GoPrograms,
+        latencies: &[FunctionLatency {
+            name: "gc_pause",
+            begin: (ProbeKind::Uprobe, "runtime.stopTheWorldWithSema"),
+            end: (ProbeKind::Uprobe, "runtime.startTheWorldWithSema"),
+            frame_keyed: false,
+            class: Some(FunctionClass {
+                begin_arg: None,
+                probes: &[
+                    (
+                        (ProbeKind::Uprobe, "runtime.finishsweep_m"),
+                        ClassValue::Const(0),
+                    ),
+                    (
+                        (ProbeKind::Uprobe, "runtime.gcMarkTermination"),
+                        ClassValue::Const(1),
+                    ),
+                ],
+                what: "phase",
+                labels: GO_PHASES,
+                unclassified: "not a collection (ReadMemStats, GOMAXPROCS...)",
+            }),
+        }],
+    },
+    FunctionRuntime {
         name: "Node.js (V8)",
         provider: None,
-        files: &["node", "libnode.so*"],
+        files: Files::Named(&["node", "libnode.so*"]),
         latencies: &[FunctionLatency {
             name: "gc_pause",
             begin: (ProbeKind::Uprobe, V8_COLLECT_GARBAGE),
@@ -127,9 +221,13 @@ pub const FUNCTION_RUNTIMES: &[FunctionRuntime] = &[
             frame_keyed: false,
             class: Some(FunctionClass {
                 begin_arg: None,
-                probe: Some(((ProbeKind::Uprobe, V8_PERFORM_GARBAGE_COLLECTION), 1)),
+                probes: &[(
+                    (ProbeKind::Uprobe, V8_PERFORM_GARBAGE_COLLECTION),
+                    ClassValue::Arg(1),
+                )],
                 what: "collector",
                 labels: V8_COLLECTORS,
+                unclassified: "unclassified",
             }),
         }],
     },
@@ -147,9 +245,14 @@ impl FunctionRuntime {
                 frame_keyed: latency.frame_keyed,
                 class: latency.class.as_ref().map(|class| LatencyClass {
                     begin_arg: class.begin_arg,
-                    probe: class.probe.map(|(p, arg)| (probe(p), arg)),
+                    probes: class
+                        .probes
+                        .iter()
+                        .map(|&(p, value)| (probe(p), value))
+                        .collect(),
                     what: class.what,
                     labels: class.labels,
+                    unclassified: class.unclassified,
                 }),
                 runtime: Some(self.name),
                 mechanism: Mechanism::FunctionProbes,
@@ -157,26 +260,40 @@ impl FunctionRuntime {
         })
     }
 
-    /// The function specifiers that find its probes, in any file it names.
-    pub fn specifiers(&self) -> Vec<UsdtSpecifier> {
+    /// Its probes: of its latencies and of what classifies them.
+    fn probes(&self) -> Vec<(ProbeKind, &'static str)> {
         let mut probes: Vec<(ProbeKind, &str)> = Vec::new();
         for latency in self.latencies {
             probes.extend([latency.begin, latency.end]);
-            if let Some((probe, _)) = latency.class.as_ref().and_then(|c| c.probe) {
-                probes.push(probe);
+            if let Some(class) = &latency.class {
+                probes.extend(class.probes.iter().map(|(probe, _)| *probe));
             }
         }
         probes.sort();
         probes.dedup();
+        probes
+    }
+
+    /// The function specifiers that find its probes in the files at `paths`.
+    fn specifiers_in<'a>(&self, paths: impl IntoIterator<Item = &'a str>) -> Vec<UsdtSpecifier> {
+        let probes = self.probes();
         let mut specs = Vec::new();
-        for file in self.files {
+        for path in paths {
             for (kind, symbol) in &probes {
-                if let Ok(spec) = usdt::parse_specifier(&format!("{kind}:{file}:{symbol}")) {
+                if let Ok(spec) = usdt::parse_specifier(&format!("{kind}:{path}:{symbol}")) {
                     specs.push(spec);
                 }
             }
         }
         specs
+    }
+
+    /// The function specifiers that find its probes, in any file it names.
+    pub fn specifiers(&self) -> Vec<UsdtSpecifier> {
+        match self.files {
+            Files::Named(files) => self.specifiers_in(files.iter().copied()),
+            Files::GoPrograms => Vec::new(),
+        }
     }
 }
 
@@ -188,11 +305,21 @@ pub fn latency_defs() -> Vec<LatencyDef> {
         .collect()
 }
 
-/// Every catalogued runtime's specifiers.
-pub fn specifiers() -> Vec<UsdtSpecifier> {
+/// Every catalogued runtime's specifiers: in the files they name, and, for a runtime of
+/// Go programs, in the executables of `pids` that are Go programs.
+pub fn specifiers(pids: &[u32]) -> Vec<UsdtSpecifier> {
+    let go_programs: Vec<String> = pids
+        .iter()
+        .filter_map(|&pid| usdt::executable(pid).ok())
+        .filter(|exe| usdt::is_go_program(&exe.host_path))
+        .map(|exe| exe.path.to_string_lossy().into_owned())
+        .collect();
     FUNCTION_RUNTIMES
         .iter()
-        .flat_map(FunctionRuntime::specifiers)
+        .flat_map(|runtime| match runtime.files {
+            Files::Named(_) => runtime.specifiers(),
+            Files::GoPrograms => runtime.specifiers_in(go_programs.iter().map(String::as_str)),
+        })
         .collect()
 }
 
@@ -238,17 +365,13 @@ pub fn runtime_of(
     }
     let file = path.file_name()?.to_string_lossy().into_owned();
     FUNCTION_RUNTIMES.iter().find(|runtime| {
-        runtime
-            .files
-            .iter()
-            .any(|glob| usdt::Glob::new(glob).matches(&file))
-            && runtime.latencies.iter().any(|l| {
-                [l.begin.1, l.end.1].contains(&name)
-                    || l.class
-                        .as_ref()
-                        .and_then(|c| c.probe)
-                        .is_some_and(|(p, _)| p.1 == name)
-            })
+        let in_its_files = match runtime.files {
+            Files::Named(files) => files
+                .iter()
+                .any(|glob| usdt::Glob::new(glob).matches(&file)),
+            Files::GoPrograms => true,
+        };
+        in_its_files && runtime.probes().iter().any(|(_, symbol)| *symbol == name)
     })
 }
 
@@ -259,9 +382,14 @@ mod tests {
     #[test]
     fn every_entry_parses_and_names_its_files() {
         for runtime in FUNCTION_RUNTIMES {
-            let specs = runtime.specifiers();
+            // A Go program's specifiers name its executable, none beforehand.
+            let specs = runtime.specifiers_in(["/bin/x"]);
             assert!(!specs.is_empty(), "{}", runtime.name);
             assert!(specs.iter().all(|s| s.kind.is_function()));
+            assert_eq!(
+                runtime.specifiers().is_empty(),
+                matches!(runtime.files, Files::GoPrograms)
+            );
             for def in runtime.latency_defs() {
                 assert_eq!(def.mechanism, Mechanism::FunctionProbes);
                 assert_eq!(def.runtime, Some(runtime.name));
@@ -272,5 +400,12 @@ mod tests {
         assert!(def.frame_keyed, "{def:?}");
         assert_eq!(def.class.as_ref().unwrap().label(2), "gen2");
         assert_eq!(def.class.as_ref().unwrap().label(7), "generation 7");
+        // Go: only entry probes.
+        let go = FUNCTION_RUNTIMES.iter().find(|r| r.name == "Go").unwrap();
+        assert!(
+            go.probes()
+                .iter()
+                .all(|(kind, _)| *kind == ProbeKind::Uprobe)
+        );
     }
 }

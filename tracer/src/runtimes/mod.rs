@@ -53,16 +53,29 @@ impl std::fmt::Display for ProbeRef {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LatencyClass {
     pub begin_arg: Option<u8>,
-    pub probe: Option<(ProbeRef, u8)>,
+    /// Probes that classify it while it is open, each with the class it gives.
+    pub probes: Vec<(ProbeRef, ClassValue)>,
+    /// The label of occurrences nothing classified.
+    pub unclassified: &'static str,
     /// What the class is, for reports: `generation`, `collector`.
     pub what: &'static str,
     /// The names of known values; others are shown as numbers.
     pub labels: &'static [(u32, &'static str)],
 }
 
+/// The class a classifying probe gives: the value of one of its arguments, or its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClassValue {
+    Arg(u8),
+    Const(u32),
+}
+
 impl LatencyClass {
     /// The label of class `value`.
     pub fn label(&self, value: u32) -> String {
+        if value == tracer_common::NO_CLASS {
+            return self.unclassified.to_string();
+        }
         match self.labels.iter().find(|(v, _)| *v == value) {
             Some((_, label)) => label.to_string(),
             None => format!("{} {value}", self.what),

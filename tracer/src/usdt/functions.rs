@@ -22,6 +22,9 @@ use crate::symbolize::demangle;
 const ARGUMENT_REGISTERS: [u8; 6] = [112, 104, 96, 88, 72, 64];
 /// Byte offset of `%rax` in `pt_regs`: a function's return value at its return.
 const RETURN_REGISTER: u8 = 80;
+/// Go's internal calling convention's first six integer argument registers: `%rax %rbx
+/// %rcx %rdi %rsi %r8`.
+const GO_ARGUMENT_REGISTERS: [u8; 6] = [80, 40, 88, 112, 104, 72];
 
 /// A function in an object's symbol tables.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -273,7 +276,7 @@ impl Functions {
                 note_offset: 0,
                 location,
             },
-            args: Ok(function_args(kind)),
+            args: Ok(function_args(kind, self.is_go)),
             kind,
             function: function.cloned(),
         })
@@ -281,8 +284,9 @@ impl Functions {
 }
 
 /// The arguments a function probe shows: the six integer argument registers at an entry
-/// (what they hold past the entry is up to the code), the return value at a return.
-pub fn function_args(kind: ProbeKind) -> Vec<SiteArg> {
+/// (what they hold past the entry is up to the code; Go's own for a Go program), the
+/// return value at a return.
+pub fn function_args(kind: ProbeKind, go: bool) -> Vec<SiteArg> {
     let register = |reg_off| {
         Ok(UsdtArg {
             kind: arg_kind::REG,
@@ -293,6 +297,7 @@ pub fn function_args(kind: ProbeKind) -> Vec<SiteArg> {
     };
     match kind {
         ProbeKind::Uretprobe => vec![register(RETURN_REGISTER)],
+        _ if go => GO_ARGUMENT_REGISTERS.into_iter().map(register).collect(),
         _ => ARGUMENT_REGISTERS.into_iter().map(register).collect(),
     }
 }
@@ -309,6 +314,19 @@ fn read_at(path: &Path, offset: u64, buf: &mut [u8]) -> std::io::Result<usize> {
         }
     }
     Ok(filled)
+}
+
+/// Whether the ELF file at `path` is a Go program (it has Go's build information or
+/// line table); reads its section headers only.
+pub fn is_go_program(path: &Path) -> bool {
+    let Ok(file) = File::open(path) else {
+        return false;
+    };
+    let cache = ReadCache::new(file);
+    object::File::parse(&cache).is_ok_and(|object| {
+        object.section_by_name(".go.buildinfo").is_some()
+            || object.section_by_name(".gopclntab").is_some()
+    })
 }
 
 fn is_elf(path: &Path) -> bool {

@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 
 use crate::procfs::ProcessError;
 
-pub use functions::{FunctionSymbol, Functions, function_args};
+pub use functions::{FunctionSymbol, Functions, function_args, is_go_program};
 pub use notes::{NoteDesc, UsdtNote, parse_note_desc, parse_notes, read_notes};
 pub use pattern::{
     FunctionPlace, Glob, ProbeKind, ProbePattern, UsdtSpecifier, glob_paths, has_probe_type,
