@@ -620,3 +620,46 @@ fn go_stops_of_the_world_are_counted_by_phase_from_entry_probes() {
         "{ours} ns stopped, Go's PauseTotalNs {theirs} ns"
     );
 }
+
+#[test]
+fn functions_of_a_stripped_program_are_found_in_its_separate_debug_file() {
+    let bin = compile_target(
+        "gcc",
+        "src/functions/functions.c",
+        "functions-stripped",
+        &["-O2", "-g"],
+    );
+    let debug = bin.with_extension("debug");
+    let run = |program: &str, args: &[&std::ffi::OsStr]| {
+        let status = Command::new(program).args(args).status().unwrap();
+        assert!(status.success(), "{program} {args:?}");
+    };
+    run(
+        "objcopy",
+        &[
+            "--only-keep-debug".as_ref(),
+            bin.as_os_str(),
+            debug.as_os_str(),
+        ],
+    );
+    run("strip", &["--strip-all".as_ref(), bin.as_os_str()]);
+    let link = format!("--add-gnu-debuglink={}", debug.display());
+    run("objcopy", &[link.as_ref(), bin.as_os_str()]);
+    let probe = format!("uprobe:{}:descend", bin.display());
+    let out = run_tracer(&["list", &probe]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), probe);
+    // Without the debug file, the static function is nowhere.
+    std::fs::remove_file(&debug).unwrap();
+    let out = run_tracer(&["list", &probe]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no probes match"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

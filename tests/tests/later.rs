@@ -558,3 +558,36 @@ fn tracer_keeper_of(tracer: u32) -> u32 {
         })
         .expect("a link keeper")
 }
+
+/// Function probes in a library dlopened after attaching: found by its file name, held
+/// at the dlopen like USDT sites, so the first call is counted, its entry and its return.
+#[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+fn function_probes_in_a_library_dlopened_after_attaching_count_its_first_call() {
+    require_privileged();
+    let (exe, lib) = built();
+    let mut target = Late::start(exe, N);
+    let pid = target.pid.to_string();
+    let tracer = Tracer::start(&[
+        "trace",
+        "--count",
+        "--format",
+        "json",
+        "--pid",
+        &pid,
+        "uprobe:liblate.so:fire",
+        "uretprobe:liblate.so:fire",
+    ]);
+    // dlopen, then at once one call of fire; then another.
+    assert_eq!(target.step(), "raised=0");
+    assert_eq!(target.step(), "raised=0");
+    // SAFETY: kill has no memory preconditions; the tracer is our child.
+    unsafe { libc::kill(tracer.pid() as i32, libc::SIGINT) };
+    let (ok, out, err) = tracer.finish();
+    assert!(ok, "{err}");
+    let ours = counts(&out);
+    let lib = lib.display();
+    assert_eq!(ours[&format!("uprobe:{lib}:fire")], 2, "{out}");
+    assert_eq!(ours[&format!("uretprobe:{lib}:fire")], 2, "{out}");
+    target.finish();
+}

@@ -317,12 +317,16 @@ impl AttachReport {
                 );
             }
         }
+        // One runtime measured by its own probes keeps the plain `GC:` line scripts grep;
+        // the runtime is named where there are two, or where its functions stand in.
+        let several = self.gc_pauses().count() > 1;
         for gc in self.gc_pauses() {
             let share = gc.hist.total_ns() as f64 / self.elapsed_ns.max(1) as f64 * 100.0;
+            let named = several || gc.def.mechanism == Mechanism::FunctionProbes;
             let _ = writeln!(
                 out,
                 "GC{}: {} collections, {} paused in all ({share:.1}% of wall time){}.",
-                match gc.origin() {
+                match gc.origin().filter(|_| named) {
                     Some(origin) => format!(" ({origin})"),
                     None => String::new(),
                 },
