@@ -151,7 +151,10 @@ fn function_details(site: &ProbeSite) -> String {
     match &site.function {
         Some(function) => format!(
             "  function {} at {:#x}, {} bytes (probe at {:#x}, file offset {offset:#x})",
-            function.demangled, function.address, function.size, site.note.pc
+            function.demangled(),
+            function.address,
+            function.size,
+            site.note.pc
         ),
         None => format!(
             "  address {:#x} (file offset {offset:#x}), in no function of the symbol tables",

@@ -31,12 +31,17 @@ const GO_ARGUMENT_REGISTERS: [u8; 6] = [80, 40, 88, 112, 104, 72];
 pub struct FunctionSymbol {
     /// As in the symbol table (mangled for C++ and Rust).
     pub name: String,
-    /// Demangled, or the name itself when it is not mangled.
-    pub demangled: String,
     /// Link-time address of its first instruction.
     pub address: u64,
     /// Bytes of code; 0 when the symbol table does not say.
     pub size: u64,
+}
+
+impl FunctionSymbol {
+    /// Demangled, or the name itself when it is not mangled.
+    pub fn demangled(&self) -> String {
+        demangle(&self.name)
+    }
 }
 
 /// What an object offers function probes: its functions and where its code is.
@@ -101,7 +106,6 @@ impl Functions {
                 }
                 symbols.push(FunctionSymbol {
                     name: name.to_owned(),
-                    demangled: demangle(name),
                     address,
                     size: symbol.size(),
                 });
@@ -156,8 +160,15 @@ impl Functions {
                     _ => 0,
                 };
                 let mut addresses = HashSet::new();
+                // Demangling a large C++ program's every symbol takes a while: only for a
+                // pattern that can match a demangled name and not its mangled one (a
+                // wildcard, or a `::` or parameter list).
+                let pattern = &spec.pattern.name;
+                let demangled_too = !pattern.is_literal()
+                    || pattern.as_str().contains("::")
+                    || pattern.as_str().contains('(');
                 for function in self.symbols.iter().filter(|f| {
-                    spec.pattern.name.matches(&f.name) || spec.pattern.name.matches(&f.demangled)
+                    pattern.matches(&f.name) || (demangled_too && pattern.matches(&f.demangled()))
                 }) {
                     // Aliases (`__libc_malloc` and `malloc`) are one function: one site.
                     if !addresses.insert(function.address) {
@@ -386,9 +397,17 @@ mod tests {
         std::hint::black_box(x).wrapping_mul(3).wrapping_add(1)
     }
 
+    /// A Rust function kept as a function of its own (called through a pointer).
+    #[inline(never)]
+    fn rust_named_target(x: u64) -> u64 {
+        std::hint::black_box(x).wrapping_add(7)
+    }
+
     #[test]
     fn functions_are_found_by_name_mangled_or_not() {
         std::hint::black_box(tracer_functions_test_target(1));
+        let pointer: fn(u64) -> u64 = std::hint::black_box(rust_named_target);
+        std::hint::black_box(pointer(1));
         let (functions, exe) = own_functions();
         let path = exe.path.display();
         let spec = parse_specifier(&format!("uprobe:{path}:tracer_functions_test_target")).unwrap();
@@ -402,7 +421,7 @@ mod tests {
         assert_eq!(site.args.as_ref().unwrap().len(), 6);
         // A Rust function by its demangled path, with wildcards.
         let spec = parse_specifier(&format!(
-            "uprobe:{path}:*usdt::functions::tests::functions_are_found_by_name_mangled_or_not"
+            "uprobe:{path}:*usdt::functions::tests::rust_named_target"
         ))
         .unwrap();
         let sites = functions.sites(&exe, &spec).unwrap();
