@@ -271,3 +271,27 @@ fn a_tracer_in_its_own_pid_namespace_works_with_the_namespaces_pids() {
     let blocked = report["offcpu"]["total_ns"].as_u64().unwrap_or(0);
     assert!(blocked > 500_000_000, "{blocked} ns blocked\n{report:#}");
 }
+
+/// A `--latency` pair whose probes no target has is reported, with 0 and why, not left
+/// out.
+#[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+fn a_latency_whose_probes_never_appeared_is_listed_with_zero_and_why() {
+    require_privileged();
+    let run = attach_json(
+        GC_DEMO,
+        &["--gcs", "2", "--pause-ms", "5", "--interval-ms", "5"],
+        "latency-never-found",
+        &["--latency", "nosuch:start,tracer:gc__end"],
+    );
+    let latency = &run.report["latencies"]["start_to_gc__end"];
+    assert_eq!(latency["count"], 0, "{:#}", run.report["latencies"]);
+    assert_eq!(latency["never_found"], serde_json::json!(["nosuch:start"]));
+    // The runtime's own latencies are there as ever.
+    assert_eq!(run.report["latencies"]["gc_pause"]["count"], 2);
+    assert!(
+        run.stderr.contains("No probe nosuch:start in"),
+        "the attach says it looks for it: {}",
+        run.stderr
+    );
+}

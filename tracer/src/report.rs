@@ -102,6 +102,8 @@ pub struct LatencyReport {
     /// Split by class (a collection's generation), labelled; empty for a latency without
     /// classes.
     pub by_class: Vec<(String, LatencyStats)>,
+    /// Its probes no target ever had (a `--latency` pair measured nothing then).
+    pub never_found: Vec<String>,
 }
 
 impl LatencyReport {
@@ -339,6 +341,15 @@ impl AttachReport {
             );
         }
         for latency in &self.latencies {
+            if !latency.never_found.is_empty() {
+                let _ = writeln!(
+                    out,
+                    "\n@{}_us: 0 (no target had {})",
+                    escape_text(&latency.def.name),
+                    escape_text(&latency.never_found.join(" or "))
+                );
+                continue;
+            }
             if latency.hist.is_empty() {
                 continue;
             }
@@ -540,6 +551,7 @@ impl AttachReport {
                 summary["runtime"] = json!(l.def.runtime);
                 summary["mechanism"] = json!(mechanism_name(l.def.mechanism));
                 summary["classes"] = l.classes_json();
+                summary["never_found"] = json!(l.never_found);
                 summary["per_process"] = l
                     .per_process
                     .iter()

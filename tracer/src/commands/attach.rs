@@ -650,7 +650,22 @@ fn collect(
                 .iter()
                 .any(|p| probe.is(p.kind, &p.provider, &p.name) && p.site_count > 0)
         };
-        if !has_sites(&def.begin) || !has_sites(&def.end) {
+        let never_found: Vec<String> = [&def.begin, &def.end]
+            .into_iter()
+            .filter(|probe| !has_sites(probe))
+            .map(ProbeRef::to_string)
+            .collect();
+        if !never_found.is_empty() {
+            // A latency asked for with --latency is reported, with why it is empty.
+            if def.runtime.is_none() {
+                latencies.push(LatencyReport {
+                    def: def.clone(),
+                    hist: LatencyHistogram::new(),
+                    per_process: Vec::new(),
+                    by_class: Vec::new(),
+                    never_found,
+                });
+            }
             continue;
         }
         let data = loader.latency(id as u32)?;
@@ -728,6 +743,7 @@ fn collect(
                 hist,
                 per_process,
                 by_class,
+                never_found: Vec::new(),
             }),
         }
     }
