@@ -19,29 +19,6 @@ fn functions_target(name: &str) -> String {
         .to_owned()
 }
 
-/// The `--count --format json` line of function probe counts: probe (without the path)
-/// → hits.
-fn function_counts(stdout: &str) -> std::collections::HashMap<String, u64> {
-    let counts = stdout
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .find(|v| {
-            v.as_object()
-                .is_some_and(|o| o.keys().any(|k| k.starts_with("uprobe:")))
-        })
-        .unwrap_or_else(|| panic!("no counts in {stdout}"));
-    counts
-        .as_object()
-        .unwrap()
-        .iter()
-        .map(|(probe, n)| {
-            let kind = probe.split(':').next().unwrap();
-            let name = probe.rsplit(':').next().unwrap();
-            (format!("{kind}:{name}"), n.as_u64().unwrap())
-        })
-        .collect()
-}
-
 #[test]
 #[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn entries_and_returns_are_counted_as_the_program_and_bpftrace_count_them() {
@@ -75,7 +52,7 @@ fn entries_and_returns_are_counted_as_the_program_and_bpftrace_count_them() {
         .unwrap_or_else(|| panic!("no ground truth in {stdout}"));
     let calls = truth["calls"].as_u64().unwrap();
     assert_eq!(calls, 40 * 6);
-    let counts = function_counts(&stdout);
+    let counts = trace_counts(&stdout);
     assert_eq!(counts["uprobe:descend"], calls, "{stdout}");
     assert_eq!(counts["uretprobe:descend"], calls, "{stdout}");
 
@@ -348,12 +325,12 @@ impl Drop for LineTarget {
 }
 
 /// Attaches to `target`, lets it run its workload, and stops the tracer once it printed
-/// its own record (before it exits, so collections at exit are in neither): the report
-/// and the record.
+/// its own record (before it exits, so collections at exit are in neither): the report,
+/// the record and the tracer's standard error.
 fn attach_to_workload(
     target: &mut LineTarget,
     name: &str,
-) -> (serde_json::Value, serde_json::Value) {
+) -> (serde_json::Value, serde_json::Value, String) {
     let dir = out_dir(name);
     let pid = target.pid.to_string();
     let tracer = Tracer::start(&[
@@ -371,11 +348,21 @@ fn attach_to_workload(
     unsafe { libc::kill(tracer.pid() as i32, libc::SIGINT) };
     let (ok, out, err) = tracer.finish();
     assert!(ok, "{err}");
+    let report = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    (report, truth, err)
+}
+
+/// [`attach_to_workload`] for a runtime measured through its functions: the attach line
+/// says so.
+fn attach_to_workload_by_functions(
+    target: &mut LineTarget,
+    name: &str,
+) -> (serde_json::Value, serde_json::Value) {
+    let (report, truth, err) = attach_to_workload(target, name);
     assert!(
         err.contains("GC from function probes: no USDT in this build"),
         "the attach line says how GC is measured: {err}"
     );
-    let report = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
     (report, truth)
 }
 
@@ -420,7 +407,7 @@ fn cpython_without_usdt_probes_has_its_collections_counted_by_generation() {
             &[script.to_str().unwrap(), "2", "--wait-for-signal"],
         );
         let name = format!("functions-{}", python.rsplit('/').next().unwrap());
-        let (report, truth) = attach_to_workload(&mut target, &name);
+        let (report, truth) = attach_to_workload_by_functions(&mut target, &name);
         let gc = &report["gc"];
         assert_eq!(gc["runtime"], "CPython", "{python}: {gc}");
         assert_eq!(gc["mechanism"], "function probes", "{python}");
@@ -455,24 +442,7 @@ fn a_python_with_usdt_probes_is_measured_by_them_alone() {
         python,
         &[script.to_str().unwrap(), "1", "--wait-for-signal"],
     );
-    let dir = out_dir("functions-debian-python");
-    let pid = target.pid.to_string();
-    let tracer = Tracer::start(&[
-        "attach",
-        "--pid",
-        &pid,
-        "--format",
-        "json",
-        "-o",
-        dir.to_str().unwrap(),
-    ]);
-    target.signal(libc::SIGUSR1);
-    let truth = target.json();
-    // SAFETY: the tracer's pid.
-    unsafe { libc::kill(tracer.pid() as i32, libc::SIGINT) };
-    let (ok, out, err) = tracer.finish();
-    assert!(ok, "{err}");
-    let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let (report, truth, _) = attach_to_workload(&mut target, "functions-debian-python");
     assert_eq!(report["gc"]["mechanism"], "usdt", "{}", report["gc"]);
     assert_eq!(report["gc"]["count"], truth["collections"]);
     assert_eq!(report["gc_by_runtime"].as_array().unwrap().len(), 1);
@@ -484,7 +454,7 @@ fn node_collections_are_counted_minor_and_major_as_perf_hooks_counts_them() {
     require_privileged();
     let script = workspace_dir().join("tests/src/functions/gc_workload.js");
     let mut target = LineTarget::start("node", &[script.to_str().unwrap(), "2"]);
-    let (report, truth) = attach_to_workload(&mut target, "functions-node");
+    let (report, truth) = attach_to_workload_by_functions(&mut target, "functions-node");
     let gc = &report["gc"];
     assert_eq!(gc["runtime"], "Node.js (V8)", "{gc}");
     // perf_hooks: kind 1 minor, 4 major, 8 incremental marking steps (not collections).
@@ -524,7 +494,7 @@ fn python_calling_julia_has_each_runtimes_collections_apart() {
         python.to_str().unwrap(),
         &[script.to_str().unwrap(), "3", "100"],
     );
-    let (report, truth) = attach_to_workload(&mut target, "functions-julia");
+    let (report, truth) = attach_to_workload_by_functions(&mut target, "functions-julia");
     let runtimes = report["gc_by_runtime"].as_array().unwrap();
     let of = |name: &str| {
         runtimes
@@ -584,7 +554,7 @@ fn go_stops_of_the_world_are_counted_by_phase_from_entry_probes() {
     require_privileged();
     let program = go_workload();
     let mut target = LineTarget::start(program.to_str().unwrap(), &["2"]);
-    let (report, truth) = attach_to_workload(&mut target, "functions-go");
+    let (report, truth) = attach_to_workload_by_functions(&mut target, "functions-go");
     let gc = &report["gc"];
     assert_eq!(gc["runtime"], "Go", "{gc}");
     let collections = truth["collections"].as_u64().unwrap();

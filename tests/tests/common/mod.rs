@@ -668,25 +668,31 @@ pub fn executable_copy_as(program: &str, dir: &Path, name: impl AsRef<Path>) -> 
     panic!("{} stays busy", copy.display());
 }
 
-/// `tracer trace --count --format json` output: `PROVIDER:NAME` (the probe without its
-/// path) → hits.
+/// `tracer trace --count --format json` output, each probe without its path → hits:
+/// `PROVIDER:NAME` for a USDT probe, `uprobe:FUNC` or `uretprobe:FUNC` for a function.
 pub fn trace_counts(stdout: &str) -> HashMap<String, u64> {
+    let is_probe = |k: &str| {
+        ["usdt:", "uprobe:", "uretprobe:"]
+            .iter()
+            .any(|t| k.starts_with(t))
+    };
     let counts = stdout
         .lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .find(|v| {
-            v.as_object()
-                .is_some_and(|o| o.keys().any(|k| k.starts_with("usdt:")))
-        })
+        .find(|v| v.as_object().is_some_and(|o| o.keys().any(|k| is_probe(k))))
         .unwrap_or_else(|| panic!("no counts in {stdout}"));
     counts
         .as_object()
         .unwrap()
         .iter()
         .map(|(probe, n)| {
+            let kind = probe.split(':').next().unwrap();
             let mut parts = probe.rsplitn(3, ':');
             let name = parts.next().unwrap();
-            let provider = parts.next().unwrap();
+            let provider = match kind {
+                "usdt" => parts.next().unwrap(),
+                function => function,
+            };
             (format!("{provider}:{name}"), n.as_u64().unwrap())
         })
         .collect()

@@ -531,7 +531,7 @@ fn later_specs(
                     // The function found, by its symbol, in whatever file the spec names.
                     let mut spec = spec.clone();
                     if let Some(found) = requested.get(&(index, is_end)) {
-                        spec.pattern = ProbePattern::new("", &escape_glob(&found.name));
+                        spec.pattern = ProbePattern::new("", &usdt::escape_glob(&found.name));
                     }
                     specs.push(spec);
                 }
@@ -544,16 +544,6 @@ fn later_specs(
         .into_iter()
         .filter_map(|provider| usdt::parse_specifier(&format!("usdt:*:{provider}:*")).ok())
         .chain(specs)
-        .collect()
-}
-
-/// `text` as a glob matching only itself.
-fn escape_glob(text: &str) -> String {
-    text.chars()
-        .map(|c| match c {
-            '*' | '?' | '[' => format!("[{c}]"),
-            c => c.to_string(),
-        })
         .collect()
 }
 

@@ -31,7 +31,9 @@ pub use pattern::{
     parse_specifier,
 };
 pub use process::{MappedObject, MapsEntry, executable, mapped_objects, parse_maps};
-pub use resolve::{Found, Resolved, Scope, Searched, find, find_new, resolve, why_none};
+pub use resolve::{
+    Found, Resolved, Scope, Searched, escape_glob, find, find_new, resolve, why_none,
+};
 pub use spec::{ArgSpec, SiteArg, describe, parse_arg_specs, resolve_globals};
 pub use validate::{Layout, Segment, SiteOffsets, SiteProblem, validate};
 

@@ -665,7 +665,7 @@ fn lexically_absolute(path: &str) -> PathBuf {
 }
 
 /// `text` as a glob that matches exactly it.
-fn escape_glob(text: &str) -> String {
+pub fn escape_glob(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
         match c {
