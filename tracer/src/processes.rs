@@ -132,7 +132,9 @@ impl Processes {
     }
 
     /// Re-reads the mappings and thread names of every known process still running, and
-    /// the title of those young enough to be still giving themselves one.
+    /// the title of those young enough to be still giving themselves one. A process found
+    /// gone is marked so by its mappings ([`ProcessMaps::has_exited`]): it is not read
+    /// again, and keeps only what naming its stacks needs.
     pub fn refresh(&mut self) {
         for (&tgid, info) in &mut self.processes {
             if let Some(maps) = &mut info.maps
@@ -154,7 +156,7 @@ impl Processes {
     /// running (a thread that lives less than a second would otherwise go unnamed).
     pub fn name_new_threads(&mut self) {
         for (&tgid, info) in &self.processes {
-            if info.maps.is_some() {
+            if info.maps.as_ref().is_some_and(|maps| !maps.has_exited()) {
                 self.threads.add_new(tgid);
             }
         }

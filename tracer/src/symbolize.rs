@@ -8,8 +8,15 @@
 //! after the process is gone; blazesym reads them through `/proc/self/fd/N`, with each
 //! address given as a file offset, so no process state is consulted.
 //!
+//! A file many processes map (an executable, libc, ld.so) is opened once, not once per
+//! process: snapshots share one descriptor of each file, by device and inode (see
+//! `OpenFiles`). A service that starts thousands of short-lived processes costs the
+//! tracer a descriptor per distinct file, and the files it may keep open are bounded by
+//! its open-file limit.
+//!
 //! JIT-compiled code is named from the runtime's perf map (`/tmp/perf-PID.map`), also
-//! opened early. Kernel addresses are named from `/proc/kallsyms`.
+//! opened early; once its process exited, the map is read and its descriptor closed.
+//! Kernel addresses are named from `/proc/kallsyms`.
 //!
 //! A frame that cannot be named is shown as `module+0xOFFSET` (the offset in the mapped
 //! file), or `[unknown]` outside any known mapping; frames are never dropped.
@@ -21,7 +28,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
-use std::sync::{LazyLock, mpsc};
+use std::sync::{Arc, LazyLock, Mutex, PoisonError, Weak, mpsc};
 use std::time::{Duration, Instant};
 
 use blazesym::symbolize::source::{Elf, Kernel, Process, Source};
@@ -115,8 +122,9 @@ struct MappedObject {
     module: String,
     dev: String,
     inode: u64,
-    /// Kept open so the file stays readable after the process exits or it is deleted.
-    file: Option<File>,
+    /// Kept open so the file stays readable after the process exits or it is deleted;
+    /// shared with every other snapshot that maps the same file.
+    file: Option<Arc<File>>,
 }
 
 /// One file-backed executable mapping of a [`ProcessMaps`] snapshot.
@@ -145,6 +153,8 @@ pub struct ProcessMaps {
     perf_map: PerfMapSource,
     /// The code its JIT registered through the GDB JIT interface, as last read.
     gdb_jit: Option<GdbJit>,
+    /// Set once a refresh found the process gone: nothing is read of it any more.
+    exited: bool,
 }
 
 /// A process's GDB JIT descriptor and what was last read behind it.
@@ -172,6 +182,7 @@ impl ProcessMaps {
             objects: Vec::new(),
             perf_map: PerfMapSource::locate(pid),
             gdb_jit: None,
+            exited: false,
         };
         snapshot.mappings = snapshot.add_entries(maps.lines().filter_map(parse_maps_line));
         snapshot.perf_map.open_if_missing();
@@ -182,13 +193,37 @@ impl ProcessMaps {
     /// Re-reads the maps to pick up libraries loaded since (`dlopen`). Mappings that
     /// disappeared are kept unless new ones cover their addresses, so stacks recorded
     /// before a `dlclose` still resolve. Fails (leaving the snapshot as it was) once
-    /// the process is gone.
+    /// the process is gone; the first failure that says so marks it exited (see
+    /// [`ProcessMaps::has_exited`]) and closes what only the live process needed.
     pub fn refresh(&mut self) -> io::Result<()> {
-        let maps = fs::read_to_string(format!("/proc/{}/maps", self.pid))?;
+        if self.exited {
+            return Err(io::Error::from_raw_os_error(libc::ESRCH));
+        }
+        let maps = match fs::read_to_string(format!("/proc/{}/maps", self.pid)) {
+            Ok(maps) => maps,
+            Err(e) => {
+                if is_gone(&e) {
+                    self.mark_exited();
+                }
+                return Err(e);
+            }
+        };
         self.merge_maps(&maps);
         self.perf_map.open_if_missing();
         self.read_gdb_jit();
         Ok(())
+    }
+
+    /// Whether a refresh found the process gone. Its mappings stay, to name its stacks.
+    pub fn has_exited(&self) -> bool {
+        self.exited
+    }
+
+    /// Notes that the process is gone: its perf map is read now and its descriptor
+    /// closed, as nothing is added to it any more.
+    fn mark_exited(&mut self) {
+        self.exited = true;
+        self.perf_map.read_and_close();
     }
 
     /// Replaces the mappings with those of `maps`, keeping old ones nothing new covers.
@@ -255,7 +290,7 @@ impl ProcessMaps {
         self.objects
             .iter()
             .find(|o| crate::jit::jitdump::is_jitdump_name(&o.module))
-            .and_then(|o| o.file.as_ref())
+            .and_then(|o| o.file.as_deref())
     }
 
     /// The process this snapshot is of.
@@ -297,7 +332,7 @@ impl ProcessMaps {
                     path: &object.path,
                     dev: &object.dev,
                     inode: object.inode,
-                    file: object.file.as_ref(),
+                    file: object.file.as_deref(),
                 })
             }
             Target::Vdso | Target::Anonymous => None,
@@ -350,7 +385,7 @@ impl ProcessMaps {
             module,
             dev: entry.dev.clone(),
             inode: entry.inode,
-            file: open_mapped_file(self.pid, entry),
+            file: OpenFiles::open(self.pid, entry),
         });
         self.objects.len() - 1
     }
@@ -363,6 +398,7 @@ impl ProcessMaps {
             objects: Vec::new(),
             perf_map: PerfMapSource::default(),
             gdb_jit: None,
+            exited: false,
         };
         snapshot.mappings = snapshot.add_entries(maps.lines().filter_map(parse_maps_line));
         snapshot
@@ -372,6 +408,66 @@ impl ProcessMaps {
 fn overlaps_any(sorted: &[Mapping], start: u64, end: u64) -> bool {
     let after = sorted.partition_point(|m| m.start < end);
     sorted[..after].iter().any(|m| m.end > start)
+}
+
+/// Whether `error`, reading a process's /proc files, means the process is gone (and
+/// not, say, that the tracer is out of file descriptors).
+fn is_gone(error: &io::Error) -> bool {
+    error.kind() == io::ErrorKind::NotFound || error.raw_os_error() == Some(libc::ESRCH)
+}
+
+/// The mapped files open now, by (device, inode as the maps file shows them): one
+/// descriptor of each file, however many processes map it. A file is closed when the
+/// last snapshot holding it is dropped.
+#[derive(Debug, Default)]
+struct OpenFiles {
+    by_file: HashMap<(String, u64), Weak<File>>,
+    /// Whether the warning that the budget is spent was given (once per run).
+    warned: bool,
+}
+
+/// Every snapshot's mapped files, one registry for the whole run (snapshots are taken
+/// by several commands and threads).
+static OPEN_FILES: LazyLock<Mutex<OpenFiles>> = LazyLock::new(Default::default);
+
+impl OpenFiles {
+    /// The file behind an executable mapping of `pid`: the descriptor already open for
+    /// the same file if there is one, else a new one unless the budget is spent (see
+    /// [`mapped_file_budget`]). `None` leaves its frames named `module+0xOFFSET`.
+    fn open(pid: u32, entry: &MapsEntry) -> Option<Arc<File>> {
+        let key = (entry.dev.clone(), entry.inode);
+        let mut open = OPEN_FILES.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(file) = open.by_file.get(&key).and_then(Weak::upgrade) {
+            return Some(file);
+        }
+        // Files no snapshot holds any more are closed already: forget them.
+        open.by_file.retain(|_, file| file.strong_count() > 0);
+        let budget = mapped_file_budget();
+        if open.by_file.len() >= budget {
+            if !open.warned {
+                open.warned = true;
+                log::warn!(
+                    "{budget} mapped files open, half the open-file limit: the frames of \
+                     files mapped from now on are named by offset (raise `ulimit -n` to \
+                     name them)"
+                );
+            }
+            return None;
+        }
+        let file = Arc::new(open_mapped_file(pid, entry)?);
+        open.by_file.insert(key, Arc::downgrade(&file));
+        Some(file)
+    }
+}
+
+/// How many mapped files the snapshots may keep open: half the open-file limit, so that
+/// the rest (BPF maps, programs and links, perf events, /proc reads, the report's files)
+/// always has room.
+fn mapped_file_budget() -> usize {
+    let limit = crate::oserror::OpenFileLimit::now(false);
+    limit.soft.map_or(usize::MAX, |soft| {
+        usize::try_from(soft / 2).unwrap_or(usize::MAX)
+    })
 }
 
 /// Opens the file behind an executable mapping of `pid`.
@@ -478,6 +574,9 @@ impl PerfMap {
 #[derive(Debug, Default)]
 struct PerfMapSource {
     file: Option<File>,
+    /// The map as read when its process was found gone, after which `file` is closed:
+    /// an exited process writes nothing more, and its descriptor is given back.
+    at_exit: Option<PerfMap>,
     /// `/tmp/perf-N.map` through the target's root, while the target lives.
     live_path: Option<PathBuf>,
     /// The same file through our own /tmp, usable after exit when the target shares our
@@ -503,6 +602,7 @@ impl PerfMapSource {
         };
         Self {
             file: None,
+            at_exit: None,
             live_path: Some(PathBuf::from(format!(
                 "/proc/{pid}/root/tmp/perf-{ns_pid}.map"
             ))),
@@ -513,11 +613,18 @@ impl PerfMapSource {
     }
 
     fn open_if_missing(&mut self) {
-        if self.file.is_none() {
+        if self.file.is_none() && self.at_exit.is_none() {
             self.file = self
                 .live_path
                 .as_deref()
                 .and_then(|path| self.open_checked(path));
+        }
+    }
+
+    /// Reads the map through its descriptor, if one is open, and closes the descriptor.
+    fn read_and_close(&mut self) {
+        if let Some(file) = self.file.take() {
+            self.at_exit = read_perf_map(&file).ok();
         }
     }
 
@@ -586,9 +693,10 @@ pub struct StackSymbolizer {
     /// there), so that a library many processes map (libc) is named once for all.
     /// Shared with `user_cache`: the same frames for every process, not a copy each.
     object_cache: foldhash::HashMap<ObjectOffset, Option<Rc<[Frame]>>>,
-    /// One descriptor of our own per object, whose `/proc/self/fd` path blazesym is
-    /// given for every process that maps it: it parses each file once.
-    shared_files: HashMap<(String, u64), File>,
+    /// The one descriptor of each object (the snapshots'), whose `/proc/self/fd` path
+    /// blazesym is given for every process that maps it: it parses each file once. Held
+    /// here too, so the path stays valid for as long as blazesym may read it.
+    shared_files: HashMap<(String, u64), Arc<File>>,
     /// A second symbolizer, for big profiles of several objects, and the objects
     /// (device, inode) each symbolizer has named: an object stays with the one that
     /// parsed it.
@@ -1073,9 +1181,9 @@ impl StackSymbolizer {
             return None;
         }
         if !self.shared_files.contains_key(&key)
-            && let Some(file) = object.file.as_ref().and_then(|f| f.try_clone().ok())
+            && let Some(file) = &object.file
         {
-            self.shared_files.insert(key.clone(), file);
+            self.shared_files.insert(key.clone(), Arc::clone(file));
         }
         let file = self.shared_files.get(&key)?;
         Some(ElfFile {
@@ -1146,6 +1254,20 @@ impl StackSymbolizer {
     }
 
     fn perf_map_name(&mut self, maps: &ProcessMaps, addr: u64) -> Option<String> {
+        let map = match &maps.perf_map.at_exit {
+            Some(map) => map,
+            None => self.open_perf_map(maps)?,
+        };
+        // HotSpot's template interpreter is one blob: its frames are interpreted methods.
+        map.lookup(addr).map(|name| match name {
+            "Interpreter" => "[interpreted]".to_string(),
+            name => name.to_string(),
+        })
+    }
+
+    /// The perf map of `maps`'s process read through its descriptor (or, without one,
+    /// through our own /tmp), parsed again whenever it grew.
+    fn open_perf_map(&mut self, maps: &ProcessMaps) -> Option<&PerfMap> {
         let CachedPerfMap {
             fallback,
             parsed_len,
@@ -1162,11 +1284,7 @@ impl StackSymbolizer {
             *map = read_perf_map(file).unwrap_or_default();
             *parsed_len = Some(len);
         }
-        // HotSpot's template interpreter is one blob: its frames are interpreted methods.
-        map.lookup(addr).map(|name| match name {
-            "Interpreter" => "[interpreted]".to_string(),
-            name => name.to_string(),
-        })
+        Some(map)
     }
 }
 
@@ -1673,6 +1791,49 @@ mod tests {
     }
 
     #[test]
+    fn snapshots_share_one_descriptor_per_file() {
+        let first = ProcessMaps::capture(std::process::id()).unwrap();
+        let second = ProcessMaps::capture(std::process::id()).unwrap();
+        let mut shared = 0;
+        for object in &second.objects {
+            let Some(file) = &object.file else {
+                continue;
+            };
+            let same = first
+                .objects
+                .iter()
+                .find(|o| o.dev == object.dev && o.inode == object.inode)
+                .and_then(|o| o.file.as_ref());
+            assert!(
+                same.is_some_and(|same| Arc::ptr_eq(same, file)),
+                "{} opened twice",
+                object.path
+            );
+            shared += 1;
+        }
+        assert!(shared > 0, "no file opened: {:?}", second.objects);
+    }
+
+    #[test]
+    fn a_process_found_gone_is_marked_exited_and_keeps_its_mappings() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("10")
+            .spawn()
+            .unwrap();
+        let mut maps = ProcessMaps::capture(child.id()).unwrap();
+        assert!(maps.refresh().is_ok());
+        assert!(!maps.has_exited());
+        // Counted after the refresh: the capture may have come before the child's exec.
+        let mapped = maps.mapped_files().count();
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(maps.refresh().is_err());
+        assert!(maps.has_exited());
+        assert_eq!(maps.mapped_files().count(), mapped);
+        assert!(maps.mapped_files().all(|m| m.file.is_some()));
+    }
+
+    #[test]
     fn parses_perf_maps() {
         let map = parse_perf_map(
             "7f3a4c001000 40 LazyCompile:~foo /app/main.js:1\n\
@@ -1723,6 +1884,26 @@ mod tests {
         assert_eq!(frames[0].module.as_deref(), Some(JIT_MODULE));
         assert_eq!(frames[1].name, "[unknown] (anonymous memory)");
         fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn an_exited_process_keeps_its_perf_map_read_not_open() {
+        let dir = std::env::temp_dir().join(format!("tracer-perfmap-exit-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("perf-2.map");
+        fs::write(&path, "7f0000000000 100 jitted_fn\n").unwrap();
+        let mut maps = ProcessMaps::from_maps_text(std::process::id(), MAPS);
+        maps.perf_map = PerfMapSource {
+            file: Some(File::open(&path).unwrap()),
+            ..Default::default()
+        };
+        maps.mark_exited();
+        assert!(maps.perf_map.file.is_none());
+        // Gone from disk too: what was read at the exit names the frame.
+        fs::remove_dir_all(dir).unwrap();
+        let mut symbolizer = StackSymbolizer::new();
+        let frames = symbolizer.user_frames(&maps, &[0x7f0000000042]);
+        assert_eq!(frames[0].name, "jitted_fn");
     }
 
     #[test]

@@ -300,7 +300,14 @@ struct ProcessUnwinder {
     modules: Vec<(Range<u64>, u64, Arc<ObjectTables>)>,
     /// How many mappings the snapshot had when built: rebuilt when that changes.
     mappings: usize,
+    /// [`DwarfUnwinder::unwinds`] when it last unwound a stack.
+    last_used: u64,
 }
+
+/// Processes whose unwinders are kept at most. A service that starts thousands of
+/// short-lived processes would otherwise keep one for each long after it exited; one
+/// dropped is rebuilt from the shared tables if its process sends more snapshots.
+const MAX_PROCESS_UNWINDERS: usize = 256;
 
 /// The signal return trampoline (glibc's `__restore_rt`, musl's `__restore_rt` alike):
 /// `mov $15, %rax; syscall` (rt_sigreturn). A signal handler returns into it.
@@ -351,7 +358,10 @@ impl ProcessUnwinder {
 pub struct DwarfUnwinder {
     /// Per (device, inode); `None` when the file's tables could not be read.
     objects: HashMap<(String, u64), Option<Arc<ObjectTables>>>,
+    /// The processes unwound most recently (at most [`MAX_PROCESS_UNWINDERS`]).
     processes: HashMap<u32, ProcessUnwinder>,
+    /// Stacks unwound so far: the clock of [`ProcessUnwinder::last_used`].
+    unwinds: u64,
     cache: CacheX86_64,
     /// On-CPU samples per (tgid, tid, kernel stack id, user stack, task).
     samples: HashMap<(u32, u32, i32, UnwoundStack, u64), u64>,
@@ -462,8 +472,17 @@ impl DwarfUnwinder {
             .get(&snapshot.tgid)
             .is_none_or(|p| p.mappings != mapping_count);
         if stale {
+            if !self.processes.contains_key(&snapshot.tgid)
+                && self.processes.len() >= MAX_PROCESS_UNWINDERS
+            {
+                self.drop_least_recent_process();
+            }
             let process = self.build(maps, mapping_count);
             self.processes.insert(snapshot.tgid, process);
+        }
+        self.unwinds += 1;
+        if let Some(process) = self.processes.get_mut(&snapshot.tgid) {
+            process.last_used = self.unwinds;
         }
         let process = &self.processes[&snapshot.tgid];
         let (sp, stack) = (snapshot.sp, snapshot.stack);
@@ -627,6 +646,20 @@ impl DwarfUnwinder {
             unwinder,
             modules,
             mappings,
+            last_used: self.unwinds,
+        }
+    }
+
+    /// Drops the unwinder of the process that unwound a stack least recently: most
+    /// often one that exited.
+    fn drop_least_recent_process(&mut self) {
+        let least_recent = self
+            .processes
+            .iter()
+            .min_by_key(|(_, process)| process.last_used)
+            .map(|(&tgid, _)| tgid);
+        if let Some(tgid) = least_recent {
+            self.processes.remove(&tgid);
         }
     }
 
@@ -859,6 +892,36 @@ mod tests {
         assert_eq!(stack.addrs.len() as u64, stats.max_depth, "{stack:x?}");
         assert_eq!(stack.addrs[0], ip);
         assert_eq!(unwinder.stats, stats);
+    }
+
+    #[test]
+    fn keeps_the_unwinders_of_the_processes_unwound_last() {
+        let maps = ProcessMaps::capture(std::process::id()).unwrap();
+        let mut stack = vec![0u8; UNWIND_STACK_BYTES];
+        let (ip, sp, bp, len) = snapshot_here(&mut stack);
+        stack.truncate(len);
+        let mut unwinder = DwarfUnwinder::new();
+        let processes = MAX_PROCESS_UNWINDERS as u32 + 10;
+        for tgid in 1..=processes {
+            let snapshot = Snapshot {
+                tgid,
+                tid: tgid,
+                ip,
+                sp,
+                bp,
+                kernel_stack_id: NO_STACK,
+                snapshot_id: 0,
+                task: 0,
+                python: None,
+                stack: &stack,
+            };
+            unwinder.unwind_one(&snapshot, &maps);
+        }
+        assert_eq!(unwinder.processes.len(), MAX_PROCESS_UNWINDERS);
+        // The first ones were dropped, the last one kept; every file was read once.
+        assert!(!unwinder.processes.contains_key(&1));
+        assert!(unwinder.processes.contains_key(&processes));
+        assert!(unwinder.objects.len() <= maps.mapped_files().count());
     }
 
     #[test]
