@@ -299,7 +299,16 @@ pub fn cgroup_processes(path: &Path) -> Result<Vec<u32>> {
 pub struct TargetTracker {
     spec: TargetSpec,
     targets: crate::loader::TargetsMap,
+    /// How many looks found each exited target: it leaves the set after
+    /// [`LOOKS_BEFORE_LEAVING`], once the sampler has surely seen it go.
+    exited_looks: std::collections::HashMap<u32, u32>,
+    /// The targets that left the set, with the names they had.
+    departed: Vec<(u32, String)>,
 }
+
+/// How many of the tracker's looks find a target exited before it leaves the set: so the
+/// work of a look follows the processes that run, not every one that ever ran.
+const LOOKS_BEFORE_LEAVING: u32 = 3;
 
 /// How often the tracker looks.
 const TRACK_PERIOD: Duration = Duration::from_millis(200);
@@ -330,13 +339,60 @@ impl TargetTracker {
         Ok(Some(Self {
             spec: spec.clone(),
             targets,
+            exited_looks: std::collections::HashMap::new(),
+            departed: Vec::new(),
         }))
     }
 
     /// Every process traced so far (some may have exited), with the name it had when
     /// it joined.
     pub fn named(&self) -> Vec<(u32, String)> {
-        self.targets.named()
+        let mut named = self.targets.named();
+        named.extend(self.departed.iter().cloned());
+        named.sort();
+        named.dedup();
+        named
+    }
+
+    /// Takes out of the set the targets exited for [`LOOKS_BEFORE_LEAVING`] looks, and
+    /// those no longer in the `--cgroup` (moved out of it): neither is traced any more.
+    fn remove_departed(&mut self, in_cgroup: Option<&[u32]>) {
+        let exited = self.targets.exited();
+        let mut leaving = Vec::new();
+        let mut still_exited = std::collections::HashMap::new();
+        for (pid, name) in exited {
+            let looks = self.exited_looks.get(&pid).copied().unwrap_or(0) + 1;
+            if looks >= LOOKS_BEFORE_LEAVING {
+                leaving.push((pid, name));
+            } else {
+                still_exited.insert(pid, looks);
+            }
+        }
+        self.exited_looks = still_exited;
+        if let (Some(members), Some(cgroup)) = (in_cgroup, &self.spec.cgroup) {
+            let outside: Vec<(u32, String)> = self
+                .targets
+                .named()
+                .into_iter()
+                .filter(|(pid, _)| members.binary_search(pid).is_err())
+                .filter(|(pid, _)| !self.exited_looks.contains_key(pid))
+                .filter(|(pid, _)| !leaving.iter().any(|(p, _)| p == pid))
+                .collect();
+            // Read again after the set: a process forked into the cgroup since the first
+            // reading is in the set, and in this one.
+            if !outside.is_empty()
+                && let Ok(members) = cgroup_processes(cgroup)
+            {
+                leaving.extend(
+                    outside
+                        .into_iter()
+                        .filter(|(pid, _)| members.binary_search(pid).is_err()),
+                );
+            }
+        }
+        let pids: Vec<u32> = leaving.iter().map(|(pid, _)| *pid).collect();
+        self.targets.remove(&pids);
+        self.departed.extend(leaving);
     }
 
     /// Runs until every target has exited (when the set [ends with its
@@ -345,13 +401,20 @@ impl TargetTracker {
         let mut ticker = tokio::time::interval(TRACK_PERIOD);
         loop {
             ticker.tick().await;
-            if let Some(cgroup) = &self.spec.cgroup
-                && let Ok(pids) = cgroup_processes(cgroup)
-            {
+            let in_cgroup = match &self.spec.cgroup {
+                Some(cgroup) => cgroup_processes(cgroup).ok(),
+                None => None,
+            };
+            if let Some(pids) = &in_cgroup {
                 let known = self.targets.pids();
-                let new: Vec<u32> = pids.into_iter().filter(|p| !known.contains(p)).collect();
+                let new: Vec<u32> = pids
+                    .iter()
+                    .copied()
+                    .filter(|p| known.binary_search(p).is_err())
+                    .collect();
                 self.targets.add(&new, target_flags::FOLLOW_FORKS);
             }
+            self.remove_departed(in_cgroup.as_deref());
             if self.spec.ends_with_its_processes() && !self.targets.any_alive() {
                 return Ok(StopReason::TargetExited);
             }

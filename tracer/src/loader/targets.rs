@@ -13,6 +13,23 @@ use tracer_common::{TargetProcess, map_names};
 
 use super::{LoaderError, Result, process_start_ticks};
 
+/// Whether target `pid` still runs: the same PID, started at the same time. One whose
+/// start time cannot be read for a reason of the tracer's own (out of file descriptors,
+/// say) counts as running: only /proc saying it is gone ends it.
+fn is_running(pid: u32, target: &TargetProcess) -> bool {
+    match process_start_ticks(pid) {
+        Ok(ticks) => target.start_ticks == 0 || ticks == target.start_ticks,
+        Err(LoaderError::Process(_)) => false,
+        Err(_) => true,
+    }
+}
+
+/// The name a target had when it joined.
+fn name_of(target: &TargetProcess) -> String {
+    let len = target.comm.iter().position(|&b| b == 0).unwrap_or(COMM_LEN);
+    String::from_utf8_lossy(&target.comm[..len]).into_owned()
+}
+
 /// The kernel's process name length, terminating zero included (`TASK_COMM_LEN`).
 pub const COMM_LEN: usize = 16;
 
@@ -137,30 +154,55 @@ impl TargetsMap {
         pids
     }
 
-    /// Every process traced now or before, with the name it had when it joined.
+    /// Every process in the set, with the name it had when it joined.
     pub fn named(&self) -> Vec<(u32, String)> {
         let mut named: Vec<(u32, String)> = self
             .map
             .iter()
             .flatten()
-            .map(|(pid, target)| {
-                let len = target.comm.iter().position(|&b| b == 0).unwrap_or(16);
-                (
-                    pid,
-                    String::from_utf8_lossy(&target.comm[..len]).into_owned(),
-                )
-            })
+            .map(|(pid, target)| (pid, name_of(&target)))
             .collect();
         named.sort();
         named
     }
 
-    /// Whether any target is still running: the same PID, started at the same time.
+    /// The processes in the set that still run (not those gone, nor another process that
+    /// took the PID of one).
+    pub fn running_pids(&self) -> Vec<u32> {
+        let mut pids: Vec<u32> = self
+            .map
+            .iter()
+            .flatten()
+            .filter(|(pid, target)| is_running(*pid, target))
+            .map(|(pid, _)| pid)
+            .collect();
+        pids.sort_unstable();
+        pids
+    }
+
+    /// Whether any target is still running.
     pub fn any_alive(&self) -> bool {
-        self.map.iter().flatten().any(|(pid, target)| {
-            process_start_ticks(pid)
-                .is_ok_and(|t| target.start_ticks == 0 || t == target.start_ticks)
-        })
+        self.map
+            .iter()
+            .flatten()
+            .any(|(pid, target)| is_running(pid, &target))
+    }
+
+    /// The processes of the set that no longer run, each with the name it had.
+    pub fn exited(&self) -> Vec<(u32, String)> {
+        self.map
+            .iter()
+            .flatten()
+            .filter(|(pid, target)| !is_running(*pid, target))
+            .map(|(pid, target)| (pid, name_of(&target)))
+            .collect()
+    }
+
+    /// Takes `pids` out of the set: the kernel traces them no more.
+    pub fn remove(&mut self, pids: &[u32]) {
+        for pid in pids {
+            let _ = self.map.remove(pid);
+        }
     }
 }
 
