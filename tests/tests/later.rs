@@ -173,6 +173,7 @@ fn stacks_are_taken_at_the_sites_of_a_library_dlopened_after_attaching() {
         // The library and executable are built without frame pointers.
         "--unwind",
         "dwarf",
+        "--hold-at-dlopen",
         "--pid",
         &pid,
         "usdt:*:tracetest:latelib",
@@ -217,7 +218,11 @@ fn attach_measures_a_latency_of_a_library_dlopened_after_attaching() {
     let attach = start_attach_json_with(
         target.pid,
         &dir,
-        &["--latency", "tracetest:latelib,tracetest:guarded"],
+        &[
+            "--hold-at-dlopen",
+            "--latency",
+            "tracetest:latelib,tracetest:guarded",
+        ],
     );
     assert!(
         attach
@@ -265,6 +270,7 @@ fn a_library_dlopened_after_attaching_is_traced_from_its_first_hit() {
         "--count",
         "--format",
         "json",
+        "--hold-at-dlopen",
         "--pid",
         &pid,
         "usdt:*:tracetest:*",
@@ -319,11 +325,13 @@ fn a_library_dlopened_after_attaching_is_traced_from_its_first_hit() {
 }
 
 /// A set of processes (`--comm`): the library's sites are attached for every process
-/// mapping it and the kernel keeps the targets' hits, the hold included; a process of
-/// another name running the same files is neither counted nor held.
+/// mapping it within a look at the set's maps, and the kernel keeps the targets' hits; a
+/// process of another name running the same files is not counted. No `_dl_debug_state`
+/// uprobe is placed for a set (it would land in every process on the machine running
+/// that loader), so the hits of the library's first moments may be missed.
 #[test]
 #[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
-fn a_library_dlopened_by_a_set_of_processes_is_traced_from_its_first_hit() {
+fn a_library_dlopened_by_a_set_of_processes_is_traced_once_found() {
     require_privileged();
     let (exe, lib) = built();
     let dir = out_dir("later-set");
@@ -341,25 +349,77 @@ fn a_library_dlopened_by_a_set_of_processes_is_traced_from_its_first_hit() {
         "late-set",
         "usdt:*:tracetest:*",
     ]);
+    let loader = ld_so_of(bystander.pid);
+    target.step();
+    bystander.step();
+    // Past a look at the set's maps: the library's probes are attached.
+    std::thread::sleep(Duration::from_millis(500));
     assert_eq!(target.step(), format!("raised={N}"));
     // The same files, not a target: its semaphore is raised too (one uprobe per file),
     // its hits are not counted.
     assert_eq!(bystander.step(), format!("raised={N}"));
+    assert_eq!(
+        dl_debug_state_breakpoints(bystander.pid, &loader),
+        0,
+        "a process outside the set got the dlopen uprobe"
+    );
     // SAFETY: kill has no memory preconditions; the tracer is our child.
     unsafe { libc::kill(tracer.pid() as i32, libc::SIGINT) };
     let (ok, out, err) = tracer.finish();
     assert!(ok, "{err}");
     let ours = counts(&out);
     assert_eq!(ours[&probe(&traced, "testprobe")], N as u64, "{out}");
-    assert_eq!(ours[&probe(lib, "latelib")], N as u64, "{out}");
-    assert_eq!(ours[&probe(lib, "guarded")], N as u64, "{out}");
+    let latelib = ours[&probe(lib, "latelib")];
+    assert!(
+        (N as u64..=2 * N as u64).contains(&latelib),
+        "the second round's {N} hits and at most the first's: {latelib} in {out}"
+    );
     for late in [&target, &bystander] {
         assert_eq!(breakpoints_in(late.pid, lib).0, 0, "breakpoints left");
     }
-    assert_eq!(target.step(), "raised=0", "the semaphore is back to 0");
-    assert_eq!(bystander.step(), "raised=0", "the semaphore is back to 0");
     target.finish();
     bystander.finish();
+}
+
+/// The dynamic loader process `pid` runs.
+fn ld_so_of(pid: u32) -> PathBuf {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    maps.lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .find(|path| path.contains("/ld-linux"))
+        .map(PathBuf::from)
+        .expect("a dynamically linked process maps ld.so")
+}
+
+/// Whether process `pid` holds a breakpoint at `_dl_debug_state` of `loader`: 1 or 0.
+fn dl_debug_state_breakpoints(pid: u32, loader: &Path) -> usize {
+    let out = Command::new("nm")
+        .args(["-D", "--defined-only"])
+        .arg(loader)
+        .output()
+        .unwrap();
+    let symbols = String::from_utf8_lossy(&out.stdout);
+    let value = symbols
+        .lines()
+        .find(|l| {
+            l.split_whitespace()
+                .nth(2)
+                .is_some_and(|name| name.split('@').next() == Some("_dl_debug_state"))
+        })
+        .and_then(|l| u64::from_str_radix(l.split_whitespace().next()?, 16).ok())
+        .expect("ld.so exports _dl_debug_state");
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    let mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
+    let file = std::fs::read(loader).unwrap();
+    // ld.so's first mapping is at file offset 0: a symbol's value is its offset from it.
+    let base = maps
+        .lines()
+        .find(|l| l.ends_with(loader.to_str().unwrap()))
+        .and_then(|l| u64::from_str_radix(l.split('-').next()?, 16).ok())
+        .unwrap();
+    let mut byte = [0];
+    mem.read_exact_at(&mut byte, base + value).unwrap();
+    usize::from(byte[0] == 0xcc && file[value as usize] != 0xcc)
 }
 
 #[test]
@@ -374,6 +434,7 @@ fn a_command_s_probes_in_a_library_it_loads_later_are_found() {
             "--count",
             "--format",
             "json",
+            "--hold-at-dlopen",
             "usdt:*:tracetest:guarded",
             "--",
         ])
@@ -500,6 +561,7 @@ fn a_tracer_killed_while_a_target_is_held_at_dlopen_leaves_it_running() {
     let tracer = Tracer::start(&[
         "trace",
         "--count",
+        "--hold-at-dlopen",
         "--pid",
         &pid.to_string(),
         "usdt:*:tracetest:*",
@@ -573,6 +635,7 @@ fn function_probes_in_a_library_dlopened_after_attaching_count_its_first_call() 
         "--count",
         "--format",
         "json",
+        "--hold-at-dlopen",
         "--pid",
         &pid,
         "uprobe:liblate.so:fire",
@@ -590,4 +653,65 @@ fn function_probes_in_a_library_dlopened_after_attaching_count_its_first_call() 
     assert_eq!(ours[&format!("uprobe:{lib}:fire")], 2, "{out}");
     assert_eq!(ours[&format!("uretprobe:{lib}:fire")], 2, "{out}");
     target.finish();
+}
+
+/// What `late-watchful` saw of a run: SIGCONT handler runs, reads interrupted, rounds.
+fn watchful_run(hold: bool) -> (serde_json::Value, BTreeMap<String, u64>) {
+    let (_, lib) = built();
+    let exe = compile_target("gcc", "src/late/watchful.c", "late-watchful", &["-ldl"]);
+    let mut target = Command::new(&exe)
+        .arg(lib)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = target.stdin.take().unwrap();
+    let mut stdout = BufReader::new(target.stdout.take().unwrap());
+    let line = read_line(&mut stdout);
+    let pid = line.strip_prefix("ready pid=").unwrap().to_string();
+    let mut args = vec!["trace", "--count", "--format", "json", "--pid", &pid];
+    if hold {
+        args.push("--hold-at-dlopen");
+    }
+    args.push("usdt:*:tracetest:latelib");
+    let tracer = Tracer::start(&args);
+    for _ in 0..10 {
+        stdin.write_all(b"go\n").unwrap();
+        std::thread::sleep(Duration::from_millis(30));
+    }
+    drop(stdin);
+    let seen: serde_json::Value = serde_json::from_str(&read_line(&mut stdout)).unwrap();
+    assert!(target.wait().unwrap().success());
+    let (ok, out, err) = tracer.finish();
+    assert!(ok, "{err}");
+    (seen, counts(&out))
+}
+
+/// By default a dlopen is seen, not held: the target never sees a stop (a SIGCONT
+/// handler, a read interrupted with EINTR), and the library's probes are attached
+/// within a look; with --hold-at-dlopen it is stopped at each dlopen, which it can see.
+#[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+fn a_dlopen_is_not_held_unless_asked_and_the_target_never_sees_a_stop() {
+    require_privileged();
+    let (seen, ours) = watchful_run(false);
+    assert_eq!(seen["rounds"], 10, "{seen}");
+    assert_eq!(seen["sigcont"], 0, "the target saw a stop: {seen}");
+    assert_eq!(
+        seen["eintr"], 0,
+        "the target's read was interrupted: {seen}"
+    );
+    let (_, lib) = built();
+    let hits = ours.get(&probe(lib, "latelib")).copied().unwrap_or(0);
+    assert!(
+        hits >= 9,
+        "the library found within a look, all hits but the first are traced: {hits} of 10"
+    );
+    let (seen, ours) = watchful_run(true);
+    assert_eq!(seen["rounds"], 10, "{seen}");
+    assert!(
+        seen["sigcont"].as_u64().unwrap() > 0,
+        "held at dlopen, the target sees the SIGCONT: {seen}"
+    );
+    assert_eq!(ours[&probe(lib, "latelib")], 10, "held: every hit traced");
 }

@@ -809,7 +809,20 @@ pub mod control {
     /// sampling programs record nothing, so every thread's time starts at one instant
     /// however long attaching them took (threads blocked then are seeded from it).
     pub const RECORDING: u32 = 2;
-    pub const COUNT: u32 = 3;
+    /// Until this second of `CLOCK_MONOTONIC`, a traced process that maps a library is
+    /// stopped until its probes are attached (`--hold-at-dlopen`); 0 by default. User
+    /// space pushes it a little ahead while it runs: a tracer that dies stops no more.
+    pub const HOLD_UNTIL_S: u32 = 3;
+    pub const COUNT: u32 = 4;
+}
+
+/// Values of the `HELD` map: what the kernel did to a process whose dynamic loader mapped
+/// a library.
+pub mod held {
+    /// Nothing: user space looks at its maps.
+    pub const LOOK: u32 = 1;
+    /// Stopped it (SIGSTOP): user space looks at its maps and continues it.
+    pub const STOPPED: u32 = 2;
 }
 
 /// Indices of the `COUNTERS` per-CPU array: things the eBPF side could not record, so

@@ -9,12 +9,12 @@
 
 use aya_ebpf::{
     helpers::{
-        bpf_get_current_pid_tgid, bpf_probe_read_kernel,
+        bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel,
         generated::{bpf_get_current_task, bpf_send_signal},
     },
     programs::BtfTracePointContext,
 };
-use tracer_common::{TargetProcess, counter, target_filter, target_flags, target_match};
+use tracer_common::{TargetProcess, counter, held, target_filter, target_flags, target_match};
 
 use crate::{
     BPRM_FILE_OFFSET, CLOCK_TICK_NS, FILE_INODE_OFFSET, INODE_INO_OFFSET, INODE_SB_OFFSET,
@@ -136,10 +136,11 @@ fn is_traced_started(tgid: u32, kind: u32, start_ticks: impl Fn() -> u64) -> boo
     }
 }
 
-/// Stops the current process, when traced, and records it in `HELD`: user space looks
-/// at its maps, attaches the probes of what it mapped, and continues it. `dlopen` calls
-/// `_dl_debug_state` once its objects are mapped and before it relocates them or runs
-/// their constructors, so none of their code has run yet.
+/// Records the current process, when traced, in `HELD`: user space looks at its maps and
+/// attaches the probes of what it mapped. With holding on (`control::HOLD_UNTIL_S`), it
+/// also stops the process, which user space continues once they are attached: `dlopen`
+/// calls `_dl_debug_state` once its objects are mapped and before it relocates them or
+/// runs their constructors, so none of their code has run yet.
 #[inline(always)]
 pub fn hold() {
     if crate::stopped() {
@@ -151,7 +152,15 @@ pub fn hold() {
     if !is_traced(tgid, target_filter::USDT) {
         return;
     }
-    if crate::HELD.insert(&tgid, &1, 0).is_ok() {
+    let hold_until_s = crate::CONTROL
+        .get(tracer_common::control::HOLD_UNTIL_S)
+        .copied()
+        .unwrap_or(0);
+    // SAFETY: the helper has no preconditions.
+    let now_s = unsafe { bpf_ktime_get_ns() } / 1_000_000_000;
+    let stop = now_s <= u64::from(hold_until_s);
+    let what = if stop { held::STOPPED } else { held::LOOK };
+    if crate::HELD.insert(&tgid, &what, 0).is_ok() && stop {
         // SAFETY: the helper signals the current process; SIGSTOP takes effect on its
         // way back to user space.
         unsafe { bpf_send_signal(SIGSTOP) };

@@ -317,6 +317,14 @@ pub struct TraceArgs {
     /// C++ and Rust names matched mangled or demangled.
     #[arg(required = true, value_name = "PROBE")]
     pub probes: Vec<String>,
+    /// Stop the process each time it loads a library (SIGSTOP, then SIGCONT), until the
+    /// library's probes are attached, so not even the first hits of its initialization
+    /// are missed. The process can see the stop: its shell's job control, a SIGCONT
+    /// handler, a read interrupted (EINTR). Off by default: a library's probes are then
+    /// attached within a millisecond of its loading. One process only (--pid, or a
+    /// command after --).
+    #[arg(long)]
+    pub hold_at_dlopen: bool,
     /// A command to start and trace from its first instruction.
     #[arg(last = true, value_name = "CMD")]
     pub command: Vec<String>,
@@ -352,6 +360,14 @@ pub struct AttachArgs {
     /// Put each thread under its own root frame in the flamegraph.
     #[arg(long)]
     pub per_thread: bool,
+    /// Stop the process each time it loads a library (SIGSTOP, then SIGCONT), until the
+    /// library's probes are attached, so not even the first hits of its initialization
+    /// are missed. The process can see the stop: its shell's job control, a SIGCONT
+    /// handler, a read interrupted (EINTR). Off by default: a library's probes are then
+    /// attached within a millisecond of its loading. One process only (--pid, or a
+    /// command after --).
+    #[arg(long)]
+    pub hold_at_dlopen: bool,
     /// Also write a timeline to FILE: Chrome trace-event JSON (Perfetto, speedscope,
     /// chrome://tracing) with a track per thread (latencies such as GC phases, task runs,
     /// time off CPU) and one per runtime task (running, parked).
@@ -390,6 +406,10 @@ pub enum ConfigError {
     ChildrenOfNothing,
     #[error("--comm needs a name")]
     EmptyComm,
+    #[error(
+        "--hold-at-dlopen stops one process at a time: it needs --pid PID (once) or a command after --, without --children"
+    )]
+    HoldNeedsOneProcess,
     #[error("invalid --{0} {1:?}: expected a size from 4K to 1G, like 4M or 65536")]
     BufferSize(&'static str, String),
     #[error("invalid --{0} {1}: expected 1 to {2} entries")]
@@ -459,6 +479,8 @@ pub struct AttachConfig {
     pub format: Format,
     pub sampling: Sampling,
     pub map_sizes: MapSizes,
+    /// `--hold-at-dlopen`.
+    pub hold_at_dlopen: bool,
 }
 
 /// Where the timeline goes, and the shortest off-CPU interval it shows.
@@ -476,7 +498,11 @@ impl TryFrom<AttachArgs> for AttachConfig {
         if targets.is_everything() {
             return Err(ConfigError::NoTarget);
         }
+        if args.hold_at_dlopen && targets.single_pid().is_none() {
+            return Err(ConfigError::HoldNeedsOneProcess);
+        }
         Ok(Self {
+            hold_at_dlopen: args.hold_at_dlopen,
             duration: args.duration.as_deref().map(parse_duration).transpose()?,
             output_dir: args
                 .output
@@ -611,6 +637,8 @@ pub struct TraceConfig {
     pub strings: Vec<StringRequest>,
     pub probes: Vec<String>,
     pub command: Option<Vec<String>>,
+    /// `--hold-at-dlopen`.
+    pub hold_at_dlopen: bool,
 }
 
 impl TryFrom<TraceArgs> for TraceConfig {
@@ -636,6 +664,13 @@ impl TryFrom<TraceArgs> for TraceConfig {
         if args.count && !args.strings.is_empty() {
             return Err(ConfigError::StrWithCount);
         }
+        let one_process = match command {
+            true => !t.children,
+            false => targets.single_pid().is_some(),
+        };
+        if args.hold_at_dlopen && !one_process {
+            return Err(ConfigError::HoldNeedsOneProcess);
+        }
         let strings = args
             .strings
             .iter()
@@ -653,6 +688,7 @@ impl TryFrom<TraceArgs> for TraceConfig {
             strings,
             probes: args.probes,
             command: (!args.command.is_empty()).then_some(args.command),
+            hold_at_dlopen: args.hold_at_dlopen,
         })
     }
 }
@@ -1188,6 +1224,41 @@ mod tests {
         assert_eq!(
             trace(&["--exe", "/bin/x", "usdt:./a:p:n", "--", "./a"]).unwrap_err(),
             ConfigError::MatchAndCommand
+        );
+        // The hold stops one process: never a set, whose loader the whole machine shares.
+        assert!(
+            trace(&["--hold-at-dlopen", "-p", "9", "usdt:*:p:n"])
+                .unwrap()
+                .hold_at_dlopen
+        );
+        assert!(trace(&["--hold-at-dlopen", "usdt:./a:p:n", "--", "./a"]).is_ok());
+        for set in [
+            &["--hold-at-dlopen", "--comm", "x", "usdt:*:p:n"][..],
+            &["--hold-at-dlopen", "-p", "9", "--children", "usdt:*:p:n"],
+            &[
+                "--hold-at-dlopen",
+                "--children",
+                "usdt:./a:p:n",
+                "--",
+                "./a",
+            ],
+            &["--hold-at-dlopen", "usdt:./a:p:n"],
+        ] {
+            assert_eq!(
+                trace(set).unwrap_err(),
+                ConfigError::HoldNeedsOneProcess,
+                "{set:?}"
+            );
+        }
+        assert!(
+            attach(&["--hold-at-dlopen", "-p", "9"])
+                .unwrap()
+                .hold_at_dlopen
+        );
+        assert!(!attach(&["-p", "9"]).unwrap().hold_at_dlopen);
+        assert_eq!(
+            attach(&["--hold-at-dlopen", "--exe", "/bin/x"]).unwrap_err(),
+            ConfigError::HoldNeedsOneProcess
         );
     }
 

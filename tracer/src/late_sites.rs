@@ -1,11 +1,14 @@
 //! Probe sites in objects mapped after the first attach (a library `dlopen`ed, a process
 //! started later), found and attached while tracing, for `trace` and `attach` alike.
 //!
-//! The kernel holds a traced process each time its dynamic loader has mapped a library
-//! (at `_dl_debug_state`, stopped by SIGSTOP and recorded in `HELD`), so that the new
-//! objects' probes are attached before any of their code runs; [`LateSites::look`] then
-//! attaches them and continues the process. Every [`LOOK_EVERY`] looks, the processes'
-//! maps are searched too, for what a loader without `_dl_debug_state` mapped.
+//! The kernel records one traced process in `HELD` each time its dynamic loader has
+//! mapped a library (at `_dl_debug_state`), and [`LateSites::look`] attaches the new
+//! objects' probes within a look period. With `--hold-at-dlopen` the kernel also stops the
+//! process (SIGSTOP), so that the probes are attached before any of the library's code
+//! runs, and the look continues it. Every [`LOOK_EVERY`] looks, the processes' maps are
+//! searched too, for what a loader without `_dl_debug_state` mapped, and for a set of
+//! processes, which has no `_dl_debug_state` uprobe (it would land in every process
+//! running that loader, on the whole machine).
 
 use std::{ops::Range, path::PathBuf};
 
@@ -68,6 +71,8 @@ pub struct LateSites {
     /// Passes over the catalogue's function sites in files with the runtime's USDT
     /// probes (`attach`).
     usdt_elsewhere: Option<crate::runtimes::functions::UsdtElsewhere>,
+    /// `--hold-at-dlopen`: the kernel stops the process at each `dlopen` while this runs.
+    hold: bool,
 }
 
 impl LateSites {
@@ -89,7 +94,14 @@ impl LateSites {
             members,
             ticks: 0,
             usdt_elsewhere: None,
+            hold: false,
         }
+    }
+
+    /// Keeps the kernel stopping the process at each `dlopen` (see [`hold_at_dlopen`]).
+    pub fn holding(mut self, hold: bool) -> Self {
+        self.hold = hold;
+        self
     }
 
     /// Leaves out the function sites of runtimes whose files have USDT probes.
@@ -106,21 +118,30 @@ impl LateSites {
         let first_site = plan.sites.len();
         let first_unavailable = plan.unavailable_args.len();
         let mut held = Vec::new();
-        for pid in loader.held() {
+        for (pid, what) in loader.held() {
+            let stopped = what == tracer_common::held::STOPPED;
             // Continued before its SIGSTOP took effect, it would stay stopped.
-            if !procfs::is_stopped(pid) && ProcessError::check(pid).is_none() {
+            if stopped && !procfs::is_stopped(pid) && ProcessError::check(pid).is_none() {
                 continue;
             }
             self.look_at(pid, loader, plan);
             loader.release_held(pid);
-            continue_process(pid);
+            if stopped {
+                continue_process(pid);
+            }
             held.push(pid);
+        }
+        if self.hold && self.ticks.is_multiple_of(LOOK_EVERY) {
+            keep_holding(loader);
         }
         self.ticks += 1;
         if self.ticks % LOOK_EVERY == 1 {
             let pids = match self.members {
                 Members::One(pid) => vec![pid],
-                Members::Set => loader.targets_map().map(|t| t.pids()).unwrap_or_default(),
+                Members::Set => loader
+                    .targets_map()
+                    .map(|t| t.running_pids())
+                    .unwrap_or_default(),
                 Members::Every => procfs::all_processes(),
             };
             for pid in pids {
@@ -154,7 +175,11 @@ impl LateSites {
     /// stopped), waiting up to a second in all for them to have stopped.
     pub fn release_all(&mut self, loader: &mut Loader) {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
-        for pid in loader.held() {
+        for (pid, what) in loader.held() {
+            if what != tracer_common::held::STOPPED {
+                loader.release_held(pid);
+                continue;
+            }
             while !procfs::is_stopped(pid)
                 && ProcessError::check(pid).is_none()
                 && std::time::Instant::now() < deadline
@@ -189,14 +214,35 @@ fn continue_process(pid: u32) {
     unsafe { libc::kill(pid as i32, libc::SIGCONT) };
 }
 
-/// Has the kernel hold the traced processes each time their dynamic loader has mapped a
-/// library (`dlopen`), so that its probes are attached before it runs: the loaders of
-/// `exes`, each an executable and the root its loader's path is under.
+/// How far ahead the kernel is told to keep stopping processes at `dlopen`: a tracer
+/// that dies stops none after this.
+const HOLD_AHEAD_S: u64 = 2;
+
+/// Tells the kernel to go on stopping the process at `dlopen` for [`HOLD_AHEAD_S`].
+fn keep_holding(loader: &mut Loader) {
+    let now_s = crate::stop::monotonic_ns() / 1_000_000_000;
+    if let Err(e) = loader.hold_until((now_s + HOLD_AHEAD_S) as u32) {
+        log::warn!("cannot keep holding the process at dlopen: {e:#}");
+    }
+}
+
+/// Has the kernel tell when process `single` has mapped a library (`dlopen`), for its
+/// probes to be attached at once, and with `hold` stop it until they are, so that none of
+/// its code runs before: the loaders of `exes`, each an executable and the root its
+/// loader's path is under. A set of processes gets no such uprobe: it would land in every
+/// process on the machine that runs the same loader.
 pub fn hold_at_dlopen(
     loader: &mut Loader,
     exes: Vec<(PathBuf, PathBuf)>,
     single: Option<u32>,
+    hold: bool,
 ) -> Result<()> {
+    if single.is_none() {
+        return Ok(());
+    }
+    if hold {
+        keep_holding(loader);
+    }
     let mut loaders: Vec<PathBuf> = Vec::new();
     for (exe, root) in exes {
         let Some(interp) = usdt::interpreter(&exe) else {

@@ -180,12 +180,17 @@ pub fn stat_field(stat: &str, n: usize) -> Option<&str> {
     after_name.split_whitespace().nth(n.checked_sub(3)?)
 }
 
-/// Whether process `pid` is stopped (state `T` in /proc/PID/stat: by a signal).
+/// Whether process `pid` is stopped: by a signal (state `T`) or, under a debugger or
+/// strace, in a tracing stop (`t`).
 pub fn is_stopped(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|stat| stat_field(&stat, 3).map(|state| state == "T"))
-        .unwrap_or(false)
+    matches!(process_state(pid), Some('T' | 't'))
+}
+
+/// The state letter of process `pid` (`R`, `S`, `T`, `Z`...), as /proc/PID/stat gives
+/// it; `None` when there is no such process.
+pub fn process_state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat_field(&stat, 3)?.chars().next()
 }
 
 /// Every process now, by PID.

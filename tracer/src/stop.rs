@@ -2,7 +2,7 @@
 
 use std::{
     fmt, io,
-    os::fd::{FromRawFd as _, OwnedFd},
+    os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
     time::Duration,
 };
 
@@ -20,6 +20,8 @@ pub enum StopReason {
     TargetExited,
     /// Standard output went away or failed (`trace`): nobody is left to read the events.
     OutputClosed,
+    /// The link keeper, which holds the uprobes, was killed.
+    KeeperKilled,
 }
 
 impl fmt::Display for StopReason {
@@ -30,6 +32,7 @@ impl fmt::Display for StopReason {
             Self::Terminated => "terminated (SIGTERM)",
             Self::TargetExited => "target exited",
             Self::OutputClosed => "cannot write to standard output",
+            Self::KeeperKilled => "the link keeper was killed",
         })
     }
 }
@@ -67,6 +70,24 @@ impl ProcessWatch {
             io::ErrorKind::NotFound => crate::procfs::ProcessError::NoSuch(pid).into(),
             _ => anyhow::Error::new(e).context(format!("cannot watch process {pid}")),
         })
+    }
+
+    /// Whether the process has exited by now (a zombie has), without waiting.
+    pub fn has_exited(&self) -> bool {
+        self.exits_within(Duration::ZERO)
+    }
+
+    /// Whether the process has exited, or does within `wait` (the thread waits).
+    pub fn exits_within(&self, wait: Duration) -> bool {
+        let mut poll = libc::pollfd {
+            fd: self.fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let timeout_ms = i32::try_from(wait.as_millis()).unwrap_or(i32::MAX);
+        // SAFETY: one valid pollfd, a pidfd this owns.
+        let ready = unsafe { libc::poll(&mut poll, 1, timeout_ms) };
+        ready > 0 && poll.revents & libc::POLLIN != 0
     }
 
     /// Resolves when the process has exited. Must run inside the tokio runtime.

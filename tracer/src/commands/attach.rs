@@ -16,7 +16,7 @@ use crate::{
     cli::{AttachConfig, Format, LatencyProbe},
     histogram::LatencyHistogram,
     late_sites::{self, LateSites, Members},
-    loader::{Features, Loader, RecordRing, Settings},
+    loader::{Features, Loader, RecordRing, Settings, keeper},
     privileges,
     probe_plan::{ProbePlan, SiteInput, SiteMode},
     processes::Processes,
@@ -197,6 +197,7 @@ pub fn run(config: AttachConfig) -> Result<()> {
         &mut loader,
         late_sites::executables_of(&pids, spec.exe.as_deref()),
         single,
+        config.hold_at_dlopen,
     )
     .map_err(on_target)?;
     let mut later = LateSites::new(
@@ -210,7 +211,8 @@ pub fn run(config: AttachConfig) -> Result<()> {
             None => Members::Set,
         },
     )
-    .keeping(usdt_elsewhere);
+    .keeping(usdt_elsewhere)
+    .holding(config.hold_at_dlopen);
     let mut sampler = WallClockSampler::attach(&mut loader, Some(&targets), sampling, &processes)
         .map_err(on_target)?;
     let probe_names: Vec<String> = plan.probes.iter().map(|p| p.specifier()).collect();
@@ -256,6 +258,7 @@ pub fn run(config: AttachConfig) -> Result<()> {
         pids.iter()
             .filter_map(|&pid| processes.get(pid)?.maps.as_ref()),
     );
+    let keeper_pid = loader.keeper_pid();
     let reason = runtime.block_on(stop::run_until_stopped_with(
         signals,
         watch,
@@ -269,7 +272,7 @@ pub fn run(config: AttachConfig) -> Result<()> {
                 &mut later,
                 timeline.as_mut(),
             ),
-            targets::track(tracker.as_mut()),
+            stop::either(targets::track(tracker.as_mut()), keeper::watch(keeper_pid)),
         ),
     ))?;
 
@@ -277,13 +280,14 @@ pub fn run(config: AttachConfig) -> Result<()> {
     // from here on.
     let now = stop::monotonic_ns();
     loader.stop_recording()?;
+    // A second Ctrl-C ends the tracer at once: the keeper releases what is left.
+    stop::restore_default_signals();
     later.release_all(&mut loader);
     loader.detach_usdt()?;
     sampler.detach(&mut processes);
     if let Some(reader) = timeline.as_mut() {
         reader.drain();
     }
-    stop::restore_default_signals();
     let traced: Vec<u32> = match &tracker {
         Some(tracker) => {
             let named = tracker.named();

@@ -14,7 +14,7 @@ use crate::{
     console::{OutputError, OutputStream},
     late_sites::{self, LOOK_PERIOD, LateSites, Members, searches_processes},
     launch::PausedChild,
-    loader::{Features, Loader, RecordRing, Settings},
+    loader::{Features, Loader, RecordRing, Settings, keeper},
     privileges,
     probe_plan::{ProbePlan, SiteInput, SiteMode},
     procfs,
@@ -204,7 +204,8 @@ pub fn run(config: TraceConfig) -> Result<()> {
             Some(child) => vec![(child.exe.clone(), PathBuf::from("/"))],
             None => late_sites::executables_of(&pids, spec.exe.as_deref()),
         };
-        late_sites::hold_at_dlopen(&mut loader, exes, single).map_err(on_target)?;
+        late_sites::hold_at_dlopen(&mut loader, exes, single, config.hold_at_dlopen)
+            .map_err(on_target)?;
     }
     let mut later = (!later_specs.is_empty()).then(|| {
         let members = match (&child, spec.is_everything()) {
@@ -216,6 +217,7 @@ pub fn run(config: TraceConfig) -> Result<()> {
             },
         };
         LateSites::new(later_specs, searched, mode, Vec::new(), single, members)
+            .holding(config.hold_at_dlopen)
     });
     // Ctrl-C from the moment the line below is printed (and the command runs) must stop
     // the trace, not kill us.
@@ -258,6 +260,7 @@ pub fn run(config: TraceConfig) -> Result<()> {
         let header = format!("{:>12} {:>7} {:>7} PROBE ARGS\n", "TIME(s)", "PID", "TID");
         out.send_blocking(header.into_bytes(), 0);
     }
+    let keeper_pid = loader.keeper_pid();
     let (reason, events) = runtime.block_on(async {
         // SAFETY: the ring buffer owns its map fd, which stays open (and the same) until the
         // AsyncFd gives the ring buffer back.
@@ -279,20 +282,21 @@ pub fn run(config: TraceConfig) -> Result<()> {
                     },
                     &out,
                 ),
-                targets::track(tracker.as_mut()),
+                stop::either(targets::track(tracker.as_mut()), keeper::watch(keeper_pid)),
             ),
         )
         .await?;
         Ok::<_, std::io::Error>((reason, events.into_inner()))
     })?;
     loader.stop_recording()?;
+    // A second Ctrl-C ends the tracer at once: the keeper releases what is left.
+    stop::restore_default_signals();
     if let Some(later) = later.as_mut() {
         later.release_all(&mut loader);
     }
     loader.detach_usdt()?;
     drop(tracker);
     loader.detach_targets();
-    stop::restore_default_signals();
     // The target is as it was; now what is left for standard output, for as long as its
     // reader takes it.
     let mut events = events;

@@ -15,14 +15,24 @@
 //! tracer ended: with no fatal signal pending, every site gets its instruction back and
 //! every semaphore drops.
 //!
+//! A SIGKILL can still reach the keeper (with the tracer: `pkill -9 -f tracer`, a cgroup
+//! kill). One that finds it waiting is harmless: the signal is taken off the pending set
+//! before the process exits and closes its links, so they are removed in full. One that
+//! comes while the keeper closes a link is not, so the keeper never closes one itself: it
+//! pins each (see [`super::pins`]), closes its descriptor and removes the pin, and the
+//! kernel's workers remove the uprobes, all at once and out of any signal's reach. Killed
+//! half-way, it leaves links pinned, attached and working, for the next tracer to
+//! release.
+//!
 //! The keeper also continues the processes the kernel holds stopped at `dlopen` (the
-//! `HELD` map, see `Loader::hold_at_dlopen`) once it has closed the links, so a tracer
-//! that dies while one is held (SIGKILL, a crash) leaves it running, not stopped.
+//! `HELD` map, see `Loader::hold_at_dlopen`) once it has released the links, so a tracer
+//! that dies while one is held (SIGKILL, a crash) leaves it running, not stopped; it
+//! switches the programs off first (the `CONTROL` map), so no process is held meanwhile.
 //!
 //! The protocol is one `SOCK_SEQPACKET` message per request, each answered by an errno
 //! (0 for success): an attach request carries the program's fd (`SCM_RIGHTS`), the
-//! process filter and the uprobes; a held-map request carries the map's fd; a release
-//! request has no body.
+//! process filter and the uprobes; a held-map or control-map request carries the map's
+//! fd; a release request has no body.
 
 use std::{
     ffi::OsStr,
@@ -41,7 +51,10 @@ use rustix::net::{
     SendAncillaryMessage, SendFlags, SocketFlags, SocketType, recvmsg, sendmsg, socketpair,
 };
 
-use super::sys::{self, MultiUprobe};
+use super::{
+    pins::KeeperPins,
+    sys::{self, MultiUprobe},
+};
 
 /// The first argument that makes `tracer` run as a link keeper (see [`serve`]).
 pub const KEEPER_ARG: &str = "__link-keeper";
@@ -55,6 +68,7 @@ const REQUEST_RELEASE: u32 = 2;
 const REQUEST_HELD_MAP: u32 = 3;
 /// Attaches a return probe link (the uprobes fire at the functions' returns).
 const REQUEST_ATTACH_RETURN: u32 = 4;
+const REQUEST_CONTROL_MAP: u32 = 5;
 /// kind, pid (0: every process), uprobe count, path length.
 const HEADER_BYTES: usize = 16;
 const UPROBE_BYTES: usize = 24;
@@ -77,6 +91,12 @@ impl LinkKeeper {
             SocketType::SEQPACKET,
             SocketFlags::CLOEXEC,
             None,
+        )?;
+        // Answers are awaited in slices of this, to look at the keeper in between.
+        rustix::net::sockopt::set_socket_timeout(
+            &ours,
+            rustix::net::sockopt::Timeout::Recv,
+            Some(std::time::Duration::from_millis(50)),
         )?;
         let child = Command::new("/proc/self/exe")
             .arg0("tracer-link-keeper")
@@ -151,18 +171,42 @@ impl LinkKeeper {
         self.request(&REQUEST_HELD_MAP.to_ne_bytes(), Some(held))
     }
 
-    /// Has the keeper close every link it holds, and waits until it has: the sites have
-    /// their instructions back and the semaphores are down.
+    /// Gives the keeper the map of the programs' switches, to switch them off before it
+    /// releases the links however the tracer ended.
+    pub fn watch_control(&mut self, control: BorrowedFd<'_>) -> io::Result<()> {
+        self.request(&REQUEST_CONTROL_MAP.to_ne_bytes(), Some(control))
+    }
+
+    /// Has the keeper release every link it holds: the kernel's workers then give the
+    /// sites their instructions back and drop the semaphores, within a grace period. A
+    /// keeper that was killed leaves its links pinned: they are released from here.
     pub fn release_all(&mut self) -> io::Result<()> {
         if self.links == 0 {
             return Ok(());
         }
-        self.request(&REQUEST_RELEASE.to_ne_bytes(), None)?;
         self.links = 0;
-        Ok(())
+        match self.request(&REQUEST_RELEASE.to_ne_bytes(), None) {
+            Ok(()) => Ok(()),
+            Err(e) if !self.is_alive() => {
+                let released = super::pins::release_keeper(self.pid())?;
+                log::warn!("the link keeper had died ({e}): released its {released}");
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
     }
 
-    /// Sends one request and waits for its errno.
+    /// Whether the keeper still runs (a zombie, not yet reaped, does not).
+    pub fn is_alive(&self) -> bool {
+        !matches!(
+            crate::procfs::process_state(self.pid()),
+            None | Some('Z') | Some('X')
+        )
+    }
+
+    /// Sends one request and waits for its errno. A keeper stopped by a signal is
+    /// continued (it must never stop: the tracer would wait for it for good), and a keeper
+    /// that died is an error.
     fn request(&self, body: &[u8], fd: Option<BorrowedFd<'_>>) -> io::Result<()> {
         let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
         let mut control = SendAncillaryBuffer::new(&mut space);
@@ -177,13 +221,24 @@ impl LinkKeeper {
             SendFlags::NOSIGNAL,
         )?;
         let mut answer = [0u8; 4];
-        let mut no_control = RecvAncillaryBuffer::new(&mut []);
-        let got = recvmsg(
-            &self.socket,
-            &mut [IoSliceMut::new(&mut answer)],
-            &mut no_control,
-            RecvFlags::CMSG_CLOEXEC,
-        )?;
+        let got = loop {
+            let mut no_control = RecvAncillaryBuffer::new(&mut []);
+            match recvmsg(
+                &self.socket,
+                &mut [IoSliceMut::new(&mut answer)],
+                &mut no_control,
+                RecvFlags::CMSG_CLOEXEC,
+            ) {
+                Ok(got) => break got,
+                Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => {
+                    if !self.is_alive() {
+                        return Err(io::Error::other("the link keeper was killed"));
+                    }
+                    continue_if_stopped(self.pid());
+                }
+                Err(e) => return Err(e.into()),
+            }
+        };
         if got.bytes != answer.len() {
             return Err(io::Error::other("the link keeper exited"));
         }
@@ -201,9 +256,39 @@ impl Drop for LinkKeeper {
         if self.links > 0 {
             let _ = self.release_all();
         }
+        continue_if_stopped(self.pid());
         // SAFETY: shutting down our own socket fd; it stays open until dropped.
         unsafe { libc::shutdown(self.socket.as_raw_fd(), libc::SHUT_RDWR) };
         let _ = self.child.wait();
+    }
+}
+
+/// Continues the keeper if a signal stopped it, and says so once.
+pub fn continue_if_stopped(pid: u32) {
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if matches!(crate::procfs::process_state(pid), Some('T' | 't')) {
+        // SAFETY: kill has no memory preconditions.
+        unsafe { libc::kill(pid as libc::pid_t, libc::SIGCONT) };
+        if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            log::warn!("the link keeper (process {pid}) was stopped by a signal: continued it");
+        }
+    }
+}
+
+/// Watches the keeper `pid` while a trace runs: continues it whenever a signal stops it,
+/// and ends with [`crate::stop::StopReason::KeeperKilled`] once it is gone (its links
+/// stay pinned and working until the stop releases them). Pending forever without one.
+pub async fn watch(pid: Option<u32>) -> io::Result<crate::stop::StopReason> {
+    let Some(pid) = pid else {
+        return std::future::pending().await;
+    };
+    let mut ticker = tokio::time::interval(std::time::Duration::from_millis(50));
+    loop {
+        ticker.tick().await;
+        match crate::procfs::process_state(pid) {
+            None | Some('Z' | 'X') => return Ok(crate::stop::StopReason::KeeperKilled),
+            Some(_) => continue_if_stopped(pid),
+        }
     }
 }
 
@@ -216,22 +301,29 @@ pub fn is_keeper(first_arg: Option<&OsStr>) -> bool {
 /// release every link. Returns the exit code.
 pub fn serve() -> i32 {
     // Out of tracer's session and process group: neither the terminal's signals nor a
-    // kill of the group reach the keeper. Catchable stop signals are ignored, so only
-    // SIGKILL aimed at the keeper itself can end it before its links are released.
+    // kill of the group reach the keeper. Every catchable signal but those of a fault in
+    // the keeper itself is ignored, so only SIGKILL and SIGSTOP act on it.
     // SAFETY: setsid, signal, prctl (with a NUL-terminated name) and close_range (of
     // descriptors this process does not use) have no memory preconditions.
     unsafe {
         libc::setsid();
-        for signal in [
-            libc::SIGINT,
-            libc::SIGTERM,
-            libc::SIGHUP,
-            libc::SIGQUIT,
-            libc::SIGPIPE,
-            libc::SIGUSR1,
-            libc::SIGUSR2,
-        ] {
-            libc::signal(signal, libc::SIG_IGN);
+        for signal in 1..=libc::SIGRTMAX() {
+            if ![
+                libc::SIGKILL,
+                libc::SIGSTOP,
+                libc::SIGCHLD,
+                libc::SIGSEGV,
+                libc::SIGBUS,
+                libc::SIGILL,
+                libc::SIGFPE,
+                libc::SIGTRAP,
+                libc::SIGSYS,
+                libc::SIGABRT,
+            ]
+            .contains(&signal)
+            {
+                libc::signal(signal, libc::SIG_IGN);
+            }
         }
         // Named as `ps` shows it (an exec of /proc/self/exe is named `exe`).
         libc::prctl(libc::PR_SET_NAME, c"tracer-keeper".as_ptr(), 0, 0, 0);
@@ -239,10 +331,9 @@ pub fn serve() -> i32 {
         // is not the keeper's to hold: its reader would wait for the keeper too.
         libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
     }
+    let mut kept = Kept::default();
     // SAFETY: fd 0 is the socket the tracer passed, owned by this process alone.
     let socket = unsafe { BorrowedFd::borrow_raw(0) };
-    let mut links: Vec<OwnedFd> = Vec::new();
-    let mut held: Option<OwnedFd> = None;
     let mut buf = vec![0u8; MAX_REQUEST_BYTES];
     loop {
         let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
@@ -259,13 +350,13 @@ pub fn serve() -> i32 {
             // The tracer's end closed (0 bytes) or broke: it has exited or given up.
             _ => break,
         };
-        let mut prog = None;
+        let mut fd = None;
         for message in control.drain() {
             if let RecvAncillaryMessage::ScmRights(fds) = message {
-                prog = fds.into_iter().next();
+                fd = fds.into_iter().next();
             }
         }
-        let errno = match handle(&buf[..bytes], prog, &mut links, &mut held) {
+        let errno = match handle(&buf[..bytes], fd, &mut kept) {
             Ok(()) => 0,
             Err(e) => e.raw_os_error().unwrap_or(libc::EINVAL),
         };
@@ -282,13 +373,79 @@ pub fn serve() -> i32 {
             break;
         }
     }
-    drop(links);
-    continue_held(held.as_ref());
+    kept.release();
     0
 }
 
-/// Continues every process the kernel held stopped at `dlopen`, once no link is left to
-/// hold another (the links' removal waits for the programs that ran to finish).
+/// What the keeper holds.
+#[derive(Default)]
+struct Kept {
+    links: Vec<OwnedFd>,
+    /// The map of processes held at `dlopen`.
+    held: Option<OwnedFd>,
+    /// The map of the programs' switches.
+    control: Option<OwnedFd>,
+}
+
+impl Kept {
+    /// Switches the programs off, releases every link and continues the processes held at
+    /// `dlopen`. Each link is pinned, its descriptor closed and its pin removed: the pin
+    /// is then its last reference, whose removal has a kernel worker remove the uprobes,
+    /// however the keeper ends meanwhile. Without a BPF filesystem the keeper closes them
+    /// itself.
+    fn release(&mut self) {
+        if let Some(control) = &self.control {
+            let _ = sys::array_set_u32(control.as_fd(), tracer_common::control::STOPPED, 1);
+        }
+        if self.links.is_empty() {
+            continue_held(self.held.as_ref());
+            return;
+        }
+        let Ok(mut pins) = KeeperPins::create() else {
+            close_side_by_side(std::mem::take(&mut self.links));
+            continue_held(self.held.as_ref());
+            return;
+        };
+        // Killed from here on, the keeper leaves what the next tracer needs to finish.
+        if let Some(control) = &self.control {
+            let _ = pins.pin_control(control.as_fd());
+        }
+        if let Some(held) = &self.held {
+            let _ = pins.pin_held(held.as_fd());
+        }
+        let mut unpinned = Vec::new();
+        let mut pinned = Vec::new();
+        for link in self.links.drain(..) {
+            match pins.pin_link(link.as_fd()) {
+                Ok(pin) => pinned.push(pin),
+                Err(_) => unpinned.push(link),
+            }
+        }
+        for pin in pinned {
+            let _ = std::fs::remove_file(pin);
+        }
+        close_side_by_side(unpinned);
+        continue_held(self.held.as_ref());
+        pins.remove();
+    }
+}
+
+/// Closes `links` on threads of their own: each close waits for a grace period, and
+/// those of links closed at once pass together.
+fn close_side_by_side(links: Vec<OwnedFd>) {
+    const THREADS: usize = 32;
+    let per_thread = links.len().div_ceil(THREADS).max(1);
+    let mut links = links;
+    std::thread::scope(|scope| {
+        while !links.is_empty() {
+            let batch: Vec<OwnedFd> = links.drain(..per_thread.min(links.len())).collect();
+            // Without a thread the batch is closed here, as the closure is dropped.
+            let _ = std::thread::Builder::new().spawn_scoped(scope, move || drop(batch));
+        }
+    });
+}
+
+/// Continues every process the kernel held stopped at `dlopen`.
 fn continue_held(held: Option<&OwnedFd>) {
     let Some(held) = held else {
         return;
@@ -300,13 +457,8 @@ fn continue_held(held: Option<&OwnedFd>) {
     }
 }
 
-/// One request: attach (a new link kept in `links`) or release (every link closed).
-fn handle(
-    request: &[u8],
-    prog: Option<OwnedFd>,
-    links: &mut Vec<OwnedFd>,
-    held: &mut Option<OwnedFd>,
-) -> io::Result<()> {
+/// One request: attach (a new link kept), a map to watch, or release (every link).
+fn handle(request: &[u8], fd: Option<OwnedFd>, kept: &mut Kept) -> io::Result<()> {
     let invalid = || io::Error::from_raw_os_error(libc::EINVAL);
     let word = |i: usize| -> io::Result<u32> {
         let bytes = request.get(i * 4..i * 4 + 4).ok_or_else(invalid)?;
@@ -314,16 +466,19 @@ fn handle(
     };
     match word(0)? {
         REQUEST_RELEASE => {
-            links.clear();
-            continue_held(held.as_ref());
+            kept.release();
             Ok(())
         }
         REQUEST_HELD_MAP => {
-            *held = Some(prog.ok_or_else(invalid)?);
+            kept.held = Some(fd.ok_or_else(invalid)?);
+            Ok(())
+        }
+        REQUEST_CONTROL_MAP => {
+            kept.control = Some(fd.ok_or_else(invalid)?);
             Ok(())
         }
         kind @ (REQUEST_ATTACH | REQUEST_ATTACH_RETURN) => {
-            let prog = prog.ok_or_else(invalid)?;
+            let prog = fd.ok_or_else(invalid)?;
             let (pid, count, path_len) = (word(1)?, word(2)? as usize, word(3)? as usize);
             let path = request
                 .get(HEADER_BYTES..HEADER_BYTES + path_len)
@@ -348,7 +503,7 @@ fn handle(
                 (pid != 0).then_some(pid),
                 kind == REQUEST_ATTACH_RETURN,
             )?;
-            links.push(link);
+            kept.links.push(link);
             Ok(())
         }
         _ => Err(invalid()),

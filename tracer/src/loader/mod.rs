@@ -5,6 +5,8 @@
 mod diagnostics;
 pub mod keeper;
 mod object;
+pub mod pins;
+mod restored;
 mod rings;
 mod sys;
 mod targets;
@@ -456,6 +458,9 @@ pub struct Loader {
     /// [`keeper::MAX_UPROBES_PER_LINK`] sites each) out of this process's reach: see
     /// [`keeper`]. Started with the first USDT attach.
     keeper: Option<keeper::LinkKeeper>,
+    /// The sites attached in one process each (process, file, file offset): the detach
+    /// waits for their instructions to be back.
+    sites_in_one_process: Vec<(u32, PathBuf, u64)>,
     usdt_sites_attached: usize,
     /// The programs that add processes forking from targets or executing `--exe`.
     target_tracking: Vec<Attachment>,
@@ -465,6 +470,7 @@ impl Loader {
     /// Loads the eBPF object with `settings`. Programs are verified when first attached.
     pub fn load(settings: &Settings) -> Result<Self> {
         let features = settings.features;
+        repair_what_killed_tracers_left();
         // In a container's PID namespace, PIDs given and shown are the namespace's: the
         // programs then read each task's number in it (0: the host's namespace).
         let pid_ns_ino = {
@@ -730,9 +736,19 @@ impl Loader {
             sched_switch_btf_id,
             iter_task_btf_id,
             keeper,
+            sites_in_one_process: Vec::new(),
             usdt_sites_attached: 0,
             target_tracking: Vec::new(),
         };
+        // However the tracer ends, the keeper switches the programs off before it
+        // releases their links.
+        if let (Some(keeper), Some(Map::Array(control))) =
+            (loader.keeper.as_mut(), loader.maps.get(map_names::CONTROL))
+        {
+            keeper
+                .watch_control(control.fd().as_fd())
+                .map_err(LoaderError::Keeper)?;
+        }
         if let Some(targets) = targets.filter(|t| t.single.is_none()) {
             loader.targets_map()?.add_members(&targets.members)?;
             // From here on the kernel adds the processes that join.
@@ -826,6 +842,10 @@ impl Loader {
         let mut groups: Vec<(&'static str, &UsdtAttachment, Vec<sys::MultiUprobe>)> = Vec::new();
         for (cookie, site, target) in sites {
             self.set_usdt_site(*cookie, site)?;
+            if let Some(pid) = target.pid {
+                self.sites_in_one_process
+                    .push((pid, target.path.clone(), target.offset));
+            }
             let program = usdt_program_name(site);
             let uprobe = sys::MultiUprobe {
                 offset: target.offset,
@@ -890,6 +910,10 @@ impl Loader {
             pid,
             ret: false,
         };
+        if let Some(pid) = pid {
+            self.sites_in_one_process
+                .push((pid, path.to_path_buf(), offset));
+        }
         let keeper = self.keeper.as_mut().expect("started above");
         // Before the first hold can happen: whatever ends the tracer, the keeper
         // continues the processes held.
@@ -903,12 +927,19 @@ impl Loader {
             .map_err(|e| attach_error(&target, e))
     }
 
-    /// The processes the kernel holds (see [`Loader::hold_at_dlopen`]).
-    pub fn held(&self) -> Vec<u32> {
+    /// The processes whose loader mapped objects, each with what the kernel did to it
+    /// (a [`tracer_common::held`] value; see [`Loader::hold_at_dlopen`]).
+    pub fn held(&self) -> Vec<(u32, u32)> {
         match self.hash_map::<u32, u32>(map_names::HELD) {
-            Ok(map) => map.keys().flatten().collect(),
+            Ok(map) => map.iter().flatten().collect(),
             Err(_) => Vec::new(),
         }
+    }
+
+    /// Has the kernel stop processes at `dlopen` until `CLOCK_MONOTONIC` second
+    /// `until_s` (see [`control::HOLD_UNTIL_S`]).
+    pub fn hold_until(&mut self, until_s: u32) -> Result<()> {
+        self.set_control(control::HOLD_UNTIL_S, until_s)
     }
 
     /// Takes `pid` off the held list; the caller continues it.
@@ -1052,10 +1083,14 @@ impl Loader {
     /// The keeper does the removal, so a SIGKILL arriving meanwhile cannot interrupt it.
     pub fn detach_usdt(&mut self) -> Result<()> {
         self.usdt_sites_attached = 0;
-        match self.keeper.as_mut() {
-            Some(keeper) => keeper.release_all().map_err(LoaderError::Keeper),
-            None => Ok(()),
+        if let Some(keeper) = self.keeper.as_mut() {
+            keeper.release_all().map_err(LoaderError::Keeper)?;
         }
+        // The kernel's workers remove the uprobes within a grace period or so: the
+        // detach is over once the target has its instructions back.
+        let sites = std::mem::take(&mut self.sites_in_one_process);
+        restored::wait(&sites, RESTORE_TIMEOUT);
+        Ok(())
     }
 
     /// With `--bpf-debug`, starts showing the diagnostics of the programs attached so far
@@ -1454,6 +1489,24 @@ impl Loader {
             .map_err(|source| LoaderError::Map { name, source })
     }
 }
+
+/// Releases the probes of tracers killed together with their keepers (see [`pins`]), and
+/// says so: until now those probes stayed attached.
+fn repair_what_killed_tracers_left() {
+    for repaired in pins::repair() {
+        if !repaired.released.is_empty() {
+            log::warn!(
+                "a tracer killed earlier with its link keeper (process {}) left its probes \
+                 attached: released {}",
+                repaired.keeper,
+                repaired.released
+            );
+        }
+    }
+}
+
+/// How long a detach waits for the sites to have their instructions back.
+const RESTORE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The keeper [`Loader::start_keeper`] started, else a new one.
 fn spawn_keeper() -> Result<keeper::LinkKeeper> {

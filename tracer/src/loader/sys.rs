@@ -455,3 +455,86 @@ pub fn hash_delete_u32(map: BorrowedFd<'_>, key: u32) -> io::Result<()> {
         0,
     )
 }
+
+/// Pins BPF object `fd` (a link, a map) at `path` in a BPF filesystem: the object lives
+/// on, whoever closes its descriptors, until the pin is removed.
+pub fn pin_object(fd: BorrowedFd<'_>, path: &Path) -> io::Result<()> {
+    let path = CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains NUL"))?;
+    let mut attr = zeroed_attr();
+    attr.__bindgen_anon_4.pathname = path.as_ptr() as u64;
+    attr.__bindgen_anon_4.bpf_fd = fd.as_raw_fd() as u32;
+    // SAFETY: the path outlives the call.
+    let ret = unsafe { bpf(bpf_cmd::BPF_OBJ_PIN, &attr) };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// A new descriptor of the BPF object pinned at `path`.
+pub fn pinned_object(path: &Path) -> io::Result<OwnedFd> {
+    let path = CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains NUL"))?;
+    let mut attr = zeroed_attr();
+    attr.__bindgen_anon_4.pathname = path.as_ptr() as u64;
+    // SAFETY: the path outlives the call.
+    owned_fd(unsafe { bpf(bpf_cmd::BPF_OBJ_GET, &attr) })
+}
+
+/// What a uprobe_multi link is attached to, as the kernel reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UprobeMultiLinkInfo {
+    /// The file the uprobes are in.
+    pub path: std::path::PathBuf,
+    /// How many uprobes.
+    pub count: u32,
+    /// The one process they fire in, or 0 for every process.
+    pub pid: u32,
+}
+
+/// The file, uprobe count and process of uprobe_multi link `link`.
+pub fn uprobe_multi_link_info(link: BorrowedFd<'_>) -> io::Result<UprobeMultiLinkInfo> {
+    // SAFETY: bpf_link_info is plain integers and pointers; all-zero asks for nothing
+    // beyond the fixed part but the path buffer set below.
+    let mut info: aya_obj::generated::bpf_link_info = unsafe { mem::zeroed() };
+    let mut path = vec![0u8; libc::PATH_MAX as usize];
+    info.__bindgen_anon_1.uprobe_multi.path = path.as_mut_ptr() as u64;
+    info.__bindgen_anon_1.uprobe_multi.path_size = path.len() as u32;
+    let mut attr = zeroed_attr();
+    attr.info.bpf_fd = link.as_raw_fd() as u32;
+    attr.info.info_len = mem::size_of_val(&info) as u32;
+    attr.info.info = &mut info as *mut _ as u64;
+    // SAFETY: `info` and the path buffer are writable for their lengths and outlive the call.
+    let ret = unsafe { bpf(bpf_cmd::BPF_OBJ_GET_INFO_BY_FD, &attr) };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if info.type_ != aya_obj::generated::bpf_link_type::BPF_LINK_TYPE_UPROBE_MULTI as u32 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "not a uprobe_multi link",
+        ));
+    }
+    // SAFETY: the kernel filled the uprobe_multi member of a uprobe_multi link's info.
+    let multi = unsafe { info.__bindgen_anon_1.uprobe_multi };
+    let end = path.iter().position(|&b| b == 0).unwrap_or(path.len());
+    path.truncate(end);
+    Ok(UprobeMultiLinkInfo {
+        path: std::path::PathBuf::from(
+            <std::ffi::OsString as std::os::unix::ffi::OsStringExt>::from_vec(path),
+        ),
+        count: multi.count,
+        pid: multi.pid,
+    })
+}
+
+/// Sets element `index` of an array map of `u32` values.
+pub fn array_set_u32(map: BorrowedFd<'_>, index: u32, value: u32) -> io::Result<()> {
+    map_command(
+        bpf_cmd::BPF_MAP_UPDATE_ELEM,
+        map.as_raw_fd() as u32,
+        &index as *const u32 as u64,
+        &value as *const u32 as u64,
+    )
+}
