@@ -2,6 +2,7 @@
 //! one `UsdtSite` per attached site (its index is the uprobe's BPF cookie), probe ids for
 //! hit counts and events, and latency ids for begin/end pairs. Pure: no kernel access.
 
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 
 use thiserror::Error;
@@ -139,13 +140,95 @@ pub struct PlannedSite {
 
 /// An argument of a probe that cannot be decoded at some of its sites: its events show
 /// it as unavailable.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct UnavailableArg {
     pub probe_id: u32,
     /// 0-based.
     pub index: usize,
     /// The argument's text and why it cannot be read.
     pub reason: String,
+}
+
+/// What one probe is, as [`ProbeInfo`] tells it: its sites share its id.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct ProbeKey {
+    path: PathBuf,
+    kind: ProbeKind,
+    provider: String,
+    name: String,
+}
+
+impl ProbeKey {
+    fn of_probe(probe: &ProbeInfo) -> Self {
+        Self {
+            path: probe.path.clone(),
+            kind: probe.kind,
+            provider: probe.provider.clone(),
+            name: probe.name.clone(),
+        }
+    }
+
+    fn of_site(input: &SiteInput) -> Self {
+        Self {
+            path: input.path.clone(),
+            kind: input.kind,
+            provider: input.provider.clone(),
+            name: input.name.clone(),
+        }
+    }
+}
+
+/// The parts a site takes in the latencies and tasks measured.
+struct SiteRoles<'a> {
+    /// Ids of the latencies it begins.
+    begins: Vec<u32>,
+    /// Ids of the latencies it ends.
+    ends: Vec<u32>,
+    /// The latency open on its thread that it classifies, and with what.
+    classifies: Option<(usize, ClassValue)>,
+    task: Option<&'a TaskProbeDef>,
+}
+
+impl<'a> SiteRoles<'a> {
+    fn of(input: &SiteInput, latencies: &[LatencyDef], tasks: &'a [TaskProbeDef]) -> Self {
+        let roles = |pick: fn(&LatencyDef) -> &crate::runtimes::ProbeRef| -> Vec<u32> {
+            latencies
+                .iter()
+                .enumerate()
+                .filter(|(_, l)| pick(l).is(input.kind, &input.provider, &input.name))
+                .map(|(i, _)| i as u32)
+                .collect()
+        };
+        // A probe that classifies a latency open on its thread (V8's collector).
+        let classifies = latencies.iter().enumerate().find_map(|(i, l)| {
+            let probes = l.class.as_ref().map(|c| c.probes.as_slice()).unwrap_or(&[]);
+            probes
+                .iter()
+                .find(|(probe, _)| probe.is(input.kind, &input.provider, &input.name))
+                .map(|(_, value)| (i, *value))
+        });
+        let task = (input.kind == ProbeKind::Usdt)
+            .then(|| {
+                tasks
+                    .iter()
+                    .find(|t| t.provider == input.provider && t.name == input.name)
+            })
+            .flatten();
+        Self {
+            begins: roles(|l| &l.begin),
+            ends: roles(|l| &l.end),
+            classifies,
+            task,
+        }
+    }
+
+    /// It takes no part: `attach` leaves it out.
+    fn is_none(&self) -> bool {
+        self.begins.is_empty()
+            && self.ends.is_empty()
+            && self.classifies.is_none()
+            && self.task.is_none()
+    }
 }
 
 /// Everything to attach, indexed the way the kernel side indexes it.
@@ -295,42 +378,41 @@ impl ProbePlan {
         pid: Option<u32>,
     ) -> Result<(), PlanError> {
         let latencies = &self.latencies.clone();
+        // Counted before any work per site, so that a file of 100,000 notes fails at once.
+        let attached = match mode {
+            SiteMode::LatenciesOnly => sites
+                .iter()
+                .filter(|input| !SiteRoles::of(input, latencies, tasks).is_none())
+                .count(),
+            SiteMode::Count | SiteMode::Events => sites.len(),
+        };
+        let planned = self.sites.len() + attached;
+        if planned > MAX_USDT_SITES as usize {
+            return Err(PlanError::TooManySites(planned));
+        }
         let plan = self;
+        // Each probe's id and each unavailable argument by value: a search of the lists
+        // for every site made many sites take quadratic time.
+        let mut probe_ids: HashMap<ProbeKey, u32> = plan
+            .probes
+            .iter()
+            .enumerate()
+            .map(|(id, probe)| (ProbeKey::of_probe(probe), id as u32))
+            .collect();
+        let mut unavailable_seen: HashSet<UnavailableArg> =
+            plan.unavailable_args.iter().cloned().collect();
         for input in sites {
-            let roles = |pick: fn(&LatencyDef) -> &crate::runtimes::ProbeRef| -> Vec<u32> {
-                latencies
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, l)| pick(l).is(input.kind, &input.provider, &input.name))
-                    .map(|(i, _)| i as u32)
-                    .collect()
-            };
-            let begins = roles(|l| &l.begin);
-            let ends = roles(|l| &l.end);
-            // A probe that classifies a latency open on its thread (V8's collector).
-            let classifies = latencies.iter().enumerate().find_map(|(i, l)| {
-                let probes = l.class.as_ref().map(|c| c.probes.as_slice()).unwrap_or(&[]);
-                probes
-                    .iter()
-                    .find(|(probe, _)| probe.is(input.kind, &input.provider, &input.name))
-                    .map(|(_, value)| (i, *value))
-            });
-            let task = (input.kind == ProbeKind::Usdt)
-                .then(|| {
-                    tasks
-                        .iter()
-                        .find(|t| t.provider == input.provider && t.name == input.name)
-                })
-                .flatten();
-            let emit_events = mode == SiteMode::Events;
-            if mode == SiteMode::LatenciesOnly
-                && begins.is_empty()
-                && ends.is_empty()
-                && task.is_none()
-                && classifies.is_none()
-            {
+            let roles = SiteRoles::of(input, latencies, tasks);
+            if mode == SiteMode::LatenciesOnly && roles.is_none() {
                 continue;
             }
+            let SiteRoles {
+                begins,
+                ends,
+                classifies,
+                task,
+            } = roles;
+            let emit_events = mode == SiteMode::Events;
             let probe_label = || match input.kind {
                 ProbeKind::Usdt => {
                     format!("{}:{}:{}", input.path.display(), input.provider, input.name)
@@ -453,7 +535,7 @@ impl ProbePlan {
                     ),
                 });
             }
-            let probe_id = plan.probe_id(input, args.len());
+            let probe_id = plan.probe_id(&mut probe_ids, input, args.len());
             let mut site = UsdtSite {
                 probe_id,
                 arg_count: args.len().min(MAX_USDT_ARGS) as u8,
@@ -479,7 +561,7 @@ impl ProbePlan {
                             index: i,
                             reason: why.clone(),
                         };
-                        if emit_events && !plan.unavailable_args.contains(&unavailable) {
+                        if emit_events && unavailable_seen.insert(unavailable.clone()) {
                             plan.unavailable_args.push(unavailable);
                         }
                     }
@@ -505,9 +587,6 @@ impl ProbePlan {
                 },
                 site,
             });
-        }
-        if plan.sites.len() > MAX_USDT_SITES as usize {
-            return Err(PlanError::TooManySites(plan.sites.len()));
         }
         if plan.probes.len() > MAX_PROBES as usize {
             return Err(PlanError::TooManyProbes(plan.probes.len()));
@@ -617,14 +696,17 @@ impl ProbePlan {
         Ok(())
     }
 
-    fn probe_id(&mut self, input: &SiteInput, arg_count: usize) -> u32 {
-        let existing = self.probes.iter().position(|p| {
-            p.path == input.path
-                && p.kind == input.kind
-                && p.provider == input.provider
-                && p.name == input.name
-        });
-        let id = existing.unwrap_or_else(|| {
+    /// The id of the probe `input` is a site of (new if `ids`, every probe's id by
+    /// value, has none), its site counted.
+    fn probe_id(
+        &mut self,
+        ids: &mut HashMap<ProbeKey, u32>,
+        input: &SiteInput,
+        arg_count: usize,
+    ) -> u32 {
+        let next_id = self.probes.len() as u32;
+        let id = *ids.entry(ProbeKey::of_site(input)).or_insert(next_id);
+        if id == next_id {
             self.probes.push(ProbeInfo {
                 path: input.path.clone(),
                 kind: input.kind,
@@ -633,10 +715,9 @@ impl ProbePlan {
                 arg_count,
                 site_count: 0,
             });
-            self.probes.len() - 1
-        });
-        self.probes[id].site_count += 1;
-        id as u32
+        }
+        self.probes[id as usize].site_count += 1;
+        id
     }
 
     /// Ids of the probes named `provider:name`, in any binary.

@@ -83,6 +83,23 @@ pub fn sdt_at(is_64: bool, pc: u64, semaphore: u64, s: &[u8]) -> Vec<u8> {
 /// Builds a minimal little-endian ELF executable (32- or 64-bit) holding `notes` as
 /// its `.note.stapsdt` section.
 pub fn tiny_elf(is_64: bool, notes: &[u8]) -> Vec<u8> {
+    elf_with_text(is_64, BASE_OFF - TEXT_OFF, notes)
+}
+
+/// Where `.stapsdt.base` is in an [`elf_with_text`] of `text_len` bytes of nops: right
+/// after them.
+pub fn base_after_text(text_len: u64) -> u64 {
+    VADDR + TEXT_OFF + text_len
+}
+
+/// [`tiny_elf`] with `text_len` bytes of nops at [`TEXT_OFF`] instead of 16, each a
+/// possible probe site. What follows them moves up by as much: `.stapsdt.base` is at
+/// [`base_after_text`].
+pub fn elf_with_text(is_64: bool, text_len: u64, notes: &[u8]) -> Vec<u8> {
+    // The same gaps as in the fixed layout: the base byte, then the semaphores.
+    let base_off = TEXT_OFF + text_len;
+    let probes_off = base_off + (PROBES_OFF - BASE_OFF);
+    let notes_off = probes_off + (NOTES_OFF - PROBES_OFF);
     let word = |buf: &mut Vec<u8>, v: u64| {
         if is_64 {
             buf.extend(v.to_le_bytes());
@@ -91,7 +108,7 @@ pub fn tiny_elf(is_64: bool, notes: &[u8]) -> Vec<u8> {
         }
     };
     let shstrtab = b"\0.stapsdt.base\0.probes\0.note.stapsdt\0.shstrtab\0";
-    let shstr_off = NOTES_OFF + notes.len() as u64;
+    let shstr_off = notes_off + notes.len() as u64;
     let shdr_off = (shstr_off + shstrtab.len() as u64).next_multiple_of(8);
     let (ehsize, phentsize, shentsize) = if is_64 { (64, 56, 64) } else { (52, 32, 40) };
 
@@ -110,11 +127,11 @@ pub fn tiny_elf(is_64: bool, notes: &[u8]) -> Vec<u8> {
     assert_eq!(f.len() as u64, ehsize);
 
     // Code (headers, text, base), then data (.probes and a little .bss).
-    let data_size = NOTES_OFF - PROBES_OFF;
+    let data_size = notes_off - probes_off;
     let loads = [
-        (0, PROBES_OFF, PROBES_OFF, elf::PF_R | elf::PF_X),
+        (0, probes_off, probes_off, elf::PF_R | elf::PF_X),
         (
-            PROBES_OFF,
+            probes_off,
             data_size,
             data_size + BSS_SIZE,
             elf::PF_R | elf::PF_W,
@@ -135,8 +152,8 @@ pub fn tiny_elf(is_64: bool, notes: &[u8]) -> Vec<u8> {
     }
 
     f.resize(TEXT_OFF as usize, 0);
-    f.resize(BASE_OFF as usize, 0x90); // nops
-    f.resize(NOTES_OFF as usize, 0); // base byte and semaphores
+    f.resize(base_off as usize, 0x90); // nops
+    f.resize(notes_off as usize, 0); // base byte and semaphores
     f.extend_from_slice(notes);
     f.extend_from_slice(shstrtab);
     f.resize(shdr_off as usize, 0);
@@ -148,8 +165,8 @@ pub fn tiny_elf(is_64: bool, notes: &[u8]) -> Vec<u8> {
             1,
             elf::SHT_PROGBITS,
             alloc,
-            VADDR + BASE_OFF,
-            BASE_OFF,
+            VADDR + base_off,
+            base_off,
             1,
             1,
         ),
@@ -157,12 +174,12 @@ pub fn tiny_elf(is_64: bool, notes: &[u8]) -> Vec<u8> {
             15,
             elf::SHT_PROGBITS,
             alloc | u64::from(elf::SHF_WRITE),
-            VADDR + PROBES_OFF,
-            PROBES_OFF,
+            VADDR + probes_off,
+            probes_off,
             8,
             2,
         ),
-        (23, elf::SHT_NOTE, 0, 0, NOTES_OFF, notes.len() as u64, 4),
+        (23, elf::SHT_NOTE, 0, 0, notes_off, notes.len() as u64, 4),
         (
             37,
             elf::SHT_STRTAB,
