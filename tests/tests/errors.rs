@@ -603,3 +603,360 @@ fn an_unwritable_timeline_is_refused_before_attaching() {
     assert!(!missing.exists());
     let _ = std::fs::remove_dir_all(dir);
 }
+
+const MANY_THREADS: &str = env!("CARGO_BIN_EXE_many-threads");
+
+/// Starts `program` (a copy of many-threads) with `threads` workers that sleep for
+/// minutes, and returns once every thread exists.
+fn start_many_threads(program: &Path, threads: usize) -> Victim {
+    let mut child = Command::new(program)
+        .args(["--threads", &threads.to_string()])
+        .args(["--sleeps", "3000", "--sleep-ms", "100", "--wait-for-signal"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("cannot start many-threads");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let pid: u32 = line
+        .trim()
+        .strip_prefix("ready pid=")
+        .unwrap()
+        .parse()
+        .unwrap();
+    // SAFETY: kill has no memory preconditions; the pid is our child's.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGUSR1) }, 0);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let task = format!("/proc/{pid}/task");
+    while std::fs::read_dir(&task).map_or(0, Iterator::count) < threads + 1 {
+        assert!(
+            Instant::now() < deadline,
+            "many-threads never had its threads"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    Victim { child, pid }
+}
+
+/// Asserts that `tracer stacks` failed because process `pid` exited while it read it,
+/// printing what it had read, if anything, marked partial.
+fn assert_said_exited_while_read(out: &Output, pid: u32, what: &str) {
+    let err = stderr(out);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{what}: {err}\n{stdout}");
+    assert!(!err.contains("panicked"), "{what}: {err}");
+    let said = format!("tracer: error: process {pid} exited while being read");
+    assert!(err.contains(&said), "{what}: expected {said:?} in: {err}");
+    assert_eq!(err.matches("tracer: error:").count(), 1, "{what}: {err}");
+    if let Some(first) = stdout.lines().next() {
+        assert!(
+            first.ends_with(" (partial: the process exited while being read)"),
+            "{what}: {first}"
+        );
+        assert!(err.contains("the dump printed is partial"), "{what}: {err}");
+    }
+}
+
+/// `tracer stacks` of a process killed (reaped, or left a zombie) after its threads were
+/// read and before their stacks were named: the tracer holds at its first open of the
+/// process's executable, which names its frames. It prints what it read, marked partial,
+/// says the process exited while being read, and exits with 1 (it printed the threads
+/// without their user stacks and exited with 0).
+#[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+fn stacks_of_a_process_killed_while_being_read_is_marked_partial_and_fails() {
+    require_privileged();
+    for reap in [true, false] {
+        let dir = out_dir(&format!("stacks-killed-{reap}"));
+        // A copy of its own, as in `exit_while_loading`: the gate holds every open of it.
+        let program = executable_copy(MANY_THREADS, &dir);
+        let mut target = start_many_threads(&program, 20);
+        let pid = target.pid;
+        let gate = OpenGate::new(&[program.to_str().unwrap()]);
+        let mut tracer = Command::new(tracer_bin())
+            .args(["stacks", "--pid", &pid.to_string()])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let tracer_pid = tracer.id();
+        let alive = || tracer.try_wait().ok().flatten().is_none();
+        let Some(held) = gate.hold(tracer_pid, Duration::from_secs(60), alive) else {
+            let out = tracer.wait_with_output().unwrap();
+            panic!(
+                "the tracer never opened {}: {}",
+                program.display(),
+                stderr(&out)
+            );
+        };
+        target.kill(reap);
+        drop(held);
+        drop(gate);
+        let out = tracer.wait_with_output().unwrap();
+        let what = format!("target {}", if reap { "reaped" } else { "a zombie" });
+        assert_said_exited_while_read(&out, pid, &what);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            stdout.starts_with(&format!(
+                "Process {pid} \"many-threads\": 21 threads (partial"
+            )),
+            "{what}: {stdout}"
+        );
+    }
+}
+
+/// Whether `dump`, the text of `tracer stacks` of many-threads with `threads` workers,
+/// is whole: every thread, each sleeping worker with a user stack. (Its stack may stop
+/// early: a worker that ran between the reading of its frame pointer and that of its
+/// stack stops at the first frame built with frame pointers. One on a CPU when read has
+/// a sample's stack, or none.) A dump cut short by the target's exit lacks threads, or
+/// user stacks.
+fn is_whole_dump(dump: &str, pid: u32, threads: usize) -> bool {
+    let sections: Vec<&str> = dump.split("\nThread ").skip(1).collect();
+    let has_user_frame = |section: &&str| {
+        section
+            .lines()
+            .skip(1)
+            .any(|frame| frame.starts_with("    ") && !frame.ends_with("_[k]"))
+    };
+    dump.starts_with(&format!(
+        "Process {pid} \"many-threads\": {} threads\n",
+        threads + 1
+    )) && sections.len() == threads + 1
+        && sections
+            .iter()
+            .filter(|section| {
+                let head = section.lines().next().unwrap_or_default();
+                head.contains("\"worker-") && head.contains("\": sleeping")
+            })
+            .all(has_user_frame)
+}
+
+/// `tracer stacks` of a process killed at moments spread over the time it takes: each
+/// run either printed every thread with its stack and exited with 0, or said the process
+/// exited (while being read, or before it was looked at) and exited with 1, what it
+/// printed marked partial. It printed a partial dump and exited with 0.
+#[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+fn stacks_of_a_process_killed_at_any_moment_is_whole_or_said_partial() {
+    require_privileged();
+    const THREADS: usize = 200;
+    const RUNS: u32 = 12;
+    let dump_path = out_dir("stacks-killed-any").join("dump");
+    let stacks_of = |pid: u32| {
+        Command::new(tracer_bin())
+            .args(["stacks", "--pid", &pid.to_string()])
+            // A file, not a pipe: the dump is more than a pipe holds, and nothing reads it
+            // until the target is killed.
+            .stdout(std::fs::File::create(&dump_path).unwrap())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let finish = |tracer: Child| {
+        let mut out = tracer.wait_with_output().unwrap();
+        out.stdout = std::fs::read(&dump_path).unwrap();
+        out
+    };
+    let program = Path::new(MANY_THREADS);
+    let whole = {
+        let target = start_many_threads(program, THREADS);
+        let started = Instant::now();
+        let out = finish(stacks_of(target.pid));
+        let took = started.elapsed();
+        let dump = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{}", stderr(&out));
+        assert!(
+            is_whole_dump(&dump, target.pid, THREADS),
+            "{}\n{dump}",
+            stderr(&out)
+        );
+        took
+    };
+    let mut exited_while_read = 0;
+    for run in 0..RUNS {
+        let mut target = start_many_threads(program, THREADS);
+        let pid = target.pid;
+        let tracer = stacks_of(pid);
+        std::thread::sleep(whole * run / RUNS);
+        target.kill(true);
+        let out = finish(tracer);
+        let err = stderr(&out);
+        let dump = String::from_utf8_lossy(&out.stdout);
+        let what = format!("killed after {:?} of {whole:?}", whole * run / RUNS);
+        assert!(!err.contains("panicked"), "{what}: {err}");
+        if out.status.success() {
+            assert!(is_whole_dump(&dump, pid, THREADS), "{what}: {err}\n{dump}");
+            continue;
+        }
+        let last = err.lines().last().unwrap_or_default();
+        if last == format!("tracer: error: no such process: {pid}")
+            || last == format!("tracer: error: process {pid} exited")
+        {
+            assert_eq!(out.status.code(), Some(1), "{what}: {err}");
+            assert!(dump.is_empty(), "{what}: {dump}");
+            continue;
+        }
+        assert_said_exited_while_read(&out, pid, &what);
+        exited_while_read += 1;
+    }
+    eprintln!("{exited_while_read} of {RUNS} runs saw the target exit while reading it");
+}
+
+/// `tracer attach` and `profile` under an address-space limit (`ulimit -v`) from too low
+/// to enough: each run traced, or failed with exit code 1 and one line naming the limit
+/// and what to do. Never an abort (a failed allocation was "memory allocation of N bytes
+/// failed", exit code 134, with a backtrace), nor a panic.
+#[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+fn a_low_address_space_limit_is_named_never_an_abort() {
+    require_privileged();
+    let target = Victim::start();
+    let pid_arg = target.pid.to_string();
+    let dir = out_dir("ulimit-v");
+    let dir = dir.to_str().unwrap();
+    let mut failed = 0;
+    for command in ["attach", "profile"] {
+        for mib in [20, 40, 60, 80, 120, 1024] {
+            let kib: u64 = mib * 1024;
+            let mut tracer = Command::new(tracer_bin());
+            tracer.args([command, "--pid", &pid_arg, "--duration", "1s", "-o", dir]);
+            // SAFETY: setrlimit is async-signal-safe; nothing else runs in the child.
+            unsafe {
+                tracer.pre_exec(move || {
+                    let limit = libc::rlimit {
+                        rlim_cur: kib * 1024,
+                        rlim_max: kib * 1024,
+                    };
+                    match libc::setrlimit(libc::RLIMIT_AS, &limit) {
+                        0 => Ok(()),
+                        _ => Err(std::io::Error::last_os_error()),
+                    }
+                });
+            }
+            let out = tracer.output().unwrap();
+            let err = stderr(&out);
+            let what = format!("{command} with ulimit -v {kib}");
+            if out.status.success() {
+                continue;
+            }
+            assert_eq!(out.status.code(), Some(1), "{what}: {err}");
+            assert!(!err.contains("panicked"), "{what}: {err}");
+            assert!(!err.contains("memory allocation of"), "{what}: {err}");
+            assert_eq!(err.matches("tracer: error:").count(), 1, "{what}: {err}");
+            let line = err
+                .lines()
+                .find(|l| l.starts_with("tracer: error:"))
+                .unwrap();
+            assert!(
+                line.ends_with(&format!(
+                    "(ulimit -v is {kib} KiB): raise the limit, e.g. `ulimit -v unlimited`, \
+                     and run tracer again"
+                )),
+                "{what}: {err}"
+            );
+            assert!(line.contains("out of memory"), "{what}: {err}");
+            failed += 1;
+        }
+    }
+    // 20 MiB is too little for the tracer anywhere: some runs must have failed.
+    assert!(failed >= 2, "{failed} runs failed");
+}
+
+/// The memory cgroup of this test process, when it is on cgroup v1's memory hierarchy:
+/// where a cgroup below it can be given a memory limit.
+fn own_memory_cgroup_v1() -> Option<PathBuf> {
+    let cgroups = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let path = cgroups.lines().find_map(|line| {
+        let mut fields = line.splitn(3, ':');
+        let controllers = fields.nth(1)?;
+        controllers
+            .split(',')
+            .any(|c| c == "memory")
+            .then(|| fields.next())
+            .flatten()
+    })?;
+    let dir = Path::new("/sys/fs/cgroup/memory").join(path.trim_start_matches('/'));
+    dir.join("memory.limit_in_bytes").exists().then_some(dir)
+}
+
+/// The cgroup v2 directory of this test process, when its memory controller can be
+/// given to a cgroup below it.
+fn own_memory_cgroup_v2() -> Option<PathBuf> {
+    let cgroups = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let path = cgroups.lines().find_map(|line| line.strip_prefix("0::"))?;
+    let dir = Path::new("/sys/fs/cgroup").join(path.trim_start_matches('/'));
+    let controllers = std::fs::read_to_string(dir.join("cgroup.subtree_control")).ok()?;
+    controllers
+        .split_whitespace()
+        .any(|c| c == "memory")
+        .then_some(dir)
+}
+
+/// `tracer attach` and `profile` in a memory cgroup limited to 32 MiB: each fails with
+/// exit code 1 and one line that names the cgroup's limit and what to do. It was "failed
+/// to create map `X`: failed to create map `X`: Cannot allocate memory", the cause twice
+/// and no hint, or the kernel killed the tracer.
+#[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+fn a_memory_cgroup_limit_is_named_once() {
+    require_privileged();
+    let (parent, file) = match (own_memory_cgroup_v1(), own_memory_cgroup_v2()) {
+        (Some(dir), _) => (dir, "memory.limit_in_bytes"),
+        (None, Some(dir)) => (dir, "memory.max"),
+        (None, None) => panic!("no memory cgroup to make a limited one in"),
+    };
+    let cgroup = parent.join(format!("tracer-test-memory-{}", std::process::id()));
+    std::fs::create_dir_all(&cgroup).unwrap();
+    std::fs::write(cgroup.join(file), "32M").unwrap();
+    let target = Victim::start();
+    let pid_arg = target.pid.to_string();
+    let dir = out_dir("memory-cgroup");
+    let dir = dir.to_str().unwrap();
+    let procs = cgroup.join("cgroup.procs");
+    let mut outcomes = Vec::new();
+    for command in ["attach", "profile"] {
+        // The shell moves itself into the cgroup and becomes the tracer.
+        let out = Command::new("sh")
+            .args(["-c", "echo $$ > \"$0\" && exec \"$@\""])
+            .arg(&procs)
+            .arg(tracer_bin())
+            .args([command, "--pid", &pid_arg, "--duration", "1s", "-o", dir])
+            .output()
+            .unwrap();
+        outcomes.push((command, out));
+    }
+    drop(target);
+    // Emptied now that the tracers are gone.
+    let _ = std::fs::remove_dir(&cgroup);
+    for (command, out) in outcomes {
+        let err = stderr(&out);
+        let what = format!("{command} in a 32 MiB cgroup");
+        assert_eq!(out.status.code(), Some(1), "{what}: {err}");
+        assert!(!err.contains("panicked"), "{what}: {err}");
+        assert_eq!(err.matches("tracer: error:").count(), 1, "{what}: {err}");
+        let line = err
+            .lines()
+            .find(|l| l.starts_with("tracer: error:"))
+            .unwrap();
+        let causes: Vec<&str> = line.split(": ").collect();
+        assert!(
+            causes.windows(2).all(|pair| pair[0] != pair[1]),
+            "{what}: a cause said twice: {line}"
+        );
+        assert!(
+            line.contains(&format!(
+                "the memory cgroup {} limits tracer to 32.0 MiB ({file})",
+                cgroup.display()
+            )),
+            "{what}: {line}"
+        );
+        assert!(
+            line.ends_with(
+                ": raise that limit, or run tracer outside the cgroup, and run tracer again"
+            ),
+            "{what}: {line}"
+        );
+    }
+}

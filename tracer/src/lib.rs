@@ -27,7 +27,8 @@
 //! - `cli`, `commands`, `stop`, `privileges`: the command line and a run's lifecycle;
 //! - `console`: standard output and error, which never panic nor hold up a stop.
 //! - `procfs`, `oserror`: what a failure means: a target that exited or that /proc hides,
-//!   the open-file limit, permissions.
+//!   the open-file limit, permissions, a memory limit (`out_of_memory` ends tracer with
+//!   it when an allocation fails).
 
 pub mod btf;
 pub mod cli;
@@ -43,6 +44,7 @@ pub mod late_sites;
 pub mod launch;
 pub mod loader;
 pub mod oserror;
+pub mod out_of_memory;
 pub mod privileges;
 pub mod probe_plan;
 pub mod processes;

@@ -5,8 +5,12 @@ use tracer::{
     cli::{AttachConfig, Cli, Command, ListConfig, ProfileConfig, StacksConfig, TraceConfig},
     commands,
     console::OutputError,
-    oserror, text,
+    oserror, out_of_memory, text,
 };
+
+// A failed allocation ends tracer with one line naming the memory limit, not an abort.
+#[global_allocator]
+static ALLOCATOR: out_of_memory::ExitOnOutOfMemory = out_of_memory::ExitOnOutOfMemory;
 
 fn main() {
     // One malloc arena for every thread: the naming threads parse symbol files while the
@@ -14,6 +18,7 @@ fn main() {
     // per thread kept each one's freed memory apart (5 MB more at the peak of a stop).
     // SAFETY: mallopt only sets an allocator parameter; no allocation has a thread yet.
     unsafe { libc::mallopt(libc::M_ARENA_MAX, 1) };
+    out_of_memory::prepare();
     if tracer::loader::keeper::is_keeper(std::env::args_os().nth(1).as_deref()) {
         std::process::exit(tracer::loader::keeper::serve());
     }
@@ -22,7 +27,15 @@ fn main() {
     if cli.bpf_debug {
         tracer::loader::enable_bpf_diagnostics();
     }
-    let result = match cli.command {
+    // Loading eBPF programs in too small a memory cgroup ends in the kernel killing
+    // tracer without a word: refused with the limit named instead.
+    let room = match &cli.command {
+        Command::Attach(_) | Command::Profile(_) | Command::Trace(_) => {
+            out_of_memory::check_cgroup_room()
+        }
+        _ => Ok(()),
+    };
+    let result = room.and_then(|()| match cli.command {
         Command::Attach(args) => AttachConfig::try_from(args)
             .map_err(anyhow::Error::from)
             .and_then(commands::attach::run),
@@ -39,7 +52,7 @@ fn main() {
             .map_err(anyhow::Error::from)
             .and_then(commands::stacks::run),
         Command::Generate(args) => commands::generate::run(args.what, &args.dir),
-    };
+    });
     if let Err(error) = result {
         // A reader that went away (`tracer list | head -1`) wanted no more: not an error.
         if matches!(
@@ -48,13 +61,16 @@ fn main() {
         ) {
             std::process::exit(0);
         }
-        // Out of file descriptors wherever it happened: say it is the open-file limit.
-        let hint = oserror::open_file_hint(&error)
-            .map(|limit| format!(": {limit}"))
-            .unwrap_or_default();
+        // Out of file descriptors or of memory wherever it happened: say which limit.
+        let hint = match oserror::open_file_hint(&error) {
+            Some(limit) => format!(": {limit}"),
+            None => oserror::memory_limit_hint(&error)
+                .map(|limits| format!(": out of memory: {limits}"))
+                .unwrap_or_default(),
+        };
         // Names from the target (paths, probes) may be in it: no raw control characters,
         // though the lines of a verifier log stay lines.
-        let message = format!("{error:#}{hint}");
+        let message = format!("{}{hint}", oserror::error_chain_text(&error));
         let lines: Vec<_> = message.split('\n').map(text::escape_text).collect();
         tracer::status!("tracer: error: {}", lines.join("\n"));
         std::process::exit(1);

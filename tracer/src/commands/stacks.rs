@@ -6,7 +6,7 @@
 //! frame pointers, which a task iterator reads from the kernel: without them (no BPF),
 //! user stacks through code built with frame pointers stop early.
 
-use std::{borrow::Cow, collections::HashMap, fmt::Write as _, time::Duration};
+use std::{borrow::Cow, collections::HashMap, fmt::Write as _, path::Path, time::Duration};
 
 use anyhow::Result;
 use serde_json::{Value, json};
@@ -16,9 +16,10 @@ use crate::{
     cli::{Format, StacksConfig},
     jit::JvmPerfMaps,
     loader::{Features, Loader, Settings, sample_running_thread},
-    privileges,
+    privileges, procfs,
     python::Interpreter,
     render::hist::format_ns,
+    stop::ProcessWatch,
     symbolize::{ProcessMaps, StackSymbolizer},
     threads::{
         self, SnapshotError, SnapshotOptions, ThreadSnapshot, ThreadState, UserStack, UserState,
@@ -28,6 +29,12 @@ use crate::{
 
 pub fn run(config: StacksConfig) -> Result<()> {
     let pid = process_of(config.pid.get())?;
+    // Held from the start: it tells whether this process (not another given its PID
+    // later) exited at any point of the reading.
+    let watch = ProcessWatch::target(pid)?;
+    if watch.has_exited() {
+        return Err(SnapshotError::Exited(pid).into());
+    }
     let name = std::fs::read_to_string(format!("/proc/{pid}/comm"))
         .map(|comm| comm.trim_end_matches('\n').to_string())
         .map_err(|_| SnapshotError::Exited(pid))?;
@@ -37,7 +44,12 @@ pub fn run(config: StacksConfig) -> Result<()> {
         registers: registers.as_ref().cloned().unwrap_or_default(),
         ..SnapshotOptions::default()
     };
-    let mut threads = threads::snapshot_threads_with(pid, &options)?;
+    let mut threads = match threads::snapshot_threads_with(pid, &options) {
+        Ok(threads) => threads,
+        // Whatever failed, a process gone is why.
+        Err(_) if watch.has_exited() => return Err(ExitedWhileRead::Nothing { pid }.into()),
+        Err(e) => return Err(e.into()),
+    };
     sample_running_threads(&mut threads, &options);
     // Before the mappings are captured, which opens the perf map the JVM writes.
     let mut jvm_perf_maps = JvmPerfMaps::new(config.jit_symbols);
@@ -45,7 +57,9 @@ pub fn run(config: StacksConfig) -> Result<()> {
     if let Some(summary) = jvm_perf_maps.summary() {
         crate::status!("{summary}");
     }
-    if let Err(e) = registers {
+    if let Err(e) = &registers
+        && !watch.has_exited()
+    {
         crate::status!(
             "tracer: cannot read the threads' frame pointers ({e:#}): user stacks through \
              code built with frame pointers stop early"
@@ -66,23 +80,96 @@ pub fn run(config: StacksConfig) -> Result<()> {
                 python.as_mut(),
             )
         }
-        Err(_) => {
-            crate::status!("tracer: process {pid} exited while being read: no user stacks");
+        Err(e) => {
+            // An exit is said once, at the end.
+            if !watch.has_exited() {
+                crate::status!(
+                    "tracer: cannot read the mappings of process {pid} ({e:#}): no user stacks"
+                );
+            }
             vec![None; threads.len()]
         }
     };
+    // Checked after the last read: anything read until then may lack what the exit took
+    // (threads, their stacks, the files that name frames).
+    let partial = exited_while_read(&watch, pid, &threads);
     let dump = Dump {
         pid,
         name,
         threads,
         stacks,
+        partial,
     };
     let out = match config.format {
         Format::Text => dump.to_text(),
         Format::Json => format!("{}\n", dump.to_json()),
     };
     crate::console::print(out)?;
+    if partial {
+        return Err(ExitedWhileRead::Partial {
+            pid,
+            threads: dump.threads.len(),
+            user_stacks: dump.stacks.iter().flatten().count(),
+        }
+        .into());
+    }
     Ok(())
+}
+
+/// How long a process that looks to be exiting may take to finish: a killed process
+/// exits thread by thread.
+const EXIT_GRACE: Duration = Duration::from_millis(250);
+
+/// `PF_EXITING` of `include/linux/sched.h`, in the flags of /proc/PID/stat (field 9): the
+/// thread has begun to exit.
+const PF_EXITING: u64 = 0x4;
+
+/// Whether process `pid` exited while `threads` were read from it. A process being killed
+/// may not have exited yet when the reading ends: when its main thread has begun to exit
+/// or some of the threads read are gone, its exit is waited for a little. (A process
+/// whose main thread ended alone, or whose threads come and go, lives on: it is waited
+/// for in vain, and only then.)
+fn exited_while_read(watch: &ProcessWatch, pid: u32, threads: &[ThreadSnapshot]) -> bool {
+    if watch.has_exited() {
+        return true;
+    }
+    let main_thread_exiting = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let state = procfs::stat_field(&stat, 3)?;
+            let flags: u64 = procfs::stat_field(&stat, 9)?.parse().ok()?;
+            Some(matches!(state, "Z" | "X") || flags & PF_EXITING != 0)
+        })
+        .unwrap_or(true);
+    let task = format!("/proc/{pid}/task");
+    let some_gone = || {
+        threads
+            .iter()
+            .any(|thread| !Path::new(&format!("{task}/{}", thread.tid)).exists())
+    };
+    (main_thread_exiting || some_gone()) && watch.exits_within(EXIT_GRACE)
+}
+
+/// The process exited while `tracer stacks` read it.
+#[derive(Debug, thiserror::Error)]
+enum ExitedWhileRead {
+    #[error("process {pid} exited while being read, before any of its threads was read")]
+    Nothing { pid: u32 },
+    #[error(
+        "process {pid} exited while being read: the dump printed is partial ({threads} \
+         thread{} read, {user_stacks} of them with a user stack); threads and frames it \
+         took with it are missing",
+        plural(*.threads)
+    )]
+    Partial {
+        pid: u32,
+        threads: usize,
+        user_stacks: usize,
+    },
+}
+
+fn plural(count: usize) -> &'static str {
+    if count == 1 { "" } else { "s" }
 }
 
 /// How long a thread on a CPU (or waiting for one) may take to run a little, for its
@@ -156,6 +243,8 @@ struct Dump {
     threads: Vec<ThreadSnapshot>,
     /// Per thread.
     stacks: Vec<Option<UserStack>>,
+    /// The process exited while being read: threads and frames may be missing.
+    partial: bool,
 }
 
 impl Dump {
@@ -164,10 +253,14 @@ impl Dump {
         let count = self.threads.len();
         let _ = writeln!(
             out,
-            "Process {} \"{}\": {count} thread{}",
+            "Process {} \"{}\": {count} thread{}{}",
             self.pid,
             escape(&self.name, true),
-            if count == 1 { "" } else { "s" }
+            plural(count),
+            match self.partial {
+                true => " (partial: the process exited while being read)",
+                false => "",
+            }
         );
         for (thread, stack) in self.threads.iter().zip(&self.stacks) {
             let _ = writeln!(
@@ -231,6 +324,7 @@ impl Dump {
         json!({
             "pid": self.pid,
             "process": self.name,
+            "partial": self.partial,
             "threads": threads,
         })
     }
@@ -361,6 +455,7 @@ mod tests {
                 }),
                 None,
             ],
+            partial: false,
         }
     }
 
@@ -394,6 +489,7 @@ mod tests {
         let json = dump().to_json();
         assert_eq!(json["pid"], 4242);
         assert_eq!(json["process"], "app");
+        assert_eq!(json["partial"], false);
         let threads = json["threads"].as_array().unwrap();
         assert_eq!(threads.len(), 3);
         assert_eq!(
@@ -415,5 +511,34 @@ mod tests {
         assert_eq!(threads[1]["user_stack_truncated"], true);
         assert_eq!(threads[2]["syscall"], Value::Null);
         assert_eq!(threads[2]["user_stack"], json!([]));
+    }
+
+    #[test]
+    fn a_dump_of_a_process_that_exited_while_read_says_it_is_partial() {
+        let partial = Dump {
+            partial: true,
+            ..dump()
+        };
+        let text = partial.to_text();
+        assert_eq!(
+            text.lines().next().unwrap(),
+            "Process 4242 \"app\": 3 threads (partial: the process exited while being read)"
+        );
+        assert_eq!(
+            text.lines().skip(1).collect::<Vec<_>>(),
+            dump().to_text().lines().skip(1).collect::<Vec<_>>()
+        );
+        assert_eq!(partial.to_json()["partial"], true);
+        let error = ExitedWhileRead::Partial {
+            pid: 4242,
+            threads: 1,
+            user_stacks: 0,
+        };
+        assert_eq!(
+            error.to_string(),
+            "process 4242 exited while being read: the dump printed is partial (1 thread \
+             read, 0 of them with a user stack); threads and frames it took with it are \
+             missing"
+        );
     }
 }
