@@ -381,47 +381,6 @@ fn a_library_dlopened_by_a_set_of_processes_is_traced_once_found() {
     bystander.finish();
 }
 
-/// The dynamic loader process `pid` runs.
-fn ld_so_of(pid: u32) -> PathBuf {
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
-    maps.lines()
-        .filter_map(|l| l.split_whitespace().nth(5))
-        .find(|path| path.contains("/ld-linux"))
-        .map(PathBuf::from)
-        .expect("a dynamically linked process maps ld.so")
-}
-
-/// Whether process `pid` holds a breakpoint at `_dl_debug_state` of `loader`: 1 or 0.
-fn dl_debug_state_breakpoints(pid: u32, loader: &Path) -> usize {
-    let out = Command::new("nm")
-        .args(["-D", "--defined-only"])
-        .arg(loader)
-        .output()
-        .unwrap();
-    let symbols = String::from_utf8_lossy(&out.stdout);
-    let value = symbols
-        .lines()
-        .find(|l| {
-            l.split_whitespace()
-                .nth(2)
-                .is_some_and(|name| name.split('@').next() == Some("_dl_debug_state"))
-        })
-        .and_then(|l| u64::from_str_radix(l.split_whitespace().next()?, 16).ok())
-        .expect("ld.so exports _dl_debug_state");
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
-    let mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
-    let file = std::fs::read(loader).unwrap();
-    // ld.so's first mapping is at file offset 0: a symbol's value is its offset from it.
-    let base = maps
-        .lines()
-        .find(|l| l.ends_with(loader.to_str().unwrap()))
-        .and_then(|l| u64::from_str_radix(l.split('-').next()?, 16).ok())
-        .unwrap();
-    let mut byte = [0];
-    mem.read_exact_at(&mut byte, base + value).unwrap();
-    usize::from(byte[0] == 0xcc && file[value as usize] != 0xcc)
-}
-
 #[test]
 #[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn a_command_s_probes_in_a_library_it_loads_later_are_found() {

@@ -17,7 +17,6 @@ mod common;
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    io::Write as _,
     os::unix::fs::PermissionsExt as _,
     path::{Path, PathBuf},
     process::{Command, Stdio},
@@ -1041,56 +1040,6 @@ fn comm_traces_a_server_started_after_the_tracer() {
         attach_then_start(&["--comm", "fsrv-comm-test"], &program, &dir, true, |_| {});
     assert_started_later_traced(&report, &truth, "fsrv-comm-test", early);
     let _ = std::fs::remove_dir_all(dir);
-}
-
-/// A cgroup made for a test, removed when dropped (its processes moved out first).
-struct TestCgroup(PathBuf);
-
-impl TestCgroup {
-    fn create(hierarchy: &str, name: &str) -> TestCgroup {
-        let path = Path::new(hierarchy).join(format!("tracer-test-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir(&path);
-        std::fs::create_dir(&path)
-            .unwrap_or_else(|e| panic!("cannot create cgroup {}: {e}", path.display()));
-        TestCgroup(path)
-    }
-
-    fn add(&self, pid: u32) {
-        let procs = self.0.join("cgroup.procs");
-        std::fs::OpenOptions::new()
-            .write(true)
-            .open(&procs)
-            .and_then(|mut f| f.write_all(pid.to_string().as_bytes()))
-            .unwrap_or_else(|e| panic!("moving {pid} into {}: {e}", procs.display()));
-    }
-}
-
-impl Drop for TestCgroup {
-    fn drop(&mut self) {
-        let parent = self.0.parent().unwrap().join("cgroup.procs");
-        for _ in 0..50 {
-            if let Ok(procs) = std::fs::read_to_string(self.0.join("cgroup.procs")) {
-                for pid in procs.split_whitespace() {
-                    let _ = std::fs::write(&parent, pid);
-                }
-            }
-            if std::fs::remove_dir(&self.0).is_ok() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        eprintln!("could not remove cgroup {}", self.0.display());
-    }
-}
-
-/// The cgroup v2 hierarchy: /sys/fs/cgroup itself, or /sys/fs/cgroup/unified on a hybrid
-/// system (as these machines are).
-fn cgroup_v2_root() -> &'static str {
-    if Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
-        "/sys/fs/cgroup"
-    } else {
-        "/sys/fs/cgroup/unified"
-    }
 }
 
 fn cgroup_test(hierarchy: &str, name: &str) {

@@ -840,3 +840,95 @@ pub fn report_task(report: &serde_json::Value, id: u64) -> &serde_json::Value {
         .and_then(|tasks| tasks.iter().find(|t| t["task"] == id))
         .unwrap_or_else(|| panic!("task {id} missing: {report:#}"))
 }
+
+/// A cgroup made for a test, removed when dropped (its processes moved out first).
+pub struct TestCgroup(pub std::path::PathBuf);
+
+impl TestCgroup {
+    pub fn create(hierarchy: &str, name: &str) -> TestCgroup {
+        let path = std::path::Path::new(hierarchy)
+            .join(format!("tracer-test-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir(&path);
+        std::fs::create_dir(&path)
+            .unwrap_or_else(|e| panic!("cannot create cgroup {}: {e}", path.display()));
+        TestCgroup(path)
+    }
+
+    pub fn add(&self, pid: u32) {
+        let procs = self.0.join("cgroup.procs");
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&procs)
+            .and_then(|mut f| std::io::Write::write_all(&mut f, pid.to_string().as_bytes()))
+            .unwrap_or_else(|e| panic!("moving {pid} into {}: {e}", procs.display()));
+    }
+}
+
+impl Drop for TestCgroup {
+    fn drop(&mut self) {
+        let parent = self.0.parent().unwrap().join("cgroup.procs");
+        for _ in 0..50 {
+            if let Ok(procs) = std::fs::read_to_string(self.0.join("cgroup.procs")) {
+                for pid in procs.split_whitespace() {
+                    let _ = std::fs::write(&parent, pid);
+                }
+            }
+            if std::fs::remove_dir(&self.0).is_ok() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        eprintln!("could not remove cgroup {}", self.0.display());
+    }
+}
+
+/// The cgroup v2 hierarchy: /sys/fs/cgroup itself, or /sys/fs/cgroup/unified on a hybrid
+/// system (as these machines are).
+pub fn cgroup_v2_root() -> &'static str {
+    if std::path::Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
+        "/sys/fs/cgroup"
+    } else {
+        "/sys/fs/cgroup/unified"
+    }
+}
+
+/// The dynamic loader process `pid` runs.
+pub fn ld_so_of(pid: u32) -> std::path::PathBuf {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    maps.lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .find(|path| path.contains("/ld-linux"))
+        .map(std::path::PathBuf::from)
+        .expect("a dynamically linked process maps ld.so")
+}
+
+/// Whether process `pid` holds a breakpoint at `_dl_debug_state` of `loader`: 1 or 0.
+pub fn dl_debug_state_breakpoints(pid: u32, loader: &std::path::Path) -> usize {
+    let out = Command::new("nm")
+        .args(["-D", "--defined-only"])
+        .arg(loader)
+        .output()
+        .unwrap();
+    let symbols = String::from_utf8_lossy(&out.stdout);
+    let value = symbols
+        .lines()
+        .find(|l| {
+            l.split_whitespace()
+                .nth(2)
+                .is_some_and(|name| name.split('@').next() == Some("_dl_debug_state"))
+        })
+        .and_then(|l| u64::from_str_radix(l.split_whitespace().next()?, 16).ok())
+        .expect("ld.so exports _dl_debug_state");
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    let mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
+    let file = std::fs::read(loader).unwrap();
+    // ld.so's first mapping is at file offset 0: a symbol's value is its offset from it.
+    let base = maps
+        .lines()
+        .find(|l| l.ends_with(loader.to_str().unwrap()))
+        .and_then(|l| u64::from_str_radix(l.split('-').next()?, 16).ok())
+        .unwrap();
+    let mut byte = [0];
+    std::os::unix::fs::FileExt::read_exact_at(&mem, &mut byte, base + value).unwrap();
+    usize::from(byte[0] == 0xcc && file[value as usize] != 0xcc)
+}

@@ -69,6 +69,10 @@ const REQUEST_HELD_MAP: u32 = 3;
 /// Attaches a return probe link (the uprobes fire at the functions' returns).
 const REQUEST_ATTACH_RETURN: u32 = 4;
 const REQUEST_CONTROL_MAP: u32 = 5;
+/// Takes a descriptor to close later (a uprobe perf event of the tracer's own).
+const REQUEST_CLOSE_LATER: u32 = 6;
+/// Closes what it took to close later, on threads of the keeper's own.
+const REQUEST_CLOSE_NOW: u32 = 7;
 /// kind, pid (0: every process), uprobe count, path length.
 const HEADER_BYTES: usize = 16;
 const UPROBE_BYTES: usize = 24;
@@ -175,6 +179,30 @@ impl LinkKeeper {
     /// releases the links however the tracer ended.
     pub fn watch_control(&mut self, control: BorrowedFd<'_>) -> io::Result<()> {
         self.request(&REQUEST_CONTROL_MAP.to_ne_bytes(), Some(control))
+    }
+
+    /// Has the keeper close `fds` (uprobe perf events of the tracer's own) on threads of
+    /// its own: removing a uprobe waits for grace periods, and a SIGKILL reaching the
+    /// tracer meanwhile would leave it registered for good. The keeper takes each, the
+    /// tracer closes its own (the keeper's copy keeps the uprobe), and the keeper closes
+    /// them; those it could not take are returned.
+    pub fn close_for_us(&mut self, fds: Vec<OwnedFd>) -> Vec<OwnedFd> {
+        let mut not_taken = Vec::new();
+        for fd in fds {
+            if self
+                .request(&REQUEST_CLOSE_LATER.to_ne_bytes(), Some(fd.as_fd()))
+                .is_err()
+            {
+                not_taken.push(fd);
+            }
+        }
+        if self
+            .request(&REQUEST_CLOSE_NOW.to_ne_bytes(), None)
+            .is_err()
+        {
+            log::debug!("the keeper did not close the warm-up uprobes now");
+        }
+        not_taken
     }
 
     /// Has the keeper release every link it holds: the kernel's workers then give the
@@ -374,6 +402,9 @@ pub fn serve() -> i32 {
         }
     }
     kept.release();
+    for closing in kept.closing.drain(..) {
+        let _ = closing.join();
+    }
     0
 }
 
@@ -385,15 +416,34 @@ struct Kept {
     held: Option<OwnedFd>,
     /// The map of the programs' switches.
     control: Option<OwnedFd>,
+    /// What the tracer handed over to close at the release.
+    to_close: Vec<OwnedFd>,
+    /// The threads closing it: joined before the keeper exits, whose exit would kill
+    /// them mid-close.
+    closing: Vec<std::thread::JoinHandle<()>>,
 }
 
 impl Kept {
+    /// Closes what the tracer handed over, side by side on a thread of its own.
+    fn close_handed_over(&mut self) {
+        let to_close = std::mem::take(&mut self.to_close);
+        if to_close.is_empty() {
+            return;
+        }
+        // Without a thread the descriptors are closed here, as the closure is dropped.
+        if let Ok(closing) = std::thread::Builder::new().spawn(move || close_side_by_side(to_close))
+        {
+            self.closing.push(closing);
+        }
+    }
+
     /// Switches the programs off, releases every link and continues the processes held at
     /// `dlopen`. Each link is pinned, its descriptor closed and its pin removed: the pin
     /// is then its last reference, whose removal has a kernel worker remove the uprobes,
     /// however the keeper ends meanwhile. Without a BPF filesystem the keeper closes them
     /// itself.
     fn release(&mut self) {
+        self.close_handed_over();
         if let Some(control) = &self.control {
             let _ = sys::array_set_u32(control.as_fd(), tracer_common::control::STOPPED, 1);
         }
@@ -430,9 +480,9 @@ impl Kept {
     }
 }
 
-/// Closes `links` on threads of their own: each close waits for a grace period, and
-/// those of links closed at once pass together.
-fn close_side_by_side(links: Vec<OwnedFd>) {
+/// Closes `links` (or uprobe perf events) on threads of their own, and waits for them:
+/// each close waits for a grace period, and those of links closed at once pass together.
+pub(super) fn close_side_by_side(links: Vec<OwnedFd>) {
     const THREADS: usize = 32;
     let per_thread = links.len().div_ceil(THREADS).max(1);
     let mut links = links;
@@ -475,6 +525,14 @@ fn handle(request: &[u8], fd: Option<OwnedFd>, kept: &mut Kept) -> io::Result<()
         }
         REQUEST_CONTROL_MAP => {
             kept.control = Some(fd.ok_or_else(invalid)?);
+            Ok(())
+        }
+        REQUEST_CLOSE_LATER => {
+            kept.to_close.push(fd.ok_or_else(invalid)?);
+            Ok(())
+        }
+        REQUEST_CLOSE_NOW => {
+            kept.close_handed_over();
             Ok(())
         }
         kind @ (REQUEST_ATTACH | REQUEST_ATTACH_RETURN) => {

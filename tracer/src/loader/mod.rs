@@ -827,7 +827,9 @@ impl Loader {
         warm_up: UprobeWarmUp,
     ) -> Result<()> {
         self.attach_more_usdt_sites(sites)?;
-        warm_up.release();
+        if let Some(keeper) = self.keeper.as_mut() {
+            warm_up.release(keeper);
+        }
         // Events flow; now the maps the other programs and the readers need.
         self.finish_maps()
     }
@@ -1048,7 +1050,9 @@ impl Loader {
             }
             Some(opened)
         });
-        UprobeWarmUp { opened, release }
+        UprobeWarmUp {
+            opening: Some((opened, release)),
+        }
     }
 
     /// Stops recording USDT hits now, in the kernel, before the slow detach: whatever
@@ -1620,10 +1624,12 @@ fn own_code_site(address: u64) -> Option<(PathBuf, u64)> {
 
 /// The uprobes opened by [`Loader::warm_up_uprobes`].
 pub struct UprobeWarmUp {
-    opened: std::thread::JoinHandle<Option<Vec<OwnedFd>>>,
-    /// Dropped to stop opening more.
-    release: std::sync::mpsc::Sender<()>,
+    /// The thread opening them, and what stops it when dropped.
+    opening: Option<(WarmUpThread, std::sync::mpsc::Sender<()>)>,
 }
+
+/// The thread that opens the warm-up uprobes, and returns them.
+type WarmUpThread = std::thread::JoinHandle<Option<Vec<OwnedFd>>>;
 
 /// How often, and at most how many times, [`Loader::warm_up_uprobes`] registers one more
 /// uprobe: well within a grace period (4 ms ticks here; one takes two or more), for about
@@ -1636,21 +1642,30 @@ const WARM_UP_PERIOD: std::time::Duration = std::time::Duration::from_millis(3);
 const WARM_UP_MAX_UPROBES: usize = 8;
 
 impl UprobeWarmUp {
-    /// Closes the warm-up uprobes on threads of their own: removing a uprobe waits for
-    /// grace periods (RCU tasks trace, then SRCU), which nothing should wait for. Each one
-    /// on its own thread, so all wait for the same grace periods: one after another, the
-    /// twenty a slow launch opens took seconds, and what was not closed yet when tracing
-    /// stopped held up the tracer's exit that long (2.4 s seen after a Ctrl-C).
-    fn release(self) {
-        drop(self.release);
-        std::thread::spawn(move || {
-            let opened = self.opened.join().ok().flatten().unwrap_or_default();
-            std::thread::scope(|scope| {
-                for uprobe in opened {
-                    scope.spawn(move || drop(uprobe));
-                }
-            });
-        });
+    /// Stops opening more, and the uprobes opened (waits a warm-up period at most).
+    fn take(&mut self) -> Vec<OwnedFd> {
+        let Some((opened, stop)) = self.opening.take() else {
+            return Vec::new();
+        };
+        drop(stop);
+        opened.join().ok().flatten().unwrap_or_default()
+    }
+
+    /// Hands the warm-up uprobes to the keeper, which closes them on threads of its own:
+    /// removing a uprobe waits for grace periods (RCU tasks trace, then SRCU), which
+    /// nothing should wait for, and a SIGKILL reaching the tracer while it removes one
+    /// would leave it registered for good. One the keeper could not take is closed here.
+    fn release(mut self, keeper: &mut keeper::LinkKeeper) {
+        keeper::close_side_by_side(keeper.close_for_us(self.take()));
+    }
+}
+
+impl Drop for UprobeWarmUp {
+    /// A launch that ended before attaching closes them here, side by side, before the
+    /// tracer exits: a thread still removing one when the process exits is killed
+    /// mid-removal, and the uprobe stays registered.
+    fn drop(&mut self) {
+        keeper::close_side_by_side(self.take());
     }
 }
 
