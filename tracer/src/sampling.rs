@@ -486,6 +486,11 @@ impl Seeds {
                 let blocked = snapshots.iter().find(|t| {
                     t.tid == tid && !matches!(t.state, ThreadState::Running | ThreadState::Runnable)
                 });
+                // Running or waiting for a CPU: should it have been preempted before the
+                // recording began, its wait until it runs is runnable time, not a block.
+                let could_run = snapshots.iter().any(|t| {
+                    t.tid == tid && matches!(t.state, ThreadState::Running | ThreadState::Runnable)
+                });
                 let ids = match blocked {
                     Some(thread) => {
                         let user = maps
@@ -500,7 +505,7 @@ impl Seeds {
                     None => [NO_STACK, NO_STACK],
                 };
                 let ids = match ids {
-                    [NO_STACK, NO_STACK] => [STACK_BEFORE_START, STACK_BEFORE_START],
+                    [NO_STACK, NO_STACK] if !could_run => [STACK_BEFORE_START, STACK_BEFORE_START],
                     ids => ids,
                 };
                 let start = OffCpuStart {
@@ -510,7 +515,10 @@ impl Seeds {
                     tgid: pid,
                     user_stack_id: ids[0],
                     kernel_stack_id: ids[1],
-                    state: offcpu_state::BLOCKED,
+                    state: match could_run {
+                        true => offcpu_state::RUNNABLE,
+                        false => offcpu_state::BLOCKED,
+                    },
                     // Blocked since before any task probe was attached.
                     task: 0,
                 };
