@@ -674,3 +674,60 @@ fn a_dlopen_is_not_held_unless_asked_and_the_target_never_sees_a_stop() {
     );
     assert_eq!(ours[&probe(lib, "latelib")], 10, "held: every hit traced");
 }
+
+/// A target under ptrace (strace here) shows the kernel's stop as `t`, not `T`: with
+/// --hold-at-dlopen it is continued once the library's probes are attached, as any other
+/// target, and not held until the tracer stops.
+#[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+fn a_ptraced_target_held_at_dlopen_is_continued() {
+    require_privileged();
+    let (exe, lib) = built();
+    let mut strace = Command::new("strace")
+        .args(["-f", "-qq", "-o", "/dev/null"])
+        .arg(exe)
+        .arg(lib)
+        .arg(N.to_string())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("strace is installed by `cargo xtask setup`");
+    let mut stdin = strace.stdin.take().unwrap();
+    let stdout = BufReader::new(strace.stdout.take().unwrap());
+    let (lines_tx, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in stdout.lines().map_while(Result::ok) {
+            if lines_tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let next_line = || {
+        lines
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the target went on within 10 s")
+    };
+    let pid = next_line().strip_prefix("ready pid=").unwrap().to_string();
+    let tracer = Tracer::start(&[
+        "trace",
+        "--count",
+        "--format",
+        "json",
+        "--hold-at-dlopen",
+        "--pid",
+        &pid,
+        "usdt:*:tracetest:*",
+    ]);
+    // dlopen, held and continued, then N hits with the semaphore up for all.
+    stdin.write_all(b"go\n").unwrap();
+    assert_eq!(next_line(), format!("raised={N}"));
+    // SAFETY: kill has no memory preconditions; the tracer is our child.
+    unsafe { libc::kill(tracer.pid() as i32, libc::SIGINT) };
+    let (ok, out, err) = tracer.finish();
+    assert!(ok, "{err}");
+    assert_eq!(counts(&out)[&probe(lib, "latelib")], N as u64, "{out}");
+    stdin.write_all(b"go\n").unwrap();
+    assert_eq!(next_line(), "raised=0", "the semaphore is back to 0");
+    drop(stdin);
+    assert!(strace.wait().unwrap().success());
+}

@@ -335,6 +335,7 @@ fn ensure_test_tools() -> Result<()> {
         ("/usr/sbin/runc", "runc"),
         ("chromium", "chromium"),
         ("curl", "curl"),
+        ("strace", "strace"),
     ];
     let mut missing: Vec<&str> = tools
         .into_iter()
