@@ -872,9 +872,11 @@ fn a_command_that_outlives_the_trace_is_terminated_with_it() {
             && stderr.contains("command terminated with SIGTERM as tracing ended"),
         "{stderr}"
     );
-    // SIGTERM ends it at once: well before the SIGKILL grace period.
+    // SIGTERM ended it (the line above says so, not SIGKILL after the grace period); the
+    // whole run is bounded loosely, as the launch alone may take a second or more while
+    // the other tests load both CPUs (3.6 s seen in CI).
     assert!(
-        took < std::time::Duration::from_secs(2),
+        took < std::time::Duration::from_secs(8),
         "took {took:?}\n{stderr}"
     );
     let still_running = std::fs::read_dir("/proc")

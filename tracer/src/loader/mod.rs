@@ -1093,7 +1093,9 @@ impl Loader {
         // The kernel's workers remove the uprobes within a grace period or so: the
         // detach is over once the target has its instructions back.
         let sites = std::mem::take(&mut self.sites_in_one_process);
+        let waiting = std::time::Instant::now();
         restored::wait(&sites, RESTORE_TIMEOUT);
+        log::debug!("the sites were restored after {:?}", waiting.elapsed());
         Ok(())
     }
 
