@@ -46,8 +46,13 @@ struct Late {
 
 impl Late {
     fn start(exe: &Path, n: usize) -> Late {
+        Self::start_with(exe, &built().1, n)
+    }
+
+    /// [`Late::start`] with a library of its own.
+    fn start_with(exe: &Path, lib: &Path, n: usize) -> Late {
         let mut child = Command::new(exe)
-            .arg(&built().1)
+            .arg(lib)
             .arg(n.to_string())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -333,13 +338,17 @@ fn a_library_dlopened_after_attaching_is_traced_from_its_first_hit() {
 #[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn a_library_dlopened_by_a_set_of_processes_is_traced_once_found() {
     require_privileged();
-    let (exe, lib) = built();
+    let (exe, _) = built();
     let dir = out_dir("later-set");
     let (traced, other) = (dir.join("late-set"), dir.join("late-other"));
     std::fs::copy(exe, &traced).unwrap();
     std::fs::hard_link(&traced, &other).unwrap();
-    let mut target = Late::start(&traced, N);
-    let mut bystander = Late::start(&other, N);
+    // A library of its own: a set's uprobes are in every process that maps the file,
+    // and the other tests' targets map theirs.
+    let lib = &dir.join("liblate-set.so");
+    std::fs::copy(built().1.as_path(), lib).unwrap();
+    let mut target = Late::start_with(&traced, lib, N);
+    let mut bystander = Late::start_with(&other, lib, N);
     let tracer = Tracer::start(&[
         "trace",
         "--count",
