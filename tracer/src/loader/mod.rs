@@ -461,6 +461,9 @@ pub struct Loader {
     /// The sites attached in one process each (process, file, file offset): the detach
     /// waits for their instructions to be back.
     sites_in_one_process: Vec<(u32, PathBuf, u64)>,
+    /// The sites attached in every process that maps their file (file, file offset): the
+    /// detach waits for them in each target still running.
+    sites_in_any_process: Vec<(PathBuf, u64)>,
     usdt_sites_attached: usize,
     /// The programs that add processes forking from targets or executing `--exe`.
     target_tracking: Vec<Attachment>,
@@ -737,6 +740,7 @@ impl Loader {
             iter_task_btf_id,
             keeper,
             sites_in_one_process: Vec::new(),
+            sites_in_any_process: Vec::new(),
             usdt_sites_attached: 0,
             target_tracking: Vec::new(),
         };
@@ -844,9 +848,14 @@ impl Loader {
         let mut groups: Vec<(&'static str, &UsdtAttachment, Vec<sys::MultiUprobe>)> = Vec::new();
         for (cookie, site, target) in sites {
             self.set_usdt_site(*cookie, site)?;
-            if let Some(pid) = target.pid {
-                self.sites_in_one_process
-                    .push((pid, target.path.clone(), target.offset));
+            match target.pid {
+                Some(pid) => {
+                    self.sites_in_one_process
+                        .push((pid, target.path.clone(), target.offset))
+                }
+                None => self
+                    .sites_in_any_process
+                    .push((target.path.clone(), target.offset)),
             }
             let program = usdt_program_name(site);
             let uprobe = sys::MultiUprobe {
@@ -912,9 +921,11 @@ impl Loader {
             pid,
             ret: false,
         };
-        if let Some(pid) = pid {
-            self.sites_in_one_process
-                .push((pid, path.to_path_buf(), offset));
+        match pid {
+            Some(pid) => self
+                .sites_in_one_process
+                .push((pid, path.to_path_buf(), offset)),
+            None => self.sites_in_any_process.push((path.to_path_buf(), offset)),
         }
         let keeper = self.keeper.as_mut().expect("started above");
         // Before the first hold can happen: whatever ends the tracer, the keeper
@@ -1092,7 +1103,20 @@ impl Loader {
         }
         // The kernel's workers remove the uprobes within a grace period or so: the
         // detach is over once the target has its instructions back.
-        let sites = std::mem::take(&mut self.sites_in_one_process);
+        let mut sites = std::mem::take(&mut self.sites_in_one_process);
+        let set_wide = std::mem::take(&mut self.sites_in_any_process);
+        if !set_wide.is_empty() {
+            // Every process mapping the file had the breakpoints: the targets are those
+            // whose instructions matter.
+            let members = self.targets_map().map(|t| t.running_pids());
+            for pid in members.unwrap_or_default() {
+                sites.extend(
+                    set_wide
+                        .iter()
+                        .map(|(path, offset)| (pid, path.clone(), *offset)),
+                );
+            }
+        }
         let waiting = std::time::Instant::now();
         restored::wait(&sites, RESTORE_TIMEOUT);
         log::debug!("the sites were restored after {:?}", waiting.elapsed());
