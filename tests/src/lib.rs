@@ -70,11 +70,11 @@ pub fn announce_ready(wait_for_signal: bool) -> Result<()> {
 
 /// The kernel thread id of the calling thread.
 /// CLOCK_MONOTONIC in nanoseconds: the clock of eBPF's `bpf_ktime_get_ns`.
-pub use tracer::stop::monotonic_ns;
+pub use tracer::system::stop::monotonic_ns;
 
 /// CPU time of the calling thread (CLOCK_THREAD_CPUTIME_ID), ns.
 pub fn thread_cpu_ns() -> u64 {
-    tracer::stop::clock_ns(libc::CLOCK_THREAD_CPUTIME_ID)
+    tracer::system::stop::clock_ns(libc::CLOCK_THREAD_CPUTIME_ID)
 }
 
 pub fn gettid() -> i32 {

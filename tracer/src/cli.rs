@@ -6,7 +6,8 @@ use std::{num::NonZeroU32, path::PathBuf, time::Duration};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use thiserror::Error;
 
-use crate::{loader::MapSizes, probe_plan::StringRequest, targets::TargetSpec};
+use crate::profile::sampling::{Sampling, UnwindMethod};
+use crate::{kernel::MapSizes, probe::plan::StringRequest, target::TargetSpec};
 use tracer_common::{DEFAULT_STR_LEN, MAX_STR_LEN, MAX_USDT_ARGS};
 
 #[derive(Debug, Parser)]
@@ -213,18 +214,6 @@ pub struct SamplingArgs {
     /// unless a perf map is there already.
     #[arg(long)]
     pub no_jit_symbols: bool,
-}
-
-/// [`SamplingArgs`], validated.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Sampling {
-    pub frequency_hz: u64,
-    pub unwind: UnwindMethod,
-    pub unwind_buffer_bytes: u32,
-    /// CPython processes' stacks carry Python frames (with DWARF unwinding).
-    pub python_frames: bool,
-    /// HotSpot JVMs are asked for their perf maps.
-    pub jit_symbols: bool,
 }
 
 impl TryFrom<&SamplingArgs> for Sampling {
@@ -453,7 +442,7 @@ pub struct LatencyRequest {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LatencyProbe {
     Usdt { provider: String, name: String },
-    Function(crate::usdt::UsdtSpecifier),
+    Function(crate::probe::usdt::UsdtSpecifier),
 }
 
 impl std::fmt::Display for LatencyProbe {
@@ -532,15 +521,6 @@ impl TryFrom<AttachArgs> for AttachConfig {
 /// The highest sampling frequency accepted (the kernel's own default limit,
 /// `kernel.perf_event_max_sample_rate`, is 100000 and it lowers it under load).
 pub const MAX_FREQUENCY_HZ: u64 = 100_000;
-
-/// How user stacks are walked.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum UnwindMethod {
-    /// Frame pointers, walked in the kernel.
-    Fp,
-    /// DWARF call frame information, unwound in user space from a copy of the stack.
-    Dwarf,
-}
 
 /// `tracer profile`, validated.
 #[derive(Debug, Clone)]
@@ -816,8 +796,8 @@ fn parse_latency(text: &str) -> Result<LatencyRequest, ConfigError> {
     let (begin, end) = text.split_once(',').ok_or_else(err)?;
     let probe = |side: &str| -> Result<LatencyProbe, ConfigError> {
         let side = side.trim();
-        if crate::usdt::has_probe_type(side) {
-            let spec = crate::usdt::parse_specifier(side)
+        if crate::probe::usdt::has_probe_type(side) {
+            let spec = crate::probe::usdt::parse_specifier(side)
                 .map_err(|e| ConfigError::LatencyProbe(text.to_string(), e.to_string()))?;
             if spec.kind.is_function() {
                 return Ok(LatencyProbe::Function(spec));
@@ -1041,7 +1021,7 @@ mod tests {
         let LatencyProbe::Function(begin) = &l.begin else {
             panic!("{l:?}")
         };
-        assert_eq!(begin.kind, crate::usdt::ProbeKind::Uprobe);
+        assert_eq!(begin.kind, crate::probe::usdt::ProbeKind::Uprobe);
         assert_eq!(l.end.to_string(), "uretprobe:/lib/x.so:f");
         // Any mix, of providers too.
         let l = parse_latency("python:gc__start,uretprobe:/x:f").unwrap();

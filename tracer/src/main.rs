@@ -4,8 +4,10 @@ use clap::Parser as _;
 use tracer::{
     cli::{AttachConfig, Cli, Command, ListConfig, ProfileConfig, StacksConfig, TraceConfig},
     commands,
-    console::OutputError,
-    oserror, out_of_memory, text,
+    system::console::OutputError,
+    system::oserror,
+    system::out_of_memory,
+    system::text,
 };
 
 // A failed allocation ends tracer with one line naming the memory limit, not an abort.
@@ -19,13 +21,13 @@ fn main() {
     // SAFETY: mallopt only sets an allocator parameter; no allocation has a thread yet.
     unsafe { libc::mallopt(libc::M_ARENA_MAX, 1) };
     out_of_memory::prepare();
-    if tracer::loader::keeper::is_keeper(std::env::args_os().nth(1).as_deref()) {
-        std::process::exit(tracer::loader::keeper::serve());
+    if tracer::kernel::keeper::is_keeper(std::env::args_os().nth(1).as_deref()) {
+        std::process::exit(tracer::kernel::keeper::serve());
     }
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     let cli = Cli::parse();
     if cli.bpf_debug {
-        tracer::loader::enable_bpf_diagnostics();
+        tracer::kernel::enable_bpf_diagnostics();
     }
     // Loading eBPF programs in too small a memory cgroup ends in the kernel killing
     // tracer without a word: refused with the limit named instead.

@@ -1,5 +1,6 @@
-//! The floor plan, checked: aya is spoken only in `loader/`, and no two top-level modules
-//! of `tracer` use each other, directly or around a circle.
+//! The floor plan, checked: each area of `tracer/src` uses only the areas below it (the
+//! list in [`ALLOWED`]), aya is spoken only in `kernel/`, and no two areas use each other,
+//! directly or around a circle.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -37,7 +38,7 @@ fn src() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
 }
 
-/// The top-level module a file belongs to (`loader` for `src/loader/keeper.rs`).
+/// The area a file belongs to (`kernel` for `src/kernel/keeper.rs`).
 fn module_of(path: &Path) -> String {
     let relative = path.strip_prefix(src()).unwrap();
     let first = relative.components().next().unwrap().as_os_str();
@@ -52,17 +53,17 @@ fn files() -> Vec<PathBuf> {
 }
 
 #[test]
-fn no_aya_name_outside_the_loader() {
+fn no_aya_name_outside_the_kernel() {
     let offenders: Vec<String> = files()
         .into_iter()
-        .filter(|f| module_of(f) != "loader")
+        .filter(|f| module_of(f) != "kernel")
         .filter(|f| {
             let code = code(f);
             code.contains("aya::") || code.contains("aya_obj::") || code.contains("use aya")
         })
         .map(|f| f.display().to_string())
         .collect();
-    assert!(offenders.is_empty(), "aya outside loader/: {offenders:?}");
+    assert!(offenders.is_empty(), "aya outside kernel/: {offenders:?}");
 }
 
 /// Which top-level modules each one uses: `crate::NAME` paths and `use crate::{NAME, ..}`.
@@ -148,6 +149,64 @@ fn no_import_circle_between_modules() {
             panic!("import circle: {}", found.join(" -> "));
         }
     }
-    // The check sees the graph at all: commands use the loader.
-    assert!(graph["commands"].contains("loader"));
+    // The check sees the graph at all: commands use the kernel.
+    assert!(graph["commands"].contains("kernel"));
+}
+
+/// Each area and the areas it may use: the layers, lowest first. An area not listed here
+/// fails the test, so a new one is placed on purpose.
+const ALLOWED: &[(&str, &[&str])] = &[
+    ("system", &[]),
+    ("kernel", &["system"]),
+    ("target", &["system", "kernel"]),
+    ("stack", &["system", "kernel"]),
+    ("probe", &["system", "kernel", "stack"]),
+    ("profile", &["system", "kernel", "stack", "target"]),
+    // Reports and renderings are made of aggregates, never read from the kernel.
+    ("output", &["system", "stack", "probe", "profile"]),
+    // Nothing but the commands and the entry points depend on the command line.
+    ("cli", &["system", "kernel", "target", "probe", "profile"]),
+    (
+        "commands",
+        &[
+            "system", "kernel", "target", "stack", "probe", "profile", "output", "cli",
+        ],
+    ),
+];
+
+#[test]
+fn each_area_uses_only_the_areas_below_it() {
+    let graph = module_graph();
+    let mut wrong = Vec::new();
+    for (area, uses) in &graph {
+        let Some((_, allowed)) = ALLOWED.iter().find(|(name, _)| name == area) else {
+            wrong.push(format!("{area}: not an area listed in ALLOWED"));
+            continue;
+        };
+        for used in uses {
+            if !allowed.contains(&used.as_str()) {
+                wrong.push(format!("{area} uses {used}"));
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "arrows against the layers: {wrong:?}");
+    // The check sees the graph at all: the kernel uses the system area.
+    assert!(graph["kernel"].contains("system"));
+}
+
+#[test]
+fn the_source_root_holds_only_areas_and_entry_points() {
+    let mut loose: Vec<String> = std::fs::read_dir(src())
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| {
+            let area = name.trim_end_matches(".rs");
+            !["lib", "main"].contains(&area) && !ALLOWED.iter().any(|(a, _)| *a == area)
+        })
+        .collect();
+    loose.sort();
+    assert!(
+        loose.is_empty(),
+        "files at the root of tracer/src outside any area: {loose:?}"
+    );
 }

@@ -14,33 +14,33 @@ use tracer_common::{LatencyStats, TaskKey, TaskTotal, counter, site_flags};
 
 use crate::{
     cli::{AttachConfig, Format, LatencyProbe},
-    histogram::LatencyHistogram,
-    late_sites::{self, LateSites, Members},
-    loader::{Features, Loader, RecordRing, Settings, keeper},
-    privileges,
-    probe_plan::{ProbePlan, SiteInput, SiteMode},
-    processes::Processes,
-    procfs,
-    render::{
+    kernel::{Features, Loader, RecordRing, Settings, keeper},
+    output::render::{
         self,
         export::ExportInfo,
         flamegraph::{Palette, SvgOptions},
         timeline::{self, Timeline, TimelineNames},
         views::write_profile_files,
     },
-    report::{
-        AttachReport, LatencyReport, Losses, OffCpuProfile, ProbeReport, ProcessLatency,
+    output::report::{
+        AttachReport, LatencyReport, Losses, OffCpuProfile, ProbeHits, ProbeReport, ProcessLatency,
         TaskReport, TimelineReport, TracedProcess,
     },
-    runtimes::{self, LatencyDef, ProbeRef, TaskProbeDef, functions::UsdtElsewhere},
-    sampling::{self, Collected, ViewOptions, WallClockSampler},
-    stop::{self, ProcessWatch, StopReason},
-    symbolize::StackSymbolizer,
-    targets::{self, TargetTracker},
-    tasks,
-    text::escape_text,
-    usdt::{self, ProbePattern},
-    wallclock,
+    probe::late_sites::{self, LateSites, Members},
+    probe::plan::{ProbePlan, SiteInput, SiteMode},
+    probe::runtimes::{self, LatencyDef, ProbeRef, TaskProbeDef, functions::UsdtElsewhere},
+    probe::usdt::{self, ProbePattern},
+    profile::histogram::LatencyHistogram,
+    profile::sampling::{self, Collected, ViewOptions, WallClockSampler},
+    profile::tasks,
+    profile::wallclock,
+    stack::processes::Processes,
+    stack::symbolize::StackSymbolizer,
+    system::privileges,
+    system::procfs,
+    system::stop::{self, ProcessWatch, StopReason},
+    system::text::escape_text,
+    target::{self, TargetTracker},
 };
 
 pub fn run(config: AttachConfig) -> Result<()> {
@@ -243,8 +243,8 @@ pub fn run(config: AttachConfig) -> Result<()> {
         },
         sampling.frequency_hz,
         match sampling.unwind {
-            crate::cli::UnwindMethod::Dwarf => " (DWARF unwinding)",
-            crate::cli::UnwindMethod::Fp => " (frame pointers)",
+            crate::profile::sampling::UnwindMethod::Dwarf => " (DWARF unwinding)",
+            crate::profile::sampling::UnwindMethod::Fp => " (frame pointers)",
         },
         match config.duration {
             Some(d) => format!("Tracing for {d:?}; Ctrl-C to stop early."),
@@ -272,7 +272,7 @@ pub fn run(config: AttachConfig) -> Result<()> {
                 &mut later,
                 timeline.as_mut(),
             ),
-            stop::either(targets::track(tracker.as_mut()), keeper::watch(keeper_pid)),
+            stop::either(target::track(tracker.as_mut()), keeper::watch(keeper_pid)),
         ),
     ))?;
 
@@ -365,7 +365,7 @@ pub fn run(config: AttachConfig) -> Result<()> {
         Format::Text => report.to_text(),
         Format::Json => serde_json::to_string_pretty(&report.to_json())? + "\n",
     };
-    if let Err(e) = crate::console::print(text) {
+    if let Err(e) = crate::system::console::print(text) {
         return Err(match output_error {
             Some(file_error) => anyhow::Error::new(e).context(format!("{file_error:#}")),
             None => e.into(),
@@ -445,7 +445,7 @@ fn resolve_requested_functions(
                     several
                         .iter()
                         .take(5)
-                        .map(|n| crate::symbolize::demangle(n))
+                        .map(|n| crate::stack::symbolize::demangle(n))
                         .collect::<Vec<_>>()
                         .join(", ")
                 ),
@@ -503,14 +503,14 @@ fn latencies_for(
         }
         let short = |probe: &ProbeRef| match probe.kind {
             usdt::ProbeKind::Usdt => probe.name.clone(),
-            kind => format!("{}_{kind}", crate::symbolize::demangle(&probe.name)),
+            kind => format!("{}_{kind}", crate::stack::symbolize::demangle(&probe.name)),
         };
         // A function's entry to its return is the function's own time, named after it.
         let name = match begin.kind == usdt::ProbeKind::Uprobe
             && end.kind == usdt::ProbeKind::Uretprobe
             && begin.name == end.name
         {
-            true => crate::symbolize::demangle(&begin.name),
+            true => crate::stack::symbolize::demangle(&begin.name),
             false => format!("{}_to_{}", short(&begin), short(&end)),
         };
         defs.push(LatencyDef::between(name, begin, end));
@@ -745,7 +745,10 @@ fn collect(
     for (id, info) in plan.probes.iter().enumerate() {
         probes.push(ProbeReport {
             info: info.clone(),
-            hits: loader.probe_hits(id as u32)?,
+            hits: loader.probe_hits(id as u32).map(|hits| ProbeHits {
+                count: hits.count,
+                first_ns: hits.first_ns,
+            })?,
         });
     }
 
@@ -940,7 +943,7 @@ impl TaskInput {
 /// Writes one off-CPU flame graph view (`NAME.folded`, `NAME.svg`) into the output
 /// directory.
 fn write_view(
-    stacks: &crate::stacks::StackProfile,
+    stacks: &crate::stack::naming::StackProfile,
     config: &AttachConfig,
     name: &str,
     title: &str,

@@ -9,8 +9,8 @@ use anyhow::Result;
 
 use crate::{
     cli::ListConfig,
-    text::escape_text,
-    usdt::{self, ProbeSite, Scope, UsdtSpecifier},
+    probe::usdt::{self, ProbeSite, Scope, UsdtSpecifier},
+    system::text::escape_text,
 };
 
 pub fn run(config: ListConfig) -> Result<()> {
@@ -24,7 +24,7 @@ pub fn run(config: ListConfig) -> Result<()> {
     if found.sites.is_empty() {
         return Err(usdt::why_none(specs, scope, found).into());
     }
-    crate::console::print(render(&found.sites, config.verbose))?;
+    crate::system::console::print(render(&found.sites, config.verbose))?;
     Ok(())
 }
 
@@ -226,7 +226,7 @@ mod tests {
 
     #[test]
     fn malformed_sites_are_listed_and_marked() {
-        use crate::usdt::{MappedObject, SiteOffsets, SiteProblem, UsdtNote};
+        use crate::probe::usdt::{MappedObject, SiteOffsets, SiteProblem, UsdtNote};
         let site = |pc, location| ProbeSite {
             binary: MappedObject::from_path(std::path::Path::new("/bin/app")),
             note: UsdtNote {

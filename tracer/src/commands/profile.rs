@@ -1,6 +1,6 @@
 //! `tracer profile [--pid PID ...]`: a wall-clock profile. On-CPU stacks sampled at a
 //! fixed frequency on every CPU and off-CPU (blocked) time from `sched_switch`, of the
-//! selected processes (see [`crate::targets`]) or of every process, until the duration
+//! selected processes (see [`crate::target`]) or of every process, until the duration
 //! ends, Ctrl-C, or the targets exit.
 //!
 //! Every thread of the processes selected at the start is marked off CPU when profiling
@@ -18,20 +18,21 @@ use anyhow::Result;
 use tracer_common::counter;
 
 use crate::{
-    cli::{ProfileConfig, UnwindMethod},
-    loader::{Loader, Settings},
-    privileges,
-    processes::Processes,
-    procfs,
-    render::{self, export::ExportInfo, views::write_profile_files},
-    report::profile_summary,
-    runtimes,
-    sampling::{self, Collected, ViewOptions, WallClockSampler, unwind_summary},
-    stop::{self, ProcessWatch},
-    symbolize::StackSymbolizer,
-    targets::{self, TargetTracker},
-    text::escape_text,
-    wallclock,
+    cli::ProfileConfig,
+    kernel::{Loader, Settings},
+    output::render::{self, export::ExportInfo, views::write_profile_files},
+    output::report::profile_summary,
+    probe::runtimes,
+    profile::sampling::UnwindMethod,
+    profile::sampling::{self, Collected, ViewOptions, WallClockSampler, unwind_summary},
+    profile::wallclock,
+    stack::processes::Processes,
+    stack::symbolize::StackSymbolizer,
+    system::privileges,
+    system::procfs,
+    system::stop::{self, ProcessWatch},
+    system::text::escape_text,
+    target::{self, TargetTracker},
 };
 
 pub fn run(config: ProfileConfig) -> Result<()> {
@@ -118,7 +119,7 @@ pub fn run(config: ProfileConfig) -> Result<()> {
         config.duration,
         stop::either(
             sampling::run_sampler(&mut sampler, &mut loader, &mut processes),
-            targets::track(tracker.as_mut()),
+            target::track(tracker.as_mut()),
         ),
     ))?;
 
@@ -169,7 +170,7 @@ pub fn run(config: ProfileConfig) -> Result<()> {
     if let Some(stats) = unwind_stats {
         text += &unwind_summary(&stats, &counters);
     }
-    text += &crate::report::program_misses_line(&loader.program_misses());
+    text += &crate::output::report::program_misses_line(&loader.program_misses());
     let first = targets
         .iter()
         .flat_map(|t| &t.members)
@@ -187,7 +188,7 @@ pub fn run(config: ProfileConfig) -> Result<()> {
             text.push('\n');
         }
     }
-    crate::console::print(text)?;
+    crate::system::console::print(text)?;
     // The summary is printed even when a file could not be written; the error comes after.
     match output_error {
         Some(e) => Err(e),

@@ -2,7 +2,7 @@
 //! now, like `py-spy dump`, `jstack` or `eu-stack`, without stopping it: each thread's
 //! state, the system call it is blocked in and how long since it last ran, its kernel
 //! stack and its user stack (unwound with call frame information, symbolized and
-//! demangled). Everything comes from `/proc` (see [`crate::threads`]) but the threads'
+//! demangled). Everything comes from `/proc` (see [`crate::profile::threads`]) but the threads'
 //! frame pointers, which a task iterator reads from the kernel: without them (no BPF),
 //! user stacks through code built with frame pointers stop early.
 
@@ -14,17 +14,18 @@ use tracer_common::{ThreadRegs, UNWIND_STACK_BYTES};
 
 use crate::{
     cli::{Format, StacksConfig},
-    jit::JvmPerfMaps,
-    loader::{Features, Loader, Settings, sample_running_thread},
-    privileges, procfs,
-    python::Interpreter,
-    render::hist::format_ns,
-    stop::ProcessWatch,
-    symbolize::{ProcessMaps, StackSymbolizer},
-    threads::{
+    kernel::{Features, Loader, Settings, sample_running_thread},
+    output::render::hist::format_ns,
+    profile::threads::{
         self, SnapshotError, SnapshotOptions, ThreadSnapshot, ThreadState, UserStack, UserState,
     },
-    unwind::{DwarfUnwinder, UnwindEnd},
+    stack::jit::JvmPerfMaps,
+    stack::python::Interpreter,
+    stack::symbolize::{ProcessMaps, StackSymbolizer},
+    stack::unwind::{DwarfUnwinder, UnwindEnd},
+    system::privileges,
+    system::procfs,
+    system::stop::ProcessWatch,
 };
 
 pub fn run(config: StacksConfig) -> Result<()> {
@@ -104,7 +105,7 @@ pub fn run(config: StacksConfig) -> Result<()> {
         Format::Text => dump.to_text(),
         Format::Json => format!("{}\n", dump.to_json()),
     };
-    crate::console::print(out)?;
+    crate::system::console::print(out)?;
     if partial {
         return Err(ExitedWhileRead::Partial {
             pid,
@@ -376,8 +377,8 @@ fn escape(text: &str, quoted: bool) -> Cow<'_, str> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::threads::{Syscall, UserState};
-    use crate::unwind::UnwoundStack;
+    use crate::profile::threads::{Syscall, UserState};
+    use crate::stack::unwind::UnwoundStack;
 
     fn thread(state: ThreadState, syscall: Option<u64>, since: Option<u64>) -> ThreadSnapshot {
         ThreadSnapshot {

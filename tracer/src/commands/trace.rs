@@ -10,23 +10,24 @@ use tokio::io::{Interest, unix::AsyncFd};
 use tracer_common::{UsdtArg, UsdtEvent, UsdtStrHeader, counter};
 
 use crate::{
-    cli::{Format, TraceConfig, UnwindMethod},
-    console::{OutputError, OutputStream},
-    late_sites::{self, LOOK_PERIOD, LateSites, Members, searches_processes},
-    launch::PausedChild,
-    loader::{Features, Loader, RecordRing, Settings, keeper},
-    privileges,
-    probe_plan::{ProbePlan, SiteInput, SiteMode},
-    procfs,
-    python::Interpreters,
-    render,
-    stacks::{self, HitStack, StackProfile, StackSource, Weight},
-    stop::{self, ProcessWatch, StopReason},
-    symbolize::{ProcessMaps, StackSymbolizer},
-    targets::{self, TargetSpec, TargetTracker},
-    text::{escape_text, quote_bytes},
-    unwind::{DwarfUnwinder, Snapshot, StackMerger, UnwindEnd, UnwoundStack},
-    usdt::{self, Scope},
+    cli::{Format, TraceConfig},
+    kernel::{Features, Loader, RecordRing, Settings, keeper},
+    output::render,
+    probe::late_sites::{self, LOOK_PERIOD, LateSites, Members, searches_processes},
+    probe::plan::{ProbePlan, SiteInput, SiteMode},
+    probe::usdt::{self, Scope},
+    profile::sampling::UnwindMethod,
+    stack::naming::{self, HitStack, StackProfile, StackSource, Weight},
+    stack::python::Interpreters,
+    stack::symbolize::{ProcessMaps, StackSymbolizer},
+    stack::unwind::{DwarfUnwinder, Snapshot, StackMerger, UnwindEnd, UnwoundStack},
+    system::console::{OutputError, OutputStream},
+    system::privileges,
+    system::procfs,
+    system::stop::{self, ProcessWatch, StopReason},
+    system::text::{escape_text, quote_bytes},
+    target::launch::PausedChild,
+    target::{self, TargetSpec, TargetTracker},
 };
 
 pub fn run(config: TraceConfig) -> Result<()> {
@@ -282,7 +283,7 @@ pub fn run(config: TraceConfig) -> Result<()> {
                     },
                     &out,
                 ),
-                stop::either(targets::track(tracker.as_mut()), keeper::watch(keeper_pid)),
+                stop::either(target::track(tracker.as_mut()), keeper::watch(keeper_pid)),
             ),
         )
         .await?;
@@ -544,7 +545,7 @@ fn folded_frames(probe: &str, stack: &HitStack) -> Vec<String> {
             .frames
             .iter()
             .rev()
-            .map(stacks::FrameLine::folded_name),
+            .map(naming::FrameLine::folded_name),
     );
     frames
 }
@@ -596,7 +597,7 @@ struct StackNamer {
     named_unwound: HashMap<(u32, UnwoundStack, i32), HitStack>,
 }
 
-/// One unwound user stack as a stack source, for [`stacks::hit_stack`].
+/// One unwound user stack as a stack source, for [`naming::hit_stack`].
 struct OneStack<'a> {
     id: i32,
     unwound: &'a UnwoundStack,
@@ -692,7 +693,7 @@ impl StackNamer {
             return stack.clone();
         }
         self.observe(tgid);
-        let mut stack = stacks::hit_stack(
+        let mut stack = naming::hit_stack(
             user_id,
             kernel_id,
             stacks,
@@ -740,7 +741,7 @@ impl StackNamer {
             others: stacks,
         };
         self.observe(tgid);
-        let mut stack = stacks::hit_stack(
+        let mut stack = naming::hit_stack(
             id,
             kernel_id,
             &one,
@@ -879,7 +880,7 @@ impl Pumped<'_> {
 }
 
 /// One warning per argument events cannot show.
-fn warn_unavailable(args: &[crate::probe_plan::UnavailableArg], plan: &ProbePlan, format: Format) {
+fn warn_unavailable(args: &[crate::probe::plan::UnavailableArg], plan: &ProbePlan, format: Format) {
     for arg in args {
         log::warn!(
             "{}: arg{} {}: unavailable, shown as {}",

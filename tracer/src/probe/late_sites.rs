@@ -1,0 +1,287 @@
+//! Probe sites in objects mapped after the first attach (a library `dlopen`ed, a process
+//! started later), found and attached while tracing, for `trace` and `attach` alike.
+//!
+//! The kernel records one traced process in `HELD` each time its dynamic loader has
+//! mapped a library (at `_dl_debug_state`), and [`LateSites::look`] attaches the new
+//! objects' probes within a look period. With `--hold-at-dlopen` the kernel also stops the
+//! process (SIGSTOP), so that the probes are attached before any of the library's code
+//! runs, and the look continues it. Every [`LOOK_EVERY`] looks, the processes' maps are
+//! searched too, for what a loader without `_dl_debug_state` mapped, and for a set of
+//! processes, which has no `_dl_debug_state` uprobe (it would land in every process
+//! running that loader, on the whole machine).
+
+use std::{ops::Range, path::PathBuf};
+
+use anyhow::Result;
+
+use crate::{
+    kernel::Loader,
+    probe::plan::{ProbePlan, SiteInput, SiteMode},
+    probe::runtimes::TaskProbeDef,
+    probe::usdt,
+    system::procfs::{self, ProcessError},
+};
+
+/// How often held processes are looked for. A held process waits for this at most (each
+/// `dlopen` and `dlclose` holds it twice): one map lookup per period.
+pub const LOOK_PERIOD: std::time::Duration = std::time::Duration::from_millis(1);
+/// Every this many looks, the processes' maps are searched for objects mapped since.
+pub const LOOK_EVERY: u32 = 100;
+
+/// Whether `spec` searches the objects of processes (no path, or `*`) rather than files.
+pub fn searches_processes(spec: &usdt::UsdtSpecifier) -> bool {
+    spec.path.as_deref().is_none_or(|path| path == "*")
+}
+
+/// Whose maps are looked at for objects mapped later.
+pub enum Members {
+    One(u32),
+    /// The kernel's set of targets.
+    Set,
+    /// Every process.
+    Every,
+}
+
+/// What one look attached: the new sites, and the new unavailable arguments, as ranges
+/// of the plan's lists.
+#[derive(Debug, Default)]
+pub struct Added {
+    pub sites: Range<usize>,
+    pub unavailable_args: Range<usize>,
+    /// The processes held and continued: their mappings have changed.
+    pub held: Vec<u32>,
+}
+
+impl Added {
+    pub fn is_empty(&self) -> bool {
+        self.sites.is_empty()
+    }
+}
+
+/// The specifiers still looked for, and how their sites are planned.
+pub struct LateSites {
+    specs: Vec<usdt::UsdtSpecifier>,
+    searched: usdt::Searched,
+    mode: SiteMode,
+    /// Task probes the plan gives roles to (`attach`'s runtimes), as at the start.
+    tasks: Vec<TaskProbeDef>,
+    pid: Option<u32>,
+    members: Members,
+    ticks: u32,
+    /// Passes over the catalogue's function sites in files with the runtime's USDT
+    /// probes (`attach`).
+    usdt_elsewhere: Option<crate::probe::runtimes::functions::UsdtElsewhere>,
+    /// `--hold-at-dlopen`: the kernel stops the process at each `dlopen` while this runs.
+    hold: bool,
+}
+
+impl LateSites {
+    /// `searched`: the objects already searched (their sites are planned).
+    pub fn new(
+        specs: Vec<usdt::UsdtSpecifier>,
+        searched: usdt::Searched,
+        mode: SiteMode,
+        tasks: Vec<TaskProbeDef>,
+        pid: Option<u32>,
+        members: Members,
+    ) -> Self {
+        LateSites {
+            specs,
+            searched,
+            mode,
+            tasks,
+            pid,
+            members,
+            ticks: 0,
+            usdt_elsewhere: None,
+            hold: false,
+        }
+    }
+
+    /// Keeps the kernel stopping the process at each `dlopen` (see [`hold_at_dlopen`]).
+    pub fn holding(mut self, hold: bool) -> Self {
+        self.hold = hold;
+        self
+    }
+
+    /// Leaves out the function sites of runtimes whose files have USDT probes.
+    pub fn keeping(
+        mut self,
+        usdt_elsewhere: crate::probe::runtimes::functions::UsdtElsewhere,
+    ) -> Self {
+        self.usdt_elsewhere = Some(usdt_elsewhere);
+        self
+    }
+
+    /// Continues the processes the kernel held, once their new objects' probes are
+    /// attached; every [`LOOK_EVERY`] calls, looks at every member's objects too; returns
+    /// what was added to `plan` (and attached). A failure is a warning: tracing what is
+    /// attached goes on.
+    pub fn look(&mut self, loader: &mut Loader, plan: &mut ProbePlan) -> Added {
+        let first_site = plan.sites.len();
+        let first_unavailable = plan.unavailable_args.len();
+        let mut held = Vec::new();
+        for (pid, what) in loader.held() {
+            let stopped = what == tracer_common::held::STOPPED;
+            // Continued before its SIGSTOP took effect, it would stay stopped.
+            if stopped && !procfs::is_stopped(pid) && ProcessError::check(pid).is_none() {
+                continue;
+            }
+            self.look_at(pid, loader, plan);
+            loader.release_held(pid);
+            if stopped {
+                continue_process(pid);
+            }
+            held.push(pid);
+        }
+        if self.hold && self.ticks.is_multiple_of(LOOK_EVERY) {
+            keep_holding(loader);
+        }
+        self.ticks += 1;
+        if self.ticks % LOOK_EVERY == 1 {
+            let pids = match self.members {
+                Members::One(pid) => vec![pid],
+                Members::Set => loader
+                    .targets_map()
+                    .map(|t| t.running_pids())
+                    .unwrap_or_default(),
+                Members::Every => procfs::all_processes(),
+            };
+            for pid in pids {
+                self.look_at(pid, loader, plan);
+            }
+        }
+        Added {
+            sites: first_site..plan.sites.len(),
+            unavailable_args: first_unavailable..plan.unavailable_args.len(),
+            held,
+        }
+    }
+
+    fn look_at(&mut self, pid: u32, loader: &mut Loader, plan: &mut ProbePlan) {
+        let (mut sites, skipped) = usdt::find_new(&self.specs, pid, &mut self.searched);
+        for skipped in &skipped {
+            log::warn!("skipped a probe site: {skipped}");
+        }
+        if let Some(keep) = self.usdt_elsewhere.as_mut() {
+            sites.retain(|site| keep.keep(site));
+        }
+        if sites.is_empty() {
+            return;
+        }
+        if let Err(e) = self.attach(&sites, loader, plan) {
+            log::warn!("cannot attach the probes found later in process {pid}: {e:#}");
+        }
+    }
+
+    /// Continues every process still held, once the kernel holds no more (recording
+    /// stopped), waiting up to a second in all for them to have stopped.
+    pub fn release_all(&mut self, loader: &mut Loader) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+        for (pid, what) in loader.held() {
+            if what != tracer_common::held::STOPPED {
+                loader.release_held(pid);
+                continue;
+            }
+            while !procfs::is_stopped(pid)
+                && ProcessError::check(pid).is_none()
+                && std::time::Instant::now() < deadline
+            {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            loader.release_held(pid);
+            continue_process(pid);
+        }
+    }
+
+    fn attach(
+        &mut self,
+        sites: &[usdt::ProbeSite],
+        loader: &mut Loader,
+        plan: &mut ProbePlan,
+    ) -> Result<()> {
+        let inputs = sites
+            .iter()
+            .map(SiteInput::try_from)
+            .collect::<Result<Vec<_>, _>>()?;
+        let added = plan.add(&inputs, &self.tasks, self.mode, self.pid)?;
+        loader.attach_more_usdt_sites(&plan.usdt_sites_in(added.clone()))?;
+        log::info!("attached {} more sites", added.len());
+        Ok(())
+    }
+}
+
+/// Sends SIGCONT to a process the kernel stopped for us.
+fn continue_process(pid: u32) {
+    // SAFETY: kill has no memory preconditions.
+    unsafe { libc::kill(pid as i32, libc::SIGCONT) };
+}
+
+/// How far ahead the kernel is told to keep stopping processes at `dlopen`: a tracer
+/// that dies stops none after this.
+const HOLD_AHEAD_S: u64 = 2;
+
+/// Tells the kernel to go on stopping the process at `dlopen` for [`HOLD_AHEAD_S`].
+fn keep_holding(loader: &mut Loader) {
+    let now_s = crate::system::stop::monotonic_ns() / 1_000_000_000;
+    if let Err(e) = loader.hold_until((now_s + HOLD_AHEAD_S) as u32) {
+        log::warn!("cannot keep holding the process at dlopen: {e:#}");
+    }
+}
+
+/// Has the kernel tell when process `single` has mapped a library (`dlopen`), for its
+/// probes to be attached at once, and with `hold` stop it until they are, so that none of
+/// its code runs before: the loaders of `exes`, each an executable and the root its
+/// loader's path is under. A set of processes gets no such uprobe: it would land in every
+/// process on the machine that runs the same loader.
+pub fn hold_at_dlopen(
+    loader: &mut Loader,
+    exes: Vec<(PathBuf, PathBuf)>,
+    single: Option<u32>,
+    hold: bool,
+) -> Result<()> {
+    if single.is_none() {
+        return Ok(());
+    }
+    if hold {
+        keep_holding(loader);
+    }
+    let mut loaders: Vec<PathBuf> = Vec::new();
+    for (exe, root) in exes {
+        let Some(interp) = usdt::interpreter(&exe) else {
+            continue;
+        };
+        let path = root.join(interp.strip_prefix("/").unwrap_or(&interp));
+        if let Ok(path) = std::fs::canonicalize(&path)
+            && !loaders.contains(&path)
+        {
+            loaders.push(path);
+        }
+    }
+    for path in loaders {
+        match usdt::dl_debug_state_offset(&path) {
+            Some(offset) => loader.hold_at_dlopen(&path, offset, single)?,
+            None => log::warn!(
+                "{}: no _dl_debug_state: a library loaded later is found within {} ms, \
+                 and its first hits may be missed",
+                path.display(),
+                LOOK_EVERY * LOOK_PERIOD.as_millis() as u32
+            ),
+        }
+    }
+    Ok(())
+}
+
+/// The executables of `pids` (and `exe`, the `--exe` file), each with the root its loader's
+/// path is under, for [`hold_at_dlopen`].
+pub fn executables_of(pids: &[u32], exe: Option<&std::path::Path>) -> Vec<(PathBuf, PathBuf)> {
+    pids.iter()
+        .map(|pid| {
+            (
+                PathBuf::from(format!("/proc/{pid}/exe")),
+                PathBuf::from(format!("/proc/{pid}/root")),
+            )
+        })
+        .chain(exe.map(|e| (e.to_path_buf(), PathBuf::from("/"))))
+        .collect()
+}

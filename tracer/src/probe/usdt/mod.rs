@@ -1,0 +1,516 @@
+//! USDT (SystemTap SDT) probe discovery: reading `.note.stapsdt` from ELF files, checking
+//! each note's addresses against the file's segments ([`validate`]), decoding the x86-64
+//! argument specs into [`tracer_common::UsdtArg`]s, matching probe names, and finding the objects a
+//! running process has mapped.
+//!
+//! Everything here is plain user-space parsing with no eBPF or root requirement, so it can
+//! be unit-tested and fuzzed; attaching uprobes is the caller's business.
+
+mod functions;
+mod notes;
+mod pattern;
+mod process;
+mod resolve;
+mod spec;
+mod symbols;
+pub use symbols::{dl_debug_state_offset, interpreter};
+#[cfg(test)]
+mod test_elf;
+mod validate;
+
+use std::collections::{HashMap, HashSet};
+use std::io;
+use std::path::{Path, PathBuf};
+
+use crate::system::procfs::ProcessError;
+
+pub use functions::{FunctionSymbol, Functions, function_args, is_go_program};
+pub use notes::{NoteDesc, UsdtNote, parse_note_desc, parse_notes, read_notes};
+pub use pattern::{
+    FunctionPlace, Glob, ProbeKind, ProbePattern, UsdtSpecifier, glob_paths, has_probe_type,
+    parse_specifier,
+};
+pub use process::{MappedObject, MapsEntry, executable, mapped_objects, parse_maps};
+pub use resolve::{
+    Found, Resolved, Scope, Searched, escape_glob, find, find_new, resolve, why_none,
+};
+pub use spec::{ArgSpec, SiteArg, describe, parse_arg_specs, resolve_globals};
+pub use validate::{Layout, Segment, SiteOffsets, SiteProblem, validate};
+
+/// Everything that can go wrong while discovering or decoding USDT probes.
+#[derive(Debug, thiserror::Error)]
+pub enum UsdtError {
+    /// The file exists but is not an ELF object (a script, a data file, a directory...).
+    #[error("not an ELF file: {}", path.display())]
+    NotElf {
+        /// The file as it was opened.
+        path: PathBuf,
+    },
+    /// The ELF headers themselves are broken, so no note can be trusted.
+    #[error("invalid ELF file {}", path.display())]
+    BadElf {
+        /// The file as it was opened.
+        path: PathBuf,
+        /// What the ELF reader found wrong.
+        source: object::read::Error,
+    },
+    /// One `stapsdt` note could not be decoded. Fails the whole file, as libbpf does:
+    /// a broken note means the file's notes cannot be trusted.
+    #[error("malformed note in {} at offset {offset:#x}: {reason}", path.display())]
+    MalformedNote {
+        /// The file as it was opened.
+        path: PathBuf,
+        /// File offset of the note's header, for `xxd`/`readelf` follow-up.
+        offset: u64,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A note decodes, but its addresses must not be attached: the probe is not in code,
+    /// or the kernel could not count its semaphore.
+    #[error(
+        "malformed note in {} at offset {note_offset:#x} ({provider}:{name}): {problem}",
+        path.display()
+    )]
+    InvalidSite {
+        /// The file as the process sees it (or as the user gave it).
+        path: PathBuf,
+        /// File offset of the note's header.
+        note_offset: u64,
+        /// The probe's provider.
+        provider: String,
+        /// The probe's name.
+        name: String,
+        /// What is wrong with its addresses (boxed: errors travel in every `Result`).
+        problem: Box<SiteProblem>,
+    },
+    /// Several notes are malformed; the first, and how many more.
+    #[error("{first} (and {more} more malformed notes)")]
+    Several {
+        /// The first problem found.
+        first: Box<UsdtError>,
+        /// How many others there are.
+        more: usize,
+    },
+    /// The process is not there (never existed, exited, a zombie), or /proc hides it.
+    #[error(transparent)]
+    Process(#[from] ProcessError),
+    /// An argument spec string from a note could not be decoded.
+    #[error("bad argument spec \"{spec}\": {reason}")]
+    BadArgSpec {
+        /// The whole spec string of the note.
+        spec: String,
+        /// Which argument failed and why.
+        reason: String,
+    },
+    /// A probe pattern or `usdt:` specifier given by the user is not valid.
+    #[error("bad probe specifier \"{spec}\": {reason}")]
+    BadSpecifier {
+        /// The text as the user gave it.
+        spec: String,
+        /// What form was expected.
+        reason: String,
+    },
+    /// A path with wildcards matched no ELF file.
+    #[error("no ELF file matches the path {path} of {spec}")]
+    NoFiles {
+        /// The path pattern as given.
+        path: String,
+        /// The whole specifier, as `usdt:PATH:PROVIDER:NAME`.
+        spec: String,
+    },
+    /// No probe matched what the user asked for.
+    #[error("no probes match {wanted} in {place}")]
+    NoProbes { wanted: String, place: String },
+    /// A file asked for all its probes has none at all.
+    #[error(
+        "no USDT probes in {path}: its build has no SystemTap SDT notes (readelf -n shows \
+         them). Its threads can still be profiled (tracer profile, tracer attach) and \
+         inspected (tracer stacks)"
+    )]
+    NoUsdtProbes { path: String },
+    /// Reading a file failed for a reason other than the ones above (permissions, I/O).
+    #[error("cannot read {}{}", path.display(), proc_permission_hint(path, source))]
+    Io {
+        /// The file or `/proc` entry that could not be read.
+        path: PathBuf,
+        /// The underlying error.
+        source: io::Error,
+    },
+}
+
+/// Why /proc refuses a process's files: the kernel's ptrace access check.
+fn proc_permission_hint(path: &Path, error: &io::Error) -> &'static str {
+    if error.kind() == io::ErrorKind::PermissionDenied && path.starts_with("/proc") {
+        " (another user's process, or one with capabilities tracer lacks: run tracer as \
+         root or with CAP_SYS_PTRACE)"
+    } else {
+        ""
+    }
+}
+
+impl UsdtError {
+    fn io(path: &Path, source: io::Error) -> Self {
+        UsdtError::Io {
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+
+    /// This error for a process known to have existed (tracer watches it): a process not
+    /// there any more has exited.
+    pub fn of_target(self) -> Self {
+        match self {
+            UsdtError::Process(e) => UsdtError::Process(e.of_target()),
+            other => other,
+        }
+    }
+}
+
+/// One place a probe can be attached: the binary it lives in, its note and its decoded
+/// arguments.
+#[derive(Clone, Debug)]
+pub struct ProbeSite {
+    /// The file holding the note; in path mode `path` and `host_path` are both the path
+    /// the user gave.
+    pub binary: MappedObject,
+    /// The note, with the uprobe and semaphore offsets.
+    pub note: UsdtNote,
+    /// The decoded arguments, each ready or unavailable with why; the whole spec fails
+    /// only with more arguments than an event holds. Kept so `list` still shows a site
+    /// whose spec we cannot read, and `trace` shows what it can of it.
+    pub args: Result<Vec<SiteArg>, String>,
+    /// A note's site, or a function's entry or return (then `note` is made up: no
+    /// provider, the function's name, no semaphore).
+    pub kind: ProbeKind,
+    /// For a function probe, the function it is in (none for an address no symbol
+    /// names).
+    pub function: Option<FunctionSymbol>,
+}
+
+impl ProbeSite {
+    /// The file offsets to attach at, or the error naming the note and what is wrong with
+    /// it. Nothing may be attached at a site for which this fails.
+    pub fn offsets(&self) -> Result<SiteOffsets, UsdtError> {
+        self.note
+            .location
+            .clone()
+            .map_err(|problem| UsdtError::InvalidSite {
+                path: self.binary.path.clone(),
+                note_offset: self.note.note_offset,
+                provider: self.note.provider.clone(),
+                name: self.note.name.clone(),
+                problem: Box::new(problem),
+            })
+    }
+
+    /// Whether the site's addresses passed [`validate`].
+    pub fn is_valid(&self) -> bool {
+        self.note.location.is_ok()
+    }
+}
+
+/// The probe sites in one ELF file that match `pattern`, in note order, valid or not (see
+/// [`ProbeSite::offsets`]).
+pub fn find_probes_in_file(
+    path: &Path,
+    pattern: &ProbePattern,
+) -> Result<Vec<ProbeSite>, UsdtError> {
+    let binary = MappedObject::from_path(path);
+    sites_in(&binary, pattern)
+}
+
+/// What [`scan_process`] found: the sites, and the mapped objects it had to skip.
+#[derive(Debug, Default)]
+pub struct ProcessScan {
+    /// Matching sites, executable first, then libraries in address order; valid or not
+    /// (see [`ProbeSite::offsets`]).
+    pub sites: Vec<ProbeSite>,
+    /// Shared libraries that could not be read (vanished, not ELF, broken notes). A
+    /// process maps many objects we do not care about, so one bad library must not hide
+    /// the probes of the others; the caller decides whether to warn.
+    pub skipped: Vec<(MappedObject, UsdtError)>,
+}
+
+/// The probe sites matching `pattern` in a process's executable and in every object it
+/// has mapped executable, each file read once. Fails only if the process is gone or its
+/// executable cannot be read; unreadable libraries are listed in `skipped`.
+pub fn scan_process(pid: u32, pattern: &ProbePattern) -> Result<ProcessScan, UsdtError> {
+    let exe = executable(pid)?;
+    let objects = mapped_objects(pid)?;
+    let mut scan = ProcessScan {
+        sites: sites_in(&exe, pattern)?,
+        skipped: Vec::new(),
+    };
+    let mut seen: HashSet<PathBuf> = HashSet::from([exe.path.clone()]);
+    for object in objects {
+        if !seen.insert(object.path.clone()) {
+            continue;
+        }
+        match sites_in(&object, pattern) {
+            Ok(sites) => scan.sites.extend(sites),
+            Err(e) => scan.skipped.push((object, e)),
+        }
+    }
+    Ok(scan)
+}
+
+/// [`scan_process`] over several processes (and the file `exe`, which may run in none of
+/// them yet), each file's sites once however many processes map it. Processes that
+/// exited meanwhile are passed over; fails only when none of them could be read and
+/// there is no `exe`.
+pub fn scan_processes(
+    pids: &[u32],
+    exe: Option<&Path>,
+    pattern: &ProbePattern,
+) -> Result<ProcessScan, UsdtError> {
+    let mut scan = ProcessScan::default();
+    let mut first_error = None;
+    let mut scanned = 0;
+    for &pid in pids {
+        match scan_process(pid, pattern) {
+            Ok(one) => {
+                scanned += 1;
+                scan.sites.extend(one.sites);
+                scan.skipped.extend(one.skipped);
+            }
+            Err(e) => {
+                log::debug!("cannot scan process {pid}: {e}");
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    if let Some(exe) = exe {
+        scan.sites
+            .extend(sites_in(&MappedObject::from_path(exe), pattern)?);
+        scanned += 1;
+    }
+    if scanned == 0
+        && let Some(error) = first_error
+    {
+        return Err(error);
+    }
+    dedup_by_file(&mut scan.sites);
+    Ok(scan)
+}
+
+/// Keeps each site once: the same file seen through two processes (under
+/// /proc/PID/root of each) is one file, so one uprobe per address.
+pub fn dedup_by_file(sites: &mut Vec<ProbeSite>) {
+    use std::os::unix::fs::MetadataExt as _;
+    let mut seen = HashSet::new();
+    sites.retain(|site| {
+        let id = std::fs::metadata(&site.binary.host_path)
+            .map(|m| (m.dev(), m.ino(), PathBuf::new()))
+            .unwrap_or_else(|_| (0, 0, site.binary.host_path.clone()));
+        // An entry and a return probe on one function are two sites.
+        seen.insert((id, site.note.pc, site.kind))
+    });
+}
+
+/// [`scan_process`] without the list of skipped libraries, for callers that only want
+/// the sites.
+pub fn find_probes_in_process(
+    pid: u32,
+    pattern: &ProbePattern,
+) -> Result<Vec<ProbeSite>, UsdtError> {
+    scan_process(pid, pattern).map(|scan| scan.sites)
+}
+
+pub(crate) fn sites_in(
+    binary: &MappedObject,
+    pattern: &ProbePattern,
+) -> Result<Vec<ProbeSite>, UsdtError> {
+    // Some binaries carry the same note twice (libjvm.so's hotspot:gc__begin); one uprobe
+    // per address, or every hit would count twice.
+    let mut seen = HashSet::new();
+    let notes: Vec<(UsdtNote, Result<Vec<ArgSpec>, String>)> = read_notes(&binary.host_path)?
+        .into_iter()
+        .filter(|note| pattern.matches(&note.provider, &note.name))
+        .filter(|note| seen.insert(note.pc))
+        .map(|note| {
+            let specs = parse_arg_specs(&note.arg_spec).map_err(|e| e.to_string());
+            (note, specs)
+        })
+        .collect();
+    let addresses = global_addresses(binary, notes.iter().filter_map(|(_, s)| s.as_ref().ok()));
+    Ok(notes
+        .into_iter()
+        .map(|(note, specs)| {
+            let args = specs.map(|specs| {
+                resolve_globals(specs, note.attach_pc(), |symbol| {
+                    addresses
+                        .get(symbol)
+                        .cloned()
+                        .unwrap_or_else(|| Err(format!("no symbol {symbol}")))
+                })
+            });
+            ProbeSite {
+                binary: binary.clone(),
+                note,
+                args,
+                kind: ProbeKind::Usdt,
+                function: None,
+            }
+        })
+        .collect())
+}
+
+/// The addresses of the symbols that the `%rip`-relative arguments of `specs` name, read
+/// from the object only when there are some. An object whose symbols cannot be read
+/// leaves those arguments unavailable, not its probes.
+fn global_addresses<'a>(
+    binary: &MappedObject,
+    specs: impl Iterator<Item = &'a Vec<ArgSpec>>,
+) -> HashMap<String, Result<u64, String>> {
+    let wanted: HashSet<&str> = specs
+        .flatten()
+        .filter_map(|arg| match arg {
+            ArgSpec::Global { symbol, .. } => Some(symbol.as_str()),
+            _ => None,
+        })
+        .collect();
+    if wanted.is_empty() {
+        return HashMap::new();
+    }
+    symbols::symbol_addresses(&binary.host_path, &wanted).unwrap_or_else(|e| {
+        let why = format!("cannot read the symbols: {e}");
+        wanted
+            .iter()
+            .map(|&name| (name.to_owned(), Err(why.clone())))
+            .collect()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn permission_errors_on_proc_say_what_is_missing() {
+        let denied = |path: &str| UsdtError::Io {
+            path: path.into(),
+            source: io::Error::from(io::ErrorKind::PermissionDenied),
+        };
+        assert!(
+            denied("/proc/1/exe")
+                .to_string()
+                .contains("root or with CAP_SYS_PTRACE")
+        );
+        assert_eq!(denied("/tmp/x").to_string(), "cannot read /tmp/x");
+    }
+
+    const PYTHON: &str = "/usr/bin/python3.11";
+
+    #[test]
+    fn finds_python_gc_probes_in_file() {
+        if !Path::new(PYTHON).exists() {
+            eprintln!("{PYTHON} not installed; skipping");
+            return;
+        }
+        let pattern: ProbePattern = "python:gc__*".parse().unwrap();
+        let sites = find_probes_in_file(Path::new(PYTHON), &pattern).unwrap();
+        let names: Vec<&str> = sites.iter().map(|s| s.note.name.as_str()).collect();
+        assert!(names.contains(&"gc__start"), "{names:?}");
+        assert!(names.contains(&"gc__done"), "{names:?}");
+        assert!(names.iter().all(|n| n.starts_with("gc__")));
+        let start = sites.iter().find(|s| s.note.name == "gc__start").unwrap();
+        // gc__start(int generation): one signed 32-bit argument.
+        let args = start.args.as_ref().unwrap();
+        assert_eq!(args.len(), 1);
+        let arg = args[0].as_ref().unwrap();
+        assert_eq!((arg.size, arg.signed), (4, 1));
+    }
+
+    #[test]
+    fn scans_own_process() {
+        // Our own test binary has no probes, but the scan must read the executable and
+        // every mapped library (libc at least) without failing.
+        let pattern: ProbePattern = "*:*".parse().unwrap();
+        let scan = scan_process(std::process::id(), &pattern).unwrap();
+        let skipped: Vec<String> = scan
+            .skipped
+            .iter()
+            .map(|(object, error)| format!("{}: {error}", object.host_path.display()))
+            .collect();
+        assert!(skipped.is_empty(), "{skipped:?}");
+    }
+
+    #[test]
+    fn missing_process_is_reported() {
+        let pattern: ProbePattern = "*:*".parse().unwrap();
+        // PIDs are capped well below this (pid_max is at most 2^22).
+        let err = find_probes_in_process(u32::MAX - 1, &pattern).unwrap_err();
+        assert!(
+            matches!(err, UsdtError::Process(ProcessError::NoSuch(_))),
+            "{err}"
+        );
+        assert_eq!(
+            err.to_string(),
+            format!("no such process: {}", u32::MAX - 1)
+        );
+        assert_eq!(
+            err.of_target().to_string(),
+            format!("process {} exited", u32::MAX - 1)
+        );
+    }
+
+    /// 100,000 notes in one file, each a probe of its own: all are read and matched, and
+    /// planning them fails at the site limit, counted before any work per site. Each step
+    /// is linear in the notes by construction: one pass over the notes, a hash set of
+    /// addresses, a hash map of probe ids (a search of the probes for every site took 77 s
+    /// for 100,000 sites, 1.4 s for 10,000).
+    #[test]
+    fn a_hundred_thousand_notes_stop_at_the_site_limit() {
+        use super::test_elf::{NOTE_OWNER, NT_STAPSDT, TEXT_OFF, VADDR};
+        use crate::probe::plan::{PlanError, ProbePlan, SiteInput, SiteMode};
+        use tracer_common::{MAX_PROBES, MAX_USDT_SITES};
+
+        const NOTES: u64 = 100_000;
+        let base = test_elf::base_after_text(NOTES);
+        let mut notes = Vec::new();
+        for i in 0..NOTES {
+            let strings = format!("many\0probe{i}\0-4@%edi\0");
+            let desc = test_elf::descriptor(
+                [VADDR + TEXT_OFF + i, base, 0],
+                true,
+                true,
+                &[strings.as_bytes()],
+            );
+            notes.extend(test_elf::note(NOTE_OWNER, NT_STAPSDT, &desc));
+        }
+        let dir = std::env::temp_dir().join(format!("tracer-usdt-{}-many", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("many-notes");
+        std::fs::write(&path, test_elf::elf_with_text(true, NOTES, &notes)).unwrap();
+        let found = find_probes_in_file(&path, &"many:*".parse().unwrap());
+        std::fs::remove_dir_all(&dir).unwrap();
+        let sites = found.unwrap();
+        assert_eq!(sites.len(), NOTES as usize);
+        let inputs: Vec<SiteInput> = sites
+            .iter()
+            .map(|site| SiteInput::try_from(site).unwrap())
+            .collect();
+        assert_eq!(inputs[NOTES as usize - 1].name, "probe99999");
+        assert_eq!(inputs[NOTES as usize - 1].file_offset, TEXT_OFF + NOTES - 1);
+
+        let plan =
+            |count: usize| ProbePlan::build(&inputs[..count], &[], &[], SiteMode::Events, None);
+        assert_eq!(
+            plan(NOTES as usize).unwrap_err(),
+            PlanError::TooManySites(NOTES as usize)
+        );
+        assert_eq!(
+            plan(MAX_USDT_SITES as usize + 1).unwrap_err(),
+            PlanError::TooManySites(MAX_USDT_SITES as usize + 1)
+        );
+        // As many sites as may be attached, each its own probe: too many probes.
+        assert_eq!(
+            plan(MAX_USDT_SITES as usize).unwrap_err(),
+            PlanError::TooManyProbes(MAX_USDT_SITES as usize)
+        );
+        let planned = plan(MAX_PROBES as usize).unwrap();
+        assert_eq!(planned.sites.len(), MAX_PROBES as usize);
+        assert_eq!(planned.probes.len(), MAX_PROBES as usize);
+        assert!(planned.probes.iter().all(|probe| probe.site_count == 1));
+    }
+}

@@ -1,0 +1,10 @@
+//! Profiles: on-CPU sampling and off-CPU accounting ([`sampling`]), and the aggregates
+//! built from what the kernel collected: wall-clock profiles ([`wallclock`]), task
+//! timelines ([`tasks`]), latency histograms ([`histogram`]), and what each thread of a
+//! process is doing now ([`threads`], `tracer stacks`).
+
+pub mod histogram;
+pub mod sampling;
+pub mod tasks;
+pub mod threads;
+pub mod wallclock;

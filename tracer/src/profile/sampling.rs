@@ -1,0 +1,690 @@
+//! The kernel side of a wall-clock profile, driven from user space, shared by `profile`
+//! and `attach`: on-CPU sampling and off-CPU accounting (`sched_switch`) attached with one
+//! unwinding method, threads blocked since before the start marked off CPU from the
+//! start under the stacks they are blocked in (read from /proc and unwound: see
+//! [`crate::profile::threads`]), DWARF stack snapshots drained and unwound while the targets run,
+//! and at the end the profile built from what the kernel collected.
+
+use std::{collections::HashMap, time::Duration};
+
+use anyhow::{Context as _, Result};
+use tracer_common::{
+    KERNEL_STACK_AT_SWITCH_IN, NO_STACK, OffCpuStart, STACK_BEFORE_START, UNWIND_STACK_BYTES,
+    counter, offcpu_state, task_wall,
+};
+
+use crate::{
+    kernel::{
+        Attachment, Features, Loader, RecordRing, Settings, SnapshotChecks, TargetsMap, UserStacks,
+    },
+    profile::threads::{self, SnapshotOptions, ThreadState},
+    profile::wallclock::{
+        self, BuildOptions, FIRST_SEEDED_ID, RawProfile, TaskEntries, WallClockProfile,
+    },
+    stack::jit::JvmPerfMaps,
+    stack::naming::{FRAME_POINTER_SUFFIX, KERNEL_SUFFIX, StackSource},
+    stack::processes::Processes,
+    stack::python::Interpreters,
+    stack::symbolize::StackSymbolizer,
+    stack::unwind::{DwarfUnwinder, Snapshot, StackMerger, UnwindStats, UnwoundStack, WithUnwound},
+    system::procfs,
+    system::stop::{self, StopReason},
+    target::KernelTargets,
+};
+
+/// How stacks are sampled and walked (`SamplingArgs` in the command line, validated).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sampling {
+    pub frequency_hz: u64,
+    pub unwind: UnwindMethod,
+    pub unwind_buffer_bytes: u32,
+    /// CPython processes' stacks carry Python frames (with DWARF unwinding).
+    pub python_frames: bool,
+    /// HotSpot JVMs are asked for their perf maps.
+    pub jit_symbols: bool,
+}
+
+/// How user stacks are walked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum UnwindMethod {
+    /// Frame pointers, walked in the kernel.
+    Fp,
+    /// DWARF call frame information, unwound in user space from a copy of the stack.
+    Dwarf,
+}
+
+/// How often the ring buffer of stack snapshots is drained with `--unwind dwarf` (the
+/// snapshots are unwound while the process's mappings are still there).
+pub const DRAIN_PERIOD: Duration = Duration::from_millis(10);
+
+/// How often the processes that joined a set of targets are looked at: a process that
+/// lives longer than this gets named stacks.
+pub const OBSERVE_PERIOD: Duration = Duration::from_millis(100);
+
+/// On-CPU sampling and off-CPU accounting, attached.
+pub struct WallClockSampler {
+    sampling: Sampling,
+    /// The processes sampled, when a set that can change (`None`: one process, or every
+    /// process).
+    targets: Option<TargetsMap>,
+    /// Every process is sampled.
+    system_wide: bool,
+    unwinding: Option<Unwinding>,
+    /// The CPython interpreters of the processes sampled, whose frames the kernel walks.
+    interpreters: Interpreters,
+    /// The perf maps asked of the JVMs among the targets.
+    jvm_perf_maps: JvmPerfMaps,
+    /// The stacks of the threads blocked when sampling started.
+    seeds: Seeds,
+    /// CLOCK_MONOTONIC when sampling started.
+    pub started_ns: u64,
+    /// How many CPUs are sampled.
+    pub cpus: usize,
+    /// Off-CPU accounting and on-CPU sampling, while attached.
+    attached: Option<[Attachment; 2]>,
+}
+
+/// How the profile is built from what was collected.
+#[derive(Debug, Clone)]
+pub struct ViewOptions {
+    /// A `name [tid]` frame for each thread, under its process.
+    pub per_thread: bool,
+    /// Off-CPU intervals shorter than this are left out (`--min-block`).
+    pub min_block: Duration,
+    /// The runtime tasks whose time the threads spent, named (see
+    /// [`TaskEntries::names`]); empty without task probes.
+    pub task_names: HashMap<(u32, u64), String>,
+}
+
+/// What the profile is made of, once the sampler stopped.
+pub struct Collected {
+    pub profile: WallClockProfile,
+    /// With `--unwind dwarf`: how the unwinding went.
+    pub unwind_stats: Option<UnwindStats>,
+}
+
+impl WallClockSampler {
+    /// The kernel features a sampler needs, for [`Settings::features`].
+    pub fn features(sampling: &Sampling) -> Features {
+        Features {
+            offcpu: true,
+            oncpu: true,
+            offcpu_snapshots: sampling.unwind == UnwindMethod::Dwarf,
+            // The saved frame pointers of the threads blocked at the start.
+            thread_regs: true,
+            python_frames: sampling.unwind == UnwindMethod::Dwarf && sampling.python_frames,
+            ..Features::NONE
+        }
+    }
+
+    /// The size of the snapshot ring buffer, for [`Settings::unwind_ring_bytes`].
+    pub fn unwind_ring_bytes(sampling: &Sampling) -> u32 {
+        match sampling.unwind {
+            UnwindMethod::Dwarf => sampling.unwind_buffer_bytes,
+            UnwindMethod::Fp => Settings::default().unwind_ring_bytes,
+        }
+    }
+
+    /// Attaches off-CPU accounting and on-CPU sampling, of the `targets` the loader was
+    /// given or (`None`) of every process. Every thread of the targets is marked off CPU
+    /// from now: threads blocked since before would otherwise be missed until they wake
+    /// (or entirely); running ones replace the mark at their next switch. A blocked
+    /// thread's mark carries the stacks it is blocked in, read from /proc without stopping
+    /// it ([`threads`]); `processes` must know the targets' mappings to unwind them.
+    pub fn attach(
+        loader: &mut Loader,
+        targets: Option<&KernelTargets>,
+        sampling: Sampling,
+        processes: &Processes,
+    ) -> Result<Self> {
+        let dwarf = sampling.unwind == UnwindMethod::Dwarf;
+        let mut interpreters = match dwarf && sampling.python_frames {
+            true => Interpreters::default(),
+            false => Interpreters::disabled(),
+        };
+        register_python_processes(loader, processes, &mut interpreters);
+        let stacks = match sampling.unwind {
+            UnwindMethod::Dwarf => UserStacks::Snapshots,
+            UnwindMethod::Fp => UserStacks::FramePointers,
+        };
+        let offcpu = loader.attach_offcpu(stacks)?;
+        let oncpu = loader
+            .attach_oncpu_sampling(stacks, sampling.frequency_hz)
+            .with_context(|| {
+                format!(
+                    "cannot sample at {} Hz (see kernel.perf_event_max_sample_rate)",
+                    sampling.frequency_hz
+                )
+            })?;
+        let cpus = oncpu.points();
+        let unwinding = match dwarf {
+            true => Some(Unwinding {
+                ring: loader.take_unwind_samples()?,
+                checks: loader.take_snapshot_checks()?,
+                unwinder: DwarfUnwinder::new(),
+            }),
+            false => None,
+        };
+        // Both programs record from one instant: an interval begun after it is counted
+        // from its own start, a thread blocked then from here (the seeds below), however
+        // long attaching took on a busy machine.
+        loader.start_recording()?;
+        let started_ns = stop::monotonic_ns();
+        let mut seeds = Seeds::default();
+        for member in targets.iter().flat_map(|t| &t.members) {
+            let marks =
+                seeds.mark_threads(loader, member.pid, started_ns, processes, &mut interpreters);
+            loader.seed_offcpu_starts(&marks)?;
+        }
+        let set = targets.filter(|t| t.single.is_none());
+        let mut jvm_perf_maps = JvmPerfMaps::new(sampling.jit_symbols && targets.is_some());
+        jvm_perf_maps.request_at_start(targets.iter().flat_map(|t| &t.members).map(|m| m.pid));
+        Ok(Self {
+            sampling,
+            targets: set.map(|_| loader.targets_map()).transpose()?,
+            system_wide: targets.is_none(),
+            unwinding,
+            interpreters,
+            jvm_perf_maps,
+            seeds,
+            started_ns,
+            cpus,
+            attached: Some([offcpu, oncpu]),
+        })
+    }
+
+    /// Whether snapshots must be drained every [`DRAIN_PERIOD`].
+    pub fn unwinds(&self) -> bool {
+        self.unwinding.is_some()
+    }
+
+    /// Unwinds the snapshots waiting (with `--unwind dwarf`); call every [`DRAIN_PERIOD`].
+    pub fn drain(&mut self, processes: &mut Processes) {
+        if let Some(unwinding) = self.unwinding.as_mut() {
+            unwinding.drain(processes, &mut self.interpreters, self.targets.as_ref());
+        }
+    }
+
+    /// Captures the processes that joined a set of targets (their names and mappings,
+    /// while they run) and names the targets' new threads; call every [`OBSERVE_PERIOD`].
+    pub fn observe_targets(&self, processes: &mut Processes) {
+        if let Some(targets) = &self.targets {
+            for (pid, name) in targets.named() {
+                processes.observe_named(pid, Some(&name));
+            }
+        }
+        // System-wide, every process is known: names are read once a second.
+        if !self.system_wide {
+            processes.name_new_threads();
+        }
+    }
+
+    /// Captures what a system-wide profile has seen so far; call about once a second.
+    pub fn refresh(&self, loader: &Loader, processes: &mut Processes) {
+        if self.system_wide {
+            observe_seen(loader, processes);
+        }
+        processes.refresh();
+    }
+
+    /// Detaches sampling and accounting (the maps stay readable) and unwinds what is left.
+    pub fn detach(&mut self, processes: &mut Processes) {
+        if let Some([offcpu, oncpu]) = self.attached.take() {
+            oncpu.detach();
+            offcpu.detach();
+        }
+        self.drain(processes);
+    }
+
+    /// Builds the profile from what the kernel collected, up to `now_ns` (when it was
+    /// detached); `reason` says whether threads still blocked are blocked right now.
+    pub fn finish(
+        self,
+        loader: &Loader,
+        processes: &mut Processes,
+        symbolizer: &mut StackSymbolizer,
+        reason: StopReason,
+        now_ns: u64,
+        view: ViewOptions,
+    ) -> Result<Collected> {
+        if self.system_wide {
+            observe_seen(loader, processes);
+        }
+        self.observe_targets(processes);
+        // A perf map is a snapshot: what the JVMs compiled since the start is named too.
+        let mut jvm_perf_maps = self.jvm_perf_maps;
+        if reason != StopReason::TargetExited {
+            jvm_perf_maps.request_before_naming(processes.iter().map(|(tgid, _)| tgid));
+        } else {
+            jvm_perf_maps.request_before_naming([]);
+        }
+        if let Some(summary) = jvm_perf_maps.summary() {
+            crate::status!("{summary}");
+        }
+        if reason != StopReason::TargetExited {
+            processes.refresh();
+        }
+        // Threads still blocked are blocked right now, unless they are gone: a target that
+        // exited, or (system-wide) a thread that exited while switched out, never wakes up.
+        let mut seeds = self.seeds;
+        let pending = if reason == StopReason::TargetExited {
+            Vec::new()
+        } else {
+            seeds.name_blocked_kernel_stacks(still_alive(loader.offcpu_pending()?))
+        };
+        let mut oncpu = loader.oncpu_samples()?;
+        let mut tasks = TaskEntries {
+            names: view.task_names,
+            ..TaskEntries::default()
+        };
+        for (key, total) in loader.task_wall()? {
+            match key.kind {
+                task_wall::ON_CPU => tasks.oncpu.push((key.task, key.key, total.count)),
+                _ => tasks.offcpu.push((key.task, key.key, total)),
+            }
+        }
+        let (unwind_stats, unwound) = match self.unwinding {
+            Some(Unwinding { unwinder, .. }) => {
+                let stats = unwinder.stats;
+                let unwound = unwinder.finish();
+                oncpu.extend(unwound.oncpu);
+                tasks.oncpu.extend(unwound.task_oncpu);
+                (Some(stats), Some(unwound.stacks))
+            }
+            None => (None, None),
+        };
+        let seeds = &seeds;
+        let raw = RawProfile {
+            oncpu,
+            offcpu: loader.offcpu_totals()?,
+            pending,
+            now_ns,
+            min_block_ns: u64::try_from(view.min_block.as_nanos()).unwrap_or(u64::MAX),
+            tasks,
+        };
+        let options = BuildOptions {
+            frequency_hz: self.sampling.frequency_hz,
+            per_thread: view.per_thread,
+        };
+        // Only a DWARF-unwound profile tells frames found by frame pointers apart.
+        let profile = match &unwound {
+            Some(unwound) => wallclock::build_profile(
+                &raw,
+                options,
+                &WithSeeds {
+                    inner: &WithUnwound {
+                        kernel: loader,
+                        unwound,
+                    },
+                    seeds,
+                },
+                symbolizer,
+                processes,
+            ),
+            None => wallclock::build_profile(
+                &raw,
+                options,
+                &WithSeeds {
+                    inner: loader,
+                    seeds,
+                },
+                symbolizer,
+                processes,
+            ),
+        };
+        Ok(Collected {
+            profile,
+            unwind_stats,
+        })
+    }
+}
+
+/// What runs while a sampler is attached: snapshots unwound every [`DRAIN_PERIOD`] (with
+/// `--unwind dwarf`) and the processes' mappings and thread names captured about once a
+/// second. Never finishes on its own.
+pub async fn run_sampler(
+    sampler: &mut WallClockSampler,
+    loader: &mut Loader,
+    processes: &mut Processes,
+) -> std::io::Result<StopReason> {
+    let mut chores = SamplerChores::default();
+    let mut ticker = tokio::time::interval(chores.period(sampler));
+    loop {
+        ticker.tick().await;
+        chores.run(sampler, loader, processes);
+    }
+}
+
+/// The sampler's periodic work, for a loop that also does other things (`attach` looking
+/// for libraries loaded later): call [`SamplerChores::run`] at least every
+/// [`SamplerChores::period`]; it does what is due.
+#[derive(Debug, Default)]
+pub struct SamplerChores {
+    drained: Option<std::time::Instant>,
+    refreshed: Option<std::time::Instant>,
+    observed: Option<std::time::Instant>,
+}
+
+impl SamplerChores {
+    /// How often the sampler has work to do.
+    pub fn period(&self, sampler: &WallClockSampler) -> Duration {
+        match (sampler.unwinds(), sampler.system_wide) {
+            (true, _) => DRAIN_PERIOD,
+            (false, false) => OBSERVE_PERIOD,
+            (false, true) => Duration::from_secs(1),
+        }
+    }
+
+    /// Does the work that is due.
+    pub fn run(
+        &mut self,
+        sampler: &mut WallClockSampler,
+        loader: &mut Loader,
+        processes: &mut Processes,
+    ) {
+        let due = |at: Option<std::time::Instant>, every: Duration| {
+            at.is_none_or(|at| at.elapsed() >= every)
+        };
+        if due(self.drained, self.period(sampler)) {
+            sampler.drain(processes);
+            self.drained = Some(std::time::Instant::now());
+        }
+        if due(self.observed, OBSERVE_PERIOD) {
+            sampler.observe_targets(processes);
+            register_python_processes(loader, processes, &mut sampler.interpreters);
+            self.observed = Some(std::time::Instant::now());
+        }
+        if due(self.refreshed, Duration::from_secs(1)) {
+            sampler.refresh(loader, processes);
+            self.refreshed = Some(std::time::Instant::now());
+        }
+    }
+}
+
+/// Tells the kernel of the Python interpreters found ready since the last call, so
+/// their threads' snapshots carry Python frames.
+pub fn register_python_processes(
+    loader: &mut Loader,
+    processes: &Processes,
+    interpreters: &mut Interpreters,
+) {
+    for (tgid, info) in processes.iter() {
+        interpreters.find(tgid, info.maps.as_ref());
+    }
+    interpreters.close_idle();
+    for (tgid, process) in interpreters.ready_for_kernel() {
+        if let Err(e) = loader.add_python_process(tgid, &process) {
+            log::warn!("process {tgid}: no Python frames: {e}");
+        }
+    }
+}
+
+/// The stacks of the threads found blocked when sampling started, by the ids their marks
+/// carry (from [`FIRST_SEEDED_ID`]): user stacks unwound from the registers and stack
+/// bytes /proc gives, kernel stacks as /proc names them.
+#[derive(Debug, Default)]
+struct Seeds {
+    user: HashMap<i32, UnwoundStack>,
+    kernel: HashMap<i32, Vec<String>>,
+    /// Ids given out so far (from [`FIRST_SEEDED_ID`]).
+    issued: i32,
+}
+
+impl Seeds {
+    fn next_id(&mut self) -> i32 {
+        self.issued += 1;
+        FIRST_SEEDED_ID + self.issued - 1
+    }
+
+    /// `pending` with the kernel stack of each thread still blocked where the kernel was
+    /// to take it at its switch in, as /proc shows it now ([`NO_STACK`] if it cannot).
+    fn name_blocked_kernel_stacks(
+        &mut self,
+        mut pending: Vec<(u32, OffCpuStart)>,
+    ) -> Vec<(u32, OffCpuStart)> {
+        for (tid, start) in &mut pending {
+            if start.kernel_stack_id != KERNEL_STACK_AT_SWITCH_IN {
+                continue;
+            }
+            let path = format!("/proc/{}/task/{tid}/stack", start.tgid);
+            let names = std::fs::read_to_string(&path)
+                .map(|text| threads::parse_kernel_stack(&text))
+                .unwrap_or_default();
+            start.kernel_stack_id = if names.is_empty() {
+                NO_STACK
+            } else {
+                let id = self.next_id();
+                let named = names.iter().map(|n| format!("{n}{KERNEL_SUFFIX}"));
+                self.kernel.insert(id, named.collect());
+                id
+            };
+        }
+        pending
+    }
+
+    /// Marks for every thread of `pid`, from `started_ns`: a blocked thread's under the
+    /// stacks it is blocked in, any other's (and one whose stacks cannot be read) under
+    /// [`STACK_BEFORE_START`].
+    fn mark_threads(
+        &mut self,
+        loader: &mut Loader,
+        pid: u32,
+        started_ns: u64,
+        processes: &Processes,
+        interpreters: &mut Interpreters,
+    ) -> Vec<(u32, OffCpuStart)> {
+        // The frame pointers /proc does not give, read first, so that they are those of
+        // the registers /proc then shows (the snapshot checks they agree).
+        let registers = match loader.thread_registers(pid) {
+            Ok(regs) => regs.into_iter().map(|r| (r.tid, r)).collect(),
+            Err(e) => {
+                log::debug!("no frame pointers for the threads of {pid}: {e}");
+                HashMap::new()
+            }
+        };
+        let options = SnapshotOptions {
+            registers,
+            ..SnapshotOptions::default()
+        };
+        let snapshots = threads::snapshot_threads_with(pid, &options).unwrap_or_default();
+        let maps = processes.get(pid).and_then(|p| p.maps.as_ref());
+        let mut python = interpreters.find(pid, maps);
+        let mut unwinder = DwarfUnwinder::new();
+        let id_for = |stacks: &mut Self, user: Option<UnwoundStack>, kernel: Vec<String>| {
+            let mut ids = [NO_STACK, NO_STACK];
+            if let Some(user) = user.filter(|u| !u.addrs.is_empty()) {
+                ids[0] = stacks.next_id();
+                stacks.user.insert(ids[0], user);
+            }
+            if !kernel.is_empty() {
+                ids[1] = stacks.next_id();
+                stacks.kernel.insert(ids[1], kernel);
+            }
+            ids
+        };
+        procfs::thread_ids(pid)
+            .into_iter()
+            .map(|tid| {
+                let blocked = snapshots.iter().find(|t| {
+                    t.tid == tid && !matches!(t.state, ThreadState::Running | ThreadState::Runnable)
+                });
+                // Running or waiting for a CPU: should it have been preempted before the
+                // recording began, its wait until it runs is runnable time, not a block.
+                let could_run = snapshots.iter().any(|t| {
+                    t.tid == tid && matches!(t.state, ThreadState::Running | ThreadState::Runnable)
+                });
+                let ids = match blocked {
+                    Some(thread) => {
+                        let user = maps
+                            .zip(thread.unwind_snapshot(pid))
+                            .map(|(maps, snapshot)| unwinder.unwind_one(&snapshot, maps).0)
+                            .map(|stack| match (python.as_deref_mut(), thread.fsbase()) {
+                                (Some(python), Some(fsbase)) => python.merge_thread(stack, fsbase),
+                                _ => stack,
+                            });
+                        id_for(self, user, thread.kernel_frame_names())
+                    }
+                    None => [NO_STACK, NO_STACK],
+                };
+                let ids = match ids {
+                    [NO_STACK, NO_STACK] if !could_run => [STACK_BEFORE_START, STACK_BEFORE_START],
+                    ids => ids,
+                };
+                let start = OffCpuStart {
+                    ts_ns: started_ns,
+                    // Maybe running: its next switch out just replaces the mark.
+                    exec_ns: tracer_common::EXEC_NS_UNKNOWN,
+                    tgid: pid,
+                    user_stack_id: ids[0],
+                    kernel_stack_id: ids[1],
+                    state: match could_run {
+                        true => offcpu_state::RUNNABLE,
+                        false => offcpu_state::BLOCKED,
+                    },
+                    // Blocked since before any task probe was attached.
+                    task: 0,
+                };
+                (tid, start)
+            })
+            .collect()
+    }
+}
+
+/// `inner`'s stacks, and the [`Seeds`].
+struct WithSeeds<'a, S> {
+    inner: &'a S,
+    seeds: &'a Seeds,
+}
+
+impl<S: StackSource> StackSource for WithSeeds<'_, S> {
+    fn stack(&self, id: i32) -> Vec<u64> {
+        match self.seeds.user.get(&id) {
+            Some(stack) => stack.addrs.clone(),
+            None => self.inner.stack(id),
+        }
+    }
+
+    fn user_frames_by_frame_pointer(&self, id: i32) -> Vec<bool> {
+        match self.seeds.user.get(&id) {
+            Some(stack) => stack.by_frame_pointer.clone(),
+            None => self.inner.user_frames_by_frame_pointer(id),
+        }
+    }
+
+    fn named(&self, id: i32) -> Option<Vec<String>> {
+        match self.seeds.kernel.get(&id) {
+            Some(names) => Some(names.clone()),
+            None => self.inner.named(id),
+        }
+    }
+}
+
+/// `--unwind dwarf`: the snapshots from the kernel, and what user space tells it back.
+struct Unwinding {
+    ring: RecordRing,
+    checks: SnapshotChecks,
+    unwinder: DwarfUnwinder,
+}
+
+impl Unwinding {
+    /// Unwinds every stack snapshot waiting in the ring buffer, capturing the mappings
+    /// of processes seen for the first time, and lets the kernel reuse the off-CPU ones.
+    /// A process that joined the `targets` by forking is named from its parent's
+    /// mappings when it is gone before its first snapshot is read.
+    fn drain(
+        &mut self,
+        processes: &mut Processes,
+        interpreters: &mut Interpreters,
+        targets: Option<&crate::kernel::TargetsMap>,
+    ) {
+        let Self {
+            ring,
+            checks,
+            unwinder,
+        } = self;
+        ring.drain(|record| {
+            let Some(snapshot) = Snapshot::parse(record) else {
+                return;
+            };
+            if !processes.knows(snapshot.tgid)
+                && let Some(parent) = targets.and_then(|t| t.forked_from(snapshot.tgid))
+            {
+                processes.observe_fork(snapshot.tgid, parent);
+                interpreters.note_fork(snapshot.tgid, parent);
+            }
+            processes.observe(snapshot.tgid);
+            let maps = processes
+                .get(snapshot.tgid)
+                .and_then(|info| info.maps.as_ref());
+            let merger = match &snapshot.python {
+                Some(_) => interpreters
+                    .find(snapshot.tgid, maps)
+                    .map(|p| p as &mut dyn StackMerger),
+                None => None,
+            };
+            if let Some(check) = unwinder.add(&snapshot, maps, merger)
+                && let Err(e) = checks.publish(snapshot.snapshot_id, &check)
+            {
+                // The kernel then sends a new snapshot each time: slower, not wrong.
+                log::debug!(
+                    "cannot publish the check of snapshot {}: {e}",
+                    snapshot.snapshot_id
+                );
+            }
+        });
+    }
+}
+
+/// The `--unwind dwarf` line: how many stacks were unwound, how deep, with which method,
+/// and how many were walked with frame pointers instead.
+pub fn unwind_summary(stats: &UnwindStats, counters: &[u64]) -> String {
+    let no_regs = counters[counter::UNWIND_NO_USER_REGS as usize];
+    let ring_full = counters[counter::UNWIND_RING_FULL as usize];
+    let unreadable = counters[counter::UNWIND_STACK_UNREADABLE as usize];
+    let stacks = stats.samples + stats.offcpu_snapshots;
+    let mean = stats.frames as f64 / stacks.max(1) as f64;
+    format!(
+        "Unwinding: {} on-CPU samples ({} of them in kernel mode) and {} off-CPU snapshots \
+         unwound with DWARF: {} user frames, {mean:.1} per stack, deepest {}; {} frames \
+         found by frame pointers where no call frame information covered the callee \
+         (marked{FRAME_POINTER_SUFFIX}); {} stacks deeper than the {} KiB copied, {} \
+         stopped early where unwind information ended, {} without mappings, \
+         {unreadable} with an unreadable stack. {} stacks walked with frame pointers in \
+         the kernel instead (marked{FRAME_POINTER_SUFFIX}; {no_regs} without user \
+         registers, {ring_full} with the snapshot ring buffer full).\n",
+        stats.samples,
+        stats.in_kernel,
+        stats.offcpu_snapshots,
+        stats.frames,
+        stats.max_depth,
+        stats.frame_pointer_frames,
+        stats.out_of_stack,
+        UNWIND_STACK_BYTES / 1024,
+        stats.truncated,
+        stats.no_maps,
+        no_regs + ring_full,
+    )
+}
+
+/// Captures the processes that have samples or blocked time so far, so their stacks can be
+/// named even if they exit before the end.
+fn observe_seen(loader: &Loader, processes: &mut Processes) {
+    let oncpu = loader.oncpu_samples().unwrap_or_default();
+    let offcpu = loader.offcpu_totals().unwrap_or_default();
+    let pending = loader.offcpu_pending().unwrap_or_default();
+    let tgids = oncpu
+        .iter()
+        .map(|(k, _)| k.tgid)
+        .chain(offcpu.iter().map(|(k, _)| k.tgid))
+        .chain(pending.iter().map(|(_, s)| s.tgid));
+    for tgid in tgids {
+        processes.observe(tgid);
+    }
+}
+
+fn still_alive(pending: Vec<(u32, OffCpuStart)>) -> Vec<(u32, OffCpuStart)> {
+    pending
+        .into_iter()
+        .filter(|(tid, start)| procfs::thread_exists(start.tgid, *tid))
+        .collect()
+}
