@@ -1,4 +1,4 @@
-//! `cargo xtask fuzz [--seconds N]`: run each cargo-fuzz target of tracer's pure parsers
+//! `cargo xtask fuzz [--seconds N]`: run each cargo-fuzz target of tracer-usdt, the USDT parser
 //! (USDT note descriptors, whole-object discovery with site validation, argument specs)
 //! for N seconds. On demand, not in CI.
 
@@ -44,11 +44,11 @@ pub fn run(seconds: u32) -> Result<()> {
                 .and_then(|(_, v)| v)
                 .expect("PATH is set"),
         );
-        cmd.current_dir(workspace_root().join("tracer"));
+        cmd.current_dir(workspace_root().join("tracer-usdt"));
         let status = cmd.status()?;
         anyhow::ensure!(
             status.success(),
-            "fuzz target {target} failed ({status}); see tracer/fuzz/artifacts/{target}"
+            "fuzz target {target} failed ({status}); see tracer-usdt/fuzz/artifacts/{target}"
         );
     }
     Ok(())

@@ -1,8 +1,9 @@
 //! `cargo xtask test`: every test, privileged end-to-end tests included. Those are
 //! `#[ignore]`d with the reason (a plain `cargo test` lists them as ignored, never as
 //! passed) and run here with `--include-ignored`; without root they fail. Last, the smoke
-//! test in a privileged container (`cargo xtask container`). Before the tests: rustfmt and
-//! clippy with `-D warnings`.
+//! test in a privileged container (`cargo xtask container`). Before the tests: rustfmt,
+//! clippy with `-D warnings`, and a build of the fuzz targets (which only `cargo xtask fuzz`
+//! runs), so they keep up with the parser they fuzz.
 
 use anyhow::Result;
 
@@ -23,6 +24,14 @@ pub fn run() -> Result<()> {
         "--",
         "-D",
         "warnings",
+    ]))?;
+    let fuzz = crate::workspace_root().join("tracer-usdt/fuzz/Cargo.toml");
+    crate::run(&mut cargo(&[
+        "check",
+        "--release",
+        "--manifest-path",
+        fuzz.to_str().expect("the workspace's path is UTF-8"),
+        "--bins",
     ]))?;
     crate::run(
         cargo(&[

@@ -12,10 +12,10 @@ use object::read::ReadCache;
 use object::{Object as _, ObjectSegment as _, ObjectSymbol as _, SymbolKind};
 use tracer_common::{UsdtArg, arg_kind};
 
-use super::pattern::{FunctionPlace, ProbeKind, UsdtSpecifier};
-use super::validate::{Layout, Segment, validate};
 use super::{MappedObject, ProbeSite, SiteArg, UsdtError, UsdtNote};
 use crate::stack::symbolize::demangle;
+use tracer_usdt::Error as FileError;
+use tracer_usdt::{FunctionPlace, Layout, ProbeKind, Segment, UsdtSpecifier, validate};
 
 /// Byte offsets in `pt_regs` of the integer argument registers, in order: `%rdi %rsi
 /// %rdx %rcx %r8 %r9`.
@@ -63,13 +63,13 @@ impl Functions {
         let file_len = file.metadata().map(|m| m.len()).unwrap_or(u64::MAX);
         let cache = ReadCache::new(file);
         let object = object::File::parse(&cache).map_err(|source| match source {
-            _ if !is_elf(path) => UsdtError::NotElf {
+            _ if !is_elf(path) => UsdtError::from(FileError::NotElf {
                 path: path.to_path_buf(),
-            },
-            source => UsdtError::BadElf {
+            }),
+            source => UsdtError::from(FileError::BadElf {
                 path: path.to_path_buf(),
                 source,
-            },
+            }),
         })?;
         let mut layout = Layout {
             file_len,
@@ -136,14 +136,14 @@ impl Functions {
         spec: &UsdtSpecifier,
     ) -> Result<Vec<ProbeSite>, UsdtError> {
         if spec.kind == ProbeKind::Uretprobe && self.is_go {
-            return Err(UsdtError::BadSpecifier {
+            return Err(UsdtError::from(FileError::BadSpecifier {
                 spec: spec.describe(),
                 reason: format!(
                     "{} is a Go program: Go moves its goroutines' stacks, and a return \
                      probe there corrupts them; use entry probes (uprobe:) only",
                     binary.path.display()
                 ),
-            });
+            }));
         }
         let mut sites = Vec::new();
         match spec.place {
@@ -176,13 +176,13 @@ impl Functions {
                     }
                     if offset > 0 {
                         if function.size > 0 && offset >= function.size {
-                            return Err(UsdtError::BadSpecifier {
+                            return Err(UsdtError::from(FileError::BadSpecifier {
                                 spec: spec.describe(),
                                 reason: format!(
                                     "{} is {} bytes long: offset {offset} is past its end",
                                     function.name, function.size
                                 ),
-                            });
+                            }));
                         }
                         self.check_instruction(
                             spec,
@@ -225,9 +225,11 @@ impl Functions {
         function: Option<&FunctionSymbol>,
         offset: u64,
     ) -> Result<(), UsdtError> {
-        let refuse = |reason: String| UsdtError::BadSpecifier {
-            spec: spec.describe(),
-            reason,
+        let refuse = |reason: String| {
+            UsdtError::from(FileError::BadSpecifier {
+                spec: spec.describe(),
+                reason,
+            })
         };
         let Some(function) = function else {
             return Err(refuse(format!(
@@ -271,10 +273,10 @@ impl Functions {
     ) -> Result<ProbeSite, UsdtError> {
         let location = validate(&self.layout, address, None);
         if let Err(problem) = &location {
-            return Err(UsdtError::BadSpecifier {
+            return Err(UsdtError::from(FileError::BadSpecifier {
                 spec: format!("{kind}:{}:{name}", binary.path.display()),
                 reason: problem.to_string(),
-            });
+            }));
         }
         Ok(ProbeSite {
             binary: binary.clone(),

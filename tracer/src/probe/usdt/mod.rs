@@ -1,89 +1,38 @@
-//! USDT (SystemTap SDT) probe discovery: reading `.note.stapsdt` from ELF files, checking
-//! each note's addresses against the file's segments ([`validate`]), decoding the x86-64
-//! argument specs into [`tracer_common::UsdtArg`]s, matching probe names, and finding the objects a
-//! running process has mapped.
-//!
-//! Everything here is plain user-space parsing with no eBPF or root requirement, so it can
-//! be unit-tested and fuzzed; attaching uprobes is the caller's business.
+//! USDT probe discovery: the sites that match a pattern in a file, a process (its
+//! executable and every object it maps) or a set of processes, and functions as probe
+//! sites (`uprobe:`). The notes themselves are read by the `tracer_usdt` crate; this
+//! module adds the processes, whose files it finds through /proc.
 
 mod functions;
-mod notes;
-mod pattern;
 mod process;
 mod resolve;
-mod spec;
-mod symbols;
-pub use symbols::{dl_debug_state_offset, interpreter};
-#[cfg(test)]
-mod test_elf;
-mod validate;
 
 use std::collections::{HashMap, HashSet};
 use std::io;
 use std::path::{Path, PathBuf};
+use tracer_usdt::Error as FileError;
 
 use crate::system::procfs::ProcessError;
 
 pub use functions::{FunctionSymbol, Functions, function_args, is_go_program};
-pub use notes::{NoteDesc, UsdtNote, parse_note_desc, parse_notes, read_notes};
-pub use pattern::{
-    FunctionPlace, Glob, ProbeKind, ProbePattern, UsdtSpecifier, glob_paths, has_probe_type,
-    parse_specifier,
-};
 pub use process::{MappedObject, MapsEntry, executable, mapped_objects, parse_maps};
 pub use resolve::{
     Found, Resolved, Scope, Searched, escape_glob, find, find_new, resolve, why_none,
 };
-pub use spec::{ArgSpec, SiteArg, describe, parse_arg_specs, resolve_globals};
-pub use validate::{Layout, Segment, SiteOffsets, SiteProblem, validate};
+pub use tracer_usdt::{
+    ArgSpec, FunctionPlace, Glob, Layout, NoteDesc, ProbeKind, ProbePattern, Segment, SiteArg,
+    SiteOffsets, SiteProblem, UsdtNote, UsdtSpecifier, describe, dl_debug_state_offset, glob_paths,
+    has_probe_type, interpreter, parse_arg_specs, parse_note_desc, parse_notes, parse_specifier,
+    read_notes, resolve_globals, validate,
+};
 
 /// Everything that can go wrong while discovering or decoding USDT probes.
 #[derive(Debug, thiserror::Error)]
 pub enum UsdtError {
-    /// The file exists but is not an ELF object (a script, a data file, a directory...).
-    #[error("not an ELF file: {}", path.display())]
-    NotElf {
-        /// The file as it was opened.
-        path: PathBuf,
-    },
-    /// The ELF headers themselves are broken, so no note can be trusted.
-    #[error("invalid ELF file {}", path.display())]
-    BadElf {
-        /// The file as it was opened.
-        path: PathBuf,
-        /// What the ELF reader found wrong.
-        source: object::read::Error,
-    },
-    /// One `stapsdt` note could not be decoded. Fails the whole file, as libbpf does:
-    /// a broken note means the file's notes cannot be trusted.
-    #[error("malformed note in {} at offset {offset:#x}: {reason}", path.display())]
-    MalformedNote {
-        /// The file as it was opened.
-        path: PathBuf,
-        /// File offset of the note's header, for `xxd`/`readelf` follow-up.
-        offset: u64,
-        /// What is wrong with it.
-        reason: String,
-    },
-    /// A note decodes, but its addresses must not be attached: the probe is not in code,
-    /// or the kernel could not count its semaphore.
-    #[error(
-        "malformed note in {} at offset {note_offset:#x} ({provider}:{name}): {problem}",
-        path.display()
-    )]
-    InvalidSite {
-        /// The file as the process sees it (or as the user gave it).
-        path: PathBuf,
-        /// File offset of the note's header.
-        note_offset: u64,
-        /// The probe's provider.
-        provider: String,
-        /// The probe's name.
-        name: String,
-        /// What is wrong with its addresses (boxed: errors travel in every `Result`).
-        problem: Box<SiteProblem>,
-    },
-    /// Several notes are malformed; the first, and how many more.
+    /// A file's notes, or a probe's text, are wrong (see [`tracer_usdt::Error`]).
+    #[error(transparent)]
+    File(#[from] tracer_usdt::Error),
+    /// Several files are wrong; the first, and how many more.
     #[error("{first} (and {more} more malformed notes)")]
     Several {
         /// The first problem found.
@@ -94,22 +43,6 @@ pub enum UsdtError {
     /// The process is not there (never existed, exited, a zombie), or /proc hides it.
     #[error(transparent)]
     Process(#[from] ProcessError),
-    /// An argument spec string from a note could not be decoded.
-    #[error("bad argument spec \"{spec}\": {reason}")]
-    BadArgSpec {
-        /// The whole spec string of the note.
-        spec: String,
-        /// Which argument failed and why.
-        reason: String,
-    },
-    /// A probe pattern or `usdt:` specifier given by the user is not valid.
-    #[error("bad probe specifier \"{spec}\": {reason}")]
-    BadSpecifier {
-        /// The text as the user gave it.
-        spec: String,
-        /// What form was expected.
-        reason: String,
-    },
     /// A path with wildcards matched no ELF file.
     #[error("no ELF file matches the path {path} of {spec}")]
     NoFiles {
@@ -128,32 +61,11 @@ pub enum UsdtError {
          inspected (tracer stacks)"
     )]
     NoUsdtProbes { path: String },
-    /// Reading a file failed for a reason other than the ones above (permissions, I/O).
-    #[error("cannot read {}{}", path.display(), proc_permission_hint(path, source))]
-    Io {
-        /// The file or `/proc` entry that could not be read.
-        path: PathBuf,
-        /// The underlying error.
-        source: io::Error,
-    },
-}
-
-/// Why /proc refuses a process's files: the kernel's ptrace access check.
-fn proc_permission_hint(path: &Path, error: &io::Error) -> &'static str {
-    if error.kind() == io::ErrorKind::PermissionDenied && path.starts_with("/proc") {
-        " (another user's process, or one with capabilities tracer lacks: run tracer as \
-         root or with CAP_SYS_PTRACE)"
-    } else {
-        ""
-    }
 }
 
 impl UsdtError {
     fn io(path: &Path, source: io::Error) -> Self {
-        UsdtError::Io {
-            path: path.to_path_buf(),
-            source,
-        }
+        tracer_usdt::Error::io(path, source).into()
     }
 
     /// This error for a process known to have existed (tracer watches it): a process not
@@ -191,16 +103,15 @@ impl ProbeSite {
     /// The file offsets to attach at, or the error naming the note and what is wrong with
     /// it. Nothing may be attached at a site for which this fails.
     pub fn offsets(&self) -> Result<SiteOffsets, UsdtError> {
-        self.note
-            .location
-            .clone()
-            .map_err(|problem| UsdtError::InvalidSite {
+        self.note.location.clone().map_err(|problem| {
+            UsdtError::from(FileError::InvalidSite {
                 path: self.binary.path.clone(),
                 note_offset: self.note.note_offset,
                 provider: self.note.provider.clone(),
                 name: self.note.name.clone(),
                 problem: Box::new(problem),
             })
+        })
     }
 
     /// Whether the site's addresses passed [`validate`].
@@ -372,7 +283,7 @@ fn global_addresses<'a>(
     if wanted.is_empty() {
         return HashMap::new();
     }
-    symbols::symbol_addresses(&binary.host_path, &wanted).unwrap_or_else(|e| {
+    tracer_usdt::symbol_addresses(&binary.host_path, &wanted).unwrap_or_else(|e| {
         let why = format!("cannot read the symbols: {e}");
         wanted
             .iter()
@@ -387,9 +298,11 @@ mod tests {
 
     #[test]
     fn permission_errors_on_proc_say_what_is_missing() {
-        let denied = |path: &str| UsdtError::Io {
-            path: path.into(),
-            source: io::Error::from(io::ErrorKind::PermissionDenied),
+        let denied = |path: &str| {
+            UsdtError::from(FileError::Io {
+                path: path.into(),
+                source: io::Error::from(io::ErrorKind::PermissionDenied),
+            })
         };
         assert!(
             denied("/proc/1/exe")
@@ -461,27 +374,31 @@ mod tests {
     /// for 100,000 sites, 1.4 s for 10,000).
     #[test]
     fn a_hundred_thousand_notes_stop_at_the_site_limit() {
-        use super::test_elf::{NOTE_OWNER, NT_STAPSDT, TEXT_OFF, VADDR};
         use crate::probe::plan::{PlanError, ProbePlan, SiteInput, SiteMode};
         use tracer_common::{MAX_PROBES, MAX_USDT_SITES};
+        use tracer_usdt::test_elf::{NOTE_OWNER, NT_STAPSDT, TEXT_OFF, VADDR};
 
         const NOTES: u64 = 100_000;
-        let base = test_elf::base_after_text(NOTES);
+        let base = tracer_usdt::test_elf::base_after_text(NOTES);
         let mut notes = Vec::new();
         for i in 0..NOTES {
             let strings = format!("many\0probe{i}\0-4@%edi\0");
-            let desc = test_elf::descriptor(
+            let desc = tracer_usdt::test_elf::descriptor(
                 [VADDR + TEXT_OFF + i, base, 0],
                 true,
                 true,
                 &[strings.as_bytes()],
             );
-            notes.extend(test_elf::note(NOTE_OWNER, NT_STAPSDT, &desc));
+            notes.extend(tracer_usdt::test_elf::note(NOTE_OWNER, NT_STAPSDT, &desc));
         }
         let dir = std::env::temp_dir().join(format!("tracer-usdt-{}-many", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("many-notes");
-        std::fs::write(&path, test_elf::elf_with_text(true, NOTES, &notes)).unwrap();
+        std::fs::write(
+            &path,
+            tracer_usdt::test_elf::elf_with_text(true, NOTES, &notes),
+        )
+        .unwrap();
         let found = find_probes_in_file(&path, &"many:*".parse().unwrap());
         std::fs::remove_dir_all(&dir).unwrap();
         let sites = found.unwrap();

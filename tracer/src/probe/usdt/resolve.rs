@@ -4,6 +4,7 @@
 use std::collections::HashSet;
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
+use tracer_usdt::Error as FileError;
 
 use super::{
     Functions, Glob, MappedObject, ProbePattern, ProbeSite, UsdtError, UsdtSpecifier,
@@ -46,7 +47,7 @@ pub struct Found {
 pub struct Resolved {
     /// Sites to attach, each once, all valid.
     pub sites: Vec<ProbeSite>,
-    /// Why each left-out site was left out ([`UsdtError::InvalidSite`]).
+    /// Why each left-out site was left out ([`FileError::InvalidSite`]).
     pub skipped: Vec<UsdtError>,
 }
 
@@ -366,7 +367,7 @@ fn several(mut errors: Vec<UsdtError>) -> UsdtError {
 fn is_malformed(error: &UsdtError) -> bool {
     matches!(
         error,
-        UsdtError::MalformedNote { .. } | UsdtError::BadElf { .. }
+        UsdtError::File(FileError::MalformedNote { .. } | FileError::BadElf { .. })
     )
 }
 
@@ -555,12 +556,12 @@ fn needs_pid(spec: &UsdtSpecifier) -> UsdtError {
         None => "a probe without a path",
         Some(_) => "the path *",
     };
-    UsdtError::BadSpecifier {
+    UsdtError::from(FileError::BadSpecifier {
         spec: describe(spec),
         reason: format!(
             "{what} means every object of a process: give --pid, or a command after --"
         ),
-    }
+    })
 }
 
 fn describe(spec: &UsdtSpecifier) -> String {
@@ -586,9 +587,11 @@ fn in_search_path(name: &str) -> Option<PathBuf> {
 }
 
 fn absolute(path: &Path) -> Result<PathBuf, UsdtError> {
-    std::fs::canonicalize(path).map_err(|source| UsdtError::Io {
-        path: path.to_path_buf(),
-        source,
+    std::fs::canonicalize(path).map_err(|source| {
+        UsdtError::from(FileError::Io {
+            path: path.to_path_buf(),
+            source,
+        })
     })
 }
 
@@ -759,7 +762,7 @@ mod tests {
             assert_eq!(resolved.skipped.len(), 1);
             assert!(matches!(
                 &resolved.skipped[0],
-                UsdtError::InvalidSite { name, .. } if name == "bad"
+                UsdtError::File(FileError::InvalidSite { name, .. }) if name == "bad"
             ));
         }
     }
@@ -785,11 +788,11 @@ mod tests {
     fn libraries_with_undecodable_notes_are_reported_not_ignored() {
         let broken = || {
             let object = MappedObject::from_path(Path::new(LIB));
-            let error = UsdtError::MalformedNote {
+            let error = UsdtError::from(FileError::MalformedNote {
                 path: LIB.into(),
                 offset: 0x2bc,
                 reason: "probe name is not NUL-terminated".into(),
-            };
+            });
             vec![(object, error)]
         };
         let decide_with = |spec: &str, sites: Vec<ProbeSite>| {

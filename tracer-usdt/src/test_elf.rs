@@ -1,6 +1,6 @@
 //! Tiny ELF executables with hand-written `.note.stapsdt` notes, built byte by byte: for
 //! the unit tests, and as the seed the `discovery` fuzz target mutates. Self-contained
-//! (only `object`'s constants), so the fuzz crate can include it on its own.
+//! (only `object`'s constants); built with the `test-elf` feature outside this crate.
 //!
 //! Layout (little-endian, 32- or 64-bit): the code segment (r-x) maps the file from
 //! offset 0 at [`VADDR`], with probe sites (nops) at [`TEXT_OFF`] and the `.stapsdt.base`

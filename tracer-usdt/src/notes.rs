@@ -8,8 +8,8 @@ use object::read::elf::{FileHeader, NoteIterator, ProgramHeader, SectionHeader};
 use object::read::{ReadCache, ReadRef};
 use object::{Endian, Endianness, FileKind};
 
-use super::UsdtError;
-use super::validate::{Layout, NOP_NOP5, Segment, SiteOffsets, SiteProblem, validate};
+use crate::Error;
+use crate::validate::{Layout, NOP_NOP5, Segment, SiteOffsets, SiteProblem, validate};
 
 /// Owner name of SDT notes.
 const NOTE_OWNER: &[u8] = b"stapsdt";
@@ -136,22 +136,22 @@ pub fn parse_note_desc(
 ///
 /// Only the headers and the few sections needed are read, not the whole file, because
 /// the interesting libraries (libjvm.so) are tens of megabytes.
-pub fn read_notes(path: &Path) -> Result<Vec<UsdtNote>, UsdtError> {
+pub fn read_notes(path: &Path) -> Result<Vec<UsdtNote>, Error> {
     // Checked before opening: opening a FIFO would block, and a directory opens fine
     // but cannot be read.
-    let metadata = std::fs::metadata(path).map_err(|e| UsdtError::io(path, e))?;
+    let metadata = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
     if !metadata.is_file() {
-        return Err(UsdtError::NotElf {
+        return Err(Error::NotElf {
             path: path.to_path_buf(),
         });
     }
-    let file = File::open(path).map_err(|e| UsdtError::io(path, e))?;
+    let file = File::open(path).map_err(|e| Error::io(path, e))?;
     let cache = ReadCache::new(file);
     parse_object(path, &cache, metadata.len())
 }
 
 /// [`read_notes`] of an object already in memory (`path` only names it in errors).
-pub fn parse_notes(path: &Path, data: &[u8]) -> Result<Vec<UsdtNote>, UsdtError> {
+pub fn parse_notes(path: &Path, data: &[u8]) -> Result<Vec<UsdtNote>, Error> {
     parse_object(path, data, data.len() as u64)
 }
 
@@ -159,23 +159,23 @@ fn parse_object<'data, R: ReadRef<'data>>(
     path: &Path,
     data: R,
     file_len: u64,
-) -> Result<Vec<UsdtNote>, UsdtError> {
+) -> Result<Vec<UsdtNote>, Error> {
     match FileKind::parse(data) {
         Ok(FileKind::Elf64) => read_elf::<elf::FileHeader64<Endianness>, _>(path, data, file_len),
         Ok(FileKind::Elf32) => read_elf::<elf::FileHeader32<Endianness>, _>(path, data, file_len),
         // Too short to hold a magic number, another object format, a directory...
-        _ => Err(UsdtError::NotElf {
+        _ => Err(Error::NotElf {
             path: path.to_path_buf(),
         }),
     }
 }
 
-fn read_elf<'data, Elf, R>(path: &Path, data: R, file_len: u64) -> Result<Vec<UsdtNote>, UsdtError>
+fn read_elf<'data, Elf, R>(path: &Path, data: R, file_len: u64) -> Result<Vec<UsdtNote>, Error>
 where
     Elf: FileHeader<Endian = Endianness>,
     R: ReadRef<'data>,
 {
-    let bad_elf = |source| UsdtError::BadElf {
+    let bad_elf = |source| Error::BadElf {
         path: path.to_path_buf(),
         source,
     };
@@ -216,7 +216,7 @@ where
         }
         let section_offset: u64 = section.sh_offset(endian).into();
         let note_offset = |pos: usize| section_offset.wrapping_add(pos as u64);
-        let malformed = |pos: usize, reason: String| UsdtError::MalformedNote {
+        let malformed = |pos: usize, reason: String| Error::MalformedNote {
             path: path.to_path_buf(),
             offset: note_offset(pos),
             reason,
@@ -283,11 +283,11 @@ fn adjust_for_base(addr: u64, note_base: u64, actual_base: Option<u64>) -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use super::super::test_elf::{
+    use super::*;
+    use crate::test_elf::{
         BASE_OFF, BSS_SIZE, NOTES_OFF, PROBES_OFF, TEXT_OFF, VADDR, descriptor as desc, note, sdt,
         sdt_at, tiny_elf,
     };
-    use super::*;
 
     #[test]
     fn parses_64_bit_descriptor() {
@@ -398,7 +398,7 @@ mod tests {
         ] {
             let path = dir.file(name, contents);
             let err = read_notes(&path).unwrap_err();
-            assert!(matches!(err, UsdtError::NotElf { .. }), "{name}: {err}");
+            assert!(matches!(err, Error::NotElf { .. }), "{name}: {err}");
             assert_eq!(
                 err.to_string(),
                 format!("not an ELF file: {}", path.display())
@@ -408,13 +408,13 @@ mod tests {
         let path = dir.file("bad-header", b"\x7fELF\x02\x01\x01\0garbage");
         assert!(matches!(
             read_notes(&path).unwrap_err(),
-            UsdtError::BadElf { .. } | UsdtError::NotElf { .. }
+            Error::BadElf { .. } | Error::NotElf { .. }
         ));
         // Neither a directory nor a FIFO is an ELF file (and opening the FIFO must not
         // block waiting for a writer).
         assert!(matches!(
             read_notes(&dir.0).unwrap_err(),
-            UsdtError::NotElf { .. }
+            Error::NotElf { .. }
         ));
         let fifo = dir.0.join("fifo");
         let c_path = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
@@ -422,10 +422,10 @@ mod tests {
         assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
         assert!(matches!(
             read_notes(&fifo).unwrap_err(),
-            UsdtError::NotElf { .. }
+            Error::NotElf { .. }
         ));
         let missing = read_notes(Path::new("/nonexistent/usdt-test")).unwrap_err();
-        assert!(matches!(missing, UsdtError::Io { .. }), "{missing}");
+        assert!(matches!(missing, Error::Io { .. }), "{missing}");
     }
 
     #[test]
@@ -556,7 +556,7 @@ mod tests {
         notes.extend(truncated);
         let path = dir.file("tiny-truncated", &tiny_elf(true, &notes));
         match read_notes(&path).unwrap_err() {
-            UsdtError::MalformedNote { offset, .. } => {
+            Error::MalformedNote { offset, .. } => {
                 assert_eq!(offset, NOTES_OFF + good.len() as u64)
             }
             other => panic!("{other}"),

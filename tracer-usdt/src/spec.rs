@@ -11,7 +11,7 @@
 
 use tracer_common::{MAX_USDT_ARGS, UsdtArg, arg_kind};
 
-use super::UsdtError;
+use crate::Error;
 
 /// Offset of `rip` in `struct pt_regs`: read directly it is the probe's address, and as
 /// a base it takes displacements resolved relative to that address.
@@ -66,10 +66,10 @@ pub type SiteArg = Result<UsdtArg, String>;
 /// all-blank spec means the probe has no arguments. Only a spec with more arguments than
 /// an event holds fails as a whole; an argument that does not decode is
 /// [`ArgSpec::Unavailable`].
-pub fn parse_arg_specs(spec: &str) -> Result<Vec<ArgSpec>, UsdtError> {
+pub fn parse_arg_specs(spec: &str) -> Result<Vec<ArgSpec>, Error> {
     let args: Vec<&str> = spec.split_ascii_whitespace().collect();
     if args.len() > MAX_USDT_ARGS {
-        return Err(UsdtError::BadArgSpec {
+        return Err(Error::BadArgSpec {
             spec: spec.to_owned(),
             reason: format!(
                 "{} arguments, at most {MAX_USDT_ARGS} are supported",

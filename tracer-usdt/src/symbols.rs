@@ -8,7 +8,7 @@ use std::path::Path;
 use object::read::ReadCache;
 use object::{Object as _, ObjectSymbol as _, SymbolKind};
 
-use super::UsdtError;
+use crate::Error;
 
 /// The addresses of the `wanted` symbols in the object at `path` (as this process opens
 /// it), each the address or why there is none. Both `.symtab` and `.dynsym` are read: a
@@ -16,10 +16,10 @@ use super::UsdtError;
 pub fn symbol_addresses(
     path: &Path,
     wanted: &HashSet<&str>,
-) -> Result<HashMap<String, Result<u64, String>>, UsdtError> {
-    let file = File::open(path).map_err(|e| UsdtError::io(path, e))?;
+) -> Result<HashMap<String, Result<u64, String>>, Error> {
+    let file = File::open(path).map_err(|e| Error::io(path, e))?;
     let cache = ReadCache::new(file);
-    let object = object::File::parse(&cache).map_err(|source| UsdtError::BadElf {
+    let object = object::File::parse(&cache).map_err(|source| Error::BadElf {
         path: path.to_path_buf(),
         source,
     })?;

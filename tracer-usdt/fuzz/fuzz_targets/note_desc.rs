@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tracer_fuzz::usdt::{parse_arg_specs, parse_note_desc};
+use tracer_usdt::{parse_arg_specs, parse_note_desc};
 
 fuzz_target!(|data: &[u8]| {
     // The first byte picks the ELF class and byte order, so one corpus covers all four.

@@ -12,8 +12,8 @@
 use std::path::Path;
 
 use libfuzzer_sys::fuzz_target;
-use tracer_fuzz::test_elf::{BASE_OFF, PROBES_OFF, TEXT_OFF, VADDR, sdt, sdt_at, tiny_elf};
-use tracer_fuzz::usdt::{parse_arg_specs, parse_notes};
+use tracer_usdt::test_elf::{BASE_OFF, PROBES_OFF, TEXT_OFF, VADDR, sdt, sdt_at, tiny_elf};
+use tracer_usdt::{parse_arg_specs, parse_notes};
 
 /// The patched template: 64- or 32-bit, notes with and without semaphores, one with its
 /// base moved, one pointing at its own ELF header.

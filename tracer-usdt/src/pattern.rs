@@ -6,7 +6,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
-use super::UsdtError;
+use crate::Error;
 
 /// A shell-style wildcard pattern: `*` matches any run of characters (including none),
 /// `?` exactly one, `[abc]`, `[a-z]` one of those (`[!a-z]` or `[^a-z]` one not among
@@ -228,10 +228,10 @@ impl fmt::Display for ProbePattern {
 /// Parses `PROVIDER:NAME`, or a bare `NAME` meaning any provider (as bpftrace's
 /// `usdt:PATH:NAME` does). An empty provider also means any.
 impl FromStr for ProbePattern {
-    type Err = UsdtError;
+    type Err = Error;
 
-    fn from_str(s: &str) -> Result<Self, UsdtError> {
-        let bad = |reason: &str| UsdtError::BadSpecifier {
+    fn from_str(s: &str) -> Result<Self, Error> {
+        let bad = |reason: &str| Error::BadSpecifier {
             spec: s.to_owned(),
             reason: reason.to_owned(),
         };
@@ -327,8 +327,8 @@ fn parse_function_specifier(
     spec: &str,
     kind: ProbeKind,
     fields: Vec<String>,
-) -> Result<UsdtSpecifier, UsdtError> {
-    let bad = |reason: String| UsdtError::BadSpecifier {
+) -> Result<UsdtSpecifier, Error> {
+    let bad = |reason: String| Error::BadSpecifier {
         spec: spec.to_owned(),
         reason,
     };
@@ -399,8 +399,8 @@ fn function_kind(field: &str) -> Option<ProbeKind> {
 /// `test:"\"probe1\""` names the probe `"probe1"` and `"/a:b/bin"` is one path. Quotes do
 /// not make wildcards literal (bpftrace's do not either). More than four fields: the
 /// leading ones are the path, colons included.
-pub fn parse_specifier(spec: &str) -> Result<UsdtSpecifier, UsdtError> {
-    let bad = |reason: &str| UsdtError::BadSpecifier {
+pub fn parse_specifier(spec: &str) -> Result<UsdtSpecifier, Error> {
+    let bad = |reason: &str| Error::BadSpecifier {
         spec: spec.to_owned(),
         reason: reason.to_owned(),
     };
@@ -575,7 +575,7 @@ mod tests {
 
         for bad in ["", "python:", "a:b:c", "  "] {
             let e = bad.parse::<ProbePattern>().unwrap_err();
-            assert!(matches!(e, UsdtError::BadSpecifier { .. }), "{bad}: {e}");
+            assert!(matches!(e, Error::BadSpecifier { .. }), "{bad}: {e}");
         }
     }
 
