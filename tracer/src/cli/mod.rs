@@ -1,0 +1,535 @@
+//! Command-line parsing in two steps: clap's raw arguments, then a validated config the
+//! rest of the program uses (typed pid, durations, output format).
+//!
+//! This file holds the parser: [`Cli`] and its [`Command`]s.
+//! It holds the arguments several commands share: targets, sampling and map sizes.
+//! It holds [`ConfigError`], the error of every validation.
+//! The hidden `generate` command's arguments are here too.
+//! Each other command's raw arguments and validated config are in a file named after it.
+//! The value parsers several commands share are in `parse.rs`.
+
+mod attach;
+mod list;
+mod parse;
+mod profile;
+mod stacks;
+mod trace;
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use thiserror::Error;
+
+use crate::profile::sampling::{Sampling, UnwindMethod};
+use crate::{kernel::MapSizes, target::TargetSpec};
+use parse::nonzero_pid;
+use tracer_common::{MAX_STR_LEN, MAX_USDT_ARGS};
+
+pub use attach::{AttachArgs, AttachConfig, LatencyProbe, LatencyRequest, TimelineConfig};
+pub use list::{ListArgs, ListConfig};
+pub use parse::{parse_buffer_size, parse_duration};
+pub use profile::{ProfileArgs, ProfileConfig};
+pub use stacks::{StacksArgs, StacksConfig};
+pub use trace::{TraceArgs, TraceConfig};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "tracer",
+    version,
+    about = "eBPF tracer and wall-clock profiler for language runtimes",
+    after_help = "Examples:\n  sudo tracer attach --pid 4242 -d 30s -o profile/\n  sudo tracer profile --comm python3.11 -d 10s\n  sudo tracer stacks --pid 4242\n\nSee `man tracer-COMMAND` or `tracer COMMAND --help`."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+    /// Show the eBPF programs' own diagnostics on standard error: each failed argument
+    /// read, stack capture error and full map, with the probe, site and error. Off, the
+    /// kernel drops the logging code: it costs nothing.
+    #[arg(long, global = true)]
+    pub bpf_debug: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Attach to running processes: GC pauses and latencies from their runtime's probes,
+    /// and a wall-clock profile of every thread (on CPU, blocked, runnable) in the
+    /// runtime's own frames.
+    #[command(after_help = ATTACH_EXAMPLES)]
+    Attach(AttachArgs),
+    /// List the USDT probes of a file or a running process (with its shared libraries).
+    #[command(after_help = LIST_EXAMPLES)]
+    List(ListArgs),
+    /// Print (or count) every hit of USDT probes, with its decoded arguments and, with
+    /// --stack, its stacks.
+    #[command(after_help = TRACE_EXAMPLES)]
+    Trace(TraceArgs),
+    /// Wall-clock profile: on-CPU samples and off-CPU (blocked) time of a process, or of
+    /// every process, as flame graphs, folded stacks, pprof and speedscope files.
+    #[command(after_help = PROFILE_EXAMPLES)]
+    Profile(ProfileArgs),
+    /// What every thread of a running process is doing now, without stopping it: state,
+    /// the system call it is blocked in and for how long, kernel and user stacks.
+    #[command(after_help = STACKS_EXAMPLES)]
+    Stacks(StacksArgs),
+    /// Writes the man pages or the shell completions into a directory (for packaging:
+    /// `cargo xtask install` uses it).
+    #[command(hide = true)]
+    Generate(GenerateArgs),
+}
+
+/// Examples each command's `--help` ends with (the README's and the help's examples
+/// are checked to parse).
+pub const ATTACH_EXAMPLES: &str = "Examples:
+  sudo tracer attach --pid 4242 --duration 30s -o profile/
+  sudo tracer attach --exe /usr/lib/postgresql/15/bin/postgres --format json
+  sudo tracer attach --pid 5211 --children --latency postgresql:transaction__start,postgresql:transaction__commit";
+pub const LIST_EXAMPLES: &str = "Examples:
+  tracer list /usr/bin/python3.11
+  sudo tracer list --pid 4242 'hotspot:gc__*'
+  tracer list 'usdt:/usr/lib/jvm/java-17-openjdk-amd64/lib/server/libjvm.so:*:thread__*'";
+pub const TRACE_EXAMPLES: &str = "Examples:
+  sudo tracer trace --pid 4242 'usdt:*:python:gc__*'
+  sudo tracer trace --count --stack --pid 4242 'usdt:/usr/bin/python3.11:python:gc__start'
+  sudo tracer trace --count 'usdt:*:python:gc__start' -- python3.11 app.py";
+pub const PROFILE_EXAMPLES: &str = "Examples:
+  sudo tracer profile --pid 4242 -d 10s -o prof/
+  sudo tracer profile --comm python3.11 --per-thread
+  sudo tracer profile -F 499 -d 5s";
+pub const STACKS_EXAMPLES: &str = "Examples:
+  sudo tracer stacks --pid 4242
+  sudo tracer stacks --pid 4242 --format json";
+
+/// What `tracer generate` writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Generated {
+    /// `tracer.1` and one page per command (`tracer-attach.1`, ...).
+    Man,
+    /// `tracer.bash`, `_tracer` (zsh) and `tracer.fish`.
+    Completions,
+}
+
+#[derive(Debug, Args)]
+pub struct GenerateArgs {
+    /// What to write.
+    #[arg(value_enum)]
+    pub what: Generated,
+    /// The directory to write into (created if needed).
+    pub dir: PathBuf,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    Text,
+    Json,
+}
+
+/// Which processes to trace, the same for every command that traces processes. The
+/// options add up: `--pid 1 --pid 2 --exe /usr/bin/x` traces all of them.
+#[derive(Debug, Clone, Default, Args)]
+pub struct TargetArgs {
+    /// A process to trace (all its threads). May be repeated.
+    #[arg(long, short, value_name = "PID")]
+    pub pid: Vec<u32>,
+    /// Every process running this executable, those started while tracing included.
+    #[arg(long, value_name = "PATH")]
+    pub exe: Option<PathBuf>,
+    /// Every process of this name (as `ps -o comm` shows it; names are cut to 15
+    /// bytes), those started while tracing included.
+    #[arg(long, value_name = "NAME")]
+    pub comm: Option<String>,
+    /// Every process in this cgroup or below it: a systemd service
+    /// (/sys/fs/cgroup/system.slice/NAME.service) or a container.
+    #[arg(long, value_name = "DIR")]
+    pub cgroup: Option<PathBuf>,
+    /// Also every process the targets fork while tracing, and theirs (the backends of a
+    /// server that forks one per connection).
+    #[arg(long)]
+    pub children: bool,
+}
+
+impl TryFrom<&TargetArgs> for TargetSpec {
+    type Error = ConfigError;
+
+    fn try_from(args: &TargetArgs) -> Result<Self, ConfigError> {
+        let mut pids = Vec::new();
+        for &pid in &args.pid {
+            let pid = nonzero_pid(pid)?;
+            if !pids.contains(&pid) {
+                pids.push(pid);
+            }
+        }
+        if let Some(comm) = &args.comm
+            && comm.is_empty()
+        {
+            return Err(ConfigError::EmptyComm);
+        }
+        let spec = TargetSpec {
+            pids,
+            exe: args.exe.clone(),
+            comm: args.comm.clone(),
+            cgroup: args.cgroup.clone(),
+            children: args.children,
+        };
+        if spec.children && spec.is_everything() {
+            return Err(ConfigError::ChildrenOfNothing);
+        }
+        Ok(spec)
+    }
+}
+
+/// How stacks are sampled and walked, the same for every command that collects them.
+#[derive(Debug, Clone, Args)]
+pub struct SamplingArgs {
+    /// On-CPU samples per second of CPU time, on every CPU.
+    #[arg(long, short = 'F', default_value_t = 99)]
+    pub frequency: u64,
+    /// How user stacks are walked: `dwarf` (the binaries' call frame information,
+    /// .eh_frame and .debug_frame, unwound in user space from a copy of the stack, and
+    /// frame pointers for code no call frame information covers: works on distribution
+    /// binaries, which have no frame pointers) or `fp` (frame pointers only, walked in
+    /// the kernel: cheapest, but callers in code built without them are lost).
+    #[arg(long, value_enum, default_value_t = UnwindMethod::Dwarf)]
+    pub unwind: UnwindMethod,
+    /// With --unwind dwarf: size of the buffer stack copies (16 KiB each) wait in until
+    /// they are unwound (e.g. 8M, 64M); more absorbs bursts, and costs twice its size in
+    /// resident memory (the kernel maps a ring's pages twice). Rounded up to a power of two.
+    #[arg(long, default_value = "8M", value_name = "SIZE")]
+    pub unwind_buffer: String,
+    /// Leave CPython processes' stacks in C: no Python frames (`function (file.py:LINE)`)
+    /// in place of the interpreter's. Python frames need --unwind dwarf.
+    #[arg(long)]
+    pub no_python_frames: bool,
+    /// Leave HotSpot JVMs alone: do not ask them for their perf maps (what
+    /// `jcmd PID Compiler.perfmap` does), so JIT-compiled Java methods stay unnamed
+    /// unless a perf map is there already.
+    #[arg(long)]
+    pub no_jit_symbols: bool,
+}
+
+impl TryFrom<&SamplingArgs> for Sampling {
+    type Error = ConfigError;
+
+    fn try_from(args: &SamplingArgs) -> Result<Self, ConfigError> {
+        if !(1..=MAX_FREQUENCY_HZ).contains(&args.frequency) {
+            return Err(ConfigError::Frequency(args.frequency));
+        }
+        Ok(Self {
+            frequency_hz: args.frequency,
+            unwind: args.unwind,
+            unwind_buffer_bytes: parse_buffer_size("unwind-buffer", &args.unwind_buffer)?,
+            python_frames: !args.no_python_frames,
+            jit_symbols: !args.no_jit_symbols,
+        })
+    }
+}
+
+/// The highest sampling frequency accepted (the kernel's own default limit,
+/// `kernel.perf_event_max_sample_rate`, is 100000 and it lowers it under load).
+pub const MAX_FREQUENCY_HZ: u64 = 100_000;
+
+/// Sizes of the kernel's aggregation maps: what fills them is counted and reported as
+/// lost, so a run that reports losses can be repeated with larger maps.
+#[derive(Debug, Clone, Args)]
+pub struct MapSizeArgs {
+    /// Distinct stacks the kernel can keep (user and kernel stacks count separately)
+    /// [default: 32768].
+    #[arg(long, value_name = "N")]
+    pub stack_map_size: Option<u32>,
+    /// Entries of each kernel hash map: threads off CPU at once, and distinct
+    /// (thread, stacks) keys of the profile [default: 65536].
+    #[arg(long, value_name = "N")]
+    pub map_size: Option<u32>,
+}
+
+/// The most entries a map may be given.
+pub const MAX_MAP_ENTRIES: u32 = 1 << 24;
+
+/// The most entries the stack map may be given: its ids must stay below those of the
+/// kernel stacks taken at switch in (`tracer_common::FIRST_SWITCH_IN_STACK_ID`), which are
+/// below the ids user space gives unwound stacks (`unwind::FIRST_UNWOUND_ID`).
+pub const MAX_STACK_MAP_ENTRIES: u32 = tracer_common::FIRST_SWITCH_IN_STACK_ID as u32;
+
+fn map_sizes(args: &MapSizeArgs) -> Result<MapSizes, ConfigError> {
+    let check = |flag: &'static str, value: Option<u32>, max: u32| match value {
+        Some(n) if !(1..=max).contains(&n) => Err(ConfigError::MapSize(flag, n, max)),
+        _ => Ok(value),
+    };
+    Ok(MapSizes {
+        stacks: check("stack-map-size", args.stack_map_size, MAX_STACK_MAP_ENTRIES)?,
+        entries: check("map-size", args.map_size, MAX_MAP_ENTRIES)?,
+    })
+}
+
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum ConfigError {
+    #[error("invalid PID 0")]
+    ZeroPid,
+    #[error("--pid and a command after -- cannot be used together")]
+    PidAndCommand,
+    #[error("--exe, --comm and --cgroup cannot be used with a command after --")]
+    MatchAndCommand,
+    #[error("attach needs a target: --pid PID, --exe PATH, --comm NAME or --cgroup DIR")]
+    NoTarget,
+    #[error(
+        "--children needs processes to follow: --pid, --exe, --comm or --cgroup (or a command after --)"
+    )]
+    ChildrenOfNothing,
+    #[error("--comm needs a name")]
+    EmptyComm,
+    #[error(
+        "--hold-at-dlopen stops one process at a time: it needs --pid PID (once) or a command after --, without --children"
+    )]
+    HoldNeedsOneProcess,
+    #[error("invalid --{0} {1:?}: expected a size from 4K to 1G, like 4M or 65536")]
+    BufferSize(&'static str, String),
+    #[error("invalid --{0} {1}: expected 1 to {2} entries")]
+    MapSize(&'static str, u32, u32),
+    #[error("invalid duration {0:?}: expected a number with a unit, like 10s, 500ms, 2m or 100us")]
+    Duration(String),
+    #[error("invalid --frequency {0}: expected 1 to {MAX_FREQUENCY_HZ} samples per second")]
+    Frequency(u64),
+    #[error(
+        "invalid --latency {0:?}: expected BEGIN,END, each PROVIDER:NAME (a USDT probe), \
+         uprobe:PATH:FUNC or uretprobe:PATH:FUNC (e.g. julia:gc__begin,julia:gc__end)"
+    )]
+    Latency(String),
+    #[error("invalid --latency {0:?}: {1}")]
+    LatencyProbe(String, String),
+    #[error(
+        "invalid --str {0:?}: expected [[PROVIDER:]NAME:]argN[:LEN], like arg0, query__start:arg0 or postgresql:query__start:arg0:256"
+    )]
+    StrSyntax(String),
+    #[error(
+        "invalid --str {0:?}: a USDT probe has at most {MAX_USDT_ARGS} arguments, arg0 to arg11"
+    )]
+    StrArgument(String),
+    #[error("invalid --str {0:?}: the length must be 1 to {MAX_STR_LEN} bytes")]
+    StrLength(String),
+    #[error(
+        "--str shows strings in the events of each hit; --count prints only counts: use one or the other"
+    )]
+    StrWithCount,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory as _;
+
+    /// The words of a shell command line: single and double quotes group, as a shell's.
+    fn shell_words(line: &str) -> Vec<String> {
+        let (mut words, mut word, mut quote, mut any) = (Vec::new(), String::new(), None, false);
+        for c in line.chars() {
+            match (quote, c) {
+                (Some(q), c) if c == q => quote = None,
+                (Some(_), c) => word.push(c),
+                (None, '\'' | '"') => {
+                    quote = Some(c);
+                    any = true;
+                }
+                (None, c) if c.is_whitespace() => {
+                    if any || !word.is_empty() {
+                        words.push(std::mem::take(&mut word));
+                    }
+                    any = false;
+                }
+                (None, c) => word.push(c),
+            }
+        }
+        if any || !word.is_empty() {
+            words.push(word);
+        }
+        words
+    }
+
+    /// A `tracer ...` command line of an example, as clap gets it (without `sudo` and a
+    /// trailing comment).
+    fn example_args(line: &str) -> Option<Vec<String>> {
+        let line = line
+            .trim()
+            .trim_start_matches("$ ")
+            .trim_start_matches("sudo ");
+        let line = line.split("   #").next()?.trim();
+        line.starts_with("tracer ").then(|| shell_words(line))
+    }
+
+    #[test]
+    fn every_example_in_the_help_and_the_readme_parses() {
+        let help = [
+            ATTACH_EXAMPLES,
+            LIST_EXAMPLES,
+            TRACE_EXAMPLES,
+            PROFILE_EXAMPLES,
+            STACKS_EXAMPLES,
+        ];
+        let top = Cli::command()
+            .get_after_help()
+            .map(|h| h.to_string())
+            .unwrap_or_default();
+        let readme = include_str!("../../../README.md");
+        let mut checked = 0;
+        for line in help
+            .iter()
+            .flat_map(|h| h.lines())
+            .chain(top.lines())
+            .chain(readme.lines())
+        {
+            let Some(args) = example_args(line) else {
+                continue;
+            };
+            if let Err(e) = Cli::try_parse_from(&args) {
+                panic!("{line:?} does not parse: {e}");
+            }
+            checked += 1;
+        }
+        assert!(checked >= 25, "only {checked} examples found");
+    }
+
+    /// `tracer profile ARGS`, validated (the tests in `profile.rs` use it too).
+    pub(super) fn profile_config(args: &[&str]) -> Result<ProfileConfig, ConfigError> {
+        let cli = Cli::try_parse_from([&["tracer", "profile"], args].concat()).unwrap();
+        let Command::Profile(args) = cli.command else {
+            panic!("not profile")
+        };
+        ProfileConfig::try_from(args)
+    }
+
+    #[test]
+    fn stacks_are_unwound_with_call_frame_information_unless_told() {
+        assert_eq!(
+            profile_config(&[]).unwrap().sampling.unwind,
+            UnwindMethod::Dwarf
+        );
+        let fp = profile_config(&["--unwind", "fp"]).unwrap();
+        assert_eq!(fp.sampling.unwind, UnwindMethod::Fp);
+        assert!(Cli::try_parse_from(["tracer", "profile", "--unwind", "lbr"]).is_err());
+        let attach = |args: &[&str]| {
+            let cli = Cli::try_parse_from([&["tracer", "attach", "-p", "7"], args].concat());
+            let Command::Attach(args) = cli.unwrap().command else {
+                panic!("not attach")
+            };
+            AttachConfig::try_from(args)
+        };
+        let config = attach(&[]).unwrap();
+        assert_eq!(config.sampling.unwind, UnwindMethod::Dwarf);
+        assert_eq!(config.sampling.frequency_hz, 99);
+        let config = attach(&["--unwind", "fp", "-F", "199"]).unwrap();
+        assert_eq!(config.sampling.unwind, UnwindMethod::Fp);
+        assert_eq!(config.sampling.frequency_hz, 199);
+        assert_eq!(attach(&["-F", "0"]).unwrap_err(), ConfigError::Frequency(0));
+    }
+
+    #[test]
+    fn map_sizes_default_to_the_objects_and_are_bounded() {
+        let config = profile_config(&[]).unwrap();
+        assert_eq!(config.map_sizes, MapSizes::default());
+        assert_eq!(config.sampling.unwind_buffer_bytes, 8 << 20);
+        let config = profile_config(&["--stack-map-size", "1000", "--map-size", "300000"]).unwrap();
+        assert_eq!(config.map_sizes.stacks, Some(1000));
+        assert_eq!(config.map_sizes.entries, Some(300000));
+        assert_eq!(
+            profile_config(&["--map-size", "0"]).unwrap_err(),
+            ConfigError::MapSize("map-size", 0, MAX_MAP_ENTRIES)
+        );
+        assert!(profile_config(&["--stack-map-size", "16777217"]).is_err());
+        // Stack map ids stay below the ids of kernel stacks taken at switch in.
+        assert!(profile_config(&["--stack-map-size", "8388608"]).is_ok());
+        assert!(profile_config(&["--stack-map-size", "8388609"]).is_err());
+        assert!(profile_config(&["--unwind-buffer", "1K"]).is_err());
+    }
+
+    #[test]
+    fn targets_add_up_and_children_need_parents() {
+        let cli = Cli::try_parse_from([
+            "tracer",
+            "attach",
+            "-p",
+            "7",
+            "--pid",
+            "8",
+            "-p",
+            "7",
+            "--children",
+            "--exe",
+            "/bin/x",
+            "--comm",
+            "postgres",
+            "--cgroup",
+            "/sys/fs/cgroup/a",
+        ])
+        .unwrap();
+        let Command::Attach(args) = cli.command else {
+            panic!("not attach")
+        };
+        let config = AttachConfig::try_from(args).unwrap();
+        let t = &config.targets;
+        assert_eq!(t.pids.iter().map(|p| p.get()).collect::<Vec<_>>(), [7, 8]);
+        assert!(t.children && t.can_grow() && t.single_pid().is_none());
+        assert_eq!(t.comm.as_deref(), Some("postgres"));
+        assert_eq!(config.output_dir, PathBuf::from("tracer-postgres"));
+        let attach = |args: &[&str]| {
+            let cli = Cli::try_parse_from([&["tracer", "attach"], args].concat()).unwrap();
+            let Command::Attach(args) = cli.command else {
+                panic!("not attach")
+            };
+            AttachConfig::try_from(args)
+        };
+        assert_eq!(attach(&[]).unwrap_err(), ConfigError::NoTarget);
+        assert_eq!(
+            attach(&["--children"]).unwrap_err(),
+            ConfigError::ChildrenOfNothing
+        );
+        assert_eq!(attach(&["--comm", ""]).unwrap_err(), ConfigError::EmptyComm);
+        let config = attach(&["-p", "9"]).unwrap();
+        assert_eq!(config.targets.single_pid(), Some(9));
+        assert_eq!(config.output_dir, PathBuf::from("tracer-9"));
+        let trace = |args: &[&str]| {
+            let cli = Cli::try_parse_from([&["tracer", "trace"], args].concat()).unwrap();
+            let Command::Trace(args) = cli.command else {
+                panic!("not trace")
+            };
+            TraceConfig::try_from(args)
+        };
+        let config = trace(&["--children", "usdt:./a:p:n", "--", "./a"]).unwrap();
+        assert!(config.targets.children && config.targets.pids.is_empty());
+        assert_eq!(
+            trace(&["--exe", "/bin/x", "usdt:./a:p:n", "--", "./a"]).unwrap_err(),
+            ConfigError::MatchAndCommand
+        );
+        // The hold stops one process: never a set, whose loader the whole machine shares.
+        assert!(
+            trace(&["--hold-at-dlopen", "-p", "9", "usdt:*:p:n"])
+                .unwrap()
+                .hold_at_dlopen
+        );
+        assert!(trace(&["--hold-at-dlopen", "usdt:./a:p:n", "--", "./a"]).is_ok());
+        for set in [
+            &["--hold-at-dlopen", "--comm", "x", "usdt:*:p:n"][..],
+            &["--hold-at-dlopen", "-p", "9", "--children", "usdt:*:p:n"],
+            &[
+                "--hold-at-dlopen",
+                "--children",
+                "usdt:./a:p:n",
+                "--",
+                "./a",
+            ],
+            &["--hold-at-dlopen", "usdt:./a:p:n"],
+        ] {
+            assert_eq!(
+                trace(set).unwrap_err(),
+                ConfigError::HoldNeedsOneProcess,
+                "{set:?}"
+            );
+        }
+        assert!(
+            attach(&["--hold-at-dlopen", "-p", "9"])
+                .unwrap()
+                .hold_at_dlopen
+        );
+        assert!(!attach(&["-p", "9"]).unwrap().hold_at_dlopen);
+        assert_eq!(
+            attach(&["--hold-at-dlopen", "--exe", "/bin/x"]).unwrap_err(),
+            ConfigError::HoldNeedsOneProcess
+        );
+    }
+}

@@ -1,0 +1,98 @@
+//! `tracer profile`: its raw arguments and its validated config.
+
+use std::{path::PathBuf, time::Duration};
+
+use clap::Args;
+
+use super::parse::parse_duration;
+use super::{ConfigError, MapSizeArgs, SamplingArgs, TargetArgs, map_sizes};
+use crate::profile::sampling::Sampling;
+use crate::{kernel::MapSizes, target::TargetSpec};
+
+#[derive(Debug, Args)]
+pub struct ProfileArgs {
+    /// What to profile (every thread of each process); every process when absent.
+    #[command(flatten)]
+    pub targets: TargetArgs,
+    /// Stop after this long (e.g. 10s, 500ms, 2m); otherwise at Ctrl-C or target exit.
+    #[arg(long, short)]
+    pub duration: Option<String>,
+    /// Ignore off-CPU intervals shorter than this (e.g. 100us); the wall-clock view then
+    /// leaves them out.
+    #[arg(long, default_value = "0")]
+    pub min_block: String,
+    /// Put each thread under its own frame, below the process.
+    #[arg(long)]
+    pub per_thread: bool,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub maps: MapSizeArgs,
+    /// Directory for the outputs [default: tracer-profile-PID, or tracer-profile].
+    #[arg(long = "output", short = 'o')]
+    pub output: Option<PathBuf>,
+}
+
+/// `tracer profile`, validated.
+#[derive(Debug, Clone)]
+pub struct ProfileConfig {
+    /// What to profile ([`TargetSpec::is_everything`]: every process).
+    pub targets: TargetSpec,
+    pub duration: Option<Duration>,
+    pub min_block: Duration,
+    pub per_thread: bool,
+    pub sampling: Sampling,
+    pub map_sizes: MapSizes,
+    pub output_dir: PathBuf,
+}
+
+impl TryFrom<ProfileArgs> for ProfileConfig {
+    type Error = ConfigError;
+
+    fn try_from(args: ProfileArgs) -> Result<Self, ConfigError> {
+        let targets = TargetSpec::try_from(&args.targets)?;
+        Ok(Self {
+            duration: args.duration.as_deref().map(parse_duration).transpose()?,
+            min_block: parse_duration(&args.min_block)?,
+            per_thread: args.per_thread,
+            sampling: Sampling::try_from(&args.sampling)?,
+            map_sizes: map_sizes(&args.maps)?,
+            output_dir: args
+                .output
+                .unwrap_or_else(|| match targets.is_everything() {
+                    false => PathBuf::from(format!("tracer-profile-{}", targets.short_name())),
+                    true => PathBuf::from("tracer-profile"),
+                }),
+            targets,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::tests::profile_config;
+
+    #[test]
+    fn profile_config_validates() {
+        let config = profile_config(&[]).unwrap();
+        assert!(config.targets.is_everything());
+        assert_eq!(config.sampling.frequency_hz, 99);
+        assert_eq!(config.output_dir, PathBuf::from("tracer-profile"));
+        let config = profile_config(&["-p", "7", "-F", "499", "-d", "2s", "--per-thread"]).unwrap();
+        assert_eq!(config.targets.single_pid(), Some(7));
+        assert_eq!(config.sampling.frequency_hz, 499);
+        assert_eq!(config.duration, Some(Duration::from_secs(2)));
+        assert!(config.per_thread);
+        assert_eq!(config.output_dir, PathBuf::from("tracer-profile-7"));
+        assert_eq!(
+            profile_config(&["--frequency", "0"]).unwrap_err(),
+            ConfigError::Frequency(0)
+        );
+        assert_eq!(
+            profile_config(&["--pid", "0"]).unwrap_err(),
+            ConfigError::ZeroPid
+        );
+        assert!(profile_config(&["--min-block", "x"]).is_err());
+    }
+}
