@@ -68,15 +68,28 @@ pub fn announce_ready(wait_for_signal: bool) -> Result<()> {
     Ok(())
 }
 
-/// The kernel thread id of the calling thread.
 /// CLOCK_MONOTONIC in nanoseconds: the clock of eBPF's `bpf_ktime_get_ns`.
-pub use tracer::system::stop::monotonic_ns;
+pub fn monotonic_ns() -> u64 {
+    clock_ns(libc::CLOCK_MONOTONIC)
+}
 
 /// CPU time of the calling thread (CLOCK_THREAD_CPUTIME_ID), ns.
 pub fn thread_cpu_ns() -> u64 {
-    tracer::system::stop::clock_ns(libc::CLOCK_THREAD_CPUTIME_ID)
+    clock_ns(libc::CLOCK_THREAD_CPUTIME_ID)
 }
 
+/// The time of `clock` in nanoseconds.
+fn clock_ns(clock: libc::clockid_t) -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: ts is a valid timespec to write into.
+    unsafe { libc::clock_gettime(clock, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// The kernel thread id of the calling thread.
 pub fn gettid() -> i32 {
     // SAFETY: gettid has no preconditions and cannot fail.
     unsafe { libc::gettid() }

@@ -462,9 +462,9 @@ fn a_symlink_planted_at_an_output_path_is_not_followed() {
 /// Where the dynamic loader's `_dl_debug_state` is in process `pid`, as the tracer finds it
 /// (the loader named by the executable's PT_INTERP, the symbol's file offset).
 fn dl_debug_state_address(pid: u32) -> Option<u64> {
-    let interp = tracer::probe::usdt::interpreter(Path::new(&format!("/proc/{pid}/exe")))?;
+    let interp = tracer_usdt::interpreter(Path::new(&format!("/proc/{pid}/exe")))?;
     let loader = std::fs::canonicalize(&interp).ok()?;
-    let offset = tracer::probe::usdt::dl_debug_state_offset(&loader)?;
+    let offset = tracer_usdt::dl_debug_state_offset(&loader)?;
     exe_mappings_of(pid, &loader)
         .into_iter()
         .find(|m| m.2 <= offset && offset < m.2 + (m.1 - m.0))
