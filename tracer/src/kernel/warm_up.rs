@@ -1,4 +1,4 @@
-//! The uprobe warm-up: uprobes registered in tracer's own code before the programs load.
+//! The uprobe warm-up: uprobes registered in a file of no process before the programs load.
 //! They make the first USDT attach find the kernel's wait for a grace period over or
 //! under way.
 //! The link keeper closes them once the sites are attached.
@@ -8,26 +8,25 @@ use std::{os::fd::OwnedFd, path::PathBuf};
 use super::{Loader, keeper, sys};
 
 impl Loader {
-    /// Registers a uprobe in tracer's own code on a thread of its own, before the programs
-    /// are loaded: the first uprobe registered waits for an RCU grace period (8-16 ms
-    /// here), and uprobes registered within a grace period of another do not, so
-    /// [`Loader::attach_usdt_sites`] finds that wait over or under way instead of starting
-    /// it. Start it before [`Loader::load`]. The target never sees this uprobe (it is in a
-    /// function of ours that is never called); its failure only loses the head start.
+    /// Registers a uprobe on a thread of its own, before the programs are loaded: the
+    /// first uprobe registered waits for an RCU grace period, and uprobes registered
+    /// within a grace period of another do not, so [`Loader::attach_usdt_sites`] finds that
+    /// wait over or under way instead of starting it. Start it before [`Loader::load`].
+    /// Its failure only loses the head start.
     ///
     /// It is opened for every process, on one CPU, not for this process: the first perf
     /// event bound to a task (after a second with none in the system) waits for another
     /// grace period before its uprobe is even registered, while the kernel switches its
-    /// scheduler hooks on (`perf_sched_events`): 25-50 ms to the first event instead of
-    /// 6-18 ms.
+    /// scheduler hooks on (`perf_sched_events`).
     pub fn warm_up_uprobes() -> UprobeWarmUp {
         let (release, released) = std::sync::mpsc::channel::<()>();
         let opened = std::thread::spawn(move || {
-            let site = own_code_site(warm_up_site as *const () as usize as u64)?;
+            let site = UnmappedSite::create()?;
             let pmu_type = sys::uprobe_pmu_type().ok()?;
+            let path = site.path();
             let target = sys::UprobeTarget {
-                path: &site.0,
-                offset: site.1,
+                path: &path,
+                offset: 0,
                 ref_ctr_offset: None,
                 pid: None,
             };
@@ -51,58 +50,41 @@ impl Loader {
     }
 }
 
-/// Where [`Loader::warm_up_uprobes`] places its uprobe; never called.
-#[inline(never)]
-extern "C" fn warm_up_site() {
-    std::hint::black_box(());
+/// A file no process maps, for the warm-up uprobes: an anonymous memory file.
+///
+/// Removing a uprobe restores the instruction in every process that maps its file, and
+/// the kernel gives up on that when the task removing it has a fatal signal pending: a
+/// tracer killed with its uprobes open would leave them registered for good ("failed to
+/// unregister, leaking uprobe") in every other process running its file. Nothing maps
+/// this one, so its uprobes are removed whoever closes them and however they die.
+struct UnmappedSite {
+    file: std::fs::File,
 }
 
-/// The file and file offset of `address` in this executable's own code, from its program
-/// headers as loaded: no file is read (/proc/self/maps takes the memory map lock that the
-/// launch's other threads take as they allocate), as this is the first thing a launch
-/// does and the one it waits for.
-fn own_code_site(address: u64) -> Option<(PathBuf, u64)> {
-    struct Search {
-        address: u64,
-        offset: Option<u64>,
+impl UnmappedSite {
+    /// The file, holding a few no-op instructions (a uprobe's offset must be within it).
+    fn create() -> Option<Self> {
+        use std::io::Write as _;
+        // SAFETY: the name is a NUL-terminated string; the call has no other input.
+        let fd = unsafe { libc::memfd_create(c"tracer-warm-up".as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return None;
+        }
+        // SAFETY: memfd_create returned a new descriptor that nothing else owns.
+        let mut file = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        file.write_all(&[NOP; 16]).ok()?;
+        Some(Self { file })
     }
-    /// Called for each loaded object, the executable first: searches that one only.
-    unsafe extern "C" fn search_executable(
-        info: *mut libc::dl_phdr_info,
-        _size: usize,
-        data: *mut libc::c_void,
-    ) -> libc::c_int {
-        // SAFETY: `data` is the `Search` passed below, and `info` the loader's record of a
-        // loaded object, valid during this call, with `dlpi_phnum` program headers.
-        let (search, info) = unsafe { (&mut *data.cast::<Search>(), &*info) };
-        let headers = match info.dlpi_phdr.is_null() {
-            true => &[][..],
-            // SAFETY: as above.
-            false => unsafe {
-                std::slice::from_raw_parts(info.dlpi_phdr, usize::from(info.dlpi_phnum))
-            },
-        };
-        let relative = search.address.wrapping_sub(info.dlpi_addr);
-        search.offset = headers
-            .iter()
-            .find(|h| {
-                h.p_type == libc::PT_LOAD
-                    && h.p_flags & libc::PF_X != 0
-                    && (h.p_vaddr..h.p_vaddr + h.p_memsz).contains(&relative)
-            })
-            .map(|h| relative - h.p_vaddr + h.p_offset);
-        1
+
+    /// The path the kernel resolves to the file, in this process.
+    fn path(&self) -> PathBuf {
+        use std::os::fd::AsRawFd as _;
+        PathBuf::from(format!("/proc/self/fd/{}", self.file.as_raw_fd()))
     }
-    let mut search = Search {
-        address,
-        offset: None,
-    };
-    // SAFETY: the callback only reads the records it is given and writes `search`, which
-    // outlives the call.
-    unsafe { libc::dl_iterate_phdr(Some(search_executable), (&mut search as *mut Search).cast()) };
-    // The kernel resolves this path in the calling thread's context: our executable.
-    Some((PathBuf::from("/proc/self/exe"), search.offset?))
 }
+
+/// x86's one-byte no-op.
+const NOP: u8 = 0x90;
 
 /// The uprobes opened by [`Loader::warm_up_uprobes`].
 pub struct UprobeWarmUp {
@@ -135,17 +117,15 @@ impl UprobeWarmUp {
 
     /// Hands the warm-up uprobes to the keeper, which closes them on threads of its own:
     /// removing a uprobe waits for grace periods (RCU tasks trace, then SRCU), which
-    /// nothing should wait for, and a SIGKILL reaching the tracer while it removes one
-    /// would leave it registered for good. One the keeper could not take is closed here.
+    /// nothing should wait for. One the keeper could not take is closed here.
     pub(super) fn release(mut self, keeper: &mut keeper::LinkKeeper) {
         keeper::close_side_by_side(keeper.close_for_us(self.take()));
     }
 }
 
 impl Drop for UprobeWarmUp {
-    /// A launch that ended before attaching closes them here, side by side, before the
-    /// tracer exits: a thread still removing one when the process exits is killed
-    /// mid-removal, and the uprobe stays registered.
+    /// A launch that ended before attaching closes them here, side by side, so that their
+    /// grace periods pass together.
     fn drop(&mut self) {
         keeper::close_side_by_side(self.take());
     }
@@ -156,16 +136,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn own_code_site_is_where_the_memory_maps_place_it() {
-        let address = warm_up_site as *const () as usize as u64;
+    fn the_warm_up_site_is_a_file_no_process_maps() {
+        let site = UnmappedSite::create().unwrap();
+        let path = site.path();
+        let metadata = std::fs::metadata(&path).unwrap();
+        assert!(metadata.is_file() && metadata.len() > 0, "{metadata:?}");
+        // Not even this process, which created it.
         let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
-        let (path, offset) = crate::system::procfs::parse_maps(&maps)
-            .into_iter()
-            .find(|e| e.start <= address && address < e.end && e.is_executable())
-            .map(|e| (e.path.unwrap(), address - e.start + e.offset))
-            .unwrap();
-        let (site, site_offset) = own_code_site(address).unwrap();
-        assert_eq!(site_offset, offset);
-        assert_eq!(std::fs::canonicalize(site).unwrap(), PathBuf::from(path));
+        assert!(!maps.contains("tracer-warm-up"), "{maps}");
     }
 }
