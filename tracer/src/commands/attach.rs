@@ -9,12 +9,12 @@ use std::{
     time::{SystemTime, UNIX_EPOCH},
 };
 
-use anyhow::{Result, bail};
-use tracer_common::{LatencyStats, TaskKey, TaskTotal, counter, site_flags};
+use anyhow::{Context as _, Result, bail};
+use tracer_common::{LatencyProcessKey, LatencyStats, TaskKey, TaskTotal, counter, site_flags};
 
 use crate::{
     cli::{AttachConfig, Format, LatencyProbe},
-    kernel::{Features, Loader, RecordRing, Settings, keeper},
+    kernel::{Features, Launch, LaunchNeeds, Loader, RecordRing, Settings, keeper},
     output::render::{
         self,
         export::ExportInfo,
@@ -40,17 +40,16 @@ use crate::{
     system::procfs,
     system::stop::{self, ProcessWatch, StopReason},
     system::text::escape_text,
-    target::{self, TargetTracker},
+    target::{self, TargetSpec, TargetTracker},
 };
 
 pub fn run(config: AttachConfig) -> Result<()> {
     privileges::check()?;
-    // At once: the first uprobe waits for an RCU grace period, the longest step of a launch.
-    let warm_up = Loader::warm_up_uprobes();
-    Loader::start_keeper();
-    // The eBPF object and the kernel types are read on threads of their own while the
-    // targets are scanned.
-    Loader::prepare(true);
+    // At once: what the load needs is made ready while the targets are scanned.
+    let launch = Launch::start(LaunchNeeds {
+        usdt_sites: true,
+        kernel_types: true,
+    });
     let spec = &config.targets;
     let single = spec.single_pid();
     let watch = single.map(ProcessWatch::target).transpose()?;
@@ -62,72 +61,14 @@ pub fn run(config: AttachConfig) -> Result<()> {
         Some(pid) => procfs::target_error(pid, e),
         None => e,
     };
-    let what = match single {
-        Some(pid) => {
-            let comm = format!("/proc/{pid}/comm");
-            let name = procfs::read_name(Path::new(&comm)).map_err(|e| {
-                on_target(anyhow::Error::new(e).context(format!("cannot read {comm}")))
-            })?;
-            Subject {
-                pid: Some(pid),
-                name,
-            }
-        }
-        None => Subject {
-            pid: None,
-            name: spec.to_string(),
-        },
-    };
+    let what = Subject::of(spec, single).map_err(on_target)?;
 
-    // Any failure to read the target's files while it vanishes means it exited.
-    let scan = match single {
-        Some(pid) => usdt::scan_process(pid, &ProbePattern::any()),
-        None => usdt::scan_processes(&pids, spec.exe.as_deref(), &ProbePattern::any()),
-    }
-    .map_err(|e| on_target(e.of_target().into()))?;
-    // What was searched, marked now: a library mapped from here on (while the programs
-    // load) is one to search later.
-    let searched = usdt::Searched::of_resolved(&scan.sites, &pids);
-    for (object, error) in &scan.skipped {
-        log::debug!("skipped {}: {error}", object.path.display());
-    }
-    // Every probe is wanted here only if it is a known runtime's: a malformed site is
-    // left out with a warning, never attached.
-    let mut sites: Vec<SiteInput> = Vec::new();
-    for site in &scan.sites {
-        match SiteInput::try_from(site) {
-            Ok(input) => sites.push(input),
-            Err(problem) => log::warn!("skipped a probe site: {problem}"),
-        }
-    }
-    // Functions: those --latency names, and the GC functions of runtimes whose builds
-    // have no USDT probes (pyenv's CPython, Node).
-    let scope = match single {
-        Some(pid) => usdt::Scope::Process(pid),
-        None => usdt::Scope::Processes {
-            pids: &pids,
-            exe: spec.exe.as_deref(),
-        },
-    };
-    let requested = resolve_requested_functions(&config, scope).map_err(on_target)?;
-    let mut usdt_elsewhere = UsdtElsewhere::default();
-    let catalogue = match usdt::find(&runtimes::functions::specifiers(&pids), scope) {
-        Ok(found) => found.sites,
-        Err(e) => {
-            log::warn!("cannot look for the functions of runtimes without USDT probes: {e}");
-            Vec::new()
-        }
-    };
-    for site in catalogue
-        .iter()
-        .filter(|site| usdt_elsewhere.keep(site))
-        .chain(&requested.sites)
-    {
-        match SiteInput::try_from(site) {
-            Ok(input) => sites.push(input),
-            Err(problem) => log::warn!("skipped a function probe: {problem}"),
-        }
-    }
+    let FoundSites {
+        sites,
+        searched,
+        requested,
+        usdt_elsewhere,
+    } = find_sites(&config, single, &pids).map_err(on_target)?;
     // Every known runtime's latencies and task probes: its probes may be in a library
     // loaded later (a JVM's libjvm.so), or a process started later; those without sites
     // are left out of the report.
@@ -138,7 +79,7 @@ pub fn run(config: AttachConfig) -> Result<()> {
         .collect();
     // One process's sites are attached for it alone; a set's for every process mapping
     // the files, the kernel keeping the hits of the targets.
-    let mut plan = ProbePlan::build(
+    let plan = ProbePlan::build(
         &sites,
         &latencies,
         &task_probes,
@@ -152,36 +93,26 @@ pub fn run(config: AttachConfig) -> Result<()> {
         render::prepare_output_file(&timeline.path)?;
     }
 
-    let mut processes = Processes::default();
-    for &pid in &pids {
-        if let Err(e) = processes.observe_target(pid) {
-            let context = format!("cannot read /proc/{pid} (its name and memory maps)");
-            let error = procfs::target_error(pid, anyhow::Error::new(e).context(context));
-            // One of a set may exit at any time; the one target may not.
-            match single {
-                Some(_) => return Err(error),
-                None => log::debug!("{error:#}"),
-            }
-        }
-    }
+    let processes = observe_targets(&pids, single)?;
 
     let sampling = config.sampling;
-    let mut loader = Loader::load(&Settings {
-        targets: Some(targets.clone()),
-        min_block: config.min_block,
-        features: Features {
-            latencies: true,
-            tasks: true,
-            ..WallClockSampler::features(&sampling)
-        },
-        unwind_ring_bytes: WallClockSampler::unwind_ring_bytes(&sampling),
-        map_sizes: config.map_sizes,
-        // Sites found later get cookies after these: room for them.
-        plan_sizes: Some(plan.room_to_grow()),
-        timeline_min_block: config.timeline.as_ref().map(|t| t.min_block),
-        ..Settings::default()
-    })
-    .map_err(|e| on_target(e.into()))?;
+    let mut loader = launch
+        .load(&Settings {
+            targets: Some(targets.clone()),
+            min_block: config.min_block,
+            features: Features {
+                latencies: true,
+                tasks: true,
+                ..WallClockSampler::features(&sampling)
+            },
+            unwind_ring_bytes: WallClockSampler::unwind_ring_bytes(&sampling),
+            map_sizes: config.map_sizes,
+            // Sites found later get cookies after these: room for them.
+            plan_sizes: Some(plan.room_to_grow()),
+            timeline_min_block: config.timeline.as_ref().map(|t| t.min_block),
+            ..Settings::default()
+        })
+        .map_err(|e| on_target(e.into()))?;
     let mut timeline = match config.timeline {
         Some(_) => Some(TimelineReader {
             ring: loader.take_timeline()?,
@@ -191,7 +122,7 @@ pub fn run(config: AttachConfig) -> Result<()> {
     };
     let mut tracker = TargetTracker::for_set(spec, &loader)?;
     loader
-        .attach_usdt_sites(&plan.usdt_sites(), warm_up)
+        .attach_usdt_sites(&plan.usdt_sites())
         .map_err(|e| on_target(e.into()))?;
     late_sites::hold_at_dlopen(
         &mut loader,
@@ -200,7 +131,7 @@ pub fn run(config: AttachConfig) -> Result<()> {
         config.hold_at_dlopen,
     )
     .map_err(on_target)?;
-    let mut later = LateSites::new(
+    let later = LateSites::new(
         later_specs(&config, &requested.names),
         searched,
         SiteMode::LatenciesOnly,
@@ -213,7 +144,7 @@ pub fn run(config: AttachConfig) -> Result<()> {
     )
     .keeping(usdt_elsewhere)
     .holding(config.hold_at_dlopen);
-    let mut sampler = WallClockSampler::attach(&mut loader, Some(&targets), sampling, &processes)
+    let sampler = WallClockSampler::attach(&mut loader, Some(&targets), sampling, &processes)
         .map_err(on_target)?;
     let probe_names: Vec<String> = plan.probes.iter().map(|p| p.specifier()).collect();
     let _diagnostics = loader.start_diagnostics(&probe_names);
@@ -231,11 +162,288 @@ pub fn run(config: AttachConfig) -> Result<()> {
         .enable_all()
         .build()?;
     let signals = stop::StopSignals::catch(&runtime)?;
-    let runtime_names = runtime_names(&plan);
+    announce(
+        &what.describe(pids.len(), spec.can_grow()),
+        loader.usdt_site_count(),
+        &plan,
+        &config,
+    );
+
+    // What naming the stacks takes is parsed while they are taken, not at the stop.
+    let mut symbolizer = StackSymbolizer::new();
+    symbolizer.prepare(
+        pids.iter()
+            .filter_map(|&pid| processes.get(pid)?.maps.as_ref()),
+    );
+    let keeper_pid = loader.keeper_pid();
+    let mut run = Run {
+        loader,
+        plan,
+        later,
+        sampler,
+        processes,
+        timeline,
+        symbolizer,
+    };
+    let reason = runtime.block_on(stop::run_until_stopped_with(
+        signals,
+        watch,
+        config.duration,
+        stop::either(
+            run_attached(
+                &mut run.sampler,
+                &mut run.loader,
+                &mut run.processes,
+                &mut run.plan,
+                &mut run.later,
+                run.timeline.as_mut(),
+            ),
+            stop::either(target::track(tracker.as_mut()), keeper::watch(keeper_pid)),
+        ),
+    ))?;
+
+    // What was measured up to now is what is reported; the targets keep running untouched
+    // from here on.
+    let now = stop::monotonic_ns();
+    let traced = run.detach(tracker, &pids)?;
+    crate::status!(
+        "Stopped: {reason}. Detached from {}.",
+        match single {
+            Some(pid) => format!("process {pid}"),
+            None => format!("{} processes", traced.len()),
+        }
+    );
+    let span = Span {
+        reason,
+        started,
+        start_unix_ns,
+        now,
+    };
+    run.report(&config, &what, traced, span)
+}
+
+/// What a run holds from the attach to the report.
+struct Run {
+    loader: Loader,
+    plan: ProbePlan,
+    later: LateSites,
+    sampler: WallClockSampler,
+    processes: Processes,
+    timeline: Option<TimelineReader>,
+    symbolizer: StackSymbolizer,
+}
+
+/// When and why a run stopped.
+struct Span {
+    reason: StopReason,
+    /// When sampling started (CLOCK_MONOTONIC ns).
+    started: u64,
+    /// The same moment on the wall clock (ns since the Unix epoch).
+    start_unix_ns: u64,
+    /// When it stopped (CLOCK_MONOTONIC ns).
+    now: u64,
+}
+
+impl Run {
+    /// Detaches everything from the targets, in the order that leaves them as they were,
+    /// keeping what the kernel collected readable. Returns the processes traced: those of
+    /// `tracker`'s set, or `pids`.
+    fn detach(&mut self, tracker: Option<TargetTracker>, pids: &[u32]) -> Result<Vec<u32>> {
+        let loader = &mut self.loader;
+        loader.stop_recording()?;
+        // A second Ctrl-C ends the tracer at once: the keeper releases what is left.
+        stop::restore_default_signals();
+        self.later.release_all(loader);
+        loader.detach_usdt()?;
+        self.sampler.detach(&mut self.processes);
+        if let Some(reader) = self.timeline.as_mut() {
+            reader.drain();
+        }
+        let traced: Vec<u32> = match &tracker {
+            Some(tracker) => {
+                let named = tracker.named();
+                // A process that exited before it was looked at keeps the kernel's name.
+                for (pid, name) in &named {
+                    self.processes.observe_named(*pid, Some(name));
+                }
+                named.into_iter().map(|(pid, _)| pid).collect()
+            }
+            None => pids.to_vec(),
+        };
+        drop(tracker);
+        loader.detach_targets();
+        Ok(traced)
+    }
+
+    /// Builds the report of what was collected over `span`, writes its files and prints
+    /// it. Fails when the one target exited before it could be named, or a file or
+    /// standard output could not be written (after printing what it could).
+    fn report(
+        mut self,
+        config: &AttachConfig,
+        what: &Subject,
+        traced: Vec<u32>,
+        span: Span,
+    ) -> Result<()> {
+        let Span {
+            reason,
+            started,
+            start_unix_ns,
+            now,
+        } = span;
+        let tasks = TaskInput::read(&self.loader, &self.plan, reason, now, &self.processes)?;
+        let collected = self.sampler.finish(
+            &self.loader,
+            &mut self.processes,
+            &mut self.symbolizer,
+            reason,
+            now,
+            ViewOptions {
+                per_thread: config.per_thread,
+                min_block: config.min_block,
+                task_names: tasks
+                    .as_ref()
+                    .map(|t| t.names.frames.clone())
+                    .unwrap_or_default(),
+            },
+        )?;
+        if let Some(pid) = what.pid
+            && self
+                .processes
+                .get(pid)
+                .and_then(|p| p.maps.as_ref())
+                .is_none()
+        {
+            bail!("process {pid} exited");
+        }
+        let export = ExportInfo {
+            name: &what.name,
+            frequency_hz: config.sampling.frequency_hz,
+            start_unix_ns,
+            duration_ns: now - started,
+        };
+        let traced: Vec<TracedProcess> = traced
+            .into_iter()
+            .map(|pid| {
+                let info = self.processes.get(pid);
+                TracedProcess {
+                    pid,
+                    name: info.map_or_else(|| "?".into(), |p| p.name.clone()),
+                    namespace_pid: info.and_then(|p| p.namespace_pid),
+                }
+            })
+            .collect();
+        let (report, output_error) = collect(
+            &self.loader,
+            &self.plan,
+            config,
+            what,
+            traced,
+            &self.processes,
+            &mut self.symbolizer,
+            collected,
+            tasks,
+            self.timeline.map(|t| t.timeline),
+            &export,
+            reason,
+        )?;
+        let text = match config.format {
+            Format::Text => report.to_text(),
+            Format::Json => serde_json::to_string_pretty(&report.to_json())? + "\n",
+        };
+        if let Err(e) = crate::system::console::print(text) {
+            return Err(match output_error {
+                Some(file_error) => anyhow::Error::new(e).context(format!("{file_error:#}")),
+                None => e.into(),
+            });
+        }
+        match output_error {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The probe sites of the targets: every USDT probe of their files (a known runtime's is
+/// measured), the functions `--latency` names, and the GC functions of runtimes whose
+/// builds have no USDT probes (pyenv's CPython, Node).
+struct FoundSites {
+    sites: Vec<SiteInput>,
+    /// The files searched, marked before the programs load: a library mapped from then on
+    /// is one to search later.
+    searched: usdt::Searched,
+    requested: RequestedFunctions,
+    usdt_elsewhere: UsdtElsewhere,
+}
+
+/// Finds the sites of [`FoundSites`] in process `single`, or in the set of `pids`.
+fn find_sites(config: &AttachConfig, single: Option<u32>, pids: &[u32]) -> Result<FoundSites> {
+    let spec = &config.targets;
+    // Any failure to read the target's files while it vanishes means it exited.
+    let scan = match single {
+        Some(pid) => usdt::scan_process(pid, &ProbePattern::any()),
+        None => usdt::scan_processes(pids, spec.exe.as_deref(), &ProbePattern::any()),
+    }
+    .map_err(|e| e.of_target())?;
+    // What was searched, marked now: a library mapped from here on (while the programs
+    // load) is one to search later.
+    let searched = usdt::Searched::of_resolved(&scan.sites, pids);
+    for (object, error) in &scan.skipped {
+        log::debug!("skipped {}: {error}", object.path.display());
+    }
+    // Every probe is wanted here only if it is a known runtime's: a malformed site is
+    // left out with a warning, never attached.
+    let mut sites: Vec<SiteInput> = Vec::new();
+    for site in &scan.sites {
+        match SiteInput::try_from(site) {
+            Ok(input) => sites.push(input),
+            Err(problem) => log::warn!("skipped a probe site: {problem}"),
+        }
+    }
+    // Functions: those --latency names, and the GC functions of runtimes whose builds
+    // have no USDT probes (pyenv's CPython, Node).
+    let scope = match single {
+        Some(pid) => usdt::Scope::Process(pid),
+        None => usdt::Scope::Processes {
+            pids,
+            exe: spec.exe.as_deref(),
+        },
+    };
+    let requested = resolve_requested_functions(config, scope)?;
+    let mut usdt_elsewhere = UsdtElsewhere::default();
+    let catalogue = match usdt::find(&runtimes::functions::specifiers(pids), scope) {
+        Ok(found) => found.sites,
+        Err(e) => {
+            log::warn!("cannot look for the functions of runtimes without USDT probes: {e}");
+            Vec::new()
+        }
+    };
+    for site in catalogue
+        .iter()
+        .filter(|site| usdt_elsewhere.keep(site))
+        .chain(&requested.sites)
+    {
+        match SiteInput::try_from(site) {
+            Ok(input) => sites.push(input),
+            Err(problem) => log::warn!("skipped a function probe: {problem}"),
+        }
+    }
+    Ok(FoundSites {
+        sites,
+        searched,
+        requested,
+        usdt_elsewhere,
+    })
+}
+
+/// Says what is traced, at which frequency, for how long, and how to stop.
+fn announce(what: &str, sites: usize, plan: &ProbePlan, config: &AttachConfig) {
+    let runtime_names = runtime_names(plan);
+    let sampling = &config.sampling;
     crate::status!(
         "Attached to {}: {} probe sites{}, on-CPU sampling at {} Hz{}, sched_switch. {}",
-        escape_text(&what.describe(pids.len(), spec.can_grow())),
-        loader.usdt_site_count(),
+        escape_text(what),
+        sites,
         if runtime_names.is_empty() {
             " (no known runtime probes yet: looking in what is loaded later)".into()
         } else {
@@ -251,130 +459,23 @@ pub fn run(config: AttachConfig) -> Result<()> {
             None => "Ctrl-C to stop.".into(),
         }
     );
+}
 
-    // What naming the stacks takes is parsed while they are taken, not at the stop.
-    let mut symbolizer = StackSymbolizer::new();
-    symbolizer.prepare(
-        pids.iter()
-            .filter_map(|&pid| processes.get(pid)?.maps.as_ref()),
-    );
-    let keeper_pid = loader.keeper_pid();
-    let reason = runtime.block_on(stop::run_until_stopped_with(
-        signals,
-        watch,
-        config.duration,
-        stop::either(
-            run_attached(
-                &mut sampler,
-                &mut loader,
-                &mut processes,
-                &mut plan,
-                &mut later,
-                timeline.as_mut(),
-            ),
-            stop::either(target::track(tracker.as_mut()), keeper::watch(keeper_pid)),
-        ),
-    ))?;
-
-    // What was measured up to now is what is reported; the targets keep running untouched
-    // from here on.
-    let now = stop::monotonic_ns();
-    loader.stop_recording()?;
-    // A second Ctrl-C ends the tracer at once: the keeper releases what is left.
-    stop::restore_default_signals();
-    later.release_all(&mut loader);
-    loader.detach_usdt()?;
-    sampler.detach(&mut processes);
-    if let Some(reader) = timeline.as_mut() {
-        reader.drain();
-    }
-    let traced: Vec<u32> = match &tracker {
-        Some(tracker) => {
-            let named = tracker.named();
-            // A process that exited before it was looked at keeps the kernel's name.
-            for (pid, name) in &named {
-                processes.observe_named(*pid, Some(name));
+/// The targets' names and memory maps, read now so that their stacks are named even if
+/// they exit. One of a set may exit at any time; the one target may not.
+fn observe_targets(pids: &[u32], single: Option<u32>) -> Result<Processes> {
+    let mut processes = Processes::default();
+    for &pid in pids {
+        if let Err(e) = processes.observe_target(pid) {
+            let context = format!("cannot read /proc/{pid} (its name and memory maps)");
+            let error = procfs::target_error(pid, anyhow::Error::new(e).context(context));
+            match single {
+                Some(_) => return Err(error),
+                None => log::debug!("{error:#}"),
             }
-            named.into_iter().map(|(pid, _)| pid).collect()
         }
-        None => pids.clone(),
-    };
-    drop(tracker);
-    loader.detach_targets();
-    crate::status!(
-        "Stopped: {reason}. Detached from {}.",
-        match single {
-            Some(pid) => format!("process {pid}"),
-            None => format!("{} processes", traced.len()),
-        }
-    );
-
-    let tasks = TaskInput::read(&loader, &plan, reason, now, &processes)?;
-    let collected = sampler.finish(
-        &loader,
-        &mut processes,
-        &mut symbolizer,
-        reason,
-        now,
-        ViewOptions {
-            per_thread: config.per_thread,
-            min_block: config.min_block,
-            task_names: tasks
-                .as_ref()
-                .map(|t| t.names.frames.clone())
-                .unwrap_or_default(),
-        },
-    )?;
-    if let Some(pid) = single
-        && processes.get(pid).and_then(|p| p.maps.as_ref()).is_none()
-    {
-        bail!("process {pid} exited");
     }
-    let export = ExportInfo {
-        name: &what.name,
-        frequency_hz: sampling.frequency_hz,
-        start_unix_ns,
-        duration_ns: now - started,
-    };
-    let traced: Vec<TracedProcess> = traced
-        .into_iter()
-        .map(|pid| {
-            let info = processes.get(pid);
-            TracedProcess {
-                pid,
-                name: info.map_or_else(|| "?".into(), |p| p.name.clone()),
-                namespace_pid: info.and_then(|p| p.namespace_pid),
-            }
-        })
-        .collect();
-    let (report, output_error) = collect(
-        &loader,
-        &plan,
-        &config,
-        &what,
-        traced,
-        &processes,
-        &mut symbolizer,
-        collected,
-        tasks,
-        timeline.map(|t| t.timeline),
-        &export,
-        reason,
-    )?;
-    let text = match config.format {
-        Format::Text => report.to_text(),
-        Format::Json => serde_json::to_string_pretty(&report.to_json())? + "\n",
-    };
-    if let Err(e) = crate::system::console::print(text) {
-        return Err(match output_error {
-            Some(file_error) => anyhow::Error::new(e).context(format!("{file_error:#}")),
-            None => e.into(),
-        });
-    }
-    match output_error {
-        Some(e) => Err(e),
-        None => Ok(()),
-    }
+    Ok(processes)
 }
 
 /// What the report is about: one process (its PID and name), or a set (its description).
@@ -384,6 +485,25 @@ struct Subject {
 }
 
 impl Subject {
+    /// Process `single` with the name it has now, or the set `spec` describes.
+    fn of(spec: &TargetSpec, single: Option<u32>) -> Result<Self> {
+        Ok(match single {
+            Some(pid) => {
+                let comm = format!("/proc/{pid}/comm");
+                let name = procfs::read_name(Path::new(&comm))
+                    .with_context(|| format!("cannot read {comm}"))?;
+                Subject {
+                    pid: Some(pid),
+                    name,
+                }
+            }
+            None => Subject {
+                pid: None,
+                name: spec.to_string(),
+            },
+        })
+    }
+
     /// For the status line: `process 42 (name)`, or the set and how many it has now.
     fn describe(&self, processes: usize, can_grow: bool) -> String {
         match self.pid {
@@ -636,111 +756,7 @@ fn collect(
             .or_else(|| processes.get(pid).map(|p| p.name.clone()))
             .unwrap_or_else(|| "?".into())
     };
-    let mut latencies = Vec::new();
-    for (id, def) in plan.latencies.iter().enumerate() {
-        // A known runtime's latency whose probes were never found is not this target's.
-        let has_sites = |probe: &ProbeRef| {
-            plan.probes
-                .iter()
-                .any(|p| probe.is(p.kind, &p.provider, &p.name) && p.site_count > 0)
-        };
-        let never_found: Vec<String> = [&def.begin, &def.end]
-            .into_iter()
-            .filter(|probe| !has_sites(probe))
-            .map(ProbeRef::to_string)
-            .collect();
-        if !never_found.is_empty() {
-            // A latency asked for with --latency is reported, with why it is empty.
-            if def.runtime.is_none() {
-                latencies.push(LatencyReport {
-                    def: def.clone(),
-                    hist: LatencyHistogram::new(),
-                    per_process: Vec::new(),
-                    by_class: Vec::new(),
-                    never_found,
-                });
-            }
-            continue;
-        }
-        let data = loader.latency(id as u32)?;
-        let mut hist = LatencyHistogram::new();
-        for (bucket, &count) in data.buckets.iter().enumerate() {
-            if count > 0 {
-                hist.merge_bucket(bucket as u32, count);
-            }
-        }
-        hist.merge_stats(&data.stats);
-        let mut per_process: Vec<ProcessLatency> = Vec::new();
-        let mut by_class: Vec<(u32, LatencyStats)> = Vec::new();
-        for (key, stats) in by_process
-            .iter()
-            .filter(|(key, _)| key.latency_id == id as u32)
-        {
-            match per_process.iter_mut().find(|p| p.pid == key.tgid) {
-                Some(process) => add_stats(&mut process.stats, stats),
-                None => per_process.push(ProcessLatency {
-                    pid: key.tgid,
-                    name: name_of(key.tgid),
-                    stats: *stats,
-                }),
-            }
-            if def.class.is_some() {
-                match by_class.iter_mut().find(|(class, _)| *class == key.class) {
-                    Some((_, total)) => add_stats(total, stats),
-                    None => by_class.push((key.class, *stats)),
-                }
-            }
-        }
-        by_class.sort_by_key(|(class, _)| *class);
-        // Values with one label (V8's two young-generation collectors) are one class.
-        let mut labelled: Vec<(String, LatencyStats)> = Vec::new();
-        if let Some(class) = &def.class {
-            for (value, stats) in by_class {
-                let label = class.label(value);
-                match labelled.iter_mut().find(|(l, _)| *l == label) {
-                    Some((_, total)) => add_stats(total, &stats),
-                    None => labelled.push((label, stats)),
-                }
-            }
-        }
-        let by_class = labelled;
-        // One runtime's latency found through several functions (CPython 3.8's two
-        // clones of `collect`) is one latency.
-        let same = latencies.iter_mut().find(|l: &&mut LatencyReport| {
-            l.def.name == def.name
-                && l.def.runtime.is_some()
-                && l.def.runtime == def.runtime
-                && l.def.mechanism == def.mechanism
-        });
-        match same {
-            Some(existing) => {
-                existing.hist.merge(&hist);
-                for process in per_process {
-                    match existing
-                        .per_process
-                        .iter_mut()
-                        .find(|p| p.pid == process.pid)
-                    {
-                        Some(p) => add_stats(&mut p.stats, &process.stats),
-                        None => existing.per_process.push(process),
-                    }
-                }
-                for (label, stats) in by_class {
-                    match existing.by_class.iter_mut().find(|(l, _)| *l == label) {
-                        Some((_, total)) => add_stats(total, &stats),
-                        None => existing.by_class.push((label, stats)),
-                    }
-                }
-            }
-            None => latencies.push(LatencyReport {
-                def: def.clone(),
-                hist,
-                per_process,
-                by_class,
-                never_found: Vec::new(),
-            }),
-        }
-    }
+    let latencies = latency_reports(loader, plan, &by_process, &name_of)?;
     let mut probes = Vec::new();
     for (id, info) in plan.probes.iter().enumerate() {
         probes.push(ProbeReport {
@@ -876,6 +892,139 @@ fn collect(
         },
     };
     Ok((report, output_error))
+}
+
+/// The report of each latency of `plan`: its histogram, by process and by class. A
+/// known runtime's latency whose probes were never found is left out; one asked for with
+/// --latency says which were not found.
+fn latency_reports(
+    loader: &Loader,
+    plan: &ProbePlan,
+    by_process: &[(LatencyProcessKey, LatencyStats)],
+    name_of: &dyn Fn(u32) -> String,
+) -> Result<Vec<LatencyReport>> {
+    let mut latencies: Vec<LatencyReport> = Vec::new();
+    for (id, def) in plan.latencies.iter().enumerate() {
+        // A known runtime's latency whose probes were never found is not this target's.
+        let has_sites = |probe: &ProbeRef| {
+            plan.probes
+                .iter()
+                .any(|p| probe.is(p.kind, &p.provider, &p.name) && p.site_count > 0)
+        };
+        let never_found: Vec<String> = [&def.begin, &def.end]
+            .into_iter()
+            .filter(|probe| !has_sites(probe))
+            .map(ProbeRef::to_string)
+            .collect();
+        if !never_found.is_empty() {
+            // A latency asked for with --latency is reported, with why it is empty.
+            if def.runtime.is_none() {
+                latencies.push(LatencyReport {
+                    def: def.clone(),
+                    hist: LatencyHistogram::new(),
+                    per_process: Vec::new(),
+                    by_class: Vec::new(),
+                    never_found,
+                });
+            }
+            continue;
+        }
+        let (hist, per_process, by_class) = measured(loader, def, id as u32, by_process, name_of)?;
+        // One runtime's latency found through several functions (CPython 3.8's two
+        // clones of `collect`) is one latency.
+        let same = latencies.iter_mut().find(|l: &&mut LatencyReport| {
+            l.def.name == def.name
+                && l.def.runtime.is_some()
+                && l.def.runtime == def.runtime
+                && l.def.mechanism == def.mechanism
+        });
+        match same {
+            Some(existing) => {
+                existing.hist.merge(&hist);
+                for process in per_process {
+                    match existing
+                        .per_process
+                        .iter_mut()
+                        .find(|p| p.pid == process.pid)
+                    {
+                        Some(p) => add_stats(&mut p.stats, &process.stats),
+                        None => existing.per_process.push(process),
+                    }
+                }
+                for (label, stats) in by_class {
+                    match existing.by_class.iter_mut().find(|(l, _)| *l == label) {
+                        Some((_, total)) => add_stats(total, &stats),
+                        None => existing.by_class.push((label, stats)),
+                    }
+                }
+            }
+            None => latencies.push(LatencyReport {
+                def: def.clone(),
+                hist,
+                per_process,
+                by_class,
+                never_found: Vec::new(),
+            }),
+        }
+    }
+    Ok(latencies)
+}
+
+/// A latency's histogram, its totals by process, and by class label.
+type Measured = (
+    LatencyHistogram,
+    Vec<ProcessLatency>,
+    Vec<(String, LatencyStats)>,
+);
+
+/// What the kernel measured of latency `id` (`def`): its histogram, its totals by process
+/// and by class (labelled as `def`'s class names them).
+fn measured(
+    loader: &Loader,
+    def: &LatencyDef,
+    id: u32,
+    by_process: &[(LatencyProcessKey, LatencyStats)],
+    name_of: &dyn Fn(u32) -> String,
+) -> Result<Measured> {
+    let data = loader.latency(id)?;
+    let mut hist = LatencyHistogram::new();
+    for (bucket, &count) in data.buckets.iter().enumerate() {
+        if count > 0 {
+            hist.merge_bucket(bucket as u32, count);
+        }
+    }
+    hist.merge_stats(&data.stats);
+    let mut per_process: Vec<ProcessLatency> = Vec::new();
+    let mut by_class: Vec<(u32, LatencyStats)> = Vec::new();
+    for (key, stats) in by_process.iter().filter(|(key, _)| key.latency_id == id) {
+        match per_process.iter_mut().find(|p| p.pid == key.tgid) {
+            Some(process) => add_stats(&mut process.stats, stats),
+            None => per_process.push(ProcessLatency {
+                pid: key.tgid,
+                name: name_of(key.tgid),
+                stats: *stats,
+            }),
+        }
+        if def.class.is_some() {
+            match by_class.iter_mut().find(|(class, _)| *class == key.class) {
+                Some((_, total)) => add_stats(total, stats),
+                None => by_class.push((key.class, *stats)),
+            }
+        }
+    }
+    by_class.sort_by_key(|(class, _)| *class);
+    // Values with one label (V8's two young-generation collectors) are one class.
+    let mut labelled: Vec<(String, LatencyStats)> = Vec::new();
+    if let Some(class) = &def.class {
+        for (value, stats) in by_class {
+            let label = class.label(value);
+            match labelled.iter_mut().find(|(l, _)| *l == label) {
+                Some((_, total)) => add_stats(total, &stats),
+                None => labelled.push((label, stats)),
+            }
+        }
+    }
+    Ok((hist, per_process, labelled))
 }
 
 /// Adds `more` to the totals `into`.

@@ -12,20 +12,21 @@
 //! `wallclock.pb.gz` (pprof) and `wallclock.speedscope.json` (the three views). Weights
 //! are microseconds.
 
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Result;
 use tracer_common::counter;
 
 use crate::{
     cli::ProfileConfig,
-    kernel::{Loader, Settings},
+    kernel::{KernelTargets, Launch, LaunchNeeds, Settings},
     output::render::{self, export::ExportInfo, views::write_profile_files},
     output::report::profile_summary,
     probe::runtimes,
-    profile::sampling::UnwindMethod,
-    profile::sampling::{self, Collected, ViewOptions, WallClockSampler, unwind_summary},
-    profile::wallclock,
+    profile::sampling::{
+        self, Collected, Sampling, UnwindMethod, ViewOptions, WallClockSampler, unwind_summary,
+    },
+    profile::wallclock::{self, WallClockProfile},
     stack::processes::Processes,
     stack::symbolize::StackSymbolizer,
     system::privileges,
@@ -45,7 +46,10 @@ pub fn run(config: ProfileConfig) -> Result<()> {
         false => Some(spec.find()?),
     };
     // Once the targets are known to exist: from here on, one missing has exited.
-    Loader::prepare(true);
+    let launch = Launch::start(LaunchNeeds {
+        usdt_sites: false,
+        kernel_types: true,
+    });
     let mut processes = Processes::default();
     let what = match single {
         Some(pid) => {
@@ -69,7 +73,7 @@ pub fn run(config: ProfileConfig) -> Result<()> {
     render::prepare_output_dir(&config.output_dir)?;
     let sampling = config.sampling;
 
-    let mut loader = Loader::load(&Settings {
+    let mut loader = launch.load(&Settings {
         targets: targets.clone(),
         min_block: config.min_block,
         features: WallClockSampler::features(&sampling),
@@ -90,20 +94,7 @@ pub fn run(config: ProfileConfig) -> Result<()> {
         .enable_all()
         .build()?;
     let signals = stop::StopSignals::catch(&runtime)?;
-    crate::status!(
-        "Attached to {}: on-CPU sampling at {} Hz{} on {} CPUs, sched_switch. {}",
-        escape_text(&what),
-        sampling.frequency_hz,
-        match sampling.unwind {
-            UnwindMethod::Dwarf => " (DWARF unwinding)",
-            UnwindMethod::Fp => " (frame pointers)",
-        },
-        sampler.cpus,
-        match config.duration {
-            Some(d) => format!("Profiling for {d:?}; Ctrl-C to stop early."),
-            None => "Ctrl-C to stop.".into(),
-        }
-    );
+    announce(&what, &sampling, sampler.cpus, config.duration);
 
     // What naming the stacks takes is parsed while they are taken, not at the stop.
     let mut symbolizer = StackSymbolizer::new();
@@ -171,22 +162,9 @@ pub fn run(config: ProfileConfig) -> Result<()> {
         text += &unwind_summary(&stats, &counters);
     }
     text += &crate::output::report::program_misses_line(&loader.program_misses());
-    let first = targets
-        .iter()
-        .flat_map(|t| &t.members)
-        .next()
-        .map(|m| m.pid);
-    if let Some(pid) = first {
-        let maps = processes.get(pid).and_then(|p| p.maps.as_ref());
-        let files = maps
-            .into_iter()
-            .flat_map(|m| m.mapped_files().map(|f| f.path));
-        if let Some(line) =
-            wallclock::unnamed_line(&profile, || runtimes::jit_naming_hint(pid, files))
-        {
-            text += &line;
-            text.push('\n');
-        }
+    if let Some(line) = unnamed_hint(&profile, targets.as_ref(), &processes) {
+        text += &line;
+        text.push('\n');
     }
     crate::system::console::print(text)?;
     // The summary is printed even when a file could not be written; the error comes after.
@@ -194,4 +172,37 @@ pub fn run(config: ProfileConfig) -> Result<()> {
         Some(e) => Err(e),
         None => Ok(()),
     }
+}
+
+/// Says what is profiled, at which frequency, for how long, and how to stop.
+fn announce(what: &str, sampling: &Sampling, cpus: usize, duration: Option<Duration>) {
+    crate::status!(
+        "Attached to {}: on-CPU sampling at {} Hz{} on {} CPUs, sched_switch. {}",
+        escape_text(what),
+        sampling.frequency_hz,
+        match sampling.unwind {
+            UnwindMethod::Dwarf => " (DWARF unwinding)",
+            UnwindMethod::Fp => " (frame pointers)",
+        },
+        cpus,
+        match duration {
+            Some(d) => format!("Profiling for {d:?}; Ctrl-C to stop early."),
+            None => "Ctrl-C to stop.".into(),
+        }
+    );
+}
+
+/// The line that says how much of `profile` is unnamed, with how the first target's
+/// runtime would name its JIT code; none when nearly all of it is named.
+fn unnamed_hint(
+    profile: &WallClockProfile,
+    targets: Option<&KernelTargets>,
+    processes: &Processes,
+) -> Option<String> {
+    let pid = targets.iter().flat_map(|t| &t.members).next()?.pid;
+    let maps = processes.get(pid).and_then(|p| p.maps.as_ref());
+    let files = maps
+        .into_iter()
+        .flat_map(|m| m.mapped_files().map(|f| f.path));
+    wallclock::unnamed_line(profile, || runtimes::jit_naming_hint(pid, files))
 }

@@ -1,5 +1,5 @@
 //! Loading the embedded eBPF object: [`Loader::load`] and its steps.
-//! [`Loader::prepare`] and [`Loader::start_keeper`] give a load a head start.
+//! A [`Launch`] gives a load a head start.
 //! A program is verified when first asked for.
 //! The maps still being created are waited for here.
 
@@ -7,6 +7,7 @@ use std::{
     collections::HashMap as StdHashMap,
     os::fd::{AsFd as _, BorrowedFd},
     path::Path,
+    thread::JoinHandle,
 };
 
 use aya::maps::Map;
@@ -18,14 +19,17 @@ use super::{
     FileId, KernelTargets, Loader, LoaderError, MIN_RING_BUFFER_BYTES, MapSizes, Result, Settings,
     TIMELINE_RING_BYTES,
     btf::{self, Btf},
-    diagnostics, keeper, object, os_error, pins, process_start_ticks,
+    diagnostics, keeper,
+    launch::{KernelBtfReading, Launch, joined},
+    object, os_error, pins, process_start_ticks,
 };
 use crate::system::oserror;
 
 /// The eBPF object built from `tracer-ebpf` by build.rs.
-static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tracer-ebpf"));
+pub(super) static EBPF_OBJECT: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tracer-ebpf"));
 
-const KERNEL_BTF: &str = "/sys/kernel/btf/vmlinux";
+pub(super) const KERNEL_BTF: &str = "/sys/kernel/btf/vmlinux";
 
 /// Maps the USDT latency and event programs never use, created on another thread while
 /// those are loaded and attached, so the first events are not kept waiting for them (the
@@ -48,18 +52,8 @@ const DEFERRED_MAPS: [&str; 15] = [
     map_names::SNAPSHOT_SEQ,
 ];
 
-/// The link keeper started by [`Loader::start_keeper`], for the next load to take.
-static EARLY_KEEPER: std::sync::Mutex<
-    Option<std::thread::JoinHandle<std::io::Result<keeper::LinkKeeper>>>,
-> = std::sync::Mutex::new(None);
-
-/// Kernel BTF read by [`Loader::prepare`], for the next load to take.
-static EARLY_KERNEL_BTF: std::sync::Mutex<
-    Option<std::thread::JoinHandle<std::result::Result<Btf, btf::BtfError>>>,
-> = std::sync::Mutex::new(None);
-
 /// Every kernel struct, typedef and function [`Loader::load`] may look up.
-const KERNEL_STRUCTS_USED: [&str; 11] = [
+pub(super) const KERNEL_STRUCTS_USED: [&str; 11] = [
     "task_struct",
     "thread_struct",
     "sched_entity",
@@ -72,12 +66,12 @@ const KERNEL_STRUCTS_USED: [&str; 11] = [
     "pid_namespace",
     "ns_common",
 ];
-const KERNEL_TYPEDEFS_USED: [&str; 3] = [
+pub(super) const KERNEL_TYPEDEFS_USED: [&str; 3] = [
     "btf_trace_sched_switch",
     "btf_trace_sched_process_fork",
     "btf_trace_sched_process_exec",
 ];
-const KERNEL_FUNCTIONS_USED: [&str; 1] = ["bpf_iter_task"];
+pub(super) const KERNEL_FUNCTIONS_USED: [&str; 1] = ["bpf_iter_task"];
 
 /// The kernel's inode number of the initial PID namespace (`PROC_PID_INIT_INO`).
 const INIT_PID_NAMESPACE_INODE: u64 = 0xEFFF_FFFC;
@@ -135,23 +129,35 @@ struct KernelOffsets {
 }
 
 impl Loader {
-    /// Loads the eBPF object with `settings`. Programs are verified when first attached.
+    /// Loads the eBPF object with `settings`, with no head start (see [`Launch`]).
+    /// Programs are verified when first attached.
     pub fn load(settings: &Settings) -> Result<Self> {
+        Launch::default().load(settings)
+    }
+
+    /// [`Loader::load`], taking what `launch` started.
+    pub(super) fn load_launched(settings: &Settings, mut launch: Launch) -> Result<Self> {
         repair_what_killed_tracers_left();
         let inputs = LoadInputs::new(settings);
         let max_entries = inputs.max_entries();
-        let keeper = take_keeper(settings)?;
+        let keeper = take_keeper(settings, launch.keeper.take())?;
         // Kernel types (read on a thread since the launch began) are waited for only once
         // the maps that do not need them are created: the load does both at once.
         let mut kernel_ids = KernelTypeIds::default();
+        let early_btf = launch.kernel_btf.take();
         let globals = || -> Result<Globals> {
-            let (globals, ids) = inputs.globals()?;
+            let (globals, ids) = inputs.globals(early_btf)?;
             kernel_ids = ids;
             Ok(globals)
         };
+        let object = match launch.object.take() {
+            Some(parsing) => joined(parsing),
+            None => aya_obj::Object::parse(EBPF_OBJECT),
+        }
+        .map_err(|e| LoaderError::Load(e.into()))?;
         // With USDT sites to attach first, the deferred maps wait for them.
         let (maps, programs) = object::load(
-            EBPF_OBJECT,
+            object,
             globals,
             &max_entries,
             &DEFERRED_MAPS,
@@ -163,6 +169,7 @@ impl Loader {
             sched_switch_btf_id: kernel_ids.sched_switch,
             iter_task_btf_id: kernel_ids.iter_task,
             keeper,
+            warm_up: launch.warm_up.take(),
             sites_in_one_process: Vec::new(),
             sites_in_any_process: Vec::new(),
             usdt_sites_attached: 0,
@@ -224,47 +231,6 @@ impl Loader {
         let waited_for = self.programs.load(name, attach_btf_id)?;
         self.maps.extend(waited_for);
         self.programs.fd(name)
-    }
-
-    /// Starts parsing the eBPF object and, with `kernel_types` (off-CPU accounting,
-    /// following processes), reading the kernel types the programs need, on threads of
-    /// their own, for the next [`Loader::load`]: call it first thing, and the
-    /// milliseconds they take pass while the targets are scanned.
-    pub fn prepare(kernel_types: bool) {
-        object::parse_early(EBPF_OBJECT);
-        if !kernel_types {
-            return;
-        }
-        let mut early = EARLY_KERNEL_BTF
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if early.is_none() {
-            *early = Some(std::thread::spawn(|| {
-                let btf = Btf::read(Path::new(KERNEL_BTF))?;
-                // Only a head start: what fails here fails again, and is reported, where
-                // the load looks the type up itself (only if it needs it).
-                let _ = btf.look_up_at_once(
-                    &KERNEL_STRUCTS_USED,
-                    &KERNEL_TYPEDEFS_USED,
-                    &KERNEL_FUNCTIONS_USED,
-                );
-                Ok(btf)
-            }));
-        }
-    }
-
-    /// Starts the link keeper (see [`keeper`]) on a thread of its own, for a launch that
-    /// attaches USDT sites: spawning it waits for the exec of tracer's own binary, which
-    /// takes a few milliseconds (more while the launch's other threads hold both CPUs),
-    /// and they then pass while the targets are scanned, not on the way to the first
-    /// event. The next [`Loader::load`] takes it; if it has no sites, the keeper exits.
-    pub fn start_keeper() {
-        let mut early = EARLY_KEEPER
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if early.is_none() {
-            *early = Some(std::thread::spawn(keeper::LinkKeeper::spawn));
-        }
     }
 }
 
@@ -385,8 +351,11 @@ impl<'a> LoadInputs<'a> {
     /// The values of the object's globals, and the kernel type ids the programs that
     /// need them are verified against: what [`object::load`] asks for once the maps that
     /// need neither are created.
-    fn globals(&self) -> Result<(Globals, KernelTypeIds)> {
-        let kernel = self.needs_kernel_btf().then(read_kernel_btf).transpose()?;
+    fn globals(&self, early_btf: Option<KernelBtfReading>) -> Result<(Globals, KernelTypeIds)> {
+        let kernel = match self.needs_kernel_btf() {
+            true => Some(read_kernel_btf(early_btf)?),
+            false => None,
+        };
         // After the kernel types: a target that exits while they are read is found
         // gone here, before anything is attached (its start time is a constant below).
         let single_start_ticks = match self.single {
@@ -553,14 +522,19 @@ impl<'a> LoadInputs<'a> {
     }
 }
 
-/// The link keeper of a run with USDT sites.
-fn take_keeper(settings: &Settings) -> Result<Option<keeper::LinkKeeper>> {
-    // A run with USDT sites takes its keeper now (started early, or now: it starts
-    // while the object loads); one started early for nothing goes.
+/// The link keeper of a run with USDT sites: the one `early` spawns, else a new one. One
+/// spawned for a run without sites goes.
+fn take_keeper(
+    settings: &Settings,
+    early: Option<JoinHandle<std::io::Result<keeper::LinkKeeper>>>,
+) -> Result<Option<keeper::LinkKeeper>> {
     Ok(match settings.plan_sizes {
-        Some(plan) if plan.sites > 0 => Some(spawn_keeper()?),
+        Some(plan) if plan.sites > 0 => Some(match early {
+            Some(starting) => joined(starting).map_err(LoaderError::Keeper)?,
+            None => spawn_keeper()?,
+        }),
         _ => {
-            if let Some(unused) = take_early_keeper() {
+            if let Some(unused) = early {
                 // Its end waits for the process to exit: not on this thread.
                 std::thread::spawn(move || drop(unused.join()));
             }
@@ -569,34 +543,15 @@ fn take_keeper(settings: &Settings) -> Result<Option<keeper::LinkKeeper>> {
     })
 }
 
-/// The keeper [`Loader::start_keeper`] started, else a new one.
+/// A new link keeper.
 pub(super) fn spawn_keeper() -> Result<keeper::LinkKeeper> {
-    match take_early_keeper() {
-        Some(starting) => starting
-            .join()
-            .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
-        None => keeper::LinkKeeper::spawn(),
-    }
-    .map_err(LoaderError::Keeper)
+    keeper::LinkKeeper::spawn().map_err(LoaderError::Keeper)
 }
 
-fn take_early_keeper() -> Option<std::thread::JoinHandle<std::io::Result<keeper::LinkKeeper>>> {
-    EARLY_KEEPER
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-        .take()
-}
-
-/// Kernel BTF, read by the thread [`Loader::prepare`] started or else now.
-fn read_kernel_btf() -> Result<Btf> {
-    let early = EARLY_KERNEL_BTF
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-        .take();
+/// Kernel BTF, read by the thread `early` or else now.
+fn read_kernel_btf(early: Option<KernelBtfReading>) -> Result<Btf> {
     let read = match early {
-        Some(reading) => reading
-            .join()
-            .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+        Some(reading) => joined(reading),
         None => Btf::read(Path::new(KERNEL_BTF)),
     };
     read.map_err(|e| match e {

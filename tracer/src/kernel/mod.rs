@@ -5,6 +5,7 @@
 pub mod btf;
 mod diagnostics;
 pub mod keeper;
+mod launch;
 mod load;
 mod maps;
 mod object;
@@ -25,6 +26,7 @@ use thiserror::Error;
 use tracer_common::map_names;
 
 pub use diagnostics::{DiagnosticsReader, enable as enable_bpf_diagnostics};
+pub use launch::{Launch, LaunchNeeds};
 pub use maps::{LatencyData, ProbeHitTotals};
 pub use programs::{Attachment, UserStacks};
 pub use rings::{RecordRing, SnapshotChecks};
@@ -32,7 +34,6 @@ pub use sys::supports_ref_ctr_offset;
 pub use targets::{COMM_LEN, FileId, KernelTargets, Member, TargetsMap};
 pub use thread_sample::{RunningSample, sample_running_thread};
 pub use usdt::UsdtAttachment;
-pub use warm_up::UprobeWarmUp;
 
 use crate::{
     system::oserror::{self, OpenFileLimit},
@@ -325,6 +326,8 @@ pub struct Loader {
     /// [`keeper::MAX_UPROBES_PER_LINK`] sites each) out of this process's reach: see
     /// [`keeper`]. Started with the first USDT attach.
     keeper: Option<keeper::LinkKeeper>,
+    /// The warm-up uprobes of the launch, until the first sites are attached.
+    warm_up: Option<warm_up::UprobeWarmUp>,
     /// The sites attached in one process each (process, file, file offset): the detach
     /// waits for their instructions to be back.
     sites_in_one_process: Vec<(u32, PathBuf, u64)>,

@@ -11,7 +11,6 @@
 use std::{
     collections::{HashMap, HashSet},
     os::fd::{AsFd as _, AsRawFd as _, BorrowedFd, OwnedFd},
-    sync::Mutex,
     thread::JoinHandle,
 };
 
@@ -50,42 +49,10 @@ const LOAD_IMM64: u8 = 0x18;
 /// Source register value marking a 64-bit immediate load of a map's fd.
 const BPF_PSEUDO_MAP_FD: u8 = 1;
 
-/// The embedded object being parsed on a thread of its own, from [`parse_early`] until
-/// the first [`load`] takes it.
-static EARLY_PARSE: Mutex<Option<(usize, Parsing)>> = Mutex::new(None);
-
 /// A thread parsing an object.
-type Parsing = JoinHandle<Result<Object, aya_obj::ParseError>>;
+pub(super) type Parsing = JoinHandle<Result<Object, aya_obj::ParseError>>;
 
-/// Starts parsing `data` on a thread of its own (milliseconds of a launch), for the first
-/// [`load`] of the same data to take instead of parsing it then.
-pub(super) fn parse_early(data: &'static [u8]) {
-    let mut early = EARLY_PARSE
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
-    if early.is_none() {
-        *early = Some((
-            data.as_ptr() as usize,
-            std::thread::spawn(|| Object::parse(data)),
-        ));
-    }
-}
-
-/// `data` parsed: by the thread [`parse_early`] started for it, or now.
-fn parse(data: &[u8]) -> Result<Object, aya_obj::ParseError> {
-    let early = EARLY_PARSE
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-        .take_if(|(of, _)| *of == data.as_ptr() as usize);
-    match early {
-        Some((_, parsing)) => parsing
-            .join()
-            .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
-        None => Object::parse(data),
-    }
-}
-
-/// Creates the maps of `data` (sizes from `max_entries`, read-only globals from what
+/// Creates the maps of `object` (sizes from `max_entries`, read-only globals from what
 /// `globals` returns) and returns them and the programs. The maps of the globals are
 /// created last: `globals` may wait for kernel types read on another thread, and the other
 /// maps are created meanwhile. Maps named in `deferred` are created on a thread of their
@@ -95,14 +62,13 @@ fn parse(data: &[u8]) -> Result<Object, aya_obj::ParseError> {
 /// programs verified and attached first (the USDT probes, whose first event a launch
 /// waits for).
 pub(super) fn load(
-    data: &[u8],
+    mut object: Object,
     globals: impl FnOnce() -> Result<Vec<(&'static str, Vec<u8>)>, LoaderError>,
     max_entries: &HashMap<&'static str, u32>,
     deferred: &[&str],
     hold: bool,
 ) -> Result<(HashMap<String, Map>, Programs), LoaderError> {
     let error = |e: EbpfError| LoaderError::Load(e);
-    let mut object = parse(data).map_err(|e| error(e.into()))?;
     let sized = |(name, mut map): (String, aya_obj::Map)| {
         if let Some(&entries) = max_entries.get(name.as_str()) {
             map.set_max_entries(entries);

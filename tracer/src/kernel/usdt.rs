@@ -12,10 +12,7 @@ use std::{
 use aya::maps::{Array, HashMap, Map};
 use tracer_common::{UsdtSite, control, map_names, program_names, site_flags};
 
-use super::{
-    Loader, LoaderError, Result, keeper, load::spawn_keeper, os_error, restored, sys,
-    warm_up::UprobeWarmUp,
-};
+use super::{Loader, LoaderError, Result, keeper, load::spawn_keeper, os_error, restored, sys};
 use crate::system::{oserror, procfs::ProcessError};
 
 /// One uprobe at a USDT site.
@@ -53,13 +50,10 @@ impl Loader {
     /// the program with the argument decoder; the others a lean one. The sites of one
     /// program in one file share a uprobe_multi link: detaching them waits for the
     /// kernel's grace period once, where a perf event per site waits once per site.
-    pub fn attach_usdt_sites(
-        &mut self,
-        sites: &[(u32, &UsdtSite, &UsdtAttachment)],
-        warm_up: UprobeWarmUp,
-    ) -> Result<()> {
+    pub fn attach_usdt_sites(&mut self, sites: &[(u32, &UsdtSite, &UsdtAttachment)]) -> Result<()> {
         self.attach_more_usdt_sites(sites)?;
-        if let Some(keeper) = self.keeper.as_mut() {
+        // The warm-up has done its work: the sites are registered.
+        if let (Some(warm_up), Some(keeper)) = (self.warm_up.take(), self.keeper.as_mut()) {
             warm_up.release(keeper);
         }
         // Events flow; now the maps the other programs and the readers need.

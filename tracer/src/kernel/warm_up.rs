@@ -11,14 +11,14 @@ impl Loader {
     /// Registers a uprobe on a thread of its own, before the programs are loaded: the
     /// first uprobe registered waits for an RCU grace period, and uprobes registered
     /// within a grace period of another do not, so [`Loader::attach_usdt_sites`] finds that
-    /// wait over or under way instead of starting it. Start it before [`Loader::load`].
+    /// wait over or under way instead of starting it. A [`super::Launch`] starts it.
     /// Its failure only loses the head start.
     ///
     /// It is opened for every process, on one CPU, not for this process: the first perf
     /// event bound to a task (after a second with none in the system) waits for another
     /// grace period before its uprobe is even registered, while the kernel switches its
     /// scheduler hooks on (`perf_sched_events`).
-    pub fn warm_up_uprobes() -> UprobeWarmUp {
+    pub(super) fn warm_up_uprobes() -> UprobeWarmUp {
         let (release, released) = std::sync::mpsc::channel::<()>();
         let opened = std::thread::spawn(move || {
             let site = UnmappedSite::create()?;
