@@ -565,8 +565,14 @@ fn a_tracer_killed_while_a_target_is_held_at_dlopen_leaves_it_running() {
         assert!(Instant::now() < gone, "the keeper outlived its links");
         std::thread::sleep(Duration::from_millis(10));
     }
-    assert_eq!(breakpoints_in(pid, lib).0, 0, "breakpoints left");
-    assert_eq!(breakpoints_in(pid, exe).0, 0, "breakpoints left");
+    // Links released by a keeper are removed by a kernel worker a grace period or so
+    // after it exits: nobody waits for them, as a tracer's own detach does.
+    let restored = Instant::now() + Duration::from_secs(5);
+    let left = || breakpoints_in(pid, lib).0 + breakpoints_in(pid, exe).0;
+    while left() > 0 {
+        assert!(Instant::now() < restored, "breakpoints left: {}", left());
+        std::thread::sleep(Duration::from_millis(20));
+    }
     assert_eq!(target.step(), "raised=0", "the semaphore is back to 0");
     target.finish();
 }
