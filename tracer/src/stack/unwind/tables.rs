@@ -1,0 +1,201 @@
+//! The unwind tables of the files a process maps, and a process's framehop unwinder built
+//! from them. The tables tell which addresses call frame information covers. A process's
+//! unwinder tells where a signal return trampoline lies.
+
+use std::fs::File;
+use std::ops::Range;
+use std::sync::Arc;
+
+use framehop::ExplicitModuleSectionInfo;
+use framehop::x86_64::UnwinderX86_64;
+use gimli::{BaseAddresses, CieOrFde, DebugFrame, EhFrame, LittleEndian, UnwindSection};
+use object::{Object as _, ObjectSection as _, ObjectSegment as _, ReadCache};
+
+/// The unwind tables of one file, shared by every process mapping it.
+#[derive(Debug)]
+pub(super) struct ObjectTables {
+    pub(super) sections: ExplicitModuleSectionInfo<Arc<[u8]>>,
+    /// (file offset, stated address, file size) of each loadable segment.
+    segments: Vec<(u64, u64, u64)>,
+    /// Stated addresses covered by call frame information, sorted, not overlapping.
+    cfi: Vec<Range<u64>>,
+}
+
+impl ObjectTables {
+    pub(super) fn read(file: &File) -> Option<Self> {
+        let cache = ReadCache::new(file.try_clone().ok()?);
+        let elf = object::File::parse(&cache).ok()?;
+        let mut sections = ExplicitModuleSectionInfo {
+            base_svma: 0,
+            ..Default::default()
+        };
+        let section = |name: &str| -> Option<(Range<u64>, Arc<[u8]>)> {
+            let section = elf.section_by_name(name)?;
+            let range = section.address()..section.address() + section.size();
+            Some((range, Arc::from(section.data().ok()?)))
+        };
+        if let Some((range, data)) = section(".text") {
+            sections.text_svma = Some(range);
+            sections.text = Some(data);
+        }
+        if let Some((range, data)) = section(".eh_frame") {
+            sections.eh_frame_svma = Some(range);
+            sections.eh_frame = Some(data);
+        }
+        if let Some((range, data)) = section(".eh_frame_hdr") {
+            sections.eh_frame_hdr_svma = Some(range);
+            sections.eh_frame_hdr = Some(data);
+        }
+        if let Some((_, data)) = section(".debug_frame") {
+            sections.debug_frame = Some(data);
+        }
+        sections.got_svma = elf
+            .section_by_name(".got")
+            .map(|s| s.address()..s.address() + s.size());
+        let segments = elf
+            .segments()
+            .map(|s| {
+                let (offset, size) = s.file_range();
+                (offset, s.address(), size)
+            })
+            .collect();
+        let cfi = cfi_ranges(&sections);
+        Some(Self {
+            sections,
+            segments,
+            cfi,
+        })
+    }
+
+    /// Whether call frame information covers stated address `svma`.
+    fn has_cfi(&self, svma: u64) -> bool {
+        let after = self.cfi.partition_point(|r| r.start <= svma);
+        after > 0 && self.cfi[after - 1].contains(&svma)
+    }
+
+    /// The stated address of file offset `offset` (a mapping's start), through the
+    /// loadable segment mapped there. A mapping starts at the page holding its segment's
+    /// first byte, which may also hold the end of the previous segment: the last segment
+    /// whose pages hold `offset` is the one.
+    pub(super) fn svma_of_offset(&self, offset: u64) -> Option<u64> {
+        const PAGE: u64 = 4096;
+        self.segments
+            .iter()
+            .filter(|(start, _, size)| {
+                (start & !(PAGE - 1)..start + size.max(&1)).contains(&offset)
+            })
+            .max_by_key(|(start, _, _)| *start)
+            .map(|(start, svma, _)| svma.wrapping_add(offset).wrapping_sub(*start))
+    }
+}
+
+/// The address ranges of the FDEs of `.eh_frame` and `.debug_frame`, sorted and merged.
+fn cfi_ranges(sections: &ExplicitModuleSectionInfo<Arc<[u8]>>) -> Vec<Range<u64>> {
+    let mut ranges = Vec::new();
+    if let (Some(data), Some(svma)) = (&sections.eh_frame, &sections.eh_frame_svma) {
+        let mut bases = BaseAddresses::default().set_eh_frame(svma.start);
+        if let Some(text) = &sections.text_svma {
+            bases = bases.set_text(text.start);
+        }
+        if let Some(got) = &sections.got_svma {
+            bases = bases.set_got(got.start);
+        }
+        fde_ranges(&EhFrame::new(data, LittleEndian), &bases, &mut ranges);
+    }
+    if let Some(data) = &sections.debug_frame {
+        let mut section = DebugFrame::new(data, LittleEndian);
+        section.set_address_size(8);
+        fde_ranges(&section, &BaseAddresses::default(), &mut ranges);
+    }
+    ranges.sort_unstable_by_key(|r| r.start);
+    let mut merged: Vec<Range<u64>> = Vec::with_capacity(ranges.len());
+    for range in ranges {
+        match merged.last_mut() {
+            Some(last) if range.start <= last.end => last.end = last.end.max(range.end),
+            _ => merged.push(range),
+        }
+    }
+    merged
+}
+
+fn fde_ranges<'a, S: UnwindSection<gimli::EndianSlice<'a, LittleEndian>>>(
+    section: &S,
+    bases: &BaseAddresses,
+    ranges: &mut Vec<Range<u64>>,
+) {
+    let mut entries = section.entries(bases);
+    // A malformed entry ends the walk: the rest is read as not covered (frame pointers).
+    while let Ok(Some(entry)) = entries.next() {
+        if let CieOrFde::Fde(partial) = entry
+            && let Ok(fde) = partial.parse(S::cie_from_offset)
+            && fde.len() > 0
+        {
+            ranges.push(fde.initial_address()..fde.end_address());
+        }
+    }
+}
+
+/// A process's unwinder: one module per file-backed executable mapping.
+pub(super) struct ProcessUnwinder {
+    pub(super) unwinder: UnwinderX86_64<Arc<[u8]>>,
+    /// (mapped range, base address, tables) of each module, to tell which addresses have
+    /// call frame information.
+    pub(super) modules: Vec<(Range<u64>, u64, Arc<ObjectTables>)>,
+    /// How many mappings the snapshot had when built: rebuilt when that changes.
+    pub(super) mappings: usize,
+    /// [`DwarfUnwinder::unwinds`](crate::stack::unwind::DwarfUnwinder::unwinds) when it last
+    /// unwound a stack.
+    pub(super) last_used: u64,
+}
+
+/// The signal return trampoline (glibc's `__restore_rt`, musl's `__restore_rt` alike):
+/// `mov $15, %rax; syscall` (rt_sigreturn). A signal handler returns into it.
+const SIGRETURN_CODE: [u8; 9] = [0x48, 0xc7, 0xc0, 0x0f, 0x00, 0x00, 0x00, 0x0f, 0x05];
+
+impl ProcessUnwinder {
+    /// Whether `avma` is the start of a signal return trampoline: the frame below is the
+    /// context the signal interrupted, saved on the stack.
+    pub(super) fn is_sigreturn(&self, avma: u64) -> bool {
+        self.modules
+            .iter()
+            .find(|(range, _, _)| range.contains(&avma))
+            .is_some_and(|(_, base, tables)| {
+                let svma = avma.wrapping_sub(*base);
+                let (Some(range), Some(text)) = (&tables.sections.text_svma, &tables.sections.text)
+                else {
+                    return false;
+                };
+                range.contains(&svma)
+                    && usize::try_from(svma - range.start).is_ok_and(|at| {
+                        text.get(at..at + SIGRETURN_CODE.len()) == Some(&SIGRETURN_CODE[..])
+                    })
+            })
+    }
+
+    /// Whether call frame information covers `avma` (else framehop follows the frame
+    /// pointer to find its caller).
+    pub(super) fn has_cfi(&self, avma: u64) -> bool {
+        self.modules
+            .iter()
+            .find(|(range, _, _)| range.contains(&avma))
+            .is_some_and(|(_, base, tables)| tables.has_cfi(avma.wrapping_sub(*base)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_mapping_starts_in_the_page_of_its_segment() {
+        // lld's layout: the code segment starts mid-page, one page above its offset.
+        let tables = ObjectTables {
+            sections: ExplicitModuleSectionInfo::default(),
+            segments: vec![(0, 0, 0xc8528), (0xc8530, 0xc9530, 0x2872c0)],
+            cfi: Vec::new(),
+        };
+        assert_eq!(tables.svma_of_offset(0xc8000), Some(0xc9000));
+        assert_eq!(tables.svma_of_offset(0), Some(0));
+        assert_eq!(tables.svma_of_offset(0x400000), None);
+    }
+}
