@@ -1,0 +1,135 @@
+//! The report of `tracer attach`: what it traced, the probes and latencies it measured,
+//! the profiles it wrote and what it could not record.
+//! The text and JSON printers of the report are in `text` and `json`.
+
+use tracer_common::LatencyStats;
+
+use crate::{
+    output::render::{ViewFiles, views::ProfileFiles},
+    probe::plan::ProbeInfo,
+    probe::runtimes::LatencyDef,
+    profile::histogram::LatencyHistogram,
+    profile::tasks::TaskProfile,
+    profile::wallclock::WallClockProfile,
+    stack::unwind::UnwindStats,
+    system::stop::StopReason,
+};
+
+/// What the off-CPU profile holds and what could not be recorded.
+#[derive(Debug, Default)]
+pub struct OffCpuProfile {
+    /// Distinct stacks.
+    pub stacks: usize,
+    pub total_ns: u64,
+    pub intervals: u64,
+    /// Intervals whose user or kernel stack could not be captured.
+    pub missing_stacks: u64,
+}
+
+/// Runtime tasks: the profile and where its flamegraph went (`None`: not written).
+pub struct TaskReport {
+    pub profile: TaskProfile,
+    pub files: Option<ViewFiles>,
+}
+
+pub struct ProbeReport {
+    pub info: ProbeInfo,
+    pub hits: ProbeHits,
+}
+
+/// A probe's hits, summed over CPUs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ProbeHits {
+    pub count: u64,
+    /// When it first fired (CLOCK_MONOTONIC ns); `None` when it never did.
+    pub first_ns: Option<u64>,
+}
+
+pub struct LatencyReport {
+    pub def: LatencyDef,
+    pub hist: LatencyHistogram,
+    /// The same latency split by process.
+    pub per_process: Vec<ProcessLatency>,
+    /// Split by class (a collection's generation), labelled; empty for a latency without
+    /// classes.
+    pub by_class: Vec<(String, LatencyStats)>,
+    /// Its probes no target ever had (a `--latency` pair measured nothing then).
+    pub never_found: Vec<String>,
+}
+
+/// A process traced: its PID (as the tracer sees it), name, and its PID in its own PID
+/// namespace when that is below the tracer's (a container's).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TracedProcess {
+    pub pid: u32,
+    pub name: String,
+    pub namespace_pid: Option<u32>,
+}
+
+/// One latency's totals in one process.
+#[derive(Debug, Clone)]
+pub struct ProcessLatency {
+    pub pid: u32,
+    pub name: String,
+    pub stats: LatencyStats,
+}
+
+/// Everything the eBPF side could not record, reported rather than hidden.
+#[derive(Debug, Default)]
+pub struct Losses {
+    pub events_lost: u64,
+    pub map_full: u64,
+    pub stack_errors: u64,
+    pub unmatched_ends: u64,
+    pub arg_read_errors: u64,
+    /// Runs of a program the kernel skipped (it was already running on that CPU): events
+    /// never seen, with the program's name.
+    pub program_misses: Vec<(&'static str, u64)>,
+    /// Off-CPU intervals whose end went unseen, closed later from the thread's CPU time
+    /// (recovered, not lost).
+    pub switch_ins_missed: u64,
+}
+
+pub struct AttachReport {
+    /// The one process traced (or the first of a set).
+    pub pid: u32,
+    /// Its name, or what the set is (`every process running /usr/bin/x`).
+    pub process_name: String,
+    /// Every process traced.
+    pub processes: Vec<TracedProcess>,
+    pub stopped_by: StopReason,
+    pub elapsed_ns: u64,
+    pub probes: Vec<ProbeReport>,
+    pub latencies: Vec<LatencyReport>,
+    pub offcpu: OffCpuProfile,
+    /// The off-CPU flame graph's files; `None` when they could not be written.
+    pub offcpu_files: Option<ViewFiles>,
+    /// The whole wall-clock profile (on and off CPU) and its files.
+    pub wall: WallClockProfile,
+    pub files: ProfileFiles,
+    /// With `--unwind dwarf`: how the user stacks were unwound.
+    pub unwind_stats: Option<UnwindStats>,
+    /// How to get names for the code that could not be named, when much could not.
+    pub unnamed: Option<String>,
+    pub tasks: Option<TaskReport>,
+    /// With `--timeline`: the file and how many intervals it holds (`None` if it could
+    /// not be written).
+    pub timeline: Option<TimelineReport>,
+    pub losses: Losses,
+}
+
+/// The timeline written (`attach --timeline`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TimelineReport {
+    pub path: std::path::PathBuf,
+    pub intervals: usize,
+    /// Intervals the full ring buffer lost.
+    pub lost: u64,
+}
+
+impl AttachReport {
+    /// Every runtime's GC pauses.
+    pub(super) fn gc_pauses(&self) -> impl Iterator<Item = &LatencyReport> {
+        self.latencies.iter().filter(|l| l.def.name == "gc_pause")
+    }
+}
