@@ -266,6 +266,21 @@ impl Tracer {
         self.child.id()
     }
 
+    /// Reads standard error until a line contains `needle`; panics if the tracer exits
+    /// first.
+    pub fn wait_for_stderr(&mut self, needle: &str) {
+        loop {
+            let mut line = String::new();
+            if self.stderr.read_line(&mut line).unwrap_or(0) == 0 {
+                panic!("tracer ended before printing {needle:?}: {}", self.early_stderr);
+            }
+            self.early_stderr.push_str(&line);
+            if line.contains(needle) {
+                return;
+            }
+        }
+    }
+
     /// Waits for the tracer to exit; returns (success, stdout, all of stderr).
     pub fn finish(mut self) -> (bool, String, String) {
         // Both at once: a report larger than a pipe's buffer would otherwise wait for a

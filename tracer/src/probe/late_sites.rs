@@ -48,8 +48,9 @@ pub enum Members {
 pub struct Added {
     pub sites: Range<usize>,
     pub unavailable_args: Range<usize>,
-    /// The processes held and continued: their mappings have changed.
-    pub held: Vec<u32>,
+    /// The processes whose mappings have changed: held at a `dlopen` and continued, or
+    /// found mapping objects not searched before.
+    pub remapped: Vec<u32>,
 }
 
 impl Added {
@@ -120,7 +121,7 @@ impl LateSites {
     pub fn look(&mut self, loader: &mut Loader, plan: &mut ProbePlan) -> Added {
         let first_site = plan.sites.len();
         let first_unavailable = plan.unavailable_args.len();
-        let mut held = Vec::new();
+        let mut remapped = Vec::new();
         for (pid, what) in loader.held() {
             let stopped = what == tracer_common::held::STOPPED;
             // Continued before its SIGSTOP took effect, it would stay stopped.
@@ -132,7 +133,7 @@ impl LateSites {
             if stopped {
                 continue_process(pid);
             }
-            held.push(pid);
+            remapped.push(pid);
         }
         if self.hold && self.ticks.is_multiple_of(LOOK_EVERY) {
             keep_holding(loader);
@@ -148,30 +149,36 @@ impl LateSites {
                 Members::Every => procfs::all_processes(),
             };
             for pid in pids {
-                self.look_at(pid, loader, plan);
+                if self.look_at(pid, loader, plan) && !remapped.contains(&pid) {
+                    remapped.push(pid);
+                }
             }
         }
         Added {
             sites: first_site..plan.sites.len(),
             unavailable_args: first_unavailable..plan.unavailable_args.len(),
-            held,
+            remapped,
         }
     }
 
-    fn look_at(&mut self, pid: u32, loader: &mut Loader, plan: &mut ProbePlan) {
+    /// Attaches the probes of the objects `pid` maps that were not searched yet; true
+    /// when there were such objects.
+    fn look_at(&mut self, pid: u32, loader: &mut Loader, plan: &mut ProbePlan) -> bool {
+        let searched_before = self.searched.count();
         let (mut sites, skipped) = usdt::find_new(&self.specs, pid, &mut self.searched);
+        let mapped_new = self.searched.count() > searched_before;
         for skipped in &skipped {
             log::warn!("skipped a probe site: {skipped}");
         }
         if let Some(keep) = self.usdt_elsewhere.as_mut() {
             sites.retain(|site| keep.keep(site));
         }
-        if sites.is_empty() {
-            return;
-        }
-        if let Err(e) = self.attach(&sites, loader, plan) {
+        if !sites.is_empty()
+            && let Err(e) = self.attach(&sites, loader, plan)
+        {
             log::warn!("cannot attach the probes found later in process {pid}: {e:#}");
         }
+        mapped_new
     }
 
     /// Continues every process still held, once the kernel holds no more (recording

@@ -409,6 +409,11 @@ impl Searched {
         }
     }
 
+    /// How many files are marked.
+    pub fn count(&self) -> usize {
+        self.0.len()
+    }
+
     /// Marks every file of `sites` and, for each of `pids`, every object it maps now:
     /// what [`resolve`] searched.
     pub fn of_resolved(sites: &[ProbeSite], pids: &[u32]) -> Self {

@@ -1,0 +1,540 @@
+//! `tracer attach --pid PID` (or a service: `--children`, `--exe`, `--comm`, `--cgroup`):
+//! GC and other latencies from the targets' USDT probes, their runtime tasks, and the
+//! wall-clock profile of their threads (on-CPU samples and off-CPU time, as `tracer
+//! profile` takes it), until the duration ends, Ctrl-C, or the targets exit.
+
+mod collect;
+mod sites;
+
+use std::{
+    path::Path,
+    time::{SystemTime, UNIX_EPOCH},
+};
+
+use anyhow::{Context as _, Result, bail};
+
+use crate::{
+    cli::{AttachConfig, Format},
+    kernel::{
+        DiagnosticsReader, Features, KernelTargets, Launch, LaunchNeeds, Loader, RecordRing,
+        Settings, keeper,
+    },
+    output::render::{self, export::ExportInfo, timeline::Timeline},
+    output::report::TracedProcess,
+    probe::late_sites::{self, LateSites, Members},
+    probe::plan::{ProbePlan, SiteMode},
+    probe::runtimes::{self, TaskProbeDef},
+    profile::sampling::{self, ViewOptions, WallClockSampler},
+    stack::processes::Processes,
+    stack::symbolize::StackSymbolizer,
+    system::privileges,
+    system::procfs,
+    system::stop::{self, ProcessWatch, StopReason},
+    system::text::escape_text,
+    target::{self, TargetSpec, TargetTracker},
+};
+use collect::{Collection, TaskInput, collect};
+use sites::{FoundSites, find_sites, latencies_for, later_specs, runtime_names};
+
+pub fn run(config: AttachConfig) -> Result<()> {
+    privileges::check()?;
+    // At once: what the load needs is made ready while the targets are scanned.
+    let launch = Launch::start(LaunchNeeds {
+        usdt_sites: true,
+        kernel_types: true,
+    });
+    let spec = &config.targets;
+    let single = spec.single_pid();
+    let watch = single.map(ProcessWatch::target).transpose()?;
+    let targets = spec.find()?;
+    let pids: Vec<u32> = targets.members.iter().map(|m| m.pid).collect();
+    // From here on the targets are known to have existed: wherever one is missing, it
+    // exited (or /proc hides it).
+    let on_target = |e: anyhow::Error| match single {
+        Some(pid) => procfs::target_error(pid, e),
+        None => e,
+    };
+    let what = Subject::of(spec, single).map_err(on_target)?;
+    let planned = plan_probes(&config, single, &pids).map_err(on_target)?;
+
+    // Before anything is attached: a trace whose files cannot be written fails now.
+    render::prepare_output_dir(&config.output_dir)?;
+    if let Some(timeline) = &config.timeline {
+        render::prepare_output_file(&timeline.path)?;
+    }
+    let processes = observe_targets(&pids, single)?;
+    let (mut run, mut tracker) = Run::attach(
+        launch, &config, targets, planned, processes, &pids, &on_target,
+    )?;
+    let (started, start_unix_ns) = run.clocks_at_start();
+
+    // Ctrl-C from the moment the line below is printed must stop the trace, not kill us.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let signals = stop::StopSignals::catch(&runtime)?;
+    announce(
+        &what.describe(pids.len(), spec.can_grow()),
+        run.loader.usdt_site_count(),
+        &run.plan,
+        &config,
+    );
+    let reason = run.trace(&runtime, signals, watch, config.duration, tracker.as_mut())?;
+
+    // What was measured up to now is what is reported; the targets keep running untouched
+    // from here on.
+    let now = stop::monotonic_ns();
+    let traced = run.detach(tracker, &pids)?;
+    crate::status!(
+        "Stopped: {reason}. Detached from {}.",
+        match single {
+            Some(pid) => format!("process {pid}"),
+            None => format!("{} processes", traced.len()),
+        }
+    );
+    let span = Span {
+        reason,
+        started,
+        start_unix_ns,
+        now,
+    };
+    run.report(&config, &what, traced, span)
+}
+
+/// The probes to attach to the targets, and what to look for in what they load later.
+struct Planned {
+    plan: ProbePlan,
+    later: LateSites,
+}
+
+/// Finds the targets' probe sites and plans them: every known runtime's latencies and
+/// task probes (their probes may be in a library loaded later, a JVM's libjvm.so, or a
+/// process started later; those without sites are left out of the report), and those
+/// `--latency` asks for.
+fn plan_probes(config: &AttachConfig, single: Option<u32>, pids: &[u32]) -> Result<Planned> {
+    let FoundSites {
+        sites,
+        searched,
+        requested,
+        usdt_elsewhere,
+    } = find_sites(config, single, pids)?;
+    let latencies = latencies_for(&sites, config, &requested.names);
+    let task_probes: Vec<TaskProbeDef> = runtimes::RUNTIMES
+        .iter()
+        .flat_map(|r| r.task_probe_defs())
+        .collect();
+    // One process's sites are attached for it alone; a set's for every process mapping
+    // the files, the kernel keeping the hits of the targets.
+    let plan = ProbePlan::build(
+        &sites,
+        &latencies,
+        &task_probes,
+        SiteMode::LatenciesOnly,
+        single,
+    )?;
+    let later = LateSites::new(
+        later_specs(config, &requested.names),
+        searched,
+        SiteMode::LatenciesOnly,
+        task_probes,
+        single,
+        match single {
+            Some(pid) => Members::One(pid),
+            None => Members::Set,
+        },
+    )
+    .keeping(usdt_elsewhere)
+    .holding(config.hold_at_dlopen);
+    Ok(Planned { plan, later })
+}
+
+/// What a run holds from the attach to the report.
+struct Run {
+    loader: Loader,
+    plan: ProbePlan,
+    later: LateSites,
+    sampler: WallClockSampler,
+    processes: Processes,
+    timeline: Option<TimelineReader>,
+    symbolizer: StackSymbolizer,
+    /// Keeps the kernel's diagnostics printed while the run lasts.
+    _diagnostics: Option<DiagnosticsReader>,
+}
+
+/// When and why a run stopped.
+struct Span {
+    reason: StopReason,
+    /// When sampling started (CLOCK_MONOTONIC ns).
+    started: u64,
+    /// The same moment on the wall clock (ns since the Unix epoch).
+    start_unix_ns: u64,
+    /// When it stopped (CLOCK_MONOTONIC ns).
+    now: u64,
+}
+
+impl Run {
+    /// Loads the programs for `targets` and attaches the `planned` probes, the holds at
+    /// `dlopen` and the sampler. `on_target` says what a failure means for the one target.
+    fn attach(
+        launch: Launch,
+        config: &AttachConfig,
+        targets: KernelTargets,
+        planned: Planned,
+        processes: Processes,
+        pids: &[u32],
+        on_target: &dyn Fn(anyhow::Error) -> anyhow::Error,
+    ) -> Result<(Self, Option<TargetTracker>)> {
+        let Planned { plan, later } = planned;
+        let spec = &config.targets;
+        let single = spec.single_pid();
+        let sampling = config.sampling;
+        let mut loader = launch
+            .load(&Settings {
+                targets: Some(targets.clone()),
+                min_block: config.min_block,
+                features: Features {
+                    latencies: true,
+                    tasks: true,
+                    ..WallClockSampler::features(&sampling)
+                },
+                unwind_ring_bytes: WallClockSampler::unwind_ring_bytes(&sampling),
+                map_sizes: config.map_sizes,
+                // Sites found later get cookies after these: room for them.
+                plan_sizes: Some(plan.room_to_grow()),
+                timeline_min_block: config.timeline.as_ref().map(|t| t.min_block),
+                ..Settings::default()
+            })
+            .map_err(|e| on_target(e.into()))?;
+        let timeline = match config.timeline {
+            Some(_) => Some(TimelineReader {
+                ring: loader.take_timeline()?,
+                timeline: Timeline::default(),
+            }),
+            None => None,
+        };
+        let tracker = TargetTracker::for_set(spec, &loader)?;
+        loader
+            .attach_usdt_sites(&plan.usdt_sites())
+            .map_err(|e| on_target(e.into()))?;
+        late_sites::hold_at_dlopen(
+            &mut loader,
+            late_sites::executables_of(pids, spec.exe.as_deref()),
+            single,
+            config.hold_at_dlopen,
+        )
+        .map_err(on_target)?;
+        let sampler = WallClockSampler::attach(&mut loader, Some(&targets), sampling, &processes)
+            .map_err(on_target)?;
+        let probe_names: Vec<String> = plan.probes.iter().map(|p| p.specifier()).collect();
+        let diagnostics = loader.start_diagnostics(&probe_names);
+        let run = Run {
+            loader,
+            plan,
+            later,
+            sampler,
+            processes,
+            timeline,
+            symbolizer: StackSymbolizer::new(),
+            _diagnostics: diagnostics,
+        };
+        Ok((run, tracker))
+    }
+
+    /// When sampling started, on the monotonic clock and on the wall clock (ns since the
+    /// Unix epoch); the timeline counts from then.
+    fn clocks_at_start(&mut self) -> (u64, u64) {
+        let started = self.sampler.started_ns;
+        if let Some(reader) = self.timeline.as_mut() {
+            reader.timeline.origin_ns = started;
+        }
+        let start_unix_ns = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or_default();
+        (started, start_unix_ns)
+    }
+
+    /// Traces until `signals`, the target's exit (`watch`), `duration`, the set's end
+    /// (`tracker`) or the keeper's exit stops it; says which.
+    fn trace(
+        &mut self,
+        runtime: &tokio::runtime::Runtime,
+        signals: stop::StopSignals,
+        watch: Option<ProcessWatch>,
+        duration: Option<std::time::Duration>,
+        tracker: Option<&mut TargetTracker>,
+    ) -> Result<StopReason> {
+        // What naming the stacks takes is parsed while they are taken, not at the stop.
+        let processes = &self.processes;
+        self.symbolizer
+            .prepare(processes.iter().filter_map(|(_, info)| info.maps.as_ref()));
+        let keeper_pid = self.loader.keeper_pid();
+        let reason = runtime.block_on(stop::run_until_stopped_with(
+            signals,
+            watch,
+            duration,
+            stop::either(
+                run_attached(
+                    &mut self.sampler,
+                    &mut self.loader,
+                    &mut self.processes,
+                    &mut self.plan,
+                    &mut self.later,
+                    self.timeline.as_mut(),
+                ),
+                stop::either(target::track(tracker), keeper::watch(keeper_pid)),
+            ),
+        ))?;
+        Ok(reason)
+    }
+
+    /// Detaches everything from the targets, in the order that leaves them as they were,
+    /// keeping what the kernel collected readable. Returns the processes traced: those of
+    /// `tracker`'s set, or `pids`.
+    fn detach(&mut self, tracker: Option<TargetTracker>, pids: &[u32]) -> Result<Vec<u32>> {
+        let loader = &mut self.loader;
+        loader.stop_recording()?;
+        // A second Ctrl-C ends the tracer at once: the keeper releases what is left.
+        stop::restore_default_signals();
+        self.later.release_all(loader);
+        loader.detach_usdt()?;
+        self.sampler.detach(&mut self.processes);
+        if let Some(reader) = self.timeline.as_mut() {
+            reader.drain();
+        }
+        let traced: Vec<u32> = match &tracker {
+            Some(tracker) => {
+                let named = tracker.named();
+                // A process that exited before it was looked at keeps the kernel's name.
+                for (pid, name) in &named {
+                    self.processes.observe_named(*pid, Some(name));
+                }
+                named.into_iter().map(|(pid, _)| pid).collect()
+            }
+            None => pids.to_vec(),
+        };
+        drop(tracker);
+        loader.detach_targets();
+        Ok(traced)
+    }
+
+    /// Builds the report of what was collected over `span`, writes its files and prints
+    /// it. Fails when the one target exited before it could be named, or a file or
+    /// standard output could not be written (after printing what it could).
+    fn report(
+        mut self,
+        config: &AttachConfig,
+        what: &Subject,
+        traced: Vec<u32>,
+        span: Span,
+    ) -> Result<()> {
+        let Span {
+            reason,
+            started,
+            start_unix_ns,
+            now,
+        } = span;
+        let tasks = TaskInput::read(&self.loader, &self.plan, reason, now, &self.processes)?;
+        let collected = self.sampler.finish(
+            &self.loader,
+            &mut self.processes,
+            &mut self.symbolizer,
+            reason,
+            now,
+            ViewOptions {
+                per_thread: config.per_thread,
+                min_block: config.min_block,
+                task_names: tasks
+                    .as_ref()
+                    .map(|t| t.names.frames.clone())
+                    .unwrap_or_default(),
+            },
+        )?;
+        if let Some(pid) = what.pid
+            && self
+                .processes
+                .get(pid)
+                .and_then(|p| p.maps.as_ref())
+                .is_none()
+        {
+            bail!("process {pid} exited");
+        }
+        let export = ExportInfo {
+            name: &what.name,
+            frequency_hz: config.sampling.frequency_hz,
+            start_unix_ns,
+            duration_ns: now - started,
+        };
+        let traced: Vec<TracedProcess> = traced
+            .into_iter()
+            .map(|pid| {
+                let info = self.processes.get(pid);
+                TracedProcess {
+                    pid,
+                    name: info.map_or_else(|| "?".into(), |p| p.name.clone()),
+                    namespace_pid: info.and_then(|p| p.namespace_pid),
+                }
+            })
+            .collect();
+        let from = Collection {
+            loader: &self.loader,
+            plan: &self.plan,
+            processes: &self.processes,
+            symbolizer: &mut self.symbolizer,
+            collected,
+            tasks,
+            timeline: self.timeline.map(|t| t.timeline),
+        };
+        let (report, output_error) = collect(from, config, what, traced, &export, reason)?;
+        let text = match config.format {
+            Format::Text => report.to_text(),
+            Format::Json => serde_json::to_string_pretty(&report.to_json())? + "\n",
+        };
+        if let Err(e) = crate::system::console::print(text) {
+            return Err(match output_error {
+                Some(file_error) => anyhow::Error::new(e).context(format!("{file_error:#}")),
+                None => e.into(),
+            });
+        }
+        match output_error {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Says what is traced, at which frequency, for how long, and how to stop.
+fn announce(what: &str, sites: usize, plan: &ProbePlan, config: &AttachConfig) {
+    let runtime_names = runtime_names(plan);
+    let sampling = &config.sampling;
+    crate::status!(
+        "Attached to {}: {} probe sites{}, on-CPU sampling at {} Hz{}, sched_switch. {}",
+        escape_text(what),
+        sites,
+        if runtime_names.is_empty() {
+            " (no known runtime probes yet: looking in what is loaded later)".into()
+        } else {
+            format!(" of {}", runtime_names.join(", "))
+        },
+        sampling.frequency_hz,
+        match sampling.unwind {
+            crate::profile::sampling::UnwindMethod::Dwarf => " (DWARF unwinding)",
+            crate::profile::sampling::UnwindMethod::Fp => " (frame pointers)",
+        },
+        match config.duration {
+            Some(d) => format!("Tracing for {d:?}; Ctrl-C to stop early."),
+            None => "Ctrl-C to stop.".into(),
+        }
+    );
+}
+
+/// The targets' names and memory maps, read now so that their stacks are named even if
+/// they exit. One of a set may exit at any time; the one target may not.
+fn observe_targets(pids: &[u32], single: Option<u32>) -> Result<Processes> {
+    let mut processes = Processes::default();
+    for &pid in pids {
+        if let Err(e) = processes.observe_target(pid) {
+            let context = format!("cannot read /proc/{pid} (its name and memory maps)");
+            let error = procfs::target_error(pid, anyhow::Error::new(e).context(context));
+            match single {
+                Some(_) => return Err(error),
+                None => log::debug!("{error:#}"),
+            }
+        }
+    }
+    Ok(processes)
+}
+
+/// What the report is about: one process (its PID and name), or a set (its description).
+struct Subject {
+    pid: Option<u32>,
+    name: String,
+}
+
+impl Subject {
+    /// Process `single` with the name it has now, or the set `spec` describes.
+    fn of(spec: &TargetSpec, single: Option<u32>) -> Result<Self> {
+        Ok(match single {
+            Some(pid) => {
+                let comm = format!("/proc/{pid}/comm");
+                let name = procfs::read_name(Path::new(&comm))
+                    .with_context(|| format!("cannot read {comm}"))?;
+                Subject {
+                    pid: Some(pid),
+                    name,
+                }
+            }
+            None => Subject {
+                pid: None,
+                name: spec.to_string(),
+            },
+        })
+    }
+
+    /// For the status line: `process 42 (name)`, or the set and how many it has now.
+    fn describe(&self, processes: usize, can_grow: bool) -> String {
+        match self.pid {
+            Some(pid) => format!("process {pid} ({})", self.name),
+            None => format!(
+                "{} ({processes} now{})",
+                self.name,
+                if can_grow {
+                    ", and those that join"
+                } else {
+                    ""
+                }
+            ),
+        }
+    }
+}
+
+/// Looks for (and attaches) the probes of what the targets map later, every
+/// [`late_sites::LOOK_PERIOD`], between the sampler's own chores. Never finishes on its
+/// own.
+async fn run_attached(
+    sampler: &mut WallClockSampler,
+    loader: &mut Loader,
+    processes: &mut Processes,
+    plan: &mut ProbePlan,
+    later: &mut LateSites,
+    mut timeline: Option<&mut TimelineReader>,
+) -> std::io::Result<StopReason> {
+    let mut chores = sampling::SamplerChores::default();
+    let mut ticker = tokio::time::interval(late_sites::LOOK_PERIOD);
+    loop {
+        ticker.tick().await;
+        if let Some(reader) = timeline.as_deref_mut() {
+            reader.drain();
+        }
+        let added = later.look(loader, plan);
+        // Before the snapshots are unwound: a library just mapped (libjvm.so) has the
+        // frames of what the process runs next.
+        for &pid in &added.remapped {
+            processes.refresh_maps(pid);
+        }
+        if !added.is_empty() {
+            crate::status!(
+                "Attached {} more probe sites{}.",
+                added.sites.len(),
+                match runtime_names(plan) {
+                    names if names.is_empty() => String::new(),
+                    names => format!(" (now of {})", names.join(", ")),
+                }
+            );
+        }
+        chores.run(sampler, loader, processes);
+    }
+}
+
+/// The timeline's ring buffer and what was read from it.
+struct TimelineReader {
+    ring: RecordRing,
+    timeline: Timeline,
+}
+
+impl TimelineReader {
+    fn drain(&mut self) {
+        let timeline = &mut self.timeline;
+        self.ring.drain(|record| timeline.add_record(record));
+    }
+}
