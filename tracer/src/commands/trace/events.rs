@@ -8,11 +8,12 @@ use tracer_common::{UsdtArg, UsdtEvent, UsdtStrHeader};
 
 use super::hit_stacks::{StackNamer, stack_json, stack_text};
 use crate::{
-    cli::Format,
+    cli::{Format, TraceConfig},
     kernel::RecordRing,
     probe::plan::ProbePlan,
     probe::usdt::{self},
     stack::naming::{HitStack, StackSource},
+    system::stop,
     system::text::{escape_text, quote_bytes},
 };
 
@@ -90,6 +91,26 @@ pub(super) struct EventPrinter {
 }
 
 impl EventPrinter {
+    pub(super) fn new(
+        config: &TraceConfig,
+        plan: &ProbePlan,
+        names: Vec<String>,
+        types: Vec<Vec<ArgType>>,
+        stacks: Option<StackNamer>,
+    ) -> Self {
+        EventPrinter {
+            format: config.format,
+            names,
+            kinds: plan.probes.iter().map(|p| p.kind).collect(),
+            types,
+            started_ns: stop::monotonic_ns(),
+            count: 0,
+            stacks,
+            counting: config.count,
+            counted: HashMap::new(),
+        }
+    }
+
     /// Formats every event waiting in the ring buffer: the text, and how many events.
     pub(super) fn format(
         &mut self,

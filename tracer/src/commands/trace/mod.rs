@@ -6,7 +6,7 @@ mod counts;
 mod events;
 mod hit_stacks;
 
-use std::{collections::HashMap, num::NonZeroU32, path::PathBuf};
+use std::{num::NonZeroU32, path::PathBuf};
 
 use anyhow::{Result, bail};
 use tokio::io::{Interest, unix::AsyncFd};
@@ -79,20 +79,7 @@ pub fn run(config: TraceConfig) -> Result<()> {
         .flat_map(|t| &t.members)
         .map(|m| m.pid)
         .collect();
-    let scope = match (&child, single) {
-        (Some(child), _) => Scope::Files {
-            exe: Some(&child.exe),
-        },
-        (None, Some(pid)) => Scope::Process(pid),
-        (None, None) if targets.is_some() => Scope::Processes {
-            pids: &pids,
-            exe: spec.exe.as_deref(),
-        },
-        // `usdt:*` (or no path) with no process named: every process running now, and
-        // (below) those that start later.
-        (None, None) if specs.iter().any(searches_processes) => Scope::Everything,
-        (None, None) => Scope::Files { exe: None },
-    };
+    let scope = search_scope(child.as_ref(), &spec, targets.is_some(), &pids, &specs);
     let watch = single.map(ProcessWatch::target).transpose()?;
     // A target watched is known to have existed: missing, it exited.
     let on_target = |e: anyhow::Error| match single {
@@ -126,26 +113,13 @@ pub fn run(config: TraceConfig) -> Result<()> {
     };
     let child_pid = child.as_ref().map(|c| c.pid);
     let interpreters = python_interpreters(&mut loader, python_frames, &pids, child_pid)?;
-    if !later_specs.is_empty() && !spec.is_everything() {
-        let exes = match &child {
-            Some(child) => vec![(child.exe.clone(), PathBuf::from("/"))],
-            None => late_sites::executables_of(&pids, spec.exe.as_deref()),
-        };
-        late_sites::hold_at_dlopen(&mut loader, exes, single, config.hold_at_dlopen)
-            .map_err(on_target)?;
-    }
-    let members = match (child_pid, spec.is_everything()) {
-        (Some(pid), _) if single.is_some() => Members::One(pid),
-        (_, true) => Members::Every,
-        _ => match single {
-            Some(pid) => Members::One(pid),
-            None => Members::Set,
-        },
+    let later = Later {
+        specs: later_specs,
+        searched,
+        mode,
     };
-    let mut later = (!later_specs.is_empty()).then(|| {
-        LateSites::new(later_specs, searched, mode, Vec::new(), single, members)
-            .holding(config.hold_at_dlopen)
-    });
+    let mut later =
+        look_later(later, &mut loader, &config, &spec, child.as_ref(), &pids).map_err(on_target)?;
     // Ctrl-C from the moment the line below is printed (and the command runs) must stop
     // the trace, not kill us.
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -156,29 +130,16 @@ pub fn run(config: TraceConfig) -> Result<()> {
         "Attached {} probes ({} sites){}. Ctrl-C to stop.",
         plan.probes.len(),
         loader.usdt_site_count(),
-        match (single, &targets) {
-            (Some(pid), _) => format!(" in process {pid}"),
-            (None, Some(_)) => format!(" in {spec}"),
-            (None, None) => " in every process running them".into(),
-        }
+        whose_text(single, targets.is_some(), &spec)
     );
     if let Some(child) = child.as_mut() {
         child.resume()?;
     }
 
-    let mut printer = EventPrinter {
-        format: config.format,
-        names: probe_names,
-        kinds: plan.probes.iter().map(|p| p.kind).collect(),
-        types,
-        started_ns: stop::monotonic_ns(),
-        count: 0,
-        stacks: config
-            .stack
-            .then(|| StackNamer::new(snapshots, interpreters)),
-        counting: config.count,
-        counted: HashMap::new(),
-    };
+    let stacks = config
+        .stack
+        .then(|| StackNamer::new(snapshots, interpreters));
+    let mut printer = EventPrinter::new(&config, &plan, probe_names, types, stacks);
     // Standard output has a writer thread of its own: a reader that stalls never keeps
     // the tracer from stopping (and detaching) when asked.
     let out = OutputStream::stdout();
@@ -186,43 +147,25 @@ pub fn run(config: TraceConfig) -> Result<()> {
         let header = format!("{:>12} {:>7} {:>7} PROBE ARGS\n", "TIME(s)", "PID", "TID");
         out.send_blocking(header.into_bytes(), 0);
     }
-    let keeper_pid = loader.keeper_pid();
-    let (reason, mut events) = runtime.block_on(async {
-        // SAFETY: the ring buffer owns its map fd, which stays open (and the same) until the
-        // AsyncFd gives the ring buffer back.
-        let mut events = unsafe { AsyncFd::register_with_interest(events, Interest::READABLE) }
-            .map_err(|e| std::io::Error::other(e.to_string()))?;
-        let reason = stop::run_until_stopped_with(
+    let (reason, mut events) = stream_until_stopped(
+        &runtime,
+        Stopping {
             signals,
             watch,
-            config.duration,
-            stop::either(
-                pump(
-                    &mut events,
-                    &mut printer,
-                    &mut Pumped {
-                        loader: &mut loader,
-                        later: later.as_mut(),
-                        plan: &mut plan,
-                        format: config.format,
-                    },
-                    &out,
-                ),
-                stop::either(target::track(tracker.as_mut()), keeper::watch(keeper_pid)),
-            ),
-        )
-        .await?;
-        Ok::<_, std::io::Error>((reason, events.into_inner()))
-    })?;
-    loader.stop_recording()?;
-    // A second Ctrl-C ends the tracer at once: the keeper releases what is left.
-    stop::restore_default_signals();
-    if let Some(later) = later.as_mut() {
-        later.release_all(&mut loader);
-    }
-    loader.detach_usdt()?;
-    drop(tracker);
-    loader.detach_targets();
+            duration: config.duration,
+        },
+        events,
+        &mut printer,
+        &mut Pumped {
+            loader: &mut loader,
+            later: later.as_mut(),
+            plan: &mut plan,
+            format: config.format,
+        },
+        tracker.as_mut(),
+        &out,
+    )?;
+    detach(&mut loader, later.as_mut(), tracker)?;
     // The target is as it was; now what is left for standard output, for as long as its
     // reader takes it.
     if reason != StopReason::OutputClosed {
@@ -238,6 +181,145 @@ pub fn run(config: TraceConfig) -> Result<()> {
     // Tracing has ended: so does the command.
     let exit = child.as_ref().and_then(|c| c.finish());
     report_the_end(&loader, out, &printer, &config, reason, exit)
+}
+
+/// Whose hits the trace shows, for the line that says the probes are attached.
+fn whose_text(single: Option<u32>, has_targets: bool, spec: &TargetSpec) -> String {
+    match (single, has_targets) {
+        (Some(pid), _) => format!(" in process {pid}"),
+        (None, true) => format!(" in {spec}"),
+        (None, false) => " in every process running them".into(),
+    }
+}
+
+/// What ends the trace besides the events' own end: a signal, the target's exit or
+/// the duration.
+struct Stopping {
+    signals: stop::StopSignals,
+    watch: Option<ProcessWatch>,
+    duration: Option<std::time::Duration>,
+}
+
+/// Prints events as they come until the trace stops; gives back the ring buffer with
+/// what is left in it.
+fn stream_until_stopped(
+    runtime: &tokio::runtime::Runtime,
+    stopping: Stopping,
+    events: RecordRing,
+    printer: &mut EventPrinter,
+    pumped: &mut Pumped<'_>,
+    tracker: Option<&mut TargetTracker>,
+    out: &OutputStream,
+) -> std::io::Result<(StopReason, RecordRing)> {
+    let keeper_pid = pumped.loader.keeper_pid();
+    runtime.block_on(async {
+        // SAFETY: the ring buffer owns its map fd, which stays open (and the same) until the
+        // AsyncFd gives the ring buffer back.
+        let mut events = unsafe { AsyncFd::register_with_interest(events, Interest::READABLE) }
+            .map_err(|e| std::io::Error::other(e.to_string()))?;
+        let reason = stop::run_until_stopped_with(
+            stopping.signals,
+            stopping.watch,
+            stopping.duration,
+            stop::either(
+                pump(&mut events, printer, pumped, out),
+                stop::either(target::track(tracker), keeper::watch(keeper_pid)),
+            ),
+        )
+        .await?;
+        Ok((reason, events.into_inner()))
+    })
+}
+
+/// Where the probes are searched for: the command's executable, the targets, every
+/// process (`usdt:*` or no path with no process named, which also looks at those that
+/// start later), or the files named.
+fn search_scope<'a>(
+    child: Option<&'a PausedChild>,
+    spec: &'a TargetSpec,
+    has_targets: bool,
+    pids: &'a [u32],
+    specs: &[usdt::UsdtSpecifier],
+) -> Scope<'a> {
+    match (child, spec.single_pid()) {
+        (Some(child), _) => Scope::Files {
+            exe: Some(&child.exe),
+        },
+        (None, Some(pid)) => Scope::Process(pid),
+        (None, None) if has_targets => Scope::Processes {
+            pids,
+            exe: spec.exe.as_deref(),
+        },
+        (None, None) if specs.iter().any(searches_processes) => Scope::Everything,
+        (None, None) => Scope::Files { exe: None },
+    }
+}
+
+/// What to look for in objects mapped later, as [`plan_probes`] found it.
+struct Later {
+    specs: Vec<usdt::UsdtSpecifier>,
+    searched: usdt::Searched,
+    mode: SiteMode,
+}
+
+/// The look for objects mapped later, when there is something to look for, with the
+/// kernel holding the targets (or the command) at each `dlopen` unless every process is
+/// traced.
+fn look_later(
+    later: Later,
+    loader: &mut Loader,
+    config: &TraceConfig,
+    spec: &TargetSpec,
+    child: Option<&PausedChild>,
+    pids: &[u32],
+) -> Result<Option<LateSites>> {
+    if later.specs.is_empty() {
+        return Ok(None);
+    }
+    let single = spec.single_pid();
+    if !spec.is_everything() {
+        let exes = match child {
+            Some(child) => vec![(child.exe.clone(), PathBuf::from("/"))],
+            None => late_sites::executables_of(pids, spec.exe.as_deref()),
+        };
+        late_sites::hold_at_dlopen(loader, exes, single, config.hold_at_dlopen)?;
+    }
+    let members = match (child.map(|c| c.pid), spec.is_everything()) {
+        (Some(pid), _) if single.is_some() => Members::One(pid),
+        (_, true) => Members::Every,
+        _ => match single {
+            Some(pid) => Members::One(pid),
+            None => Members::Set,
+        },
+    };
+    let Later {
+        specs,
+        searched,
+        mode,
+    } = later;
+    Ok(Some(
+        LateSites::new(specs, searched, mode, Vec::new(), single, members)
+            .holding(config.hold_at_dlopen),
+    ))
+}
+
+/// Detaches everything from the targets, in the order that leaves them as they were,
+/// keeping what the kernel collected readable.
+fn detach(
+    loader: &mut Loader,
+    later: Option<&mut LateSites>,
+    tracker: Option<TargetTracker>,
+) -> Result<()> {
+    loader.stop_recording()?;
+    // A second Ctrl-C ends the tracer at once: the keeper releases what is left.
+    stop::restore_default_signals();
+    if let Some(later) = later {
+        later.release_all(loader);
+    }
+    loader.detach_usdt()?;
+    drop(tracker);
+    loader.detach_targets();
+    Ok(())
 }
 
 /// What the load of a trace sets up: the rings, room for the sites found later when
@@ -492,6 +574,12 @@ impl Pumped<'_> {
             return;
         };
         let added = later.look(self.loader, self.plan);
+        // Mappings read before the new objects were mapped would not name their frames.
+        if (!added.is_empty() || !added.remapped.is_empty())
+            && let Some(namer) = printer.stacks.as_mut()
+        {
+            namer.maps.clear();
+        }
         if added.is_empty() {
             return;
         }
@@ -503,10 +591,6 @@ impl Pumped<'_> {
         printer.names = self.plan.probes.iter().map(|p| p.specifier()).collect();
         printer.kinds = self.plan.probes.iter().map(|p| p.kind).collect();
         printer.types = probe_arg_types(self.plan);
-        // Mappings read before the new objects were mapped would not name their frames.
-        if let Some(namer) = printer.stacks.as_mut() {
-            namer.maps.clear();
-        }
     }
 }
 
