@@ -272,7 +272,10 @@ impl Tracer {
         loop {
             let mut line = String::new();
             if self.stderr.read_line(&mut line).unwrap_or(0) == 0 {
-                panic!("tracer ended before printing {needle:?}: {}", self.early_stderr);
+                panic!(
+                    "tracer ended before printing {needle:?}: {}",
+                    self.early_stderr
+                );
             }
             self.early_stderr.push_str(&line);
             if line.contains(needle) {
