@@ -1756,8 +1756,10 @@ fn killing_the_tracer_and_its_keeper_together_never_harms_the_target() {
 
 /// A keeper killed while it releases leaves the links it had pinned (see the tracer's
 /// `loader::pins`) attached: the next tracer to start releases them and says so. Made
-/// certain here by pinning a running tracer's link where a keeper that is gone would
-/// have, then killing tracer and keeper.
+/// certain here by pinning a running tracer's links where a keeper would have, then
+/// killing tracer and keeper. The pins are named after a stand-in process, so that the
+/// tracers other tests start meanwhile take them for a live keeper's; once it is gone,
+/// the next start releases them.
 #[test]
 #[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn the_next_start_releases_what_a_keeper_killed_while_releasing_left() {
@@ -1766,21 +1768,48 @@ fn the_next_start_releases_what_a_keeper_killed_while_releasing_left() {
     let (target, sites, tracer, objects) = many_sites_traced();
     let keeper = keeper_of(tracer.pid());
     let (_, links) = bpf_objects(keeper);
-    let link = links.iter().next().expect("the keeper holds links");
-    // No process has PID 0x3fffffff (above the largest pid_max) to be taken for it.
-    let dir = Path::new("/sys/fs/bpf/tracer/keeper-1073741823-1");
-    std::fs::create_dir_all(dir).unwrap();
-    let pinned = Command::new("bpftool")
-        .args(["link", "pin", "id", &link.to_string()])
-        .arg(dir.join("link-0"))
-        .output()
+    assert!(!links.is_empty(), "the keeper holds links");
+    let mut stand_in = Command::new("sleep").arg("60").spawn().unwrap();
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", stand_in.id())).unwrap();
+    // Field 22, counted after the command name's closing parenthesis.
+    let start_ticks = stat
+        .rsplit_once(')')
+        .unwrap()
+        .1
+        .split_whitespace()
+        .nth(19)
         .unwrap();
-    assert!(pinned.status.success(), "bpftool link pin: {pinned:?}");
+    let dir = std::path::PathBuf::from(format!(
+        "/sys/fs/bpf/tracer/keeper-{}-{start_ticks}",
+        stand_in.id()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    // Every link: which one holds the sites (rather than the loader's `dlopen` or a
+    // warm-up being released) is the keeper's business. One released meanwhile is gone
+    // and cannot be pinned.
+    let pinned = links.iter().enumerate().filter(|(i, link)| {
+        Command::new("bpftool")
+            .args(["link", "pin", "id", &link.to_string()])
+            .arg(dir.join(format!("link-{i}")))
+            .status()
+            .unwrap()
+            .success()
+    });
+    assert!(
+        pinned.count() > 0,
+        "bpftool link pin pinned none of {links:?}"
+    );
     send(tracer.pid(), libc::SIGKILL);
     send(keeper, libc::SIGKILL);
     tracer.finish();
-    let left = assert_repaired_by_the_next_start(case, target, &sites, &objects);
-    assert!(left, "{case}: the pinned link did not keep its uprobes");
+    thread::sleep(Duration::from_millis(500));
+    assert!(
+        sites.breakpoints() > 0,
+        "{case}: the pinned links did not keep their uprobes"
+    );
+    stand_in.kill().unwrap();
+    stand_in.wait().unwrap();
+    assert_repaired_by_the_next_start(case, target, &sites, &objects);
     assert!(!dir.exists(), "{case}: the pins directory is left");
 }
 
