@@ -330,13 +330,15 @@ fn a_library_dlopened_after_attaching_is_traced_from_its_first_hit() {
 }
 
 /// A set of processes (`--comm`): the library's sites are attached for every process
-/// mapping it within a look at the set's maps, and the kernel keeps the targets' hits; a
-/// process of another name running the same files is not counted. No `_dl_debug_state`
-/// uprobe is placed for a set (it would land in every process on the machine running
-/// that loader), so the hits of the library's first moments may be missed.
+/// mapping it once the kernel tells that a member mapped it, and the kernel keeps the
+/// targets' hits; a process of another name running the same files is not counted. A
+/// member that maps nothing new has its maps read by no one: the tracer reads them only
+/// after the `dlopen`. No `_dl_debug_state` uprobe is placed for a set (it would land in
+/// every process on the machine running that loader), and the library's first hits,
+/// made before the look, may be missed.
 #[test]
 #[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
-fn a_library_dlopened_by_a_set_of_processes_is_traced_once_found() {
+fn a_library_dlopened_by_a_set_of_processes_is_traced_once_mapped() {
     require_privileged();
     let (exe, _) = built();
     let dir = out_dir("later-set");
@@ -359,10 +361,32 @@ fn a_library_dlopened_by_a_set_of_processes_is_traced_once_found() {
         "usdt:*:tracetest:*",
     ]);
     let loader = ld_so_of(bystander.pid);
+    let opens = OpenWatch::start(tracer.pid(), &dir.join("tracer.strace"));
+    // Ten periods of a look at every member's maps, had there been one.
+    std::thread::sleep(Duration::from_secs(1));
+    let mapped_at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
     target.step();
     bystander.step();
-    // Past a look at the set's maps: the library's probes are attached.
-    std::thread::sleep(Duration::from_millis(500));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while breakpoints_in(target.pid, lib).0 == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the library's probes were not attached"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let maps_read = opens.finish(&format!("/proc/{}/maps", target.pid));
+    assert!(
+        maps_read.iter().all(|&at| at >= mapped_at),
+        "the maps of a member that mapped nothing new were read: {maps_read:?} (dlopen at {mapped_at})"
+    );
+    assert!(
+        !maps_read.is_empty(),
+        "the library was found without reading the maps"
+    );
     assert_eq!(target.step(), format!("raised={N}"));
     // The same files, not a target: its semaphore is raised too (one uprobe per file),
     // its hits are not counted.
@@ -388,6 +412,64 @@ fn a_library_dlopened_by_a_set_of_processes_is_traced_once_found() {
     }
     target.finish();
     bystander.finish();
+}
+
+/// `attach` on a process that maps nothing new reads its maps at the start only: the
+/// kernel tells of what it maps later (a library it loads), and then it is read again.
+#[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+fn attach_reads_the_maps_of_a_process_only_when_it_maps_code() {
+    require_privileged();
+    let (exe, _) = built();
+    let dir = out_dir("later-attach-maps");
+    let mut target = Late::start(exe, N);
+    let pid = target.pid.to_string();
+    let tracer = Tracer::start(&[
+        "attach",
+        "--pid",
+        &pid,
+        "--format",
+        "json",
+        "-o",
+        dir.join("attach").to_str().unwrap(),
+    ]);
+    let opens = OpenWatch::start(tracer.pid(), &dir.join("tracer.strace"));
+    // Ten periods of a look at the target's maps, and a sampler's refresh, had there been
+    // any.
+    std::thread::sleep(Duration::from_millis(1500));
+    let mapped_at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    target.step();
+    // The look that follows the dlopen reads them.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let maps = format!("/proc/{pid}/maps");
+    let log = dir.join("tracer.strace");
+    while !std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .contains(&maps)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the maps were not read after the dlopen"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let maps_read = opens.finish(&maps);
+    assert!(
+        maps_read.iter().all(|&at| at >= mapped_at),
+        "the maps of a process that mapped nothing new were read: {maps_read:?} (dlopen at {mapped_at})"
+    );
+    assert!(!maps_read.is_empty());
+    // SAFETY: kill has no memory preconditions; the tracer is our child.
+    unsafe { libc::kill(tracer.pid() as i32, libc::SIGINT) };
+    let (ok, out, err) = tracer.finish();
+    assert!(ok, "{err}");
+    let report: serde_json::Value =
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert!(report.is_object(), "{out}");
+    target.finish();
 }
 
 #[test]

@@ -159,6 +159,12 @@ pub mod program_names {
     /// A uprobe at the dynamic loader's `_dl_debug_state` (called once a `dlopen` has
     /// mapped its objects): holds a traced process for user space (`HELD`).
     pub const DL_DEBUG_STATE: &str = "dl_debug_state";
+    /// `syscalls:sys_exit_mmap`: a traced process that mapped part of a file executable
+    /// is recorded in `HELD` (never stopped) for user space to look at its maps.
+    pub const CODE_MAPPED: &str = "code_mapped";
+    /// `sched:sched_process_exec`: a traced process that runs a new program is recorded
+    /// in `HELD` likewise.
+    pub const PROGRAM_STARTED: &str = "program_started";
     /// Every name above, for the test that each is in the eBPF object.
     pub const ALL: &[&str] = &[
         USDT,

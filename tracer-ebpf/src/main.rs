@@ -20,9 +20,9 @@ mod threads;
 mod usdt;
 
 use aya_ebpf::{
-    macros::{btf_tracepoint, map, perf_event, uprobe},
+    macros::{btf_tracepoint, map, perf_event, tracepoint, uprobe},
     maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf, StackTrace},
-    programs::{BtfTracePointContext, PerfEventContext, ProbeContext},
+    programs::{BtfTracePointContext, PerfEventContext, ProbeContext, TracePointContext},
 };
 use tracer_common::{
     BlockPlace, HitStackKey, KernelStack, LastSnapshot, LastUserStack, LatencyProcessKey,
@@ -82,8 +82,9 @@ static HIT_STACKS: PerCpuHashMap<HitStackKey, u64> =
 #[map]
 static TARGETS: HashMap<u32, TargetProcess> = HashMap::with_max_entries(16384, 0);
 
-/// Traced processes stopped at `_dl_debug_state`, until user space has attached what
-/// they mapped and continues them (see `targets::hold`).
+/// Traced processes whose maps user space looks at: held at `_dl_debug_state` (stopped
+/// until user space has attached what they mapped and continues them, see
+/// `targets::hold`), or seen mapping code or starting a program.
 #[map]
 static HELD: HashMap<u32, u32> = HashMap::with_max_entries(1024, 0);
 
@@ -340,6 +341,22 @@ pub fn usdt_probe_stacks(ctx: ProbeContext) -> u32 {
 #[uprobe]
 pub fn dl_debug_state(_ctx: ProbeContext) -> u32 {
     targets::hold();
+    0
+}
+
+/// `syscalls:sys_exit_mmap`: a traced process that mapped code is recorded in `HELD`
+/// for user space to look at its maps, without being stopped.
+#[tracepoint]
+pub fn code_mapped(ctx: TracePointContext) -> u32 {
+    targets::on_code_mapped(&ctx);
+    0
+}
+
+/// `sched:sched_process_exec`: a traced process that runs a new program is recorded in
+/// `HELD` for user space to look at its maps.
+#[tracepoint]
+pub fn program_started(_ctx: TracePointContext) -> u32 {
+    targets::on_program_started();
     0
 }
 

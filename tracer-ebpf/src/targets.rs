@@ -8,11 +8,14 @@
 //! exited is not taken for it.
 
 use aya_ebpf::{
+    bindings::pt_regs,
     helpers::{
         bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel,
-        generated::{bpf_get_current_task, bpf_send_signal},
+        generated::{
+            bpf_get_current_task, bpf_get_current_task_btf, bpf_send_signal, bpf_task_pt_regs,
+        },
     },
-    programs::BtfTracePointContext,
+    programs::{BtfTracePointContext, TracePointContext},
 };
 use tracer_common::{TargetProcess, counter, held, target_filter, target_flags, target_match};
 
@@ -169,6 +172,84 @@ pub fn hold() {
 
 /// `SIGSTOP` on Linux.
 const SIGSTOP: u32 = 19;
+
+/// Whether process `tgid` is one the tracer looks at for objects mapped later: the one
+/// target, a member of the set, or any process when every process is traced.
+#[inline(always)]
+fn maps_are_watched(tgid: u32) -> bool {
+    let single = setting(&TARGET_TGID);
+    if single != 0 {
+        let start = setting(&TARGET_START_TICKS);
+        // Loaded without the kernel's task offsets, a process's start time cannot be
+        // read: the PID alone says (the tracer stops when that process exits).
+        let readable = setting(&TASK_GROUP_LEADER_OFFSET) != 0;
+        return tgid == single && (start == 0 || !readable || current_start_ticks() == start);
+    }
+    is_traced(tgid, target_filter::USDT)
+}
+
+/// Records a traced process in `HELD` for user space to look at its maps, leaving a hold
+/// already recorded as it is.
+#[inline(always)]
+fn look_at_maps(tgid: u32) {
+    // BPF_NOEXIST: a process stopped at `dlopen` stays recorded as stopped.
+    let _ = crate::HELD.insert(&tgid, &held::LOOK, BPF_NOEXIST);
+}
+
+/// `BPF_NOEXIST`: insert only a new key.
+const BPF_NOEXIST: u64 = 1;
+/// `PROT_EXEC` on Linux.
+const PROT_EXEC: u64 = 4;
+/// Offset of `ret` in a `syscalls:sys_exit_*` record (after the common header and the
+/// syscall number).
+const SYSCALL_EXIT_RET_OFFSET: usize = 16;
+
+/// `syscalls:sys_exit_mmap`: a watched process mapped memory executable (its loader
+/// mapped a library, a JIT compiler mapped room for code): user space looks at its maps.
+/// The protection is the syscall's third argument, in the registers saved at its entry.
+#[inline(always)]
+pub fn on_code_mapped(ctx: &TracePointContext) {
+    if crate::stopped() {
+        return;
+    }
+    // SAFETY: the record of sys_exit_mmap holds `ret` at this offset.
+    let Ok(address) = (unsafe { ctx.read_at::<i64>(SYSCALL_EXIT_RET_OFFSET) }) else {
+        return;
+    };
+    // A negative return is an error number: nothing was mapped.
+    if address < 0 {
+        return;
+    }
+    // SAFETY: the helpers take no memory from us; the first returns the current task, the
+    // second its saved registers, both pointers the verifier trusts.
+    let saved = unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) } as *const pt_regs;
+    // SAFETY: the load is checked at load time and guarded against faults.
+    let prot = unsafe { core::ptr::read_volatile(core::ptr::addr_of!((*saved).rdx)) };
+    if prot & PROT_EXEC == 0 {
+        return;
+    }
+    let Some((tgid, _)) = current_ids() else {
+        return;
+    };
+    if maps_are_watched(tgid) {
+        look_at_maps(tgid);
+    }
+}
+
+/// `sched:sched_process_exec`: a watched process runs a new program, which the kernel
+/// mapped (with its loader) without a `mmap` call: user space looks at its maps.
+#[inline(always)]
+pub fn on_program_started() {
+    if crate::stopped() {
+        return;
+    }
+    let Some((tgid, _)) = current_ids() else {
+        return;
+    };
+    if maps_are_watched(tgid) {
+        look_at_maps(tgid);
+    }
+}
 
 /// `sched_process_fork(parent, child)`, run by the parent: a process forked by a target
 /// that follows its forks is a target from its first instruction. Threads are not

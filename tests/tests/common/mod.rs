@@ -4,10 +4,13 @@
 #![allow(dead_code)]
 
 mod bpftrace;
+mod opens;
 
 // Not every test file uses them.
 #[allow(unused_imports)]
 pub use bpftrace::{Bpftrace, BpftraceMaps};
+#[allow(unused_imports)]
+pub use opens::OpenWatch;
 
 use std::{
     cell::RefCell,

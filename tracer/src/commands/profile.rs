@@ -82,6 +82,13 @@ pub fn run(config: ProfileConfig) -> Result<()> {
         ..Settings::default()
     })?;
     let mut tracker = TargetTracker::for_set(spec, &loader)?;
+    // The kernel tells of code mapped later: no process's maps are read to find it.
+    match loader.watch_code_mappings() {
+        Ok(()) => processes.maps_told_by_kernel(),
+        Err(e) => {
+            log::warn!("cannot watch for code mapped later ({e}): maps are read every second")
+        }
+    }
     let mut sampler =
         WallClockSampler::attach(&mut loader, targets.as_ref(), sampling, &processes)?;
     let _diagnostics = loader.start_diagnostics(&[]);

@@ -497,13 +497,8 @@ pub(super) fn close_side_by_side(links: Vec<OwnedFd>) {
 
 /// Continues every process the kernel held stopped at `dlopen`.
 fn continue_held(held: Option<&OwnedFd>) {
-    let Some(held) = held else {
-        return;
-    };
-    for pid in sys::hash_keys_u32(held.as_fd()) {
-        let _ = sys::hash_delete_u32(held.as_fd(), pid);
-        // SAFETY: kill has no memory preconditions; a pid that is gone fails harmlessly.
-        unsafe { libc::kill(pid as libc::pid_t, libc::SIGCONT) };
+    if let Some(held) = held {
+        super::pins::continue_held(held.as_fd());
     }
 }
 

@@ -174,6 +174,7 @@ impl Loader {
             sites_in_any_process: Vec::new(),
             usdt_sites_attached: 0,
             target_tracking: Vec::new(),
+            mapping_watch: Vec::new(),
         };
         loader.watch_control()?;
         if let Some(targets) = inputs.targets.filter(|t| t.single.is_none()) {

@@ -16,6 +16,7 @@ mod rings;
 mod sys;
 mod targets;
 mod thread_sample;
+mod tracefs;
 mod usdt;
 mod warm_up;
 
@@ -337,6 +338,9 @@ pub struct Loader {
     usdt_sites_attached: usize,
     /// The programs that add processes forking from targets or executing `--exe`.
     target_tracking: Vec<Attachment>,
+    /// The programs that tell of traced processes mapping code or starting programs
+    /// ([`Loader::watch_code_mappings`]).
+    mapping_watch: Vec<Attachment>,
 }
 
 #[cfg(test)]

@@ -319,6 +319,11 @@ impl Programs {
                     expected_attach_type: Some(bpf_attach_type::BPF_TRACE_UPROBE_MULTI),
                     attach_btf_id: None,
                 },
+                ProgramSection::TracePoint => sys::ProgramKind {
+                    prog_type: bpf_prog_type::BPF_PROG_TYPE_TRACEPOINT,
+                    expected_attach_type: None,
+                    attach_btf_id: None,
+                },
                 ProgramSection::PerfEvent => sys::ProgramKind {
                     prog_type: bpf_prog_type::BPF_PROG_TYPE_PERF_EVENT,
                     expected_attach_type: None,

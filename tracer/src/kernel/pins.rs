@@ -71,6 +71,22 @@ pub fn ensure_bpf_fs() -> io::Result<()> {
     Ok(())
 }
 
+/// Empties `held`, the map of processes the kernel recorded at `dlopen` or at a mapping,
+/// and continues those it stopped; returns their PIDs. One only recorded runs: a
+/// `SIGCONT` would run its handler for nothing.
+pub fn continue_held(held: std::os::fd::BorrowedFd<'_>) -> Vec<u32> {
+    let mut continued = Vec::new();
+    for pid in sys::hash_keys_u32(held) {
+        let stopped = sys::hash_lookup_u32(held, pid) == Some(tracer_common::held::STOPPED);
+        let _ = sys::hash_delete_u32(held, pid);
+        // SAFETY: kill has no memory preconditions; a pid that is gone fails harmlessly.
+        if stopped && unsafe { libc::kill(pid as libc::pid_t, libc::SIGCONT) } == 0 {
+            continued.push(pid);
+        }
+    }
+    continued
+}
+
 /// The start time of process `pid` in clock ticks since boot (field 22 of its stat).
 fn start_ticks(pid: u32) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
@@ -193,13 +209,7 @@ pub fn release_dir(dir: &Path) -> io::Result<Released> {
         std::fs::remove_file(&path)?;
     }
     if let Ok(held) = sys::pinned_object(&dir.join(HELD_MAP)) {
-        for pid in sys::hash_keys_u32(held.as_fd()) {
-            let _ = sys::hash_delete_u32(held.as_fd(), pid);
-            // SAFETY: kill has no memory preconditions; a pid that is gone fails harmlessly.
-            if unsafe { libc::kill(pid as libc::pid_t, libc::SIGCONT) } == 0 {
-                released.continued.push(pid);
-            }
-        }
+        released.continued = continue_held(held.as_fd());
     }
     for map in [HELD_MAP, CONTROL_MAP] {
         let _ = std::fs::remove_file(dir.join(map));

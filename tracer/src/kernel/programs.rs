@@ -50,6 +50,47 @@ impl Loader {
         self.target_tracking.clear();
     }
 
+    /// Has the kernel record in `HELD` (see [`Loader::held`]) each traced process that
+    /// maps part of a file executable or starts a program: what tells of objects mapped
+    /// since the start without reading every process's maps. An error when the kernel's
+    /// tracepoints cannot be reached (no tracefs, none could be mounted).
+    pub fn watch_code_mappings(&mut self) -> Result<()> {
+        for (name, category, tracepoint) in [
+            (program_names::CODE_MAPPED, "syscalls", "sys_exit_mmap"),
+            (
+                program_names::PROGRAM_STARTED,
+                "sched",
+                "sched_process_exec",
+            ),
+        ] {
+            let attachment = self.attach_tracepoint(name, category, tracepoint)?;
+            self.mapping_watch.push(attachment);
+        }
+        Ok(())
+    }
+
+    /// Attaches tracepoint program `name` to `category:tracepoint`.
+    fn attach_tracepoint(
+        &mut self,
+        name: &'static str,
+        category: &str,
+        tracepoint: &str,
+    ) -> Result<Attachment> {
+        let what = || format!("attaching {name} to {category}:{tracepoint}");
+        let id =
+            super::tracefs::tracepoint_id(category, tracepoint).map_err(|e| os_error(what(), e))?;
+        let perf_event = sys::open_tracepoint(id).map_err(|e| os_error(what(), e))?;
+        let program = self.program_fd(name, None)?;
+        let link = sys::link_perf_event(program, perf_event.as_fd(), 0)
+            .map_err(|e| os_error(what(), e))?;
+        Ok(Attachment {
+            links: vec![Link {
+                _link: link,
+                _perf_event: Some(perf_event),
+            }],
+        })
+    }
+
     /// Attaches BTF tracepoint program `name` to `tracepoint` (BTF type id `btf_id`).
     pub(super) fn attach_btf_tracepoint(
         &mut self,

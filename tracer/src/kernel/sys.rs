@@ -273,6 +273,30 @@ pub fn open_cpu_clock(cpu: u32, frequency_hz: u64) -> io::Result<OwnedFd> {
     owned_fd(fd)
 }
 
+/// Opens tracepoint `id` (from tracefs) for every process, to link a program to: the
+/// program runs at each hit, on any CPU.
+pub fn open_tracepoint(id: u64) -> io::Result<OwnedFd> {
+    // SAFETY: perf_event_attr is plain data; all-zero is its documented default.
+    let mut attr: perf_event_attr = unsafe { mem::zeroed() };
+    attr.type_ = perf_type_id::PERF_TYPE_TRACEPOINT as u32;
+    attr.size = mem::size_of::<perf_event_attr>() as u32;
+    attr.config = id;
+    attr.__bindgen_anon_1.sample_period = 1;
+    attr.__bindgen_anon_2.wakeup_events = 1;
+    // SAFETY: attr is a valid perf_event_attr that outlives the call.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_perf_event_open,
+            &attr as *const perf_event_attr,
+            -1 as libc::pid_t,
+            0 as libc::c_int,
+            -1,
+            PERF_FLAG_FD_CLOEXEC,
+        )
+    };
+    owned_fd(fd)
+}
+
 /// Opens a perf event described by `attr` on thread `tid` alone, on any CPU.
 pub fn open_thread_event(attr: &perf_event_attr, tid: u32) -> io::Result<OwnedFd> {
     // SAFETY: attr is a valid perf_event_attr that outlives the call.
@@ -444,6 +468,19 @@ pub fn hash_keys_u32(map: BorrowedFd<'_>) -> Vec<u32> {
         at = Some(next);
     }
     keys
+}
+
+/// The value of `key` in a hash map of `u32` keys and values.
+pub fn hash_lookup_u32(map: BorrowedFd<'_>, key: u32) -> Option<u32> {
+    let mut value = 0u32;
+    map_command(
+        bpf_cmd::BPF_MAP_LOOKUP_ELEM,
+        map.as_raw_fd() as u32,
+        &key as *const u32 as u64,
+        &mut value as *mut u32 as u64,
+    )
+    .ok()
+    .map(|()| value)
 }
 
 /// Removes `key` from a hash map of `u32` keys.

@@ -147,6 +147,11 @@ impl TargetsMap {
             .filter(|&parent| parent != 0)
     }
 
+    /// Every process in the set as the kernel keeps it (some may have exited).
+    pub fn entries(&self) -> Vec<(u32, TargetProcess)> {
+        self.map.iter().flatten().collect()
+    }
+
     /// The processes traced now (as the kernel knows them: some may have exited).
     pub fn pids(&self) -> Vec<u32> {
         let mut pids: Vec<u32> = self.map.keys().flatten().collect();

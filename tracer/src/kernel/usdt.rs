@@ -171,6 +171,21 @@ impl Loader {
         }
     }
 
+    /// Takes the processes the kernel recorded mapping code or starting a program (see
+    /// [`Loader::watch_code_mappings`]) off the held list: those it stopped stay.
+    pub fn take_mapped(&mut self) -> Vec<u32> {
+        let mapped: Vec<u32> = self
+            .held()
+            .into_iter()
+            .filter(|&(_, what)| what == tracer_common::held::LOOK)
+            .map(|(pid, _)| pid)
+            .collect();
+        for &pid in &mapped {
+            self.release_held(pid);
+        }
+        mapped
+    }
+
     /// Has the kernel stop processes at `dlopen` until `CLOCK_MONOTONIC` second
     /// `until_s` (see [`control::HOLD_UNTIL_S`]).
     pub fn hold_until(&mut self, until_s: u32) -> Result<()> {

@@ -1,16 +1,19 @@
 //! Probe sites in objects mapped after the first attach (a library `dlopen`ed, a process
 //! started later), found and attached while tracing, for `trace` and `attach` alike.
 //!
-//! The kernel records one traced process in `HELD` each time its dynamic loader has
-//! mapped a library (at `_dl_debug_state`), and [`LateSites::look`] attaches the new
-//! objects' probes within a look period. With `--hold-at-dlopen` the kernel also stops the
-//! process (SIGSTOP), so that the probes are attached before any of the library's code
-//! runs, and the look continues it. Every [`LOOK_EVERY`] looks, the processes' maps are
-//! searched too, for what a loader without `_dl_debug_state` mapped, and for a set of
-//! processes, which has no `_dl_debug_state` uprobe (it would land in every process
-//! running that loader, on the whole machine).
+//! The kernel records a traced process in `HELD` each time it maps memory executable (a
+//! library its loader maps, room a JIT compiler maps for code) or starts a program, and
+//! [`LateSites::look`] attaches the new objects' probes within a look period: a process
+//! that maps nothing new costs nothing. With `--hold-at-dlopen` the kernel also stops one
+//! process at its loader's `_dl_debug_state` (SIGSTOP), so that the probes are attached
+//! before any of the library's code runs, and the look continues it. A set has no such
+//! uprobe: it would land in every process running that loader, on the whole machine.
+//!
+//! Where the kernel cannot tell of mappings (its tracepoints out of reach), the loader's
+//! `_dl_debug_state` tells of one process's `dlopen`s and every [`LOOK_EVERY`] looks the
+//! processes' maps are searched, for what was mapped otherwise.
 
-use std::{ops::Range, path::PathBuf};
+use std::{collections::HashMap, ops::Range, path::PathBuf};
 
 use anyhow::Result;
 
@@ -74,6 +77,12 @@ pub struct LateSites {
     usdt_elsewhere: Option<crate::probe::runtimes::functions::UsdtElsewhere>,
     /// `--hold-at-dlopen`: the kernel stops the process at each `dlopen` while this runs.
     hold: bool,
+    /// The kernel tells of the processes that map code or start programs (see
+    /// [`LateSites::watch`]): their maps are not read otherwise.
+    sees_mappings: bool,
+    /// With `sees_mappings`, the members of a set looked at (or searched at the start),
+    /// with their start times (0: not known): a process that joins is looked at once.
+    known_members: HashMap<u32, u64>,
 }
 
 impl LateSites {
@@ -96,6 +105,8 @@ impl LateSites {
             ticks: 0,
             usdt_elsewhere: None,
             hold: false,
+            sees_mappings: false,
+            known_members: HashMap::new(),
         }
     }
 
@@ -114,10 +125,44 @@ impl LateSites {
         self
     }
 
-    /// Continues the processes the kernel held, once their new objects' probes are
-    /// attached; every [`LOOK_EVERY`] calls, looks at every member's objects too; returns
-    /// what was added to `plan` (and attached). A failure is a warning: tracing what is
-    /// attached goes on.
+    /// Sets up how the objects mapped later are found: the kernel's events of traced
+    /// processes mapping code, when it can tell them; for one process, a uprobe at its
+    /// loader's `_dl_debug_state` (the loaders of `exes`, see [`hold_at_dlopen`]) when it
+    /// is to be held there or no event tells. `members`: the processes searched at the
+    /// start.
+    pub fn watch(
+        &mut self,
+        loader: &mut Loader,
+        exes: Vec<(PathBuf, PathBuf)>,
+        members: &[u32],
+    ) -> Result<()> {
+        match loader.watch_code_mappings() {
+            Ok(()) => {
+                self.sees_mappings = true;
+                self.known_members = members.iter().map(|&pid| (pid, 0)).collect();
+            }
+            Err(e) => log::warn!(
+                "cannot watch for code mapped later ({e}): the processes' maps are searched \
+                 every {} ms instead",
+                LOOK_EVERY * LOOK_PERIOD.as_millis() as u32
+            ),
+        }
+        if self.hold || !self.sees_mappings {
+            hold_at_dlopen(loader, exes, self.pid, self.hold)?;
+        }
+        Ok(())
+    }
+
+    /// Whether the kernel tells of the processes that map code (see [`LateSites::watch`]).
+    pub fn sees_mappings(&self) -> bool {
+        self.sees_mappings
+    }
+
+    /// Looks at the processes the kernel recorded (continuing those it held once their
+    /// new objects' probes are attached) and, every [`LOOK_EVERY`] calls, at the members
+    /// that joined (or, without the kernel's events, at every member); returns what was
+    /// added to `plan` (and attached). A failure is a warning: tracing what is attached
+    /// goes on.
     pub fn look(&mut self, loader: &mut Loader, plan: &mut ProbePlan) -> Added {
         let first_site = plan.sites.len();
         let first_unavailable = plan.unavailable_args.len();
@@ -128,9 +173,13 @@ impl LateSites {
             if stopped && !procfs::is_stopped(pid) && ProcessError::check(pid).is_none() {
                 continue;
             }
+            if !stopped {
+                // Before the look: what it maps meanwhile is recorded anew, not lost.
+                loader.release_held(pid);
+            }
             self.look_at(pid, loader, plan);
-            loader.release_held(pid);
             if stopped {
+                loader.release_held(pid);
                 continue_process(pid);
             }
             remapped.push(pid);
@@ -139,7 +188,13 @@ impl LateSites {
             keep_holding(loader);
         }
         self.ticks += 1;
-        if self.ticks % LOOK_EVERY == 1 {
+        if self.ticks % LOOK_EVERY == 1 && self.sees_mappings {
+            for pid in self.joined(loader) {
+                if self.look_at(pid, loader, plan) && !remapped.contains(&pid) {
+                    remapped.push(pid);
+                }
+            }
+        } else if self.ticks % LOOK_EVERY == 1 {
             let pids = match self.members {
                 Members::One(pid) => vec![pid],
                 Members::Set => loader
@@ -159,6 +214,31 @@ impl LateSites {
             unavailable_args: first_unavailable..plan.unavailable_args.len(),
             remapped,
         }
+    }
+
+    /// The members of a set not looked at yet that run a program of their own: a process
+    /// forked from a member maps what that member maps (searched already) until it starts
+    /// a program, which the kernel tells of.
+    fn joined(&mut self, loader: &Loader) -> Vec<u32> {
+        let Members::Set = self.members else {
+            return Vec::new();
+        };
+        let Ok(targets) = loader.targets_map() else {
+            return Vec::new();
+        };
+        let members = targets.entries();
+        self.known_members
+            .retain(|pid, _| members.iter().any(|(member, _)| member == pid));
+        let mut joined = Vec::new();
+        for (pid, target) in members {
+            let start = target.start_ticks;
+            match self.known_members.insert(pid, start) {
+                Some(known) if known == 0 || known == start => {}
+                _ if target.forked_from != 0 => {}
+                _ => joined.push(pid),
+            }
+        }
+        joined
     }
 
     /// Attaches the probes of the objects `pid` maps that were not searched yet; true
@@ -241,7 +321,7 @@ fn keep_holding(loader: &mut Loader) {
 /// its code runs before: the loaders of `exes`, each an executable and the root its
 /// loader's path is under. A set of processes gets no such uprobe: it would land in every
 /// process on the machine that runs the same loader.
-pub fn hold_at_dlopen(
+fn hold_at_dlopen(
     loader: &mut Loader,
     exes: Vec<(PathBuf, PathBuf)>,
     single: Option<u32>,

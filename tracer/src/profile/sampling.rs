@@ -351,6 +351,11 @@ pub async fn run_sampler(
     let mut ticker = tokio::time::interval(chores.period(sampler));
     loop {
         ticker.tick().await;
+        if processes.maps_told() {
+            for pid in loader.take_mapped() {
+                processes.refresh_maps(pid);
+            }
+        }
         chores.run(sampler, loader, processes);
     }
 }

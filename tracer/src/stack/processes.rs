@@ -42,9 +42,23 @@ fn name_of(tgid: u32, comm: String) -> (String, u8) {
 pub struct Processes {
     processes: HashMap<u32, ProcessInfo>,
     threads: ThreadNames,
+    /// The kernel tells of the mappings made since the start ([`Processes::refresh_maps`]
+    /// follows it): [`Processes::refresh`] reads no maps.
+    maps_told: bool,
 }
 
 impl Processes {
+    /// From now on the caller refreshes a process's mappings when the kernel tells it
+    /// mapped code ([`Processes::refresh_maps`]), and [`Processes::refresh`] reads none.
+    pub fn maps_told_by_kernel(&mut self) {
+        self.maps_told = true;
+    }
+
+    /// Whether the caller refreshes mappings as the kernel tells of them.
+    pub fn maps_told(&self) -> bool {
+        self.maps_told
+    }
+
     /// Captures `tgid`'s name, mappings and thread names unless already known.
     pub fn observe(&mut self, tgid: u32) {
         self.observe_named(tgid, None);
@@ -131,14 +145,19 @@ impl Processes {
         }
     }
 
-    /// Re-reads the mappings and thread names of every known process still running, and
-    /// the title of those young enough to be still giving themselves one. A process found
+    /// Re-reads the mappings (unless the kernel tells of new ones) and thread names of
+    /// every known process still running, and the title of those young enough to be
+    /// still giving themselves one. A process found
     /// gone is marked so by its mappings ([`ProcessMaps::has_exited`]): it is not read
     /// again, and keeps only what naming its stacks needs.
     pub fn refresh(&mut self) {
         for (&tgid, info) in &mut self.processes {
             if let Some(maps) = &mut info.maps
-                && maps.refresh().is_ok()
+                && match self.maps_told {
+                    true => maps.refresh_jit(),
+                    false => maps.refresh(),
+                }
+                .is_ok()
             {
                 self.threads.refresh(tgid);
                 if info.title_tries > 0 {

@@ -184,9 +184,8 @@ impl Run {
         pids: &[u32],
         on_target: &dyn Fn(anyhow::Error) -> anyhow::Error,
     ) -> Result<(Self, Option<TargetTracker>)> {
-        let Planned { plan, later } = planned;
+        let Planned { plan, mut later } = planned;
         let spec = &config.targets;
-        let single = spec.single_pid();
         let sampling = config.sampling;
         let mut loader = launch
             .load(&Settings {
@@ -216,13 +215,17 @@ impl Run {
         loader
             .attach_usdt_sites(&plan.usdt_sites())
             .map_err(|e| on_target(e.into()))?;
-        late_sites::hold_at_dlopen(
-            &mut loader,
-            late_sites::executables_of(pids, spec.exe.as_deref()),
-            single,
-            config.hold_at_dlopen,
-        )
-        .map_err(on_target)?;
+        later
+            .watch(
+                &mut loader,
+                late_sites::executables_of(pids, spec.exe.as_deref()),
+                pids,
+            )
+            .map_err(on_target)?;
+        let mut processes = processes;
+        if later.sees_mappings() {
+            processes.maps_told_by_kernel();
+        }
         let sampler = WallClockSampler::attach(&mut loader, Some(&targets), sampling, &processes)
             .map_err(on_target)?;
         let probe_names: Vec<String> = plan.probes.iter().map(|p| p.specifier()).collect();

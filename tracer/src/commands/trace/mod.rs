@@ -263,8 +263,7 @@ struct Later {
 }
 
 /// The look for objects mapped later, when there is something to look for, with the
-/// kernel holding the targets (or the command) at each `dlopen` unless every process is
-/// traced.
+/// kernel telling of the targets (or the command) mapping code (see [`LateSites::watch`]).
 fn look_later(
     later: Later,
     loader: &mut Loader,
@@ -277,13 +276,11 @@ fn look_later(
         return Ok(None);
     }
     let single = spec.single_pid();
-    if !spec.is_everything() {
-        let exes = match child {
-            Some(child) => vec![(child.exe.clone(), PathBuf::from("/"))],
-            None => late_sites::executables_of(pids, spec.exe.as_deref()),
-        };
-        late_sites::hold_at_dlopen(loader, exes, single, config.hold_at_dlopen)?;
-    }
+    let exes = match (child, spec.is_everything()) {
+        (_, true) => Vec::new(),
+        (Some(child), false) => vec![(child.exe.clone(), PathBuf::from("/"))],
+        (None, false) => late_sites::executables_of(pids, spec.exe.as_deref()),
+    };
     let members = match (child.map(|c| c.pid), spec.is_everything()) {
         (Some(pid), _) if single.is_some() => Members::One(pid),
         (_, true) => Members::Every,
@@ -297,10 +294,10 @@ fn look_later(
         searched,
         mode,
     } = later;
-    Ok(Some(
-        LateSites::new(specs, searched, mode, Vec::new(), single, members)
-            .holding(config.hold_at_dlopen),
-    ))
+    let mut later = LateSites::new(specs, searched, mode, Vec::new(), single, members)
+        .holding(config.hold_at_dlopen);
+    later.watch(loader, exes, pids)?;
+    Ok(Some(later))
 }
 
 /// Detaches everything from the targets, in the order that leaves them as they were,

@@ -152,6 +152,24 @@ impl ProcessMaps {
         Ok(())
     }
 
+    /// [`ProcessMaps::refresh`] without reading the maps, for a process whose new
+    /// mappings the kernel tells of (each then read by [`ProcessMaps::refresh`]): what
+    /// its JIT compilers wrote since is read, and whether it is gone.
+    pub fn refresh_jit(&mut self) -> io::Result<()> {
+        if self.exited {
+            return Err(io::Error::from_raw_os_error(libc::ESRCH));
+        }
+        if let Err(e) = fs::metadata(format!("/proc/{}", self.pid)) {
+            if is_gone(&e) {
+                self.mark_exited();
+            }
+            return Err(e);
+        }
+        self.perf_map.open_if_missing();
+        self.read_gdb_jit();
+        Ok(())
+    }
+
     /// Whether a refresh found the process gone. Its mappings stay, to name its stacks.
     pub fn has_exited(&self) -> bool {
         self.exited
