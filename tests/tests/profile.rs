@@ -298,16 +298,6 @@ fn full_maps_are_reported_not_hidden() {
             .unwrap_or_else(|| panic!("no Lost line:\n{out}"))
             .to_string()
     };
-    let number_before = |lost: &str, what: &str| -> u64 {
-        lost.split(what)
-            .next()
-            .unwrap()
-            .rsplit(' ')
-            .next()
-            .unwrap()
-            .parse()
-            .unwrap()
-    };
     // Room for 2 stacks: the others cannot be captured, and the summary says so. Each
     // flag apart: with few keys too, which keys get in first (with or without a stack) is
     // a race. Frame pointers: every user stack goes to the stack map (the demo's threads
@@ -343,9 +333,11 @@ fn full_maps_are_reported_not_hidden() {
 #[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn threads_blocked_since_before_the_start_are_accounted_under_their_stacks() {
     require_privileged();
-    // Attach once the waiter is already blocked on the lock (and the holder asleep).
+    // Attach once the waiter is already blocked on the lock (and the holder asleep). The
+    // threads run on for seconds: a start slowed by a busy machine still leaves a profile
+    // of many samples, where one sample (10 ms) more or less is no 20% of a thread.
     let dir = out_dir("profile-late");
-    let target = Target::start(WALLCLOCK_DEMO, &["--ms", "1500"]);
+    let target = Target::start(WALLCLOCK_DEMO, &["--ms", "4000"]);
     target.release();
     std::thread::sleep(std::time::Duration::from_millis(300));
     let pid = target.pid.to_string();
@@ -595,4 +587,56 @@ fn one_letter_c_functions_keep_their_names() {
     for builtin in ["float", "wchar_t", ";int;"] {
         assert!(!oncpu.contains(builtin), "{builtin}\n{oncpu}");
     }
+}
+
+/// A stack-copy buffer too small for a burst (200 threads blocking at once, in a buffer
+/// of four copies): the stacks that found it full are walked with frame pointers, and
+/// the summary says how many and which flag keeps them.
+#[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+fn a_full_stack_copy_buffer_is_counted_and_names_its_flag() {
+    require_privileged();
+    let dir = out_dir("profile-small-unwind-buffer");
+    let target = Target::start(
+        env!("CARGO_BIN_EXE_many-threads"),
+        &["--threads", "200", "--sleeps", "3", "--sleep-ms", "50"],
+    );
+    let pid = target.pid.to_string();
+    let tracer = Tracer::start(&[
+        "profile",
+        "--pid",
+        &pid,
+        "--unwind-buffer",
+        "64K",
+        "-o",
+        dir.to_str().unwrap(),
+    ]);
+    target.release();
+    target.finish();
+    let (ok, out, err) = tracer.finish();
+    assert!(ok, "tracer failed: {err}");
+    let unwinding = out
+        .lines()
+        .find(|l| l.starts_with("Unwinding: "))
+        .unwrap_or_else(|| panic!("no unwinding line: {out}"));
+    assert!(
+        number_before(unwinding, " with the snapshot ring buffer full") > 0,
+        "{unwinding}"
+    );
+    assert!(
+        unwinding.contains("--unwind-buffer above its 64 KiB keeps them"),
+        "{unwinding}"
+    );
+}
+
+/// The number just before `what` in `line` (`... 12 stacks not captured`).
+fn number_before(line: &str, what: &str) -> u64 {
+    line.split(what)
+        .next()
+        .unwrap()
+        .rsplit([' ', '(', ';'])
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap_or_else(|e| panic!("no number before {what:?} in {line:?}: {e}"))
 }

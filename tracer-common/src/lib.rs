@@ -857,7 +857,12 @@ pub mod counter {
     pub const SWITCH_INS_MISSED: u32 = 8;
     /// The timeline's ring buffer was full: an interval is missing from it.
     pub const TIMELINE_LOST: u32 = 9;
-    pub const COUNT: u32 = 10;
+    /// Of [`STACK_ERRORS`]: another stack held the slot of the stack map the stack's hash
+    /// chose (`EEXIST`).
+    pub const STACK_COLLISIONS: u32 = 10;
+    /// Of [`STACK_ERRORS`]: the stack map had no room left (`ENOMEM`).
+    pub const STACK_MAP_FULL: u32 = 11;
+    pub const COUNT: u32 = 12;
 }
 
 /// Maximum frames in a captured stack (the kernel's default perf_event_max_stack).

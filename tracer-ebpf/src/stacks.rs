@@ -6,6 +6,10 @@ use tracer_common::{NO_STACK, counter};
 
 use crate::{STACKS, count};
 
+/// `bpf_get_stackid`'s errors: another stack in the slot, no room left.
+const EEXIST: i32 = -17;
+const ENOMEM: i32 = -12;
+
 /// The id in `STACKS` of the current user (`BPF_F_USER_STACK`) or kernel (`0`) stack,
 /// [`NO_STACK`] when there is none to take (a kernel thread has no user stack, a sample
 /// in user mode no kernel stack): not an error. Any other error is counted in
@@ -17,6 +21,11 @@ pub fn stack_id<C: StackIdContext>(ctx: &C, flags: u64) -> i32 {
         Err(NO_STACK) => NO_STACK,
         Err(err) => {
             count(counter::STACK_ERRORS);
+            match err {
+                EEXIST => count(counter::STACK_COLLISIONS),
+                ENOMEM => count(counter::STACK_MAP_FULL),
+                _ => {}
+            }
             let which = if flags & BPF_F_USER_STACK as u64 != 0 {
                 "user"
             } else {

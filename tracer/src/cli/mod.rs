@@ -193,7 +193,9 @@ pub struct SamplingArgs {
     /// With --unwind dwarf: size of the buffer stack copies (16 KiB each) wait in until
     /// they are unwound (e.g. 8M, 64M); more absorbs bursts, and costs twice its size in
     /// resident memory (the kernel maps a ring's pages twice). Rounded up to a power of two.
-    #[arg(long, default_value = "8M", value_name = "SIZE")]
+    /// `auto`: 4 MiB per CPU for the processes named, 16 MiB per CPU for every process,
+    /// from 8 MiB to 128 MiB. The report says how many stacks found it full.
+    #[arg(long, default_value = "auto", value_name = "SIZE")]
     pub unwind_buffer: String,
     /// Leave CPython processes' stacks in C: no Python frames (`function (file.py:LINE)`)
     /// in place of the interpreter's. Python frames need --unwind dwarf.
@@ -216,7 +218,10 @@ impl TryFrom<&SamplingArgs> for Sampling {
         Ok(Self {
             frequency_hz: args.frequency,
             unwind: args.unwind,
-            unwind_buffer_bytes: parse_buffer_size("unwind-buffer", &args.unwind_buffer)?,
+            unwind_buffer_bytes: match args.unwind_buffer.trim() {
+                "auto" => None,
+                size => Some(parse_buffer_size("unwind-buffer", size)?),
+            },
             python_frames: !args.no_python_frames,
             jit_symbols: !args.no_jit_symbols,
         })
@@ -423,7 +428,7 @@ mod tests {
     fn map_sizes_default_to_the_objects_and_are_bounded() {
         let config = profile_config(&[]).unwrap();
         assert_eq!(config.map_sizes, MapSizes::default());
-        assert_eq!(config.sampling.unwind_buffer_bytes, 8 << 20);
+        assert_eq!(config.sampling.unwind_buffer_bytes, None);
         let config = profile_config(&["--stack-map-size", "1000", "--map-size", "300000"]).unwrap();
         assert_eq!(config.map_sizes.stacks, Some(1000));
         assert_eq!(config.map_sizes.entries, Some(300000));
@@ -436,6 +441,8 @@ mod tests {
         assert!(profile_config(&["--stack-map-size", "8388608"]).is_ok());
         assert!(profile_config(&["--stack-map-size", "8388609"]).is_err());
         assert!(profile_config(&["--unwind-buffer", "1K"]).is_err());
+        let config = profile_config(&["--unwind-buffer", "16M"]).unwrap();
+        assert_eq!(config.sampling.unwind_buffer_bytes, Some(16 << 20));
     }
 
     #[test]

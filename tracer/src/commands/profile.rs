@@ -21,7 +21,7 @@ use crate::{
     cli::ProfileConfig,
     kernel::{KernelTargets, Launch, LaunchNeeds, Settings},
     output::render::{self, export::ExportInfo, views::write_profile_files},
-    output::report::profile_summary,
+    output::report::{StackLosses, profile_summary},
     probe::runtimes,
     profile::sampling::{
         self, Collected, Sampling, UnwindMethod, ViewOptions, WallClockSampler, unwind_summary,
@@ -72,12 +72,13 @@ pub fn run(config: ProfileConfig) -> Result<()> {
     // Before anything is attached: a profile whose files cannot be written fails now.
     render::prepare_output_dir(&config.output_dir)?;
     let sampling = config.sampling;
+    let unwind_ring_bytes = WallClockSampler::unwind_ring_bytes(&sampling, targets.is_none());
 
     let mut loader = launch.load(&Settings {
         targets: targets.clone(),
         min_block: config.min_block,
         features: WallClockSampler::features(&sampling),
-        unwind_ring_bytes: WallClockSampler::unwind_ring_bytes(&sampling),
+        unwind_ring_bytes,
         map_sizes: config.map_sizes,
         ..Settings::default()
     })?;
@@ -162,11 +163,11 @@ pub fn run(config: ProfileConfig) -> Result<()> {
         sampling.frequency_hz,
         elapsed_ns,
         &outputs,
-        counters[counter::STACK_ERRORS as usize],
+        &StackLosses::from_counters(&counters, config.map_sizes.stack_slots()),
         counters[counter::MAP_FULL as usize],
     );
     if let Some(stats) = unwind_stats {
-        text += &unwind_summary(&stats, &counters);
+        text += &unwind_summary(&stats, &counters, unwind_ring_bytes);
     }
     text += &crate::output::report::program_misses_line(&loader.program_misses());
     if let Some(line) = unnamed_hint(&profile, targets.as_ref(), &processes) {

@@ -145,6 +145,11 @@ impl MapSizes {
     pub const DEFAULT_STACKS: u32 = 32768;
     pub const DEFAULT_ENTRIES: u32 = 65536;
 
+    /// The slots of the stack maps.
+    pub fn stack_slots(&self) -> u32 {
+        self.stacks.unwrap_or(Self::DEFAULT_STACKS)
+    }
+
     const HASH_MAPS: [&str; 10] = [
         map_names::LATENCY_STARTS,
         map_names::OFFCPU_STARTS,

@@ -37,7 +37,9 @@ use crate::{
 pub struct Sampling {
     pub frequency_hz: u64,
     pub unwind: UnwindMethod,
-    pub unwind_buffer_bytes: u32,
+    /// The stack-copy ring's size (`--unwind-buffer`); `None`: sized from the CPUs (see
+    /// [`WallClockSampler::unwind_ring_bytes`]).
+    pub unwind_buffer_bytes: Option<u32>,
     /// CPython processes' stacks carry Python frames (with DWARF unwinding).
     pub python_frames: bool,
     /// HotSpot JVMs are asked for their perf maps.
@@ -117,10 +119,15 @@ impl WallClockSampler {
         }
     }
 
-    /// The size of the snapshot ring buffer, for [`Settings::unwind_ring_bytes`].
-    pub fn unwind_ring_bytes(sampling: &Sampling) -> u32 {
+    /// The size of the snapshot ring buffer, for [`Settings::unwind_ring_bytes`]: as
+    /// asked, or sized from the CPUs (a system-wide profile's bursts come from every
+    /// process on them).
+    pub fn unwind_ring_bytes(sampling: &Sampling, system_wide: bool) -> u32 {
         match sampling.unwind {
-            UnwindMethod::Dwarf => sampling.unwind_buffer_bytes,
+            UnwindMethod::Dwarf => sampling.unwind_buffer_bytes.unwrap_or_else(|| {
+                let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+                auto_unwind_ring_bytes(cpus, system_wide)
+            }),
             UnwindMethod::Fp => Settings::default().unwind_ring_bytes,
         }
     }
@@ -640,9 +647,24 @@ impl Unwinding {
     }
 }
 
+/// The stack-copy ring's bytes per CPU sampled: a set of targets, every process.
+const UNWIND_RING_PER_CPU: [u32; 2] = [4 << 20, 16 << 20];
+/// The bounds of a stack-copy ring sized from the CPUs.
+const UNWIND_RING_AUTO: std::ops::RangeInclusive<u32> = (8 << 20)..=(128 << 20);
+
+/// `--unwind-buffer auto`: so much per CPU, within [`UNWIND_RING_AUTO`], a power of two.
+fn auto_unwind_ring_bytes(cpus: usize, system_wide: bool) -> u32 {
+    let per_cpu = u64::from(UNWIND_RING_PER_CPU[usize::from(system_wide)]);
+    let bytes = (per_cpu * cpus as u64).clamp(
+        u64::from(*UNWIND_RING_AUTO.start()),
+        u64::from(*UNWIND_RING_AUTO.end()),
+    );
+    bytes.next_power_of_two() as u32
+}
+
 /// The `--unwind dwarf` line: how many stacks were unwound, how deep, with which method,
-/// and how many were walked with frame pointers instead.
-pub fn unwind_summary(stats: &UnwindStats, counters: &[u64]) -> String {
+/// and how many were walked with frame pointers instead (with a ring of `ring_bytes`).
+pub fn unwind_summary(stats: &UnwindStats, counters: &[u64], ring_bytes: u32) -> String {
     let no_regs = counters[counter::UNWIND_NO_USER_REGS as usize];
     let ring_full = counters[counter::UNWIND_RING_FULL as usize];
     let unreadable = counters[counter::UNWIND_STACK_UNREADABLE as usize];
@@ -656,7 +678,7 @@ pub fn unwind_summary(stats: &UnwindStats, counters: &[u64]) -> String {
          stopped early where unwind information ended, {} without mappings, \
          {unreadable} with an unreadable stack. {} stacks walked with frame pointers in \
          the kernel instead (marked{FRAME_POINTER_SUFFIX}; {no_regs} without user \
-         registers, {ring_full} with the snapshot ring buffer full).\n",
+         registers, {ring_full} with the snapshot ring buffer full){}.\n",
         stats.samples,
         stats.in_kernel,
         stats.offcpu_snapshots,
@@ -668,6 +690,13 @@ pub fn unwind_summary(stats: &UnwindStats, counters: &[u64]) -> String {
         stats.truncated,
         stats.no_maps,
         no_regs + ring_full,
+        match ring_full {
+            0 => String::new(),
+            _ => format!(
+                ": --unwind-buffer above its {} keeps them",
+                crate::system::text::binary_size(ring_bytes.into())
+            ),
+        },
     )
 }
 
@@ -692,4 +721,18 @@ fn still_alive(pending: Vec<(u32, OffCpuStart)>) -> Vec<(u32, OffCpuStart)> {
         .into_iter()
         .filter(|(tid, start)| procfs::thread_exists(start.tgid, *tid))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_stack_copy_ring_grows_with_the_cpus_within_bounds() {
+        assert_eq!(auto_unwind_ring_bytes(1, false), 8 << 20);
+        assert_eq!(auto_unwind_ring_bytes(2, false), 8 << 20);
+        assert_eq!(auto_unwind_ring_bytes(6, false), 32 << 20);
+        assert_eq!(auto_unwind_ring_bytes(2, true), 32 << 20);
+        assert_eq!(auto_unwind_ring_bytes(64, true), 128 << 20);
+    }
 }

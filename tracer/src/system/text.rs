@@ -26,6 +26,18 @@ pub fn escape_text(name: &str) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
+/// A size as the command line takes it: `64 KiB`, `8 MiB`, `1.5 MiB`.
+pub fn binary_size(bytes: u64) -> String {
+    let (unit, name) = match bytes < 1 << 20 {
+        true => (1u64 << 10, "KiB"),
+        false => (1 << 20, "MiB"),
+    };
+    match bytes % unit {
+        0 => format!("{} {name}", bytes / unit),
+        _ => format!("{:.1} {name}", bytes as f64 / unit as f64),
+    }
+}
+
 /// Bytes from the target (a string argument) as text output shows them: in double
 /// quotes, with `"` and `\` escaped by a backslash, control characters as in
 /// [`escape_text`], and bytes that are not UTF-8 as `\xNN`; so the text inside the quotes
@@ -55,6 +67,14 @@ pub fn quote_bytes(bytes: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sizes_read_as_the_command_line_takes_them() {
+        assert_eq!(binary_size(64 << 10), "64 KiB");
+        assert_eq!(binary_size(8 << 20), "8 MiB");
+        assert_eq!(binary_size(3 << 19), "1.5 MiB");
+        assert_eq!(binary_size(1536), "1.5 KiB");
+    }
 
     #[test]
     fn bytes_are_quoted_so_each_can_be_told() {

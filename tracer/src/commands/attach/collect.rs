@@ -18,12 +18,12 @@ use crate::{
     },
     output::report::{
         AttachReport, LatencyReport, Losses, OffCpuProfile, ProbeHits, ProbeReport, ProcessLatency,
-        TaskReport, TimelineReport, TracedProcess,
+        StackLosses, TaskReport, TimelineReport, TracedProcess,
     },
     probe::plan::ProbePlan,
     probe::runtimes::{self, LatencyDef, ProbeRef},
     profile::histogram::LatencyHistogram,
-    profile::sampling::Collected,
+    profile::sampling::{Collected, WallClockSampler},
     profile::tasks,
     profile::wallclock,
     stack::processes::Processes,
@@ -154,7 +154,7 @@ pub(super) fn collect(
         unnamed,
         tasks,
         timeline,
-        losses: losses(loader, &counters),
+        losses: losses(loader, &counters, config),
     };
     Ok((report, output_error))
 }
@@ -226,15 +226,17 @@ fn write_timeline(
 }
 
 /// What was lost, by the kernel's counters.
-fn losses(loader: &Loader, counters: &[u64]) -> Losses {
+fn losses(loader: &Loader, counters: &[u64], config: &AttachConfig) -> Losses {
     Losses {
         events_lost: counters[counter::EVENTS_LOST as usize],
         map_full: counters[counter::MAP_FULL as usize],
-        stack_errors: counters[counter::STACK_ERRORS as usize],
+        stacks: StackLosses::from_counters(counters, config.map_sizes.stack_slots()),
         unmatched_ends: counters[counter::UNMATCHED_ENDS as usize],
         arg_read_errors: counters[counter::ARG_READ_ERRORS as usize],
         program_misses: loader.program_misses(),
         switch_ins_missed: counters[counter::SWITCH_INS_MISSED as usize],
+        unwind_ring_full: counters[counter::UNWIND_RING_FULL as usize],
+        unwind_ring_bytes: WallClockSampler::unwind_ring_bytes(&config.sampling, false),
     }
 }
 

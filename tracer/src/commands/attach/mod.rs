@@ -196,7 +196,7 @@ impl Run {
                     tasks: true,
                     ..WallClockSampler::features(&sampling)
                 },
-                unwind_ring_bytes: WallClockSampler::unwind_ring_bytes(&sampling),
+                unwind_ring_bytes: WallClockSampler::unwind_ring_bytes(&sampling, false),
                 map_sizes: config.map_sizes,
                 // Sites found later get cookies after these: room for them.
                 plan_sizes: Some(plan.room_to_grow()),

@@ -276,13 +276,16 @@ impl AttachReport {
         json!({
             "events_lost": self.losses.events_lost,
             "map_full": self.losses.map_full,
-            "stack_errors": self.losses.stack_errors,
+            "stack_errors": self.losses.stacks.errors,
+            "stack_collisions": self.losses.stacks.collisions,
+            "stack_map_full": self.losses.stacks.map_full,
             "unmatched_ends": self.losses.unmatched_ends,
             "arg_read_errors": self.losses.arg_read_errors,
             "program_misses": self.losses.program_misses.iter()
                 .map(|(program, runs)| json!({"program": program, "runs": runs}))
                 .collect::<Vec<_>>(),
             "switch_ins_recovered": self.losses.switch_ins_missed,
+            "unwind_ring_full": self.losses.unwind_ring_full,
         })
     }
 }

@@ -15,7 +15,7 @@ pub use lines::{THREADS_SHOWN, program_misses_line, shown};
 pub use summary::profile_summary;
 pub use types::{
     AttachReport, LatencyReport, Losses, OffCpuProfile, ProbeHits, ProbeReport, ProcessLatency,
-    TaskReport, TimelineReport, TracedProcess,
+    StackLosses, TaskReport, TimelineReport, TracedProcess,
 };
 
 #[cfg(test)]

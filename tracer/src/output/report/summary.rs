@@ -9,7 +9,10 @@ use crate::{
     system::text::escape_text,
 };
 
-use super::lines::{THREADS_SHOWN, shown};
+use super::{
+    lines::{THREADS_SHOWN, shown},
+    types::StackLosses,
+};
 
 /// The summary `tracer profile` prints: what was profiled, the on-CPU, off-CPU,
 /// runnable and wall-clock totals with their files, the busiest threads, and losses.
@@ -19,7 +22,7 @@ pub fn profile_summary(
     frequency_hz: u64,
     elapsed_ns: u64,
     outputs: &ProfileFiles,
-    stack_errors: u64,
+    stacks: &StackLosses,
     map_full: u64,
 ) -> String {
     let seconds = |ns: u64| ns as f64 / 1e9;
@@ -71,15 +74,25 @@ pub fn profile_summary(
     if let Some(table) = python_thread_table(profile, THREADS_SHOWN) {
         out += &table;
     }
-    if stack_errors + map_full + profile.missing_stacks == 0 {
+    if stacks.errors + map_full + profile.missing_stacks == 0 {
         out += "Nothing lost: every sample and interval was recorded with its stacks.\n";
     } else {
-        out += &format!(
-            "Lost: {stack_errors} stacks not captured (stack map full or collision, or a \
-             fault; see --stack-map-size), {map_full} samples or intervals dropped (map \
-             full; see --map-size); {} stack entries shown as [missing ... stack].\n",
-            profile.missing_stacks
-        );
+        let mut lost = Vec::new();
+        if stacks.errors > 0 {
+            lost.push(stacks.explained());
+        }
+        if map_full > 0 {
+            lost.push(format!(
+                "{map_full} samples or intervals dropped (map full; see --map-size)"
+            ));
+        }
+        if profile.missing_stacks > 0 {
+            lost.push(format!(
+                "{} stack entries shown as [missing ... stack]",
+                profile.missing_stacks
+            ));
+        }
+        out += &format!("Lost: {}.\n", lost.join("; "));
     }
     out
 }
@@ -135,7 +148,12 @@ mod tests {
             99,
             3_000_000_000,
             &ProfileFiles::default(),
-            2,
+            &StackLosses {
+                errors: 2,
+                collisions: 2,
+                map_full: 0,
+                slots: 32768,
+            },
             0,
         );
         crate::output::golden::assert_golden("profile-summary.txt", &text);

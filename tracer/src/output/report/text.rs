@@ -9,7 +9,7 @@ use crate::{
     profile::wallclock::{
         OFF_CPU_FRAME, RUNNABLE_FRAME, python_thread_table, thread_table, truncated_line,
     },
-    system::text::escape_text,
+    system::text::{binary_size, escape_text},
 };
 
 use super::{
@@ -413,15 +413,31 @@ impl AttachReport {
         let mut footnotes = String::new();
         if l.events_lost
             + l.map_full
-            + l.stack_errors
+            + l.stacks.errors
             + l.arg_read_errors
             + self.offcpu.missing_stacks
             > 0
         {
             let _ = writeln!(
                 footnotes,
-                "Not recorded: {} events lost, {} map-full drops, {} stack capture errors, {} argument read errors.",
-                l.events_lost, l.map_full, l.stack_errors, l.arg_read_errors
+                "Not recorded: {} events lost, {} map-full drops, {} stack capture errors, {} argument read errors.{}",
+                l.events_lost,
+                l.map_full,
+                l.stacks.errors,
+                l.arg_read_errors,
+                match l.stacks.explained() {
+                    why if why.is_empty() => why,
+                    why => format!(" {why}."),
+                }
+            );
+        }
+        if l.unwind_ring_full > 0 {
+            let _ = writeln!(
+                footnotes,
+                "Walked with frame pointers instead of DWARF: {} stacks, the stack-copy buffer \
+                 full (--unwind-buffer above its {} keeps them).",
+                l.unwind_ring_full,
+                binary_size(l.unwind_ring_bytes.into())
             );
         }
         footnotes += &program_misses_line(&l.program_misses);
@@ -440,11 +456,18 @@ mod tests {
     /// What went unrecorded follows the last table after a blank line: whoever reads the
     /// table's rows (the container smoke test) stops at the blank line, not at a row
     /// that is not a task.
+    use crate::output::report::StackLosses;
+
     #[test]
     fn losses_are_a_paragraph_after_the_tables() {
         let mut report: AttachReport =
             report_of("gc-demo", WallClockProfile::default(), Some(one_task()));
-        report.losses.stack_errors = 6;
+        report.losses.stacks = StackLosses {
+            errors: 6,
+            collisions: 5,
+            map_full: 0,
+            slots: 32768,
+        };
         report.losses.program_misses = vec![("on_switch", 2)];
         let text = report.to_text();
         let tail: Vec<&str> = text.lines().rev().take(4).collect();

@@ -74,12 +74,67 @@ pub struct ProcessLatency {
     pub stats: LatencyStats,
 }
 
+/// The stacks the kernel could not capture into its stack map, by why.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct StackLosses {
+    /// Every stack not captured.
+    pub errors: u64,
+    /// Another stack held the slot the stack's hash chose: the stack map is a hash table
+    /// that keeps the first stack of each slot.
+    pub collisions: u64,
+    /// The stack map had no room left.
+    pub map_full: u64,
+    /// The stack map's slots (`--stack-map-size`).
+    pub slots: u32,
+}
+
+impl StackLosses {
+    /// From the kernel's counters (`tracer_common::counter`), for a stack map of `slots`.
+    pub fn from_counters(counters: &[u64], slots: u32) -> Self {
+        use tracer_common::counter;
+        StackLosses {
+            errors: counters[counter::STACK_ERRORS as usize],
+            collisions: counters[counter::STACK_COLLISIONS as usize],
+            map_full: counters[counter::STACK_MAP_FULL as usize],
+            slots,
+        }
+    }
+
+    /// How many stacks were not captured and why, with what to raise; empty when none.
+    pub fn explained(&self) -> String {
+        if self.errors == 0 {
+            return String::new();
+        }
+        let other = self.errors.saturating_sub(self.collisions + self.map_full);
+        let mut why = Vec::new();
+        if self.collisions > 0 {
+            why.push(format!(
+                "{} found their slot taken by another stack",
+                self.collisions
+            ));
+        }
+        if self.map_full > 0 {
+            why.push(format!("{} found the map full", self.map_full));
+        }
+        if other > 0 {
+            why.push(format!("{other} could not be read"));
+        }
+        format!(
+            "{} stacks not captured in the {}-slot stack map ({}; a larger --stack-map-size \
+             makes collisions rarer and leaves room for more)",
+            self.errors,
+            self.slots,
+            why.join(", ")
+        )
+    }
+}
+
 /// Everything the eBPF side could not record, reported rather than hidden.
 #[derive(Debug, Default)]
 pub struct Losses {
     pub events_lost: u64,
     pub map_full: u64,
-    pub stack_errors: u64,
+    pub stacks: StackLosses,
     pub unmatched_ends: u64,
     pub arg_read_errors: u64,
     /// Runs of a program the kernel skipped (it was already running on that CPU): events
@@ -88,6 +143,10 @@ pub struct Losses {
     /// Off-CPU intervals whose end went unseen, closed later from the thread's CPU time
     /// (recovered, not lost).
     pub switch_ins_missed: u64,
+    /// Stacks walked with frame pointers instead of DWARF: the stack-copy ring was full.
+    pub unwind_ring_full: u64,
+    /// The stack-copy ring's size (`--unwind-buffer`).
+    pub unwind_ring_bytes: u32,
 }
 
 pub struct AttachReport {
