@@ -244,7 +244,7 @@ impl Tool {
         })
     }
 
-    fn pid(&self) -> libc::pid_t {
+    pub(super) fn pid(&self) -> libc::pid_t {
         self.child.id() as libc::pid_t
     }
 

@@ -11,11 +11,15 @@
 //! 7. [`fig7_stop`]: Ctrl-C to exit in each mode on a busy target, against bpftrace.
 //! 8. [`fig8_python_frames`]: a Python target's throughput and the eBPF programs' time with
 //!    Python frames on and off, against py-spy.
+//! 9. [`fig9_function_probes`]: what function probes cost, per hit and to GC-heavy programs.
+//! 10. [`fig10_postgres_cost`]: the tracer's own CPU time per PostgreSQL transaction under
+//!     pgbench, and the cluster's, against bpftrace and perf.
 //!
 //! [`harness`] starts, times and stops the targets and tools; [`stats`] reduces the runs.
 //!
 //! Needs root. tracefs is mounted for bpftrace if it is not (and unmounted afterwards).
 
+mod fig10_postgres_cost;
 mod fig1_disabled_probe;
 mod fig2_event_cost;
 mod fig3_offcpu_pingpong;
@@ -43,10 +47,10 @@ pub struct BenchArgs {
     /// Fewer iterations, rounds and stacks: about a minute instead of a few.
     #[arg(long)]
     quick: bool,
-    /// Rounds of alternating runs in figures 2-4 and 7-9 [default: 5; --quick: 3].
+    /// Rounds of alternating runs in figures 2-4 and 7-10 [default: 5; --quick: 3].
     #[arg(long)]
     rounds: Option<usize>,
-    /// Only these figures (1-9, comma-separated); 6 uses the tracer runs of 2-4.
+    /// Only these figures (1-10, comma-separated); 6 uses the tracer runs of 2-4.
     #[arg(long, value_delimiter = ',')]
     only: Vec<u8>,
     /// Iterations of each disabled-probe loop, figure 1 [default: 200M; --quick: 50M].
@@ -67,6 +71,9 @@ pub struct BenchArgs {
     /// Seconds of each run of the Python workload, figure 8 [default: 3; --quick: 2].
     #[arg(long)]
     python_seconds: Option<f64>,
+    /// Seconds of each pgbench run, figure 10 [default: 20; --quick: 8].
+    #[arg(long)]
+    pgbench_seconds: Option<u64>,
 }
 
 struct Config {
@@ -79,6 +86,7 @@ struct Config {
     render_stacks: u64,
     render_rounds: usize,
     python_seconds: f64,
+    pgbench_seconds: u64,
     figures: Vec<u8>,
 }
 
@@ -89,12 +97,12 @@ impl Config {
             value.unwrap_or(if quick { fast } else { full })
         };
         let figures = if args.only.is_empty() {
-            (1..=9).collect()
+            (1..=10).collect()
         } else {
             args.only
         };
-        if let Some(bad) = figures.iter().find(|f| !(1..=9).contains(*f)) {
-            bail!("no figure {bad}: figures are 1 to 9");
+        if let Some(bad) = figures.iter().find(|f| !(1..=10).contains(*f)) {
+            bail!("no figure {bad}: figures are 1 to 10");
         }
         let rounds = args.rounds.unwrap_or(if quick { 3 } else { 5 });
         if rounds == 0 {
@@ -103,6 +111,10 @@ impl Config {
         let python_seconds = args.python_seconds.unwrap_or(if quick { 2.0 } else { 3.0 });
         if python_seconds.is_nan() || python_seconds <= 0.0 {
             bail!("--python-seconds must be more than 0");
+        }
+        let pgbench_seconds = pick(args.pgbench_seconds, 20, 8);
+        if pgbench_seconds == 0 {
+            bail!("--pgbench-seconds must be at least 1");
         }
         Ok(Self {
             rounds,
@@ -116,6 +128,7 @@ impl Config {
             // first; three alternate the order and give a median, for a few seconds more.
             render_rounds: 3,
             python_seconds,
+            pgbench_seconds,
             figures,
         })
     }
@@ -142,7 +155,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
         bail!("cargo xtask bench loads eBPF programs: run it as root");
     }
     crate::build()?;
-    let needs_tracefs = [2, 3, 4, 7].iter().any(|&f| config.wants(f));
+    // bpftrace's tracepoints, and perf's in figure 10.
+    let needs_tracefs = [2, 3, 4, 7, 10].iter().any(|&f| config.wants(f));
     let _tracefs = if needs_tracefs {
         Some(TracefsMount::ensure()?)
     } else {
@@ -153,7 +167,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     println!("load average before: {load_before} (other work on the machine skews every figure)");
     let mut rows = Vec::new();
     let mut memory = PeakMemory::default();
-    let figures: [(u8, &str); 9] = [
+    let figures: [(u8, &str); 10] = [
         (1, "disabled probe vs no probe"),
         (2, "cost per traced USDT event"),
         (3, "off-CPU tracing of a ping-pong"),
@@ -163,6 +177,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         (7, "Ctrl-C to exit"),
         (8, "the cost of Python frames"),
         (9, "what function probes cost"),
+        (10, "the tracer's own cost on PostgreSQL"),
     ];
     for (figure, title) in figures {
         if !config.wants(figure) {
@@ -179,7 +194,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
             6 => Ok(vec![fig6_peak_memory::measure(&memory)]),
             7 => fig7_stop::measure(&config),
             8 => fig8_python_frames::measure(&config),
-            _ => fig9_function_probes::measure(&config),
+            9 => fig9_function_probes::measure(&config),
+            _ => fig10_postgres_cost::measure(&config),
         };
         match result {
             Ok(mut new_rows) => rows.append(&mut new_rows),

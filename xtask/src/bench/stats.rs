@@ -30,3 +30,15 @@ pub(super) fn list_ms(values: &[f64]) -> String {
     let items: Vec<String> = values.iter().map(|v| format!("{v:.1}")).collect();
     items.join(", ")
 }
+
+/// "median (lowest..highest)" of `values` with `decimals` decimals, e.g. "0.97 (0.95..1.01)".
+pub(super) fn median_range(values: &[f64], decimals: usize) -> String {
+    if values.is_empty() {
+        return "n/a".into();
+    }
+    let (lo, hi) = min_max(values);
+    format!(
+        "{:.decimals$} ({lo:.decimals$}..{hi:.decimals$})",
+        median(values)
+    )
+}
