@@ -77,7 +77,7 @@ pub enum Command {
     Generate(GenerateArgs),
 }
 
-/// Examples each command's `--help` ends with (the README's and the help's examples
+/// Examples each command's `--help` ends with (these, and those of the README and docs/,
 /// are checked to parse).
 pub const ATTACH_EXAMPLES: &str = "Examples:
   sudo tracer attach --pid 4242 --duration 30s -o profile/
@@ -320,6 +320,7 @@ pub enum ConfigError {
 mod tests {
     use super::*;
     use clap::CommandFactory as _;
+    use std::path::Path;
 
     /// The words of a shell command line: single and double quotes group, as a shell's.
     fn shell_words(line: &str) -> Vec<String> {
@@ -358,6 +359,45 @@ mod tests {
         line.starts_with("tracer ").then(|| shell_words(line))
     }
 
+    /// The documentation, by path from the workspace root: the README, CONTRIBUTING.md and
+    /// every page under `docs/` (a test checks that none is missing here).
+    const DOCS: [(&str, &str); 15] = [
+        ("README.md", include_str!("../../../README.md")),
+        ("CONTRIBUTING.md", include_str!("../../../CONTRIBUTING.md")),
+        ("docs/README.md", include_str!("../../../docs/README.md")),
+        ("docs/attach.md", include_str!("../../../docs/attach.md")),
+        ("docs/trace.md", include_str!("../../../docs/trace.md")),
+        ("docs/list.md", include_str!("../../../docs/list.md")),
+        ("docs/profile.md", include_str!("../../../docs/profile.md")),
+        ("docs/stacks.md", include_str!("../../../docs/stacks.md")),
+        ("docs/targets.md", include_str!("../../../docs/targets.md")),
+        ("docs/frames.md", include_str!("../../../docs/frames.md")),
+        ("docs/json.md", include_str!("../../../docs/json.md")),
+        (
+            "docs/requirements.md",
+            include_str!("../../../docs/requirements.md"),
+        ),
+        (
+            "docs/containers-and-ci.md",
+            include_str!("../../../docs/containers-and-ci.md"),
+        ),
+        (
+            "docs/how-it-works.md",
+            include_str!("../../../docs/how-it-works.md"),
+        ),
+        (
+            "docs/building.md",
+            include_str!("../../../docs/building.md"),
+        ),
+    ];
+
+    /// The workspace root, where the paths of [`DOCS`] start.
+    fn workspace_root() -> &'static Path {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .expect("tracer is inside the workspace")
+    }
+
     #[test]
     fn every_example_in_the_help_and_the_readme_parses() {
         let help = [
@@ -371,13 +411,16 @@ mod tests {
             .get_after_help()
             .map(|h| h.to_string())
             .unwrap_or_default();
-        let readme = include_str!("../../../README.md");
+        // The README and the pages under docs/ (CONTRIBUTING.md shows no tracer command).
+        let docs = DOCS
+            .iter()
+            .filter(|(path, _)| *path == "README.md" || path.starts_with("docs/"));
         let mut checked = 0;
         for line in help
             .iter()
             .flat_map(|h| h.lines())
             .chain(top.lines())
-            .chain(readme.lines())
+            .chain(docs.flat_map(|(_, text)| text.lines()))
         {
             let Some(args) = example_args(line) else {
                 continue;
@@ -388,6 +431,181 @@ mod tests {
             checked += 1;
         }
         assert!(checked >= 25, "only {checked} examples found");
+    }
+
+    /// The lines of a markdown text outside fenced code blocks.
+    fn prose_lines(text: &str) -> impl Iterator<Item = &str> {
+        let mut fenced = false;
+        text.lines().filter(move |line| {
+            if line.trim_start().starts_with("```") {
+                fenced = !fenced;
+                return false;
+            }
+            !fenced
+        })
+    }
+
+    /// The targets of the relative links of a markdown text (`[text](target)` and images),
+    /// outside code blocks and code spans; links with a scheme (`https:`) are left out.
+    fn relative_links(text: &str) -> Vec<String> {
+        let mut links = Vec::new();
+        for line in prose_lines(text) {
+            let mut in_code = false;
+            let outside_code: String = line
+                .chars()
+                .filter(|&c| {
+                    if c == '`' {
+                        in_code = !in_code;
+                    }
+                    !in_code && c != '`'
+                })
+                .collect();
+            let mut rest = outside_code.as_str();
+            while let Some(at) = rest.find("](") {
+                rest = &rest[at + 2..];
+                let target = rest.split(')').next().unwrap_or_default().trim();
+                if !target.contains("://") && !target.starts_with("mailto:") {
+                    links.push(target.to_string());
+                }
+            }
+        }
+        links
+    }
+
+    /// GitHub's anchor for a heading: lowercase, spaces to '-', punctuation dropped
+    /// but '-' and '_'.
+    fn slug(heading: &str) -> String {
+        heading
+            .trim()
+            .to_lowercase()
+            .chars()
+            .filter_map(|c| match c {
+                ' ' => Some('-'),
+                '-' | '_' => Some(c),
+                c if c.is_alphanumeric() => Some(c),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The anchors of a markdown text's headings, as GitHub makes them (a repeated one
+    /// gets `-1`, `-2`...).
+    fn anchors(text: &str) -> Vec<String> {
+        let mut seen = std::collections::HashMap::new();
+        let mut anchors = Vec::new();
+        for line in prose_lines(text) {
+            let level = line.chars().take_while(|&c| c == '#').count();
+            let Some(heading) = line[level..].strip_prefix(' ') else {
+                continue;
+            };
+            if !(1..=6).contains(&level) {
+                continue;
+            }
+            let slug = slug(heading);
+            let times: &mut usize = seen.entry(slug.clone()).or_default();
+            anchors.push(match *times {
+                0 => slug,
+                n => format!("{slug}-{n}"),
+            });
+            *times += 1;
+        }
+        anchors
+    }
+
+    /// `path` without `.` and with each `..` taking the component before it away.
+    fn normalized(path: &Path) -> PathBuf {
+        let mut out = PathBuf::new();
+        for part in path.components() {
+            match part {
+                std::path::Component::CurDir => {}
+                std::path::Component::ParentDir => {
+                    out.pop();
+                }
+                part => out.push(part),
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn slugs_are_githubs() {
+        assert_eq!(
+            slug("A timeline (`--timeline FILE`)"),
+            "a-timeline---timeline-file"
+        );
+        assert_eq!(slug("Every task's wall time"), "every-tasks-wall-time");
+        assert_eq!(
+            slug("How it works, and what it costs"),
+            "how-it-works-and-what-it-costs"
+        );
+        assert_eq!(
+            anchors("# a\n```\n# not a heading\n```\n## a\n#no\n"),
+            ["a", "a-1"]
+        );
+        assert_eq!(
+            relative_links("[x](a.md#b) `[y](code.md)` [z](https://e.org) ![i](p.svg)"),
+            ["a.md#b", "p.svg"]
+        );
+    }
+
+    #[test]
+    fn every_relative_link_in_the_docs_resolves() {
+        let root = workspace_root();
+        let mut listed: Vec<PathBuf> = DOCS.iter().map(|(path, _)| PathBuf::from(path)).collect();
+        listed.sort();
+        let mut pages: Vec<PathBuf> = std::fs::read_dir(root.join("docs"))
+            .expect("docs/ is there")
+            .map(|entry| entry.expect("docs/ can be read").path())
+            .filter(|path| path.extension().is_some_and(|e| e == "md"))
+            .map(|path| {
+                path.strip_prefix(root)
+                    .expect("under the root")
+                    .to_path_buf()
+            })
+            .chain(["README.md", "CONTRIBUTING.md"].map(PathBuf::from))
+            .collect();
+        pages.sort();
+        assert_eq!(
+            listed, pages,
+            "every page of docs/ needs its include_str! in DOCS"
+        );
+
+        let mut broken = Vec::new();
+        let mut checked = 0;
+        for (page, text) in DOCS {
+            let dir = Path::new(page).parent().expect("a file has a parent");
+            for link in relative_links(text) {
+                checked += 1;
+                let (file, anchor) = link.split_once('#').unwrap_or((link.as_str(), ""));
+                let target = match file {
+                    "" => PathBuf::from(page),
+                    file => normalized(&dir.join(file)),
+                };
+                if !root.join(&target).exists() {
+                    broken.push(format!("{page}: {link}: no file {}", target.display()));
+                    continue;
+                }
+                if anchor.is_empty() {
+                    continue;
+                }
+                let Some((_, target_text)) =
+                    DOCS.iter().find(|(p, _)| Path::new(p) == target.as_path())
+                else {
+                    broken.push(format!(
+                        "{page}: {link}: an anchor into a file that is not a page"
+                    ));
+                    continue;
+                };
+                if !anchors(target_text).iter().any(|a| a == anchor) {
+                    broken.push(format!(
+                        "{page}: {link}: no heading #{anchor} in {}",
+                        target.display()
+                    ));
+                }
+            }
+        }
+        assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
+        assert!(checked >= 50, "only {checked} links found");
     }
 
     /// `tracer profile ARGS`, validated (the tests in `profile.rs` use it too).
