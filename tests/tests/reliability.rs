@@ -1688,6 +1688,18 @@ fn assert_repaired_by_the_next_start(
     sites: &ProbeSites,
     objects: &TracerObjects,
 ) -> bool {
+    assert_repaired_by_a_start(case, target, sites, objects, true)
+}
+
+/// [`assert_repaired_by_the_next_start`]; with `says_so` false, the release may be
+/// another test's tracer's (any start repairs), whose words this test cannot read.
+fn assert_repaired_by_a_start(
+    case: &str,
+    target: Target,
+    sites: &ProbeSites,
+    objects: &TracerObjects,
+    says_so: bool,
+) -> bool {
     thread::sleep(Duration::from_secs(1));
     assert!(
         running(target.pid),
@@ -1705,7 +1717,7 @@ fn assert_repaired_by_the_next_start(
     ]);
     let stderr = String::from_utf8_lossy(&next.stderr);
     assert!(next.status.success(), "{case}: the next tracer: {stderr}");
-    if left {
+    if left && says_so {
         assert!(
             stderr.contains("left its probes attached: released"),
             "{case}: the next tracer found the probes left and said nothing: {stderr}"
@@ -1759,7 +1771,7 @@ fn killing_the_tracer_and_its_keeper_together_never_harms_the_target() {
 /// certain here by pinning a running tracer's links where a keeper would have, then
 /// killing tracer and keeper. The pins are named after a stand-in process, so that the
 /// tracers other tests start meanwhile take them for a live keeper's; once it is gone,
-/// the next start releases them.
+/// the next start (this test's or another's) releases them.
 #[test]
 #[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn the_next_start_releases_what_a_keeper_killed_while_releasing_left() {
@@ -1809,7 +1821,8 @@ fn the_next_start_releases_what_a_keeper_killed_while_releasing_left() {
     );
     stand_in.kill().unwrap();
     stand_in.wait().unwrap();
-    assert_repaired_by_the_next_start(case, target, &sites, &objects);
+    // From here any test's tracer may be the first to start, and release them.
+    assert_repaired_by_a_start(case, target, &sites, &objects, false);
     assert!(!dir.exists(), "{case}: the pins directory is left");
 }
 
