@@ -809,6 +809,54 @@ fn profile_follows_forked_children() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// `--group-by name`: the server and its forked children run one program, so every
+/// stack is under one root frame, the program's name, and the children's blocked time
+/// adds up there.
+#[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+fn profile_grouped_by_name_puts_a_server_and_its_children_in_one_tower() {
+    require_privileged();
+    let dir = out_dir("services-profile-by-name");
+    let server = start_server(SERVER, &server_args(3, 2, 0, 2, 300));
+    let pid = server.pid.to_string();
+    let tracer = Running::start(&[
+        "profile",
+        "--pid",
+        &pid,
+        "--children",
+        "--group-by",
+        "name",
+        "-d",
+        SAFETY_DURATION,
+        "-o",
+        dir.to_str().unwrap(),
+    ]);
+    server.release();
+    let truth = Truth::parse(server.finish());
+    let (ok, out, stderr) = tracer.finish();
+    assert!(ok, "tracer profile failed:\n{stderr}\n{out}");
+    let wall = std::fs::read_to_string(dir.join("wallclock.folded")).unwrap();
+    let roots: BTreeSet<&str> = wall
+        .lines()
+        .filter(|l| !l.is_empty())
+        .map(root_frame)
+        .collect();
+    assert_eq!(
+        roots,
+        BTreeSet::from(["forking-server"]),
+        "one tower for the server and its children:\n{wall}"
+    );
+    let blocked = folded_weight_where(&wall, |stack| {
+        has_frame(stack, "forking_server::child_blocks_in_read")
+    }) as f64;
+    let true_us = truth.children.iter().map(|c| c.blocked_ns).sum::<u64>() as f64 / 1000.0;
+    assert!(
+        blocked >= 0.8 * true_us && blocked <= 1.2 * true_us,
+        "the children blocked {blocked} us in child_blocks_in_read, their clocks say {true_us} us\n{wall}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 #[test]
 #[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn trace_count_with_children_counts_what_bpftrace_and_the_server_count() {

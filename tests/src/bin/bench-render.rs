@@ -37,7 +37,7 @@ use inferno::flamegraph::{self, color::BasicPalette};
 use tests::{Args, json_array, print_line};
 use tracer::output::render::flamegraph::{FoldedStacks, Palette, SvgOptions, write_flamegraph_svg};
 use tracer::output::render::write_folded_view;
-use tracer::profile::wallclock::{BuildOptions, RawProfile, build_profile};
+use tracer::profile::wallclock::{BuildOptions, GroupBy, RawProfile, build_profile};
 use tracer::stack::naming::StackSource;
 use tracer::stack::processes::Processes;
 use tracer::stack::symbolize::StackSymbolizer;
@@ -347,6 +347,7 @@ fn main() -> Result<()> {
                 BuildOptions {
                     frequency_hz: 99,
                     per_thread: false,
+                    group_by: GroupBy::Process,
                 },
                 &profile.stacks,
                 &mut symbolizer,

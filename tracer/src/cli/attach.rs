@@ -8,7 +8,7 @@ use clap::Args;
 use super::parse::parse_duration;
 use super::{ConfigError, Format, MapSizeArgs, SamplingArgs, TargetArgs, map_sizes};
 use crate::profile::sampling::Sampling;
-use crate::{kernel::MapSizes, target::TargetSpec};
+use crate::{kernel::MapSizes, profile::wallclock::GroupBy, target::TargetSpec};
 
 #[derive(Debug, Args)]
 pub struct AttachArgs {
@@ -34,6 +34,11 @@ pub struct AttachArgs {
     /// Put each thread under its own root frame in the flamegraph.
     #[arg(long)]
     pub per_thread: bool,
+    /// Which processes share a tower in the flame graphs: `process` (one each, rooted
+    /// at `name [pid]`) or `name` (every process running the same program, rooted at its
+    /// name: eight PostgreSQL backends make one tower).
+    #[arg(long, value_enum, default_value_t = GroupBy::Process, value_name = "BY")]
+    pub group_by: GroupBy,
     /// Stop the process each time it loads a library (SIGSTOP, then SIGCONT), until the
     /// library's probes are attached, so not even the first hits of its initialization
     /// are missed. The process can see the stop: its shell's job control, a SIGCONT
@@ -97,6 +102,7 @@ pub struct AttachConfig {
     pub min_block: Duration,
     pub latencies: Vec<LatencyRequest>,
     pub per_thread: bool,
+    pub group_by: GroupBy,
     /// `--timeline FILE` and `--timeline-min-block`.
     pub timeline: Option<TimelineConfig>,
     pub format: Format,
@@ -138,6 +144,7 @@ impl TryFrom<AttachArgs> for AttachConfig {
                 .map(|l| parse_latency(l))
                 .collect::<Result<_, _>>()?,
             per_thread: args.per_thread,
+            group_by: args.group_by,
             timeline: match args.timeline {
                 Some(path) => Some(TimelineConfig {
                     path,

@@ -94,6 +94,7 @@ pub const TRACE_EXAMPLES: &str = "Examples:
 pub const PROFILE_EXAMPLES: &str = "Examples:
   sudo tracer profile --pid 4242 -d 10s -o prof/
   sudo tracer profile --comm python3.11 --per-thread
+  sudo tracer profile --comm postgres --group-by name -d 30s
   sudo tracer profile -F 499 -d 5s";
 pub const STACKS_EXAMPLES: &str = "Examples:
   sudo tracer stacks --pid 4242

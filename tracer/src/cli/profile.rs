@@ -7,7 +7,7 @@ use clap::Args;
 use super::parse::parse_duration;
 use super::{ConfigError, MapSizeArgs, SamplingArgs, TargetArgs, map_sizes};
 use crate::profile::sampling::Sampling;
-use crate::{kernel::MapSizes, target::TargetSpec};
+use crate::{kernel::MapSizes, profile::wallclock::GroupBy, target::TargetSpec};
 
 #[derive(Debug, Args)]
 pub struct ProfileArgs {
@@ -24,6 +24,11 @@ pub struct ProfileArgs {
     /// Put each thread under its own frame, below the process.
     #[arg(long)]
     pub per_thread: bool,
+    /// Which processes share a tower in the flame graphs: `process` (one each, rooted
+    /// at `name [pid]`) or `name` (every process running the same program, rooted at its
+    /// name: eight PostgreSQL backends make one tower).
+    #[arg(long, value_enum, default_value_t = GroupBy::Process, value_name = "BY")]
+    pub group_by: GroupBy,
     #[command(flatten)]
     pub sampling: SamplingArgs,
     #[command(flatten)]
@@ -41,6 +46,7 @@ pub struct ProfileConfig {
     pub duration: Option<Duration>,
     pub min_block: Duration,
     pub per_thread: bool,
+    pub group_by: GroupBy,
     pub sampling: Sampling,
     pub map_sizes: MapSizes,
     pub output_dir: PathBuf,
@@ -55,6 +61,7 @@ impl TryFrom<ProfileArgs> for ProfileConfig {
             duration: args.duration.as_deref().map(parse_duration).transpose()?,
             min_block: parse_duration(&args.min_block)?,
             per_thread: args.per_thread,
+            group_by: args.group_by,
             sampling: Sampling::try_from(&args.sampling)?,
             map_sizes: map_sizes(&args.maps)?,
             output_dir: args

@@ -139,6 +139,7 @@ pub fn run(config: ProfileConfig) -> Result<()> {
         now,
         ViewOptions {
             per_thread: config.per_thread,
+            group_by: config.group_by,
             min_block: config.min_block,
             // No task probes are attached.
             task_names: Default::default(),

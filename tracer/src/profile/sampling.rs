@@ -19,7 +19,7 @@ use crate::{
     },
     profile::threads::{self, SnapshotOptions, ThreadState},
     profile::wallclock::{
-        self, BuildOptions, FIRST_SEEDED_ID, RawProfile, TaskEntries, WallClockProfile,
+        self, BuildOptions, FIRST_SEEDED_ID, GroupBy, RawProfile, TaskEntries, WallClockProfile,
     },
     stack::jit::JvmPerfMaps,
     stack::naming::{FRAME_POINTER_SUFFIX, KERNEL_SUFFIX, StackSource},
@@ -91,6 +91,8 @@ pub struct WallClockSampler {
 pub struct ViewOptions {
     /// A `name [tid]` frame for each thread, under its process.
     pub per_thread: bool,
+    /// Which processes share a root frame (`--group-by`).
+    pub group_by: GroupBy,
     /// Off-CPU intervals shorter than this are left out (`--min-block`).
     pub min_block: Duration,
     /// The runtime tasks whose time the threads spent, named (see
@@ -312,6 +314,7 @@ impl WallClockSampler {
         let options = BuildOptions {
             frequency_hz: self.sampling.frequency_hz,
             per_thread: view.per_thread,
+            group_by: view.group_by,
         };
         // Only a DWARF-unwound profile tells frames found by frame pointers apart.
         let profile = match &unwound {

@@ -10,7 +10,9 @@ use tracer_common::{TaskId, TaskKey, TaskName, TaskState, TaskTotal, task_phase}
 
 use crate::{
     profile::wallclock::{TASK_PARKED_FRAME, TaskWallTime},
-    stack::naming::{StackProfile, StackSource, Weight, process_frame, user_stack_frames},
+    stack::naming::{
+        ProcessRoot, StackProfile, StackSource, Weight, process_frame, user_stack_frames,
+    },
     stack::processes::Processes,
     stack::symbolize::StackSymbolizer,
 };
@@ -181,14 +183,14 @@ pub struct TaskNames {
 /// Builds the task profile: totals from the task probes' `times`, the running time's
 /// split from `wall` (the wall-clock profile's part under tasks: its view and times),
 /// and the parked stacks of each process named with its mappings in `processes`, under
-/// its root frame (`name [pid]` when `several` processes are traced).
+/// its root frame (see [`ProcessRoot`]).
 #[allow(clippy::too_many_arguments)]
 pub fn build_profile(
     times: &[(TaskKey, TaskTotal)],
     names: &TaskNames,
     wall_view: &StackProfile,
     wall_times: &HashMap<(u32, u64), TaskWallTime>,
-    several: bool,
+    root: ProcessRoot,
     stacks: &impl StackSource,
     symbolizer: &mut StackSymbolizer,
     processes: &Processes,
@@ -237,7 +239,7 @@ pub fn build_profile(
         summary.parks += total.count;
         summary.longest_park_ns = summary.longest_park_ns.max(total.max_ns);
         let mut frames = vec![
-            process_frame(processes, key.tgid, several),
+            process_frame(processes, key.tgid, root),
             summary.name.clone(),
         ];
         frames.extend(stack_names[&(key.tgid, key.stack_id)].iter().cloned());
@@ -323,7 +325,7 @@ mod tests {
             &names,
             &StackProfile::default(),
             &wall_times,
-            false,
+            ProcessRoot::Name,
             &NoStacks,
             &mut StackSymbolizer::new(),
             &processes,

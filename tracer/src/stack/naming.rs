@@ -251,14 +251,26 @@ impl StackSource for Loader {
     }
 }
 
-/// The root frame of process `tgid`'s stacks: its name, and its PID when the profile has
-/// `several` processes.
-pub fn process_frame(processes: &Processes, tgid: u32, several: bool) -> String {
-    let name = processes.get(tgid).map(|p| p.name.as_str());
-    match (name, several) {
-        (Some(name), false) => name.to_string(),
-        (Some(name), true) => format!("{name} [{tgid}]"),
-        (None, _) => format!("[pid {tgid}]"),
+/// How the root frame of a stack names its process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProcessRoot {
+    /// Its name alone: the only process.
+    Name,
+    /// `name [pid]`: one process among several.
+    NameAndPid,
+    /// The program's name (`postgres`), shared by every process running it.
+    Program,
+}
+
+/// The root frame of process `tgid`'s stacks, as `root` says.
+pub fn process_frame(processes: &Processes, tgid: u32, root: ProcessRoot) -> String {
+    let Some(process) = processes.get(tgid) else {
+        return format!("[pid {tgid}]");
+    };
+    match root {
+        ProcessRoot::Name => process.name.clone(),
+        ProcessRoot::NameAndPid => format!("{} [{tgid}]", process.name),
+        ProcessRoot::Program => process.program.clone(),
     }
 }
 

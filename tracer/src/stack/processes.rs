@@ -16,7 +16,10 @@ fn read_name(path: &str) -> io::Result<String> {
 /// exited before we could read them: its user stacks stay unnamed).
 #[derive(Debug)]
 pub struct ProcessInfo {
+    /// Its title if it gave itself one (`postgres: walwriter`), else its program's name.
     pub name: String,
+    /// The name of the program it runs (its `comm`: `postgres`).
+    pub program: String,
     pub maps: Option<ProcessMaps>,
     /// Its PID in its own PID namespace, when that is below ours (a container's).
     pub namespace_pid: Option<u32>,
@@ -74,14 +77,15 @@ impl Processes {
                 && info.name.starts_with("[pid ")
             {
                 info.name = name.to_string();
+                info.program = name.to_string();
             }
             return;
         }
-        let (name, title_tries) = match read_name(&format!("/proc/{tgid}/comm")) {
-            Ok(comm) => name_of(tgid, comm),
+        let (program, (name, title_tries)) = match read_name(&format!("/proc/{tgid}/comm")) {
+            Ok(comm) => (comm.clone(), name_of(tgid, comm)),
             Err(_) => match known_name {
-                Some(name) if !name.is_empty() => (name.to_string(), 0),
-                _ => (format!("[pid {tgid}]"), 0),
+                Some(name) if !name.is_empty() => (name.to_string(), (name.to_string(), 0)),
+                _ => (format!("[pid {tgid}]"), (format!("[pid {tgid}]"), 0)),
             },
         };
         let maps = ProcessMaps::capture(tgid).ok();
@@ -91,6 +95,7 @@ impl Processes {
             tgid,
             ProcessInfo {
                 name,
+                program,
                 maps,
                 namespace_pid,
                 title_tries,
@@ -106,13 +111,17 @@ impl Processes {
             return;
         }
         self.observe(tgid);
-        let parent_name = self.processes.get(&parent).map(|p| p.name.clone());
+        let parent_names = self
+            .processes
+            .get(&parent)
+            .map(|p| (p.name.clone(), p.program.clone()));
         if let Some(info) = self.processes.get_mut(&tgid)
             && info.maps.is_none()
         {
             info.maps = ProcessMaps::capture(parent).ok();
-            if let Some(name) = parent_name.filter(|_| info.name.starts_with("[pid ")) {
+            if let Some((name, program)) = parent_names.filter(|_| info.name.starts_with("[pid ")) {
                 info.name = name;
+                info.program = program;
             }
         }
     }
@@ -126,10 +135,12 @@ impl Processes {
     /// what kept them from being read.
     pub fn observe_target(&mut self, tgid: u32) -> io::Result<&ProcessInfo> {
         let maps = ProcessMaps::capture(tgid)?;
-        let (name, title_tries) = name_of(tgid, read_name(&format!("/proc/{tgid}/comm"))?);
+        let program = read_name(&format!("/proc/{tgid}/comm"))?;
+        let (name, title_tries) = name_of(tgid, program.clone());
         self.threads.refresh(tgid);
         let info = ProcessInfo {
             name,
+            program,
             maps: Some(maps),
             namespace_pid: procfs::namespace_pid(tgid),
             title_tries,

@@ -100,8 +100,10 @@ pub(super) fn collect(
             &input.names,
             &wall.tasks,
             &wall.task_time,
-            // As the wall-clock views name their roots: by pid with several processes.
-            wall.processes > 1 || several_processes(&input.times),
+            // As the wall-clock views name their roots.
+            config
+                .group_by
+                .root(wall.processes > 1 || several_processes(&input.times)),
             loader,
             symbolizer,
             processes,

@@ -346,6 +346,7 @@ impl Run {
             now,
             ViewOptions {
                 per_thread: config.per_thread,
+                group_by: config.group_by,
                 min_block: config.min_block,
                 task_names: tasks
                     .as_ref()

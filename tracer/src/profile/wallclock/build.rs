@@ -47,7 +47,7 @@ pub fn build_profile(
         stacks,
         symbolizer,
         processes,
-        options.per_thread,
+        options,
     );
     let task_frames = TaskFrames::new(&mut namer.table, &raw.tasks, &task_offcpu);
     // The wall view is built on a thread of its own meanwhile: each key's stack takes a
@@ -135,7 +135,7 @@ fn name_stacks(
     stacks: &impl StackSource,
     symbolizer: &mut StackSymbolizer,
     processes: &Processes,
-    per_thread: bool,
+    options: BuildOptions,
 ) -> Namer {
     let keys: Vec<OffCpuKey> = raw
         .oncpu
@@ -145,7 +145,14 @@ fn name_stacks(
         .chain(raw.tasks.oncpu.iter().map(|(_, k, _)| *k))
         .chain(task_offcpu.keys().map(|(_, k)| *k))
         .collect();
-    Namer::new(&keys, stacks, symbolizer, processes, per_thread)
+    Namer::new(
+        &keys,
+        stacks,
+        symbolizer,
+        processes,
+        options.per_thread,
+        options.group_by,
+    )
 }
 
 /// The weight of `samples` on-CPU samples: each stands for one sampling period.
@@ -310,6 +317,8 @@ mod tests {
 
     use tracer_common::{NO_STACK, OffCpuStart, OffCpuTotal};
 
+    use crate::profile::wallclock::GroupBy;
+
     use super::super::{
         BEFORE_START_FRAME, OFF_CPU_FRAME, RUNNABLE_FRAME, TaskEntries, thread_table,
     };
@@ -394,6 +403,7 @@ mod tests {
             BuildOptions {
                 frequency_hz: 100,
                 per_thread: true,
+                group_by: GroupBy::Process,
             },
             &stacks,
             &mut symbolizer,
@@ -487,6 +497,7 @@ mod tests {
             let options = BuildOptions {
                 frequency_hz: 99,
                 per_thread: false,
+                group_by: GroupBy::Process,
             };
             build_profile(
                 &raw,

@@ -21,7 +21,7 @@ use std::collections::HashMap;
 
 use tracer_common::{OffCpuKey, OffCpuStart, OffCpuTotal, OnCpuKey};
 
-use crate::stack::naming::StackProfile;
+use crate::stack::naming::{ProcessRoot, StackProfile};
 
 mod build;
 mod namer;
@@ -232,11 +232,35 @@ impl<'a> OpenIntervals<'a> {
     }
 }
 
+/// Which processes share a tower of the flame graphs (`--group-by`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum GroupBy {
+    /// One tower per process, its root `name [pid]` when there are several.
+    #[default]
+    Process,
+    /// One tower per program: every process running it (eight PostgreSQL backends),
+    /// under the program's name, whatever title each gave itself.
+    Name,
+}
+
+impl GroupBy {
+    /// How the root frames name the processes of a profile of `several` or one.
+    pub fn root(self, several: bool) -> ProcessRoot {
+        match (self, several) {
+            (GroupBy::Name, _) => ProcessRoot::Program,
+            (GroupBy::Process, true) => ProcessRoot::NameAndPid,
+            (GroupBy::Process, false) => ProcessRoot::Name,
+        }
+    }
+}
+
 /// How to build the views.
 #[derive(Debug, Clone, Copy)]
 pub struct BuildOptions {
     pub frequency_hz: u64,
     pub per_thread: bool,
+    /// Which processes share a root frame (`--group-by`).
+    pub group_by: GroupBy,
 }
 
 #[cfg(test)]

@@ -10,6 +10,7 @@ use tracer_common::{
     offcpu_state,
 };
 
+use super::GroupBy;
 use super::python::{PythonFrameKind, PythonState};
 use super::{
     BEFORE_START_FRAME, NOT_SAMPLED_FRAME, OFF_CPU_FRAME, RUNNABLE_FRAME, TRUNCATED_FRAME,
@@ -52,6 +53,7 @@ impl Namer {
         symbolizer: &mut StackSymbolizer,
         processes: &Processes,
         per_thread: bool,
+        group_by: GroupBy,
     ) -> Self {
         let named = |id: i32| id != NO_STACK && id != STACK_BEFORE_START;
         let mut user_ids: BTreeMap<u32, Vec<i32>> = BTreeMap::new();
@@ -89,16 +91,16 @@ impl Namer {
         });
         // Every frame a stack can have is interned here, so that naming a stack only
         // reads, and the views can be built on two threads. With more than one process,
-        // each root frame says which (`name [pid]`).
+        // each root frame says which (`name [pid]`), unless grouped by name.
         let mut tgids = keys.iter().map(|k| k.tgid);
         let first = tgids.next();
-        let several = tgids.any(|t| Some(t) != first);
+        let root = group_by.root(tgids.any(|t| Some(t) != first));
         let mut process_frames = foldhash::HashMap::default();
         let mut thread_frames = foldhash::HashMap::default();
         for key in keys {
             process_frames
                 .entry(key.tgid)
-                .or_insert_with(|| table.intern(&process_frame(processes, key.tgid, several)));
+                .or_insert_with(|| table.intern(&process_frame(processes, key.tgid, root)));
             if per_thread {
                 thread_frames.entry(key.tid).or_insert_with(|| {
                     let name = processes.thread_name(key.tid).unwrap_or("?");

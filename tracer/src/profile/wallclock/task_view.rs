@@ -123,6 +123,7 @@ mod tests {
 
     use tracer_common::{KERNEL_STACK_NOT_SAMPLED, NO_STACK, OffCpuStart, OffCpuTotal};
 
+    use super::super::GroupBy;
     use super::super::{BuildOptions, RawProfile, build_profile};
     use crate::stack::naming::StackSource;
     use crate::stack::processes::Processes;
@@ -198,6 +199,7 @@ mod tests {
             BuildOptions {
                 frequency_hz: 100,
                 per_thread: false,
+                group_by: GroupBy::Process,
             },
             &stacks,
             &mut StackSymbolizer::new(),
