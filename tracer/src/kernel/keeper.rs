@@ -293,29 +293,41 @@ impl Drop for LinkKeeper {
 
 /// Continues the keeper if a signal stopped it, and says so once.
 pub fn continue_if_stopped(pid: u32) {
-    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
     if matches!(crate::system::procfs::process_state(pid), Some('T' | 't')) {
-        // SAFETY: kill has no memory preconditions.
-        unsafe { libc::kill(pid as libc::pid_t, libc::SIGCONT) };
-        if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
-            log::warn!("the link keeper (process {pid}) was stopped by a signal: continued it");
-        }
+        continue_keeper(pid);
+    }
+}
+
+/// Continues the keeper `pid`, stopped by a signal, and says so once.
+fn continue_keeper(pid: u32) {
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    // SAFETY: kill has no memory preconditions.
+    unsafe { libc::kill(pid as libc::pid_t, libc::SIGCONT) };
+    if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        log::warn!("the link keeper (process {pid}) was stopped by a signal: continued it");
     }
 }
 
 /// Watches the keeper `pid` while a trace runs: continues it whenever a signal stops it,
 /// and ends with [`crate::system::stop::StopReason::KeeperKilled`] once it is gone (its links
 /// stay pinned and working until the stop releases them). Pending forever without one.
+/// The keeper is our child: the kernel's SIGCHLD tells of its stop or its death, and its
+/// state is read then, and once a second in case a signal was merged with another.
 pub async fn watch(pid: Option<u32>) -> io::Result<crate::system::stop::StopReason> {
     let Some(pid) = pid else {
         return std::future::pending().await;
     };
-    let mut ticker = tokio::time::interval(std::time::Duration::from_millis(50));
+    let mut children = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child())?;
+    let mut ticker = tokio::time::interval(std::time::Duration::from_secs(1));
     loop {
-        ticker.tick().await;
+        tokio::select! {
+            _ = children.recv() => {}
+            _ = ticker.tick() => {}
+        }
         match crate::system::procfs::process_state(pid) {
             None | Some('Z' | 'X') => return Ok(crate::system::stop::StopReason::KeeperKilled),
-            Some(_) => continue_if_stopped(pid),
+            Some('T' | 't') => continue_keeper(pid),
+            Some(_) => {}
         }
     }
 }
