@@ -188,12 +188,20 @@ fn maps_are_watched(tgid: u32) -> bool {
     is_traced(tgid, target_filter::USDT)
 }
 
-/// Records a traced process in `HELD` for user space to look at its maps, leaving a hold
-/// already recorded as it is.
+/// Records the current process, when its maps are watched, in `HELD` for user space to
+/// look at them, leaving a hold already recorded as it is.
 #[inline(always)]
-fn look_at_maps(tgid: u32) {
-    // BPF_NOEXIST: a process stopped at `dlopen` stays recorded as stopped.
-    let _ = crate::HELD.insert(&tgid, &held::LOOK, BPF_NOEXIST);
+fn look_at_current_maps() {
+    if crate::stopped() {
+        return;
+    }
+    let Some((tgid, _)) = current_ids() else {
+        return;
+    };
+    if maps_are_watched(tgid) {
+        // BPF_NOEXIST: a process stopped at `dlopen` stays recorded as stopped.
+        let _ = crate::HELD.insert(&tgid, &held::LOOK, BPF_NOEXIST);
+    }
 }
 
 /// `BPF_NOEXIST`: insert only a new key.
@@ -209,9 +217,6 @@ const SYSCALL_EXIT_RET_OFFSET: usize = 16;
 /// The protection is the syscall's third argument, in the registers saved at its entry.
 #[inline(always)]
 pub fn on_code_mapped(ctx: &TracePointContext) {
-    if crate::stopped() {
-        return;
-    }
     // SAFETY: the record of sys_exit_mmap holds `ret` at this offset.
     let Ok(address) = (unsafe { ctx.read_at::<i64>(SYSCALL_EXIT_RET_OFFSET) }) else {
         return;
@@ -225,14 +230,8 @@ pub fn on_code_mapped(ctx: &TracePointContext) {
     let saved = unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) } as *const pt_regs;
     // SAFETY: the load is checked at load time and guarded against faults.
     let prot = unsafe { core::ptr::read_volatile(core::ptr::addr_of!((*saved).rdx)) };
-    if prot & PROT_EXEC == 0 {
-        return;
-    }
-    let Some((tgid, _)) = current_ids() else {
-        return;
-    };
-    if maps_are_watched(tgid) {
-        look_at_maps(tgid);
+    if prot & PROT_EXEC != 0 {
+        look_at_current_maps();
     }
 }
 
@@ -240,15 +239,7 @@ pub fn on_code_mapped(ctx: &TracePointContext) {
 /// mapped (with its loader) without a `mmap` call: user space looks at its maps.
 #[inline(always)]
 pub fn on_program_started() {
-    if crate::stopped() {
-        return;
-    }
-    let Some((tgid, _)) = current_ids() else {
-        return;
-    };
-    if maps_are_watched(tgid) {
-        look_at_maps(tgid);
-    }
+    look_at_current_maps();
 }
 
 /// `sched_process_fork(parent, child)`, run by the parent: a process forked by a target
