@@ -63,23 +63,14 @@ const PERF_DATA: &str = "perf.data";
 
 /// Figure 3's off-CPU script, on every task named `postgres` instead of one PID. `comm`
 /// is the name of the task leaving the CPU; the time is summed when it comes back.
-const BPFTRACE_OFFCPU_POSTGRES: &str = r#"
-BEGIN { printf("bench: attached\n"); }
-tracepoint:sched:sched_switch
-{
-  if (comm == "postgres") {
-    @start[tid] = nsecs;
-    @ustk[tid] = ustack;
-    @kstk[tid] = kstack;
-  }
-  $t = @start[args->next_pid];
-  if ($t != 0) {
-    @off[@ustk[args->next_pid], @kstk[args->next_pid]] = sum(nsecs - $t);
-    delete(@start[args->next_pid]);
-  }
+fn bpftrace_offcpu_postgres() -> String {
+    let script = super::fig3_offcpu_pingpong::BPFTRACE_OFFCPU;
+    assert!(
+        script.contains("pid == $1"),
+        "figure 3's script filters by pid"
+    );
+    script.replace("pid == $1", "comm == \"postgres\"")
 }
-END { clear(@start); clear(@ustk); clear(@kstk); }
-"#;
 
 /// The kinds of run: untraced, then one per tool, in the order of [`tools`].
 const UNTRACED: usize = 0;
@@ -377,7 +368,7 @@ fn tools(postmaster: u32, out_dir: &Path, seconds: u64) -> Vec<TracingTool> {
         TracingTool {
             label: "bpftrace sched_switch stacks",
             program: "bpftrace".into(),
-            args: strings(&["-e", BPFTRACE_OFFCPU_POSTGRES]),
+            args: strings(&["-e", &bpftrace_offcpu_postgres()]),
             ready: (Stream::Stdout, BPFTRACE_ATTACHED),
             output: Output::BpftraceMap,
         },
@@ -932,6 +923,6 @@ mod tests {
 
     #[test]
     fn the_bpftrace_script_announces_its_attach() {
-        assert!(BPFTRACE_OFFCPU_POSTGRES.contains(BPFTRACE_ATTACHED));
+        assert!(bpftrace_offcpu_postgres().contains(BPFTRACE_ATTACHED));
     }
 }
