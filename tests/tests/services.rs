@@ -779,27 +779,40 @@ fn from_the_host_processes_in_a_pid_namespace_show_their_namespace_pids() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// `tracer profile --pid SERVER --children EXTRA -o DIR` over a run of the server with
+/// `server_args`: the server's truth, and the tracer's standard output and error.
+fn profile_server(dir: &Path, server_args: &[String], extra: &[&str]) -> (Truth, String, String) {
+    let server = start_server(SERVER, server_args);
+    let pid = server.pid.to_string();
+    let dir = dir.to_str().unwrap();
+    let args = [
+        &[
+            "profile",
+            "--pid",
+            &pid,
+            "--children",
+            "-d",
+            SAFETY_DURATION,
+            "-o",
+            dir,
+        ][..],
+        extra,
+    ]
+    .concat();
+    let tracer = Running::start(&args);
+    server.release();
+    let truth = Truth::parse(server.finish());
+    let (ok, out, stderr) = tracer.finish();
+    assert!(ok, "tracer profile failed:\n{stderr}\n{out}");
+    (truth, out, stderr)
+}
+
 #[test]
 #[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn profile_follows_forked_children() {
     require_privileged();
     let dir = out_dir("services-profile");
-    let server = start_server(SERVER, &server_args(2, 3, 0, 2, 300));
-    let pid = server.pid.to_string();
-    let tracer = Running::start(&[
-        "profile",
-        "--pid",
-        &pid,
-        "--children",
-        "-d",
-        SAFETY_DURATION,
-        "-o",
-        dir.to_str().unwrap(),
-    ]);
-    server.release();
-    let truth = Truth::parse(server.finish());
-    let (ok, out, stderr) = tracer.finish();
-    assert!(ok, "tracer profile failed:\n{stderr}\n{out}");
+    let (truth, out, stderr) = profile_server(&dir, &server_args(2, 3, 0, 2, 300), &[]);
     let report = Report {
         json: Value::Null,
         stderr: format!("{stderr}\nstdout:\n{out}"),
@@ -817,24 +830,8 @@ fn profile_follows_forked_children() {
 fn profile_grouped_by_name_puts_a_server_and_its_children_in_one_tower() {
     require_privileged();
     let dir = out_dir("services-profile-by-name");
-    let server = start_server(SERVER, &server_args(3, 2, 0, 2, 300));
-    let pid = server.pid.to_string();
-    let tracer = Running::start(&[
-        "profile",
-        "--pid",
-        &pid,
-        "--children",
-        "--group-by",
-        "name",
-        "-d",
-        SAFETY_DURATION,
-        "-o",
-        dir.to_str().unwrap(),
-    ]);
-    server.release();
-    let truth = Truth::parse(server.finish());
-    let (ok, out, stderr) = tracer.finish();
-    assert!(ok, "tracer profile failed:\n{stderr}\n{out}");
+    let server_args = server_args(3, 2, 0, 2, 300);
+    let (truth, _, _) = profile_server(&dir, &server_args, &["--group-by", "name"]);
     let wall = std::fs::read_to_string(dir.join("wallclock.folded")).unwrap();
     let roots: BTreeSet<&str> = wall
         .lines()
