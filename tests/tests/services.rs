@@ -647,6 +647,46 @@ fn attach_follows_forked_children_latencies_processes_and_stacks() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// A tracer whose own process stalls (stopped here; on a loaded machine, descheduled)
+/// from the server's first fork until its children have exited and been reaped reads
+/// their stack snapshots only then: their stacks are named from the parent's mappings, of
+/// which theirs were a copy.
+#[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+fn children_gone_before_the_tracer_looked_are_named_from_their_parent() {
+    require_privileged();
+    let (n, k, block_ms) = (3, 4, 200);
+    let dir = out_dir("services-stalled");
+    let server = start_server(SERVER, &server_args(n, k, 0, 2, block_ms));
+    let pid = server.pid.to_string();
+    let tracer = Running::start(&[
+        "attach",
+        "--pid",
+        &pid,
+        "--children",
+        "-d",
+        SAFETY_DURATION,
+        "--format",
+        "json",
+        "-o",
+        dir.to_str().unwrap(),
+        "--latency",
+        PAIR,
+    ]);
+    let tracer_pid = tracer.pid() as i32;
+    // SAFETY: kill has no memory preconditions; the tracer is our child, not reaped.
+    unsafe { libc::kill(tracer_pid, libc::SIGSTOP) };
+    server.release();
+    std::thread::sleep(std::time::Duration::from_millis(block_ms + 300));
+    // SAFETY: as above.
+    unsafe { libc::kill(tracer_pid, libc::SIGCONT) };
+    let truth = Truth::parse(server.finish());
+    let report = tracer.finish_json(&dir);
+    assert_pairs(&report, &truth, &truth.all_pids(), "forking-server");
+    assert_folded_per_process(&report, &truth, "forking-server");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// The forking server and the tracer both in a new PID namespace (as in a container
 /// without `--pid=host`): the tracer takes and prints the namespace's PIDs, follows the
 /// forks by them, and counts every pair, by process, as the server numbers them.

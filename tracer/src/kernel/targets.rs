@@ -159,6 +159,17 @@ impl TargetsMap {
         pids
     }
 
+    /// The processes in the set forked from a target that have not executed another
+    /// program since, each with that parent.
+    pub fn forks(&self) -> Vec<(u32, u32)> {
+        self.map
+            .iter()
+            .flatten()
+            .filter(|(_, target)| target.forked_from != 0)
+            .map(|(pid, target)| (pid, target.forked_from))
+            .collect()
+    }
+
     /// Every process in the set, with the name it had when it joined.
     pub fn named(&self) -> Vec<(u32, String)> {
         let mut named: Vec<(u32, String)> = self

@@ -221,6 +221,10 @@ impl WallClockSampler {
             for (pid, name) in targets.named() {
                 processes.observe_named(pid, Some(&name));
             }
+            // Those seen first once gone are named from their parents' mappings.
+            for (pid, parent) in targets.forks() {
+                processes.observe_fork(pid, parent);
+            }
         }
         // System-wide, every process is known: names are read once a second.
         if !self.system_wide {
@@ -621,7 +625,7 @@ impl Unwinding {
             let Some(snapshot) = Snapshot::parse(record) else {
                 return;
             };
-            if !processes.knows(snapshot.tgid)
+            if processes.lacks_maps(snapshot.tgid)
                 && let Some(parent) = targets.and_then(|t| t.forked_from(snapshot.tgid))
             {
                 processes.observe_fork(snapshot.tgid, parent);

@@ -104,10 +104,11 @@ impl Processes {
     }
 
     /// [`Processes::observe`] for a process forked from `parent` that has not executed
-    /// another program since: gone already (a short-lived worker), its stacks are named
-    /// from its parent's mappings, of which its own were a copy.
+    /// another program since: gone already (a short-lived worker), or seen first once
+    /// gone, its stacks are named from its parent's mappings, of which its own were a
+    /// copy.
     pub fn observe_fork(&mut self, tgid: u32, parent: u32) {
-        if self.processes.contains_key(&tgid) {
+        if !self.lacks_maps(tgid) {
             return;
         }
         self.observe(tgid);
@@ -115,10 +116,14 @@ impl Processes {
             .processes
             .get(&parent)
             .map(|p| (p.name.clone(), p.program.clone()));
+        let parent_maps = match self.processes.get(&parent).and_then(|p| p.maps.as_ref()) {
+            Some(maps) => Some(maps.inherited_by(tgid)),
+            None => ProcessMaps::capture(parent).ok(),
+        };
         if let Some(info) = self.processes.get_mut(&tgid)
             && info.maps.is_none()
         {
-            info.maps = ProcessMaps::capture(parent).ok();
+            info.maps = parent_maps;
             if let Some((name, program)) = parent_names.filter(|_| info.name.starts_with("[pid ")) {
                 info.name = name;
                 info.program = program;
@@ -126,9 +131,9 @@ impl Processes {
         }
     }
 
-    /// Whether `tgid` was observed already.
-    pub fn knows(&self, tgid: u32) -> bool {
-        self.processes.contains_key(&tgid)
+    /// Whether `tgid` is unknown, or known without mappings to name its stacks by.
+    pub fn lacks_maps(&self, tgid: u32) -> bool {
+        self.processes.get(&tgid).is_none_or(|p| p.maps.is_none())
     }
 
     /// Captures the target `tgid` (its name, mappings and thread names), failing with

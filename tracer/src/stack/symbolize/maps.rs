@@ -52,7 +52,7 @@ pub(super) struct Mapping {
     pub(super) target: Target,
 }
 
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(super) struct MappedObject {
     /// Path as in the maps file, without ` (deleted)`.
     pub(super) path: String,
@@ -113,7 +113,7 @@ type DescriptorsByFile = HashMap<(String, u64), Option<u64>>;
 impl ProcessMaps {
     /// Reads `/proc/PID/maps` and opens every executable file mapped by `pid`.
     pub fn capture(pid: u32) -> io::Result<Self> {
-        let maps = fs::read_to_string(format!("/proc/{pid}/maps"))?;
+        let maps = read_maps(pid)?;
         let mut snapshot = Self {
             pid,
             mappings: Vec::new(),
@@ -128,6 +128,20 @@ impl ProcessMaps {
         Ok(snapshot)
     }
 
+    /// The mappings of a process forked from this one that is gone before they could be
+    /// read: at its fork they were a copy of these. It is marked exited, with no perf map
+    /// or JIT code of its own.
+    pub fn inherited_by(&self, child: u32) -> Self {
+        Self {
+            pid: child,
+            mappings: self.mappings.clone(),
+            objects: self.objects.clone(),
+            perf_map: PerfMapSource::default(),
+            gdb_jit: None,
+            exited: true,
+        }
+    }
+
     /// Re-reads the maps to pick up libraries loaded since (`dlopen`). Mappings that
     /// disappeared are kept unless new ones cover their addresses, so stacks recorded
     /// before a `dlclose` still resolve. Fails (leaving the snapshot as it was) once
@@ -137,7 +151,7 @@ impl ProcessMaps {
         if self.exited {
             return Err(io::Error::from_raw_os_error(libc::ESRCH));
         }
-        let maps = match fs::read_to_string(format!("/proc/{}/maps", self.pid)) {
+        let maps = match read_maps(self.pid) {
             Ok(maps) => maps,
             Err(e) => {
                 if is_gone(&e) {
@@ -369,6 +383,16 @@ fn overlaps_any(sorted: &[Mapping], start: u64, end: u64) -> bool {
 
 /// Whether `error`, reading a process's /proc files, means the process is gone (and
 /// not, say, that the tracer is out of file descriptors).
+/// `/proc/PID/maps`, failing with `ESRCH` when it is empty: a process that has exited
+/// (a zombie not yet reaped) has no memory left, and a kernel thread never had any.
+fn read_maps(pid: u32) -> io::Result<String> {
+    let maps = fs::read_to_string(format!("/proc/{pid}/maps"))?;
+    match maps.trim().is_empty() {
+        true => Err(io::Error::from_raw_os_error(libc::ESRCH)),
+        false => Ok(maps),
+    }
+}
+
 fn is_gone(error: &io::Error) -> bool {
     error.kind() == io::ErrorKind::NotFound || error.raw_os_error() == Some(libc::ESRCH)
 }
@@ -428,6 +452,26 @@ mod tests {
             }
         ));
         assert!(matches!(maps.locate(0x7fff00000000), Location::Vdso { .. }));
+    }
+
+    #[test]
+    fn a_zombie_has_no_mappings_to_capture_and_counts_as_gone() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("10")
+            .spawn()
+            .unwrap();
+        let mut maps = ProcessMaps::capture(child.id()).unwrap();
+        child.kill().unwrap();
+        // Not reaped: it stays a zombie, its /proc entry there, its maps empty.
+        let stat = format!("/proc/{}/stat", child.id());
+        while !fs::read_to_string(&stat).unwrap().contains(") Z ") {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        let error = ProcessMaps::capture(child.id()).unwrap_err();
+        assert_eq!(error.raw_os_error(), Some(libc::ESRCH));
+        assert!(maps.refresh().is_err());
+        assert!(maps.has_exited());
+        child.wait().unwrap();
     }
 
     #[test]
