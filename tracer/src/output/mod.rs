@@ -1,6 +1,8 @@
-//! What a run writes: flamegraphs, histograms, timelines and exports ([`render`]), and
-//! each command's report ([`report`]).
+//! What a run writes: flamegraphs, histograms, timelines, exports and metrics
+//! ([`render`]), each command's report ([`report`]), and the endpoint that serves metrics
+//! while a run lasts ([`endpoint`]).
 
+pub mod endpoint;
 #[cfg(test)]
 mod golden;
 pub mod render;

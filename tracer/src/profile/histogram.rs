@@ -215,6 +215,17 @@ impl LatencyHistogram {
         counts
     }
 
+    /// How many values the buckets hold.
+    pub fn bucket_count(&self) -> u64 {
+        self.bucket_total()
+    }
+
+    /// How many values of the buckets lie below `ns`; exact where `ns` is a power of two
+    /// (no bucket straddles one), else shared in proportion within the bucket holding it.
+    pub fn count_below_ns(&self, ns: u64) -> u64 {
+        self.count_below(ns).round() as u64
+    }
+
     fn bucket_total(&self) -> u64 {
         self.buckets
             .iter()

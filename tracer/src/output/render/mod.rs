@@ -4,6 +4,7 @@
 pub mod export;
 pub mod flamegraph;
 pub mod hist;
+pub mod prometheus;
 pub mod timeline;
 pub mod views;
 
