@@ -67,6 +67,9 @@ pub mod map_names {
     pub const TARGETS: &str = "TARGETS";
     /// Latency totals per process ([`super::LatencyProcessKey`]).
     pub const LATENCY_BY_PROCESS: &str = "LATENCY_BY_PROCESS";
+    /// Latency counts per process and histogram bucket, with `PROCESS_HISTOGRAMS` on
+    /// ([`super::LatencyBucketKey`]).
+    pub const LATENCY_BUCKETS_BY_PROCESS: &str = "LATENCY_BUCKETS_BY_PROCESS";
     /// The per-CPU buffer where an event with strings is assembled.
     pub const USDT_STR_SCRATCH: &str = "USDT_STR_SCRATCH";
     /// Probe hits by process and stacks (`trace --count --stack`, [`super::HitStackKey`]).
@@ -108,6 +111,7 @@ pub mod map_names {
         KERNEL_STACKS,
         TARGETS,
         LATENCY_BY_PROCESS,
+        LATENCY_BUCKETS_BY_PROCESS,
         USDT_STR_SCRATCH,
         HIT_STACKS,
         HELD,
@@ -249,6 +253,9 @@ pub mod global_names {
     /// Byte offset of `thread.fsbase` in `task_struct`: a thread's `pthread_self()`,
     /// which CPython keeps in each thread state.
     pub const TASK_FSBASE_OFFSET: &str = "TASK_FSBASE_OFFSET";
+    /// Non-zero with `attach --metrics`: every latency is also counted by process in
+    /// its histogram bucket (`LATENCY_BUCKETS_BY_PROCESS`), for a histogram per process.
+    pub const PROCESS_HISTOGRAMS: &str = "PROCESS_HISTOGRAMS";
     /// Every name above, for the test that each is in the eBPF object.
     pub const ALL: &[&str] = &[
         TARGET_TGID,
@@ -282,6 +289,7 @@ pub mod global_names {
         TIMELINE_ON,
         TIMELINE_MIN_BLOCK_NS,
         TASK_FSBASE_OFFSET,
+        PROCESS_HISTOGRAMS,
     ];
 }
 
@@ -326,6 +334,16 @@ pub struct TargetProcess {
     /// Its name when it joined (the kernel's `comm`, zero-padded): a process that exits
     /// before user space looks at it is still named.
     pub comm: [u8; 16],
+}
+
+/// Key of `LATENCY_BUCKETS_BY_PROCESS`: one latency in one process, one bucket of
+/// [`histogram`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct LatencyBucketKey {
+    pub tgid: u32,
+    pub latency_id: u32,
+    pub bucket: u32,
 }
 
 /// Key of `LATENCY_BY_PROCESS`: one latency in one process, of one class ([`NO_CLASS`]
@@ -1069,6 +1087,7 @@ mod pod {
         LatencyStats,
         TargetProcess,
         LatencyProcessKey,
+        LatencyBucketKey,
         ProbeHits,
         OffCpuStart,
         OffCpuKey,

@@ -25,11 +25,11 @@ use aya_ebpf::{
     programs::{BtfTracePointContext, PerfEventContext, ProbeContext, TracePointContext},
 };
 use tracer_common::{
-    BlockPlace, HitStackKey, KernelStack, LastSnapshot, LastUserStack, LatencyProcessKey,
-    LatencyStart, LatencyStartKey, LatencyStats, MAX_LATENCIES, MAX_PROBES, MAX_USDT_SITES,
-    OffCpuKey, OffCpuStart, OffCpuTotal, OnCpuKey, ProbeHits, STACK_WORDS_SPAN, SnapshotCheck,
-    TargetProcess, TaskId, TaskKey, TaskName, TaskState, TaskTotal, TaskWallKey, ThreadTask,
-    TimelineEvent, UsdtSite, UsdtStrEvent, control, counter, histogram,
+    BlockPlace, HitStackKey, KernelStack, LastSnapshot, LastUserStack, LatencyBucketKey,
+    LatencyProcessKey, LatencyStart, LatencyStartKey, LatencyStats, MAX_LATENCIES, MAX_PROBES,
+    MAX_USDT_SITES, OffCpuKey, OffCpuStart, OffCpuTotal, OnCpuKey, ProbeHits, STACK_WORDS_SPAN,
+    SnapshotCheck, TargetProcess, TaskId, TaskKey, TaskName, TaskState, TaskTotal, TaskWallKey,
+    ThreadTask, TimelineEvent, UsdtSite, UsdtStrEvent, control, counter, histogram,
     python::{PythonProcess, PythonStack, PythonThread},
 };
 
@@ -71,6 +71,12 @@ static LATENCY_STATS: PerCpuArray<LatencyStats> = PerCpuArray::with_max_entries(
 #[map]
 static LATENCY_BY_PROCESS: PerCpuHashMap<LatencyProcessKey, LatencyStats> =
     PerCpuHashMap::with_max_entries(16384, NO_PREALLOC);
+
+/// Count of every latency in each process by histogram bucket, with `PROCESS_HISTOGRAMS`
+/// on (sparse: a process's latencies fill a few buckets).
+#[map]
+static LATENCY_BUCKETS_BY_PROCESS: HashMap<LatencyBucketKey, u64> =
+    HashMap::with_max_entries(65536, NO_PREALLOC);
 
 /// Hits by probe, process and stacks (`trace --count --stack`); one entry unless user
 /// space sizes it before load. Per CPU: two CPUs may count the same stack at once.
@@ -289,6 +295,11 @@ static TIMELINE_ON: u32 = 0;
 static TIMELINE_MIN_BLOCK_NS: u64 = 0;
 #[unsafe(no_mangle)]
 static TASK_FSBASE_OFFSET: u32 = 0;
+#[unsafe(no_mangle)]
+static PROCESS_HISTOGRAMS: u32 = 0;
+
+/// A map insert's flag: only if the key is absent, else fail with `EEXIST`.
+const BPF_NOEXIST: u64 = 1;
 
 /// Reads a global set before load; volatile so the compiler cannot fold the default in.
 #[inline(always)]

@@ -51,10 +51,10 @@ use tracer_common::{
 };
 
 use crate::{
-    KERNEL_STACK_SCRATCH, KERNEL_STACKS, LAST_USER_STACKS, MIN_BLOCK_NS, OFFCPU_SNAPSHOTS,
-    OFFCPU_STARTS, OFFCPU_TIME, SNAPSHOT_CHECKS, SNAPSHOT_SEQ, STACK_WORDS_SCRATCH,
-    TASK_EXEC_RUNTIME_OFFSET, TASK_WALL, TASKS_TRACED, THREAD_TASKS, TIMELINE_MIN_BLOCK_NS,
-    USER_STACK_SCRATCH, count, python, setting,
+    BPF_NOEXIST, KERNEL_STACK_SCRATCH, KERNEL_STACKS, LAST_USER_STACKS, MIN_BLOCK_NS,
+    OFFCPU_SNAPSHOTS, OFFCPU_STARTS, OFFCPU_TIME, SNAPSHOT_CHECKS, SNAPSHOT_SEQ,
+    STACK_WORDS_SCRATCH, TASK_EXEC_RUNTIME_OFFSET, TASK_WALL, TASKS_TRACED, THREAD_TASKS,
+    TIMELINE_MIN_BLOCK_NS, USER_STACK_SCRATCH, count, python, setting,
     snapshot::{self, Regs},
     stacks::stack_id,
     targets,
@@ -631,7 +631,5 @@ fn switch_in_kernel_stack(task: *const u8) -> i32 {
     EEXIST
 }
 
-/// `BPF_NOEXIST`: insert only if the key is absent, else fail with `EEXIST` (as a
-/// negative errno).
-const BPF_NOEXIST: u64 = 1;
+/// The error of a `BPF_NOEXIST` insert whose key is there (a negative errno).
 const EEXIST: i32 = -17;

@@ -200,12 +200,10 @@ fn look_at_current_maps() {
     };
     if maps_are_watched(tgid) {
         // BPF_NOEXIST: a process stopped at `dlopen` stays recorded as stopped.
-        let _ = crate::HELD.insert(&tgid, &held::LOOK, BPF_NOEXIST);
+        let _ = crate::HELD.insert(&tgid, &held::LOOK, crate::BPF_NOEXIST);
     }
 }
 
-/// `BPF_NOEXIST`: insert only a new key.
-const BPF_NOEXIST: u64 = 1;
 /// `PROT_EXEC` on Linux.
 const PROT_EXEC: u64 = 4;
 /// Offset of `ret` in a `syscalls:sys_exit_*` record (after the common header and the

@@ -11,16 +11,17 @@ use aya_ebpf::{
 };
 use aya_log_ebpf::debug;
 use tracer_common::{
-    CLASSIFIES_INNERMOST, HitStackKey, INNERMOST_FRAME, LatencyProcessKey, LatencyStart,
-    LatencyStartKey, LatencyStats, MAX_LATENCIES, MAX_LATENCIES_PER_PROBE, MAX_STR_ARGS,
-    MAX_STR_LEN, MAX_USDT_ARGS, NO_CLASS, NO_STACK, STACK_NOT_TAKEN, STR_LENGTH_MASK,
+    CLASSIFIES_INNERMOST, HitStackKey, INNERMOST_FRAME, LatencyBucketKey, LatencyProcessKey,
+    LatencyStart, LatencyStartKey, LatencyStats, MAX_LATENCIES, MAX_LATENCIES_PER_PROBE,
+    MAX_STR_ARGS, MAX_STR_LEN, MAX_USDT_ARGS, NO_CLASS, NO_STACK, STACK_NOT_TAKEN, STR_LENGTH_MASK,
     STR_OFFSET_MASK, TimelineEvent, UsdtEvent, UsdtSite, UsdtStrEvent, UsdtStrHeader, counter,
     histogram, site_flags, str_read_size, target_filter, timeline_kind,
 };
 
 use crate::{
-    HIT_STACKS, LATENCY_BY_PROCESS, LATENCY_HIST, LATENCY_STARTS, LATENCY_STATS, PROBE_HITS,
-    USDT_EVENTS, USDT_SPECS, USDT_STR_SCRATCH,
+    BPF_NOEXIST, HIT_STACKS, LATENCY_BUCKETS_BY_PROCESS, LATENCY_BY_PROCESS, LATENCY_HIST,
+    LATENCY_STARTS, LATENCY_STATS, PROBE_HITS, PROCESS_HISTOGRAMS, USDT_EVENTS, USDT_SPECS,
+    USDT_STR_SCRATCH,
     args::{Registers, decode_arg, read_user_str},
     count, count_by,
     snapshot::{self, Regs},
@@ -356,10 +357,17 @@ fn record_latency(latency_id: u32, tgid: u32, class: u32, ns: u64) {
     if latency_id >= MAX_LATENCIES {
         return;
     }
-    let bucket = latency_id * histogram::BUCKETS + histogram::bucket_of(ns);
-    if let Some(slot) = LATENCY_HIST.get_ptr_mut(bucket) {
+    let bucket = histogram::bucket_of(ns);
+    if let Some(slot) = LATENCY_HIST.get_ptr_mut(latency_id * histogram::BUCKETS + bucket) {
         // SAFETY: an aligned u64 of the array, only ever added to atomically (xadd).
         unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(slot, 1) };
+    }
+    if crate::setting(&PROCESS_HISTOGRAMS) != 0 {
+        count_in_process_bucket(&LatencyBucketKey {
+            tgid,
+            latency_id,
+            bucket,
+        });
     }
     if let Some(stats) = LATENCY_STATS.get_ptr_mut(latency_id) {
         // SAFETY: as above.
@@ -384,6 +392,30 @@ fn record_latency(latency_id: u32, tgid: u32, class: u32, ns: u64) {
                 count(counter::MAP_FULL);
             }
         }
+    }
+}
+
+/// Adds one to the count of `key` (a map shared by the CPUs, counted with atomic adds).
+#[inline(always)]
+fn count_in_process_bucket(key: &LatencyBucketKey) {
+    if let Some(slot) = LATENCY_BUCKETS_BY_PROCESS.get_ptr_mut(key) {
+        // SAFETY: an aligned u64 map value, only ever added to atomically (xadd).
+        unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(slot, 1) };
+        return;
+    }
+    if LATENCY_BUCKETS_BY_PROCESS
+        .insert(key, &1, BPF_NOEXIST)
+        .is_ok()
+    {
+        return;
+    }
+    // Another CPU inserted it first, or the map is full.
+    match LATENCY_BUCKETS_BY_PROCESS.get_ptr_mut(key) {
+        // SAFETY: as above.
+        Some(slot) => unsafe {
+            atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(slot, 1);
+        },
+        None => count(counter::MAP_FULL),
     }
 }
 

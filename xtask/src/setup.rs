@@ -320,6 +320,8 @@ fn have_package(package: &str) -> bool {
 /// linked dynamically, so only the package says which one is there). Chromium opens the
 /// timeline in a real viewer (speedscope, see [`ensure_speedscope`]), headless; curl
 /// downloads that viewer. Go is a runtime the tests measure through its functions.
+/// Prometheus (and its promtool) scrapes `attach --metrics` in the tests, as it would in
+/// production.
 fn ensure_test_tools() -> Result<()> {
     let tools = [
         ("go", "golang-go"),
@@ -336,6 +338,7 @@ fn ensure_test_tools() -> Result<()> {
         ("chromium", "chromium"),
         ("curl", "curl"),
         ("strace", "strace"),
+        ("/usr/bin/prometheus", "prometheus"),
     ];
     let mut missing: Vec<&str> = tools
         .into_iter()

@@ -60,6 +60,21 @@ pub struct AttachArgs {
         requires = "timeline"
     )]
     pub timeline_min_block: String,
+    /// Serve Prometheus metrics at http://ADDR/metrics while tracing (127.0.0.1:9464,
+    /// or :9464 for every address): latency histograms (GC pauses, --latency) and time on
+    /// and off CPU per process, and the events lost.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics: Option<String>,
+    /// Labels added to the per-process series of --metrics: `pid` (PIDs churn, and
+    /// Prometheus keeps each series apart).
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        requires = "metrics",
+        value_name = "LABELS"
+    )]
+    pub metrics_labels: Vec<MetricLabel>,
     /// Report format on standard output.
     #[arg(long, value_enum, default_value_t = Format::Text)]
     pub format: Format,
@@ -67,6 +82,25 @@ pub struct AttachArgs {
     pub sampling: SamplingArgs,
     #[command(flatten)]
     pub maps: MapSizeArgs,
+}
+
+/// A label `--metrics-labels` can add.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum MetricLabel {
+    Pid,
+}
+
+/// `--metrics ADDR` and its labels.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetricsConfig {
+    pub addr: String,
+    pub labels: MetricLabels,
+}
+
+/// Which optional labels the per-process series carry.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MetricLabels {
+    pub pid: bool,
 }
 
 /// A latency asked for on the command line.
@@ -110,6 +144,8 @@ pub struct AttachConfig {
     pub map_sizes: MapSizes,
     /// `--hold-at-dlopen`.
     pub hold_at_dlopen: bool,
+    /// `--metrics ADDR`.
+    pub metrics: Option<MetricsConfig>,
 }
 
 /// Where the timeline goes, and the shortest off-CPU interval it shows.
@@ -155,6 +191,12 @@ impl TryFrom<AttachArgs> for AttachConfig {
             format: args.format,
             sampling: Sampling::try_from(&args.sampling)?,
             map_sizes: map_sizes(&args.maps)?,
+            metrics: args.metrics.map(|addr| MetricsConfig {
+                addr,
+                labels: MetricLabels {
+                    pid: args.metrics_labels.contains(&MetricLabel::Pid),
+                },
+            }),
         })
     }
 }

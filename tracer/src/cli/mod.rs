@@ -25,7 +25,10 @@ use crate::{kernel::MapSizes, target::TargetSpec};
 use parse::nonzero_pid;
 use tracer_common::{MAX_STR_LEN, MAX_USDT_ARGS};
 
-pub use attach::{AttachArgs, AttachConfig, LatencyProbe, LatencyRequest, TimelineConfig};
+pub use attach::{
+    AttachArgs, AttachConfig, LatencyProbe, LatencyRequest, MetricLabels, MetricsConfig,
+    TimelineConfig,
+};
 pub use list::{ListArgs, ListConfig};
 pub use parse::{parse_buffer_size, parse_duration};
 pub use profile::{ProfileArgs, ProfileConfig};
@@ -362,7 +365,7 @@ mod tests {
 
     /// The documentation, by path from the workspace root: the README, CONTRIBUTING.md and
     /// every page under `docs/` (a test checks that none is missing here).
-    const DOCS: [(&str, &str); 15] = [
+    const DOCS: [(&str, &str); 16] = [
         ("README.md", include_str!("../../../README.md")),
         ("CONTRIBUTING.md", include_str!("../../../CONTRIBUTING.md")),
         ("docs/README.md", include_str!("../../../docs/README.md")),
@@ -374,6 +377,7 @@ mod tests {
         ("docs/targets.md", include_str!("../../../docs/targets.md")),
         ("docs/frames.md", include_str!("../../../docs/frames.md")),
         ("docs/json.md", include_str!("../../../docs/json.md")),
+        ("docs/metrics.md", include_str!("../../../docs/metrics.md")),
         (
             "docs/requirements.md",
             include_str!("../../../docs/requirements.md"),

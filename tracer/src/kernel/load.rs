@@ -510,6 +510,10 @@ impl<'a> LoadInputs<'a> {
             u32s(global_names::TASKS_TRACED, u32::from(features.tasks)),
             u32s(global_names::TASK_FSBASE_OFFSET, task[6] + thread_struct[0]),
             u32s(
+                global_names::PROCESS_HISTOGRAMS,
+                u32::from(features.process_histograms),
+            ),
+            u32s(
                 global_names::TIMELINE_ON,
                 u32::from(settings.timeline_min_block.is_some()),
             ),

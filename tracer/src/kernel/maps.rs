@@ -5,10 +5,10 @@
 
 use aya::maps::{Array, HashMap, Map, MapData, PerCpuArray, PerCpuHashMap, RingBuf, StackTraceMap};
 use tracer_common::{
-    FIRST_SWITCH_IN_STACK_ID, HitStackKey, KernelStack, LatencyProcessKey, LatencyStats, OffCpuKey,
-    OffCpuStart, OffCpuTotal, OnCpuKey, ProbeHits, SWITCH_IN_STACK_IDS, TaskId, TaskKey, TaskName,
-    TaskState, TaskTotal, TaskWallKey, control, counter, histogram, map_names,
-    python::PythonProcess,
+    FIRST_SWITCH_IN_STACK_ID, HitStackKey, KernelStack, LatencyBucketKey, LatencyProcessKey,
+    LatencyStats, OffCpuKey, OffCpuStart, OffCpuTotal, OnCpuKey, ProbeHits, SWITCH_IN_STACK_IDS,
+    TaskId, TaskKey, TaskName, TaskState, TaskTotal, TaskWallKey, control, counter, histogram,
+    map_names, python::PythonProcess,
 };
 
 use super::{Loader, LoaderError, RecordRing, Result, SnapshotChecks, TargetsMap};
@@ -190,6 +190,12 @@ impl Loader {
                 .map_err(map_error(map_names::LATENCY_HIST))?;
         }
         Ok(data)
+    }
+
+    /// The count of every latency per process and histogram bucket (with
+    /// [`super::Features::process_histograms`]).
+    pub fn latency_buckets_by_process(&self) -> Result<Vec<(LatencyBucketKey, u64)>> {
+        self.entries(map_names::LATENCY_BUCKETS_BY_PROCESS)
     }
 
     /// The totals of every latency per process: `(tgid, latency_id)` and the stats,

@@ -186,6 +186,8 @@ pub struct Features {
     /// CPython frames walked with user stack snapshots (the FS base that finds a thread's
     /// Python state is read at its kernel BTF offset).
     pub python_frames: bool,
+    /// Latency histograms by process as well (`attach --metrics`).
+    pub process_histograms: bool,
 }
 
 impl Features {
@@ -199,6 +201,7 @@ impl Features {
         thread_regs: true,
         hit_stacks: true,
         python_frames: true,
+        process_histograms: true,
     };
     pub const NONE: Features = Features {
         events: false,
@@ -210,6 +213,7 @@ impl Features {
         thread_regs: false,
         hit_stacks: false,
         python_frames: false,
+        process_histograms: false,
     };
 
     /// The maps only needed by features this run does not use.
@@ -235,6 +239,10 @@ impl Features {
                 ][..],
             ),
             (self.oncpu, &[map_names::ONCPU_SAMPLES][..]),
+            (
+                self.process_histograms,
+                &[map_names::LATENCY_BUCKETS_BY_PROCESS][..],
+            ),
             (
                 self.offcpu_snapshots,
                 &[map_names::OFFCPU_SNAPSHOTS, map_names::SNAPSHOT_CHECKS][..],

@@ -5,7 +5,10 @@
 //! [`crate::profile::threads`]), DWARF stack snapshots drained and unwound while the targets run,
 //! and at the end the profile built from what the kernel collected.
 
-use std::{collections::HashMap, time::Duration};
+use std::{
+    collections::{BTreeMap, HashMap},
+    time::Duration,
+};
 
 use anyhow::{Context as _, Result};
 use tracer_common::{
@@ -200,6 +203,25 @@ impl WallClockSampler {
             cpus,
             attached: Some([offcpu, oncpu]),
         })
+    }
+
+    /// On-CPU samples so far by process (walked in the kernel, and unwound here), and
+    /// the sampling frequency: each weighs `1 / frequency_hz` seconds.
+    pub fn oncpu_samples_by_process(&self, loader: &Loader) -> (BTreeMap<u32, u64>, u64) {
+        let mut by_process = BTreeMap::new();
+        for (key, count) in loader.oncpu_samples().unwrap_or_default() {
+            *by_process.entry(key.tgid).or_default() += count;
+        }
+        if let Some(unwinding) = &self.unwinding {
+            unwinding.unwinder.add_samples_by_process(&mut by_process);
+        }
+        (by_process, self.sampling.frequency_hz)
+    }
+
+    /// How many processes of a set of targets run now; `None` for one process (traced
+    /// while it runs) or every process.
+    pub fn processes_running(&self) -> Option<usize> {
+        self.targets.as_ref().map(|t| t.running_pids().len())
     }
 
     /// Whether snapshots must be drained every [`DRAIN_PERIOD`].

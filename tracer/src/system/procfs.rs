@@ -440,6 +440,25 @@ fn sees_files_as_we_do(pid: &str) -> bool {
     same("ns/mnt") && same("root")
 }
 
+/// The tracer's own CPU time so far (user and system, every thread) in seconds, and its
+/// resident memory in bytes.
+pub fn own_usage() -> (f64, u64) {
+    // SAFETY: an all-zero rusage is valid; getrusage only writes it.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `usage` is a valid out-pointer.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
+    let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    let cpu = seconds(usage.ru_utime) + seconds(usage.ru_stime);
+    // statm: size resident shared ... in pages.
+    let resident_pages = std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|statm| statm.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .unwrap_or(0);
+    // SAFETY: sysconf has no memory preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(0) as u64;
+    (cpu, resident_pages * page)
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

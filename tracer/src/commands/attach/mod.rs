@@ -4,6 +4,7 @@
 //! profile` takes it), until the duration ends, Ctrl-C, or the targets exit.
 
 mod collect;
+mod metrics;
 mod sites;
 
 use std::{
@@ -14,11 +15,12 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 
 use crate::{
-    cli::{AttachConfig, Format},
+    cli::{AttachConfig, Format, MetricLabels},
     kernel::{
         DiagnosticsReader, Features, KernelTargets, Launch, LaunchNeeds, Loader, RecordRing,
         Settings, keeper,
     },
+    output::endpoint::{Endpoint, Scrapes},
     output::render::{self, export::ExportInfo, timeline::Timeline},
     output::report::TracedProcess,
     probe::late_sites::{self, LateSites, Members},
@@ -62,6 +64,11 @@ pub fn run(config: AttachConfig) -> Result<()> {
     if let Some(timeline) = &config.timeline {
         render::prepare_output_file(&timeline.path)?;
     }
+    let endpoint = config
+        .metrics
+        .as_ref()
+        .map(|m| Endpoint::bind(&m.addr))
+        .transpose()?;
     let processes = observe_targets(&pids, single)?;
     let (mut run, mut tracker) = Run::attach(
         launch, &config, targets, planned, processes, &pids, &on_target,
@@ -73,13 +80,28 @@ pub fn run(config: AttachConfig) -> Result<()> {
         .enable_all()
         .build()?;
     let signals = stop::StopSignals::catch(&runtime)?;
+    let metrics = match endpoint {
+        Some(endpoint) => {
+            let addr = endpoint.local_addr()?;
+            let _entered = runtime.enter();
+            crate::status!("Serving metrics at http://{addr}/metrics.");
+            Some(endpoint.serve()?)
+        }
+        None => None,
+    };
     announce(
         &what.describe(pids.len(), spec.can_grow()),
         run.loader.usdt_site_count(),
         &run.plan,
         &config,
     );
-    let reason = run.trace(&runtime, signals, watch, config.duration, tracker.as_mut())?;
+    let stops = Stops {
+        signals,
+        watch,
+        duration: config.duration,
+        tracker: tracker.as_mut(),
+    };
+    let reason = run.trace(&runtime, stops, metrics, &config)?;
 
     // What was measured up to now is what is reported; the targets keep running untouched
     // from here on.
@@ -194,6 +216,7 @@ impl Run {
                 features: Features {
                     latencies: true,
                     tasks: true,
+                    process_histograms: config.metrics.is_some(),
                     ..WallClockSampler::features(&sampling)
                 },
                 unwind_ring_bytes: WallClockSampler::unwind_ring_bytes(&sampling, false),
@@ -257,34 +280,37 @@ impl Run {
         (started, start_unix_ns)
     }
 
-    /// Traces until `signals`, the target's exit (`watch`), `duration`, the set's end
-    /// (`tracker`) or the keeper's exit stops it; says which.
+    /// Traces until `stops` says, or the keeper's exit stops it; says which. Serves the
+    /// `metrics` scrapes meanwhile.
     fn trace(
         &mut self,
         runtime: &tokio::runtime::Runtime,
-        signals: stop::StopSignals,
-        watch: Option<ProcessWatch>,
-        duration: Option<std::time::Duration>,
-        tracker: Option<&mut TargetTracker>,
+        stops: Stops<'_>,
+        metrics: Option<Scrapes>,
+        config: &AttachConfig,
     ) -> Result<StopReason> {
         // What naming the stacks takes is parsed while they are taken, not at the stop.
         let processes = &self.processes;
         self.symbolizer
             .prepare(processes.iter().filter_map(|(_, info)| info.maps.as_ref()));
         let keeper_pid = self.loader.keeper_pid();
+        let labels = config
+            .metrics
+            .as_ref()
+            .map(|m| m.labels)
+            .unwrap_or_default();
+        let Stops {
+            signals,
+            watch,
+            duration,
+            tracker,
+        } = stops;
         let reason = runtime.block_on(stop::run_until_stopped_with(
             signals,
             watch,
             duration,
             stop::either(
-                run_attached(
-                    &mut self.sampler,
-                    &mut self.loader,
-                    &mut self.processes,
-                    &mut self.plan,
-                    &mut self.later,
-                    self.timeline.as_mut(),
-                ),
+                run_attached(self, metrics.map(|scrapes| (scrapes, labels))),
                 stop::either(target::track(tracker), keeper::watch(keeper_pid)),
             ),
         ))?;
@@ -495,19 +521,55 @@ impl Subject {
 /// Looks for (and attaches) the probes of what the targets map later, every
 /// [`late_sites::LOOK_PERIOD`], between the sampler's own chores. Never finishes on its
 /// own.
+/// What stops a trace besides the keeper: a signal, the one target's exit (`watch`), the
+/// duration, or the end of the set (`tracker`).
+struct Stops<'a> {
+    signals: stop::StopSignals,
+    watch: Option<ProcessWatch>,
+    duration: Option<std::time::Duration>,
+    tracker: Option<&'a mut TargetTracker>,
+}
+
 async fn run_attached(
-    sampler: &mut WallClockSampler,
-    loader: &mut Loader,
-    processes: &mut Processes,
-    plan: &mut ProbePlan,
-    later: &mut LateSites,
-    mut timeline: Option<&mut TimelineReader>,
+    run: &mut Run,
+    mut metrics: Option<(Scrapes, MetricLabels)>,
 ) -> std::io::Result<StopReason> {
+    let Run {
+        loader,
+        plan,
+        later,
+        sampler,
+        processes,
+        timeline,
+        ..
+    } = run;
+    let labels = metrics
+        .as_ref()
+        .map(|(_, labels)| *labels)
+        .unwrap_or_default();
     let mut chores = sampling::SamplerChores::default();
     let mut ticker = tokio::time::interval(late_sites::LOOK_PERIOD);
     loop {
-        ticker.tick().await;
-        if let Some(reader) = timeline.as_deref_mut() {
+        let scrape = async {
+            match metrics.as_mut() {
+                Some((scrapes, _)) => scrapes.next().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = ticker.tick() => {}
+            scrape = scrape => {
+                scrape.answer(metrics::scrape(&metrics::MetricSources {
+                    loader,
+                    plan,
+                    processes,
+                    sampler,
+                    labels,
+                }));
+                continue;
+            }
+        }
+        if let Some(reader) = timeline.as_mut() {
             reader.drain();
         }
         let added = later.look(loader, plan);

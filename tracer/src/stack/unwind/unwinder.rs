@@ -128,6 +128,13 @@ impl DwarfUnwinder {
         None
     }
 
+    /// The on-CPU samples unwound so far, added by process into `by_process`.
+    pub fn add_samples_by_process(&self, by_process: &mut std::collections::BTreeMap<u32, u64>) {
+        for ((tgid, ..), count) in &self.samples {
+            *by_process.entry(*tgid).or_default() += count;
+        }
+    }
+
     /// Unwinds one snapshot taken outside a profile (a thread's registers and stack read
     /// from /proc, see [`crate::profile::threads`]) and returns its stack and how unwinding ended,
     /// counting it nowhere: neither in [`DwarfUnwinder::stats`] nor in

@@ -1,0 +1,354 @@
+//! `attach --metrics`: a real Prometheus (Debian's package, started here on loopback with
+//! a one-second scrape interval) scrapes the tracer, and PromQL's answers are checked
+//! against what the target itself counted and timed.
+
+mod common;
+
+use std::{
+    io::{Read as _, Write as _},
+    net::TcpStream,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use common::{Target, Tracer, out_dir, require_privileged, run_tracer};
+use serde_json::Value;
+
+const GC_DEMO: &str = env!("CARGO_BIN_EXE_gc-demo");
+const PROMETHEUS: &str = "/usr/bin/prometheus";
+const PROMTOOL: &str = "/usr/bin/promtool";
+
+/// How long Prometheus gets to see what the target did (a few scrapes).
+const SCRAPES_WAIT: Duration = Duration::from_secs(30);
+
+/// A GET of `path` from `addr` (`127.0.0.1:PORT`); returns the status line and the body.
+fn http_get(addr: &str, path: &str) -> (String, String) {
+    let mut stream = TcpStream::connect(addr).unwrap_or_else(|e| panic!("{addr}: {e}"));
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    let status = head.lines().next().unwrap_or_default().to_string();
+    (status, body.to_string())
+}
+
+/// `text` as a URL query value.
+fn url_encoded(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// A port nothing listens on now.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A Prometheus server scraping one target every second, stopped when dropped.
+struct Prometheus {
+    child: Child,
+    addr: String,
+    dir: PathBuf,
+}
+
+impl Prometheus {
+    fn start(target: &str, dir: &Path) -> Prometheus {
+        assert!(
+            Path::new(PROMETHEUS).is_file(),
+            "{PROMETHEUS} is missing: `cargo xtask setup` installs Debian's prometheus"
+        );
+        let config = dir.join("prometheus.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n\
+                 scrape_configs:\n  - job_name: tracer\n    static_configs:\n\
+                 \x20     - targets: ['{target}']\n"
+            ),
+        )
+        .unwrap();
+        let addr = format!("127.0.0.1:{}", free_port());
+        let child = Command::new(PROMETHEUS)
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("data").display()
+            ))
+            .arg(format!("--web.listen-address={addr}"))
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("prometheus.log")).unwrap())
+            .spawn()
+            .expect("cannot start prometheus");
+        let prometheus = Prometheus {
+            child,
+            addr,
+            dir: dir.to_path_buf(),
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let ready = TcpStream::connect(&prometheus.addr).is_ok()
+                && http_get(&prometheus.addr, "/-/ready").0.contains(" 200 ");
+            if ready {
+                return prometheus;
+            }
+            assert!(Instant::now() < deadline, "{}", prometheus.log());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("prometheus.log")).unwrap_or_default()
+    }
+
+    /// The value of an instant query that gives one number; `None` while it gives none.
+    fn scalar(&self, promql: &str) -> Option<f64> {
+        let path = format!("/api/v1/query?query={}", url_encoded(promql));
+        let (status, body) = http_get(&self.addr, &path);
+        assert!(status.contains(" 200 "), "{promql}: {status}\n{body}");
+        let answer: Value = serde_json::from_str(&body).unwrap();
+        let result = answer["data"]["result"].as_array()?;
+        let sample = result.first()?;
+        assert_eq!(result.len(), 1, "{promql}: {body}");
+        sample["value"][1].as_str()?.parse().ok()
+    }
+
+    /// Waits until `promql` gives `want`; returns what it gave last.
+    fn wait_for(&self, promql: &str, want: f64) -> Option<f64> {
+        let deadline = Instant::now() + SCRAPES_WAIT;
+        loop {
+            let value = self.scalar(promql);
+            if value == Some(want) || Instant::now() > deadline {
+                return value;
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The metrics address the tracer printed (`Serving metrics at http://ADDR/metrics.`).
+fn metrics_addr(tracer: &Tracer) -> String {
+    tracer
+        .early_stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("Serving metrics at http://"))
+        .and_then(|rest| rest.strip_suffix("/metrics."))
+        .unwrap_or_else(|| panic!("no metrics address in:\n{}", tracer.early_stderr))
+        .to_string()
+}
+
+/// The median of `values`.
+fn median(values: &mut [u64]) -> u64 {
+    values.sort_unstable();
+    values[values.len() / 2]
+}
+
+#[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+fn prometheus_counts_the_gc_pauses_of_a_target_started_after_the_tracer() {
+    require_privileged();
+    let dir = out_dir("metrics-prometheus");
+    let mut tracer = Tracer::start(&[
+        "attach",
+        "--exe",
+        GC_DEMO,
+        "--metrics",
+        "127.0.0.1:0",
+        "--format",
+        "json",
+        "-o",
+        dir.join("attach").to_str().unwrap(),
+    ]);
+    let addr = metrics_addr(&tracer);
+    let prometheus = Prometheus::start(&addr, &dir);
+    // The tracer is up before any target: Prometheus sees it, with no pause yet.
+    assert_eq!(prometheus.wait_for("up{job=\"tracer\"}", 1.0), Some(1.0));
+
+    let gcs = 12;
+    let target = Target::start(
+        GC_DEMO,
+        &[
+            "--gcs",
+            &gcs.to_string(),
+            "--pause-ms",
+            "20",
+            "--interval-ms",
+            "20",
+        ],
+    );
+    target.release();
+    let truth = target.finish();
+    assert_eq!(truth["gcs"], gcs);
+    let mut pauses: Vec<u64> = truth["pause_inner_ns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .collect();
+
+    let count = "sum(tracer_gc_pause_seconds_count{process=\"gc-demo\"})";
+    assert_eq!(
+        prometheus.wait_for(count, gcs as f64),
+        Some(gcs as f64),
+        "{}",
+        prometheus.log()
+    );
+    // The median lies in the power-of-two bucket of the target's own median pause.
+    let median_ns = median(&mut pauses);
+    let low_ns = 1u64 << (63 - median_ns.leading_zeros());
+    let quantile = prometheus
+        .scalar("histogram_quantile(0.5, sum by (le) (tracer_gc_pause_seconds_bucket))")
+        .expect("no median");
+    assert!(
+        quantile >= low_ns as f64 / 1e9 && quantile <= (2 * low_ns) as f64 / 1e9,
+        "median {quantile} s; the target's own is {median_ns} ns, in [{low_ns}, {}) ns",
+        2 * low_ns
+    );
+    let sum = prometheus
+        .scalar("sum(tracer_gc_pause_seconds_sum)")
+        .unwrap();
+    let truth_sum: u64 = pauses.iter().sum();
+    let outer_sum: u64 = truth["pause_ns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .sum();
+    assert!(
+        sum >= truth_sum as f64 / 1e9 && sum <= outer_sum as f64 / 1e9,
+        "pauses total {sum} s; the target's own between {truth_sum} and {outer_sum} ns"
+    );
+
+    // The target is gone; the tracer keeps serving, and the counts stay.
+    assert_eq!(
+        prometheus.wait_for("max_over_time(tracer_processes[2s])", 0.0),
+        Some(0.0)
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(prometheus.scalar(count), Some(gcs as f64));
+    assert_eq!(prometheus.scalar("up{job=\"tracer\"}"), Some(1.0));
+
+    // What it serves is valid for Prometheus's own checker.
+    let (status, text) = http_get(&addr, "/metrics");
+    assert!(status.contains(" 200 "), "{status}");
+    let mut check = Command::new(PROMTOOL)
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("cannot run promtool");
+    check
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let checked = check.wait_with_output().unwrap();
+    assert!(
+        checked.status.success(),
+        "promtool check metrics: {}{}\n{text}",
+        String::from_utf8_lossy(&checked.stdout),
+        String::from_utf8_lossy(&checked.stderr)
+    );
+    for family in [
+        "tracer_offcpu_seconds_total{process=\"gc-demo\"}",
+        "tracer_oncpu_seconds_total{process=\"gc-demo\"}",
+        "tracer_events_lost_total{reason=\"map_full\"} 0",
+        "process_resident_memory_bytes",
+    ] {
+        assert!(text.contains(family), "no {family} in\n{text}");
+    }
+
+    // SIGINT: it stops and reports as without --metrics.
+    // SAFETY: kill has no memory preconditions; the tracer is our child, not reaped.
+    unsafe { libc::kill(tracer.pid() as i32, libc::SIGINT) };
+    tracer.wait_for_stderr("Stopped");
+    let (ok, out, stderr) = tracer.finish();
+    assert!(ok, "{stderr}");
+    let report: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert_eq!(report["latencies"]["gc_pause"]["count"], gcs, "{report:#}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+fn a_metrics_address_that_cannot_be_listened_on_is_refused_before_attaching() {
+    require_privileged();
+    let me = std::process::id().to_string();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken = taken.local_addr().unwrap().to_string();
+    for (addr, says) in [
+        ("localhost", "not an address and port"),
+        (taken.as_str(), "cannot listen there"),
+    ] {
+        let out = run_tracer(&["attach", "--pid", &me, "--metrics", addr, "-d", "1s"]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{addr}: {stderr}");
+        assert!(
+            stderr.contains(&format!("--metrics {addr}")) && stderr.contains(says),
+            "{addr}: {stderr}"
+        );
+        assert!(!stderr.contains("Attached"), "{stderr}");
+    }
+}
+
+/// The fenced block of `page` that starts with the line `# NAME`.
+fn fenced_block(page: &str, name: &str) -> String {
+    let first = format!("# {name}\n");
+    page.split("```")
+        .map(|block| block.strip_prefix("yaml\n").unwrap_or(block))
+        .find(|block| block.starts_with(&first))
+        .unwrap_or_else(|| panic!("no block {name} in docs/metrics.md"))
+        .to_string()
+}
+
+#[test]
+fn the_scrape_config_and_alerting_rules_of_the_docs_pass_promtool() {
+    assert!(
+        Path::new(PROMTOOL).is_file(),
+        "{PROMTOOL} is missing: `cargo xtask setup` installs Debian's prometheus"
+    );
+    let page = include_str!("../../docs/metrics.md");
+    let dir = out_dir("metrics-docs");
+    for name in ["prometheus.yml", "tracer-alerts.yml"] {
+        std::fs::write(dir.join(name), fenced_block(page, name)).unwrap();
+    }
+    // Checking the configuration checks the rule files it names too.
+    let out = Command::new(PROMTOOL)
+        .args(["check", "config"])
+        .arg(dir.join("prometheus.yml"))
+        .output()
+        .expect("cannot run promtool");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "promtool check config: {said}");
+    assert!(said.contains("2 rules found"), "{said}");
+    let _ = std::fs::remove_dir_all(dir);
+}
