@@ -75,6 +75,14 @@ pub struct AttachArgs {
         value_name = "LABELS"
     )]
     pub metrics_labels: Vec<MetricLabel>,
+    /// Also write the wall-clock profile of every window of this length (e.g. 1m) into
+    /// the output directory while tracing: pprof (samples labelled process and pid) and
+    /// folded stacks, named by the window's start (wallclock-20261205T083000Z.pb.gz).
+    #[arg(long, value_name = "DURATION")]
+    pub profile_every: Option<String>,
+    /// With --profile-every: how many windows' files to keep; the oldest go [default: 60].
+    #[arg(long, value_name = "N", requires = "profile_every")]
+    pub keep: Option<usize>,
     /// Report format on standard output.
     #[arg(long, value_enum, default_value_t = Format::Text)]
     pub format: Format,
@@ -82,6 +90,36 @@ pub struct AttachArgs {
     pub sampling: SamplingArgs,
     #[command(flatten)]
     pub maps: MapSizeArgs,
+}
+
+/// `--profile-every` and `--keep`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RollingConfig {
+    pub every: Duration,
+    pub keep: usize,
+}
+
+impl RollingConfig {
+    /// Windows kept without `--keep`.
+    pub const DEFAULT_KEEP: usize = 60;
+
+    fn parse(every: Option<&str>, keep: Option<usize>) -> Result<Option<Self>, ConfigError> {
+        let Some(every) = every else {
+            return Ok(None);
+        };
+        let window = parse_duration(every)?;
+        if window < Duration::from_secs(1) {
+            return Err(ConfigError::ProfileEvery(every.to_string()));
+        }
+        let keep = keep.unwrap_or(Self::DEFAULT_KEEP);
+        if keep == 0 {
+            return Err(ConfigError::KeepNothing);
+        }
+        Ok(Some(Self {
+            every: window,
+            keep,
+        }))
+    }
 }
 
 /// A label `--metrics-labels` can add.
@@ -146,6 +184,8 @@ pub struct AttachConfig {
     pub hold_at_dlopen: bool,
     /// `--metrics ADDR`.
     pub metrics: Option<MetricsConfig>,
+    /// `--profile-every`.
+    pub rolling: Option<RollingConfig>,
 }
 
 /// Where the timeline goes, and the shortest off-CPU interval it shows.
@@ -191,6 +231,7 @@ impl TryFrom<AttachArgs> for AttachConfig {
             format: args.format,
             sampling: Sampling::try_from(&args.sampling)?,
             map_sizes: map_sizes(&args.maps)?,
+            rolling: RollingConfig::parse(args.profile_every.as_deref(), args.keep)?,
             metrics: args.metrics.map(|addr| MetricsConfig {
                 addr,
                 labels: MetricLabels {

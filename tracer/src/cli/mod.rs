@@ -27,7 +27,7 @@ use tracer_common::{MAX_STR_LEN, MAX_USDT_ARGS};
 
 pub use attach::{
     AttachArgs, AttachConfig, LatencyProbe, LatencyRequest, MetricLabels, MetricsConfig,
-    TimelineConfig,
+    RollingConfig, TimelineConfig,
 };
 pub use list::{ListArgs, ListConfig};
 pub use parse::{parse_buffer_size, parse_duration};
@@ -295,6 +295,10 @@ pub enum ConfigError {
     MapSize(&'static str, u32, u32),
     #[error("invalid duration {0:?}: expected a number with a unit, like 10s, 500ms, 2m or 100us")]
     Duration(String),
+    #[error("invalid --profile-every {0:?}: expected a window of at least 1s, like 1m")]
+    ProfileEvery(String),
+    #[error("invalid --keep 0: keep at least one window")]
+    KeepNothing,
     #[error("invalid --frequency {0}: expected 1 to {MAX_FREQUENCY_HZ} samples per second")]
     Frequency(u64),
     #[error(

@@ -155,6 +155,8 @@ pub fn run(config: ProfileConfig) -> Result<()> {
             frequency_hz: sampling.frequency_hz,
             start_unix_ns,
             duration_ns: elapsed_ns,
+            process_labels: false,
+            only_pid: None,
         },
     );
     let counters = loader.counters()?;

@@ -1,10 +1,12 @@
 //! Profiles: on-CPU sampling and off-CPU accounting ([`sampling`]), and the aggregates
 //! built from what the kernel collected: wall-clock profiles ([`wallclock`]), task
 //! timelines ([`tasks`]), latency histograms ([`histogram`]), and what each thread of a
-//! process is doing now ([`threads`], `tracer stacks`).
+//! process is doing now ([`threads`], `tracer stacks`), and the profiles of rolling windows
+//! ([`windows`]).
 
 pub mod histogram;
 pub mod sampling;
 pub mod tasks;
 pub mod threads;
 pub mod wallclock;
+pub mod windows;

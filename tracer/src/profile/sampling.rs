@@ -24,12 +24,15 @@ use crate::{
     profile::wallclock::{
         self, BuildOptions, FIRST_SEEDED_ID, GroupBy, RawProfile, TaskEntries, WallClockProfile,
     },
+    profile::windows::WindowBase,
     stack::jit::JvmPerfMaps,
     stack::naming::{FRAME_POINTER_SUFFIX, KERNEL_SUFFIX, StackSource},
     stack::processes::Processes,
     stack::python::Interpreters,
     stack::symbolize::StackSymbolizer,
-    stack::unwind::{DwarfUnwinder, Snapshot, StackMerger, UnwindStats, UnwoundStack, WithUnwound},
+    stack::unwind::{
+        DwarfUnwinder, SampleKey, Snapshot, StackMerger, UnwindStats, UnwoundStack, WithUnwound,
+    },
     system::procfs,
     system::stop::{self, StopReason},
     target::KernelTargets,
@@ -87,6 +90,28 @@ pub struct WallClockSampler {
     pub cpus: usize,
     /// Off-CPU accounting and on-CPU sampling, while attached.
     attached: Option<[Attachment; 2]>,
+}
+
+/// What the next rolling window subtracts ([`WallClockSampler::window`]).
+#[derive(Default)]
+pub struct Window {
+    totals: WindowBase,
+    unwound: HashMap<SampleKey, u64>,
+}
+
+impl Window {
+    /// The first window, from `start_ns`.
+    pub fn starting_at(start_ns: u64) -> Self {
+        Self {
+            totals: WindowBase::starting_at(start_ns),
+            unwound: HashMap::new(),
+        }
+    }
+
+    /// When the window now open started (CLOCK_MONOTONIC ns).
+    pub fn start_ns(&self) -> u64 {
+        self.totals.end_ns
+    }
 }
 
 /// How the profile is built from what was collected.
@@ -222,6 +247,72 @@ impl WallClockSampler {
     /// while it runs) or every process.
     pub fn processes_running(&self) -> Option<usize> {
         self.targets.as_ref().map(|t| t.running_pids().len())
+    }
+
+    /// The wall-clock profile of the window from `base.end_ns` to `now_ns` (see
+    /// [`crate::profile::windows`]); `base` then starts the next window.
+    pub fn window(
+        &mut self,
+        base: &mut Window,
+        loader: &Loader,
+        processes: &mut Processes,
+        symbolizer: &mut StackSymbolizer,
+        now_ns: u64,
+        options: BuildOptions,
+    ) -> Result<WallClockProfile> {
+        self.drain(processes);
+        let (offcpu, pending) =
+            base.totals
+                .offcpu_window(loader.offcpu_totals()?, loader.offcpu_pending()?, now_ns);
+        let mut oncpu = base.totals.oncpu_window(loader.oncpu_samples()?);
+        let (unwound, window_stacks) = match &self.unwinding {
+            Some(unwinding) => {
+                let (samples, stacks) = unwinding.unwinder.samples_since(&mut base.unwound);
+                oncpu.extend(samples);
+                (Some(unwinding.unwinder.snapshots()), stacks)
+            }
+            None => (None, Default::default()),
+        };
+        base.totals.end_ns = now_ns;
+        let raw = RawProfile {
+            oncpu,
+            offcpu,
+            pending,
+            now_ns,
+            // The kernel left out the short intervals; a long one's part in a window is
+            // kept however short.
+            min_block_ns: 0,
+            tasks: TaskEntries::default(),
+        };
+        let profile = match unwound {
+            Some(snapshots) => wallclock::build_profile(
+                &raw,
+                options,
+                &WithSeeds {
+                    inner: &WithUnwound {
+                        kernel: &WithUnwound {
+                            kernel: loader,
+                            unwound: snapshots,
+                        },
+                        unwound: &window_stacks,
+                    },
+                    seeds: &self.seeds,
+                },
+                symbolizer,
+                processes,
+            ),
+            None => wallclock::build_profile(
+                &raw,
+                options,
+                &WithSeeds {
+                    inner: loader,
+                    seeds: &self.seeds,
+                },
+                symbolizer,
+                processes,
+            ),
+        };
+        Ok(profile)
     }
 
     /// Whether snapshots must be drained every [`DRAIN_PERIOD`].

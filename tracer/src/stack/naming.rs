@@ -274,6 +274,12 @@ pub fn process_frame(processes: &Processes, tgid: u32, root: ProcessRoot) -> Str
     }
 }
 
+/// The name and PID of a [`ProcessRoot::NameAndPid`] frame (`postgres [4242]`).
+pub fn parse_process_frame(frame: &str) -> Option<(&str, u32)> {
+    let (name, pid) = frame.strip_suffix(']')?.rsplit_once(" [")?;
+    Some((name, pid.parse().ok()?))
+}
+
 /// Frames of each distinct user stack in `ids` of the process `maps` was captured from,
 /// root first, each made by `frame` from its name. Without `maps` (the process exited
 /// before they were read) a recorded stack is one unknown frame. Each distinct address

@@ -5,6 +5,7 @@
 
 mod collect;
 mod metrics;
+mod rolling;
 mod sites;
 
 use std::{
@@ -74,6 +75,7 @@ pub fn run(config: AttachConfig) -> Result<()> {
         launch, &config, targets, planned, processes, &pids, &on_target,
     )?;
     let (started, start_unix_ns) = run.clocks_at_start();
+    run.rolling = rolling::Rolling::new(&config, started, start_unix_ns, what.name.clone());
 
     // Ctrl-C from the moment the line below is printed must stop the trace, not kill us.
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -107,6 +109,16 @@ pub fn run(config: AttachConfig) -> Result<()> {
     // from here on.
     let now = stop::monotonic_ns();
     let traced = run.detach(tracker, &pids)?;
+    // The last window, cut short by the stop.
+    if let Some(rolling) = run.rolling.as_mut() {
+        rolling.write(
+            &mut run.sampler,
+            &run.loader,
+            &mut run.processes,
+            &mut run.symbolizer,
+            now,
+        );
+    }
     crate::status!(
         "Stopped: {reason}. Detached from {}.",
         match single {
@@ -179,6 +191,8 @@ struct Run {
     processes: Processes,
     timeline: Option<TimelineReader>,
     symbolizer: StackSymbolizer,
+    /// `--profile-every`: the window open.
+    rolling: Option<rolling::Rolling>,
     /// Keeps the kernel's diagnostics printed while the run lasts.
     _diagnostics: Option<DiagnosticsReader>,
 }
@@ -261,6 +275,7 @@ impl Run {
             processes,
             timeline,
             symbolizer: StackSymbolizer::new(),
+            rolling: None,
             _diagnostics: diagnostics,
         };
         Ok((run, tracker))
@@ -394,6 +409,8 @@ impl Run {
             frequency_hz: config.sampling.frequency_hz,
             start_unix_ns,
             duration_ns: now - started,
+            process_labels: false,
+            only_pid: None,
         };
         let traced: Vec<TracedProcess> = traced
             .into_iter()
@@ -541,6 +558,8 @@ async fn run_attached(
         sampler,
         processes,
         timeline,
+        symbolizer,
+        rolling,
         ..
     } = run;
     let labels = metrics
@@ -589,6 +608,10 @@ async fn run_attached(
             );
         }
         chores.run(sampler, loader, processes);
+        let now = stop::monotonic_ns();
+        if let Some(rolling) = rolling.as_mut().filter(|r| r.due(now)) {
+            rolling.write(sampler, loader, processes, symbolizer, now);
+        }
     }
 }
 

@@ -8,7 +8,7 @@ use std::path::Path;
 use crate::{
     output::render::write_output,
     profile::wallclock::OFF_CPU_FRAME,
-    stack::naming::{StackProfile, Weight},
+    stack::naming::{StackProfile, Weight, parse_process_frame},
 };
 
 /// What the pprof and speedscope files say about the run.
@@ -20,6 +20,11 @@ pub struct ExportInfo<'a> {
     /// Wall-clock time (Unix epoch) when profiling started.
     pub start_unix_ns: u64,
     pub duration_ns: u64,
+    /// Each sample carries labels `process` and `pid`, from its root frame when that
+    /// names a process (`name [pid]`, or the name alone).
+    pub process_labels: bool,
+    /// The one process profiled, whose root frame is its name alone: its PID.
+    pub only_pid: Option<u32>,
 }
 
 /// A minimal protobuf writer: varints, length-delimited fields, packed repeated varints.
@@ -108,8 +113,25 @@ pub fn encode_pprof(profile: &StackProfile, info: &ExportInfo<'_>) -> Vec<u8> {
     // Function and location ids are the same: the frame name's index among functions.
     let mut functions: Vec<u64> = Vec::new(); // name string id per function
     let mut function_ids: HashMap<u64, u64> = HashMap::new();
-    let mut samples: Vec<(Vec<u64>, Weight)> = Vec::new();
+    let mut samples: Vec<EncodedSample> = Vec::new();
+    let (process_key, pid_key) = (intern("process"), intern("pid"));
     for (frames, weight) in profile.iter() {
+        let labels = match (info.process_labels, frames.first()) {
+            (true, Some(root)) => match parse_process_frame(root) {
+                Some((name, pid)) => vec![
+                    (process_key, Label::Text(intern(name))),
+                    (pid_key, Label::Number(pid.into())),
+                ],
+                None => {
+                    let process = (process_key, Label::Text(intern(root)));
+                    match info.only_pid {
+                        Some(pid) => vec![process, (pid_key, Label::Number(pid.into()))],
+                        None => vec![process],
+                    }
+                }
+            },
+            _ => Vec::new(),
+        };
         let locations = frames
             .iter()
             .rev()
@@ -121,7 +143,7 @@ pub fn encode_pprof(profile: &StackProfile, info: &ExportInfo<'_>) -> Vec<u8> {
                 })
             })
             .collect();
-        samples.push((locations, weight));
+        samples.push((locations, weight, labels));
     }
 
     let mut out = ProtoWriter::new();
@@ -131,10 +153,19 @@ pub fn encode_pprof(profile: &StackProfile, info: &ExportInfo<'_>) -> Vec<u8> {
             m.uint(2, unit);
         });
     }
-    for (locations, weight) in &samples {
+    for (locations, weight, labels) in &samples {
         out.message(2, |m| {
             m.packed(1, locations.iter().copied());
             m.packed(2, [weight.events, weight.us()]);
+            for &(key, value) in labels {
+                m.message(3, |label| {
+                    label.uint(1, key);
+                    match value {
+                        Label::Text(text) => label.uint(2, text),
+                        Label::Number(number) => label.int(3, number),
+                    }
+                });
+            }
         });
     }
     for id in 1..=functions.len() as u64 {
@@ -163,6 +194,16 @@ pub fn encode_pprof(profile: &StackProfile, info: &ExportInfo<'_>) -> Vec<u8> {
     out.packed(13, [comment]);
     out.uint(14, wall_type.0);
     out.into_bytes()
+}
+
+/// A sample's location ids, its weight, and its labels (key string id, value).
+type EncodedSample = (Vec<u64>, Weight, Vec<(u64, Label)>);
+
+/// A pprof label's value: a string's id, or a number.
+#[derive(Debug, Clone, Copy)]
+enum Label {
+    Text(u64),
+    Number(i64),
 }
 
 /// Writes `profile` as gzip-compressed pprof to `path`.
@@ -323,6 +364,8 @@ mod tests {
             frequency_hz: 499,
             start_unix_ns: 1,
             duration_ns: 2,
+            process_labels: false,
+            only_pid: None,
         };
         let bytes = encode_pprof(&profile, &info);
         let top = fields(&bytes);
@@ -391,6 +434,8 @@ mod tests {
             frequency_hz: 99,
             start_unix_ns: 0,
             duration_ns: 0,
+            process_labels: false,
+            only_pid: None,
         };
         let json = speedscope_json(&[("wall", &profile), ("again", &profile)], &info);
         assert_eq!(json["shared"]["frames"].as_array().unwrap().len(), 5);

@@ -5,6 +5,7 @@ pub mod export;
 pub mod flamegraph;
 pub mod hist;
 pub mod prometheus;
+pub mod rolling;
 pub mod timeline;
 pub mod views;
 

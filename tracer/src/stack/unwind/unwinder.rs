@@ -35,6 +35,9 @@ const SIGFRAME_RIP: u64 = 8 + 40 + 128;
 /// How many nested signal frames one stack is unwound through.
 const MAX_SIGNAL_FRAMES: usize = 4;
 
+/// What on-CPU samples are counted by: (tgid, tid, kernel stack id, user stack, task).
+pub type SampleKey = (u32, u32, i32, UnwoundStack, u64);
+
 /// Unwinds snapshots and counts the stacks they give.
 #[derive(Default)]
 pub struct DwarfUnwinder {
@@ -46,7 +49,7 @@ pub struct DwarfUnwinder {
     unwinds: u64,
     cache: CacheX86_64,
     /// On-CPU samples per (tgid, tid, kernel stack id, user stack, task).
-    samples: HashMap<(u32, u32, i32, UnwoundStack, u64), u64>,
+    samples: HashMap<SampleKey, u64>,
     /// Off-CPU snapshots by id.
     snapshots: UnwoundStacks,
     pub stats: UnwindStats,
@@ -126,6 +129,43 @@ impl DwarfUnwinder {
             ))
             .or_default() += 1;
         None
+    }
+
+    /// The on-CPU samples unwound since `seen` was last given here (which then holds
+    /// every count so far), keyed by stack ids from [`FIRST_UNWOUND_ID`], and those stacks.
+    pub fn samples_since(
+        &self,
+        seen: &mut HashMap<SampleKey, u64>,
+    ) -> (Vec<(OnCpuKey, u64)>, UnwoundStacks) {
+        let mut oncpu = Vec::new();
+        let mut stacks = UnwoundStacks::new();
+        let mut ids = FIRST_UNWOUND_ID..FIRST_SNAPSHOT_ID;
+        for (key, &count) in &self.samples {
+            let before = seen.get(key).copied().unwrap_or(0);
+            if count <= before {
+                continue;
+            }
+            let Some(id) = ids.next() else {
+                break;
+            };
+            seen.insert(key.clone(), count);
+            let (tgid, tid, kernel_stack_id, stack, _) = key;
+            let key = OnCpuKey {
+                tgid: *tgid,
+                tid: *tid,
+                user_stack_id: id,
+                kernel_stack_id: *kernel_stack_id,
+                state: 0,
+            };
+            oncpu.push((key, count - before));
+            stacks.insert(id, stack.clone());
+        }
+        (oncpu, stacks)
+    }
+
+    /// The off-CPU snapshots unwound so far, by snapshot id.
+    pub fn snapshots(&self) -> &UnwoundStacks {
+        &self.snapshots
     }
 
     /// The on-CPU samples unwound so far, added by process into `by_process`.

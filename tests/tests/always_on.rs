@@ -1,6 +1,7 @@
-//! `attach --metrics`: a real Prometheus (Debian's package, started here on loopback with
-//! a one-second scrape interval) scrapes the tracer, and PromQL's answers are checked
-//! against what the target itself counted and timed.
+//! A tracer that runs all the time: `attach --metrics`, which a real Prometheus (Debian's
+//! package, started here on loopback with a one-second scrape interval) scrapes, PromQL's
+//! answers checked against what the target itself counted and timed; and rolling
+//! profiles (`--profile-every`), each window's pprof decoded with prost.
 
 mod common;
 
@@ -12,7 +13,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-use common::{Target, Tracer, out_dir, require_privileged, run_tracer};
+use common::{Target, Tracer, executable_copy, out_dir, require_privileged, run_tracer};
+use prost::Message as _;
 use serde_json::Value;
 
 const GC_DEMO: &str = env!("CARGO_BIN_EXE_gc-demo");
@@ -171,10 +173,12 @@ fn median(values: &mut [u64]) -> u64 {
 fn prometheus_counts_the_gc_pauses_of_a_target_started_after_the_tracer() {
     require_privileged();
     let dir = out_dir("metrics-prometheus");
+    // A copy of its own: gc-demos the other tests run are not this test's.
+    let gc_demo = executable_copy(GC_DEMO, &dir);
     let mut tracer = Tracer::start(&[
         "attach",
         "--exe",
-        GC_DEMO,
+        gc_demo.to_str().unwrap(),
         "--metrics",
         "127.0.0.1:0",
         "--format",
@@ -189,7 +193,7 @@ fn prometheus_counts_the_gc_pauses_of_a_target_started_after_the_tracer() {
 
     let gcs = 12;
     let target = Target::start(
-        GC_DEMO,
+        gc_demo.to_str().unwrap(),
         &[
             "--gcs",
             &gcs.to_string(),
@@ -350,5 +354,143 @@ fn the_scrape_config_and_alerting_rules_of_the_docs_pass_promtool() {
     );
     assert!(out.status.success(), "promtool check config: {said}");
     assert!(said.contains("2 rules found"), "{said}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The parts of pprof's `Profile` (profile.proto) the rolling test reads.
+#[derive(Clone, PartialEq, prost::Message)]
+struct Profile {
+    #[prost(message, repeated, tag = "2")]
+    sample: Vec<Sample>,
+    #[prost(string, repeated, tag = "6")]
+    string_table: Vec<String>,
+    #[prost(int64, tag = "9")]
+    time_nanos: i64,
+    #[prost(int64, tag = "10")]
+    duration_nanos: i64,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct Sample {
+    #[prost(uint64, repeated, tag = "1")]
+    location_id: Vec<u64>,
+    #[prost(int64, repeated, tag = "2")]
+    value: Vec<i64>,
+    #[prost(message, repeated, tag = "3")]
+    label: Vec<Label>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct Label {
+    #[prost(int64, tag = "1")]
+    key: i64,
+    #[prost(int64, tag = "2")]
+    str: i64,
+    #[prost(int64, tag = "3")]
+    num: i64,
+}
+
+fn gunzip(path: &Path) -> Vec<u8> {
+    let out = Command::new("gzip")
+        .arg("-dc")
+        .arg(path)
+        .output()
+        .expect("gzip is needed to read the pprof output");
+    assert!(out.status.success(), "gzip -dc {}", path.display());
+    out.stdout
+}
+
+/// The windows' pprof files in `dir`, oldest first.
+fn window_profiles(dir: &Path) -> Vec<(String, Profile)> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.starts_with("wallclock-") && n.ends_with(".pb.gz"))
+        .collect();
+    names.sort();
+    names
+        .into_iter()
+        .map(|name| {
+            let bytes = gunzip(&dir.join(&name));
+            let profile =
+                Profile::decode(bytes.as_slice()).unwrap_or_else(|e| panic!("{name}: {e}"));
+            (name, profile)
+        })
+        .collect()
+}
+
+#[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+fn rolling_profiles_hold_each_windows_share_of_the_work() {
+    require_privileged();
+    let dir = out_dir("rolling");
+    // About 4 s of collections, with its four threads alive throughout.
+    let target = Target::start(
+        GC_DEMO,
+        &["--gcs", "80", "--pause-ms", "20", "--interval-ms", "30"],
+    );
+    let pid = target.pid.to_string();
+    let tracer = Tracer::start(&[
+        "attach",
+        "--pid",
+        &pid,
+        "--profile-every",
+        "1s",
+        "--keep",
+        "10",
+        "-o",
+        dir.to_str().unwrap(),
+    ]);
+    target.release();
+    let truth = target.finish();
+    let (ok, _, stderr) = tracer.finish();
+    assert!(ok, "{stderr}");
+    let windows = window_profiles(&dir);
+    // Four whole windows and the last one cut short by the target's exit, at least.
+    assert!(windows.len() >= 4, "{} windows: {stderr}", windows.len());
+    for pair in windows.windows(2) {
+        let (first, next) = (&pair[0].1, &pair[1].1);
+        let gap = next.time_nanos - (first.time_nanos + first.duration_nanos);
+        assert_eq!(
+            gap, 0,
+            "{} ends {gap} ns from where {} starts",
+            pair[0].0, pair[1].0
+        );
+    }
+    assert_eq!(truth["gcs"], 80);
+    let mut whole_windows = 0;
+    // The windows between the first and the last: the four threads ran, blocked or
+    // waited for a CPU for all of each, so the wall time adds up to four times its length.
+    for (name, profile) in &windows[1..windows.len() - 1] {
+        let string = |id: i64| profile.string_table[id as usize].as_str();
+        let wall_us: i64 = profile.sample.iter().map(|s| s.value[1]).sum();
+        let length_us = profile.duration_nanos / 1000;
+        assert!(
+            (profile.duration_nanos - 1_000_000_000).abs() < 300_000_000,
+            "{name}: {} ns long",
+            profile.duration_nanos
+        );
+        assert!(
+            (wall_us as f64 - 4.0 * length_us as f64).abs() < 0.15 * 4.0 * length_us as f64,
+            "{name}: {wall_us} us of wall time in a window of {length_us} us, for 4 threads"
+        );
+        for sample in &profile.sample {
+            let labels: Vec<(&str, String)> = sample
+                .label
+                .iter()
+                .map(|l| match string(l.key) {
+                    "pid" => ("pid", l.num.to_string()),
+                    key => (key, string(l.str).to_string()),
+                })
+                .collect();
+            assert_eq!(
+                labels,
+                [("process", "gc-demo".to_string()), ("pid", pid.clone())],
+                "{name}"
+            );
+        }
+        whole_windows += 1;
+    }
+    assert!(whole_windows >= 2, "{whole_windows}");
     let _ = std::fs::remove_dir_all(dir);
 }
