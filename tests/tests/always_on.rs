@@ -300,6 +300,53 @@ fn prometheus_counts_the_gc_pauses_of_a_target_started_after_the_tracer() {
 
 #[test]
 #[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+fn profile_serves_each_processs_time_on_and_off_cpu() {
+    require_privileged();
+    let dir = out_dir("metrics-profile");
+    let target = Target::start(
+        GC_DEMO,
+        &["--gcs", "60", "--pause-ms", "20", "--interval-ms", "30"],
+    );
+    let pid = target.pid.to_string();
+    let tracer = Tracer::start(&[
+        "profile",
+        "--pid",
+        &pid,
+        "--metrics",
+        "127.0.0.1:0",
+        "--metrics-labels",
+        "pid",
+        "-o",
+        dir.to_str().unwrap(),
+    ]);
+    let addr = metrics_addr(&tracer);
+    target.release();
+    // Two seconds into the three of the run: the profile stops when its target exits.
+    std::thread::sleep(Duration::from_secs(2));
+    let (status, text) = http_get(&addr, "/metrics");
+    assert!(status.contains(" 200 "), "{status}");
+    let truth = target.finish();
+    assert_eq!(truth["gcs"], 60);
+    let (ok, _, stderr) = tracer.finish();
+    assert!(ok, "{stderr}");
+    let value = |series: &str| -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("no {series} in\n{text}"))
+    };
+    let labels = format!("{{process=\"gc-demo\",pid=\"{pid}\"}}");
+    // Two seconds of four threads, mostly blocked; the collector spins 40% of the time.
+    let offcpu = value(&format!("tracer_offcpu_seconds_total{labels}"));
+    let oncpu = value(&format!("tracer_oncpu_seconds_total{labels}"));
+    assert!(offcpu > 2.0 && offcpu < 10.0, "{offcpu} s off CPU\n{text}");
+    assert!(oncpu > 0.3 && oncpu < 2.0, "{oncpu} s on CPU\n{text}");
+    // A profile attaches no probes: no latency families.
+    assert!(!text.contains("tracer_gc_pause_seconds"), "{text}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
 fn a_metrics_address_that_cannot_be_listened_on_is_refused_before_attaching() {
     require_privileged();
     let me = std::process::id().to_string();
@@ -492,5 +539,28 @@ fn rolling_profiles_hold_each_windows_share_of_the_work() {
         whole_windows += 1;
     }
     assert!(whole_windows >= 2, "{whole_windows}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn the_systemd_unit_of_the_docs_passes_systemd_analyze() {
+    let unit = include_str!("../../docs/deploy/tracer.service");
+    let dir = out_dir("systemd-unit");
+    // Verifying checks that the program exists: the one built here stands in.
+    let tracer = common::tracer_bin();
+    let unit = unit.replace("/usr/local/bin/tracer", tracer.to_str().unwrap());
+    let path = dir.join("tracer.service");
+    std::fs::write(&path, unit).unwrap();
+    let out = Command::new("systemd-analyze")
+        .arg("verify")
+        .arg(&path)
+        .output()
+        .expect("cannot run systemd-analyze (Debian's systemd package has it)");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success() && said.trim().is_empty(), "{said}");
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -6,7 +6,10 @@ use std::{path::PathBuf, time::Duration};
 use clap::Args;
 
 use super::parse::parse_duration;
-use super::{ConfigError, Format, MapSizeArgs, SamplingArgs, TargetArgs, map_sizes};
+use super::{
+    ConfigError, Format, MapSizeArgs, MetricsArgs, MetricsConfig, SamplingArgs, TargetArgs,
+    map_sizes,
+};
 use crate::profile::sampling::Sampling;
 use crate::{kernel::MapSizes, profile::wallclock::GroupBy, target::TargetSpec};
 
@@ -60,21 +63,8 @@ pub struct AttachArgs {
         requires = "timeline"
     )]
     pub timeline_min_block: String,
-    /// Serve Prometheus metrics at http://ADDR/metrics while tracing (127.0.0.1:9464,
-    /// or :9464 for every address): latency histograms (GC pauses, --latency) and time on
-    /// and off CPU per process, and the events lost.
-    #[arg(long, value_name = "ADDR")]
-    pub metrics: Option<String>,
-    /// Labels added to the per-process series of --metrics: `pid` (PIDs churn, and
-    /// Prometheus keeps each series apart).
-    #[arg(
-        long,
-        value_enum,
-        value_delimiter = ',',
-        requires = "metrics",
-        value_name = "LABELS"
-    )]
-    pub metrics_labels: Vec<MetricLabel>,
+    #[command(flatten)]
+    pub metrics: MetricsArgs,
     /// Also write the wall-clock profile of every window of this length (e.g. 1m) into
     /// the output directory while tracing: pprof (samples labelled process and pid) and
     /// folded stacks, named by the window's start (wallclock-20261205T083000Z.pb.gz).
@@ -120,25 +110,6 @@ impl RollingConfig {
             keep,
         }))
     }
-}
-
-/// A label `--metrics-labels` can add.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum MetricLabel {
-    Pid,
-}
-
-/// `--metrics ADDR` and its labels.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MetricsConfig {
-    pub addr: String,
-    pub labels: MetricLabels,
-}
-
-/// Which optional labels the per-process series carry.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct MetricLabels {
-    pub pid: bool,
 }
 
 /// A latency asked for on the command line.
@@ -232,12 +203,7 @@ impl TryFrom<AttachArgs> for AttachConfig {
             sampling: Sampling::try_from(&args.sampling)?,
             map_sizes: map_sizes(&args.maps)?,
             rolling: RollingConfig::parse(args.profile_every.as_deref(), args.keep)?,
-            metrics: args.metrics.map(|addr| MetricsConfig {
-                addr,
-                labels: MetricLabels {
-                    pid: args.metrics_labels.contains(&MetricLabel::Pid),
-                },
-            }),
+            metrics: MetricsConfig::from_args(args.metrics),
         })
     }
 }

@@ -26,8 +26,7 @@ use parse::nonzero_pid;
 use tracer_common::{MAX_STR_LEN, MAX_USDT_ARGS};
 
 pub use attach::{
-    AttachArgs, AttachConfig, LatencyProbe, LatencyRequest, MetricLabels, MetricsConfig,
-    RollingConfig, TimelineConfig,
+    AttachArgs, AttachConfig, LatencyProbe, LatencyRequest, RollingConfig, TimelineConfig,
 };
 pub use list::{ListArgs, ListConfig};
 pub use parse::{parse_buffer_size, parse_duration};
@@ -269,6 +268,57 @@ fn map_sizes(args: &MapSizeArgs) -> Result<MapSizes, ConfigError> {
     })
 }
 
+/// `--metrics ADDR` and `--metrics-labels`, of `attach` and `profile`.
+#[derive(Debug, clap::Args)]
+pub struct MetricsArgs {
+    /// Serve Prometheus metrics at http://ADDR/metrics while tracing (127.0.0.1:9464,
+    /// or :9464 for every address): time on and off CPU per process, the events lost,
+    /// and with attach the latency histograms (GC pauses, --latency).
+    #[arg(long = "metrics", value_name = "ADDR")]
+    pub addr: Option<String>,
+    /// Labels added to the per-process series of --metrics: `pid` (PIDs churn, and
+    /// Prometheus keeps each series apart).
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        requires = "addr",
+        value_name = "LABELS"
+    )]
+    pub metrics_labels: Vec<MetricLabel>,
+}
+
+/// A label `--metrics-labels` can add.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum MetricLabel {
+    Pid,
+}
+
+/// `--metrics ADDR` and its labels.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetricsConfig {
+    pub addr: String,
+    pub labels: MetricLabels,
+}
+
+impl MetricsConfig {
+    pub(super) fn from_args(args: MetricsArgs) -> Option<Self> {
+        let addr = args.addr?;
+        Some(Self {
+            addr,
+            labels: MetricLabels {
+                pid: args.metrics_labels.contains(&MetricLabel::Pid),
+            },
+        })
+    }
+}
+
+/// Which optional labels the per-process series carry.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MetricLabels {
+    pub pid: bool,
+}
+
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum ConfigError {
     #[error("invalid PID 0")]
@@ -399,6 +449,46 @@ mod tests {
             include_str!("../../../docs/building.md"),
         ),
     ];
+
+    /// The tracer command lines of the deployment examples: the systemd unit's
+    /// `ExecStart` and the DaemonSet's `args`, each as clap gets it.
+    fn deployment_command_lines() -> Vec<Vec<String>> {
+        let unit = include_str!("../../../docs/deploy/tracer.service");
+        let exec = unit
+            .lines()
+            .find_map(|l| l.strip_prefix("ExecStart="))
+            .expect("the unit has an ExecStart");
+        let mut unit_args = shell_words(exec);
+        unit_args[0] = "tracer".into();
+        let daemonset = include_str!("../../../docs/deploy/tracer-daemonset.yaml");
+        let mut daemonset_args = vec!["tracer".to_string()];
+        let mut in_args = false;
+        for line in daemonset.lines() {
+            let item = line.trim_start().strip_prefix("- ");
+            match (in_args, item) {
+                (false, _) => in_args = line.trim() == "args:",
+                (true, Some(arg)) => daemonset_args.push(arg.trim_matches('"').to_string()),
+                (true, None) => break,
+            }
+        }
+        vec![unit_args, daemonset_args]
+    }
+
+    #[test]
+    fn the_deployment_examples_run_valid_command_lines() {
+        for args in deployment_command_lines() {
+            assert!(args.len() > 4, "{args:?}");
+            let cli = Cli::try_parse_from(&args).unwrap_or_else(|e| panic!("{args:?}: {e}"));
+            let Command::Attach(attach) = cli.command else {
+                panic!("{args:?} is not attach");
+            };
+            let config = AttachConfig::try_from(attach).unwrap_or_else(|e| panic!("{args:?}: {e}"));
+            assert!(
+                config.metrics.is_some() && config.rolling.is_some(),
+                "{args:?}"
+            );
+        }
+    }
 
     /// The workspace root, where the paths of [`DOCS`] start.
     fn workspace_root() -> &'static Path {

@@ -5,7 +5,9 @@ use std::{path::PathBuf, time::Duration};
 use clap::Args;
 
 use super::parse::parse_duration;
-use super::{ConfigError, MapSizeArgs, SamplingArgs, TargetArgs, map_sizes};
+use super::{
+    ConfigError, MapSizeArgs, MetricsArgs, MetricsConfig, SamplingArgs, TargetArgs, map_sizes,
+};
 use crate::profile::sampling::Sampling;
 use crate::{kernel::MapSizes, profile::wallclock::GroupBy, target::TargetSpec};
 
@@ -33,6 +35,8 @@ pub struct ProfileArgs {
     pub sampling: SamplingArgs,
     #[command(flatten)]
     pub maps: MapSizeArgs,
+    #[command(flatten)]
+    pub metrics: MetricsArgs,
     /// Directory for the outputs [default: tracer-profile-PID, or tracer-profile].
     #[arg(long = "output", short = 'o')]
     pub output: Option<PathBuf>,
@@ -50,6 +54,8 @@ pub struct ProfileConfig {
     pub sampling: Sampling,
     pub map_sizes: MapSizes,
     pub output_dir: PathBuf,
+    /// `--metrics ADDR`.
+    pub metrics: Option<MetricsConfig>,
 }
 
 impl TryFrom<ProfileArgs> for ProfileConfig {
@@ -64,6 +70,7 @@ impl TryFrom<ProfileArgs> for ProfileConfig {
             group_by: args.group_by,
             sampling: Sampling::try_from(&args.sampling)?,
             map_sizes: map_sizes(&args.maps)?,
+            metrics: MetricsConfig::from_args(args.metrics),
             output_dir: args
                 .output
                 .unwrap_or_else(|| match targets.is_everything() {

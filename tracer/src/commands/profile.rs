@@ -18,8 +18,11 @@ use anyhow::Result;
 use tracer_common::counter;
 
 use crate::{
-    cli::ProfileConfig,
+    cli::{MetricLabels, ProfileConfig},
+    commands::metrics::{self, MetricSources},
+    kernel::Loader,
     kernel::{KernelTargets, Launch, LaunchNeeds, Settings},
+    output::endpoint::Scrapes,
     output::render::{self, export::ExportInfo, views::write_profile_files},
     output::report::{StackLosses, profile_summary},
     probe::runtimes,
@@ -31,7 +34,7 @@ use crate::{
     stack::symbolize::StackSymbolizer,
     system::privileges,
     system::procfs,
-    system::stop::{self, ProcessWatch},
+    system::stop::{self, ProcessWatch, StopReason},
     system::text::escape_text,
     target::{self, TargetTracker},
 };
@@ -69,8 +72,10 @@ pub fn run(config: ProfileConfig) -> Result<()> {
             }
         }
     }
-    // Before anything is attached: a profile whose files cannot be written fails now.
+    // Before anything is attached: a profile whose files cannot be written fails now, and
+    // so does an address that cannot be listened on.
     render::prepare_output_dir(&config.output_dir)?;
+    let endpoint = metrics::bind(config.metrics.as_ref())?;
     let sampling = config.sampling;
     let unwind_ring_bytes = WallClockSampler::unwind_ring_bytes(&sampling, targets.is_none());
 
@@ -102,6 +107,7 @@ pub fn run(config: ProfileConfig) -> Result<()> {
         .enable_all()
         .build()?;
     let signals = stop::StopSignals::catch(&runtime)?;
+    let metrics = metrics::serve(endpoint, &runtime)?;
     announce(&what, &sampling, sampler.cpus, config.duration);
 
     // What naming the stacks takes is parsed while they are taken, not at the stop.
@@ -117,7 +123,7 @@ pub fn run(config: ProfileConfig) -> Result<()> {
         watch,
         config.duration,
         stop::either(
-            sampling::run_sampler(&mut sampler, &mut loader, &mut processes),
+            run_profile(&mut sampler, &mut loader, &mut processes, metrics),
             target::track(tracker.as_mut()),
         ),
     ))?;
@@ -182,6 +188,35 @@ pub fn run(config: ProfileConfig) -> Result<()> {
     match output_error {
         Some(e) => Err(e),
         None => Ok(()),
+    }
+}
+
+/// Samples, and answers the scrapes of `metrics` meanwhile. Never finishes on its own.
+async fn run_profile(
+    sampler: &mut WallClockSampler,
+    loader: &mut Loader,
+    processes: &mut Processes,
+    mut metrics: Option<(Scrapes, MetricLabels)>,
+) -> std::io::Result<StopReason> {
+    let labels = metrics
+        .as_ref()
+        .map(|(_, labels)| *labels)
+        .unwrap_or_default();
+    let mut chores = sampling::SamplerChores::default();
+    let mut ticker = tokio::time::interval(chores.period(sampler));
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => chores.run_with_mappings(sampler, loader, processes),
+            scrape = metrics::next_scrape(&mut metrics) => {
+                scrape.answer(metrics::scrape(&MetricSources {
+                    loader,
+                    plan: None,
+                    processes,
+                    sampler,
+                    labels,
+                }));
+            }
+        }
     }
 }
 

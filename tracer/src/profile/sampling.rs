@@ -478,12 +478,7 @@ pub async fn run_sampler(
     let mut ticker = tokio::time::interval(chores.period(sampler));
     loop {
         ticker.tick().await;
-        if processes.maps_told() {
-            for pid in loader.take_mapped() {
-                processes.refresh_maps(pid);
-            }
-        }
-        chores.run(sampler, loader, processes);
+        chores.run_with_mappings(sampler, loader, processes);
     }
 }
 
@@ -498,6 +493,22 @@ pub struct SamplerChores {
 }
 
 impl SamplerChores {
+    /// [`SamplerChores::run`], after re-reading the mappings of the processes the kernel
+    /// said mapped code (a loop that does not look for probe sites itself).
+    pub fn run_with_mappings(
+        &mut self,
+        sampler: &mut WallClockSampler,
+        loader: &mut Loader,
+        processes: &mut Processes,
+    ) {
+        if processes.maps_told() {
+            for pid in loader.take_mapped() {
+                processes.refresh_maps(pid);
+            }
+        }
+        self.run(sampler, loader, processes);
+    }
+
     /// How often the sampler has work to do.
     pub fn period(&self, sampler: &WallClockSampler) -> Duration {
         match (sampler.unwinds(), sampler.system_wide) {

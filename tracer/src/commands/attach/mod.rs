@@ -4,7 +4,6 @@
 //! profile` takes it), until the duration ends, Ctrl-C, or the targets exit.
 
 mod collect;
-mod metrics;
 mod rolling;
 mod sites;
 
@@ -17,11 +16,12 @@ use anyhow::{Context as _, Result, bail};
 
 use crate::{
     cli::{AttachConfig, Format, MetricLabels},
+    commands::metrics::{self, MetricSources},
     kernel::{
         DiagnosticsReader, Features, KernelTargets, Launch, LaunchNeeds, Loader, RecordRing,
         Settings, keeper,
     },
-    output::endpoint::{Endpoint, Scrapes},
+    output::endpoint::Scrapes,
     output::render::{self, export::ExportInfo, timeline::Timeline},
     output::report::TracedProcess,
     probe::late_sites::{self, LateSites, Members},
@@ -65,11 +65,7 @@ pub fn run(config: AttachConfig) -> Result<()> {
     if let Some(timeline) = &config.timeline {
         render::prepare_output_file(&timeline.path)?;
     }
-    let endpoint = config
-        .metrics
-        .as_ref()
-        .map(|m| Endpoint::bind(&m.addr))
-        .transpose()?;
+    let endpoint = metrics::bind(config.metrics.as_ref())?;
     let processes = observe_targets(&pids, single)?;
     let (mut run, mut tracker) = Run::attach(
         launch, &config, targets, planned, processes, &pids, &on_target,
@@ -82,15 +78,7 @@ pub fn run(config: AttachConfig) -> Result<()> {
         .enable_all()
         .build()?;
     let signals = stop::StopSignals::catch(&runtime)?;
-    let metrics = match endpoint {
-        Some(endpoint) => {
-            let addr = endpoint.local_addr()?;
-            let _entered = runtime.enter();
-            crate::status!("Serving metrics at http://{addr}/metrics.");
-            Some(endpoint.serve()?)
-        }
-        None => None,
-    };
+    let metrics = metrics::serve(endpoint, &runtime)?;
     announce(
         &what.describe(pids.len(), spec.can_grow()),
         run.loader.usdt_site_count(),
@@ -103,7 +91,7 @@ pub fn run(config: AttachConfig) -> Result<()> {
         duration: config.duration,
         tracker: tracker.as_mut(),
     };
-    let reason = run.trace(&runtime, stops, metrics, &config)?;
+    let reason = run.trace(&runtime, stops, metrics)?;
 
     // What was measured up to now is what is reported; the targets keep running untouched
     // from here on.
@@ -301,19 +289,13 @@ impl Run {
         &mut self,
         runtime: &tokio::runtime::Runtime,
         stops: Stops<'_>,
-        metrics: Option<Scrapes>,
-        config: &AttachConfig,
+        metrics: Option<(Scrapes, MetricLabels)>,
     ) -> Result<StopReason> {
         // What naming the stacks takes is parsed while they are taken, not at the stop.
         let processes = &self.processes;
         self.symbolizer
             .prepare(processes.iter().filter_map(|(_, info)| info.maps.as_ref()));
         let keeper_pid = self.loader.keeper_pid();
-        let labels = config
-            .metrics
-            .as_ref()
-            .map(|m| m.labels)
-            .unwrap_or_default();
         let Stops {
             signals,
             watch,
@@ -325,7 +307,7 @@ impl Run {
             watch,
             duration,
             stop::either(
-                run_attached(self, metrics.map(|scrapes| (scrapes, labels))),
+                run_attached(self, metrics),
                 stop::either(target::track(tracker), keeper::watch(keeper_pid)),
             ),
         ))?;
@@ -569,18 +551,12 @@ async fn run_attached(
     let mut chores = sampling::SamplerChores::default();
     let mut ticker = tokio::time::interval(late_sites::LOOK_PERIOD);
     loop {
-        let scrape = async {
-            match metrics.as_mut() {
-                Some((scrapes, _)) => scrapes.next().await,
-                None => std::future::pending().await,
-            }
-        };
         tokio::select! {
             _ = ticker.tick() => {}
-            scrape = scrape => {
-                scrape.answer(metrics::scrape(&metrics::MetricSources {
+            scrape = metrics::next_scrape(&mut metrics) => {
+                scrape.answer(metrics::scrape(&MetricSources {
                     loader,
-                    plan,
+                    plan: Some(plan),
                     processes,
                     sampler,
                     labels,

@@ -1,14 +1,17 @@
-//! `attach --metrics ADDR`: what a scrape answers, read from the kernel's maps and the
-//! sampler when it comes. Every figure is a total since the start, kept by the kernel
-//! for processes that exited too: counters never go backwards.
+//! `--metrics ADDR` of `attach` and `profile`: what a scrape answers, read from the
+//! kernel's maps and the sampler when it comes. Every figure is a total since the start,
+//! kept by the kernel for processes that exited too: counters never go backwards.
 
 use std::collections::BTreeMap;
 
 use tracer_common::{LatencyStats, counter, offcpu_state};
 
+use anyhow::Result;
+
 use crate::{
-    cli::MetricLabels,
+    cli::{MetricLabels, MetricsConfig},
     kernel::Loader,
+    output::endpoint::{Endpoint, Scrape, Scrapes},
     output::render::prometheus::{Exposition, Kind, Label, metric_name},
     probe::plan::ProbePlan,
     profile::{histogram::LatencyHistogram, sampling::WallClockSampler},
@@ -17,9 +20,10 @@ use crate::{
 };
 
 /// What a scrape reads.
-pub(super) struct MetricSources<'a> {
+pub struct MetricSources<'a> {
     pub loader: &'a Loader,
-    pub plan: &'a ProbePlan,
+    /// The probes attached, whose latencies are histograms (`attach`).
+    pub plan: Option<&'a ProbePlan>,
     pub processes: &'a Processes,
     pub sampler: &'a WallClockSampler,
     pub labels: MetricLabels,
@@ -54,10 +58,42 @@ fn borrowed<'a>(labels: &'a [(&'static str, String)]) -> Vec<Label<'a>> {
     labels.iter().map(|(n, v)| (*n, v.as_str())).collect()
 }
 
+/// Binds `--metrics ADDR`'s endpoint; call before attaching, so that an address that
+/// cannot be listened on fails first.
+pub fn bind(config: Option<&MetricsConfig>) -> Result<Option<(Endpoint, MetricLabels)>> {
+    config
+        .map(|m| Ok((Endpoint::bind(&m.addr)?, m.labels)))
+        .transpose()
+}
+
+/// Starts serving on `runtime`, saying where.
+pub fn serve(
+    bound: Option<(Endpoint, MetricLabels)>,
+    runtime: &tokio::runtime::Runtime,
+) -> Result<Option<(Scrapes, MetricLabels)>> {
+    let Some((endpoint, labels)) = bound else {
+        return Ok(None);
+    };
+    let addr = endpoint.local_addr()?;
+    let _entered = runtime.enter();
+    crate::status!("Serving metrics at http://{addr}/metrics.");
+    Ok(Some((endpoint.serve()?, labels)))
+}
+
+/// The next scrape of `metrics`; pending for ever without.
+pub async fn next_scrape(metrics: &mut Option<(Scrapes, MetricLabels)>) -> Scrape {
+    match metrics.as_mut() {
+        Some((scrapes, _)) => scrapes.next().await,
+        None => std::future::pending().await,
+    }
+}
+
 /// Writes every family into one exposition.
-pub(super) fn scrape(sources: &MetricSources<'_>) -> String {
+pub fn scrape(sources: &MetricSources<'_>) -> String {
     let mut out = Exposition::new();
-    latencies(sources, &mut out);
+    if let Some(plan) = sources.plan {
+        latencies(sources, plan, &mut out);
+    }
     scheduler_time(sources, &mut out);
     losses(sources.loader, &mut out);
     if let Some(running) = sources.sampler.processes_running() {
@@ -103,7 +139,7 @@ impl MetricSources<'_> {
 
 /// A histogram per latency and process: a runtime's as `tracer_NAME_seconds` with its
 /// `runtime`, those of `--latency` as `tracer_latency_seconds` by `latency`.
-fn latencies(sources: &MetricSources<'_>, out: &mut Exposition) {
+fn latencies(sources: &MetricSources<'_>, plan: &ProbePlan, out: &mut Exposition) {
     let loader = sources.loader;
     let (Ok(buckets), Ok(totals)) = (
         loader.latency_buckets_by_process(),
@@ -115,7 +151,7 @@ fn latencies(sources: &MetricSources<'_>, out: &mut Exposition) {
     let mut families: BTreeMap<String, (String, BTreeMap<SeriesKey, LatencyHistogram>)> =
         BTreeMap::new();
     let series = |latency_id: u32, tgid: u32| {
-        let def = sources.plan.latencies.get(latency_id as usize)?;
+        let def = plan.latencies.get(latency_id as usize)?;
         let (name, help, extra) = match def.runtime {
             Some(runtime) => (
                 metric_name("tracer_", &def.name, "_seconds"),
