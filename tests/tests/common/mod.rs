@@ -305,6 +305,28 @@ impl Tracer {
     }
 }
 
+/// A test that fails before it finished its tracer must not leave it running (with
+/// `--exe` or `--comm` and no duration it would never stop): it gets SIGINT, as a user
+/// would stop it, then SIGKILL.
+impl Drop for Tracer {
+    fn drop(&mut self) {
+        if !matches!(self.child.try_wait(), Ok(None)) {
+            return;
+        }
+        // SAFETY: kill has no memory preconditions; the child is not reaped.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while matches!(self.child.try_wait(), Ok(None)) {
+            if std::time::Instant::now() > deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
 /// Runs the tracer to completion with no target interaction.
 pub fn run_tracer(args: &[&str]) -> std::process::Output {
     Command::new(tracer_bin())

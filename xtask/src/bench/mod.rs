@@ -14,12 +14,15 @@
 //! 9. [`fig9_function_probes`]: what function probes cost, per hit and to GC-heavy programs.
 //! 10. [`fig10_postgres_cost`]: the tracer's own CPU time per PostgreSQL transaction under
 //!     pgbench, and the cluster's, against bpftrace and perf.
+//! 11. [`fig11_agent`]: the always-on agent (`--metrics`, `--profile-every`) on a service
+//!     that churns processes: its CPU share and memory over the run, and a scrape's cost.
 //!
 //! [`harness`] starts, times and stops the targets and tools; [`stats`] reduces the runs.
 //!
 //! Needs root. tracefs is mounted for bpftrace if it is not (and unmounted afterwards).
 
 mod fig10_postgres_cost;
+mod fig11_agent;
 mod fig1_disabled_probe;
 mod fig2_event_cost;
 mod fig3_offcpu_pingpong;
@@ -50,7 +53,7 @@ pub struct BenchArgs {
     /// Rounds of alternating runs in figures 2-4 and 7-10 [default: 5; --quick: 3].
     #[arg(long)]
     rounds: Option<usize>,
-    /// Only these figures (1-10, comma-separated); 6 uses the tracer runs of 2-4.
+    /// Only these figures (1-11, comma-separated); 6 uses the tracer runs of 2-4.
     #[arg(long, value_delimiter = ',')]
     only: Vec<u8>,
     /// Iterations of each disabled-probe loop, figure 1 [default: 200M; --quick: 50M].
@@ -74,6 +77,9 @@ pub struct BenchArgs {
     /// Seconds of each pgbench run, figure 10 [default: 20; --quick: 8].
     #[arg(long)]
     pgbench_seconds: Option<u64>,
+    /// Seconds of the agent's run, figure 11 [default: 600; --quick: 60].
+    #[arg(long)]
+    agent_seconds: Option<u64>,
 }
 
 struct Config {
@@ -87,6 +93,7 @@ struct Config {
     render_rounds: usize,
     python_seconds: f64,
     pgbench_seconds: u64,
+    agent_seconds: u64,
     figures: Vec<u8>,
 }
 
@@ -97,12 +104,12 @@ impl Config {
             value.unwrap_or(if quick { fast } else { full })
         };
         let figures = if args.only.is_empty() {
-            (1..=10).collect()
+            (1..=11).collect()
         } else {
             args.only
         };
-        if let Some(bad) = figures.iter().find(|f| !(1..=10).contains(*f)) {
-            bail!("no figure {bad}: figures are 1 to 10");
+        if let Some(bad) = figures.iter().find(|f| !(1..=11).contains(*f)) {
+            bail!("no figure {bad}: figures are 1 to 11");
         }
         let rounds = args.rounds.unwrap_or(if quick { 3 } else { 5 });
         if rounds == 0 {
@@ -115,6 +122,10 @@ impl Config {
         let pgbench_seconds = pick(args.pgbench_seconds, 20, 8);
         if pgbench_seconds == 0 {
             bail!("--pgbench-seconds must be at least 1");
+        }
+        let agent_seconds = pick(args.agent_seconds, 600, 60);
+        if agent_seconds < 10 {
+            bail!("--agent-seconds must be at least 10");
         }
         Ok(Self {
             rounds,
@@ -129,6 +140,7 @@ impl Config {
             render_rounds: 3,
             python_seconds,
             pgbench_seconds,
+            agent_seconds,
             figures,
         })
     }
@@ -167,7 +179,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     println!("load average before: {load_before} (other work on the machine skews every figure)");
     let mut rows = Vec::new();
     let mut memory = PeakMemory::default();
-    let figures: [(u8, &str); 10] = [
+    let figures: [(u8, &str); 11] = [
         (1, "disabled probe vs no probe"),
         (2, "cost per traced USDT event"),
         (3, "off-CPU tracing of a ping-pong"),
@@ -178,6 +190,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         (8, "the cost of Python frames"),
         (9, "what function probes cost"),
         (10, "the tracer's own cost on PostgreSQL"),
+        (11, "the always-on agent on a churning service"),
     ];
     for (figure, title) in figures {
         if !config.wants(figure) {
@@ -195,7 +208,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
             7 => fig7_stop::measure(&config),
             8 => fig8_python_frames::measure(&config),
             9 => fig9_function_probes::measure(&config),
-            _ => fig10_postgres_cost::measure(&config),
+            10 => fig10_postgres_cost::measure(&config),
+            _ => fig11_agent::measure(&config),
         };
         match result {
             Ok(mut new_rows) => rows.append(&mut new_rows),
