@@ -67,9 +67,9 @@ pub mod map_names {
     pub const TARGETS: &str = "TARGETS";
     /// Latency totals per process ([`super::LatencyProcessKey`]).
     pub const LATENCY_BY_PROCESS: &str = "LATENCY_BY_PROCESS";
-    /// Latency counts per process and histogram bucket, with `PROCESS_HISTOGRAMS` on
-    /// ([`super::LatencyBucketKey`]).
-    pub const LATENCY_BUCKETS_BY_PROCESS: &str = "LATENCY_BUCKETS_BY_PROCESS";
+    /// Each process's latencies by histogram bucket and its time off CPU, with
+    /// `PROCESS_METRICS_ON` on ([`super::ProcessMetricKey`]).
+    pub const PROCESS_METRICS: &str = "PROCESS_METRICS";
     /// The per-CPU buffer where an event with strings is assembled.
     pub const USDT_STR_SCRATCH: &str = "USDT_STR_SCRATCH";
     /// Probe hits by process and stacks (`trace --count --stack`, [`super::HitStackKey`]).
@@ -111,7 +111,7 @@ pub mod map_names {
         KERNEL_STACKS,
         TARGETS,
         LATENCY_BY_PROCESS,
-        LATENCY_BUCKETS_BY_PROCESS,
+        PROCESS_METRICS,
         USDT_STR_SCRATCH,
         HIT_STACKS,
         HELD,
@@ -253,9 +253,10 @@ pub mod global_names {
     /// Byte offset of `thread.fsbase` in `task_struct`: a thread's `pthread_self()`,
     /// which CPython keeps in each thread state.
     pub const TASK_FSBASE_OFFSET: &str = "TASK_FSBASE_OFFSET";
-    /// Non-zero with `attach --metrics`: every latency is also counted by process in
-    /// its histogram bucket (`LATENCY_BUCKETS_BY_PROCESS`), for a histogram per process.
-    pub const PROCESS_HISTOGRAMS: &str = "PROCESS_HISTOGRAMS";
+    /// Non-zero with `--metrics`: each latency and off-CPU interval is also added to its
+    /// process's figures in `PROCESS_METRICS`, which user space prunes of exited
+    /// processes.
+    pub const PROCESS_METRICS_ON: &str = "PROCESS_METRICS_ON";
     /// Every name above, for the test that each is in the eBPF object.
     pub const ALL: &[&str] = &[
         TARGET_TGID,
@@ -289,7 +290,7 @@ pub mod global_names {
         TIMELINE_ON,
         TIMELINE_MIN_BLOCK_NS,
         TASK_FSBASE_OFFSET,
-        PROCESS_HISTOGRAMS,
+        PROCESS_METRICS_ON,
     ];
 }
 
@@ -336,14 +337,25 @@ pub struct TargetProcess {
     pub comm: [u8; 16],
 }
 
-/// Key of `LATENCY_BUCKETS_BY_PROCESS`: one latency in one process, one bucket of
-/// [`histogram`].
+/// Key of `PROCESS_METRICS`: one figure of one process, a [`process_metric`] and its
+/// index.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct LatencyBucketKey {
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ProcessMetricKey {
     pub tgid: u32,
-    pub latency_id: u32,
-    pub bucket: u32,
+    pub metric: u32,
+    pub index: u32,
+}
+
+/// What a [`ProcessMetricKey`] counts.
+pub mod process_metric {
+    /// Latencies in one bucket of [`super::histogram`]: index `latency_id * BUCKETS +
+    /// bucket`.
+    pub const LATENCY_COUNT: u32 = 0;
+    /// Nanoseconds of latencies: index `latency_id`.
+    pub const LATENCY_NS: u32 = 1;
+    /// Nanoseconds off CPU: index an [`super::offcpu_state`].
+    pub const OFFCPU_NS: u32 = 2;
 }
 
 /// Key of `LATENCY_BY_PROCESS`: one latency in one process, of one class ([`NO_CLASS`]
@@ -1087,7 +1099,7 @@ mod pod {
         LatencyStats,
         TargetProcess,
         LatencyProcessKey,
-        LatencyBucketKey,
+        ProcessMetricKey,
         ProbeHits,
         OffCpuStart,
         OffCpuKey,

@@ -19,15 +19,17 @@ mod tasks;
 mod threads;
 mod usdt;
 
+use core::intrinsics::{AtomicOrdering, atomic_xadd};
+
 use aya_ebpf::{
     macros::{btf_tracepoint, map, perf_event, tracepoint, uprobe},
     maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf, StackTrace},
     programs::{BtfTracePointContext, PerfEventContext, ProbeContext, TracePointContext},
 };
 use tracer_common::{
-    BlockPlace, HitStackKey, KernelStack, LastSnapshot, LastUserStack, LatencyBucketKey,
-    LatencyProcessKey, LatencyStart, LatencyStartKey, LatencyStats, MAX_LATENCIES, MAX_PROBES,
-    MAX_USDT_SITES, OffCpuKey, OffCpuStart, OffCpuTotal, OnCpuKey, ProbeHits, STACK_WORDS_SPAN,
+    BlockPlace, HitStackKey, KernelStack, LastSnapshot, LastUserStack, LatencyProcessKey,
+    LatencyStart, LatencyStartKey, LatencyStats, MAX_LATENCIES, MAX_PROBES, MAX_USDT_SITES,
+    OffCpuKey, OffCpuStart, OffCpuTotal, OnCpuKey, ProbeHits, ProcessMetricKey, STACK_WORDS_SPAN,
     SnapshotCheck, TargetProcess, TaskId, TaskKey, TaskName, TaskState, TaskTotal, TaskWallKey,
     ThreadTask, TimelineEvent, UsdtSite, UsdtStrEvent, control, counter, histogram,
     python::{PythonProcess, PythonStack, PythonThread},
@@ -72,10 +74,11 @@ static LATENCY_STATS: PerCpuArray<LatencyStats> = PerCpuArray::with_max_entries(
 static LATENCY_BY_PROCESS: PerCpuHashMap<LatencyProcessKey, LatencyStats> =
     PerCpuHashMap::with_max_entries(16384, NO_PREALLOC);
 
-/// Count of every latency in each process by histogram bucket, with `PROCESS_HISTOGRAMS`
-/// on (sparse: a process's latencies fill a few buckets).
+/// Each process's figures for `--metrics` (see `tracer_common::process_metric`), with
+/// `PROCESS_METRICS_ON` on: its latencies by histogram bucket (sparse: a few buckets
+/// each) and their total, and its time off CPU. User space removes exited processes'.
 #[map]
-static LATENCY_BUCKETS_BY_PROCESS: HashMap<LatencyBucketKey, u64> =
+static PROCESS_METRICS: HashMap<ProcessMetricKey, u64> =
     HashMap::with_max_entries(65536, NO_PREALLOC);
 
 /// Hits by probe, process and stacks (`trace --count --stack`); one entry unless user
@@ -296,10 +299,40 @@ static TIMELINE_MIN_BLOCK_NS: u64 = 0;
 #[unsafe(no_mangle)]
 static TASK_FSBASE_OFFSET: u32 = 0;
 #[unsafe(no_mangle)]
-static PROCESS_HISTOGRAMS: u32 = 0;
+static PROCESS_METRICS_ON: u32 = 0;
 
 /// A map insert's flag: only if the key is absent, else fail with `EEXIST`.
 const BPF_NOEXIST: u64 = 1;
+
+/// Adds `value` to a process's figure in `PROCESS_METRICS` (shared by the CPUs: atomic
+/// adds), when `--metrics` asked for them.
+#[inline(always)]
+fn add_process_metric(tgid: u32, metric: u32, index: u32, value: u64) {
+    if setting(&PROCESS_METRICS_ON) == 0 {
+        return;
+    }
+    let key = ProcessMetricKey {
+        tgid,
+        metric,
+        index,
+    };
+    if let Some(slot) = PROCESS_METRICS.get_ptr_mut(&key) {
+        // SAFETY: an aligned u64 map value, only ever added to atomically (xadd).
+        unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(slot, value) };
+        return;
+    }
+    if PROCESS_METRICS.insert(&key, &value, BPF_NOEXIST).is_ok() {
+        return;
+    }
+    // Another CPU inserted it first, or the map is full.
+    match PROCESS_METRICS.get_ptr_mut(&key) {
+        // SAFETY: as above.
+        Some(slot) => unsafe {
+            atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(slot, value);
+        },
+        None => count(counter::MAP_FULL),
+    }
+}
 
 /// Reads a global set before load; volatile so the compiler cannot fold the default in.
 #[inline(always)]

@@ -47,7 +47,7 @@ use tracer_common::{
     KERNEL_STACK_ALWAYS_NS, KERNEL_STACK_AT_SWITCH_IN, KERNEL_STACK_NOT_SAMPLED, LastSnapshot,
     MAX_SNAPSHOT_CHECKS, MAX_STACK_DEPTH, NO_STACK, OFFCPU_START_ENDED, OffCpuKey, OffCpuStart,
     OffCpuTotal, STACK_WORDS_SPAN, SWITCH_IN_STACK_IDS, StackWords, TaskWallKey, TimelineEvent,
-    counter, offcpu_state, target_filter, task_wall, timeline_kind,
+    counter, offcpu_state, process_metric, target_filter, task_wall, timeline_kind,
 };
 
 use crate::{
@@ -538,6 +538,7 @@ fn add_time(key: &OffCpuKey, ns: u64, task: u64) {
         );
     }
     add_total(&OFFCPU_TIME, key, ns);
+    crate::add_process_metric(key.tgid, process_metric::OFFCPU_NS, key.state, ns);
 }
 
 /// Adds `ns` and one interval (or sample) to a task's `TASK_WALL` entry.

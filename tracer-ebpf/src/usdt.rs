@@ -11,17 +11,16 @@ use aya_ebpf::{
 };
 use aya_log_ebpf::debug;
 use tracer_common::{
-    CLASSIFIES_INNERMOST, HitStackKey, INNERMOST_FRAME, LatencyBucketKey, LatencyProcessKey,
-    LatencyStart, LatencyStartKey, LatencyStats, MAX_LATENCIES, MAX_LATENCIES_PER_PROBE,
-    MAX_STR_ARGS, MAX_STR_LEN, MAX_USDT_ARGS, NO_CLASS, NO_STACK, STACK_NOT_TAKEN, STR_LENGTH_MASK,
+    CLASSIFIES_INNERMOST, HitStackKey, INNERMOST_FRAME, LatencyProcessKey, LatencyStart,
+    LatencyStartKey, LatencyStats, MAX_LATENCIES, MAX_LATENCIES_PER_PROBE, MAX_STR_ARGS,
+    MAX_STR_LEN, MAX_USDT_ARGS, NO_CLASS, NO_STACK, STACK_NOT_TAKEN, STR_LENGTH_MASK,
     STR_OFFSET_MASK, TimelineEvent, UsdtEvent, UsdtSite, UsdtStrEvent, UsdtStrHeader, counter,
-    histogram, site_flags, str_read_size, target_filter, timeline_kind,
+    histogram, process_metric, site_flags, str_read_size, target_filter, timeline_kind,
 };
 
 use crate::{
-    BPF_NOEXIST, HIT_STACKS, LATENCY_BUCKETS_BY_PROCESS, LATENCY_BY_PROCESS, LATENCY_HIST,
-    LATENCY_STARTS, LATENCY_STATS, PROBE_HITS, PROCESS_HISTOGRAMS, USDT_EVENTS, USDT_SPECS,
-    USDT_STR_SCRATCH,
+    HIT_STACKS, LATENCY_BY_PROCESS, LATENCY_HIST, LATENCY_STARTS, LATENCY_STATS, PROBE_HITS,
+    USDT_EVENTS, USDT_SPECS, USDT_STR_SCRATCH,
     args::{Registers, decode_arg, read_user_str},
     count, count_by,
     snapshot::{self, Regs},
@@ -362,13 +361,13 @@ fn record_latency(latency_id: u32, tgid: u32, class: u32, ns: u64) {
         // SAFETY: an aligned u64 of the array, only ever added to atomically (xadd).
         unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(slot, 1) };
     }
-    if crate::setting(&PROCESS_HISTOGRAMS) != 0 {
-        count_in_process_bucket(&LatencyBucketKey {
-            tgid,
-            latency_id,
-            bucket,
-        });
-    }
+    crate::add_process_metric(
+        tgid,
+        process_metric::LATENCY_COUNT,
+        latency_id * histogram::BUCKETS + bucket,
+        1,
+    );
+    crate::add_process_metric(tgid, process_metric::LATENCY_NS, latency_id, ns);
     if let Some(stats) = LATENCY_STATS.get_ptr_mut(latency_id) {
         // SAFETY: as above.
         add_to(unsafe { &mut *stats }, ns);
@@ -392,30 +391,6 @@ fn record_latency(latency_id: u32, tgid: u32, class: u32, ns: u64) {
                 count(counter::MAP_FULL);
             }
         }
-    }
-}
-
-/// Adds one to the count of `key` (a map shared by the CPUs, counted with atomic adds).
-#[inline(always)]
-fn count_in_process_bucket(key: &LatencyBucketKey) {
-    if let Some(slot) = LATENCY_BUCKETS_BY_PROCESS.get_ptr_mut(key) {
-        // SAFETY: an aligned u64 map value, only ever added to atomically (xadd).
-        unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(slot, 1) };
-        return;
-    }
-    if LATENCY_BUCKETS_BY_PROCESS
-        .insert(key, &1, BPF_NOEXIST)
-        .is_ok()
-    {
-        return;
-    }
-    // Another CPU inserted it first, or the map is full.
-    match LATENCY_BUCKETS_BY_PROCESS.get_ptr_mut(key) {
-        // SAFETY: as above.
-        Some(slot) => unsafe {
-            atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(slot, 1);
-        },
-        None => count(counter::MAP_FULL),
     }
 }
 

@@ -1,12 +1,14 @@
-//! `--metrics ADDR` of `attach` and `profile`: what a scrape answers, read from the
-//! kernel's maps and the sampler when it comes. Every figure is a total since the start,
-//! kept by the kernel for processes that exited too: counters never go backwards.
+//! `--metrics ADDR` of `attach` and `profile`: what a scrape answers, read when it comes.
+//! The kernel adds each process's latencies and time off CPU to its figures
+//! (`PROCESS_METRICS`); a scrape reads them, and those of processes that exited it folds
+//! into totals by name kept here and removes from the kernel's map. So a scrape's work
+//! follows the processes running, not those that came and went, and counters never go
+//! backwards. With `--metrics-labels pid` an exited process's series end with it instead.
 
-use std::collections::BTreeMap;
-
-use tracer_common::{LatencyStats, counter, offcpu_state};
+use std::collections::{BTreeMap, BTreeSet};
 
 use anyhow::Result;
+use tracer_common::{ProcessMetricKey, counter, histogram, offcpu_state, process_metric};
 
 use crate::{
     cli::{MetricLabels, MetricsConfig},
@@ -21,12 +23,11 @@ use crate::{
 
 /// What a scrape reads.
 pub struct MetricSources<'a> {
-    pub loader: &'a Loader,
+    pub loader: &'a mut Loader,
     /// The probes attached, whose latencies are histograms (`attach`).
     pub plan: Option<&'a ProbePlan>,
     pub processes: &'a Processes,
     pub sampler: &'a WallClockSampler,
-    pub labels: MetricLabels,
 }
 
 /// A series's labels before they are written: the process's name, its PID on request,
@@ -58,6 +59,114 @@ fn borrowed<'a>(labels: &'a [(&'static str, String)]) -> Vec<Label<'a>> {
     labels.iter().map(|(n, v)| (*n, v.as_str())).collect()
 }
 
+/// A latency's histogram in one series: its buckets, and the total of its values.
+#[derive(Debug, Default, Clone)]
+struct Histogram {
+    buckets: LatencyHistogram,
+    sum_ns: u64,
+}
+
+/// Each series's figures from `PROCESS_METRICS`.
+#[derive(Debug, Default)]
+struct Figures {
+    /// By family (its name and help), then series.
+    latencies: BTreeMap<(String, String), BTreeMap<SeriesKey, Histogram>>,
+    /// Nanoseconds off CPU by state, then series.
+    offcpu: BTreeMap<u32, BTreeMap<SeriesKey, u64>>,
+}
+
+impl Figures {
+    /// Adds `value` of `key`, counted for process `series` (its name and PID).
+    fn add(
+        &mut self,
+        key: &ProcessMetricKey,
+        value: u64,
+        series: SeriesKey,
+        plan: Option<&ProbePlan>,
+    ) {
+        match key.metric {
+            process_metric::OFFCPU_NS => {
+                *self
+                    .offcpu
+                    .entry(key.index)
+                    .or_default()
+                    .entry(series)
+                    .or_default() += value;
+            }
+            metric => {
+                let latency_id = match metric {
+                    process_metric::LATENCY_COUNT => key.index / histogram::BUCKETS,
+                    _ => key.index,
+                };
+                let Some(def) = plan.and_then(|p| p.latencies.get(latency_id as usize)) else {
+                    return;
+                };
+                let (family, extra) = match def.runtime {
+                    Some(runtime) => (
+                        (
+                            metric_name("tracer_", &def.name, "_seconds"),
+                            format!(
+                                "The runtimes' {}: from {} to {}, per process.",
+                                def.name, def.begin, def.end
+                            ),
+                        ),
+                        ("runtime", runtime.to_string()),
+                    ),
+                    None => (
+                        (
+                            "tracer_latency_seconds".to_string(),
+                            "Latencies between the probes of --latency, per process.".to_string(),
+                        ),
+                        ("latency", def.name.clone()),
+                    ),
+                };
+                let series = SeriesKey {
+                    extra: Some(extra),
+                    ..series
+                };
+                let hist = self
+                    .latencies
+                    .entry(family)
+                    .or_default()
+                    .entry(series)
+                    .or_default();
+                match metric {
+                    process_metric::LATENCY_COUNT => hist
+                        .buckets
+                        .merge_bucket(key.index % histogram::BUCKETS, value),
+                    _ => hist.sum_ns += value,
+                }
+            }
+        }
+    }
+
+    /// Adds every figure of `other`.
+    fn merge(&mut self, other: &Figures) {
+        for (family, series) in &other.latencies {
+            let into = self.latencies.entry(family.clone()).or_default();
+            for (key, hist) in series {
+                let total = into.entry(key.clone()).or_default();
+                total.buckets.merge(&hist.buckets);
+                total.sum_ns += hist.sum_ns;
+            }
+        }
+        for (state, series) in &other.offcpu {
+            let into = self.offcpu.entry(*state).or_default();
+            for (key, ns) in series {
+                *into.entry(key.clone()).or_default() += ns;
+            }
+        }
+    }
+}
+
+/// `--metrics`, served: the scrapes to answer, the labels asked for, and the figures of
+/// processes gone.
+pub struct Metrics {
+    scrapes: Scrapes,
+    labels: MetricLabels,
+    gone: Figures,
+}
+
 /// Binds `--metrics ADDR`'s endpoint; call before attaching, so that an address that
 /// cannot be listened on fails first.
 pub fn bind(config: Option<&MetricsConfig>) -> Result<Option<(Endpoint, MetricLabels)>> {
@@ -70,182 +179,147 @@ pub fn bind(config: Option<&MetricsConfig>) -> Result<Option<(Endpoint, MetricLa
 pub fn serve(
     bound: Option<(Endpoint, MetricLabels)>,
     runtime: &tokio::runtime::Runtime,
-) -> Result<Option<(Scrapes, MetricLabels)>> {
+) -> Result<Option<Metrics>> {
     let Some((endpoint, labels)) = bound else {
         return Ok(None);
     };
     let addr = endpoint.local_addr()?;
     let _entered = runtime.enter();
     crate::status!("Serving metrics at http://{addr}/metrics.");
-    Ok(Some((endpoint.serve()?, labels)))
+    Ok(Some(Metrics {
+        scrapes: endpoint.serve()?,
+        labels,
+        gone: Figures::default(),
+    }))
 }
 
 /// The next scrape of `metrics`; pending for ever without.
-pub async fn next_scrape(metrics: &mut Option<(Scrapes, MetricLabels)>) -> Scrape {
+pub async fn next_scrape(metrics: &mut Option<Metrics>) -> Scrape {
     match metrics.as_mut() {
-        Some((scrapes, _)) => scrapes.next().await,
+        Some(metrics) => metrics.scrapes.next().await,
         None => std::future::pending().await,
     }
 }
 
-/// Writes every family into one exposition.
-pub fn scrape(sources: &MetricSources<'_>) -> String {
-    let mut out = Exposition::new();
-    if let Some(plan) = sources.plan {
-        latencies(sources, plan, &mut out);
-    }
-    scheduler_time(sources, &mut out);
-    losses(sources.loader, &mut out);
-    if let Some(running) = sources.sampler.processes_running() {
+impl Metrics {
+    /// Answers `scrape` with every family, read from `sources` now.
+    pub fn answer(&mut self, scrape: Scrape, sources: MetricSources<'_>) {
+        let figures = self.read_figures(sources.loader, sources.plan, sources.processes);
+        let mut out = Exposition::new();
+        for ((name, help), series) in &figures.latencies {
+            out.family(name, Kind::Histogram, help);
+            for (key, hist) in series {
+                out.histogram(name, &borrowed(&key.labels()), &hist.buckets, hist.sum_ns);
+            }
+        }
+        self.scheduler_time(&figures, &sources, &mut out);
+        losses(sources.loader, &mut out);
+        if let Some(running) = sources.sampler.processes_running() {
+            out.family(
+                "tracer_processes",
+                Kind::Gauge,
+                "Processes of the set of targets running now.",
+            );
+            out.sample("tracer_processes", &[], running as f64);
+        }
+        let (cpu_seconds, resident_bytes) = procfs::own_usage();
         out.family(
-            "tracer_processes",
-            Kind::Gauge,
-            "Processes of the set of targets running now.",
+            "process_cpu_seconds_total",
+            Kind::Counter,
+            "CPU time the tracer itself has spent (user and system).",
         );
-        out.sample("tracer_processes", &[], running as f64);
+        out.sample("process_cpu_seconds_total", &[], cpu_seconds);
+        out.family(
+            "process_resident_memory_bytes",
+            Kind::Gauge,
+            "The tracer's own resident memory.",
+        );
+        out.sample("process_resident_memory_bytes", &[], resident_bytes as f64);
+        scrape.answer(out.finish());
     }
-    let (cpu_seconds, resident_bytes) = procfs::own_usage();
-    out.family(
-        "process_cpu_seconds_total",
-        Kind::Counter,
-        "CPU time the tracer itself has spent (user and system).",
-    );
-    out.sample("process_cpu_seconds_total", &[], cpu_seconds);
-    out.family(
-        "process_resident_memory_bytes",
-        Kind::Gauge,
-        "The tracer's own resident memory.",
-    );
-    out.sample("process_resident_memory_bytes", &[], resident_bytes as f64);
-    out.finish()
-}
 
-impl MetricSources<'_> {
     /// The series key of process `tgid`: its program's name (as the kernel names it) and
     /// its PID when asked for.
-    fn key(&self, tgid: u32, extra: Option<(&'static str, String)>) -> SeriesKey {
-        let process = self
-            .processes
+    fn series(&self, processes: &Processes, tgid: u32) -> SeriesKey {
+        let process = processes
             .get(tgid)
             .map(|p| p.program.clone())
             .unwrap_or_else(|| format!("[pid {tgid}]"));
         SeriesKey {
-            extra,
+            extra: None,
             process,
             pid: self.labels.pid.then_some(tgid),
         }
     }
-}
 
-/// A histogram per latency and process: a runtime's as `tracer_NAME_seconds` with its
-/// `runtime`, those of `--latency` as `tracer_latency_seconds` by `latency`.
-fn latencies(sources: &MetricSources<'_>, plan: &ProbePlan, out: &mut Exposition) {
-    let loader = sources.loader;
-    let (Ok(buckets), Ok(totals)) = (
-        loader.latency_buckets_by_process(),
-        loader.latency_by_process(),
-    ) else {
-        return;
-    };
-    // By family, then by series.
-    let mut families: BTreeMap<String, (String, BTreeMap<SeriesKey, LatencyHistogram>)> =
-        BTreeMap::new();
-    let series = |latency_id: u32, tgid: u32| {
-        let def = plan.latencies.get(latency_id as usize)?;
-        let (name, help, extra) = match def.runtime {
-            Some(runtime) => (
-                metric_name("tracer_", &def.name, "_seconds"),
-                format!(
-                    "The runtimes' {}: from {} to {}, per process.",
-                    def.name, def.begin, def.end
-                ),
-                ("runtime", runtime.to_string()),
-            ),
-            None => (
-                "tracer_latency_seconds".to_string(),
-                "Latencies between the probes of --latency, per process.".to_string(),
-                ("latency", def.name.clone()),
-            ),
-        };
-        Some((name, help, sources.key(tgid, Some(extra))))
-    };
-    let updates = buckets
-        .into_iter()
-        .map(|(key, count)| (key.latency_id, key.tgid, Update::Bucket(key.bucket, count)))
-        .chain(
-            totals
-                .into_iter()
-                .map(|(key, stats)| (key.latency_id, key.tgid, Update::Stats(stats))),
-        );
-    for (latency_id, tgid, update) in updates {
-        let Some((name, help, key)) = series(latency_id, tgid) else {
-            continue;
-        };
-        let family = families
-            .entry(name)
-            .or_insert_with(|| (help, BTreeMap::new()));
-        let hist = family.1.entry(key).or_default();
-        match update {
-            Update::Bucket(bucket, count) => hist.merge_bucket(bucket, count),
-            Update::Stats(stats) => hist.merge_stats(&stats),
+    /// The figures of every series: those of the processes running, read from the
+    /// kernel, and those of the processes gone. The figures of processes that exited
+    /// since the last scrape move from the kernel's map to those gone (without a `pid`
+    /// label: with one, their series end).
+    fn read_figures(
+        &mut self,
+        loader: &mut Loader,
+        plan: Option<&ProbePlan>,
+        processes: &Processes,
+    ) -> Figures {
+        let entries = loader.process_metrics().unwrap_or_default();
+        let tgids: BTreeSet<u32> = entries.iter().map(|(key, _)| key.tgid).collect();
+        let gone: BTreeSet<u32> = tgids
+            .into_iter()
+            .filter(|tgid| !std::path::Path::new(&format!("/proc/{tgid}")).exists())
+            .collect();
+        let mut running = Figures::default();
+        for (key, value) in entries {
+            let series = self.series(processes, key.tgid);
+            // Removed first: a figure is folded once, or stays in the kernel's map.
+            if gone.contains(&key.tgid) && loader.remove_process_metric(&key).is_ok() {
+                if !self.labels.pid {
+                    self.gone.add(&key, value, series, plan);
+                }
+                continue;
+            }
+            running.add(&key, value, series, plan);
         }
+        running.merge(&self.gone);
+        running
     }
-    for (name, (help, by_series)) in families {
-        out.family(&name, Kind::Histogram, &help);
-        for (key, hist) in by_series {
-            out.histogram(&name, &borrowed(&key.labels()), &hist);
+
+    /// Each process's time off CPU (blocked, and runnable: waiting for a CPU) and on CPU.
+    fn scheduler_time(&self, figures: &Figures, sources: &MetricSources<'_>, out: &mut Exposition) {
+        let (samples, frequency_hz) = sources.sampler.oncpu_samples_by_process(sources.loader);
+        let mut oncpu: BTreeMap<SeriesKey, u64> = BTreeMap::new();
+        for (tgid, count) in samples {
+            *oncpu
+                .entry(self.series(sources.processes, tgid))
+                .or_default() += count;
         }
-    }
-}
-
-/// What the kernel counted of one latency in one process.
-enum Update {
-    /// A histogram bucket's count.
-    Bucket(u32, u64),
-    /// The exact count, total, min and max.
-    Stats(LatencyStats),
-}
-
-/// Each process's time off CPU (blocked, and runnable: waiting for a CPU) and on CPU.
-fn scheduler_time(sources: &MetricSources<'_>, out: &mut Exposition) {
-    let mut blocked: BTreeMap<SeriesKey, u64> = BTreeMap::new();
-    let mut runnable: BTreeMap<SeriesKey, u64> = BTreeMap::new();
-    for (key, total) in sources.loader.offcpu_totals().unwrap_or_default() {
-        let into = match key.state {
-            offcpu_state::RUNNABLE => &mut runnable,
-            _ => &mut blocked,
-        };
-        *into.entry(sources.key(key.tgid, None)).or_default() += total.total_ns;
-    }
-    let (samples, frequency_hz) = sources.sampler.oncpu_samples_by_process(sources.loader);
-    let mut oncpu: BTreeMap<SeriesKey, u64> = BTreeMap::new();
-    for (tgid, count) in samples {
-        *oncpu.entry(sources.key(tgid, None)).or_default() += count;
-    }
-    let families = [
-        (
-            "tracer_offcpu_seconds_total",
-            "Time the threads of each process spent blocked (off CPU, not runnable).",
-            blocked,
-            1e-9,
-        ),
-        (
-            "tracer_runnable_seconds_total",
-            "Time the threads of each process spent runnable, waiting for a CPU.",
-            runnable,
-            1e-9,
-        ),
-        (
-            "tracer_oncpu_seconds_total",
-            "Time the threads of each process spent on CPU, from samples.",
-            oncpu,
-            1.0 / frequency_hz.max(1) as f64,
-        ),
-    ];
-    for (name, help, totals, unit) in families {
-        out.family(name, Kind::Counter, help);
-        for (key, total) in totals {
-            out.sample(name, &borrowed(&key.labels()), total as f64 * unit);
+        let empty = BTreeMap::new();
+        let state = |state: u32| figures.offcpu.get(&state).unwrap_or(&empty);
+        let families = [
+            (
+                "tracer_offcpu_seconds_total",
+                "Time the threads of each process spent blocked (off CPU, not runnable).",
+                state(offcpu_state::BLOCKED),
+                1e-9,
+            ),
+            (
+                "tracer_runnable_seconds_total",
+                "Time the threads of each process spent runnable, waiting for a CPU.",
+                state(offcpu_state::RUNNABLE),
+                1e-9,
+            ),
+            (
+                "tracer_oncpu_seconds_total",
+                "Time the threads of each process spent on CPU, from samples.",
+                &oncpu,
+                1.0 / frequency_hz.max(1) as f64,
+            ),
+        ];
+        for (name, help, totals, unit) in families {
+            out.family(name, Kind::Counter, help);
+            for (key, total) in totals {
+                out.sample(name, &borrowed(&key.labels()), *total as f64 * unit);
+            }
         }
     }
 }

@@ -18,11 +18,9 @@ use anyhow::Result;
 use tracer_common::counter;
 
 use crate::{
-    cli::{MetricLabels, ProfileConfig},
-    commands::metrics::{self, MetricSources},
-    kernel::Loader,
-    kernel::{KernelTargets, Launch, LaunchNeeds, Settings},
-    output::endpoint::Scrapes,
+    cli::ProfileConfig,
+    commands::metrics::{self, MetricSources, Metrics},
+    kernel::{Features, KernelTargets, Launch, LaunchNeeds, Loader, Settings},
     output::render::{self, export::ExportInfo, views::write_profile_files},
     output::report::{StackLosses, profile_summary},
     probe::runtimes,
@@ -82,7 +80,10 @@ pub fn run(config: ProfileConfig) -> Result<()> {
     let mut loader = launch.load(&Settings {
         targets: targets.clone(),
         min_block: config.min_block,
-        features: WallClockSampler::features(&sampling),
+        features: Features {
+            process_metrics: config.metrics.is_some(),
+            ..WallClockSampler::features(&sampling)
+        },
         unwind_ring_bytes,
         map_sizes: config.map_sizes,
         ..Settings::default()
@@ -196,25 +197,22 @@ async fn run_profile(
     sampler: &mut WallClockSampler,
     loader: &mut Loader,
     processes: &mut Processes,
-    mut metrics: Option<(Scrapes, MetricLabels)>,
+    mut metrics: Option<Metrics>,
 ) -> std::io::Result<StopReason> {
-    let labels = metrics
-        .as_ref()
-        .map(|(_, labels)| *labels)
-        .unwrap_or_default();
     let mut chores = sampling::SamplerChores::default();
     let mut ticker = tokio::time::interval(chores.period(sampler));
     loop {
         tokio::select! {
             _ = ticker.tick() => chores.run_with_mappings(sampler, loader, processes),
             scrape = metrics::next_scrape(&mut metrics) => {
-                scrape.answer(metrics::scrape(&MetricSources {
-                    loader,
-                    plan: None,
-                    processes,
-                    sampler,
-                    labels,
-                }));
+                if let Some(metrics) = metrics.as_mut() {
+                    metrics.answer(scrape, MetricSources {
+                        loader,
+                        plan: None,
+                        processes,
+                        sampler,
+                    });
+                }
             }
         }
     }

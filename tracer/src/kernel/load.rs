@@ -510,8 +510,8 @@ impl<'a> LoadInputs<'a> {
             u32s(global_names::TASKS_TRACED, u32::from(features.tasks)),
             u32s(global_names::TASK_FSBASE_OFFSET, task[6] + thread_struct[0]),
             u32s(
-                global_names::PROCESS_HISTOGRAMS,
-                u32::from(features.process_histograms),
+                global_names::PROCESS_METRICS_ON,
+                u32::from(features.process_metrics),
             ),
             u32s(
                 global_names::TIMELINE_ON,

@@ -5,10 +5,10 @@
 
 use aya::maps::{Array, HashMap, Map, MapData, PerCpuArray, PerCpuHashMap, RingBuf, StackTraceMap};
 use tracer_common::{
-    FIRST_SWITCH_IN_STACK_ID, HitStackKey, KernelStack, LatencyBucketKey, LatencyProcessKey,
-    LatencyStats, OffCpuKey, OffCpuStart, OffCpuTotal, OnCpuKey, ProbeHits, SWITCH_IN_STACK_IDS,
-    TaskId, TaskKey, TaskName, TaskState, TaskTotal, TaskWallKey, control, counter, histogram,
-    map_names, python::PythonProcess,
+    FIRST_SWITCH_IN_STACK_ID, HitStackKey, KernelStack, LatencyProcessKey, LatencyStats, OffCpuKey,
+    OffCpuStart, OffCpuTotal, OnCpuKey, ProbeHits, ProcessMetricKey, SWITCH_IN_STACK_IDS, TaskId,
+    TaskKey, TaskName, TaskState, TaskTotal, TaskWallKey, control, counter, histogram, map_names,
+    python::PythonProcess,
 };
 
 use super::{Loader, LoaderError, RecordRing, Result, SnapshotChecks, TargetsMap};
@@ -192,10 +192,20 @@ impl Loader {
         Ok(data)
     }
 
-    /// The count of every latency per process and histogram bucket (with
-    /// [`super::Features::process_histograms`]).
-    pub fn latency_buckets_by_process(&self) -> Result<Vec<(LatencyBucketKey, u64)>> {
-        self.entries(map_names::LATENCY_BUCKETS_BY_PROCESS)
+    /// Every process's figures for `--metrics` (with
+    /// [`super::Features::process_metrics`]).
+    pub fn process_metrics(&self) -> Result<Vec<(ProcessMetricKey, u64)>> {
+        self.entries(map_names::PROCESS_METRICS)
+    }
+
+    /// Removes a figure of [`Loader::process_metrics`] (of a process gone).
+    pub fn remove_process_metric(&mut self, key: &ProcessMetricKey) -> Result<()> {
+        let name = map_names::PROCESS_METRICS;
+        let map = self.maps.get_mut(name).ok_or(LoaderError::Missing(name))?;
+        let mut map: HashMap<&mut MapData, ProcessMetricKey, u64> =
+            HashMap::try_from(map).map_err(|source| LoaderError::Map { name, source })?;
+        map.remove(key)
+            .map_err(|source| LoaderError::Map { name, source })
     }
 
     /// The totals of every latency per process: `(tgid, latency_id)` and the stats,

@@ -187,7 +187,7 @@ pub struct Features {
     /// Python state is read at its kernel BTF offset).
     pub python_frames: bool,
     /// Latency histograms by process as well (`attach --metrics`).
-    pub process_histograms: bool,
+    pub process_metrics: bool,
 }
 
 impl Features {
@@ -201,7 +201,7 @@ impl Features {
         thread_regs: true,
         hit_stacks: true,
         python_frames: true,
-        process_histograms: true,
+        process_metrics: true,
     };
     pub const NONE: Features = Features {
         events: false,
@@ -213,7 +213,7 @@ impl Features {
         thread_regs: false,
         hit_stacks: false,
         python_frames: false,
-        process_histograms: false,
+        process_metrics: false,
     };
 
     /// The maps only needed by features this run does not use.
@@ -239,10 +239,7 @@ impl Features {
                 ][..],
             ),
             (self.oncpu, &[map_names::ONCPU_SAMPLES][..]),
-            (
-                self.process_histograms,
-                &[map_names::LATENCY_BUCKETS_BY_PROCESS][..],
-            ),
+            (self.process_metrics, &[map_names::PROCESS_METRICS][..]),
             (
                 self.offcpu_snapshots,
                 &[map_names::OFFCPU_SNAPSHOTS, map_names::SNAPSHOT_CHECKS][..],

@@ -15,13 +15,12 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 
 use crate::{
-    cli::{AttachConfig, Format, MetricLabels},
-    commands::metrics::{self, MetricSources},
+    cli::{AttachConfig, Format},
+    commands::metrics::{self, MetricSources, Metrics},
     kernel::{
         DiagnosticsReader, Features, KernelTargets, Launch, LaunchNeeds, Loader, RecordRing,
         Settings, keeper,
     },
-    output::endpoint::Scrapes,
     output::render::{self, export::ExportInfo, timeline::Timeline},
     output::report::TracedProcess,
     probe::late_sites::{self, LateSites, Members},
@@ -218,7 +217,7 @@ impl Run {
                 features: Features {
                     latencies: true,
                     tasks: true,
-                    process_histograms: config.metrics.is_some(),
+                    process_metrics: config.metrics.is_some(),
                     ..WallClockSampler::features(&sampling)
                 },
                 unwind_ring_bytes: WallClockSampler::unwind_ring_bytes(&sampling, false),
@@ -289,7 +288,7 @@ impl Run {
         &mut self,
         runtime: &tokio::runtime::Runtime,
         stops: Stops<'_>,
-        metrics: Option<(Scrapes, MetricLabels)>,
+        metrics: Option<Metrics>,
     ) -> Result<StopReason> {
         // What naming the stacks takes is parsed while they are taken, not at the stop.
         let processes = &self.processes;
@@ -529,10 +528,7 @@ struct Stops<'a> {
     tracker: Option<&'a mut TargetTracker>,
 }
 
-async fn run_attached(
-    run: &mut Run,
-    mut metrics: Option<(Scrapes, MetricLabels)>,
-) -> std::io::Result<StopReason> {
+async fn run_attached(run: &mut Run, mut metrics: Option<Metrics>) -> std::io::Result<StopReason> {
     let Run {
         loader,
         plan,
@@ -544,23 +540,20 @@ async fn run_attached(
         rolling,
         ..
     } = run;
-    let labels = metrics
-        .as_ref()
-        .map(|(_, labels)| *labels)
-        .unwrap_or_default();
     let mut chores = sampling::SamplerChores::default();
     let mut ticker = tokio::time::interval(late_sites::LOOK_PERIOD);
     loop {
         tokio::select! {
             _ = ticker.tick() => {}
             scrape = metrics::next_scrape(&mut metrics) => {
-                scrape.answer(metrics::scrape(&MetricSources {
-                    loader,
-                    plan: Some(plan),
-                    processes,
-                    sampler,
-                    labels,
-                }));
+                if let Some(metrics) = metrics.as_mut() {
+                    metrics.answer(scrape, MetricSources {
+                        loader,
+                        plan: Some(plan),
+                        processes,
+                        sampler,
+                    });
+                }
                 continue;
             }
         }

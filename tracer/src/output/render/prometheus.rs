@@ -63,8 +63,14 @@ impl Exposition {
     }
 
     /// The samples of histogram `name` with `labels`: a cumulative bucket per bound in
-    /// seconds, `+Inf`, `_sum` in seconds and `_count`.
-    pub fn histogram(&mut self, name: &str, labels: &[Label<'_>], histogram: &LatencyHistogram) {
+    /// seconds, `+Inf`, `_sum` (the values' total, `sum_ns`) in seconds and `_count`.
+    pub fn histogram(
+        &mut self,
+        name: &str,
+        labels: &[Label<'_>],
+        histogram: &LatencyHistogram,
+        sum_ns: u64,
+    ) {
         let bucket = format!("{name}_bucket");
         for log2 in FIRST_BOUND_LOG2_NS..=LAST_BOUND_LOG2_NS {
             let bound_ns = 1u64 << log2;
@@ -79,11 +85,7 @@ impl Exposition {
         self.text.push_str(&bucket);
         write_labels(&mut self.text, labels, Some("+Inf"));
         let _ = writeln!(self.text, " {count}");
-        self.sample(
-            &format!("{name}_sum"),
-            labels,
-            histogram.total_ns() as f64 / 1e9,
-        );
+        self.sample(&format!("{name}_sum"), labels, sum_ns as f64 / 1e9);
         self.sample(&format!("{name}_count"), labels, count as f64);
     }
 
@@ -182,7 +184,12 @@ mod tests {
         }
         let mut out = Exposition::new();
         out.family("tracer_gc_pause_seconds", Kind::Histogram, "GC pauses.");
-        out.histogram("tracer_gc_pause_seconds", &[("process", "java")], &hist);
+        out.histogram(
+            "tracer_gc_pause_seconds",
+            &[("process", "java")],
+            &hist,
+            hist.total_ns(),
+        );
         let text = out.finish();
         let value = |series: &str| -> &str {
             text.lines()
