@@ -73,6 +73,11 @@ pub struct AttachArgs {
     /// With --profile-every: how many windows' files to keep; the oldest go [default: 60].
     #[arg(long, value_name = "N", requires = "profile_every")]
     pub keep: Option<usize>,
+    /// Of a set of processes: how many exited ones keep their own tower (`name [pid]`),
+    /// threads and latency rows in the report. Older ones are folded into their
+    /// program's, and all they left is freed: a run can last for weeks in bounded memory.
+    #[arg(long, value_name = "N", default_value_t = crate::profile::retire::DEFAULT_KEEP_EXITED)]
+    pub keep_exited: usize,
     /// Report format on standard output.
     #[arg(long, value_enum, default_value_t = Format::Text)]
     pub format: Format,
@@ -157,6 +162,8 @@ pub struct AttachConfig {
     pub metrics: Option<MetricsConfig>,
     /// `--profile-every`.
     pub rolling: Option<RollingConfig>,
+    /// `--keep-exited`.
+    pub keep_exited: usize,
 }
 
 /// Where the timeline goes, and the shortest off-CPU interval it shows.
@@ -204,6 +211,7 @@ impl TryFrom<AttachArgs> for AttachConfig {
             map_sizes: map_sizes(&args.maps)?,
             rolling: RollingConfig::parse(args.profile_every.as_deref(), args.keep)?,
             metrics: MetricsConfig::from_args(args.metrics),
+            keep_exited: args.keep_exited,
         })
     }
 }

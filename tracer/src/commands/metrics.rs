@@ -28,6 +28,9 @@ pub struct MetricSources<'a> {
     pub plan: Option<&'a ProbePlan>,
     pub processes: &'a Processes,
     pub sampler: &'a WallClockSampler,
+    /// The on-CPU samples of the processes let go, by program (see
+    /// [`crate::profile::retire`]).
+    pub retired_oncpu: Option<&'a BTreeMap<String, u64>>,
 }
 
 /// A series's labels before they are written: the process's name, its PID on request,
@@ -238,6 +241,17 @@ impl Metrics {
         scrape.answer(out.finish());
     }
 
+    /// Folds the figures of the processes gone into those kept by name, while their
+    /// names are still known: before they are let go (see [`crate::profile::retire`]).
+    pub fn fold_gone(
+        &mut self,
+        loader: &mut Loader,
+        plan: Option<&ProbePlan>,
+        processes: &Processes,
+    ) {
+        let _running = self.read_figures(loader, plan, processes);
+    }
+
     /// The series key of process `tgid`: its program's name (as the kernel names it) and
     /// its PID when asked for.
     fn series(&self, processes: &Processes, tgid: u32) -> SeriesKey {
@@ -292,6 +306,18 @@ impl Metrics {
             *oncpu
                 .entry(self.series(sources.processes, tgid))
                 .or_default() += count;
+        }
+        // Without a `pid` label a process's series is its program's: what the processes
+        // let go had stays in it.
+        if !self.labels.pid {
+            for (program, count) in sources.retired_oncpu.into_iter().flatten() {
+                let key = SeriesKey {
+                    extra: None,
+                    process: program.clone(),
+                    pid: None,
+                };
+                *oncpu.entry(key).or_default() += count;
+            }
         }
         let empty = BTreeMap::new();
         let state = |state: u32| figures.offcpu.get(&state).unwrap_or(&empty);

@@ -211,6 +211,7 @@ async fn run_profile(
                         plan: None,
                         processes,
                         sampler,
+                        retired_oncpu: None,
                     });
                 }
             }

@@ -5,10 +5,10 @@
 
 use aya::maps::{Array, HashMap, Map, MapData, PerCpuArray, PerCpuHashMap, RingBuf, StackTraceMap};
 use tracer_common::{
-    FIRST_SWITCH_IN_STACK_ID, HitStackKey, KernelStack, LatencyProcessKey, LatencyStats, OffCpuKey,
-    OffCpuStart, OffCpuTotal, OnCpuKey, ProbeHits, ProcessMetricKey, SWITCH_IN_STACK_IDS, TaskId,
-    TaskKey, TaskName, TaskState, TaskTotal, TaskWallKey, control, counter, histogram, map_names,
-    python::PythonProcess,
+    FIRST_SWITCH_IN_STACK_ID, HitStackKey, KernelStack, LatencyProcessKey, LatencyStart,
+    LatencyStartKey, LatencyStats, OffCpuKey, OffCpuStart, OffCpuTotal, OnCpuKey, ProbeHits,
+    ProcessMetricKey, SWITCH_IN_STACK_IDS, TaskId, TaskKey, TaskName, TaskState, TaskTotal,
+    TaskWallKey, control, counter, histogram, map_names, python::PythonProcess,
 };
 
 use super::{Loader, LoaderError, RecordRing, Result, SnapshotChecks, TargetsMap};
@@ -206,6 +206,70 @@ impl Loader {
             HashMap::try_from(map).map_err(|source| LoaderError::Map { name, source })?;
         map.remove(key)
             .map_err(|source| LoaderError::Map { name, source })
+    }
+
+    /// Deletes `keys` from hash map `name` (those already gone are no error).
+    fn remove_keys<K: aya::Pod, V: aya::Pod>(
+        &mut self,
+        name: &'static str,
+        keys: impl IntoIterator<Item = K>,
+    ) -> Result<()> {
+        let map = self.maps.get_mut(name).ok_or(LoaderError::Missing(name))?;
+        let mut map: HashMap<&mut MapData, K, V> =
+            HashMap::try_from(map).map_err(|source| LoaderError::Map { name, source })?;
+        for key in keys {
+            let _ = map.remove(&key);
+        }
+        Ok(())
+    }
+
+    /// Deletes off-CPU totals `keys` (read and kept elsewhere).
+    pub fn remove_offcpu_totals(&mut self, keys: &[OffCpuKey]) -> Result<()> {
+        self.remove_keys::<OffCpuKey, OffCpuTotal>(map_names::OFFCPU_TIME, keys.iter().copied())
+    }
+
+    /// Deletes on-CPU sample counts `keys` (read and kept elsewhere).
+    pub fn remove_oncpu_samples(&mut self, keys: &[OnCpuKey]) -> Result<()> {
+        self.remove_keys::<OnCpuKey, u64>(map_names::ONCPU_SAMPLES, keys.iter().copied())
+    }
+
+    /// Deletes the per-process latency totals `keys` (read and kept elsewhere).
+    pub fn remove_latency_by_process(&mut self, keys: &[LatencyProcessKey]) -> Result<()> {
+        let name = map_names::LATENCY_BY_PROCESS;
+        let map = self.maps.get_mut(name).ok_or(LoaderError::Missing(name))?;
+        let mut map: PerCpuHashMap<&mut MapData, LatencyProcessKey, LatencyStats> =
+            PerCpuHashMap::try_from(map).map_err(|source| LoaderError::Map { name, source })?;
+        for key in keys {
+            let _ = map.remove(key);
+        }
+        Ok(())
+    }
+
+    /// Deletes what processes `tgids` and their threads `tids` left that nothing reads:
+    /// their tasks' states, their Python interpreters, and the latencies their threads
+    /// began before `before_ns` and never ended (a thread whose id was reused since
+    /// began its own later).
+    pub fn forget_processes(
+        &mut self,
+        tgids: &std::collections::HashSet<u32>,
+        tids: &std::collections::HashSet<u32>,
+        before_ns: u64,
+    ) -> Result<()> {
+        let states: Vec<TaskId> = self
+            .task_states()?
+            .into_iter()
+            .map(|(id, _)| id)
+            .filter(|id| tgids.contains(&id.tgid))
+            .collect();
+        self.remove_keys::<TaskId, TaskState>(map_names::TASK_STATES, states)?;
+        let starts: Vec<LatencyStartKey> = self
+            .entries::<LatencyStartKey, LatencyStart>(map_names::LATENCY_STARTS)?
+            .into_iter()
+            .filter(|(key, start)| tids.contains(&key.tid) && start.start_ns < before_ns)
+            .map(|(key, _)| key)
+            .collect();
+        self.remove_keys::<LatencyStartKey, LatencyStart>(map_names::LATENCY_STARTS, starts)?;
+        self.remove_keys::<u32, PythonProcess>(map_names::PYTHON_PROCESSES, tgids.iter().copied())
     }
 
     /// The totals of every latency per process: `(tgid, latency_id)` and the stats,

@@ -35,6 +35,13 @@ impl AsRawFd for RecordRing {
 pub struct SnapshotChecks(pub(super) HashMap<MapData, i32, SnapshotCheck>);
 
 impl SnapshotChecks {
+    /// Takes snapshots `ids` out: the kernel does not reuse them.
+    pub fn remove(&mut self, ids: &std::collections::HashSet<i32>) {
+        for id in ids {
+            let _ = self.0.remove(id);
+        }
+    }
+
     pub fn publish(&mut self, snapshot_id: u32, check: &SnapshotCheck) -> Result<()> {
         self.0
             .insert(&(snapshot_id as i32), check, 0)

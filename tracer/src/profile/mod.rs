@@ -5,6 +5,7 @@
 //! ([`windows`]).
 
 pub mod histogram;
+pub mod retire;
 pub mod sampling;
 pub mod tasks;
 pub mod threads;

@@ -6,14 +6,14 @@
 //! and at the end the profile built from what the kernel collected.
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::{BTreeMap, HashMap, HashSet},
     time::Duration,
 };
 
 use anyhow::{Context as _, Result};
 use tracer_common::{
-    KERNEL_STACK_AT_SWITCH_IN, NO_STACK, OffCpuStart, STACK_BEFORE_START, UNWIND_STACK_BYTES,
-    counter, offcpu_state, task_wall,
+    FIRST_SNAPSHOT_ID, KERNEL_STACK_AT_SWITCH_IN, NO_STACK, OffCpuKey, OffCpuStart, OnCpuKey,
+    STACK_BEFORE_START, UNWIND_STACK_BYTES, counter, offcpu_state, task_wall,
 };
 
 use crate::{
@@ -31,7 +31,8 @@ use crate::{
     stack::python::Interpreters,
     stack::symbolize::StackSymbolizer,
     stack::unwind::{
-        DwarfUnwinder, SampleKey, Snapshot, StackMerger, UnwindStats, UnwoundStack, WithUnwound,
+        DwarfUnwinder, SampleKey, Snapshot, StackMerger, UnwindStats, UnwoundStack, UnwoundStacks,
+        WithUnwound,
     },
     system::procfs,
     system::stop::{self, StopReason},
@@ -108,10 +109,26 @@ impl Window {
         }
     }
 
+    /// Drops what the windows gave processes `tgids`, let go.
+    pub fn forget(&mut self, tgids: &HashSet<u32>) {
+        self.totals.forget(tgids);
+        self.unwound.retain(|key, _| !tgids.contains(&key.0));
+    }
+
     /// When the window now open started (CLOCK_MONOTONIC ns).
     pub fn start_ns(&self) -> u64 {
         self.totals.end_ns
     }
+}
+
+/// What [`WallClockSampler::retire`] took out.
+pub struct Retired {
+    /// Their profile, each process's stacks under its program's name.
+    pub profile: WallClockProfile,
+    /// On-CPU samples by process.
+    pub oncpu_by_process: BTreeMap<u32, u64>,
+    /// Their threads.
+    pub tids: HashSet<u32>,
 }
 
 /// How the profile is built from what was collected.
@@ -315,6 +332,119 @@ impl WallClockSampler {
         Ok(profile)
     }
 
+    /// The processes that left something here or in the kernel's maps: on-CPU samples
+    /// or off-CPU time.
+    pub fn processes_with_samples(&self, loader: &Loader) -> Result<HashSet<u32>> {
+        let mut seen: HashSet<u32> = loader
+            .oncpu_samples()?
+            .iter()
+            .map(|(k, _)| k.tgid)
+            .collect();
+        seen.extend(loader.offcpu_totals()?.iter().map(|(k, _)| k.tgid));
+        if let Some(unwinding) = &self.unwinding {
+            seen.extend(unwinding.unwinder.sample_tgids());
+        }
+        Ok(seen)
+    }
+
+    /// The processes of a set of targets that left it (they exited, or ran another
+    /// program) and left something: see [`Self::processes_with_samples`]. None for one
+    /// process, or every process.
+    pub fn departed_processes(&self, loader: &Loader) -> Result<HashSet<u32>> {
+        let Some(targets) = &self.targets else {
+            return Ok(HashSet::new());
+        };
+        let mut seen = self.processes_with_samples(loader)?;
+        // Read after what they left: a process that joined since is in the set.
+        for tgid in targets.pids() {
+            seen.remove(&tgid);
+        }
+        Ok(seen)
+    }
+
+    /// Takes what processes `tgids` left out of the kernel's maps and out of here, into
+    /// a profile of their own, each process's stacks under its program's name (not its
+    /// PID, nor its threads'): see [`crate::profile::retire`]. Their part of the rolling
+    /// `window` goes too (it must have been written).
+    pub fn retire(
+        &mut self,
+        loader: &mut Loader,
+        processes: &mut Processes,
+        symbolizer: &mut StackSymbolizer,
+        tgids: &HashSet<u32>,
+        frequency_hz: u64,
+        window: Option<&mut Window>,
+    ) -> Result<Retired> {
+        self.drain(processes);
+        let offcpu: Vec<_> = loader
+            .offcpu_totals()?
+            .into_iter()
+            .filter(|(key, _)| tgids.contains(&key.tgid))
+            .collect();
+        let oncpu_in_kernel: Vec<_> = loader
+            .oncpu_samples()?
+            .into_iter()
+            .filter(|(key, _)| tgids.contains(&key.tgid))
+            .collect();
+        let mut oncpu = oncpu_in_kernel.clone();
+        let unwound = match self.unwinding.as_mut() {
+            Some(unwinding) => {
+                let snapshot_ids: HashSet<i32> = offcpu
+                    .iter()
+                    .map(|(key, _)| key.user_stack_id)
+                    .filter(|&id| id >= FIRST_SNAPSHOT_ID)
+                    .collect();
+                let taken = unwinding.unwinder.take_processes(tgids, &snapshot_ids);
+                // A thread that takes a retired one's id must not reuse its snapshots.
+                unwinding.checks.remove(&snapshot_ids);
+                oncpu.extend(taken.oncpu);
+                Some(taken.stacks)
+            }
+            None => None,
+        };
+        let mut oncpu_by_process = BTreeMap::new();
+        for (key, count) in &oncpu {
+            *oncpu_by_process.entry(key.tgid).or_default() += count;
+        }
+        let tids: HashSet<u32> = oncpu
+            .iter()
+            .map(|(key, _)| key.tid)
+            .chain(offcpu.iter().map(|(key, _)| key.tid))
+            .collect();
+        let offcpu_keys: Vec<OffCpuKey> = offcpu.iter().map(|(key, _)| *key).collect();
+        let raw = RawProfile {
+            oncpu,
+            offcpu,
+            ..RawProfile::default()
+        };
+        let options = BuildOptions {
+            frequency_hz,
+            per_thread: false,
+            group_by: GroupBy::Name,
+        };
+        let profile = build(
+            &raw,
+            options,
+            loader,
+            unwound.as_ref(),
+            &self.seeds,
+            symbolizer,
+            processes,
+        );
+        let oncpu_keys: Vec<OnCpuKey> = oncpu_in_kernel.iter().map(|(key, _)| *key).collect();
+        loader.remove_offcpu_totals(&offcpu_keys)?;
+        loader.remove_oncpu_samples(&oncpu_keys)?;
+        if let Some(window) = window {
+            window.forget(tgids);
+        }
+        self.interpreters.forget(tgids);
+        Ok(Retired {
+            profile,
+            oncpu_by_process,
+            tids,
+        })
+    }
+
     /// Whether snapshots must be drained every [`DRAIN_PERIOD`].
     pub fn unwinds(&self) -> bool {
         self.unwinding.is_some()
@@ -433,36 +563,58 @@ impl WallClockSampler {
             per_thread: view.per_thread,
             group_by: view.group_by,
         };
-        // Only a DWARF-unwound profile tells frames found by frame pointers apart.
-        let profile = match &unwound {
-            Some(unwound) => wallclock::build_profile(
-                &raw,
-                options,
-                &WithSeeds {
-                    inner: &WithUnwound {
-                        kernel: loader,
-                        unwound,
-                    },
-                    seeds,
-                },
-                symbolizer,
-                processes,
-            ),
-            None => wallclock::build_profile(
-                &raw,
-                options,
-                &WithSeeds {
-                    inner: loader,
-                    seeds,
-                },
-                symbolizer,
-                processes,
-            ),
-        };
+        let profile = build(
+            &raw,
+            options,
+            loader,
+            unwound.as_ref(),
+            seeds,
+            symbolizer,
+            processes,
+        );
         Ok(Collected {
             profile,
             unwind_stats,
         })
+    }
+}
+
+/// Builds the profile of `raw`, its stacks from `loader`, the `unwound` ones (with
+/// `--unwind dwarf`) and the `seeds`.
+fn build(
+    raw: &RawProfile,
+    options: BuildOptions,
+    loader: &Loader,
+    unwound: Option<&UnwoundStacks>,
+    seeds: &Seeds,
+    symbolizer: &mut StackSymbolizer,
+    processes: &Processes,
+) -> WallClockProfile {
+    // Only a DWARF-unwound profile tells frames found by frame pointers apart.
+    match unwound {
+        Some(unwound) => wallclock::build_profile(
+            raw,
+            options,
+            &WithSeeds {
+                inner: &WithUnwound {
+                    kernel: loader,
+                    unwound,
+                },
+                seeds,
+            },
+            symbolizer,
+            processes,
+        ),
+        None => wallclock::build_profile(
+            raw,
+            options,
+            &WithSeeds {
+                inner: loader,
+                seeds,
+            },
+            symbolizer,
+            processes,
+        ),
     }
 }
 

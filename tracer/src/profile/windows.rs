@@ -4,7 +4,7 @@
 //! time the earlier windows took is left out of the window it ends in. The kernel's maps
 //! are never reset: the metrics read the same totals.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use tracer_common::{KERNEL_STACK_AT_SWITCH_IN, NO_STACK, OffCpuKey, OffCpuStart, OffCpuTotal};
 
@@ -32,6 +32,13 @@ struct OpenInterval {
 }
 
 impl WindowBase {
+    /// Drops what the windows gave the processes `tgids`: let go (see
+    /// [`crate::profile::retire`]), they have no more time to give.
+    pub fn forget(&mut self, tgids: &HashSet<u32>) {
+        self.offcpu.retain(|key, _| !tgids.contains(&key.tgid));
+        self.oncpu.retain(|key, _| !tgids.contains(&key.tgid));
+    }
+
     /// A base for windows from `start_ns` on.
     pub fn starting_at(start_ns: u64) -> Self {
         Self {

@@ -126,6 +126,22 @@ impl StackProfile {
         add_interned(&mut self.stacks, &ids, weight);
     }
 
+    /// Adds every stack of `other`.
+    pub fn absorb(&mut self, other: &StackProfile) {
+        let ids: Vec<u32> = other
+            .table
+            .names
+            .iter()
+            .map(|name| self.table.intern(name))
+            .collect();
+        let mut mapped = Vec::new();
+        for (stack, weight) in &other.stacks {
+            mapped.clear();
+            mapped.extend(stack.iter().map(|&id| ids[id as usize]));
+            add_interned(&mut self.stacks, &mapped, *weight);
+        }
+    }
+
     /// Frame names by id, as [`StackProfile::interned`] gives the stacks.
     pub fn names(&self) -> &[String] {
         self.table.names()

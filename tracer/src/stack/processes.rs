@@ -197,6 +197,17 @@ impl Processes {
         }
     }
 
+    /// Forgets processes `tgids` and their threads `tids`: let go (see
+    /// [`crate::profile::retire`]), nothing names their stacks any more.
+    pub fn forget(
+        &mut self,
+        tgids: &std::collections::HashSet<u32>,
+        tids: &std::collections::HashSet<u32>,
+    ) {
+        self.processes.retain(|tgid, _| !tgids.contains(tgid));
+        self.threads.forget(tids);
+    }
+
     pub fn get(&self, tgid: u32) -> Option<&ProcessInfo> {
         self.processes.get(&tgid)
     }

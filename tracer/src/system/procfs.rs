@@ -288,6 +288,12 @@ pub struct ThreadNames {
 const RENAMED_WITHIN: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl ThreadNames {
+    /// Forgets threads `tids`.
+    pub fn forget(&mut self, tids: &std::collections::HashSet<u32>) {
+        self.names.retain(|tid, _| !tids.contains(tid));
+        self.recent.retain(|tid, _| !tids.contains(tid));
+    }
+
     /// Reads the names of every current thread of `pid` (threads seen before are kept).
     pub fn refresh(&mut self, pid: u32) {
         self.read(pid, |_, _| true);

@@ -304,8 +304,12 @@ pub struct TargetTracker {
     /// How many looks found each exited target: it leaves the set after
     /// [`LOOKS_BEFORE_LEAVING`], once the sampler has surely seen it go.
     exited_looks: std::collections::HashMap<u32, u32>,
-    /// The targets that left the set, with the names they had.
-    departed: Vec<(u32, String)>,
+    /// The targets that left the set, with the names they had: the last
+    /// [`TargetTracker::keeping_exited`] of them.
+    departed: std::collections::VecDeque<(u32, String)>,
+    keep_departed: usize,
+    /// How many left before those, by name.
+    folded: std::collections::BTreeMap<String, u64>,
 }
 
 /// How many of the tracker's looks find a target exited before it leaves the set: so the
@@ -342,8 +346,22 @@ impl TargetTracker {
             spec: spec.clone(),
             targets,
             exited_looks: std::collections::HashMap::new(),
-            departed: Vec::new(),
+            departed: std::collections::VecDeque::new(),
+            keep_departed: usize::MAX,
+            folded: std::collections::BTreeMap::new(),
         }))
+    }
+
+    /// Names only the last `keep` processes that left the set; older ones are counted
+    /// by name ([`TargetTracker::folded`]).
+    pub fn keeping_exited(mut self, keep: usize) -> Self {
+        self.keep_departed = keep;
+        self
+    }
+
+    /// How many processes left the set before the last ones kept, by name.
+    pub fn folded(&self) -> &std::collections::BTreeMap<String, u64> {
+        &self.folded
     }
 
     /// Every process traced so far (some may have exited), with the name it had when
@@ -395,6 +413,11 @@ impl TargetTracker {
         let pids: Vec<u32> = leaving.iter().map(|(pid, _)| *pid).collect();
         self.targets.remove(&pids);
         self.departed.extend(leaving);
+        while self.departed.len() > self.keep_departed
+            && let Some((_, name)) = self.departed.pop_front()
+        {
+            *self.folded.entry(name).or_default() += 1;
+        }
     }
 
     /// Runs until every target has exited (when the set [ends with its

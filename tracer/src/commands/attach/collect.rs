@@ -23,6 +23,7 @@ use crate::{
     probe::plan::ProbePlan,
     probe::runtimes::{self, LatencyDef, ProbeRef},
     profile::histogram::LatencyHistogram,
+    profile::retire::{RetiredLatencies, add_stats},
     profile::sampling::{Collected, WallClockSampler},
     profile::tasks,
     profile::wallclock,
@@ -42,6 +43,8 @@ pub(super) struct Collection<'a> {
     pub collected: Collected,
     pub tasks: Option<TaskInput>,
     pub timeline: Option<Timeline>,
+    /// The latency totals of the processes let go, by program.
+    pub retired_latencies: RetiredLatencies,
 }
 
 /// Builds the report of `target` (its processes `traced`) from what was collected, and
@@ -63,6 +66,7 @@ pub(super) fn collect(
         collected,
         tasks,
         timeline,
+        retired_latencies,
     } = from;
     let name_of = |pid: u32| {
         traced
@@ -73,7 +77,7 @@ pub(super) fn collect(
             .unwrap_or_else(|| "?".into())
     };
     let by_process = loader.latency_by_process()?;
-    let latencies = latency_reports(loader, plan, &by_process, &name_of)?;
+    let latencies = latency_reports(loader, plan, &by_process, &retired_latencies, &name_of)?;
     let probes = probe_reports(loader, plan)?;
 
     // The report is printed even when a file cannot be written (and names only the files
@@ -144,6 +148,7 @@ pub(super) fn collect(
         pid: target.pid.or(traced.first().map(|p| p.pid)).unwrap_or(0),
         process_name: target.name.clone(),
         processes: traced,
+        processes_folded: Default::default(),
         stopped_by: reason,
         elapsed_ns: export.duration_ns,
         probes,
@@ -249,6 +254,7 @@ fn latency_reports(
     loader: &Loader,
     plan: &ProbePlan,
     by_process: &[(LatencyProcessKey, LatencyStats)],
+    retired: &RetiredLatencies,
     name_of: &dyn Fn(u32) -> String,
 ) -> Result<Vec<LatencyReport>> {
     let mut latencies: Vec<LatencyReport> = Vec::new();
@@ -277,7 +283,8 @@ fn latency_reports(
             }
             continue;
         }
-        let (hist, per_process, by_class) = measured(loader, def, id as u32, by_process, name_of)?;
+        let (hist, per_process, by_class) =
+            measured(loader, def, id as u32, (by_process, retired), name_of)?;
         // One runtime's latency found through several functions (CPython 3.8's two
         // clones of `collect`) is one latency.
         let same = latencies.iter_mut().find(|l: &&mut LatencyReport| {
@@ -293,7 +300,7 @@ fn latency_reports(
                     match existing
                         .per_process
                         .iter_mut()
-                        .find(|p| p.pid == process.pid)
+                        .find(|p| p.pid == process.pid && p.name == process.name)
                     {
                         Some(p) => add_stats(&mut p.stats, &process.stats),
                         None => existing.per_process.push(process),
@@ -331,7 +338,7 @@ fn measured(
     loader: &Loader,
     def: &LatencyDef,
     id: u32,
-    by_process: &[(LatencyProcessKey, LatencyStats)],
+    (by_process, retired): (&[(LatencyProcessKey, LatencyStats)], &RetiredLatencies),
     name_of: &dyn Fn(u32) -> String,
 ) -> Result<Measured> {
     let data = loader.latency(id)?;
@@ -360,6 +367,26 @@ fn measured(
             }
         }
     }
+    // The processes let go: one row per program, with PID 0.
+    for ((program, (_, class)), stats) in retired.iter().filter(|((_, (l, _)), _)| *l == id) {
+        match per_process
+            .iter_mut()
+            .find(|p| p.pid == 0 && p.name == *program)
+        {
+            Some(row) => add_stats(&mut row.stats, stats),
+            None => per_process.push(ProcessLatency {
+                pid: 0,
+                name: program.clone(),
+                stats: *stats,
+            }),
+        }
+        if def.class.is_some() {
+            match by_class.iter_mut().find(|(c, _)| c == class) {
+                Some((_, total)) => add_stats(total, stats),
+                None => by_class.push((*class, *stats)),
+            }
+        }
+    }
     by_class.sort_by_key(|(class, _)| *class);
     // Values with one label (V8's two young-generation collectors) are one class.
     let mut labelled: Vec<(String, LatencyStats)> = Vec::new();
@@ -373,14 +400,6 @@ fn measured(
         }
     }
     Ok((hist, per_process, labelled))
-}
-
-/// Adds `more` to the totals `into`.
-fn add_stats(into: &mut LatencyStats, more: &LatencyStats) {
-    into.count += more.count;
-    into.total_ns += more.total_ns;
-    into.min_ns = into.min_ns.min(more.min_ns);
-    into.max_ns = into.max_ns.max(more.max_ns);
 }
 
 /// Whether task times come from more than one process.

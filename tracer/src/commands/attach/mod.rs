@@ -8,6 +8,7 @@ mod rolling;
 mod sites;
 
 use std::{
+    collections::BTreeMap,
     path::Path,
     time::{SystemTime, UNIX_EPOCH},
 };
@@ -26,6 +27,7 @@ use crate::{
     probe::late_sites::{self, LateSites, Members},
     probe::plan::{ProbePlan, SiteMode},
     probe::runtimes::{self, TaskProbeDef},
+    profile::retire::Retirement,
     profile::sampling::{self, ViewOptions, WallClockSampler},
     stack::processes::Processes,
     stack::symbolize::StackSymbolizer,
@@ -71,6 +73,9 @@ pub fn run(config: AttachConfig) -> Result<()> {
     )?;
     let (started, start_unix_ns) = run.clocks_at_start();
     run.rolling = rolling::Rolling::new(&config, started, start_unix_ns, what.name.clone());
+    if tracker.is_some() {
+        run.retirement = Some(Retirement::new(config.keep_exited, started));
+    }
 
     // Ctrl-C from the moment the line below is printed must stop the trace, not kill us.
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -95,7 +100,7 @@ pub fn run(config: AttachConfig) -> Result<()> {
     // What was measured up to now is what is reported; the targets keep running untouched
     // from here on.
     let now = stop::monotonic_ns();
-    let traced = run.detach(tracker, &pids)?;
+    let (traced, folded) = run.detach(tracker, &pids)?;
     // The last window, cut short by the stop.
     if let Some(rolling) = run.rolling.as_mut() {
         rolling.write(
@@ -106,11 +111,27 @@ pub fn run(config: AttachConfig) -> Result<()> {
             now,
         );
     }
+    if let Some(retirement) = run.retirement.as_mut()
+        && let Err(e) = retirement.last_look(
+            &mut run.sampler,
+            &mut run.loader,
+            &mut run.processes,
+            &mut run.symbolizer,
+            run.frequency_hz,
+            &traced.iter().copied().collect(),
+            now,
+        )
+    {
+        crate::status!("Cannot let go of the processes that exited: {e:#}.");
+    }
     crate::status!(
         "Stopped: {reason}. Detached from {}.",
         match single {
             Some(pid) => format!("process {pid}"),
-            None => format!("{} processes", traced.len()),
+            None => format!(
+                "{} processes",
+                traced.len() as u64 + folded.values().sum::<u64>()
+            ),
         }
     );
     let span = Span {
@@ -119,7 +140,7 @@ pub fn run(config: AttachConfig) -> Result<()> {
         start_unix_ns,
         now,
     };
-    run.report(&config, &what, traced, span)
+    run.report(&config, &what, (traced, folded), span)
 }
 
 /// The probes to attach to the targets, and what to look for in what they load later.
@@ -180,6 +201,10 @@ struct Run {
     symbolizer: StackSymbolizer,
     /// `--profile-every`: the window open.
     rolling: Option<rolling::Rolling>,
+    /// Of a set of processes: those exited long ago, let go.
+    retirement: Option<Retirement>,
+    /// `--metrics`' `tracer_oncpu_seconds_total` of the processes let go.
+    frequency_hz: u64,
     /// Keeps the kernel's diagnostics printed while the run lasts.
     _diagnostics: Option<DiagnosticsReader>,
 }
@@ -235,7 +260,8 @@ impl Run {
             }),
             None => None,
         };
-        let tracker = TargetTracker::for_set(spec, &loader)?;
+        let tracker = TargetTracker::for_set(spec, &loader)?
+            .map(|tracker| tracker.keeping_exited(config.keep_exited));
         loader
             .attach_usdt_sites(&plan.usdt_sites())
             .map_err(|e| on_target(e.into()))?;
@@ -263,6 +289,8 @@ impl Run {
             timeline,
             symbolizer: StackSymbolizer::new(),
             rolling: None,
+            retirement: None,
+            frequency_hz: sampling.frequency_hz,
             _diagnostics: diagnostics,
         };
         Ok((run, tracker))
@@ -316,7 +344,11 @@ impl Run {
     /// Detaches everything from the targets, in the order that leaves them as they were,
     /// keeping what the kernel collected readable. Returns the processes traced: those of
     /// `tracker`'s set, or `pids`.
-    fn detach(&mut self, tracker: Option<TargetTracker>, pids: &[u32]) -> Result<Vec<u32>> {
+    fn detach(
+        &mut self,
+        tracker: Option<TargetTracker>,
+        pids: &[u32],
+    ) -> Result<(Vec<u32>, BTreeMap<String, u64>)> {
         let loader = &mut self.loader;
         loader.stop_recording()?;
         // A second Ctrl-C ends the tracer at once: the keeper releases what is left.
@@ -338,9 +370,9 @@ impl Run {
             }
             None => pids.to_vec(),
         };
-        drop(tracker);
+        let folded = tracker.map(|t| t.folded().clone()).unwrap_or_default();
         loader.detach_targets();
-        Ok(traced)
+        Ok((traced, folded))
     }
 
     /// Builds the report of what was collected over `span`, writes its files and prints
@@ -350,7 +382,7 @@ impl Run {
         mut self,
         config: &AttachConfig,
         what: &Subject,
-        traced: Vec<u32>,
+        (traced, folded): (Vec<u32>, BTreeMap<String, u64>),
         span: Span,
     ) -> Result<()> {
         let Span {
@@ -360,7 +392,7 @@ impl Run {
             now,
         } = span;
         let tasks = TaskInput::read(&self.loader, &self.plan, reason, now, &self.processes)?;
-        let collected = self.sampler.finish(
+        let mut collected = self.sampler.finish(
             &self.loader,
             &mut self.processes,
             &mut self.symbolizer,
@@ -376,6 +408,8 @@ impl Run {
                     .unwrap_or_default(),
             },
         )?;
+        let retired = self.retirement.take().unwrap_or_default();
+        collected.profile.absorb_retired(retired.profile);
         if let Some(pid) = what.pid
             && self
                 .processes
@@ -412,8 +446,10 @@ impl Run {
             collected,
             tasks,
             timeline: self.timeline.map(|t| t.timeline),
+            retired_latencies: retired.latency_by_program,
         };
-        let (report, output_error) = collect(from, config, what, traced, &export, reason)?;
+        let (mut report, output_error) = collect(from, config, what, traced, &export, reason)?;
+        report.processes_folded = folded;
         let text = match config.format {
             Format::Text => report.to_text(),
             Format::Json => serde_json::to_string_pretty(&report.to_json())? + "\n",
@@ -538,6 +574,8 @@ async fn run_attached(run: &mut Run, mut metrics: Option<Metrics>) -> std::io::R
         timeline,
         symbolizer,
         rolling,
+        retirement,
+        frequency_hz,
         ..
     } = run;
     let mut chores = sampling::SamplerChores::default();
@@ -552,6 +590,7 @@ async fn run_attached(run: &mut Run, mut metrics: Option<Metrics>) -> std::io::R
                         plan: Some(plan),
                         processes,
                         sampler,
+                        retired_oncpu: retirement.as_ref().map(|r| &r.oncpu_by_program),
                     });
                 }
                 continue;
@@ -578,8 +617,35 @@ async fn run_attached(run: &mut Run, mut metrics: Option<Metrics>) -> std::io::R
         }
         chores.run(sampler, loader, processes);
         let now = stop::monotonic_ns();
-        if let Some(rolling) = rolling.as_mut().filter(|r| r.due(now)) {
-            rolling.write(sampler, loader, processes, symbolizer, now);
+        // With windows, processes are let go just after a window is written: it holds
+        // all they left.
+        let window = match rolling.as_mut() {
+            Some(rolling) if rolling.due(now) => {
+                rolling.write(sampler, loader, processes, symbolizer, now);
+                Some(rolling.window_mut())
+            }
+            Some(_) => continue,
+            None => None,
+        };
+        let Some(retirement) = retirement
+            .as_mut()
+            .filter(|r| window.is_some() || r.due(now))
+        else {
+            continue;
+        };
+        if let Some(metrics) = metrics.as_mut() {
+            metrics.fold_gone(loader, Some(plan), processes);
+        }
+        if let Err(e) = retirement.look(
+            sampler,
+            loader,
+            processes,
+            symbolizer,
+            *frequency_hz,
+            window,
+            now,
+        ) {
+            crate::status!("Cannot let go of the processes that exited: {e:#}.");
         }
     }
 }

@@ -52,6 +52,11 @@ impl Rolling {
         })
     }
 
+    /// What the next window subtracts.
+    pub(super) fn window_mut(&mut self) -> &mut Window {
+        &mut self.window
+    }
+
     /// Whether the window open has lasted its length at `now_ns`.
     pub(super) fn due(&self, now_ns: u64) -> bool {
         now_ns.saturating_sub(self.window.start_ns()) >= self.config.every.as_nanos() as u64

@@ -116,6 +116,7 @@ impl AttachReport {
             "pid": self.pid,
             "process": self.process_name,
             "processes": self.processes_json(),
+            "processes_folded": self.processes_folded,
             "stopped_by": self.stopped_by.to_string(),
             "duration_ns": self.elapsed_ns,
             "probes": self.probes_json(),

@@ -40,6 +40,7 @@ mod tests {
                 name: name.into(),
                 namespace_pid: None,
             }],
+            processes_folded: Default::default(),
             stopped_by: StopReason::DurationElapsed,
             elapsed_ns: 1_000_000_000,
             probes: Vec::new(),

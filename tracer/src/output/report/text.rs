@@ -251,7 +251,7 @@ impl AttachReport {
                     out,
                     "Traced {}: {} processes, for {secs:.2} s; stopped: {}.",
                     escape_text(&self.process_name),
-                    processes.len(),
+                    processes.len() as u64 + self.processes_folded.values().sum::<u64>(),
                     self.stopped_by
                 );
             }

@@ -154,8 +154,11 @@ pub struct AttachReport {
     pub pid: u32,
     /// Its name, or what the set is (`every process running /usr/bin/x`).
     pub process_name: String,
-    /// Every process traced.
+    /// Every process traced, but those folded.
     pub processes: Vec<TracedProcess>,
+    /// Processes that exited long before the stop (beyond `--keep-exited`), counted by
+    /// name.
+    pub processes_folded: std::collections::BTreeMap<String, u64>,
     pub stopped_by: StopReason,
     pub elapsed_ns: u64,
     pub probes: Vec<ProbeReport>,

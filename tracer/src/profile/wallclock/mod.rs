@@ -105,6 +105,64 @@ pub struct WallClockProfile {
     pub task_time: HashMap<(u32, u64), TaskWallTime>,
 }
 
+impl WallClockProfile {
+    /// Adds `retired`, the profile of processes that exited and were let go (see
+    /// [`crate::profile::retire`]): its stacks and totals, and its threads folded into one
+    /// row per thread name (PID and TID 0), as the per-thread detail of processes long
+    /// gone would grow without bound.
+    pub fn absorb_retired(&mut self, retired: WallClockProfile) {
+        self.wall.absorb(&retired.wall);
+        self.oncpu.absorb(&retired.oncpu);
+        self.offcpu.absorb(&retired.offcpu);
+        self.tasks.absorb(&retired.tasks);
+        self.oncpu_samples += retired.oncpu_samples;
+        self.oncpu_ns += retired.oncpu_ns;
+        self.offcpu_intervals += retired.offcpu_intervals;
+        self.offcpu_ns += retired.offcpu_ns;
+        self.runnable_intervals += retired.runnable_intervals;
+        self.runnable_ns += retired.runnable_ns;
+        self.missing_stacks += retired.missing_stacks;
+        self.threads += retired.threads;
+        self.processes += retired.processes;
+        self.unnamed_ns += retired.unnamed_ns;
+        self.truncated_ns += retired.truncated_ns;
+        for thread in retired.per_thread {
+            let row = match self
+                .per_thread
+                .iter_mut()
+                .find(|t| t.tid == 0 && t.name == thread.name)
+            {
+                Some(row) => row,
+                None => {
+                    self.per_thread.push(ThreadTime {
+                        name: thread.name.clone(),
+                        ..ThreadTime::default()
+                    });
+                    self.per_thread.last_mut().expect("just pushed")
+                }
+            };
+            row.oncpu_ns += thread.oncpu_ns;
+            row.blocked_ns += thread.blocked_ns;
+            row.runnable_ns += thread.runnable_ns;
+            if let Some(python) = thread.python {
+                let mine = row.python.get_or_insert_with(PythonThreadTime::default);
+                mine.running_ns += python.running_ns;
+                mine.gil_ns += python.gil_ns;
+                mine.gc_ns += python.gc_ns;
+                mine.blocked_ns += python.blocked_ns;
+                mine.runnable_ns += python.runnable_ns;
+            }
+        }
+        self.per_thread.sort_by_key(|t| {
+            (
+                std::cmp::Reverse(t.oncpu_ns + t.runnable_ns),
+                std::cmp::Reverse(t.wall_ns()),
+                t.tid,
+            )
+        });
+    }
+}
+
 /// A runtime task's time while it was the running task of a thread: on CPU (samples),
 /// blocked in the kernel, runnable.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

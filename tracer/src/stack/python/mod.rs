@@ -93,6 +93,12 @@ impl Interpreters {
     /// Process `child` forked from `parent` and runs its copy of the program: once it
     /// exited, its code objects are read from its parent, where they are at the same
     /// addresses (a short-lived worker's frames are named after it is gone).
+    /// Forgets the interpreters of processes `tgids`.
+    pub fn forget(&mut self, tgids: &std::collections::HashSet<u32>) {
+        self.by_process.retain(|tgid, _| !tgids.contains(tgid));
+        self.forked_from.retain(|child, _| !tgids.contains(child));
+    }
+
     pub fn note_fork(&mut self, child: u32, parent: u32) {
         self.forked_from.insert(child, parent);
     }

@@ -106,6 +106,14 @@ impl Default for StackSymbolizer {
 }
 
 impl StackSymbolizer {
+    /// Drops what was cached for processes `tgids` alone (their JIT symbols, their
+    /// frames by address); what objects shared with others have stays.
+    pub fn forget_processes(&mut self, tgids: &HashSet<u32>) {
+        self.perf_maps.retain(|pid, _| !tgids.contains(pid));
+        self.jitdumps.retain(|pid, _| !tgids.contains(pid));
+        self.user_cache.retain(|(pid, _), _| !tgids.contains(pid));
+    }
+
     /// A symbolizer that demangles Rust and C++ names and expands inlined functions
     /// where debug information has them.
     pub fn new() -> Self {

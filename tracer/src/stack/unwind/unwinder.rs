@@ -1,7 +1,7 @@
 //! [`DwarfUnwinder`]: unwinding snapshots with framehop, through signal frames, and
 //! counting the stacks they give. The unwinders of the processes unwound last are kept.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
@@ -161,6 +161,54 @@ impl DwarfUnwinder {
             stacks.insert(id, stack.clone());
         }
         (oncpu, stacks)
+    }
+
+    /// Takes out the on-CPU samples of processes `tgids` (as [`DwarfUnwinder::finish`]
+    /// gives them) and the off-CPU snapshots `snapshot_ids`, with their stacks; their
+    /// processes' unwinders go too.
+    pub fn take_processes(
+        &mut self,
+        tgids: &HashSet<u32>,
+        snapshot_ids: &HashSet<i32>,
+    ) -> UnwoundSamples {
+        let mut taken = UnwoundSamples {
+            oncpu: Vec::new(),
+            task_oncpu: Vec::new(),
+            stacks: UnwoundStacks::new(),
+        };
+        for id in snapshot_ids {
+            if let Some(stack) = self.snapshots.remove(id) {
+                taken.stacks.insert(*id, stack);
+            }
+        }
+        let (gone, kept): (HashMap<SampleKey, u64>, HashMap<SampleKey, u64>) =
+            std::mem::take(&mut self.samples)
+                .into_iter()
+                .partition(|(key, _)| tgids.contains(&key.0));
+        self.samples = kept;
+        for (next_id, ((tgid, tid, kernel_stack_id, stack, task), samples)) in
+            (FIRST_UNWOUND_ID..FIRST_SNAPSHOT_ID).zip(gone)
+        {
+            let key = OnCpuKey {
+                tgid,
+                tid,
+                user_stack_id: next_id,
+                kernel_stack_id,
+                state: 0,
+            };
+            taken.oncpu.push((key, samples));
+            if task != 0 {
+                taken.task_oncpu.push((task, key, samples));
+            }
+            taken.stacks.insert(next_id, stack);
+        }
+        self.processes.retain(|tgid, _| !tgids.contains(tgid));
+        taken
+    }
+
+    /// The processes with on-CPU samples here.
+    pub fn sample_tgids(&self) -> impl Iterator<Item = u32> + '_ {
+        self.samples.keys().map(|key| key.0)
     }
 
     /// The off-CPU snapshots unwound so far, by snapshot id.
