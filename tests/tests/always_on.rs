@@ -6,14 +6,17 @@
 mod common;
 
 use std::{
-    io::{Read as _, Write as _},
+    io::Write as _,
     net::TcpStream,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
 
-use common::{Target, Tracer, executable_copy, out_dir, require_privileged, run_tracer};
+use common::{
+    Target, Tracer, executable_copy, http_get, metrics_addr, out_dir, require_privileged,
+    run_tracer,
+};
 use prost::Message as _;
 use serde_json::Value;
 
@@ -23,24 +26,6 @@ const PROMTOOL: &str = "/usr/bin/promtool";
 
 /// How long Prometheus gets to see what the target did (a few scrapes).
 const SCRAPES_WAIT: Duration = Duration::from_secs(30);
-
-/// A GET of `path` from `addr` (`127.0.0.1:PORT`); returns the status line and the body.
-fn http_get(addr: &str, path: &str) -> (String, String) {
-    let mut stream = TcpStream::connect(addr).unwrap_or_else(|e| panic!("{addr}: {e}"));
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
-    let status = head.lines().next().unwrap_or_default().to_string();
-    (status, body.to_string())
-}
 
 /// `text` as a URL query value.
 fn url_encoded(text: &str) -> String {
@@ -149,17 +134,6 @@ impl Drop for Prometheus {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-/// The metrics address the tracer printed (`Serving metrics at http://ADDR/metrics.`).
-fn metrics_addr(tracer: &Tracer) -> String {
-    tracer
-        .early_stderr
-        .lines()
-        .find_map(|l| l.strip_prefix("Serving metrics at http://"))
-        .and_then(|rest| rest.strip_suffix("/metrics."))
-        .unwrap_or_else(|| panic!("no metrics address in:\n{}", tracer.early_stderr))
-        .to_string()
 }
 
 /// The median of `values`.

@@ -1,5 +1,5 @@
-//! Project tasks: `cargo xtask setup | build | demo | test | container | bench | fuzz |
-//! install`.
+//! Project tasks: `cargo xtask setup | build | demo | test | container | bench | soak |
+//! fuzz | install`.
 //!
 //! Everything a fresh machine lacks is installed by `setup`, which every other task runs
 //! first; it caches what it builds so a second run costs nothing.
@@ -10,6 +10,7 @@ mod demo;
 mod fuzz;
 mod install;
 mod setup;
+mod soak;
 mod test;
 
 use std::{
@@ -44,6 +45,13 @@ enum Task {
     Container(container::ContainerArgs),
     /// Set up, build, and measure issue 6's figures against bpftrace and inferno (root).
     Bench(bench::BenchArgs),
+    /// Set up, build, and run the churn test for longer: an always-on attach whose
+    /// targets come and go stays in bounded memory (root).
+    Soak {
+        /// How long the service churns.
+        #[arg(long, default_value_t = 600)]
+        seconds: u64,
+    },
     /// Build the tracer and install it: PREFIX/bin/tracer, its man pages in
     /// PREFIX/share/man/man1, and bash, zsh and fish completions under PREFIX/share.
     Install {
@@ -67,6 +75,7 @@ fn main() -> Result<()> {
         Task::Test => test::run(),
         Task::Container(args) => container::run(args),
         Task::Bench(args) => bench::run(args),
+        Task::Soak { seconds } => soak::run(seconds),
         Task::Fuzz { seconds } => fuzz::run(seconds),
         Task::Install { prefix } => install::run(&prefix),
     }

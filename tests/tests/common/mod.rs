@@ -4,11 +4,14 @@
 #![allow(dead_code)]
 
 mod bpftrace;
+mod http;
 mod opens;
 
 // Not every test file uses them.
 #[allow(unused_imports)]
 pub use bpftrace::{Bpftrace, BpftraceMaps};
+#[allow(unused_imports)]
+pub use http::{http_get, metrics_addr};
 #[allow(unused_imports)]
 pub use opens::OpenWatch;
 
