@@ -102,7 +102,7 @@ impl RollingConfig {
         let Some(every) = every else {
             return Ok(None);
         };
-        let window = parse_duration(every)?;
+        let window = parse_duration("profile-every", every)?;
         if window < Duration::from_secs(1) {
             return Err(ConfigError::ProfileEvery(every.to_string()));
         }
@@ -186,12 +186,16 @@ impl TryFrom<AttachArgs> for AttachConfig {
         }
         Ok(Self {
             hold_at_dlopen: args.hold_at_dlopen,
-            duration: args.duration.as_deref().map(parse_duration).transpose()?,
+            duration: args
+                .duration
+                .as_deref()
+                .map(|text| parse_duration("duration", text))
+                .transpose()?,
             output_dir: args
                 .output
                 .unwrap_or_else(|| PathBuf::from(format!("tracer-{}", targets.short_name()))),
             targets,
-            min_block: parse_duration(&args.min_block)?,
+            min_block: parse_duration("min-block", &args.min_block)?,
             latencies: args
                 .latencies
                 .iter()
@@ -202,7 +206,7 @@ impl TryFrom<AttachArgs> for AttachConfig {
             timeline: match args.timeline {
                 Some(path) => Some(TimelineConfig {
                     path,
-                    min_block: parse_duration(&args.timeline_min_block)?,
+                    min_block: parse_duration("timeline-min-block", &args.timeline_min_block)?,
                 }),
                 None => None,
             },

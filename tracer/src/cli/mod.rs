@@ -343,8 +343,8 @@ pub enum ConfigError {
     BufferSize(&'static str, String),
     #[error("invalid --{0} {1}: expected 1 to {2} entries")]
     MapSize(&'static str, u32, u32),
-    #[error("invalid duration {0:?}: expected a number with a unit, like 10s, 500ms, 2m or 100us")]
-    Duration(String),
+    #[error("invalid --{0} {1:?}: expected a number with a unit, like 10s, 500ms, 2m or 100us")]
+    Duration(&'static str, String),
     #[error("invalid --profile-every {0:?}: expected a window of at least 1s, like 1m")]
     ProfileEvery(String),
     #[error("invalid --keep 0: keep at least one window")]

@@ -31,8 +31,9 @@ pub(super) fn nonzero_pid(pid: u32) -> Result<NonZeroU32, ConfigError> {
 }
 
 /// Parses `10s`, `1.5s`, `500ms`, `100us`, `250ns`, `2m`, `1h`; a bare number is seconds.
-pub fn parse_duration(text: &str) -> Result<Duration, ConfigError> {
-    let err = || ConfigError::Duration(text.to_string());
+/// `flag` names the option the text came from, for the error.
+pub fn parse_duration(flag: &'static str, text: &str) -> Result<Duration, ConfigError> {
+    let err = || ConfigError::Duration(flag, text.to_string());
     let text = text.trim();
     let split = text
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
@@ -57,14 +58,33 @@ mod tests {
 
     #[test]
     fn durations() {
-        assert_eq!(parse_duration("10s").unwrap(), Duration::from_secs(10));
-        assert_eq!(parse_duration("10").unwrap(), Duration::from_secs(10));
-        assert_eq!(parse_duration("1.5s").unwrap(), Duration::from_millis(1500));
-        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
-        assert_eq!(parse_duration("100us").unwrap(), Duration::from_micros(100));
-        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+        assert_eq!(
+            parse_duration("duration", "10s").unwrap(),
+            Duration::from_secs(10)
+        );
+        assert_eq!(
+            parse_duration("duration", "10").unwrap(),
+            Duration::from_secs(10)
+        );
+        assert_eq!(
+            parse_duration("duration", "1.5s").unwrap(),
+            Duration::from_millis(1500)
+        );
+        assert_eq!(
+            parse_duration("duration", "500ms").unwrap(),
+            Duration::from_millis(500)
+        );
+        assert_eq!(
+            parse_duration("duration", "100us").unwrap(),
+            Duration::from_micros(100)
+        );
+        assert_eq!(
+            parse_duration("duration", "2m").unwrap(),
+            Duration::from_secs(120)
+        );
         for bad in ["", "s", "10x", "-1s", "1.2.3s"] {
-            assert!(parse_duration(bad).is_err(), "{bad}");
+            let err = parse_duration("min-block", bad).unwrap_err().to_string();
+            assert!(err.starts_with("invalid --min-block "), "{bad}: {err}");
         }
     }
 

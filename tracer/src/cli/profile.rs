@@ -64,8 +64,12 @@ impl TryFrom<ProfileArgs> for ProfileConfig {
     fn try_from(args: ProfileArgs) -> Result<Self, ConfigError> {
         let targets = TargetSpec::try_from(&args.targets)?;
         Ok(Self {
-            duration: args.duration.as_deref().map(parse_duration).transpose()?,
-            min_block: parse_duration(&args.min_block)?,
+            duration: args
+                .duration
+                .as_deref()
+                .map(|text| parse_duration("duration", text))
+                .transpose()?,
+            min_block: parse_duration("min-block", &args.min_block)?,
             per_thread: args.per_thread,
             group_by: args.group_by,
             sampling: Sampling::try_from(&args.sampling)?,

@@ -132,7 +132,11 @@ impl TryFrom<TraceArgs> for TraceConfig {
         Ok(Self {
             targets,
             format: args.format,
-            duration: args.duration.as_deref().map(parse_duration).transpose()?,
+            duration: args
+                .duration
+                .as_deref()
+                .map(|text| parse_duration("duration", text))
+                .transpose()?,
             count: args.count,
             stack: args.stack,
             unwind: args.unwind,
