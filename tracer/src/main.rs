@@ -18,13 +18,17 @@ fn main() {
     // One malloc arena for every thread: the naming threads parse symbol files while the
     // stacks are taken and views are written on threads of their own, and glibc's arena
     // per thread kept each one's freed memory apart (5 MB more at the peak of a stop).
+    // musl's allocator has no arenas to limit.
+    #[cfg(target_env = "gnu")]
     // SAFETY: mallopt only sets an allocator parameter; no allocation has a thread yet.
-    unsafe { libc::mallopt(libc::M_ARENA_MAX, 1) };
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 1)
+    };
     out_of_memory::prepare();
     if tracer::kernel::keeper::is_keeper(std::env::args_os().nth(1).as_deref()) {
         std::process::exit(tracer::kernel::keeper::serve());
     }
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    init_log();
     let cli = Cli::parse();
     if cli.bpf_debug {
         tracer::kernel::enable_bpf_diagnostics();
@@ -77,4 +81,23 @@ fn main() {
         tracer::status!("tracer: error: {}", lines.join("\n"));
         std::process::exit(1);
     }
+}
+
+/// Warnings read like the tool's errors (`tracer: warning: ...`); debugging levels name the
+/// module they come from.
+fn init_log() {
+    use std::io::Write as _;
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn"))
+        .format(|out, record| match record.level() {
+            log::Level::Error => writeln!(out, "tracer: error: {}", record.args()),
+            log::Level::Warn => writeln!(out, "tracer: warning: {}", record.args()),
+            level => writeln!(
+                out,
+                "tracer: {} [{}]: {}",
+                level.as_str().to_lowercase(),
+                record.target(),
+                record.args()
+            ),
+        })
+        .init();
 }

@@ -635,6 +635,13 @@ pub fn write_flamegraph_svg(
     path: &Path,
     options: &SvgOptions<'_>,
 ) -> io::Result<()> {
+    if stacks.total() == 0 {
+        log::warn!(
+            "{}: no samples, so the flame graph \"{}\" is empty",
+            path.display(),
+            options.title
+        );
+    }
     write_output(path, |out| render_flamegraph_svg(stacks, options, out))
 }
 
@@ -645,8 +652,7 @@ pub fn render_flamegraph_svg(
     mut out: impl Write,
 ) -> io::Result<()> {
     if stacks.total() == 0 {
-        // inferno writes an error SVG and fails on empty input; say what happened instead.
-        log::warn!("no samples collected for flame graph {:?}", options.title);
+        // inferno writes an error SVG and fails on empty input; an empty graph says why.
         return write_empty_svg(options.title, &mut out);
     }
     let mut opts = flamegraph::Options::default();
