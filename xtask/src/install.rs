@@ -20,8 +20,14 @@ const COMPLETIONS: [(&str, &str); 3] = [
 
 pub fn run(prefix: &Path) -> Result<()> {
     crate::build_tracer()?;
+    place(&release_dir().join("tracer"), prefix)
+}
+
+/// Copies the tracer built at `built` under `prefix`, with the man pages and completions it
+/// writes of itself.
+pub fn place(built: &Path, prefix: &Path) -> Result<()> {
     let bin = prefix.join("bin/tracer");
-    copy(&release_dir().join("tracer"), &bin)?;
+    copy(built, &bin)?;
     let man = prefix.join("share/man/man1");
     generate(&bin, "man", &man)?;
     let scratch = std::env::temp_dir().join(format!("tracer-completions-{}", std::process::id()));

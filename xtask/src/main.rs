@@ -1,14 +1,16 @@
 //! Project tasks: `cargo xtask setup | build | demo | test | container | bench | soak |
-//! fuzz | install`.
+//! fuzz | install | deb | static`.
 //!
-//! Everything a fresh machine lacks is installed by `setup`, which every other task runs
-//! first; it caches what it builds so a second run costs nothing.
+//! Everything a fresh machine lacks is installed by `setup`, which caches what it builds so
+//! a second run costs nothing. The tasks that build the tracer alone (demo, install, deb,
+//! static) install only the eBPF toolchain; the others run the whole of `setup`.
 
 mod bench;
 mod container;
 mod demo;
 mod fuzz;
 mod install;
+mod package;
 mod setup;
 mod soak;
 mod test;
@@ -59,6 +61,12 @@ enum Task {
         #[arg(long, default_value = "/usr/local")]
         prefix: PathBuf,
     },
+    /// Build the tracer and package what `install --prefix /usr` puts in place as a .deb
+    /// (target/debian/tracer_VERSION_ARCH.deb), with dpkg-deb.
+    Deb,
+    /// Build a statically linked tracer (musl) that runs on any x86-64 Linux with BTF:
+    /// target/x86_64-unknown-linux-musl/release/tracer.
+    Static,
     /// Fuzz the USDT note parser, object discovery and argument specs with cargo-fuzz (nightly).
     Fuzz {
         /// How long to run each fuzz target.
@@ -78,6 +86,8 @@ fn main() -> Result<()> {
         Task::Soak { seconds } => soak::run(seconds),
         Task::Fuzz { seconds } => fuzz::run(seconds),
         Task::Install { prefix } => install::run(&prefix),
+        Task::Deb => package::deb().map(drop),
+        Task::Static => package::build_static().map(drop),
     }
 }
 

@@ -239,7 +239,13 @@ impl Tracer {
     // The child is waited for by `finish`, or by the early-exit path below.
     #[allow(clippy::zombie_processes)]
     pub fn start(args: &[&str]) -> Tracer {
-        let mut child = Command::new(tracer_bin())
+        Tracer::start_binary(&tracer_bin(), args)
+    }
+
+    /// [`Tracer::start`] of the tracer binary at `binary`.
+    #[allow(clippy::zombie_processes)]
+    pub fn start_binary(binary: &Path, args: &[&str]) -> Tracer {
+        let mut child = Command::new(binary)
             .args(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
