@@ -93,6 +93,9 @@ struct Sample {
     maps: BTreeMap<String, usize>,
     oncpu_seconds: f64,
     map_full: f64,
+    /// Series in the scrape, and those named by a PID rather than a program.
+    series: usize,
+    unnamed_series: usize,
 }
 
 #[test]
@@ -158,13 +161,22 @@ fn memory_and_maps_stay_flat_while_processes_come_and_go() {
                 .unwrap_or(0.0),
             map_full: series_value(&text, "tracer_events_lost_total{reason=\"map_full\"}")
                 .unwrap_or(f64::NAN),
+            series: text.lines().filter(|l| !l.starts_with('#')).count(),
+            unnamed_series: text
+                .lines()
+                .filter(|l| l.contains("process=\"[pid "))
+                .count(),
         };
+        if let Some(unnamed) = text.lines().find(|l| l.contains("process=\"[pid ")) {
+            println!("named by PID: {unnamed}");
+        }
         println!(
-            "{:>5.0} s  RSS {:>7.1} MiB  on CPU {:>7.2} s  map_full {}  {:?}",
+            "{:>5.0} s  RSS {:>7.1} MiB  on CPU {:>7.2} s  map_full {}  series {}  {:?}",
             sample.at.as_secs_f64(),
             sample.rss_kib as f64 / 1024.0,
             sample.oncpu_seconds,
             sample.map_full,
+            sample.series,
             sample.maps
         );
         samples.push(sample);
@@ -206,6 +218,20 @@ fn memory_and_maps_stay_flat_while_processes_come_and_go() {
         last.maps
     );
     assert_eq!(last.map_full, 0.0, "entries were lost to full maps");
+    // Series are per program, not per process: their number does not grow with churn.
+    for sample in &samples {
+        assert_eq!(
+            sample.unnamed_series, 0,
+            "series named by PID at {:?}",
+            sample.at
+        );
+    }
+    assert!(
+        last.series <= first.series + 20,
+        "series grew from {} to {}",
+        first.series,
+        last.series
+    );
     // Counters never go backwards, also across the processes let go.
     for pair in samples.windows(2) {
         assert!(

@@ -5,7 +5,7 @@
 //! follows the processes running, not those that came and went, and counters never go
 //! backwards. With `--metrics-labels pid` an exited process's series end with it instead.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use anyhow::Result;
 use tracer_common::{ProcessMetricKey, counter, histogram, offcpu_state, process_metric};
@@ -55,6 +55,15 @@ impl SeriesKey {
         }
         labels
     }
+}
+
+/// The program of process `tgid` when the processes seen name it (not `[pid N]`, the
+/// placeholder of one seen only once gone).
+fn known_program(processes: &Processes, tgid: u32) -> Option<String> {
+    processes
+        .get(tgid)
+        .map(|p| p.program.clone())
+        .filter(|program| !program.starts_with("[pid "))
 }
 
 /// `labels` as the exposition takes them.
@@ -168,6 +177,10 @@ pub struct Metrics {
     scrapes: Scrapes,
     labels: MetricLabels,
     gone: Figures,
+    /// The program of each process with figures in the kernel's map, kept until they
+    /// are folded: a process let go (see [`crate::profile::retire`]) while it still had
+    /// figures there keeps its name.
+    programs: HashMap<u32, String>,
 }
 
 /// Binds `--metrics ADDR`'s endpoint; call before attaching, so that an address that
@@ -193,6 +206,7 @@ pub fn serve(
         scrapes: endpoint.serve()?,
         labels,
         gone: Figures::default(),
+        programs: HashMap::new(),
     }))
 }
 
@@ -255,9 +269,8 @@ impl Metrics {
     /// The series key of process `tgid`: its program's name (as the kernel names it) and
     /// its PID when asked for.
     fn series(&self, processes: &Processes, tgid: u32) -> SeriesKey {
-        let process = processes
-            .get(tgid)
-            .map(|p| p.program.clone())
+        let process = known_program(processes, tgid)
+            .or_else(|| self.programs.get(&tgid).cloned())
             .unwrap_or_else(|| format!("[pid {tgid}]"));
         SeriesKey {
             extra: None,
@@ -278,6 +291,7 @@ impl Metrics {
     ) -> Figures {
         let entries = loader.process_metrics().unwrap_or_default();
         let tgids: BTreeSet<u32> = entries.iter().map(|(key, _)| key.tgid).collect();
+        self.remember_programs(loader, processes, &tgids);
         let gone: BTreeSet<u32> = tgids
             .into_iter()
             .filter(|tgid| !std::path::Path::new(&format!("/proc/{tgid}")).exists())
@@ -298,9 +312,45 @@ impl Metrics {
         running
     }
 
+    /// Notes the program of each process `tgids` (those with figures in the kernel's
+    /// map) while something knows it: the processes seen, or else the name the kernel
+    /// gave a member of a set when it joined. Forgets the others.
+    fn remember_programs(&mut self, loader: &Loader, processes: &Processes, tgids: &BTreeSet<u32>) {
+        self.programs.retain(|tgid, _| tgids.contains(tgid));
+        self.learn_programs(loader, processes, tgids);
+    }
+
+    /// Notes the programs of processes `tgids`, as [`Self::remember_programs`] does,
+    /// forgetting none.
+    fn learn_programs(&mut self, loader: &Loader, processes: &Processes, tgids: &BTreeSet<u32>) {
+        for &tgid in tgids {
+            if let Some(program) = known_program(processes, tgid) {
+                self.programs.insert(tgid, program);
+            }
+        }
+        if tgids.iter().all(|tgid| self.programs.contains_key(tgid)) {
+            return;
+        }
+        // A member that came and went between two looks at the set was never seen.
+        if let Ok(targets) = loader.targets_map() {
+            for (tgid, name) in targets.named() {
+                if tgids.contains(&tgid) && !name.is_empty() {
+                    self.programs.entry(tgid).or_insert(name);
+                }
+            }
+        }
+    }
+
     /// Each process's time off CPU (blocked, and runnable: waiting for a CPU) and on CPU.
-    fn scheduler_time(&self, figures: &Figures, sources: &MetricSources<'_>, out: &mut Exposition) {
+    fn scheduler_time(
+        &mut self,
+        figures: &Figures,
+        sources: &MetricSources<'_>,
+        out: &mut Exposition,
+    ) {
         let (samples, frequency_hz) = sources.sampler.oncpu_samples_by_process(sources.loader);
+        let sampled: BTreeSet<u32> = samples.keys().copied().collect();
+        self.learn_programs(sources.loader, sources.processes, &sampled);
         let mut oncpu: BTreeMap<SeriesKey, u64> = BTreeMap::new();
         for (tgid, count) in samples {
             *oncpu

@@ -71,9 +71,9 @@ impl Processes {
     /// kernel recorded it).
     pub fn observe_named(&mut self, tgid: u32, known_name: Option<&str>) {
         if let Some(info) = self.processes.get_mut(&tgid) {
-            // Seen first after it exited, through a late stack snapshot: now it has a name.
+            // Seen first after it exited (through a late stack snapshot, or as a fork
+            // given its parent's mappings): now it has a name.
             if let Some(name) = known_name.filter(|n| !n.is_empty())
-                && info.maps.is_none()
                 && info.name.starts_with("[pid ")
             {
                 info.name = name.to_string();
@@ -206,6 +206,8 @@ impl Processes {
     ) {
         self.processes.retain(|tgid, _| !tgids.contains(tgid));
         self.threads.forget(tids);
+        // A process's main thread has its PID, sampled or not.
+        self.threads.forget(tgids);
     }
 
     pub fn get(&self, tgid: u32) -> Option<&ProcessInfo> {
