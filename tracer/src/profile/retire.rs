@@ -94,7 +94,7 @@ impl Retirement {
     ) -> Result<()> {
         self.last_look_ns = now_ns;
         self.looks += 1;
-        for tgid in sampler.departed_processes(loader)? {
+        for tgid in sampler.departed_processes(loader, processes)? {
             if self.known.insert(tgid) {
                 self.departed.push_back((tgid, self.looks));
             }

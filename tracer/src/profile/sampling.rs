@@ -348,13 +348,19 @@ impl WallClockSampler {
     }
 
     /// The processes of a set of targets that left it (they exited, or ran another
-    /// program) and left something: see [`Self::processes_with_samples`]. None for one
-    /// process, or every process.
-    pub fn departed_processes(&self, loader: &Loader) -> Result<HashSet<u32>> {
+    /// program) and left something (see [`Self::processes_with_samples`]) or were seen
+    /// (in `processes`). None for one process, or every process.
+    pub fn departed_processes(
+        &self,
+        loader: &Loader,
+        processes: &Processes,
+    ) -> Result<HashSet<u32>> {
         let Some(targets) = &self.targets else {
             return Ok(HashSet::new());
         };
         let mut seen = self.processes_with_samples(loader)?;
+        // A process that exited before a sample or a block of its own is known there alone.
+        seen.extend(processes.iter().map(|(tgid, _)| tgid));
         // Read after what they left: a process that joined since is in the set.
         for tgid in targets.pids() {
             seen.remove(&tgid);

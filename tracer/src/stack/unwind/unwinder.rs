@@ -203,7 +203,15 @@ impl DwarfUnwinder {
             taken.stacks.insert(next_id, stack);
         }
         self.processes.retain(|tgid, _| !tgids.contains(tgid));
+        self.drop_unused_objects();
         taken
+    }
+
+    /// Drops the unwind tables of files no process unwinder holds any more: a file no
+    /// target maps now is parsed again if one maps it later.
+    fn drop_unused_objects(&mut self) {
+        self.objects
+            .retain(|_, tables| tables.as_ref().is_none_or(|t| Arc::strong_count(t) > 1));
     }
 
     /// The processes with on-CPU samples here.
@@ -437,6 +445,7 @@ impl DwarfUnwinder {
             .map(|(&tgid, _)| tgid);
         if let Some(tgid) = least_recent {
             self.processes.remove(&tgid);
+            self.drop_unused_objects();
         }
     }
 
@@ -542,6 +551,14 @@ mod tests {
         assert!(!unwinder.processes.contains_key(&1));
         assert!(unwinder.processes.contains_key(&processes));
         assert!(unwinder.objects.len() <= maps.mapped_files().count());
+        let read = unwinder.objects.values().flatten().count();
+        assert!(read > 0);
+
+        // Once every process is let go, no file's tables are held.
+        let every: HashSet<u32> = (1..=processes).collect();
+        unwinder.take_processes(&every, &HashSet::new());
+        assert!(unwinder.processes.is_empty());
+        assert_eq!(unwinder.objects.values().flatten().count(), 0);
     }
 
     #[test]
