@@ -416,23 +416,17 @@ fn a_library_dlopened_by_a_set_of_processes_is_traced_once_mapped() {
 
 /// `attach` on a process that maps nothing new reads its maps at the start only: the
 /// kernel tells of what it maps later (a library it loads), and then it is read again.
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
-fn attach_reads_the_maps_of_a_process_only_when_it_maps_code() {
-    require_privileged();
+/// Runs `tracer COMMAND --pid PID EXTRA` on a target that maps a library after 1.5 s,
+/// and checks with strace that the tracer reads the target's maps only after that.
+fn maps_are_read_only_when_code_is_mapped(name: &str, command: &str, extra: &[&str]) {
     let (exe, _) = built();
-    let dir = out_dir("later-attach-maps");
+    let dir = out_dir(name);
     let mut target = Late::start(exe, N);
     let pid = target.pid.to_string();
-    let tracer = Tracer::start(&[
-        "attach",
-        "--pid",
-        &pid,
-        "--format",
-        "json",
-        "-o",
-        dir.join("attach").to_str().unwrap(),
-    ]);
+    let out = dir.join("out");
+    let mut args = vec![command, "--pid", &pid, "-o", out.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    let tracer = Tracer::start(&args);
     let opens = OpenWatch::start(tracer.pid(), &dir.join("tracer.strace"));
     // Ten periods of a look at the target's maps, and a sampler's refresh, had there been
     // any.
@@ -452,24 +446,43 @@ fn attach_reads_the_maps_of_a_process_only_when_it_maps_code() {
     {
         assert!(
             Instant::now() < deadline,
-            "the maps were not read after the dlopen"
+            "{command} {extra:?}: the maps were not read after the dlopen"
         );
         std::thread::sleep(Duration::from_millis(10));
     }
     let maps_read = opens.finish(&maps);
     assert!(
         maps_read.iter().all(|&at| at >= mapped_at),
-        "the maps of a process that mapped nothing new were read: {maps_read:?} (dlopen at {mapped_at})"
+        "{command} {extra:?}: the maps of a process that mapped nothing new were read: \
+         {maps_read:?} (dlopen at {mapped_at})"
     );
     assert!(!maps_read.is_empty());
     // SAFETY: kill has no memory preconditions; the tracer is our child.
     unsafe { libc::kill(tracer.pid() as i32, libc::SIGINT) };
-    let (ok, out, err) = tracer.finish();
+    let (ok, _, err) = tracer.finish();
     assert!(ok, "{err}");
-    let report: serde_json::Value =
-        serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
-    assert!(report.is_object(), "{out}");
     target.finish();
+}
+
+#[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+fn attach_reads_the_maps_of_a_process_only_when_it_maps_code() {
+    require_privileged();
+    maps_are_read_only_when_code_is_mapped("later-attach-maps", "attach", &[]);
+}
+
+#[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+fn attach_children_reads_the_maps_of_a_process_only_when_it_maps_code() {
+    require_privileged();
+    maps_are_read_only_when_code_is_mapped("later-children-maps", "attach", &["--children"]);
+}
+
+#[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+fn profile_reads_the_maps_of_a_process_only_when_it_maps_code() {
+    require_privileged();
+    maps_are_read_only_when_code_is_mapped("later-profile-maps", "profile", &[]);
 }
 
 #[test]
