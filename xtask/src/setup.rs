@@ -263,7 +263,7 @@ fn ensure_bpf_linker(toolchain: &str) -> Result<()> {
     }
     let feature = llvm_feature(toolchain)?;
     eprintln!(
-        "xtask setup: building bpf-linker {BPF_LINKER_VERSION} ({feature}) against {} (about 2 minutes, once)",
+        "xtask setup: building bpf-linker {BPF_LINKER_VERSION} ({feature}) against {} (once: it is cached)",
         libllvm.display()
     );
     let status = Command::new("cargo")
