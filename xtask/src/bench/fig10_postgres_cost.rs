@@ -248,7 +248,11 @@ pub(super) fn measure(config: &Config) -> Result<Vec<Row>> {
             label(kind),
             median_range(&cost(|t| t.attach_us / 1e3), 0),
             median_range(&cost(|t| t.stop_us / 1e3), 0),
-            format!("{:.1} / {:.1}", median(&tracing_rss), median(&lifetime_rss)),
+            format!(
+                "{} / {:.1}",
+                median_range(&tracing_rss, 1),
+                median(&lifetime_rss)
+            ),
         );
         let lost: f64 = cost(|t| t.lost as f64).iter().sum();
         if lost > 0.0 {
@@ -332,8 +336,35 @@ pub(super) fn measure(config: &Config) -> Result<Vec<Row>> {
             }),
         });
     }
+    // Peak resident memory over the tool's whole life, the stop's report included.
+    let peak_rss_mb = |kind: usize| {
+        measured(kind).then(|| {
+            per_round(kind, &|run, _| {
+                run.tool.map(|t| t.lifetime_rss_kib as f64 / 1024.0)
+            })
+        })
+    };
+    if let (Some(tracer), Some(bpftrace)) = (peak_rss_mb(TRACER_DWARF), peak_rss_mb(BPFTRACE)) {
+        let highest = tracer.iter().copied().fold(f64::NAN, f64::max);
+        rows.push(Row {
+            figure: "10c. same, peak RSS MB".into(),
+            tracer: median_range(&tracer, 1),
+            baselines: format!("bpftrace {:.1}", median(&bpftrace)),
+            ratio: format!("{:.2}", median(&tracer) / median(&bpftrace)),
+            goal: format!("<= {PEAK_RSS_GOAL_MB} MB"),
+            met: if highest <= PEAK_RSS_GOAL_MB {
+                "yes"
+            } else {
+                "no"
+            }
+            .into(),
+        });
+    }
     Ok(rows)
 }
+
+/// The most resident memory `attach --children` may hold on the cluster, at its peak.
+const PEAK_RSS_GOAL_MB: f64 = 80.0;
 
 /// The tools of the figure, in the order of the kinds of run ([`TRACER_DWARF`] ...).
 fn tools(postmaster: u32, out_dir: &Path, seconds: u64) -> Vec<TracingTool> {
