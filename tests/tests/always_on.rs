@@ -219,6 +219,12 @@ fn prometheus_counts_the_gc_pauses_of_a_target_started_after_the_tracer() {
         sum >= truth_sum as f64 / 1e9 && sum <= outer_sum as f64 / 1e9,
         "pauses total {sum} s; the target's own between {truth_sum} and {outer_sum} ns"
     );
+    println!(
+        "PromQL: {count} = {gcs} (the target's {gcs}); median {quantile} s (the target's \
+         {median_ns} ns, bucket [{low_ns}, {}) ns); sum {sum} s (the target's {truth_sum} to \
+         {outer_sum} ns)",
+        2 * low_ns
+    );
 
     // The target is gone; the tracer keeps serving, and the counts stay.
     assert_eq!(

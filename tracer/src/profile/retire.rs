@@ -109,7 +109,11 @@ impl Retirement {
             tgids.insert(tgid);
         }
         let taken = (sampler, loader, processes, symbolizer);
-        self.retire(taken, &tgids, frequency_hz, window, now_ns)
+        self.retire(taken, &tgids, frequency_hz, window, now_ns)?;
+        if !tgids.is_empty() {
+            give_back_freed_memory();
+        }
+        Ok(())
     }
 
     /// The look once the trace stopped and its last window is written: every snapshot is
@@ -198,4 +202,14 @@ pub fn add_stats(into: &mut LatencyStats, more: &LatencyStats) {
     into.total_ns += more.total_ns;
     into.min_ns = into.min_ns.min(more.min_ns);
     into.max_ns = into.max_ns.max(more.max_ns);
+}
+
+/// Returns the heap's free pages to the system: what the processes let go held is freed
+/// in the middle of the heap, which glibc keeps resident otherwise.
+fn give_back_freed_memory() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim only releases free memory of the allocator's own.
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }
