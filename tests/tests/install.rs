@@ -9,7 +9,7 @@ use std::{
     process::{Command, Output},
 };
 
-use common::{Target, Tracer};
+use common::attach_json_of;
 
 const GC_DEMO: &str = env!("CARGO_BIN_EXE_gc-demo");
 
@@ -208,31 +208,13 @@ fn the_static_build_needs_no_loader_lists_probes_and_attaches() {
     let listed = String::from_utf8_lossy(&listed.stdout);
     assert!(listed.contains(":tracer:gc__begin"), "{listed}");
 
-    let dir = std::env::temp_dir().join(format!("tracer-static-{}", std::process::id()));
-    let target = Target::start(
+    let run = attach_json_of(
+        &bin,
         GC_DEMO,
         &["--gcs", "6", "--pause-ms", "5", "--interval-ms", "5"],
+        "static-attach",
+        &[],
     );
-    let pid = target.pid.to_string();
-    let tracer = Tracer::start_binary(
-        &bin,
-        &[
-            "attach",
-            "--pid",
-            &pid,
-            "--format",
-            "json",
-            "-o",
-            dir.to_str().unwrap(),
-        ],
-    );
-    target.release();
-    target.finish();
-    let (ok, out, stderr) = tracer.finish();
-    assert!(ok, "{stderr}");
-    let report: serde_json::Value =
-        serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
-    assert_eq!(report["gc"]["count"], 6, "{report:#}");
-    assert!(dir.join("offcpu.svg").is_file());
-    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(run.report["gc"]["count"], 6, "{:#}", run.report);
+    assert!(run.dir.join("offcpu.svg").is_file());
 }

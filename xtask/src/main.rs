@@ -138,16 +138,25 @@ pub fn cargo(args: &[&str]) -> Command {
 
 /// Set up what the build needs, then build the tracer binary alone, in release mode.
 pub fn build_tracer() -> Result<()> {
+    build_tracer_for(None)
+}
+
+/// [`build_tracer`] for a `target` other than the host's.
+pub fn build_tracer_for(target: Option<&str>) -> Result<()> {
     setup::run_for_build()?;
     eprintln!("xtask: building tracer (with its eBPF programs)");
-    run(&mut cargo(&[
+    let mut args = vec![
         "build",
         "--release",
         "--package",
         "tracer",
         "--bin",
         "tracer",
-    ]))
+    ];
+    if let Some(target) = target {
+        args.extend(["--target", target]);
+    }
+    run(&mut cargo(&args))
 }
 
 /// The tracer and the demo runtime (`gc-demo`) alone, in release mode: what `cargo xtask

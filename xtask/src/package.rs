@@ -71,20 +71,9 @@ fn control(version: &str, architecture: &str, installed_kib: u64) -> String {
 
 /// Builds the statically linked tracer and returns its path.
 pub fn build_static() -> Result<PathBuf> {
-    crate::setup::run_for_build()?;
     eprintln!("xtask static: adding the {MUSL} target to the host toolchain");
     crate::run(Command::new("rustup").args(["target", "add", MUSL]))?;
-    eprintln!("xtask static: building tracer for {MUSL}");
-    crate::run(&mut crate::cargo(&[
-        "build",
-        "--release",
-        "--package",
-        "tracer",
-        "--bin",
-        "tracer",
-        "--target",
-        MUSL,
-    ]))?;
+    crate::build_tracer_for(Some(MUSL))?;
     let bin = workspace_root().join(format!("target/{MUSL}/release/tracer"));
     eprintln!("xtask static: {}", bin.display());
     Ok(bin)

@@ -583,13 +583,24 @@ pub fn start_attach_json_with(pid: u32, out: &Path, extra: &[&str]) -> Tracer {
 /// Starts `program TARGET_ARGS`, attaches `tracer attach --pid PID --format json -o DIR
 /// EXTRA` (DIR a fresh `out_dir(name)`), releases the target and waits for both.
 pub fn attach_json(program: &str, target_args: &[&str], name: &str, extra: &[&str]) -> AttachRun {
+    attach_json_of(&tracer_bin(), program, target_args, name, extra)
+}
+
+/// [`attach_json`] with the tracer binary at `tracer`.
+pub fn attach_json_of(
+    tracer: &Path,
+    program: &str,
+    target_args: &[&str],
+    name: &str,
+    extra: &[&str],
+) -> AttachRun {
     let dir = out_dir(name);
     let target = Target::start(program, target_args);
     let pid = target.pid.to_string();
     let mut args = vec!["attach", "--pid", &pid, "--format", "json", "-o"];
     args.push(dir.to_str().unwrap());
     args.extend_from_slice(extra);
-    let tracer = Tracer::start(&args);
+    let tracer = Tracer::start_binary(tracer, &args);
     target.release();
     let truth = target.finish();
     let (ok, out, stderr) = tracer.finish();
