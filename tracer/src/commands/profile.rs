@@ -24,9 +24,8 @@ use crate::{
     output::render::{self, export::ExportInfo, views::write_profile_files},
     output::report::{StackLosses, profile_summary},
     probe::runtimes,
-    profile::sampling::{
-        self, Collected, Sampling, UnwindMethod, ViewOptions, WallClockSampler, unwind_summary,
-    },
+    profile::dwarf_snapshots::unwind_summary,
+    profile::sampling::{self, Collected, Sampling, UnwindMethod, ViewOptions, WallClockSampler},
     profile::wallclock::{self, WallClockProfile},
     stack::processes::Processes,
     stack::symbolize::StackSymbolizer,
@@ -52,24 +51,7 @@ pub fn run(config: ProfileConfig) -> Result<()> {
         kernel_types: true,
     });
     let mut processes = Processes::default();
-    let what = match single {
-        Some(pid) => {
-            let info = processes.observe_target(pid).map_err(|e| {
-                let context = format!("cannot read /proc/{pid} (its name and memory maps)");
-                procfs::target_error(pid, anyhow::Error::new(e).context(context))
-            })?;
-            format!("{} (pid {pid})", info.name)
-        }
-        None if targets.is_some() => spec.to_string(),
-        None => "all processes".to_string(),
-    };
-    if single.is_none() {
-        for member in targets.iter().flat_map(|t| &t.members) {
-            if let Err(e) = processes.observe_target(member.pid) {
-                log::debug!("cannot read process {}: {e}", member.pid);
-            }
-        }
-    }
+    let what = observe_targets(&mut processes, spec, targets.as_ref())?;
     // Before anything is attached: a profile whose files cannot be written fails now, and
     // so does an address that cannot be listened on.
     render::prepare_output_dir(&config.output_dir)?;
@@ -190,6 +172,31 @@ pub fn run(config: ProfileConfig) -> Result<()> {
         Some(e) => Err(e),
         None => Ok(()),
     }
+}
+
+/// Reads the name and maps of each process of `targets` (a missing single target is an
+/// error; a set member that left meanwhile is skipped) and says what is profiled.
+fn observe_targets(
+    processes: &mut Processes,
+    spec: &target::TargetSpec,
+    targets: Option<&KernelTargets>,
+) -> Result<String> {
+    if let Some(pid) = spec.single_pid() {
+        let info = processes.observe_target(pid).map_err(|e| {
+            let context = format!("cannot read /proc/{pid} (its name and memory maps)");
+            procfs::target_error(pid, anyhow::Error::new(e).context(context))
+        })?;
+        return Ok(format!("{} (pid {pid})", info.name));
+    }
+    for member in targets.iter().flat_map(|t| &t.members) {
+        if let Err(e) = processes.observe_target(member.pid) {
+            log::debug!("cannot read process {}: {e}", member.pid);
+        }
+    }
+    Ok(match targets {
+        Some(_) => spec.to_string(),
+        None => "all processes".to_string(),
+    })
 }
 
 /// Samples, and answers the scrapes of `metrics` meanwhile. Never finishes on its own.
