@@ -107,11 +107,13 @@ impl Default for StackSymbolizer {
 
 impl StackSymbolizer {
     /// Drops what was cached for processes `tgids` alone (their JIT symbols, their
-    /// frames by address); what objects shared with others have stays.
+    /// frames by address), and what was parsed of files that no snapshot maps any more.
+    /// Call it after the processes' snapshots are dropped.
     pub fn forget_processes(&mut self, tgids: &HashSet<u32>) {
         self.perf_maps.retain(|pid, _| !tgids.contains(pid));
         self.jitdumps.retain(|pid, _| !tgids.contains(pid));
         self.user_cache.retain(|(pid, _), _| !tgids.contains(pid));
+        self.forget_unmapped_files();
     }
 
     /// A symbolizer that demangles Rust and C++ names and expands inlined functions

@@ -15,7 +15,7 @@ use blazesym::symbolize::Sym;
 use super::StackSymbolizer;
 use super::kernel::KernelNamingThread;
 use super::maps::{ProcessMaps, Target};
-use super::objects::{ElfFile, is_same_file, new_blazesym};
+use super::objects::{ElfFile, forget_file, is_same_file, new_blazesym};
 
 /// How long after [`StackSymbolizer::prepare`] its parsing starts: the launch and the
 /// first reads of the rings go first.
@@ -44,6 +44,9 @@ pub(super) enum NamingRequest {
     Prepare(Vec<(ElfFile, u64)>),
     /// Name these: one reply.
     Name(NamingJob),
+    /// Drop what was parsed of these files (their `/proc/self/fd` paths): no process
+    /// maps them any more. No reply.
+    Forget(Vec<String>),
 }
 
 /// Symbols for the offsets of an object (`None` where it has none), or why it has none.
@@ -67,7 +70,7 @@ impl NamingThread {
         std::thread::Builder::new()
             .name("tracer-naming".into())
             .spawn(move || {
-                let symbolizer = new_blazesym();
+                let mut symbolizer = new_blazesym();
                 let mut to_prepare: Vec<(ElfFile, u64)> = Vec::new();
                 // Ends when the StackSymbolizer (the sender) is dropped.
                 while let Some(request) = next_request(
@@ -82,6 +85,12 @@ impl NamingThread {
                         NamingRequest::Prepare(files) => {
                             // Kept in order, taken from the end.
                             to_prepare.extend(files.into_iter().rev());
+                        }
+                        NamingRequest::Forget(paths) => {
+                            to_prepare.retain(|(file, _)| !paths.contains(&file.path));
+                            for path in &paths {
+                                forget_file(&mut symbolizer, path);
+                            }
                         }
                         NamingRequest::Name(job) => {
                             // Naming is what the stop waits for: what was not parsed yet

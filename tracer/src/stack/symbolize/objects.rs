@@ -5,10 +5,12 @@
 //! thread's. An object stays with the symbolizer it was first given to, so its file is
 //! parsed once.
 
+use std::collections::HashSet;
 use std::fs::{self, File};
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
+use blazesym::symbolize::evict::{self, Evict};
 use blazesym::symbolize::source::{Elf, Source};
 use blazesym::symbolize::{Input, Sym, Symbolizer};
 
@@ -40,7 +42,7 @@ pub(super) fn new_blazesym() -> Symbolizer {
 #[derive(Clone, Debug)]
 pub(super) struct ElfFile {
     /// `/proc/self/fd/N` of our descriptor of it.
-    path: String,
+    pub(super) path: String,
     /// Read its debug information, not only its symbol table.
     debug_syms: bool,
 }
@@ -60,6 +62,17 @@ impl ElfFile {
             .map(|s| s.into_sym().map(Sym::into_owned))
             .collect())
     }
+}
+
+/// The path blazesym reads `file` by: our descriptor of it.
+fn fd_path(file: &File) -> String {
+    format!("/proc/self/fd/{}", file.as_raw_fd())
+}
+
+/// Drops what `symbolizer` parsed of the file at `path`, and its descriptor of it.
+pub(super) fn forget_file(symbolizer: &mut Symbolizer, path: &str) {
+    // Not an error when nothing of it was parsed.
+    let _ = symbolizer.evict(&Evict::Elf(evict::Elf::new(path)));
 }
 
 /// Whether `file` is the file of device and inode `id`.
@@ -175,6 +188,46 @@ impl StackSymbolizer {
             .collect()
     }
 
+    /// Lets go of the files no snapshot maps any more: what either symbolizer parsed of
+    /// them, their names by offset, and our descriptor. A process that maps one later
+    /// has it opened and parsed again.
+    pub(super) fn forget_unmapped_files(&mut self) {
+        let unmapped: HashSet<(String, u64)> = self
+            .shared_files
+            .iter()
+            .filter(|(_, file)| Arc::strong_count(file) == 1)
+            .map(|(key, _)| key.clone())
+            .collect();
+        if unmapped.is_empty() {
+            return;
+        }
+        let mut on_thread = Vec::new();
+        let mut closing = Vec::new();
+        for key in &unmapped {
+            let Some(file) = self.shared_files.remove(key) else {
+                continue;
+            };
+            let path = fd_path(&file);
+            if self.on_naming_thread.remove(key) {
+                on_thread.push(path);
+            } else {
+                forget_file(&mut self.symbolizer, &path);
+            }
+            self.on_main_symbolizer.remove(key);
+            closing.push(file);
+        }
+        if let Some(thread) = &self.naming_thread
+            && !on_thread.is_empty()
+        {
+            let _ = thread.jobs.send(NamingRequest::Forget(on_thread));
+        }
+        // Closed only now: a descriptor number reused by a file opened later is asked
+        // of the naming thread after it forgot the old file.
+        drop(closing);
+        self.object_cache
+            .retain(|(dev, inode, _), _| !unmapped.contains(&(dev.clone(), *inode)));
+    }
+
     /// `object`'s file as blazesym is to read it, through our one descriptor of it;
     /// `None` if it cannot be read.
     pub(super) fn elf_file(
@@ -193,7 +246,7 @@ impl StackSymbolizer {
         }
         let file = self.shared_files.get(&key)?;
         Some(ElfFile {
-            path: format!("/proc/self/fd/{}", file.as_raw_fd()),
+            path: fd_path(file),
             // The tracer's own frames (a system-wide profile has them) are named from its
             // symbol table alone: its debug information is tens of megabytes to parse
             // while the user waits for the report.
@@ -221,6 +274,67 @@ mod tests {
                 .any(|f| f.name.ends_with("calls_inlined_helper")),
             "{frames:#?}"
         );
+    }
+
+    /// Once no snapshot maps a file, what was parsed of it and our descriptor of it are
+    /// let go; a later snapshot has it named again, the same.
+    #[test]
+    fn lets_go_of_a_file_once_no_snapshot_maps_it() {
+        // A program no other test looks at, so that no other snapshot holds its file.
+        let mut child = std::process::Command::new("tail")
+            .args(["-f", "/dev/null"])
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let in_tail = |maps: &ProcessMaps| -> ((String, u64), u64) {
+            let (index, object) = maps
+                .objects
+                .iter()
+                .enumerate()
+                .find(|(_, o)| o.module == "tail")
+                .unwrap();
+            let mapping = maps
+                .mappings
+                .iter()
+                .find(|m| m.target == super::super::maps::Target::Object(index))
+                .unwrap();
+            ((object.dev.clone(), object.inode), mapping.start + 0x40)
+        };
+        let mut symbolizer = StackSymbolizer::new();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let maps = loop {
+            let maps = ProcessMaps::capture(pid).unwrap();
+            if maps.objects.iter().any(|o| o.module == "tail") {
+                break maps;
+            }
+            assert!(std::time::Instant::now() < deadline, "tail never ran");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        };
+        let (key, address) = in_tail(&maps);
+        let first = symbolizer.user_frames(&maps, &[address]);
+        let cached = |s: &StackSymbolizer| {
+            s.object_cache
+                .keys()
+                .any(|(d, i, _)| (d, i) == (&key.0, &key.1))
+        };
+        assert!(symbolizer.shared_files.contains_key(&key) && cached(&symbolizer));
+        let tgids = HashSet::from([pid]);
+        symbolizer.forget_processes(&tgids);
+        assert!(
+            symbolizer.shared_files.contains_key(&key) && cached(&symbolizer),
+            "let go of a file a snapshot still maps"
+        );
+        drop(maps);
+        symbolizer.forget_processes(&tgids);
+        assert!(
+            !symbolizer.shared_files.contains_key(&key),
+            "the file is still open"
+        );
+        assert!(!cached(&symbolizer), "its names are still kept");
+        let maps = ProcessMaps::capture(pid).unwrap();
+        assert_eq!(symbolizer.user_frames(&maps, &[address]), first);
+        child.kill().unwrap();
+        child.wait().unwrap();
     }
 
     /// Many addresses in two objects are shared out between two symbolizers: each named
