@@ -2,12 +2,13 @@
 //! from them. The tables tell which addresses call frame information covers. A process's
 //! unwinder tells where a signal return trampoline lies.
 
+use std::cell::RefCell;
 use std::fs::File;
 use std::ops::Range;
 use std::sync::Arc;
 
 use framehop::ExplicitModuleSectionInfo;
-use framehop::x86_64::UnwinderX86_64;
+use framehop::x86_64::{CacheX86_64, UnwinderX86_64};
 use gimli::{BaseAddresses, CieOrFde, DebugFrame, EhFrame, LittleEndian, UnwindSection};
 use object::{Object as _, ObjectSection as _, ObjectSegment as _, ReadCache};
 
@@ -19,6 +20,9 @@ pub(super) struct ObjectTables {
     segments: Vec<(u64, u64, u64)>,
     /// Stated addresses covered by call frame information, sorted, not overlapping.
     cfi: Vec<Range<u64>>,
+    /// Stated addresses of the signal return trampolines in `.text`, sorted. The code
+    /// itself is not kept: framehop reads none of an ELF file's code.
+    sigreturns: Vec<u64>,
 }
 
 impl ObjectTables {
@@ -34,9 +38,12 @@ impl ObjectTables {
             let range = section.address()..section.address() + section.size();
             Some((range, Arc::from(section.data().ok()?)))
         };
-        if let Some((range, data)) = section(".text") {
-            sections.text_svma = Some(range);
-            sections.text = Some(data);
+        let mut sigreturns = Vec::new();
+        if let Some(text) = elf.section_by_name(".text") {
+            sections.text_svma = Some(text.address()..text.address() + text.size());
+            if let Some((offset, size)) = text.file_range() {
+                sigreturns = find_sigreturns(file, offset, size, text.address());
+            }
         }
         if let Some((range, data)) = section(".eh_frame") {
             sections.eh_frame_svma = Some(range);
@@ -64,6 +71,7 @@ impl ObjectTables {
             sections,
             segments,
             cfi,
+            sigreturns,
         })
     }
 
@@ -87,6 +95,32 @@ impl ObjectTables {
             .max_by_key(|(start, _, _)| *start)
             .map(|(start, svma, _)| svma.wrapping_add(offset).wrapping_sub(*start))
     }
+}
+
+/// The stated addresses of [`SIGRETURN_CODE`] in the `size` bytes of code at file offset
+/// `offset` of `file`, stated at `svma`: read a piece at a time, so that the code is never
+/// held whole.
+fn find_sigreturns(file: &File, offset: u64, size: u64, svma: u64) -> Vec<u64> {
+    use std::os::unix::fs::FileExt as _;
+    const PIECE: u64 = 1 << 20;
+    let overlap = SIGRETURN_CODE.len() as u64 - 1;
+    let finder = memchr::memmem::Finder::new(&SIGRETURN_CODE);
+    let mut found = Vec::new();
+    let mut buffer = vec![0; (PIECE + overlap) as usize];
+    let mut at = 0;
+    while at < size {
+        let len = (PIECE + overlap).min(size - at) as usize;
+        if file.read_exact_at(&mut buffer[..len], offset + at).is_err() {
+            break;
+        }
+        found.extend(
+            finder
+                .find_iter(&buffer[..len])
+                .map(|i| svma + at + i as u64),
+        );
+        at += PIECE;
+    }
+    found
 }
 
 /// The address ranges of the FDEs of `.eh_frame` and `.debug_frame`, sorted and merged.
@@ -138,6 +172,10 @@ fn fde_ranges<'a, S: UnwindSection<gimli::EndianSlice<'a, LittleEndian>>>(
 /// A process's unwinder: one module per file-backed executable mapping.
 pub(super) struct ProcessUnwinder {
     pub(super) unwinder: UnwinderX86_64<Arc<[u8]>>,
+    /// The unwind rules it found, by address. Each process has its own: framehop keys a
+    /// cache by the unwinder that filled it, so one cache shared by several processes
+    /// would hold the rules of whichever unwound last.
+    pub(super) cache: RefCell<CacheX86_64>,
     /// (mapped range, base address, tables) of each module, to tell which addresses have
     /// call frame information.
     pub(super) modules: Vec<(Range<u64>, u64, Arc<ObjectTables>)>,
@@ -160,15 +198,10 @@ impl ProcessUnwinder {
             .iter()
             .find(|(range, _, _)| range.contains(&avma))
             .is_some_and(|(_, base, tables)| {
-                let svma = avma.wrapping_sub(*base);
-                let (Some(range), Some(text)) = (&tables.sections.text_svma, &tables.sections.text)
-                else {
-                    return false;
-                };
-                range.contains(&svma)
-                    && usize::try_from(svma - range.start).is_ok_and(|at| {
-                        text.get(at..at + SIGRETURN_CODE.len()) == Some(&SIGRETURN_CODE[..])
-                    })
+                tables
+                    .sigreturns
+                    .binary_search(&avma.wrapping_sub(*base))
+                    .is_ok()
             })
     }
 
@@ -193,9 +226,27 @@ mod tests {
             sections: ExplicitModuleSectionInfo::default(),
             segments: vec![(0, 0, 0xc8528), (0xc8530, 0xc9530, 0x2872c0)],
             cfi: Vec::new(),
+            sigreturns: Vec::new(),
         };
         assert_eq!(tables.svma_of_offset(0xc8000), Some(0xc9000));
         assert_eq!(tables.svma_of_offset(0), Some(0));
         assert_eq!(tables.svma_of_offset(0x400000), None);
+    }
+
+    /// The trampolines are found wherever they lie, also across the pieces read.
+    #[test]
+    fn finds_the_trampolines_across_the_pieces_it_reads() {
+        let piece = 1 << 20;
+        let mut code = vec![0x90u8; 2 * piece + 100];
+        let places = [0, piece - 4, piece + 8, code.len() - SIGRETURN_CODE.len()];
+        for at in places {
+            code[at..at + SIGRETURN_CODE.len()].copy_from_slice(&SIGRETURN_CODE);
+        }
+        let path = std::env::temp_dir().join(format!("tracer-sigreturns-{}", std::process::id()));
+        std::fs::write(&path, [&[0u8; 16][..], &code].concat()).unwrap();
+        let file = File::open(&path).unwrap();
+        let found = find_sigreturns(&file, 16, code.len() as u64, 0x1000);
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(found, places.map(|at| 0x1000 + at as u64));
     }
 }

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
 use framehop::{Module, Unwinder as _};
+use std::cell::RefCell;
 use tracer_common::{FIRST_SNAPSHOT_ID, MAX_STACK_DEPTH, NO_STACK, OnCpuKey, SnapshotCheck};
 
 use super::check::{NEVER_REUSE, StackRead, THROUGH_SIGNAL_FRAME, snapshot_check};
@@ -47,7 +48,6 @@ pub struct DwarfUnwinder {
     processes: HashMap<u32, ProcessUnwinder>,
     /// Stacks unwound so far: the clock of [`ProcessUnwinder::last_used`].
     unwinds: u64,
-    cache: CacheX86_64,
     /// On-CPU samples per (tgid, tid, kernel stack id, user stack, task).
     samples: HashMap<SampleKey, u64>,
     /// Off-CPU snapshots by id.
@@ -300,9 +300,10 @@ impl DwarfUnwinder {
         // return trampoline, then from the interrupted registers the kernel saved on the
         // stack (framehop does not unwind through signal frames).
         for _ in 0..=MAX_SIGNAL_FRAMES {
+            let mut cache = process.cache.borrow_mut();
             let mut iter = process
                 .unwinder
-                .iter_frames(ip, regs, &mut self.cache, &mut read_stack);
+                .iter_frames(ip, regs, &mut cache, &mut read_stack);
             // The address whose unwind rule found the next frame: the instruction
             // pointer, then each return address minus one (the call instruction).
             let mut lookup = ip;
@@ -429,6 +430,7 @@ impl DwarfUnwinder {
         }
         ProcessUnwinder {
             unwinder,
+            cache: RefCell::new(CacheX86_64::new()),
             modules,
             mappings,
             last_used: self.unwinds,
