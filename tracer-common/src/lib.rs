@@ -77,6 +77,12 @@ pub mod map_names {
     /// Processes held (stopped) at the dynamic loader's `_dl_debug_state` until user
     /// space has attached the objects they mapped.
     pub const HELD: &str = "HELD";
+    /// Traced processes seen mapping code or starting a program, for user space to look
+    /// at their maps (a [`super::held::LOOK`] each).
+    pub const MAPPED_CODE: &str = "MAPPED_CODE";
+    /// A tgid each time one is newly recorded in `HELD` or `MAPPED_CODE`: what user space
+    /// waits on.
+    pub const HELD_NOTICES: &str = "HELD_NOTICES";
     /// CPython interpreters of target processes, by tgid ([`super::python::PythonProcess`]).
     pub const PYTHON_PROCESSES: &str = "PYTHON_PROCESSES";
     /// Each Python thread's thread state, by thread id ([`super::python::PythonThread`]).
@@ -115,6 +121,8 @@ pub mod map_names {
         USDT_STR_SCRATCH,
         HIT_STACKS,
         HELD,
+        MAPPED_CODE,
+        HELD_NOTICES,
         PYTHON_PROCESSES,
         PYTHON_THREADS,
         PYTHON_SCRATCH,

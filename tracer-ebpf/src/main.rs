@@ -91,11 +91,22 @@ static HIT_STACKS: PerCpuHashMap<HitStackKey, u64> =
 #[map]
 static TARGETS: HashMap<u32, TargetProcess> = HashMap::with_max_entries(16384, 0);
 
-/// Traced processes whose maps user space looks at: held at `_dl_debug_state` (stopped
-/// until user space has attached what they mapped and continues them, see
-/// `targets::hold`), or seen mapping code or starting a program.
+/// Traced processes held at `_dl_debug_state`: stopped until user space has attached
+/// what they mapped and continues them (see `targets::hold`).
 #[map]
 static HELD: HashMap<u32, u32> = HashMap::with_max_entries(1024, 0);
+
+/// Traced processes seen mapping code or starting a program (or at `_dl_debug_state`
+/// when not held) since user space last looked at their maps. Kept apart from `HELD`:
+/// user space taking a process off this list never takes off a hold recorded meanwhile.
+#[map]
+static MAPPED_CODE: HashMap<u32, u32> = HashMap::with_max_entries(1024, 0);
+
+/// A process's tgid each time it is newly recorded in `HELD` or `MAPPED_CODE`: user space
+/// waits on this ring instead of polling them, so a process that maps nothing costs it
+/// nothing.
+#[map]
+static HELD_NOTICES: RingBuf = RingBuf::with_byte_size(4096, 0);
 
 /// Hits per probe id, whatever else the probe does.
 #[map]

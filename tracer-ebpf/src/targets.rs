@@ -161,13 +161,25 @@ pub fn hold() {
         .unwrap_or(0);
     // SAFETY: the helper has no preconditions.
     let now_s = unsafe { bpf_ktime_get_ns() } / 1_000_000_000;
-    let stop = now_s <= u64::from(hold_until_s);
-    let what = if stop { held::STOPPED } else { held::LOOK };
-    if crate::HELD.insert(&tgid, &what, 0).is_ok() && stop {
+    if now_s > u64::from(hold_until_s) {
+        if crate::MAPPED_CODE.insert(&tgid, &held::LOOK, 0).is_ok() {
+            notify_held(tgid);
+        }
+        return;
+    }
+    if crate::HELD.insert(&tgid, &held::STOPPED, 0).is_ok() {
         // SAFETY: the helper signals the current process; SIGSTOP takes effect on its
         // way back to user space.
         unsafe { bpf_send_signal(SIGSTOP) };
+        notify_held(tgid);
     }
+}
+
+/// Wakes user space to look at `tgid`, just recorded in `HELD` or `MAPPED_CODE`. A notice
+/// lost to a full ring is found by user space's periodic look at both.
+#[inline(always)]
+fn notify_held(tgid: u32) {
+    let _ = crate::HELD_NOTICES.output(&tgid, 0);
 }
 
 /// `SIGSTOP` on Linux.
@@ -188,8 +200,8 @@ fn maps_are_watched(tgid: u32) -> bool {
     is_traced(tgid, target_filter::USDT)
 }
 
-/// Records the current process, when its maps are watched, in `HELD` for user space to
-/// look at them, leaving a hold already recorded as it is.
+/// Records the current process, when its maps are watched, in `MAPPED_CODE` for user
+/// space to look at them.
 #[inline(always)]
 fn look_at_current_maps() {
     if crate::stopped() {
@@ -199,8 +211,13 @@ fn look_at_current_maps() {
         return;
     };
     if maps_are_watched(tgid) {
-        // BPF_NOEXIST: a process stopped at `dlopen` stays recorded as stopped.
-        let _ = crate::HELD.insert(&tgid, &held::LOOK, crate::BPF_NOEXIST);
+        // BPF_NOEXIST: user space is woken once until it looks.
+        if crate::MAPPED_CODE
+            .insert(&tgid, &held::LOOK, crate::BPF_NOEXIST)
+            .is_ok()
+        {
+            notify_held(tgid);
+        }
     }
 }
 

@@ -69,6 +69,13 @@ impl Loader {
         self.take_ring(map_names::TIMELINE)
     }
 
+    /// Takes the ring buffer that tells of processes newly recorded in `HELD` (see
+    /// [`Loader::held`]): readable when there is one to look at.
+    pub fn take_held_notices(&mut self) -> Result<RecordRing> {
+        self.finish_maps()?;
+        self.take_ring(map_names::HELD_NOTICES)
+    }
+
     /// Takes the ring buffer of user stack snapshots ([`tracer_common::UnwindSample`]).
     pub fn take_unwind_samples(&mut self) -> Result<RecordRing> {
         self.finish_maps()?;

@@ -322,6 +322,9 @@ pub struct ProgramKind {
     pub attach_btf_id: Option<u32>,
 }
 
+/// How many times more a program load interrupted by a signal is made.
+const LOAD_ATTEMPTS_ON_SIGNAL: usize = 5;
+
 /// Loads a program without BTF of its own (the kernel verifies it here). On a verifier
 /// rejection the load is repeated with a log, whose tail is returned in the error.
 pub fn load_program(
@@ -361,7 +364,16 @@ pub fn load_program(
         let fd = unsafe { bpf(bpf_cmd::BPF_PROG_LOAD, &attr) };
         owned_fd(fd)
     };
-    attempt(None).or_else(|error| {
+    // EAGAIN: a signal came while the verifier ran (a child stopping sends SIGCHLD), and
+    // the kernel gave up on the load; libbpf repeats it too.
+    let mut first = attempt(None);
+    for _ in 0..LOAD_ATTEMPTS_ON_SIGNAL {
+        match &first {
+            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => first = attempt(None),
+            _ => break,
+        }
+    }
+    first.or_else(|error| {
         // E2BIG: the verifier gave up on a program too complex to check.
         let rejected = [libc::EACCES, libc::EINVAL, libc::E2BIG];
         if !error.raw_os_error().is_some_and(|e| rejected.contains(&e)) {

@@ -162,26 +162,33 @@ impl Loader {
             .map_err(|e| attach_error(&target, e))
     }
 
-    /// The processes whose loader mapped objects, each with what the kernel did to it
-    /// (a [`tracer_common::held`] value; see [`Loader::hold_at_dlopen`]).
+    /// The processes whose maps are to be looked at, each with what the kernel did to it
+    /// (a [`tracer_common::held`] value): those it stopped at `dlopen` (see
+    /// [`Loader::hold_at_dlopen`]), then those it saw map code or start a program (see
+    /// [`Loader::watch_code_mappings`]). A process may be listed both ways.
     pub fn held(&self) -> Vec<(u32, u32)> {
-        match self.hash_map::<u32, u32>(map_names::HELD) {
+        let mut held = self.held_in(map_names::HELD);
+        held.extend(self.held_in(map_names::MAPPED_CODE));
+        held
+    }
+
+    fn held_in(&self, name: &'static str) -> Vec<(u32, u32)> {
+        match self.hash_map::<u32, u32>(name) {
             Ok(map) => map.iter().flatten().collect(),
             Err(_) => Vec::new(),
         }
     }
 
     /// Takes the processes the kernel recorded mapping code or starting a program (see
-    /// [`Loader::watch_code_mappings`]) off the held list: those it stopped stay.
+    /// [`Loader::watch_code_mappings`]) off their list: those it stopped stay held.
     pub fn take_mapped(&mut self) -> Vec<u32> {
         let mapped: Vec<u32> = self
-            .held()
+            .held_in(map_names::MAPPED_CODE)
             .into_iter()
-            .filter(|&(_, what)| what == tracer_common::held::LOOK)
             .map(|(pid, _)| pid)
             .collect();
         for &pid in &mapped {
-            self.release_held(pid);
+            self.release_held(pid, tracer_common::held::LOOK);
         }
         mapped
     }
@@ -192,9 +199,13 @@ impl Loader {
         self.set_control(control::HOLD_UNTIL_S, until_s)
     }
 
-    /// Takes `pid` off the held list; the caller continues it.
-    pub fn release_held(&mut self, pid: u32) {
-        let name = map_names::HELD;
+    /// Takes `pid`, listed by [`Loader::held`] with `what`, off that list; the caller
+    /// continues a process the kernel stopped.
+    pub fn release_held(&mut self, pid: u32, what: u32) {
+        let name = match what {
+            tracer_common::held::STOPPED => map_names::HELD,
+            _ => map_names::MAPPED_CODE,
+        };
         if let Some(map) = self.maps.get_mut(name)
             && let Ok(mut held) = HashMap::<_, u32, u32>::try_from(map)
         {

@@ -1,35 +1,66 @@
 //! Probe sites in objects mapped after the first attach (a library `dlopen`ed, a process
 //! started later), found and attached while tracing, for `trace` and `attach` alike.
 //!
-//! The kernel records a traced process in `HELD` each time it maps memory executable (a
-//! library its loader maps, room a JIT compiler maps for code) or starts a program, and
-//! [`LateSites::look`] attaches the new objects' probes within a look period: a process
-//! that maps nothing new costs nothing. With `--hold-at-dlopen` the kernel also stops one
-//! process at its loader's `_dl_debug_state` (SIGSTOP), so that the probes are attached
+//! The kernel records a traced process in `MAPPED_CODE` each time it maps memory
+//! executable (a library its loader maps, room a JIT compiler maps for code) or starts a
+//! program, and sends its tgid on a ring buffer, which wakes the tracer's loop
+//! ([`held_notice`]). [`LateSites::look`] then attaches the new objects' probes: a
+//! process that maps nothing new costs nothing, and the loop need not wake up to poll.
+//! With `--hold-at-dlopen` the kernel also stops one process at its loader's
+//! `_dl_debug_state` (SIGSTOP) and records it in `HELD`, so that the probes are attached
 //! before any of the library's code runs, and the look continues it. A set has no such
 //! uprobe: it would land in every process running that loader, on the whole machine.
 //!
 //! Where the kernel cannot tell of mappings (its tracepoints out of reach), the loader's
-//! `_dl_debug_state` tells of one process's `dlopen`s and every [`LOOK_EVERY`] looks the
+//! `_dl_debug_state` tells of one process's `dlopen`s and every [`SEARCH_PERIOD`] the
 //! processes' maps are searched, for what was mapped otherwise.
 
-use std::{collections::HashMap, ops::Range, path::PathBuf};
+use std::{
+    collections::HashMap,
+    ops::Range,
+    path::PathBuf,
+    time::{Duration, Instant},
+};
 
 use anyhow::Result;
+use tokio::io::{Interest, unix::AsyncFd};
 
 use crate::{
-    kernel::Loader,
+    kernel::{Loader, RecordRing},
     probe::plan::{ProbePlan, SiteInput, SiteMode},
     probe::runtimes::TaskProbeDef,
     probe::usdt,
     system::procfs::{self, ProcessError},
 };
 
-/// How often held processes are looked for. A held process waits for this at most (each
-/// `dlopen` and `dlclose` holds it twice): one map lookup per period.
-pub const LOOK_PERIOD: std::time::Duration = std::time::Duration::from_millis(1);
-/// Every this many looks, the processes' maps are searched for objects mapped since.
-pub const LOOK_EVERY: u32 = 100;
+/// How often `HELD` and `MAPPED_CODE` are looked at without a notice (one lost to a full
+/// ring): two map lookups per period.
+pub const LOOK_PERIOD: Duration = Duration::from_millis(10);
+/// How often the members that joined a set are looked at, and, where the kernel cannot
+/// tell of mappings, the processes' maps are searched for objects mapped since.
+pub const SEARCH_PERIOD: Duration = Duration::from_millis(100);
+/// How long a look waits for a process the kernel held to have stopped (its SIGSTOP
+/// takes effect on its way back to user space, a moment after the notice).
+const STOP_WAIT: Duration = Duration::from_millis(20);
+
+/// Waits until the kernel tells of a process newly held or seen mapping code, and empties the
+/// ring of notices; never returns without the ring.
+pub async fn held_notice(notices: &mut Option<AsyncFd<RecordRing>>) {
+    let Some(ring) = notices.as_mut() else {
+        return std::future::pending().await;
+    };
+    match ring.readable_mut().await {
+        Ok(mut guard) => {
+            // Cleared before the drain: a notice sent during it wakes the loop again.
+            guard.clear_ready();
+            guard.get_inner_mut().drain(|_| {});
+        }
+        Err(e) => {
+            log::warn!("cannot wait for the kernel's notices of mapped code ({e}): polling");
+            *notices = None;
+        }
+    }
+}
 
 /// Whether `spec` searches the objects of processes (no path, or `*`) rather than files.
 pub fn searches_processes(spec: &usdt::UsdtSpecifier) -> bool {
@@ -71,7 +102,8 @@ pub struct LateSites {
     tasks: Vec<TaskProbeDef>,
     pid: Option<u32>,
     members: Members,
-    ticks: u32,
+    /// When the members were last searched (see [`SEARCH_PERIOD`]).
+    searched_at: Option<Instant>,
     /// Passes over the catalogue's function sites in files with the runtime's USDT
     /// probes (`attach`).
     usdt_elsewhere: Option<crate::probe::runtimes::functions::UsdtElsewhere>,
@@ -83,6 +115,8 @@ pub struct LateSites {
     /// With `sees_mappings`, the members of a set looked at (or searched at the start),
     /// with their start times (0: not known): a process that joins is looked at once.
     known_members: HashMap<u32, u64>,
+    /// The kernel's notices of processes to look at, until the loop takes them.
+    notices: Option<RecordRing>,
 }
 
 impl LateSites {
@@ -102,11 +136,12 @@ impl LateSites {
             tasks,
             pid,
             members,
-            ticks: 0,
+            searched_at: None,
             usdt_elsewhere: None,
             hold: false,
             sees_mappings: false,
             known_members: HashMap::new(),
+            notices: None,
         }
     }
 
@@ -144,13 +179,39 @@ impl LateSites {
             Err(e) => log::warn!(
                 "cannot watch for code mapped later ({e}): the processes' maps are searched \
                  every {} ms instead",
-                LOOK_EVERY * LOOK_PERIOD.as_millis() as u32
+                SEARCH_PERIOD.as_millis()
             ),
         }
         if self.hold || !self.sees_mappings {
             hold_at_dlopen(loader, exes, self.pid, self.hold)?;
         }
+        match loader.take_held_notices() {
+            Ok(ring) => self.notices = Some(ring),
+            Err(e) => log::warn!(
+                "cannot wait for the kernel's notices of mapped code ({e}): looking every {} ms",
+                LOOK_PERIOD.as_millis()
+            ),
+        }
         Ok(())
+    }
+
+    /// The kernel's notices of processes to look at, for the loop to wait on with
+    /// [`held_notice`] (once; call it in the loop's runtime).
+    pub fn take_notices(&mut self) -> Option<AsyncFd<RecordRing>> {
+        let ring = self.notices.take()?;
+        // SAFETY: the ring buffer owns its map fd, which stays open (and the same) as long
+        // as the AsyncFd holds the ring buffer.
+        match unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) } {
+            Ok(ring) => Some(ring),
+            Err(e) => {
+                log::warn!(
+                    "cannot wait for the kernel's notices of mapped code ({e}): looking \
+                     every {} ms",
+                    LOOK_PERIOD.as_millis()
+                );
+                None
+            }
+        }
     }
 
     /// Whether the kernel tells of the processes that map code (see [`LateSites::watch`]).
@@ -159,7 +220,7 @@ impl LateSites {
     }
 
     /// Looks at the processes the kernel recorded (continuing those it held once their
-    /// new objects' probes are attached) and, every [`LOOK_EVERY`] calls, at the members
+    /// new objects' probes are attached) and, every [`SEARCH_PERIOD`], at the members
     /// that joined (or, without the kernel's events, at every member); returns what was
     /// added to `plan` (and attached). A failure is a warning: tracing what is attached
     /// goes on.
@@ -170,31 +231,43 @@ impl LateSites {
         for (pid, what) in loader.held() {
             let stopped = what == tracer_common::held::STOPPED;
             // Continued before its SIGSTOP took effect, it would stay stopped.
-            if stopped && !procfs::is_stopped(pid) && ProcessError::check(pid).is_none() {
+            if stopped && !wait_until_stopped(pid, Instant::now() + STOP_WAIT) {
                 continue;
             }
             if !stopped {
                 // Before the look: what it maps meanwhile is recorded anew, not lost.
-                loader.release_held(pid);
+                loader.release_held(pid, what);
             }
             self.look_at(pid, loader, plan);
             if stopped {
-                loader.release_held(pid);
+                loader.release_held(pid, what);
                 continue_process(pid);
             }
-            remapped.push(pid);
+            if !remapped.contains(&pid) {
+                remapped.push(pid);
+            }
         }
-        if self.hold && self.ticks.is_multiple_of(LOOK_EVERY) {
+        let search = self
+            .searched_at
+            .is_none_or(|at| at.elapsed() >= SEARCH_PERIOD);
+        if !search {
+            return Added {
+                sites: first_site..plan.sites.len(),
+                unavailable_args: first_unavailable..plan.unavailable_args.len(),
+                remapped,
+            };
+        }
+        self.searched_at = Some(Instant::now());
+        if self.hold {
             keep_holding(loader);
         }
-        self.ticks += 1;
-        if self.ticks % LOOK_EVERY == 1 && self.sees_mappings {
+        if self.sees_mappings {
             for pid in self.joined(loader) {
                 if self.look_at(pid, loader, plan) && !remapped.contains(&pid) {
                     remapped.push(pid);
                 }
             }
-        } else if self.ticks % LOOK_EVERY == 1 {
+        } else {
             let pids = match self.members {
                 Members::One(pid) => vec![pid],
                 Members::Set => loader
@@ -264,19 +337,14 @@ impl LateSites {
     /// Continues every process still held, once the kernel holds no more (recording
     /// stopped), waiting up to a second in all for them to have stopped.
     pub fn release_all(&mut self, loader: &mut Loader) {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+        let deadline = Instant::now() + Duration::from_secs(1);
         for (pid, what) in loader.held() {
             if what != tracer_common::held::STOPPED {
-                loader.release_held(pid);
+                loader.release_held(pid, what);
                 continue;
             }
-            while !procfs::is_stopped(pid)
-                && ProcessError::check(pid).is_none()
-                && std::time::Instant::now() < deadline
-            {
-                std::thread::sleep(std::time::Duration::from_millis(1));
-            }
-            loader.release_held(pid);
+            wait_until_stopped(pid, deadline);
+            loader.release_held(pid, what);
             continue_process(pid);
         }
     }
@@ -307,6 +375,19 @@ fn continue_process(pid: u32) {
 /// How far ahead the kernel is told to keep stopping processes at `dlopen`: a tracer
 /// that dies stops none after this.
 const HOLD_AHEAD_S: u64 = 2;
+
+/// Whether process `pid` has stopped (or is gone) by `deadline`, looked at every 50 µs.
+fn wait_until_stopped(pid: u32, deadline: Instant) -> bool {
+    loop {
+        if procfs::is_stopped(pid) || ProcessError::check(pid).is_some() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_micros(50));
+    }
+}
 
 /// Tells the kernel to go on stopping the process at `dlopen` for [`HOLD_AHEAD_S`].
 fn keep_holding(loader: &mut Loader) {
@@ -352,7 +433,7 @@ fn hold_at_dlopen(
                 "{}: no _dl_debug_state: a library loaded later is found within {} ms, \
                  and its first hits may be missed",
                 path.display(),
-                LOOK_EVERY * LOOK_PERIOD.as_millis() as u32
+                SEARCH_PERIOD.as_millis()
             ),
         }
     }

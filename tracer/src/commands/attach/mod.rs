@@ -552,9 +552,6 @@ impl Subject {
     }
 }
 
-/// Looks for (and attaches) the probes of what the targets map later, every
-/// [`late_sites::LOOK_PERIOD`], between the sampler's own chores. Never finishes on its
-/// own.
 /// What stops a trace besides the keeper: a signal, the one target's exit (`watch`), the
 /// duration, or the end of the set (`tracker`).
 struct Stops<'a> {
@@ -564,6 +561,9 @@ struct Stops<'a> {
     tracker: Option<&'a mut TargetTracker>,
 }
 
+/// Looks for (and attaches) the probes of what the targets map later when the kernel
+/// tells of it (and every [`late_sites::LOOK_PERIOD`]), between the sampler's own chores.
+/// Never finishes on its own.
 async fn run_attached(run: &mut Run, mut metrics: Option<Metrics>) -> std::io::Result<StopReason> {
     let Run {
         loader,
@@ -580,9 +580,11 @@ async fn run_attached(run: &mut Run, mut metrics: Option<Metrics>) -> std::io::R
     } = run;
     let mut chores = sampling::SamplerChores::default();
     let mut ticker = tokio::time::interval(late_sites::LOOK_PERIOD);
+    let mut notices = later.take_notices();
     loop {
         tokio::select! {
             _ = ticker.tick() => {}
+            () = late_sites::held_notice(&mut notices) => {}
             scrape = metrics::next_scrape(&mut metrics) => {
                 if let Some(metrics) = metrics.as_mut() {
                     metrics.answer(scrape, MetricSources {

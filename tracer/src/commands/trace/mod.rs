@@ -535,9 +535,14 @@ async fn pump(
     out: &OutputStream,
 ) -> std::io::Result<StopReason> {
     let mut ticker = tokio::time::interval(LOOK_PERIOD);
+    let mut notices = pumped
+        .later
+        .as_deref_mut()
+        .and_then(LateSites::take_notices);
     loop {
         tokio::select! {
             _ = ticker.tick() => pumped.look(printer),
+            () = late_sites::held_notice(&mut notices) => pumped.look(printer),
             guard = events.readable_mut() => {
                 let mut guard = guard?;
                 // Clear before draining: the kernel only wakes a reader that has caught
