@@ -176,8 +176,12 @@ pub(super) struct ProcessUnwinder {
     /// cache by the unwinder that filled it, so one cache shared by several processes
     /// would hold the rules of whichever unwound last.
     pub(super) cache: RefCell<CacheX86_64>,
-    /// (mapped range, base address, tables) of each module, to tell which addresses have
-    /// call frame information.
+    /// [`ProcessUnwinder::has_cfi`]'s answers by address, one per slot: the same return
+    /// addresses come back stack after stack, and each answer is a binary search over
+    /// every range of a big file's call frame information.
+    pub(super) cfi_answers: RefCell<Box<[(u64, bool)]>>,
+    /// (mapped range, base address, tables) of each module, sorted by address, to tell
+    /// which addresses have call frame information.
     pub(super) modules: Vec<(Range<u64>, u64, Arc<ObjectTables>)>,
     /// How many mappings the snapshot had when built: rebuilt when that changes.
     pub(super) mappings: usize,
@@ -190,28 +194,49 @@ pub(super) struct ProcessUnwinder {
 /// `mov $15, %rax; syscall` (rt_sigreturn). A signal handler returns into it.
 const SIGRETURN_CODE: [u8; 9] = [0x48, 0xc7, 0xc0, 0x0f, 0x00, 0x00, 0x00, 0x0f, 0x05];
 
+/// Slots of [`ProcessUnwinder::cfi_answers`].
+const CFI_ANSWERS: usize = 1021;
+
 impl ProcessUnwinder {
+    /// No answer yet in any slot of [`ProcessUnwinder::cfi_answers`].
+    pub(super) fn no_cfi_answers() -> RefCell<Box<[(u64, bool)]>> {
+        // No code lies at the last address.
+        RefCell::new(vec![(u64::MAX, false); CFI_ANSWERS].into_boxed_slice())
+    }
+
     /// Whether `avma` is the start of a signal return trampoline: the frame below is the
     /// context the signal interrupted, saved on the stack.
     pub(super) fn is_sigreturn(&self, avma: u64) -> bool {
-        self.modules
-            .iter()
-            .find(|(range, _, _)| range.contains(&avma))
-            .is_some_and(|(_, base, tables)| {
-                tables
-                    .sigreturns
-                    .binary_search(&avma.wrapping_sub(*base))
-                    .is_ok()
-            })
+        self.module_of(avma).is_some_and(|(_, base, tables)| {
+            tables
+                .sigreturns
+                .binary_search(&avma.wrapping_sub(*base))
+                .is_ok()
+        })
     }
 
     /// Whether call frame information covers `avma` (else framehop follows the frame
     /// pointer to find its caller).
     pub(super) fn has_cfi(&self, avma: u64) -> bool {
-        self.modules
-            .iter()
-            .find(|(range, _, _)| range.contains(&avma))
-            .is_some_and(|(_, base, tables)| tables.has_cfi(avma.wrapping_sub(*base)))
+        let mut answers = self.cfi_answers.borrow_mut();
+        let slot = &mut answers[(avma ^ (avma >> 16)) as usize % CFI_ANSWERS];
+        if slot.0 == avma {
+            return slot.1;
+        }
+        let covered = self
+            .module_of(avma)
+            .is_some_and(|(_, base, tables)| tables.has_cfi(avma.wrapping_sub(*base)));
+        *slot = (avma, covered);
+        covered
+    }
+
+    /// The module mapped at `avma`: `modules` are sorted by address.
+    fn module_of(&self, avma: u64) -> Option<&(Range<u64>, u64, Arc<ObjectTables>)> {
+        let after = self
+            .modules
+            .partition_point(|(range, _, _)| range.start <= avma);
+        let module = self.modules.get(after.checked_sub(1)?)?;
+        module.0.contains(&avma).then_some(module)
     }
 }
 

@@ -428,9 +428,11 @@ impl DwarfUnwinder {
             ));
             modules.push((mapping.start..mapping.end, base_avma, tables));
         }
+        modules.sort_unstable_by_key(|(range, _, _)| range.start);
         ProcessUnwinder {
             unwinder,
             cache: RefCell::new(CacheX86_64::new()),
+            cfi_answers: ProcessUnwinder::no_cfi_answers(),
             modules,
             mappings,
             last_used: self.unwinds,
