@@ -132,10 +132,7 @@ impl Loader {
     /// On-CPU sample counts per thread and stacks.
     pub fn oncpu_samples(&self) -> Result<Vec<(OnCpuKey, u64)>> {
         let name = map_names::ONCPU_SAMPLES;
-        let map = self.hash_map::<OnCpuKey, u64>(name)?;
-        map.iter()
-            .collect::<Result<_, _>>()
-            .map_err(|source| LoaderError::Map { name, source })
+        self.entries(name)
     }
 
     fn array<T: aya::Pod>(&self, name: &'static str) -> Result<Array<&MapData, T>> {
@@ -157,9 +154,29 @@ impl Loader {
     }
 
     /// Every entry of hash map `name`.
-    fn entries<K: aya::Pod, V: aya::Pod>(&self, name: &'static str) -> Result<Vec<(K, V)>> {
-        self.hash_map::<K, V>(name)?
-            .iter()
+    /// The keys of the on-CPU samples and of the off-CPU totals: who has some.
+    pub fn profile_keys(&self) -> Result<(Vec<OnCpuKey>, Vec<OffCpuKey>)> {
+        let oncpu = self.entries::<OnCpuKey, u64>(map_names::ONCPU_SAMPLES)?;
+        let offcpu = self.entries::<OffCpuKey, OffCpuTotal>(map_names::OFFCPU_TIME)?;
+        Ok((
+            oncpu.into_iter().map(|(key, _)| key).collect(),
+            offcpu.into_iter().map(|(key, _)| key).collect(),
+        ))
+    }
+
+    /// Every entry of hash map `name`: in batches where the kernel can, else key by key.
+    pub(super) fn entries<K: aya::Pod, V: aya::Pod>(
+        &self,
+        name: &'static str,
+    ) -> Result<Vec<(K, V)>> {
+        let map = self.hash_map::<K, V>(name)?;
+        if let Some(Map::HashMap(data) | Map::LruHashMap(data)) = self.maps.get(name)
+            && let Ok(entries) =
+                super::sys::hash_entries::<K, V>(std::os::fd::AsFd::as_fd(data.fd()))
+        {
+            return Ok(entries);
+        }
+        map.iter()
             .collect::<Result<_, _>>()
             .map_err(|source| LoaderError::Map { name, source })
     }

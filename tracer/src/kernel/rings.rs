@@ -42,12 +42,24 @@ impl SnapshotChecks {
         }
     }
 
-    pub fn publish(&mut self, snapshot_id: u32, check: &SnapshotCheck) -> Result<()> {
-        self.0
-            .insert(&(snapshot_id as i32), check, 0)
-            .map_err(|source| LoaderError::Map {
-                name: tracer_common::map_names::SNAPSHOT_CHECKS,
-                source,
-            })
+    /// Publishes the check of each snapshot of `checks` (by snapshot id): in one call
+    /// where the kernel can, else one by one.
+    pub fn publish(&mut self, checks: &[(i32, SnapshotCheck)]) -> Result<()> {
+        use aya::maps::IterableMap as _;
+        use std::os::fd::AsFd as _;
+        let ids: Vec<i32> = checks.iter().map(|(id, _)| *id).collect();
+        let values: Vec<SnapshotCheck> = checks.iter().map(|(_, check)| *check).collect();
+        if super::sys::hash_update(self.0.map().fd().as_fd(), &ids, &values).is_ok() {
+            return Ok(());
+        }
+        for (id, check) in checks {
+            self.0
+                .insert(id, check, 0)
+                .map_err(|source| LoaderError::Map {
+                    name: tracer_common::map_names::SNAPSHOT_CHECKS,
+                    source,
+                })?;
+        }
+        Ok(())
     }
 }

@@ -495,6 +495,99 @@ pub fn hash_lookup_u32(map: BorrowedFd<'_>, key: u32) -> Option<u32> {
     .map(|()| value)
 }
 
+/// Entries asked for per `BPF_MAP_LOOKUP_BATCH` at first (doubled while a bucket holds
+/// more).
+const LOOKUP_BATCH: usize = 256;
+
+/// `bpf(2)` with an attr the kernel writes back into (the batch commands' `count`).
+fn bpf_in_out(cmd: bpf_cmd, attr: &mut bpf_attr) -> io::Result<()> {
+    // SAFETY: the caller's attr pointers are valid for the call; the kernel writes only
+    // into `attr` and the buffers it points to, all ours and mutable.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            cmd as libc::c_long,
+            attr as *mut bpf_attr,
+            mem::size_of::<bpf_attr>() as u32,
+        )
+    };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Every entry of hash map `map` (not per-CPU: one value per key), read a batch at a
+/// time with `BPF_MAP_LOOKUP_BATCH`: a call per batch, where a walk key by key takes two
+/// per entry. An error where the kernel cannot (the caller then walks the keys).
+pub fn hash_entries<K: aya::Pod, V: aya::Pod>(map: BorrowedFd<'_>) -> io::Result<Vec<(K, V)>> {
+    let mut entries = Vec::new();
+    // The kernel's place in the map (a bucket index for a hash map), given back to it.
+    let (mut at, mut next) = (0u64, 0u64);
+    let mut first = true;
+    let mut capacity = LOOKUP_BATCH;
+    loop {
+        let mut keys: Vec<mem::MaybeUninit<K>> = vec![mem::MaybeUninit::uninit(); capacity];
+        let mut values: Vec<mem::MaybeUninit<V>> = vec![mem::MaybeUninit::uninit(); capacity];
+        let mut attr = zeroed_attr();
+        // SAFETY: writing members of a zeroed union of plain integers.
+        unsafe {
+            let batch = &mut attr.batch;
+            batch.in_batch = if first { 0 } else { &at as *const u64 as u64 };
+            batch.out_batch = &mut next as *mut u64 as u64;
+            batch.keys = keys.as_mut_ptr() as u64;
+            batch.values = values.as_mut_ptr() as u64;
+            batch.count = capacity as u32;
+            batch.map_fd = map.as_raw_fd() as u32;
+        }
+        let result = bpf_in_out(bpf_cmd::BPF_MAP_LOOKUP_BATCH, &mut attr);
+        let done = match &result {
+            Ok(()) => false,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => true,
+            // A bucket holds more entries than fit: ask for more at once.
+            Err(e) if e.raw_os_error() == Some(libc::ENOSPC) && capacity < 1 << 20 => {
+                capacity *= 2;
+                continue;
+            }
+            Err(_) => return result.map(|()| Vec::new()),
+        };
+        // SAFETY: reading back the count the kernel wrote.
+        let count = (unsafe { attr.batch.count } as usize).min(capacity);
+        entries.extend(keys[..count].iter().zip(&values[..count]).map(|(k, v)| {
+            // SAFETY: the kernel filled the first `count` keys and values; K and V are
+            // plain data, valid for any bytes.
+            unsafe { (k.assume_init(), v.assume_init()) }
+        }));
+        if done {
+            return Ok(entries);
+        }
+        at = next;
+        first = false;
+    }
+}
+
+/// Sets `entries` in hash map `map` in one `BPF_MAP_UPDATE_BATCH` call. An error where
+/// the kernel cannot (the caller then sets them one by one).
+pub fn hash_update<K: aya::Pod, V: aya::Pod>(
+    map: BorrowedFd<'_>,
+    keys: &[K],
+    values: &[V],
+) -> io::Result<()> {
+    if keys.is_empty() {
+        return Ok(());
+    }
+    let mut attr = zeroed_attr();
+    // SAFETY: writing members of a zeroed union of plain integers.
+    unsafe {
+        let batch = &mut attr.batch;
+        batch.keys = keys.as_ptr() as u64;
+        batch.values = values.as_ptr() as u64;
+        batch.count = keys.len().min(values.len()) as u32;
+        batch.map_fd = map.as_raw_fd() as u32;
+    }
+    bpf_in_out(bpf_cmd::BPF_MAP_UPDATE_BATCH, &mut attr)
+}
+
 /// Removes `key` from a hash map of `u32` keys.
 pub fn hash_delete_u32(map: BorrowedFd<'_>, key: u32) -> io::Result<()> {
     map_command(

@@ -147,14 +147,21 @@ impl TargetsMap {
             .filter(|&parent| parent != 0)
     }
 
+    /// Every entry of the map: in batches where the kernel can, else key by key.
+    fn all(&self) -> Vec<(u32, TargetProcess)> {
+        use aya::maps::IterableMap as _;
+        super::sys::hash_entries(self.map.map().fd().as_fd())
+            .unwrap_or_else(|_| self.map.iter().flatten().collect())
+    }
+
     /// Every process in the set as the kernel keeps it (some may have exited).
     pub fn entries(&self) -> Vec<(u32, TargetProcess)> {
-        self.map.iter().flatten().collect()
+        self.all()
     }
 
     /// The processes traced now (as the kernel knows them: some may have exited).
     pub fn pids(&self) -> Vec<u32> {
-        let mut pids: Vec<u32> = self.map.keys().flatten().collect();
+        let mut pids: Vec<u32> = self.all().into_iter().map(|(pid, _)| pid).collect();
         pids.sort_unstable();
         pids
     }
@@ -162,9 +169,8 @@ impl TargetsMap {
     /// The processes in the set forked from a target that have not executed another
     /// program since, each with that parent.
     pub fn forks(&self) -> Vec<(u32, u32)> {
-        self.map
-            .iter()
-            .flatten()
+        self.all()
+            .into_iter()
             .filter(|(_, target)| target.forked_from != 0)
             .map(|(pid, target)| (pid, target.forked_from))
             .collect()
@@ -173,9 +179,8 @@ impl TargetsMap {
     /// Every process in the set, with the name it had when it joined.
     pub fn named(&self) -> Vec<(u32, String)> {
         let mut named: Vec<(u32, String)> = self
-            .map
-            .iter()
-            .flatten()
+            .all()
+            .into_iter()
             .map(|(pid, target)| (pid, name_of(&target)))
             .collect();
         named.sort();
@@ -186,9 +191,8 @@ impl TargetsMap {
     /// took the PID of one).
     pub fn running_pids(&self) -> Vec<u32> {
         let mut pids: Vec<u32> = self
-            .map
-            .iter()
-            .flatten()
+            .all()
+            .into_iter()
             .filter(|(pid, target)| is_running(*pid, target))
             .map(|(pid, _)| pid)
             .collect();
@@ -198,17 +202,15 @@ impl TargetsMap {
 
     /// Whether any target is still running.
     pub fn any_alive(&self) -> bool {
-        self.map
-            .iter()
-            .flatten()
+        self.all()
+            .into_iter()
             .any(|(pid, target)| is_running(pid, &target))
     }
 
     /// The processes of the set that no longer run, each with the name it had.
     pub fn exited(&self) -> Vec<(u32, String)> {
-        self.map
-            .iter()
-            .flatten()
+        self.all()
+            .into_iter()
             .filter(|(pid, target)| !is_running(*pid, target))
             .map(|(pid, target)| (pid, name_of(&target)))
             .collect()

@@ -173,10 +173,7 @@ impl Loader {
     }
 
     fn held_in(&self, name: &'static str) -> Vec<(u32, u32)> {
-        match self.hash_map::<u32, u32>(name) {
-            Ok(map) => map.iter().flatten().collect(),
-            Err(_) => Vec::new(),
-        }
+        self.entries::<u32, u32>(name).unwrap_or_default()
     }
 
     /// Takes the processes the kernel recorded mapping code or starting a program (see

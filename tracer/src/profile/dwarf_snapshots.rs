@@ -35,6 +35,8 @@ impl Unwinding {
             checks,
             unwinder,
         } = self;
+        // The checks of the off-CPU snapshots unwound, published at once after.
+        let mut unwound = Vec::new();
         ring.drain(|record| {
             let Some(snapshot) = Snapshot::parse(record) else {
                 return;
@@ -55,16 +57,17 @@ impl Unwinding {
                     .map(|p| p as &mut dyn StackMerger),
                 None => None,
             };
-            if let Some(check) = unwinder.add(&snapshot, maps, merger)
-                && let Err(e) = checks.publish(snapshot.snapshot_id, &check)
-            {
-                // The kernel then sends a new snapshot each time: slower, not wrong.
-                log::debug!(
-                    "cannot publish the check of snapshot {}: {e}",
-                    snapshot.snapshot_id
-                );
+            if let Some(check) = unwinder.add(&snapshot, maps, merger) {
+                unwound.push((snapshot.snapshot_id as i32, check));
             }
         });
+        if let Err(e) = checks.publish(&unwound) {
+            // The kernel then sends new snapshots each time: slower, not wrong.
+            log::debug!(
+                "cannot publish the checks of {} snapshots: {e}",
+                unwound.len()
+            );
+        }
     }
 }
 
