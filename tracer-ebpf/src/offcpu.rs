@@ -65,6 +65,7 @@ use crate::{
 pub fn on_switch<const DWARF: bool>(ctx: &BtfTracePointContext) {
     // sched_switch(bool preempt, struct task_struct *prev, struct task_struct *next, ...)
     let next: *const u8 = ctx.arg(2);
+    // SAFETY: the helper has no preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
     record_switch_out::<DWARF>(ctx, now);
     account_switch_in(next, now);
@@ -132,6 +133,7 @@ fn record_switch_out<const DWARF: bool>(ctx: &BtfTracePointContext, now: u64) {
     if let Some(slot) = OFFCPU_STARTS.get_ptr_mut(&tid) {
         // SAFETY: only this thread's switches touch its entry, and it is on this CPU.
         let open = unsafe { *slot };
+        // SAFETY: as above.
         unsafe { *slot = start };
         if open.ts_ns != OFFCPU_START_ENDED {
             close_missed(tid, &open, now, exec_ns);
@@ -190,6 +192,7 @@ fn frame_pointer_stack(ctx: &BtfTracePointContext, regs: &Regs, tid: u32) -> i32
         ip: regs.ip,
         sp: regs.sp,
     };
+    // SAFETY: the value is read at once, while the program runs.
     if let Some(last) = unsafe { LAST_USER_STACKS.get(&place) }
         && last.bp == regs.bp
         && words_unchanged(&last.words, regs.sp)
@@ -236,7 +239,7 @@ fn remember_frame_pointer_stack(regs: &Regs, tid: u32, stack_id: i32) {
             break;
         };
         let offset = fp.wrapping_sub(regs.sp);
-        if offset % 8 != 0 || offset > (STACK_WORDS_SPAN - 16) as u64 {
+        if !offset.is_multiple_of(8) || offset > (STACK_WORDS_SPAN - 16) as u64 {
             return;
         }
         let at = 2 * i;
@@ -406,6 +409,7 @@ fn user_snapshot(ctx: &BtfTracePointContext, regs: &Regs, tgid: u32, tid: u32, n
 pub(crate) fn next_snapshot_id() -> i32 {
     const CPU_BITS: u32 = 8;
     const SEQ_MASK: u32 = (1 << (30 - CPU_BITS)) - 1;
+    // SAFETY: the helper has no preconditions.
     let cpu = unsafe { bpf_get_smp_processor_id() } & ((1 << CPU_BITS) - 1);
     let seq = match SNAPSHOT_SEQ.get_ptr_mut(0) {
         // SAFETY: per-CPU slot, valid while the program runs; no other writer on this CPU.
@@ -470,8 +474,9 @@ fn account_switch_in(next: *const u8, now: u64) {
     let task = start.task;
     let always = blocked >= KERNEL_STACK_ALWAYS_NS;
     // A shorter interval: with probability blocked / KERNEL_STACK_ALWAYS_NS.
-    let take = always
-        || (unsafe { bpf_get_prandom_u32() } as u64 * KERNEL_STACK_ALWAYS_NS) >> 32 < blocked;
+    // SAFETY: the helper has no preconditions.
+    let random = unsafe { bpf_get_prandom_u32() };
+    let take = always || (random as u64 * KERNEL_STACK_ALWAYS_NS) >> 32 < blocked;
     let kernel_stack_id = if take {
         switch_in_kernel_stack(next)
     } else {
@@ -579,6 +584,7 @@ fn switch_in_kernel_stack(task: *const u8) -> i32 {
     // SAFETY: per-CPU scratch value, valid while the program runs and ours alone; `task`
     // is the tracepoint's trusted `next`.
     let stack = unsafe { &mut *stack };
+    // SAFETY: `stack` has room for the size passed; the helper checks `task`.
     let bytes = unsafe {
         bpf_get_task_stack(
             task as *mut task_struct,
@@ -623,7 +629,7 @@ fn switch_in_kernel_stack(task: *const u8) -> i32 {
                 // Full: a stack not captured, as when the stack map is.
                 Err(err) => {
                     count(counter::STACK_ERRORS);
-                    return err as i32;
+                    return err;
                 }
             },
         }

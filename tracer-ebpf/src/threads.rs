@@ -50,7 +50,7 @@ pub fn on_task(ctx: *const IterTask) {
         return;
     };
     let record = ThreadRegs {
-        tid: tid as u32,
+        tid,
         _pad: 0,
         ip: regs.ip,
         sp: regs.sp,

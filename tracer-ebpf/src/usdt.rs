@@ -74,6 +74,7 @@ pub fn on_hit<const TASKS: bool, const STACKS: bool, const LATENCIES: usize>(ctx
     if site.latency_begin_count == 0 && site.latency_end_count == 0 && !task_switch && !classifies {
         return;
     }
+    // SAFETY: the helper has no preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
     let tid = pid_tgid as u32;
     let frame = frame_of(ctx, site);
@@ -190,6 +191,7 @@ pub fn on_hit_with_event<const MAX_ARGS: usize, const STACKS: bool>(ctx: &ProbeC
     let Some((site, pid_tgid)) = hit_site(ctx) else {
         return;
     };
+    // SAFETY: the helper has no preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
     emit_event::<MAX_ARGS, STACKS>(ctx, site, pid_tgid, now);
 }
@@ -200,6 +202,7 @@ pub fn on_hit_with_strings(ctx: &ProbeContext) {
     let Some((site, pid_tgid)) = hit_site(ctx) else {
         return;
     };
+    // SAFETY: the helper has no preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
     emit_event_with_strings(ctx, site, pid_tgid, now);
 }
@@ -456,6 +459,7 @@ fn emit_event_with_strings(ctx: &ProbeContext, site: &UsdtSite, pid_tgid: u64, n
     // An add whose result is unused is one instruction (xadd), so preemption cannot
     // split it; whoever then reads 1 is alone until it takes its claim back. (Adding
     // u64::MAX subtracts 1: the BPF ISA before v3 has no atomic subtract.)
+    // SAFETY: `users` points into a map value, valid while the program runs.
     let claim = |delta: u64| unsafe {
         atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(users, delta);
     };
@@ -493,8 +497,8 @@ fn fill_strings(
             break;
         }
         let arg = site.str_args[i] as usize;
-        // SAFETY: `arg` is bounded by the check; the event was just filled.
         let pointer = match arg < MAX_USDT_ARGS {
+            // SAFETY: `arg` is bounded by the check; the event was just filled.
             true => unsafe { (*event).args[arg] },
             false => 0,
         };

@@ -5,6 +5,8 @@
 //! clippy with `-D warnings`, and a build of the fuzz targets (which only `cargo xtask fuzz`
 //! runs), so they keep up with the parser they fuzz.
 
+use std::process::Command;
+
 use anyhow::Result;
 
 use crate::{cargo, release_dir};
@@ -13,7 +15,7 @@ pub fn run() -> Result<()> {
     crate::build()?;
     crate::run(&mut cargo(&["fmt", "--all", "--", "--check"]))?;
     // The workspace's lints ([workspace.lints]) and clippy's defaults, as errors. tracer-ebpf
-    // builds only for the bpf target (tracer's build script compiles it).
+    // builds only for the bpf target, with its own toolchain: see `clippy_ebpf`.
     crate::run(&mut cargo(&[
         "clippy",
         "--release",
@@ -25,6 +27,7 @@ pub fn run() -> Result<()> {
         "-D",
         "warnings",
     ]))?;
+    clippy_ebpf()?;
     let fuzz = crate::workspace_root().join("tracer-usdt/fuzz/Cargo.toml");
     crate::run(&mut cargo(&[
         "check",
@@ -46,4 +49,34 @@ pub fn run() -> Result<()> {
         .env("TRACER_BIN", release_dir().join("tracer")),
     )?;
     crate::container::run_built(Default::default())
+}
+
+/// Clippy on the eBPF programs, with the same lints, as errors: with their pinned nightly
+/// (which gets clippy here; the demo needs none) and for the bpf target.
+fn clippy_ebpf() -> Result<()> {
+    let toolchain = crate::setup::ebpf_toolchain()?;
+    crate::run(Command::new("rustup").args([
+        "component",
+        "add",
+        "clippy",
+        "--toolchain",
+        &toolchain,
+    ]))?;
+    crate::run(
+        Command::new("cargo")
+            .arg(format!("+{toolchain}"))
+            .args([
+                "clippy",
+                "--release",
+                "--target",
+                "bpfel-unknown-none",
+                "-Z",
+                "build-std=core",
+                "--",
+                "-D",
+                "warnings",
+            ])
+            .env_remove("RUSTC")
+            .current_dir(crate::workspace_root().join("tracer-ebpf")),
+    )
 }
