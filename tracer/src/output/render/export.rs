@@ -217,49 +217,88 @@ pub fn write_pprof(profile: &StackProfile, info: &ExportInfo<'_>, path: &Path) -
     })
 }
 
-/// The profiles as one speedscope file (https://www.speedscope.app/file-format-schema.json):
-/// one "sampled" profile per view, weighted in microseconds, frames shared.
-pub fn speedscope_json(
-    views: &[(&str, &StackProfile)],
-    info: &ExportInfo<'_>,
-) -> serde_json::Value {
-    let mut frames: Vec<serde_json::Value> = Vec::new();
-    let mut frame_ids: HashMap<&str, usize> = HashMap::new();
+/// A speedscope file (https://www.speedscope.app/file-format-schema.json), written as it
+/// is typed: no JSON tree of every sample is built. Fields in name order, as the file
+/// was first written.
+#[derive(Debug, serde::Serialize)]
+pub struct Speedscope<'a> {
+    #[serde(rename = "$schema")]
+    schema: &'static str,
+    #[serde(rename = "activeProfileIndex")]
+    active_profile_index: u32,
+    exporter: &'static str,
+    name: String,
+    profiles: Vec<SpeedscopeProfile>,
+    shared: SpeedscopeFrames<'a>,
+}
+
+/// The frames every profile of a [`Speedscope`] file refers to by index.
+#[derive(Debug, serde::Serialize)]
+struct SpeedscopeFrames<'a> {
+    frames: Vec<SpeedscopeFrame<'a>>,
+}
+
+#[derive(Debug, serde::Serialize)]
+struct SpeedscopeFrame<'a> {
+    name: &'a str,
+}
+
+/// One view as a "sampled" profile: each stack (frame indices, root first) and its
+/// weight in microseconds.
+#[derive(Debug, serde::Serialize)]
+struct SpeedscopeProfile {
+    #[serde(rename = "endValue")]
+    end_value: u64,
+    name: String,
+    samples: Vec<Vec<u32>>,
+    #[serde(rename = "startValue")]
+    start_value: u64,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    unit: &'static str,
+    weights: Vec<u64>,
+}
+
+/// The profiles as one speedscope file: one "sampled" profile per view, weighted in
+/// microseconds, frames shared.
+pub fn speedscope<'a>(views: &[(&str, &'a StackProfile)], info: &ExportInfo<'_>) -> Speedscope<'a> {
+    let mut frames: Vec<SpeedscopeFrame<'a>> = Vec::new();
+    let mut frame_ids: HashMap<&'a str, u32> = HashMap::new();
     let mut profiles = Vec::new();
     for (name, profile) in views {
         let mut samples = Vec::new();
         let mut weights = Vec::new();
         for (stack, weight) in profile.iter() {
-            let ids: Vec<usize> = stack
+            let ids: Vec<u32> = stack
                 .iter()
-                .map(|frame| {
-                    *frame_ids.entry(*frame).or_insert_with(|| {
-                        frames.push(serde_json::json!({ "name": frame }));
-                        frames.len() - 1
+                .map(|&frame| {
+                    *frame_ids.entry(frame).or_insert_with(|| {
+                        frames.push(SpeedscopeFrame { name: frame });
+                        frames.len() as u32 - 1
                     })
                 })
                 .collect();
             samples.push(ids);
             weights.push(weight.us());
         }
-        profiles.push(serde_json::json!({
-            "type": "sampled",
-            "name": format!("{name}: {}", info.name),
-            "unit": "microseconds",
-            "startValue": 0,
-            "endValue": profile.total_us(),
-            "samples": samples,
-            "weights": weights,
-        }));
+        profiles.push(SpeedscopeProfile {
+            kind: "sampled",
+            name: format!("{name}: {}", info.name),
+            unit: "microseconds",
+            start_value: 0,
+            end_value: profile.total_us(),
+            samples,
+            weights,
+        });
     }
-    serde_json::json!({
-        "$schema": "https://www.speedscope.app/file-format-schema.json",
-        "name": format!("tracer profile of {}", info.name),
-        "exporter": concat!("tracer ", env!("CARGO_PKG_VERSION")),
-        "activeProfileIndex": 0,
-        "shared": { "frames": frames },
-        "profiles": profiles,
-    })
+    Speedscope {
+        schema: "https://www.speedscope.app/file-format-schema.json",
+        name: format!("tracer profile of {}", info.name),
+        exporter: concat!("tracer ", env!("CARGO_PKG_VERSION")),
+        active_profile_index: 0,
+        shared: SpeedscopeFrames { frames },
+        profiles,
+    }
 }
 
 /// Writes the speedscope file.
@@ -269,7 +308,7 @@ pub fn write_speedscope(
     path: &Path,
 ) -> io::Result<()> {
     write_output(path, |out| {
-        serde_json::to_writer(out, &speedscope_json(views, info))?;
+        serde_json::to_writer(out, &speedscope(views, info))?;
         Ok(())
     })
 }
@@ -437,7 +476,11 @@ mod tests {
             process_labels: false,
             only_pid: None,
         };
-        let json = speedscope_json(&[("wall", &profile), ("again", &profile)], &info);
+        let json = serde_json::to_value(speedscope(
+            &[("wall", &profile), ("again", &profile)],
+            &info,
+        ))
+        .unwrap();
         assert_eq!(json["shared"]["frames"].as_array().unwrap().len(), 5);
         let first = &json["profiles"][0];
         assert_eq!(first["type"], "sampled");
