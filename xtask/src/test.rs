@@ -68,6 +68,8 @@ fn clippy_ebpf() -> Result<()> {
             .args([
                 "clippy",
                 "--release",
+                "-p",
+                "tracer-ebpf",
                 "--target",
                 "bpfel-unknown-none",
                 "-Z",
@@ -76,7 +78,6 @@ fn clippy_ebpf() -> Result<()> {
                 "-D",
                 "warnings",
             ])
-            .env_remove("RUSTC")
-            .current_dir(crate::workspace_root().join("tracer-ebpf")),
+            .env_remove("RUSTC"),
     )
 }
