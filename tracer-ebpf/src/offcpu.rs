@@ -351,6 +351,11 @@ fn words_unchanged_one_by_one(words: &StackWords, sp: u64) -> bool {
 /// stack id (counted) when there is no room in the ring buffer.
 #[inline(always)]
 fn user_snapshot(ctx: &BtfTracePointContext, regs: &Regs, tgid: u32, tid: u32, now: u64) -> i32 {
+    // A Python thread blocks at the same native place under many Python stacks. Walked
+    // first, before anything else is looked up: the verifier walks its loop once for
+    // each different state it is reached in.
+    let python = python::current_stack(tgid, tid, now);
+    let python_hash = python.map_or(0, |p| p.hash);
     let place = BlockPlace {
         tid,
         _pad: 0,
@@ -362,9 +367,6 @@ fn user_snapshot(ctx: &BtfTracePointContext, regs: &Regs, tgid: u32, tid: u32, n
     // Its check, once user space has unwound it.
     // SAFETY: map value pointer valid during the program; user space only replaces it.
     let check = last.and_then(|last| unsafe { SNAPSHOT_CHECKS.get(&last.snapshot_id) });
-    // A Python thread blocks at the same native place under many Python stacks.
-    let python = python::current_stack(tgid, tid, now);
-    let python_hash = python.map_or(0, |p| p.hash);
     // The key holds the instruction and stack pointers: only the rest is compared.
     if let (Some(last), Some(check)) = (last, check)
         && (check.uses_bp == 0 || last.bp == regs.bp)
