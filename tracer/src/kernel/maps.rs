@@ -154,16 +154,6 @@ impl Loader {
     }
 
     /// Every entry of hash map `name`.
-    /// The keys of the on-CPU samples and of the off-CPU totals: who has some.
-    pub fn profile_keys(&self) -> Result<(Vec<OnCpuKey>, Vec<OffCpuKey>)> {
-        let oncpu = self.entries::<OnCpuKey, u64>(map_names::ONCPU_SAMPLES)?;
-        let offcpu = self.entries::<OffCpuKey, OffCpuTotal>(map_names::OFFCPU_TIME)?;
-        Ok((
-            oncpu.into_iter().map(|(key, _)| key).collect(),
-            offcpu.into_iter().map(|(key, _)| key).collect(),
-        ))
-    }
-
     /// Every entry of hash map `name`: in batches where the kernel can, else key by key.
     pub(super) fn entries<K: aya::Pod, V: aya::Pod>(
         &self,

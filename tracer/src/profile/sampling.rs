@@ -333,9 +333,12 @@ impl WallClockSampler {
     /// The processes that left something here or in the kernel's maps: on-CPU samples
     /// or off-CPU time.
     pub fn processes_with_samples(&self, loader: &Loader) -> Result<HashSet<u32>> {
-        let (oncpu, offcpu) = loader.profile_keys()?;
-        let mut seen: HashSet<u32> = oncpu.iter().map(|k| k.tgid).collect();
-        seen.extend(offcpu.iter().map(|k| k.tgid));
+        let mut seen: HashSet<u32> = loader
+            .oncpu_samples()?
+            .iter()
+            .map(|(k, _)| k.tgid)
+            .collect();
+        seen.extend(loader.offcpu_totals()?.iter().map(|(k, _)| k.tgid));
         if let Some(unwinding) = &self.unwinding {
             seen.extend(unwinding.unwinder.sample_tgids());
         }
