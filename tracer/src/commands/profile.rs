@@ -207,10 +207,13 @@ async fn run_profile(
     mut metrics: Option<Metrics>,
 ) -> std::io::Result<StopReason> {
     let mut chores = sampling::SamplerChores::default();
-    let mut ticker = tokio::time::interval(chores.period(sampler));
+    let mut ticker = tokio::time::interval(sampling::SamplerChores::period(sampler));
     loop {
         tokio::select! {
-            _ = ticker.tick() => chores.run_with_mappings(sampler, loader, processes),
+            _ = ticker.tick() => {
+                chores.run_with_mappings(sampler, loader, processes);
+                sampling::keep_pace(&mut ticker, sampling::SamplerChores::period(sampler));
+            }
             scrape = metrics::next_scrape(&mut metrics) => {
                 if let Some(metrics) = metrics.as_mut() {
                     metrics.answer(scrape, MetricSources {

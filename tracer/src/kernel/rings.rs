@@ -21,6 +21,16 @@ impl RecordRing {
         }
         count
     }
+
+    /// The ring, for a tokio loop to wait until records are there.
+    pub fn into_async(self) -> std::io::Result<tokio::io::unix::AsyncFd<RecordRing>> {
+        // SAFETY: the ring buffer owns its map fd, which stays open (and the same) as long
+        // as the AsyncFd holds the ring buffer.
+        unsafe {
+            tokio::io::unix::AsyncFd::register_with_interest(self, tokio::io::Interest::READABLE)
+        }
+        .map_err(std::io::Error::from)
+    }
 }
 
 /// Readable when records wait: for `tokio::io::unix::AsyncFd`.

@@ -23,7 +23,7 @@ use std::{
 };
 
 use anyhow::Result;
-use tokio::io::{Interest, unix::AsyncFd};
+use tokio::io::unix::AsyncFd;
 
 use crate::{
     kernel::{Loader, RecordRing},
@@ -33,11 +33,13 @@ use crate::{
     system::procfs::{self, ProcessError},
 };
 
-/// How often `HELD` and `MAPPED_CODE` are looked at without a notice (one lost to a full
-/// ring): two map lookups per period.
+/// How often `HELD` and `MAPPED_CODE` are looked at where the kernel's notices cannot be
+/// waited on: two map lookups per period.
 pub const LOOK_PERIOD: Duration = Duration::from_millis(10);
 /// How often the members that joined a set are looked at, and, where the kernel cannot
-/// tell of mappings, the processes' maps are searched for objects mapped since.
+/// tell of mappings, the processes' maps are searched for objects mapped since. Waiting
+/// on the kernel's notices, `HELD` and `MAPPED_CODE` are also looked at this often without
+/// one, for a notice lost to a full ring.
 pub const SEARCH_PERIOD: Duration = Duration::from_millis(100);
 /// How long a look waits for a process the kernel held to have stopped (its SIGSTOP
 /// takes effect on its way back to user space, a moment after the notice).
@@ -59,6 +61,14 @@ pub async fn held_notice(notices: &mut Option<AsyncFd<RecordRing>>) {
             log::warn!("cannot wait for the kernel's notices of mapped code ({e}): polling");
             *notices = None;
         }
+    }
+}
+
+/// How often a loop waiting on `notices` (see [`held_notice`]) looks without one.
+pub fn look_period(notices: &Option<AsyncFd<RecordRing>>) -> Duration {
+    match notices {
+        Some(_) => SEARCH_PERIOD,
+        None => LOOK_PERIOD,
     }
 }
 
@@ -199,9 +209,7 @@ impl LateSites {
     /// [`held_notice`] (once; call it in the loop's runtime).
     pub fn take_notices(&mut self) -> Option<AsyncFd<RecordRing>> {
         let ring = self.notices.take()?;
-        // SAFETY: the ring buffer owns its map fd, which stays open (and the same) as long
-        // as the AsyncFd holds the ring buffer.
-        match unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) } {
+        match ring.into_async() {
             Ok(ring) => Some(ring),
             Err(e) => {
                 log::warn!(
@@ -222,13 +230,22 @@ impl LateSites {
     /// Looks at the processes the kernel recorded (continuing those it held once their
     /// new objects' probes are attached) and, every [`SEARCH_PERIOD`], at the members
     /// that joined (or, without the kernel's events, at every member); returns what was
-    /// added to `plan` (and attached). A failure is a warning: tracing what is attached
-    /// goes on.
-    pub fn look(&mut self, loader: &mut Loader, plan: &mut ProbePlan) -> Added {
+    /// added to `plan` (and attached). `told`: a notice came, or the loop cannot wait on
+    /// them; else the kernel's records are read only every [`SEARCH_PERIOD`]. A failure
+    /// is a warning: tracing what is attached goes on.
+    pub fn look(&mut self, loader: &mut Loader, plan: &mut ProbePlan, told: bool) -> Added {
         let first_site = plan.sites.len();
         let first_unavailable = plan.unavailable_args.len();
         let mut remapped = Vec::new();
-        for (pid, what) in loader.held() {
+        let search = self
+            .searched_at
+            .is_none_or(|at| at.elapsed() >= SEARCH_PERIOD);
+        let held = if told || search {
+            loader.held()
+        } else {
+            Vec::new()
+        };
+        for (pid, what) in held {
             let stopped = what == tracer_common::held::STOPPED;
             // Continued before its SIGSTOP took effect, it would stay stopped.
             if stopped && !wait_until_stopped(pid, Instant::now() + STOP_WAIT) {
@@ -247,9 +264,6 @@ impl LateSites {
                 remapped.push(pid);
             }
         }
-        let search = self
-            .searched_at
-            .is_none_or(|at| at.elapsed() >= SEARCH_PERIOD);
         if !search {
             return Added {
                 sites: first_site..plan.sites.len(),

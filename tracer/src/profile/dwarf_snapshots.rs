@@ -2,6 +2,9 @@
 //! draining and unwinding them while the targets run, its size, and the report's line on
 //! how the stacks were unwound.
 
+use std::ops::RangeInclusive;
+use std::time::{Duration, Instant};
+
 use tracer_common::{UNWIND_STACK_BYTES, counter};
 
 use crate::{
@@ -12,11 +15,22 @@ use crate::{
     stack::unwind::{DwarfUnwinder, Snapshot, StackMerger, UnwindStats},
 };
 
+/// How often the stack-copy ring is drained: the longest period that the last drain's
+/// rate would fill no more than a quarter of the ring in. Fewer, larger drains unwind
+/// with the unwind rules and tables still in the CPU's caches.
+pub const DRAIN_PERIODS: RangeInclusive<Duration> =
+    Duration::from_millis(10)..=Duration::from_millis(100);
+
 /// `--unwind dwarf`: the snapshots from the kernel, and what user space tells it back.
 pub(super) struct Unwinding {
     pub(super) ring: RecordRing,
     pub(super) checks: SnapshotChecks,
     pub(super) unwinder: DwarfUnwinder,
+    /// The ring's size.
+    pub(super) ring_bytes: u64,
+    /// When it was last drained, and the period that drain set (see [`DRAIN_PERIODS`]).
+    pub(super) drained_at: Option<Instant>,
+    pub(super) period: Duration,
 }
 
 impl Unwinding {
@@ -34,10 +48,13 @@ impl Unwinding {
             ring,
             checks,
             unwinder,
+            ..
         } = self;
         // The checks of the off-CPU snapshots unwound, published at once after.
         let mut unwound = Vec::new();
+        let mut bytes = 0;
         ring.drain(|record| {
+            bytes += record.len() as u64;
             let Some(snapshot) = Snapshot::parse(record) else {
                 return;
             };
@@ -61,6 +78,11 @@ impl Unwinding {
                 unwound.push((snapshot.snapshot_id as i32, check));
             }
         });
+        let now = Instant::now();
+        if let Some(at) = self.drained_at {
+            self.period = drain_period(bytes, now - at, self.ring_bytes);
+        }
+        self.drained_at = Some(now);
         if let Err(e) = checks.publish(&unwound) {
             // The kernel then sends new snapshots each time: slower, not wrong.
             log::debug!(
@@ -69,6 +91,17 @@ impl Unwinding {
             );
         }
     }
+}
+
+/// The period after a drain of `bytes` that came in over `elapsed`, for a ring of
+/// `ring_bytes` (see [`DRAIN_PERIODS`]).
+fn drain_period(bytes: u64, elapsed: Duration, ring_bytes: u64) -> Duration {
+    let quarter = ring_bytes / 4;
+    let period = match bytes {
+        0 => *DRAIN_PERIODS.end(),
+        _ => elapsed.mul_f64(quarter as f64 / bytes as f64),
+    };
+    period.clamp(*DRAIN_PERIODS.start(), *DRAIN_PERIODS.end())
 }
 
 /// The stack-copy ring's bytes per CPU sampled: a set of targets, every process.
@@ -127,6 +160,17 @@ pub fn unwind_summary(stats: &UnwindStats, counters: &[u64], ring_bytes: u32) ->
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_ring_filling_slowly_is_drained_seldom_and_a_busy_one_often() {
+        let ms = Duration::from_millis;
+        // 2 MiB in 100 ms fills a quarter of an 8 MiB ring in 100 ms.
+        assert_eq!(drain_period(2 << 20, ms(100), 8 << 20), ms(100));
+        assert_eq!(drain_period(4 << 20, ms(100), 8 << 20), ms(50));
+        assert_eq!(drain_period(0, ms(100), 8 << 20), ms(100));
+        assert_eq!(drain_period(1 << 20, ms(100), 8 << 20), ms(100));
+        assert_eq!(drain_period(64 << 20, ms(100), 8 << 20), ms(10));
+    }
 
     #[test]
     fn the_stack_copy_ring_grows_with_the_cpus_within_bounds() {

@@ -18,7 +18,7 @@ use tracer_common::{
 
 use crate::{
     kernel::{Attachment, Features, Loader, Settings, TargetsMap, UserStacks},
-    profile::dwarf_snapshots::{Unwinding, auto_unwind_ring_bytes},
+    profile::dwarf_snapshots::{DRAIN_PERIODS, Unwinding, auto_unwind_ring_bytes},
     profile::threads::{self, SnapshotOptions, ThreadState},
     profile::wallclock::{
         self, BuildOptions, FIRST_SEEDED_ID, GroupBy, RawProfile, TaskEntries, WallClockProfile,
@@ -59,10 +59,6 @@ pub enum UnwindMethod {
     /// DWARF call frame information, unwound in user space from a copy of the stack.
     Dwarf,
 }
-
-/// How often the ring buffer of stack snapshots is drained with `--unwind dwarf` (the
-/// snapshots are unwound while the process's mappings are still there).
-pub const DRAIN_PERIOD: Duration = Duration::from_millis(10);
 
 /// How often the processes that joined a set of targets are looked at: a process that
 /// lives longer than this gets named stacks.
@@ -214,6 +210,9 @@ impl WallClockSampler {
                 ring: loader.take_unwind_samples()?,
                 checks: loader.take_snapshot_checks()?,
                 unwinder: DwarfUnwinder::new(),
+                ring_bytes: Self::unwind_ring_bytes(&sampling, targets.is_none()).into(),
+                drained_at: None,
+                period: *DRAIN_PERIODS.start(),
             }),
             false => None,
         };
@@ -449,12 +448,14 @@ impl WallClockSampler {
         })
     }
 
-    /// Whether snapshots must be drained every [`DRAIN_PERIOD`].
-    pub fn unwinds(&self) -> bool {
-        self.unwinding.is_some()
+    /// How often snapshots are to be drained (see [`DRAIN_PERIODS`]); `None` without
+    /// `--unwind dwarf`.
+    pub fn drain_period(&self) -> Option<Duration> {
+        self.unwinding.as_ref().map(|u| u.period)
     }
 
-    /// Unwinds the snapshots waiting (with `--unwind dwarf`); call every [`DRAIN_PERIOD`].
+    /// Unwinds the snapshots waiting (with `--unwind dwarf`); call every
+    /// [`WallClockSampler::drain_period`].
     pub fn drain(&mut self, processes: &mut Processes) {
         if let Some(unwinding) = self.unwinding.as_mut() {
             unwinding.drain(processes, &mut self.interpreters, self.targets.as_ref());
@@ -622,19 +623,27 @@ fn build(
     }
 }
 
-/// What runs while a sampler is attached: snapshots unwound every [`DRAIN_PERIOD`] (with
-/// `--unwind dwarf`) and the processes' mappings and thread names captured about once a
-/// second. Never finishes on its own.
+/// What runs while a sampler is attached: snapshots unwound every
+/// [`WallClockSampler::drain_period`] (with `--unwind dwarf`) and the processes' mappings
+/// and thread names captured about once a second. Never finishes on its own.
 pub async fn run_sampler(
     sampler: &mut WallClockSampler,
     loader: &mut Loader,
     processes: &mut Processes,
 ) -> std::io::Result<StopReason> {
     let mut chores = SamplerChores::default();
-    let mut ticker = tokio::time::interval(chores.period(sampler));
+    let mut ticker = tokio::time::interval(SamplerChores::period(sampler));
     loop {
         ticker.tick().await;
         chores.run_with_mappings(sampler, loader, processes);
+        keep_pace(&mut ticker, SamplerChores::period(sampler));
+    }
+}
+
+/// Has `ticker` tick every `period` from now on, if it does not already.
+pub fn keep_pace(ticker: &mut tokio::time::Interval, period: Duration) {
+    if ticker.period() != period {
+        *ticker = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
     }
 }
 
@@ -666,11 +675,11 @@ impl SamplerChores {
     }
 
     /// How often the sampler has work to do.
-    pub fn period(&self, sampler: &WallClockSampler) -> Duration {
-        match (sampler.unwinds(), sampler.system_wide) {
-            (true, _) => DRAIN_PERIOD,
-            (false, false) => OBSERVE_PERIOD,
-            (false, true) => Duration::from_secs(1),
+    pub fn period(sampler: &WallClockSampler) -> Duration {
+        match (sampler.drain_period(), sampler.system_wide) {
+            (Some(period), _) => period.min(OBSERVE_PERIOD),
+            (None, false) => OBSERVE_PERIOD,
+            (None, true) => Duration::from_secs(1),
         }
     }
 
@@ -684,7 +693,9 @@ impl SamplerChores {
         let due = |at: Option<std::time::Instant>, every: Duration| {
             at.is_none_or(|at| at.elapsed() >= every)
         };
-        if due(self.drained, self.period(sampler)) {
+        if let Some(period) = sampler.drain_period()
+            && due(self.drained, period)
+        {
             sampler.drain(processes);
             self.drained = Some(std::time::Instant::now());
         }

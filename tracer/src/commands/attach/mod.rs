@@ -562,7 +562,7 @@ struct Stops<'a> {
 }
 
 /// Looks for (and attaches) the probes of what the targets map later when the kernel
-/// tells of it (and every [`late_sites::LOOK_PERIOD`]), between the sampler's own chores.
+/// tells of it (and every [`late_sites::look_period`]), between the sampler's own chores.
 /// Never finishes on its own.
 async fn run_attached(run: &mut Run, mut metrics: Option<Metrics>) -> std::io::Result<StopReason> {
     let Run {
@@ -579,12 +579,19 @@ async fn run_attached(run: &mut Run, mut metrics: Option<Metrics>) -> std::io::R
         ..
     } = run;
     let mut chores = sampling::SamplerChores::default();
-    let mut ticker = tokio::time::interval(late_sites::LOOK_PERIOD);
     let mut notices = later.take_notices();
+    // The timeline's ring is drained at every tick.
+    let with_timeline = timeline.is_some();
+    let period = |notices: &Option<_>, sampler: &WallClockSampler| match with_timeline {
+        true => late_sites::LOOK_PERIOD,
+        false => late_sites::look_period(notices).min(sampling::SamplerChores::period(sampler)),
+    };
+    let mut ticker = tokio::time::interval(period(&notices, sampler));
     loop {
-        tokio::select! {
-            _ = ticker.tick() => {}
-            () = late_sites::held_notice(&mut notices) => {}
+        sampling::keep_pace(&mut ticker, period(&notices, sampler));
+        let told = tokio::select! {
+            _ = ticker.tick() => notices.is_none(),
+            () = late_sites::held_notice(&mut notices) => true,
             scrape = metrics::next_scrape(&mut metrics) => {
                 if let Some(metrics) = metrics.as_mut() {
                     metrics.answer(scrape, MetricSources {
@@ -597,11 +604,11 @@ async fn run_attached(run: &mut Run, mut metrics: Option<Metrics>) -> std::io::R
                 }
                 continue;
             }
-        }
+        };
         if let Some(reader) = timeline.as_mut() {
             reader.drain();
         }
-        let added = later.look(loader, plan);
+        let added = later.look(loader, plan, told);
         // Before the snapshots are unwound: a library just mapped (libjvm.so) has the
         // frames of what the process runs next.
         for &pid in &added.remapped {

@@ -9,7 +9,7 @@ mod hit_stacks;
 use std::{num::NonZeroU32, path::PathBuf};
 
 use anyhow::{Result, bail};
-use tokio::io::{Interest, unix::AsyncFd};
+use tokio::io::unix::AsyncFd;
 use tracer_common::counter;
 
 use counts::{count_text, kernel_stack_counts, stack_counts};
@@ -20,7 +20,7 @@ use crate::{
     cli::{Format, TraceConfig},
     kernel::{Features, KernelTargets, Launch, LaunchNeeds, Loader, RecordRing, Settings, keeper},
     output::render,
-    probe::late_sites::{self, LOOK_PERIOD, LateSites, Members, searches_processes},
+    probe::late_sites::{self, LateSites, Members, searches_processes},
     probe::plan::{ProbePlan, SiteInput, SiteMode},
     probe::usdt::{self, Scope},
     profile::sampling::UnwindMethod,
@@ -213,10 +213,7 @@ fn stream_until_stopped(
 ) -> std::io::Result<(StopReason, RecordRing)> {
     let keeper_pid = pumped.loader.keeper_pid();
     runtime.block_on(async {
-        // SAFETY: the ring buffer owns its map fd, which stays open (and the same) until the
-        // AsyncFd gives the ring buffer back.
-        let mut events = unsafe { AsyncFd::register_with_interest(events, Interest::READABLE) }
-            .map_err(|e| std::io::Error::other(e.to_string()))?;
+        let mut events = events.into_async()?;
         let reason = stop::run_until_stopped_with(
             stopping.signals,
             stopping.watch,
@@ -534,15 +531,15 @@ async fn pump(
     pumped: &mut Pumped<'_>,
     out: &OutputStream,
 ) -> std::io::Result<StopReason> {
-    let mut ticker = tokio::time::interval(LOOK_PERIOD);
     let mut notices = pumped
         .later
         .as_deref_mut()
         .and_then(LateSites::take_notices);
+    let mut ticker = tokio::time::interval(late_sites::look_period(&notices));
     loop {
         tokio::select! {
-            _ = ticker.tick() => pumped.look(printer),
-            () = late_sites::held_notice(&mut notices) => pumped.look(printer),
+            _ = ticker.tick() => pumped.look(printer, notices.is_none()),
+            () = late_sites::held_notice(&mut notices) => pumped.look(printer, true),
             guard = events.readable_mut() => {
                 let mut guard = guard?;
                 // Clear before draining: the kernel only wakes a reader that has caught
@@ -571,11 +568,12 @@ struct Pumped<'a> {
 }
 
 impl Pumped<'_> {
-    fn look(&mut self, printer: &mut EventPrinter) {
+    /// `told`: see [`LateSites::look`].
+    fn look(&mut self, printer: &mut EventPrinter, told: bool) {
         let Some(later) = self.later.as_deref_mut() else {
             return;
         };
-        let added = later.look(self.loader, self.plan);
+        let added = later.look(self.loader, self.plan, told);
         // Mappings read before the new objects were mapped would not name their frames.
         if (!added.is_empty() || !added.remapped.is_empty())
             && let Some(namer) = printer.stacks.as_mut()
