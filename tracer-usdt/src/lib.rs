@@ -10,6 +10,7 @@
 mod notes;
 mod pattern;
 mod spec;
+mod symbol_file;
 mod symbols;
 #[cfg(any(test, feature = "test-elf"))]
 pub mod test_elf;
@@ -24,6 +25,7 @@ pub use pattern::{
     parse_specifier,
 };
 pub use spec::{ArgSpec, SiteArg, describe, parse_arg_specs, resolve_globals};
+pub use symbol_file::SymbolFile;
 pub use symbols::{dl_debug_state_offset, interpreter, symbol_addresses};
 pub use validate::{Layout, Segment, SiteOffsets, SiteProblem, validate};
 

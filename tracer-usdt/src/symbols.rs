@@ -8,7 +8,7 @@ use std::path::Path;
 use object::read::ReadCache;
 use object::{Object as _, ObjectSymbol as _, SymbolKind};
 
-use crate::Error;
+use crate::{Error, SymbolFile};
 
 /// The addresses of the `wanted` symbols in the object at `path` (as this process opens
 /// it), each the address or why there is none. Both `.symtab` and `.dynsym` are read: a
@@ -18,8 +18,8 @@ pub fn symbol_addresses(
     wanted: &HashSet<&str>,
 ) -> Result<HashMap<String, Result<u64, String>>, Error> {
     let file = File::open(path).map_err(|e| Error::io(path, e))?;
-    let cache = ReadCache::new(file);
-    let object = object::File::parse(&cache).map_err(|source| Error::BadElf {
+    let symbols = SymbolFile::new(file);
+    let object = object::File::parse(&symbols).map_err(|source| Error::BadElf {
         path: path.to_path_buf(),
         source,
     })?;

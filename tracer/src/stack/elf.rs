@@ -15,13 +15,14 @@ pub struct ElfSymbols {
 }
 
 impl ElfSymbols {
-    /// Reads `file`'s symbol table and dynamic symbols for `names`; `None` when it is not
-    /// an ELF file.
+    /// Reads `file`'s symbol table and dynamic symbols for `names` (its segments alone
+    /// when there are none); `None` when it is not an ELF file.
     pub fn read(file: &File, names: &[&'static str]) -> Option<Self> {
-        let data = object::ReadCache::new(file);
+        let data = tracer_usdt::SymbolFile::new(file.try_clone().ok()?);
         let elf = object::File::parse(&data).ok()?;
         let mut found = Vec::new();
-        for symbol in elf.symbols().chain(elf.dynamic_symbols()) {
+        let symbols = elf.symbols().chain(elf.dynamic_symbols());
+        for symbol in symbols.take_while(|_| !names.is_empty()) {
             let Ok(name) = symbol.name() else {
                 continue;
             };

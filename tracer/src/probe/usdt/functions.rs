@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use object::read::ReadCache;
 use object::{Object as _, ObjectSegment as _, ObjectSymbol as _, SymbolKind};
 use tracer_common::{UsdtArg, arg_kind};
+use tracer_usdt::SymbolFile;
 
 use super::{MappedObject, ProbeSite, SiteArg, UsdtError, UsdtNote};
 use crate::stack::symbolize::demangle;
@@ -61,8 +62,8 @@ impl Functions {
     pub fn read(path: &Path) -> Result<Self, UsdtError> {
         let file = File::open(path).map_err(|e| UsdtError::io(path, e))?;
         let file_len = file.metadata().map(|m| m.len()).unwrap_or(u64::MAX);
-        let cache = ReadCache::new(file);
-        let object = object::File::parse(&cache).map_err(|source| match source {
+        let symbol_file = SymbolFile::new(file);
+        let object = object::File::parse(&symbol_file).map_err(|source| match source {
             _ if !is_elf(path) => UsdtError::from(FileError::NotElf {
                 path: path.to_path_buf(),
             }),
@@ -93,7 +94,7 @@ impl Functions {
             || object.section_by_name(".gopclntab").is_some();
         let mut seen = HashSet::new();
         let mut symbols = Vec::new();
-        let mut add = |object: &object::File<'_, &ReadCache<File>>| {
+        let mut add = |object: &object::File<'_, &SymbolFile>| {
             for symbol in object.symbols().chain(object.dynamic_symbols()) {
                 if symbol.kind() != SymbolKind::Text || symbol.is_undefined() {
                     continue;
@@ -115,8 +116,8 @@ impl Functions {
         if let Some(debug_path) = separate_debug_file(path, &object)
             && let Ok(debug_file) = File::open(&debug_path)
         {
-            let debug_cache = ReadCache::new(debug_file);
-            if let Ok(debug_object) = object::File::parse(&debug_cache) {
+            let debug_symbols = SymbolFile::new(debug_file);
+            if let Ok(debug_object) = object::File::parse(&debug_symbols) {
                 add(&debug_object);
             }
         }
