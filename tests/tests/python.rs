@@ -349,6 +349,64 @@ fn forked_python_workers_are_named_in_python() {
     }
 }
 
+/// A traced shell that later runs Python: the programs without the Python walk (loaded
+/// while no target ran Python) give way to those with it, and each timed function's time
+/// is named in Python as its own clock measured it.
+#[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+fn a_target_that_starts_python_later_is_named_in_python() {
+    require_privileged();
+    let python = interpreter(None);
+    let dir = out_dir("python-later");
+    let mut shell = Command::new("sh")
+        .args([
+            "-c",
+            &format!(
+                "read _; exec {} {SCRIPT} --wait-for-signal",
+                python.display()
+            ),
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = shell.id();
+    let tracer = Tracer::start(&[
+        "profile",
+        "--pid",
+        &pid.to_string(),
+        "-o",
+        dir.to_str().unwrap(),
+    ]);
+    std::io::Write::write_all(&mut shell.stdin.take().unwrap(), b"go\n").unwrap();
+    let mut stdout = BufReader::new(shell.stdout.take().unwrap());
+    let mut ready = String::new();
+    stdout.read_line(&mut ready).unwrap();
+    assert_eq!(ready.trim(), format!("ready pid={pid}"));
+    // The tracer finds the interpreter within its look at the targets' processes.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    // SAFETY: kill has no memory preconditions; the pid is our child's.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGUSR1) }, 0);
+    let mut report = String::new();
+    std::io::Read::read_to_string(&mut stdout, &mut report).unwrap();
+    assert!(shell.wait().unwrap().success());
+    let truth: serde_json::Value = serde_json::from_str(report.trim()).unwrap();
+    let (ok, out, err) = tracer.finish();
+    assert!(ok, "tracer failed: {err}");
+    let wall = std::fs::read_to_string(dir.join("wallclock.folded")).unwrap();
+    eprintln!("{out}");
+    for function in TIMED {
+        let frame = format!("{function} ({SCRIPT_FILE}:");
+        let measured = folded_weight_where(&wall, |stack| stack.contains(&frame));
+        let own_us = truth[function].as_u64().unwrap() / 1000;
+        eprintln!("{function}: {measured} us, its own clock {own_us} us");
+        assert!(
+            (measured as f64 - own_us as f64).abs() <= 0.1 * own_us as f64,
+            "{function}: {measured} us, its own clock says {own_us} us\n{wall}"
+        );
+    }
+}
+
 /// A Python process in a mount namespace of its own, its interpreter and script at paths
 /// the host does not have: its frames are read through /proc all the same.
 #[test]

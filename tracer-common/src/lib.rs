@@ -160,6 +160,11 @@ pub mod program_names {
     /// Off-CPU accounting whose user stacks are snapshots unwound in user space with
     /// DWARF (`UNWIND_SAMPLES`), identified by snapshot ids instead of `STACKS` ids.
     pub const SCHED_SWITCH_DWARF: &str = "sched_switch_dwarf";
+    /// `oncpu_sample_dwarf` whose snapshots also carry the Python frames of the threads
+    /// of the Python processes user space registered; verified with the walk's loops.
+    pub const ONCPU_SAMPLE_DWARF_PYTHON: &str = "oncpu_sample_dwarf_python";
+    /// `sched_switch_dwarf` likewise with Python frames.
+    pub const SCHED_SWITCH_DWARF_PYTHON: &str = "sched_switch_dwarf_python";
     /// A task iterator (`iter/task`) writing each thread's saved user registers
     /// ([`super::ThreadRegs`]) for `tracer stacks`.
     pub const THREAD_REGS: &str = "thread_regs";
@@ -191,6 +196,8 @@ pub mod program_names {
         ONCPU_SAMPLE,
         ONCPU_SAMPLE_DWARF,
         SCHED_SWITCH_DWARF,
+        ONCPU_SAMPLE_DWARF_PYTHON,
+        SCHED_SWITCH_DWARF_PYTHON,
         THREAD_REGS,
         PROCESS_FORK,
         PROCESS_EXEC,

@@ -457,7 +457,7 @@ pub fn usdt_event_str(ctx: ProbeContext) -> u32 {
 /// Off-CPU accounting on every context switch.
 #[btf_tracepoint(function = "sched_switch")]
 pub fn sched_switch(ctx: BtfTracePointContext) -> i32 {
-    offcpu::on_switch::<false>(&ctx);
+    offcpu::on_switch::<false, false>(&ctx);
     0
 }
 
@@ -465,7 +465,14 @@ pub fn sched_switch(ctx: BtfTracePointContext) -> i32 {
 /// snapshot sent to `UNWIND_SAMPLES` (reused while it blocks at the same place).
 #[btf_tracepoint(function = "sched_switch")]
 pub fn sched_switch_dwarf(ctx: BtfTracePointContext) -> i32 {
-    offcpu::on_switch::<true>(&ctx);
+    offcpu::on_switch::<true, false>(&ctx);
+    0
+}
+
+/// `sched_switch_dwarf` with the Python frames of the threads of Python targets.
+#[btf_tracepoint(function = "sched_switch")]
+pub fn sched_switch_dwarf_python(ctx: BtfTracePointContext) -> i32 {
+    offcpu::on_switch::<true, true>(&ctx);
     0
 }
 
@@ -480,7 +487,14 @@ pub fn oncpu_sample(ctx: PerfEventContext) -> u32 {
 /// raw snapshots, the others are aggregated like `oncpu_sample`'s.
 #[perf_event]
 pub fn oncpu_sample_dwarf(ctx: PerfEventContext) -> u32 {
-    oncpu::on_sample_dwarf(&ctx);
+    oncpu::on_sample_dwarf::<false>(&ctx);
+    0
+}
+
+/// `oncpu_sample_dwarf` with the Python frames of the threads of Python targets.
+#[perf_event]
+pub fn oncpu_sample_dwarf_python(ctx: PerfEventContext) -> u32 {
+    oncpu::on_sample_dwarf::<true>(&ctx);
     0
 }
 

@@ -60,20 +60,21 @@ use crate::{
     targets,
 };
 
-/// `DWARF`: the user stack is a snapshot for user space to unwind (see the module docs).
+/// `DWARF`: the user stack is a snapshot for user space to unwind (see the module docs);
+/// `PYTHON`: with the thread's Python frames (see [`python::current_stack`]).
 #[inline(always)]
-pub fn on_switch<const DWARF: bool>(ctx: &BtfTracePointContext) {
+pub fn on_switch<const DWARF: bool, const PYTHON: bool>(ctx: &BtfTracePointContext) {
     // sched_switch(bool preempt, struct task_struct *prev, struct task_struct *next, ...)
     let next: *const u8 = ctx.arg(2);
     // SAFETY: the helper has no preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
-    record_switch_out::<DWARF>(ctx, now);
+    record_switch_out::<DWARF, PYTHON>(ctx, now);
     account_switch_in(next, now);
 }
 
 /// `prev` is still current here, so its ids and stacks are the current ones.
 #[inline(always)]
-fn record_switch_out<const DWARF: bool>(ctx: &BtfTracePointContext, now: u64) {
+fn record_switch_out<const DWARF: bool, const PYTHON: bool>(ctx: &BtfTracePointContext, now: u64) {
     let Some((tgid, tid)) = targets::current_ids() else {
         return;
     };
@@ -100,7 +101,7 @@ fn record_switch_out<const DWARF: bool>(ctx: &BtfTracePointContext, now: u64) {
     }
     let regs = snapshot::saved_user_regs();
     let user_stack_id = match (DWARF, regs) {
-        (true, Some(regs)) => user_snapshot(ctx, &regs, tgid, tid, now),
+        (true, Some(regs)) => user_snapshot::<PYTHON>(ctx, &regs, tgid, tid, now),
         (false, Some(regs)) => frame_pointer_stack(ctx, &regs, tid),
         (true, None) => {
             let fp_stack_id = stack_id(ctx, BPF_F_USER_STACK as u64);
@@ -350,11 +351,17 @@ fn words_unchanged_one_by_one(words: &StackWords, sp: u64) -> bool {
 /// thread blocks where it blocked then, else a new one. Falls back to the frame-pointer
 /// stack id (counted) when there is no room in the ring buffer.
 #[inline(always)]
-fn user_snapshot(ctx: &BtfTracePointContext, regs: &Regs, tgid: u32, tid: u32, now: u64) -> i32 {
+fn user_snapshot<const PYTHON: bool>(
+    ctx: &BtfTracePointContext,
+    regs: &Regs,
+    tgid: u32,
+    tid: u32,
+    now: u64,
+) -> i32 {
     // A Python thread blocks at the same native place under many Python stacks. Walked
     // first, before anything else is looked up: the verifier walks its loop once for
     // each different state it is reached in.
-    let python = python::current_stack(tgid, tid, now);
+    let python = python::current_stack::<PYTHON>(tgid, tid, now);
     let python_hash = python.map_or(0, |p| p.hash);
     let place = BlockPlace {
         tid,

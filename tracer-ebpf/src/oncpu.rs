@@ -30,8 +30,9 @@ pub fn on_sample(ctx: &PerfEventContext) {
     }
 }
 
+/// `PYTHON`: Python frames are walked (see [`python::current_stack`]).
 #[inline(always)]
-pub fn on_sample_dwarf(ctx: &PerfEventContext) {
+pub fn on_sample_dwarf<const PYTHON: bool>(ctx: &PerfEventContext) {
     let Some((tgid, tid)) = sampled_thread() else {
         return;
     };
@@ -46,7 +47,7 @@ pub fn on_sample_dwarf(ctx: &PerfEventContext) {
             let task = offcpu::running_task(tid);
             // SAFETY: the helper reads the clock only.
             let now = unsafe { aya_ebpf::helpers::generated::bpf_ktime_get_ns() };
-            let python = python::current_stack(tgid, tid, now);
+            let python = python::current_stack::<PYTHON>(tgid, tid, now);
             if snapshot::send(&regs, tgid, tid, kernel_stack_id, 0, task, python) {
                 return;
             }

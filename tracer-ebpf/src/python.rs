@@ -18,9 +18,18 @@ use crate::{PYTHON_PROCESSES, PYTHON_SCRATCH, PYTHON_THREADS, TASK_FSBASE_OFFSET
 const FRAME_WORDS: usize = 16;
 
 /// The current thread's Python frames, gathered in this CPU's scratch buffer; `None` when
-/// its process is not a Python target or the thread runs no Python.
+/// its process is not a Python target or the thread runs no Python. `WALK`: false in the
+/// programs loaded while no target runs Python, which the verifier then checks without
+/// the walk's loops.
 #[inline(always)]
-pub fn current_stack(tgid: u32, tid: u32, now: u64) -> Option<&'static PythonStack> {
+pub fn current_stack<const WALK: bool>(
+    tgid: u32,
+    tid: u32,
+    now: u64,
+) -> Option<&'static PythonStack> {
+    if !WALK {
+        return None;
+    }
     // An array slot, before a hash lookup that most runs (no Python) would make for
     // nothing at every switch.
     if crate::CONTROL

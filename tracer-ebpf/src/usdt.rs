@@ -123,7 +123,7 @@ fn event_stacks(ctx: &ProbeContext, site: &UsdtSite, pid_tgid: u64) -> (i32, i32
     let (tgid, tid) = ((pid_tgid >> 32) as u32, pid_tgid as u32);
     // SAFETY: the helper reads the clock only.
     let now = unsafe { aya_ebpf::helpers::generated::bpf_ktime_get_ns() };
-    let python = crate::python::current_stack(tgid, tid, now);
+    let python = crate::python::current_stack::<true>(tgid, tid, now);
     let user = if snapshot::send(&regs, tgid, tid, NO_STACK, id as u32, 0, python) {
         id
     } else {

@@ -42,6 +42,10 @@ pub enum UserStacks {
     /// be read from [`Loader::take_unwind_samples`]; load with `Settings::unwind_ring_bytes`
     /// set (and `Features::offcpu_snapshots` for off-CPU accounting).
     Snapshots,
+    /// Snapshots that also carry the Python frames of the threads of the Python
+    /// processes registered ([`Loader::add_python_process`]). The kernel takes longer to
+    /// verify these programs, so they are loaded only once there is such a process.
+    PythonSnapshots,
 }
 
 impl Loader {
@@ -142,6 +146,7 @@ impl Loader {
         let name = match stacks {
             UserStacks::FramePointers => program_names::SCHED_SWITCH,
             UserStacks::Snapshots => program_names::SCHED_SWITCH_DWARF,
+            UserStacks::PythonSnapshots => program_names::SCHED_SWITCH_DWARF_PYTHON,
         };
         self.finish_maps()?;
         let btf_id = self
@@ -202,6 +207,7 @@ impl Loader {
         let name = match stacks {
             UserStacks::FramePointers => program_names::ONCPU_SAMPLE,
             UserStacks::Snapshots => program_names::ONCPU_SAMPLE_DWARF,
+            UserStacks::PythonSnapshots => program_names::ONCPU_SAMPLE_DWARF_PYTHON,
         };
         let cpus = aya::util::online_cpus()
             .map_err(|(what, e)| os_error(format!("cannot list the online CPUs ({what})"), e))?;

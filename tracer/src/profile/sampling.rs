@@ -85,6 +85,8 @@ pub struct WallClockSampler {
     pub cpus: usize,
     /// Off-CPU accounting and on-CPU sampling, while attached.
     attached: Option<[Attachment; 2]>,
+    /// How the attached programs take user stacks.
+    stacks: UserStacks,
 }
 
 /// What the next rolling window subtracts ([`WallClockSampler::window`]).
@@ -190,8 +192,9 @@ impl WallClockSampler {
             true => Interpreters::default(),
             false => Interpreters::disabled(),
         };
-        register_python_processes(loader, processes, &mut interpreters);
+        let pythons = register_python_processes(loader, processes, &mut interpreters);
         let stacks = match sampling.unwind {
+            UnwindMethod::Dwarf if pythons > 0 => UserStacks::PythonSnapshots,
             UnwindMethod::Dwarf => UserStacks::Snapshots,
             UnwindMethod::Fp => UserStacks::FramePointers,
         };
@@ -241,7 +244,24 @@ impl WallClockSampler {
             started_ns,
             cpus,
             attached: Some([offcpu, oncpu]),
+            stacks,
         })
+    }
+
+    /// Once the first Python process is registered: replaces the programs attached by
+    /// those that walk Python frames. The new ones are attached before the old ones go, so
+    /// no switch is missed; for that moment a switch may send two snapshots and a CPU
+    /// take two samples.
+    fn walk_python_frames(&mut self, loader: &mut Loader) -> Result<()> {
+        if self.stacks != UserStacks::Snapshots || self.attached.is_none() {
+            return Ok(());
+        }
+        let stacks = UserStacks::PythonSnapshots;
+        let offcpu = loader.attach_offcpu(stacks)?;
+        let oncpu = loader.attach_oncpu_sampling(stacks, self.sampling.frequency_hz)?;
+        self.attached = Some([offcpu, oncpu]);
+        self.stacks = stacks;
+        Ok(())
     }
 
     /// On-CPU samples so far by process (walked in the kernel, and unwound here), and
@@ -446,6 +466,13 @@ impl WallClockSampler {
             oncpu_by_process,
             tids,
         })
+    }
+
+    /// Reads the mappings of process `pid` again, after the kernel told of code it
+    /// mapped or a program it started.
+    pub fn remapped(&mut self, pid: u32, processes: &mut Processes) {
+        processes.refresh_maps(pid);
+        self.interpreters.remapped(pid);
     }
 
     /// How often snapshots are to be drained (see [`DRAIN_PERIODS`]); `None` without
@@ -668,7 +695,7 @@ impl SamplerChores {
     ) {
         if processes.maps_told() {
             for pid in loader.take_mapped() {
-                processes.refresh_maps(pid);
+                sampler.remapped(pid, processes);
             }
         }
         self.run(sampler, loader, processes);
@@ -701,7 +728,11 @@ impl SamplerChores {
         }
         if due(self.observed, OBSERVE_PERIOD) {
             sampler.observe_targets(processes);
-            register_python_processes(loader, processes, &mut sampler.interpreters);
+            if register_python_processes(loader, processes, &mut sampler.interpreters) > 0
+                && let Err(e) = sampler.walk_python_frames(loader)
+            {
+                log::warn!("no Python frames: {e:#}");
+            }
             self.observed = Some(std::time::Instant::now());
         }
         if due(self.refreshed, Duration::from_secs(1)) {
@@ -712,21 +743,24 @@ impl SamplerChores {
 }
 
 /// Tells the kernel of the Python interpreters found ready since the last call, so
-/// their threads' snapshots carry Python frames.
+/// their threads' snapshots carry Python frames; returns how many it was told of.
 pub fn register_python_processes(
     loader: &mut Loader,
     processes: &Processes,
     interpreters: &mut Interpreters,
-) {
+) -> usize {
     for (tgid, info) in processes.iter() {
         interpreters.find(tgid, info.maps.as_ref());
     }
     interpreters.close_idle();
+    let mut registered = 0;
     for (tgid, process) in interpreters.ready_for_kernel() {
-        if let Err(e) = loader.add_python_process(tgid, &process) {
-            log::warn!("process {tgid}: no Python frames: {e}");
+        match loader.add_python_process(tgid, &process) {
+            Ok(()) => registered += 1,
+            Err(e) => log::warn!("process {tgid}: no Python frames: {e}"),
         }
     }
+    registered
 }
 
 /// The stacks of the threads found blocked when sampling started, by the ids their marks

@@ -612,7 +612,7 @@ async fn run_attached(run: &mut Run, mut metrics: Option<Metrics>) -> std::io::R
         // Before the snapshots are unwound: a library just mapped (libjvm.so) has the
         // frames of what the process runs next.
         for &pid in &added.remapped {
-            processes.refresh_maps(pid);
+            sampler.remapped(pid, processes);
         }
         if !added.is_empty() {
             crate::status!(

@@ -99,6 +99,14 @@ impl Interpreters {
         self.forked_from.retain(|child, _| !tgids.contains(child));
     }
 
+    /// Process `tgid` mapped code or started a program: if it ran no interpreter, it is
+    /// looked at again (a shell that executes Python).
+    pub fn remapped(&mut self, tgid: u32) {
+        if let Some(None) = self.by_process.get(&tgid) {
+            self.by_process.remove(&tgid);
+        }
+    }
+
     pub fn note_fork(&mut self, child: u32, parent: u32) {
         self.forked_from.insert(child, parent);
     }
