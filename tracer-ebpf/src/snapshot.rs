@@ -5,7 +5,10 @@
 use core::ffi::c_void;
 
 use aya_ebpf::{
-    bindings::{pt_regs, task_struct},
+    bindings::{
+        BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP, BPF_RB_RING_SIZE, pt_regs,
+        task_struct,
+    },
     helpers::generated::{
         bpf_get_current_task_btf, bpf_probe_read_kernel, bpf_probe_read_user, bpf_task_pt_regs,
     },
@@ -114,8 +117,20 @@ pub fn send(
     }
     // SAFETY: as above.
     unsafe { (*sample).stack_len = stack_len };
-    entry.submit(0);
+    entry.submit(wakeup_flag());
     true
+}
+
+/// User space drains the ring by period and is woken only when the ring is a quarter
+/// full: a burst then cannot fill it between two drains.
+#[inline(always)]
+fn wakeup_flag() -> u64 {
+    let waiting = UNWIND_SAMPLES.query(BPF_RB_AVAIL_DATA as u64);
+    let size = UNWIND_SAMPLES.query(BPF_RB_RING_SIZE as u64);
+    match waiting >= size / 4 {
+        true => BPF_RB_FORCE_WAKEUP as u64,
+        false => BPF_RB_NO_WAKEUP as u64,
+    }
 }
 
 /// Copies the user stack from `sp` up into `dst` (room for [`UNWIND_STACK_BYTES`]):

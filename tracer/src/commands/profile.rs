@@ -208,11 +208,16 @@ async fn run_profile(
 ) -> std::io::Result<StopReason> {
     let mut chores = sampling::SamplerChores::default();
     let mut ticker = tokio::time::interval(sampling::SamplerChores::period(sampler));
+    let mut filling = sampler.ring_wakeups();
     loop {
         tokio::select! {
             _ = ticker.tick() => {
                 chores.run_with_mappings(sampler, loader, processes);
                 sampling::keep_pace(&mut ticker, sampling::SamplerChores::period(sampler));
+            }
+            () = sampling::ring_filling(&mut filling) => {
+                chores.drain_due();
+                chores.run_with_mappings(sampler, loader, processes);
             }
             scrape = metrics::next_scrape(&mut metrics) => {
                 if let Some(metrics) = metrics.as_mut() {

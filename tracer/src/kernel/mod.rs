@@ -30,7 +30,7 @@ pub use diagnostics::{DiagnosticsReader, enable as enable_bpf_diagnostics};
 pub use launch::{Launch, LaunchNeeds};
 pub use maps::{LatencyData, ProbeHitTotals};
 pub use programs::{Attachment, UserStacks};
-pub use rings::{RecordRing, SnapshotChecks};
+pub use rings::{RecordRing, RingWakeups, SnapshotChecks};
 pub use sys::supports_ref_ctr_offset;
 pub use targets::{COMM_LEN, FileId, KernelTargets, Member, TargetsMap};
 pub use thread_sample::{RunningSample, sample_running_thread};

@@ -31,6 +31,33 @@ impl RecordRing {
         }
         .map_err(std::io::Error::from)
     }
+
+    /// What wakes a tokio loop when the kernel asks for the ring to be read: only for
+    /// records it sends with `BPF_RB_FORCE_WAKEUP`, if it sends the rest with
+    /// `BPF_RB_NO_WAKEUP`.
+    pub fn wakeups(&self) -> std::io::Result<RingWakeups> {
+        use std::os::fd::AsFd as _;
+        // A second descriptor of the same ring: epoll watches the ring, not the number.
+        let fd = self.0.as_fd().try_clone_to_owned()?;
+        // SAFETY: the AsyncFd owns the descriptor, which stays open as long as it does.
+        unsafe {
+            tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE)
+        }
+        .map(RingWakeups)
+        .map_err(std::io::Error::from)
+    }
+}
+
+/// The wakeups of a ring buffer the eBPF side sends when user space is to read it.
+pub struct RingWakeups(tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>);
+
+impl RingWakeups {
+    /// Waits for the next wakeup since the last one.
+    pub async fn wait(&mut self) -> std::io::Result<()> {
+        let mut guard = self.0.readable_mut().await?;
+        guard.clear_ready();
+        Ok(())
+    }
 }
 
 /// Readable when records wait: for `tokio::io::unix::AsyncFd`.

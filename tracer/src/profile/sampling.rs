@@ -17,7 +17,7 @@ use tracer_common::{
 };
 
 use crate::{
-    kernel::{Attachment, Features, Loader, Settings, TargetsMap, UserStacks},
+    kernel::{Attachment, Features, Loader, RingWakeups, Settings, TargetsMap, UserStacks},
     profile::dwarf_snapshots::{DRAIN_PERIODS, Unwinding, auto_unwind_ring_bytes},
     profile::threads::{self, SnapshotOptions, ThreadState},
     profile::wallclock::{
@@ -481,6 +481,20 @@ impl WallClockSampler {
         self.unwinding.as_ref().map(|u| u.period)
     }
 
+    /// What tells a loop that the stack-copy ring is filling faster than its period
+    /// drains it (see [`ring_filling`]); `None` without `--unwind dwarf`, or when the ring
+    /// cannot be waited on (the period alone then drains it).
+    pub fn ring_wakeups(&self) -> Option<RingWakeups> {
+        let unwinding = self.unwinding.as_ref()?;
+        unwinding
+            .ring
+            .wakeups()
+            .inspect_err(|e| {
+                log::warn!("cannot wait on the stack-copy ring ({e}): draining it by period alone")
+            })
+            .ok()
+    }
+
     /// Unwinds the snapshots waiting (with `--unwind dwarf`); call every
     /// [`WallClockSampler::drain_period`].
     pub fn drain(&mut self, processes: &mut Processes) {
@@ -650,20 +664,15 @@ fn build(
     }
 }
 
-/// What runs while a sampler is attached: snapshots unwound every
-/// [`WallClockSampler::drain_period`] (with `--unwind dwarf`) and the processes' mappings
-/// and thread names captured about once a second. Never finishes on its own.
-pub async fn run_sampler(
-    sampler: &mut WallClockSampler,
-    loader: &mut Loader,
-    processes: &mut Processes,
-) -> std::io::Result<StopReason> {
-    let mut chores = SamplerChores::default();
-    let mut ticker = tokio::time::interval(SamplerChores::period(sampler));
-    loop {
-        ticker.tick().await;
-        chores.run_with_mappings(sampler, loader, processes);
-        keep_pace(&mut ticker, SamplerChores::period(sampler));
+/// Waits until the kernel says the stack-copy ring is a quarter full; never returns
+/// without `wakeups` (see [`WallClockSampler::ring_wakeups`]).
+pub async fn ring_filling(wakeups: &mut Option<RingWakeups>) {
+    let Some(ring) = wakeups.as_mut() else {
+        return std::future::pending().await;
+    };
+    if let Err(e) = ring.wait().await {
+        log::warn!("cannot wait on the stack-copy ring ({e}): draining it by period alone");
+        *wakeups = None;
     }
 }
 
@@ -708,6 +717,12 @@ impl SamplerChores {
             (None, false) => OBSERVE_PERIOD,
             (None, true) => Duration::from_secs(1),
         }
+    }
+
+    /// Has the next [`SamplerChores::run`] drain the snapshots whatever the period: the
+    /// kernel said the ring is filling (see [`WallClockSampler::ring_filling`]).
+    pub fn drain_due(&mut self) {
+        self.drained = None;
     }
 
     /// Does the work that is due.

@@ -580,6 +580,7 @@ async fn run_attached(run: &mut Run, mut metrics: Option<Metrics>) -> std::io::R
     } = run;
     let mut chores = sampling::SamplerChores::default();
     let mut notices = later.take_notices();
+    let mut filling = sampler.ring_wakeups();
     // The timeline's ring is drained at every tick.
     let with_timeline = timeline.is_some();
     let period = |notices: &Option<_>, sampler: &WallClockSampler| match with_timeline {
@@ -592,6 +593,10 @@ async fn run_attached(run: &mut Run, mut metrics: Option<Metrics>) -> std::io::R
         let told = tokio::select! {
             _ = ticker.tick() => notices.is_none(),
             () = late_sites::held_notice(&mut notices) => true,
+            () = sampling::ring_filling(&mut filling) => {
+                chores.drain_due();
+                notices.is_none()
+            }
             scrape = metrics::next_scrape(&mut metrics) => {
                 if let Some(metrics) = metrics.as_mut() {
                     metrics.answer(scrape, MetricSources {
