@@ -489,9 +489,7 @@ impl WallClockSampler {
         unwinding
             .ring
             .wakeups()
-            .inspect_err(|e| {
-                log::warn!("cannot wait on the stack-copy ring ({e}): draining it by period alone")
-            })
+            .inspect_err(|e| log::warn!("{}", cannot_wait_on_ring(e)))
             .ok()
     }
 
@@ -671,9 +669,14 @@ pub async fn ring_filling(wakeups: &mut Option<RingWakeups>) {
         return std::future::pending().await;
     };
     if let Err(e) = ring.wait().await {
-        log::warn!("cannot wait on the stack-copy ring ({e}): draining it by period alone");
+        log::warn!("{}", cannot_wait_on_ring(&e));
         *wakeups = None;
     }
+}
+
+/// The warning when the stack-copy ring cannot be waited on.
+fn cannot_wait_on_ring(e: &std::io::Error) -> String {
+    format!("cannot wait on the stack-copy ring ({e}): draining it by period alone")
 }
 
 /// Has `ticker` tick every `period` from now on, if it does not already.
