@@ -14,8 +14,8 @@ use std::{
 };
 
 use common::{
-    Target, Tracer, executable_copy, http_get, metrics_addr, out_dir, require_privileged,
-    run_tracer,
+    Target, Tracer, executable_copy, http_get, metrics_addr, out_dir, privileged_test,
+    require_privileged, run_tracer,
 };
 use prost::Message as _;
 use serde_json::Value;
@@ -142,8 +142,7 @@ fn median(values: &mut [u64]) -> u64 {
     values[values.len() / 2]
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn prometheus_counts_the_gc_pauses_of_a_target_started_after_the_tracer() {
     require_privileged();
     let dir = out_dir("metrics-prometheus");
@@ -278,8 +277,7 @@ fn prometheus_counts_the_gc_pauses_of_a_target_started_after_the_tracer() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn profile_serves_each_processs_time_on_and_off_cpu() {
     require_privileged();
     let dir = out_dir("metrics-profile");
@@ -325,8 +323,7 @@ fn profile_serves_each_processs_time_on_and_off_cpu() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn a_metrics_address_that_cannot_be_listened_on_is_refused_before_attaching() {
     require_privileged();
     let me = std::process::id().to_string();
@@ -446,8 +443,7 @@ fn window_profiles(dir: &Path) -> Vec<(String, Profile)> {
         .collect()
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn rolling_profiles_hold_each_windows_share_of_the_work() {
     require_privileged();
     let dir = out_dir("rolling");

@@ -22,8 +22,7 @@ fn trace_gc_demo(
     (run.report, run.truth, folded)
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn counts_every_gc_and_buckets_the_known_pause() {
     require_privileged();
     let (report, truth, _) = trace_gc_demo(
@@ -108,8 +107,7 @@ fn counts_every_gc_and_buckets_the_known_pause() {
     }
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn off_cpu_time_lands_under_the_blocking_functions() {
     require_privileged();
     let (report, truth, folded) = trace_gc_demo(
@@ -140,8 +138,7 @@ fn off_cpu_time_lands_under_the_blocking_functions() {
     assert!(report["offcpu"]["total_ns"].as_u64().unwrap() > 0);
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn no_such_process_is_a_clear_error() {
     require_privileged();
     let out = run_tracer(&["attach", "--pid", "4194304"]);
@@ -180,8 +177,7 @@ fn without_privileges_it_names_what_is_missing() {
     assert!(!err.contains("panicked"), "{err}");
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn tasks_running_and_parked_time_match_the_targets_own_accounting() {
     require_privileged();
     let (report, truth, _) = trace_gc_demo(
@@ -237,8 +233,7 @@ fn tasks_running_and_parked_time_match_the_targets_own_accounting() {
     );
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn a_tracer_in_its_own_pid_namespace_works_with_the_namespaces_pids() {
     require_privileged();
     // Inside the new namespace the tracer is PID 1, and traces itself: its kernel side
@@ -274,8 +269,7 @@ fn a_tracer_in_its_own_pid_namespace_works_with_the_namespaces_pids() {
 
 /// A `--latency` pair whose probes no target has is reported, with 0 and why, not left
 /// out.
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn a_latency_whose_probes_never_appeared_is_listed_with_zero_and_why() {
     require_privileged();
     let run = attach_json(

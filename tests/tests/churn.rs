@@ -14,7 +14,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use common::{Tracer, executable_copy_as, http_get, metrics_addr, out_dir, require_privileged};
+use common::{
+    Tracer, executable_copy_as, http_get, metrics_addr, out_dir, privileged_test,
+    require_privileged,
+};
 use serde_json::Value;
 
 const FORKING_SERVER: &str = env!("CARGO_BIN_EXE_forking-server");
@@ -98,8 +101,7 @@ struct Sample {
     unnamed_series: usize,
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn memory_and_maps_stay_flat_while_processes_come_and_go() {
     require_privileged();
     let seconds: u64 = std::env::var("TRACER_SOAK_SECONDS")

@@ -44,8 +44,7 @@ fn lines_of(reader: impl std::io::Read + Send + 'static) -> mpsc::Receiver<Strin
     lines
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn children_of_a_service_cost_descriptors_per_file_not_per_process() {
     require_privileged();
     let dir = out_dir("descriptors-children");

@@ -329,8 +329,7 @@ fn exit_while_loading(command: &str, reap: bool) -> (u32, Output) {
 /// A target that exits while `attach` or `profile` loads (after it was found, before
 /// tracing starts), reaped or still a zombie: "process N exited", every time (it was
 /// "kernel feature missing: cannot read the start time of process N", or a uprobe error).
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn a_target_that_exits_while_the_tracer_loads_is_reported_as_exited() {
     require_privileged();
     for command in ["attach", "profile"] {
@@ -354,8 +353,7 @@ fn a_target_that_exits_while_the_tracer_loads_is_reported_as_exited() {
 /// A target that has exited but is not reaped yet (a zombie: its PID still there, its
 /// /proc entries mostly not): "process N exited" from every command that takes a PID (it
 /// was "cannot read /proc/N/exe: No such file or directory").
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn a_zombie_target_is_reported_as_exited_by_every_command() {
     require_privileged();
     let mut target = Victim::start();
@@ -383,8 +381,7 @@ fn a_zombie_target_is_reported_as_exited_by_every_command() {
 /// A target killed at various points of the tracer's start: whatever the tracer was doing
 /// then, it either says the process exited (or that there is none, when it was gone
 /// before the tracer looked) or traces it until "target exited"; never anything else.
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn a_target_killed_at_any_point_of_the_start_is_never_misreported() {
     require_privileged();
     let mut exited = 0;
@@ -452,8 +449,7 @@ fn run_with_open_file_limit(limit: u64, args: &[&str]) -> Output {
 /// With `ulimit -n` too low for its maps, programs and perf events, each command says the
 /// open-file limit is too low, with its value (it was "kernel feature missing: map
 /// CONTROL: Too many open files", or "loading the eBPF programs failed").
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn a_low_open_file_limit_is_named() {
     require_privileged();
     let target = Victim::start();
@@ -501,8 +497,7 @@ fn public_tracer() -> PathBuf {
 /// a mount namespace of its own whose /proc is mounted with `options` (hidepid): every
 /// command says /proc hides the process, how it is mounted and what to do (it was
 /// "process N exited" or "no such process: N"). Root would see through hidepid.
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn a_process_hidden_by_hidepid_is_said_to_be_hidden() {
     require_privileged();
     let tracer = public_tracer();
@@ -565,8 +560,7 @@ fn a_process_hidden_by_hidepid_is_said_to_be_hidden() {
 
 /// A timeline that cannot be written fails before anything is attached, naming the file
 /// and why; the target is untouched.
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn an_unwritable_timeline_is_refused_before_attaching() {
     require_privileged();
     let target = Victim::start();
@@ -663,8 +657,7 @@ fn assert_said_exited_while_read(out: &Output, pid: u32, what: &str) {
 /// process's executable, which names its frames. It prints what it read, marked partial,
 /// says the process exited while being read, and exits with 1 (it printed the threads
 /// without their user stacks and exited with 0).
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn stacks_of_a_process_killed_while_being_read_is_marked_partial_and_fails() {
     require_privileged();
     for reap in [true, false] {
@@ -737,8 +730,7 @@ fn is_whole_dump(dump: &str, pid: u32, threads: usize) -> bool {
 /// run either printed every thread with its stack and exited with 0, or said the process
 /// exited (while being read, or before it was looked at) and exited with 1, what it
 /// printed marked partial. It printed a partial dump and exited with 0.
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn stacks_of_a_process_killed_at_any_moment_is_whole_or_said_partial() {
     require_privileged();
     const THREADS: usize = 200;
@@ -808,8 +800,7 @@ fn stacks_of_a_process_killed_at_any_moment_is_whole_or_said_partial() {
 /// to enough: each run traced, or failed with exit code 1 and one line naming the limit
 /// and what to do. Never an abort (a failed allocation was "memory allocation of N bytes
 /// failed", exit code 134, with a backtrace), nor a panic.
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn a_low_address_space_limit_is_named_never_an_abort() {
     require_privileged();
     let target = Victim::start();
@@ -898,8 +889,7 @@ fn own_memory_cgroup_v2() -> Option<PathBuf> {
 /// exit code 1 and one line that names the cgroup's limit and what to do. It was "failed
 /// to create map `X`: failed to create map `X`: Cannot allocate memory", the cause twice
 /// and no hint, or the kernel killed the tracer.
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn a_memory_cgroup_limit_is_named_once() {
     require_privileged();
     let (parent, file) = match (own_memory_cgroup_v1(), own_memory_cgroup_v2()) {

@@ -19,8 +19,7 @@ fn functions_target(name: &str) -> String {
         .to_owned()
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn entries_and_returns_are_counted_as_the_program_and_bpftrace_count_them() {
     require_privileged();
     let bin = functions_target("functions-count");
@@ -70,8 +69,7 @@ fn entries_and_returns_are_counted_as_the_program_and_bpftrace_count_them() {
     assert_eq!(maps.int("returns"), calls);
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn arguments_and_return_values_are_the_registers_of_the_call() {
     require_privileged();
     let bin = functions_target("functions-args");
@@ -126,8 +124,7 @@ fn arguments_and_return_values_are_the_registers_of_the_call() {
     assert_eq!(retvals, expected);
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn a_recursive_function_is_timed_per_call_from_its_entry_to_its_return() {
     require_privileged();
     let bin = functions_target("functions-latency");
@@ -386,8 +383,7 @@ fn pyenv_pythons() -> Vec<std::path::PathBuf> {
         .collect()
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn cpython_without_usdt_probes_has_its_collections_counted_by_generation() {
     require_privileged();
     let pythons = pyenv_pythons();
@@ -432,8 +428,7 @@ fn cpython_without_usdt_probes_has_its_collections_counted_by_generation() {
     }
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn a_python_with_usdt_probes_is_measured_by_them_alone() {
     require_privileged();
     let python = "/usr/bin/python3.11";
@@ -448,8 +443,7 @@ fn a_python_with_usdt_probes_is_measured_by_them_alone() {
     assert_eq!(report["gc_by_runtime"].as_array().unwrap().len(), 1);
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn node_collections_are_counted_minor_and_major_as_perf_hooks_counts_them() {
     require_privileged();
     let script = workspace_dir().join("tests/src/functions/gc_workload.js");
@@ -479,8 +473,7 @@ fn julia_venv_python() -> std::path::PathBuf {
     std::path::PathBuf::from(home).join(".cache/tracer/julia/bin/python")
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn python_calling_julia_has_each_runtimes_collections_apart() {
     require_privileged();
     let python = julia_venv_python();
@@ -548,8 +541,7 @@ fn go_workload() -> std::path::PathBuf {
     out
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn go_stops_of_the_world_are_counted_by_phase_from_entry_probes() {
     require_privileged();
     let program = go_workload();

@@ -56,8 +56,7 @@ fn in_order(frames: &[String], wanted: &[&str]) -> bool {
 /// 30 hits from path_a and 70 from path_b: `--count --stack` writes exactly those
 /// counts under the probe's root frame, each under the right call chain (root first:
 /// main, run_X, path_X), with the text summary saying the same.
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn counts_hits_per_stack_into_a_flame_graph() {
     require_privileged();
     let bin = c_target("hitstacks-count");
@@ -118,8 +117,7 @@ fn counts_hits_per_stack_into_a_flame_graph() {
 /// bpftrace's `@[ustack] = count()` on the same target: the same counts per call path,
 /// as many frames in each stack (bpftrace prints bare addresses, as the process exited
 /// before it named them; the tracer names them while it runs).
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn agrees_with_bpftrace_ustack_counts() {
     require_privileged();
     let bin = c_target("hitstacks-bpftrace");
@@ -208,8 +206,7 @@ fn agrees_with_bpftrace_ustack_counts() {
 /// `trace --stack`: each event's line, then its stack a frame a line, innermost first,
 /// the C++ function demangled with its namespace, template argument and parameter
 /// types; in JSON a `stack` array.
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn prints_each_hits_demangled_stack() {
     require_privileged();
     let bin = cpp_target();
@@ -276,8 +273,7 @@ fn prints_each_hits_demangled_stack() {
 
 /// Without frame pointers the kernel's walk stops early: the stack shows the frames it
 /// has and says it is incomplete, never a short stack passed off as whole.
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn says_when_a_stack_is_incomplete() {
     require_privileged();
     let bin = compile_target(
@@ -343,8 +339,7 @@ fn says_when_a_stack_is_incomplete() {
 /// unwound from a copy of its stack with the binary's call frame information, so the
 /// counts come under whole stacks (main, run_X, path_X), which frame pointers could not
 /// walk, and the per-event stacks reach the thread's start.
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn dwarf_unwinding_gives_whole_stacks_without_frame_pointers() {
     require_privileged();
     let bin = compile_target(
@@ -430,8 +425,7 @@ fn dwarf_unwinding_gives_whole_stacks_without_frame_pointers() {
 /// A Rust runtime's GC probe: `gc-demo` starts each collection (`tracer:gc__begin`) in
 /// `gc_demo::run_collections`, called from `gc_demo::main` inside a thread scope: every
 /// hit is counted under that stack, Rust names demangled (paths, generics).
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn counts_a_rust_runtimes_gc_starts_by_stack() {
     require_privileged();
     let gc_demo = env!("CARGO_BIN_EXE_gc-demo");

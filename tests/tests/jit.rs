@@ -128,14 +128,12 @@ fn java_methods_named_without_a_flag(java: &str, name: &str) {
     let _ = std::fs::remove_file(format!("/tmp/perf-{pid}.map"));
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn jdk17_methods_are_named_without_a_flag() {
     java_methods_named_without_a_flag("java", "jit-jdk17");
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn temurin25_methods_are_named_without_a_flag() {
     let java = "/usr/lib/jvm/temurin-25-jdk-amd64/bin/java";
     assert!(
@@ -146,8 +144,7 @@ fn temurin25_methods_are_named_without_a_flag() {
 }
 
 /// `--no-jit-symbols` leaves the JVM untouched: no perf map is written.
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn no_jit_symbols_leaves_the_jvm_alone() {
     let (_oncpu, err, pid) = profile_jvm("java", "jit-none", &["--no-jit-symbols"]);
     let map = format!("/tmp/perf-{pid}.map");
@@ -173,8 +170,7 @@ process.stdin.once('data', () => {
 
 /// Node started with `--perf-prof` writes a jitdump and maps it: its JIT-compiled
 /// JavaScript is named from it.
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn node_code_is_named_from_its_jitdump() {
     require_privileged();
     let dir = out_dir("jit-node");
@@ -191,8 +187,7 @@ fn node_code_is_named_from_its_jitdump() {
 
 /// `tracer stacks` shows the thread on a CPU too, from one sample of it: a JVM's
 /// spinning thread is in its hot method, named from the perf map it is asked for.
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn stacks_shows_what_a_running_thread_runs() {
     require_privileged();
     let _alone = jvm_alone();
@@ -256,8 +251,7 @@ fn run(program: &str, args: &[&str]) {
 
 /// Code registered through the GDB JIT interface (as LLVM's JITs register what they
 /// emit) is named from the object registered with it.
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn code_registered_with_the_gdb_jit_interface_is_named() {
     require_privileged();
     let tmp = Path::new(env!("CARGO_TARGET_TMPDIR")).join("gdb-jit");

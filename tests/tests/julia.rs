@@ -6,8 +6,7 @@ mod common;
 
 use common::*;
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn julia_tasks_and_gcs_are_split_named_and_on_the_timeline() {
     require_privileged();
     let bin = compile_target(

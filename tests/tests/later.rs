@@ -163,8 +163,7 @@ const BPFTRACE_COUNT: &str =
 
 /// `--stack` holds for sites found later too: every hit of the library's probe comes
 /// with its stack, through the library's `fire` into the executable's `main`.
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn stacks_are_taken_at_the_sites_of_a_library_dlopened_after_attaching() {
     require_privileged();
     let (exe, _) = built();
@@ -213,8 +212,7 @@ fn stacks_are_taken_at_the_sites_of_a_library_dlopened_after_attaching() {
 /// `attach` too: a latency between two probes of a library dlopened after attaching is
 /// measured from the first pair, the library's semaphore raised, and all is as it was
 /// after the stop.
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn attach_measures_a_latency_of_a_library_dlopened_after_attaching() {
     require_privileged();
     let (exe, lib) = built();
@@ -263,8 +261,7 @@ fn attach_measures_a_latency_of_a_library_dlopened_after_attaching() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn a_library_dlopened_after_attaching_is_traced_from_its_first_hit() {
     require_privileged();
     let (exe, lib) = built();
@@ -336,8 +333,7 @@ fn a_library_dlopened_after_attaching_is_traced_from_its_first_hit() {
 /// after the `dlopen`. No `_dl_debug_state` uprobe is placed for a set (it would land in
 /// every process on the machine running that loader), and the library's first hits,
 /// made before the look, may be missed.
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn a_library_dlopened_by_a_set_of_processes_is_traced_once_mapped() {
     require_privileged();
     let (exe, _) = built();
@@ -464,29 +460,25 @@ fn maps_are_read_only_when_code_is_mapped(name: &str, command: &str, extra: &[&s
     target.finish();
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn attach_reads_the_maps_of_a_process_only_when_it_maps_code() {
     require_privileged();
     maps_are_read_only_when_code_is_mapped("later-attach-maps", "attach", &[]);
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn attach_children_reads_the_maps_of_a_process_only_when_it_maps_code() {
     require_privileged();
     maps_are_read_only_when_code_is_mapped("later-children-maps", "attach", &["--children"]);
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn profile_reads_the_maps_of_a_process_only_when_it_maps_code() {
     require_privileged();
     maps_are_read_only_when_code_is_mapped("later-profile-maps", "profile", &[]);
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn a_command_s_probes_in_a_library_it_loads_later_are_found() {
     require_privileged();
     let (exe, lib) = built();
@@ -553,8 +545,7 @@ fn a_command_s_probes_in_a_library_it_loads_later_are_found() {
     );
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn every_process_is_traced_without_a_pid_those_started_later_too() {
     require_privileged();
     let (exe, _) = built();
@@ -614,8 +605,7 @@ fn process_state(pid: u32) -> char {
 /// A tracer SIGKILLed while the kernel holds a target stopped at `dlopen` leaves it
 /// running: the link keeper continues the held processes once it has closed the links.
 /// The tracer is itself stopped first, so the hold lasts until the kill.
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn a_tracer_killed_while_a_target_is_held_at_dlopen_leaves_it_running() {
     require_privileged();
     let (exe, lib) = built();
@@ -692,8 +682,7 @@ fn tracer_keeper_of(tracer: u32) -> u32 {
 
 /// Function probes in a library dlopened after attaching: found by its file name, held
 /// at the dlopen like USDT sites, so the first call is counted, its entry and its return.
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn function_probes_in_a_library_dlopened_after_attaching_count_its_first_call() {
     require_privileged();
     let (exe, lib) = built();
@@ -759,8 +748,7 @@ fn watchful_run(hold: bool) -> (serde_json::Value, BTreeMap<String, u64>) {
 /// By default a dlopen is seen, not held: the target never sees a stop (a SIGCONT
 /// handler, a read interrupted with EINTR), and the library's probes are attached
 /// within a look; with --hold-at-dlopen it is stopped at each dlopen, which it can see.
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn a_dlopen_is_not_held_unless_asked_and_the_target_never_sees_a_stop() {
     require_privileged();
     let (seen, ours) = watchful_run(false);
@@ -788,8 +776,7 @@ fn a_dlopen_is_not_held_unless_asked_and_the_target_never_sees_a_stop() {
 /// A target under ptrace (strace here) shows the kernel's stop as `t`, not `T`: with
 /// --hold-at-dlopen it is continued once the library's probes are attached, as any other
 /// target, and not held until the tracer stops.
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn a_ptraced_target_held_at_dlopen_is_continued() {
     require_privileged();
     let (exe, lib) = built();

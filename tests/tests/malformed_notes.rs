@@ -390,38 +390,32 @@ fn run_named(tag: &str) {
     }
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn a_probe_at_address_zero_is_refused_not_put_in_the_elf_header() {
     run_named("pc-zero");
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn a_probe_in_data_is_refused() {
     run_named("pc-in-data");
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn a_semaphore_in_no_segment_is_refused() {
     run_named("semaphore-nowhere");
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn a_semaphore_in_code_is_refused() {
     run_named("semaphore-in-text");
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn a_misaligned_semaphore_is_refused_as_a_semaphore_problem() {
     run_named("semaphore-misaligned");
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn a_semaphore_in_anonymous_bss_is_refused() {
     run_named("semaphore-in-bss");
 }
@@ -459,8 +453,7 @@ impl Drop for Preloaded {
     }
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn a_library_with_malformed_notes_is_reported_as_malformed_with_pid() {
     require_privileged();
     let built = compile_target(

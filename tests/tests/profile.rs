@@ -56,8 +56,7 @@ fn folded_total(folded: &str) -> u64 {
     folded_weight_where(folded, |_| true)
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn wall_clock_shares_match_the_three_threads() {
     require_privileged();
     let (out, truth, dir) = profile_demo("profile-shares", &[]);
@@ -181,8 +180,7 @@ fn wall_clock_shares_match_the_three_threads() {
     assert_eq!(weights_sum, folded_total(&wall));
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn per_thread_puts_each_thread_under_its_own_frame() {
     require_privileged();
     let (_, truth, dir) = profile_demo("profile-threads", &["--per-thread"]);
@@ -201,8 +199,7 @@ fn per_thread_puts_each_thread_under_its_own_frame() {
     }
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn jit_compiled_frames_are_named_from_the_perf_map() {
     require_privileged();
     let jit_demo = env!("CARGO_BIN_EXE_jit-demo");
@@ -240,8 +237,7 @@ fn jit_compiled_frames_are_named_from_the_perf_map() {
 
 /// Without its perf map, the JIT code cannot be named: the summary says how much of the
 /// wall time that is and how to get names.
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn unnamed_jit_code_comes_with_a_hint_to_name_it() {
     require_privileged();
     let jit_demo = env!("CARGO_BIN_EXE_jit-demo");
@@ -269,8 +265,7 @@ fn unnamed_jit_code_comes_with_a_hint_to_name_it() {
     assert!(line.contains(&map), "{line}");
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn cpp_names_are_demangled() {
     require_privileged();
     let bin = compile_target(
@@ -288,8 +283,7 @@ fn cpp_names_are_demangled() {
     assert!(named * 100 >= total * 80, "{named} of {total} us:\n{oncpu}");
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn full_maps_are_reported_not_hidden() {
     require_privileged();
     let lost_line = |out: &str| -> String {
@@ -329,8 +323,7 @@ fn full_maps_are_reported_not_hidden() {
     );
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn threads_blocked_since_before_the_start_are_accounted_under_their_stacks() {
     require_privileged();
     // Attach once the waiter is already blocked on the lock (and the holder asleep). The
@@ -389,8 +382,7 @@ fn threads_blocked_since_before_the_start_are_accounted_under_their_stacks() {
     );
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn system_wide_names_each_process() {
     require_privileged();
     let dir = out_dir("profile-all");
@@ -487,8 +479,7 @@ fn bad_arguments_are_clear_errors() {
     assert!(err.contains("invalid --frequency 0"), "{err}");
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn a_missing_process_is_a_clear_error() {
     require_privileged();
     let out = run_tracer(&["profile", "--pid", "4194304"]);
@@ -501,8 +492,7 @@ fn a_missing_process_is_a_clear_error() {
 /// A binary stripped of every symbol, whose names are in a separate debug file it points
 /// to with `.gnu_debuglink` (as distributions ship `-dbgsym` packages): its frames are
 /// named from that file, static functions included.
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn frames_are_named_from_separate_debug_files() {
     require_privileged();
     let bin = compile_target(
@@ -561,8 +551,7 @@ fn frames_are_named_from_separate_debug_files() {
 
 /// C functions named `f`, `i` and `w` keep their names: only mangled names are demangled
 /// (a C++ demangler reads them as the types float, int and wchar_t).
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn one_letter_c_functions_keep_their_names() {
     require_privileged();
     let bin = compile_target(
@@ -592,8 +581,7 @@ fn one_letter_c_functions_keep_their_names() {
 /// A stack-copy buffer too small for a burst (200 threads blocking at once, in a buffer
 /// of four copies): the stacks that found it full are walked with frame pointers, and
 /// the summary says how many and which flag keeps them.
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn a_full_stack_copy_buffer_is_counted_and_names_its_flag() {
     require_privileged();
     let dir = out_dir("profile-small-unwind-buffer");

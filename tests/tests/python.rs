@@ -146,26 +146,22 @@ fn profile_python(python: &Path, name: &str) {
     );
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn debian_python_3_11_threads_are_named_in_python() {
     profile_python(&interpreter(None), "python-debian-3.11");
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn pyenv_python_3_9_threads_are_named_in_python() {
     profile_python(&interpreter(Some("3.9.18")), "python-pyenv-3.9");
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn pyenv_python_3_12_threads_are_named_in_python() {
     profile_python(&interpreter(Some("3.12.1")), "python-pyenv-3.12");
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn pyenv_python_3_13_threads_are_named_in_python() {
     profile_python(&interpreter(Some("3.13.0")), "python-pyenv-3.13");
 }
@@ -232,14 +228,12 @@ fn stacks_match_python(python: &Path) {
     }
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn stacks_names_python_frames_as_python_does_3_11() {
     stacks_match_python(&interpreter(None));
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn stacks_names_python_frames_as_python_does_in_pyenvs_3_9_to_3_13() {
     for version in ["3.9.18", "3.10.13", "3.11.7", "3.12.1", "3.13.0"] {
         stacks_match_python(&interpreter(Some(version)));
@@ -248,8 +242,7 @@ fn stacks_names_python_frames_as_python_does_in_pyenvs_3_9_to_3_13() {
 
 /// `attach` splits each Python thread's wall time in Python's terms: the sleeper is
 /// blocked, the collector collects garbage, the workers run Python and wait for the GIL.
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn attach_splits_python_threads_time_in_pythons_terms() {
     require_privileged();
     let python = interpreter(Some("3.12.1"));
@@ -321,8 +314,7 @@ fn named_share_by_process(wall: &str) -> BTreeMap<String, (u64, u64)> {
 
 /// A Python server's forked workers (`--children`) are named in Python from their first
 /// instruction: the kernel gives each child its parent's interpreter.
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn forked_python_workers_are_named_in_python() {
     let python = interpreter(Some("3.12.1"));
     let (truth, out, wall) =
@@ -352,8 +344,7 @@ fn forked_python_workers_are_named_in_python() {
 /// A traced shell that later runs Python: the programs without the Python walk (loaded
 /// while no target ran Python) give way to those with it, and each timed function's time
 /// is named in Python as its own clock measured it.
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn a_target_that_starts_python_later_is_named_in_python() {
     require_privileged();
     let python = interpreter(None);
@@ -414,8 +405,7 @@ fn a_target_that_starts_python_later_is_named_in_python() {
 
 /// A Python process in a mount namespace of its own, its interpreter and script at paths
 /// the host does not have: its frames are read through /proc all the same.
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn python_in_its_own_mount_namespace_is_named_in_python() {
     require_privileged();
     let python = interpreter(Some("3.12.1"));
@@ -468,8 +458,7 @@ fn python_in_its_own_mount_namespace_is_named_in_python() {
 
 /// Each collection's stack, at Debian's CPython's own `gc__start` probe, sits under the
 /// Python line that allocated and triggered it (`trace --stack`).
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn gc_probe_hits_sit_under_the_python_line_that_triggered_them() {
     require_privileged();
     let python = interpreter(None);
@@ -530,8 +519,7 @@ fn gc_probe_hits_sit_under_the_python_line_that_triggered_them() {
 
 /// A stack deeper than the Python frames the kernel sends is marked cut short, and the
 /// report says how much of the wall time is.
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn a_stack_cut_short_says_so() {
     let python = interpreter(Some("3.12.1"));
     let (_, out, wall) = profile_script(&python, &["--deep"], "python-deep", &[]);
@@ -562,8 +550,7 @@ fn mem_descriptors(tracer: u32) -> Vec<u32> {
 
 /// Short-lived Python workers (`--children`) leave no descriptor open in the tracer once
 /// they are done: their memory is read while they are named, then closed.
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn python_workers_that_exit_leave_no_descriptor_open() {
     require_privileged();
     let python = interpreter(Some("3.12.1"));

@@ -378,8 +378,7 @@ fn count_events(out: BufReader<ChildStdout>) -> u64 {
 /// tracer stops at once with "target exited", exits 0 and reports everything collected —
 /// the JSON report with its GC figures, the folded stacks and the SVG — and `trace
 /// --count` prints its counts.
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn a_target_that_exits_mid_trace_still_gets_its_report() {
     require_privileged();
     let attach = |name: &str, target: &Target| {
@@ -493,8 +492,7 @@ fn a_target_that_exits_mid_trace_still_gets_its_report() {
 /// enough to outlive every detach: removing uprobes waits for RCU grace periods (one per
 /// uprobe_multi link, ~0.1 s, more on a loaded machine), and tracers detaching at once
 /// wait for each other.
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn attach_survives_sigint_sigterm_and_sigkill_and_leaves_nothing_behind() {
     require_privileged();
     thread::scope(|s| {
@@ -629,8 +627,7 @@ fn stop_and_check<T: Send + 'static>(
 /// The target fires 20,000 events a second for 6 s (100k events/s is the next test's):
 /// recording stops in the kernel at the signal, before the slower detach of its 5 sites,
 /// so nothing fired during the detach can overflow the ring buffer.
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn trace_survives_sigint_sigterm_and_sigkill_and_leaves_nothing_behind() {
     require_privileged();
     thread::scope(|s| {
@@ -679,8 +676,7 @@ fn trace_signal_case(signal: i32, delay_ms: u64, reason: &str) {
 /// Detaching waits for an RCU grace period while the probes keep firing; the tracer stops
 /// recording in the kernel first (the CONTROL switch), so nothing fired after the stop can
 /// overflow the ring buffer.
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn stopping_a_busy_trace_loses_nothing() {
     require_privileged();
     let target = Target::start(EVENT_STORM, &["--tasks", "120000", "--rate", "60000"]);
@@ -708,8 +704,7 @@ fn stopping_a_busy_trace_loses_nothing() {
 /// Ctrl-C while standard output's reader has stopped reading (the tracer's queue for it
 /// full, and the tracer waiting for room): once the reader reads again, every event the
 /// tracer took off the ring buffer is written, none only counted.
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn a_stop_while_the_reader_stalls_writes_every_event_taken() {
     require_privileged();
     let target = Target::start(EVENT_STORM, &["--tasks", "120000", "--rate", "60000"]);
@@ -739,8 +734,7 @@ fn a_stop_while_the_reader_stalls_writes_every_event_taken() {
 /// `attach --per-thread` on a process with 1,000 threads that all block in one function:
 /// every thread appears under its own name and thread id with the time it really spent
 /// blocked there (within 10%; all threads together within 3%), and nothing was dropped.
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn a_thousand_threads_are_each_profiled() {
     require_privileged();
     const THREADS: usize = 1000;
@@ -815,8 +809,7 @@ fn a_thousand_threads_are_each_profiled() {
 /// A process that creates 100,000 tasks (500,000 task events from two threads, as fast as
 /// it can), traced with `trace --count` from its first instruction: every probe's count is
 /// exactly 100,000.
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn a_hundred_thousand_tasks_are_counted_exactly() {
     require_privileged();
     let out = run_tracer(&[
@@ -846,8 +839,7 @@ fn a_hundred_thousand_tasks_are_counted_exactly() {
 
 /// A command that outlives the trace (`-d`) is ended with it, as bpftrace's `-c` does:
 /// SIGTERM when tracing ends, and the tracer says so; nothing of it keeps running.
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn a_command_that_outlives_the_trace_is_terminated_with_it() {
     require_privileged();
     let dir = out_dir("command-lifecycle");
@@ -890,8 +882,7 @@ fn a_command_that_outlives_the_trace_is_terminated_with_it() {
 /// Two tracers count the same process at once, and each sees every event; a third one
 /// killed half way through changes nothing for them (the kernel counts each semaphore per
 /// attached probe, so the survivors keep theirs raised).
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn two_tracers_on_one_target_both_see_every_event() {
     require_privileged();
     const TASKS: u64 = 40_000;
@@ -984,8 +975,7 @@ impl StreamTally {
 ///
 /// The full minute is kept on purpose: a shorter burst fits in the ring buffer's slack
 /// and would not show whether the reader keeps up for long.
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn a_hundred_thousand_events_a_second_for_a_minute_are_all_accounted_for() {
     require_privileged();
     const RATE: u64 = 20_000;
@@ -1056,8 +1046,7 @@ fn a_hundred_thousand_events_a_second_for_a_minute_are_all_accounted_for() {
 /// "target exited" and exits 0.
 ///
 /// Off-CPU time has a test of its own below.
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn a_reused_pid_is_not_traced() {
     require_privileged();
     // trace: usdt-args fires probes without semaphores too, so the new process executes
@@ -1120,8 +1109,7 @@ fn a_reused_pid_is_not_traced() {
 /// Off-CPU time of a process that took over the target's PID before the tracer noticed
 /// the exit must not land in the target's profile: `sched_switch` accounting
 /// (tracer-ebpf/src/offcpu.rs) identifies the target by its PID *and* its start time.
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn off_cpu_time_of_a_process_reusing_the_pid_is_not_attributed_to_the_target() {
     require_privileged();
     let target = Target::start(GC_DEMO, &["--gcs", "3", "--interval-ms", "10"]);
@@ -1151,8 +1139,7 @@ fn off_cpu_time_of_a_process_reusing_the_pid_is_not_attributed_to_the_target() {
 
 /// tests/smoke.sh, the privileged container's smoke test, passes on this host with the
 /// binaries under test — and fails when the tracer is broken (here: `false`).
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn the_smoke_script_passes_and_catches_a_broken_tracer() {
     require_privileged();
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("smoke.sh");
@@ -1238,8 +1225,7 @@ fn many_sites() -> &'static Path {
 /// removed them itself left breakpoints and raised semaphores in the target for good. The
 /// link keeper removes them; every site and semaphore must be back, whatever the delay,
 /// and none of the tracer's programs or links may stay in the kernel.
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn a_sigkill_while_detaching_a_thousand_sites_leaves_nothing_behind() {
     require_privileged();
     three_at_a_time(&[0, 2, 5, 8, 12, 20], sigkill_while_detaching);
@@ -1301,8 +1287,7 @@ fn sigkill_while_detaching(delay_ms: u64) {
 /// SIGKILL while `trace` is still attaching a thousand semaphore-guarded sites (a link
 /// that fails half-way unregisters what it had registered, in the killed task's context
 /// if the tracer creates it): nothing may be left in the target.
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn a_sigkill_while_attaching_a_thousand_sites_leaves_nothing_behind() {
     require_privileged();
     three_at_a_time(
@@ -1370,8 +1355,7 @@ fn stalled_reader(path: &Path) -> Child {
 /// second): SIGINT must still stop it, detach, and report on standard error what was
 /// collected and what could not be written, within a few seconds; and when the reader of
 /// its output dies instead, the tracer stops on its own, detached, with its report.
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn a_stalled_or_vanished_reader_of_standard_output_never_holds_a_stop() {
     require_privileged();
     let dir = out_dir("stalled-stdout");
@@ -1444,8 +1428,7 @@ fn a_stalled_or_vanished_reader_of_standard_output_never_holds_a_stop() {
 /// Standard output on a full device (`/dev/full`) or closed by its reader, and standard
 /// error on a full device, for every subcommand: a clear error and exit 1, or (a reader
 /// that went away, `tracer list | head -1`) a quiet exit 0, never a panic.
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn unwritable_standard_output_or_error_is_an_error_never_a_panic() {
     require_privileged();
     let dir = out_dir("dev-full");
@@ -1515,8 +1498,7 @@ fn unwritable_standard_output_or_error_is_an_error_never_a_panic() {
 /// An output directory that cannot be written is refused before anything is attached (a
 /// regular file, /dev/null, a pseudo file system, a name too long), so no trace runs its
 /// whole duration for nothing; the target never carries a breakpoint.
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn an_unusable_output_directory_is_refused_before_attaching() {
     require_privileged();
     let dir = out_dir("bad-output");
@@ -1559,8 +1541,7 @@ fn an_unusable_output_directory_is_refused_before_attaching() {
 /// The disk fills up while the tracer runs: the report is printed all the same, names no
 /// file that was not written, and no partial or empty file is left; the exit is 1 with
 /// the reason. (A 64 KiB tmpfs, filled but for one page.)
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn a_full_disk_at_the_end_still_gets_the_report_and_no_empty_files() {
     require_privileged();
     let dir = out_dir("full-disk");
@@ -1741,8 +1722,7 @@ fn assert_repaired_by_a_start(
 /// mid-trace or a few milliseconds after a SIGINT: the kernel cannot remove a uprobe for
 /// a killed task, so the keeper's links are pinned and outlive it; the target must run on
 /// unharmed, and the next tracer start must release them.
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn killing_the_tracer_and_its_keeper_together_never_harms_the_target() {
     require_privileged();
     for delay_ms in [None, Some(0), Some(2), Some(5), Some(10)] {
@@ -1772,8 +1752,7 @@ fn killing_the_tracer_and_its_keeper_together_never_harms_the_target() {
 /// killing tracer and keeper. The pins are named after a stand-in process, so that the
 /// tracers other tests start meanwhile take them for a live keeper's; once it is gone,
 /// the next start (this test's or another's) releases them.
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn the_next_start_releases_what_a_keeper_killed_while_releasing_left() {
     require_privileged();
     let case = "a link pinned by a keeper that is gone";
@@ -1828,8 +1807,7 @@ fn the_next_start_releases_what_a_keeper_killed_while_releasing_left() {
 
 /// A cgroup kill (`systemctl kill`, `docker kill`, `cgroup.kill`) of tracer and keeper
 /// 0-30 ms after a SIGINT: the target must run on unharmed and end clean.
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn a_cgroup_kill_of_tracer_and_keeper_never_harms_the_target() {
     require_privileged();
     for delay_ms in [0, 10, 30] {
@@ -1862,8 +1840,7 @@ fn a_cgroup_kill_of_tracer_and_keeper_never_harms_the_target() {
 /// The keeper ignores every catchable signal (a stray SIGALRM, SIGPWR or SIGHUP must not
 /// end it with its links), and a keeper stopped by SIGSTOP is continued by its tracer at
 /// once, mid-trace and at the stop: the tracer never waits on it for good.
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn the_keeper_outlives_catchable_signals_and_is_continued_when_stopped() {
     require_privileged();
     let (target, sites, mut tracer, objects) = many_sites_traced();
@@ -1914,8 +1891,7 @@ fn the_keeper_outlives_catchable_signals_and_is_continued_when_stopped() {
 
 /// A keeper killed mid-trace is noticed at once: the trace stops, says why, prints its
 /// report and releases the links the keeper had pinned.
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn a_killed_keeper_is_noticed_at_once_and_the_report_still_printed() {
     require_privileged();
     let (target, sites, tracer, objects) = many_sites_traced();
@@ -1945,8 +1921,7 @@ fn a_killed_keeper_is_noticed_at_once_and_the_report_still_printed() {
 /// probed libraries (a grace period each, one after another, took seconds), Ctrl-C
 /// ends `trace` and `attach` about as fast as with one, and each library's sites have
 /// their instructions back.
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn ctrl_c_is_quick_whatever_the_number_of_probed_files() {
     require_privileged();
     const LIBS: usize = 100;
@@ -2091,8 +2066,7 @@ fn targets_in_kernel(pid: u32) -> usize {
 /// The set of targets holds the processes that run, not every one that ever ran: what
 /// the tracer does each period (the late probe sites' search, the liveness check) then
 /// follows the live processes, not the 500 children that came and went.
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn children_that_exited_leave_the_set_of_targets() {
     require_privileged();
     let mut shell = Command::new("sh")
@@ -2143,8 +2117,7 @@ fn children_that_exited_leave_the_set_of_targets() {
 
 /// A process moved out of the `--cgroup` traced is traced no more (its hits are not
 /// counted), while the tracer goes on.
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn a_process_moved_out_of_the_cgroup_is_traced_no_more() {
     require_privileged();
     let cgroup = TestCgroup::create(cgroup_v2_root(), "moved-out");

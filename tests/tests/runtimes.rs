@@ -91,8 +91,7 @@ fn truth_list(truth: &serde_json::Value, field: &str) -> Vec<u64> {
         .collect()
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn gc_pause_bt_and_tracer_count_and_time_every_pause_alike() {
     require_privileged();
     let (report, truth, bt) = gc_demo_with_script(
@@ -141,8 +140,7 @@ fn gc_pause_bt_and_tracer_count_and_time_every_pause_alike() {
     );
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn stop_the_world_bt_and_tracer_agree() {
     require_privileged();
     let (report, truth, bt) = gc_demo_with_script(
@@ -185,8 +183,7 @@ fn stop_the_world_bt_and_tracer_agree() {
     );
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn gc_all_bt_counts_every_phase_like_tracer_and_the_truth() {
     require_privileged();
     let gcs = 12u64;
@@ -244,8 +241,7 @@ fn gc_all_bt_counts_every_phase_like_tracer_and_the_truth() {
     assert_eq!(bt.int("perm_scanned_bytes"), (0..gcs).sum::<u64>() * 4096);
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn task_run_park_bt_counts_every_run_and_park_of_every_task() {
     require_privileged();
     let (report, truth, bt) = gc_demo_with_script(
@@ -304,8 +300,7 @@ fn task_run_park_bt_counts_every_run_and_park_of_every_task() {
     );
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn a_latency_pair_given_with_the_flag_measures_what_the_builtin_pair_does() {
     require_privileged();
     let AttachRun { report, dir, .. } = attach_json(
@@ -335,8 +330,7 @@ fn a_latency_pair_given_with_the_flag_measures_what_the_builtin_pair_does() {
 /// A probe that begins four latencies (the most one can) is counted by the program for
 /// many latencies, not the smaller one for at most two (`usdt_probe_few`): each of the
 /// four gets every GC, and the one given again as a flag the builtin's figures exactly.
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn a_probe_that_begins_four_latencies_measures_each() {
     require_privileged();
     let AttachRun { report, dir, .. } = attach_json(
@@ -443,8 +437,7 @@ usdt:*:hotspot:gc__end {
 END { clear(@start); }
 "#;
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn a_jvm_reports_one_gc_per_system_gc() {
     // Before the watchdog starts: waiting for another JVM test is no hang.
     let _jvm = jvm_alone();
@@ -547,8 +540,7 @@ fn a_jvm_reports_one_gc_per_system_gc() {
 /// libjvm.so, which the launcher dlopens only then. A set has no `dlopen` hold, so the
 /// JVM collects once the tracer says it found them; each collection is then counted and
 /// timed as when the JVM is attached to by PID, as its GC log says.
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn a_jvm_started_after_attach_is_traced_through_the_libjvm_it_loads_then() {
     // Before the watchdog starts: waiting for another JVM test is no hang.
     let _jvm = jvm_alone();
@@ -665,8 +657,7 @@ public class TracerPark {
 
 /// HotSpot's `thread__park__begin`/`thread__park__end` probes as task switches (the thread
 /// is the task): each worker's parks and parked time, against the threads' own clocks.
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn a_jvm_reports_each_threads_parks_and_parked_time() {
     // Before the watchdog starts: waiting for another JVM test is no hang.
     let _jvm = jvm_alone();
@@ -716,8 +707,7 @@ fn a_jvm_reports_each_threads_parks_and_parked_time() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn cpython_reports_one_gc_pause_per_collect() {
     require_privileged();
     let python = "/usr/bin/python3.11";
@@ -838,8 +828,7 @@ tokio = {{ version = "1.54", default-features = false, features = ["rt", "rt-mul
     build_side_project("tokio-task-probes", &dependencies, TOKIO_MAIN)
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn every_tokio_task_fires_the_task_probes_through_the_hooks() {
     require_privileged();
     let binary = build_tokio_target();

@@ -120,8 +120,7 @@ fn without_privileges_attach_and_trace_name_what_is_missing() {
 
 /// With one of CAP_BPF and CAP_PERFMON only (root drops the rest), `attach` and `trace`
 /// name the other.
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn with_one_of_the_two_capabilities_the_other_is_named() {
     require_privileged();
     let commands: [&[&str]; 2] = [
@@ -141,8 +140,7 @@ fn with_one_of_the_two_capabilities_the_other_is_named() {
 /// With exactly CAP_BPF and CAP_PERFMON (what the README and the privilege check promise
 /// is enough), `trace` works: USDT sites attach through uprobe_multi links, which these two
 /// capabilities allow (the uprobe PMU would want CAP_SYS_ADMIN on this kernel, 6.18).
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn with_cap_bpf_and_cap_perfmon_trace_works() {
     require_privileged();
     let out = run_with_only(
@@ -274,8 +272,7 @@ fn changes(before: &BTreeMap<u64, Vec<u8>>, after: &BTreeMap<u64, Vec<u8>>) -> V
 /// `_dl_debug_state` (where a `dlopen` is held until the new library is attached); after
 /// the tracer detached, not one byte differs. For `trace --pid` on every probe of
 /// usdt-args (every site gets a breakpoint) and for `attach` on gc-demo.
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn a_target_is_changed_only_at_semaphores_and_probe_sites_and_only_while_attached() {
     require_privileged();
     let dir = out_dir("memory");
@@ -379,8 +376,7 @@ fn attach_briefly(pid: u32, dir: &Path, umask: &str) -> Output {
 
 /// Output files get the user's umask: 0600 under umask 077, 0644 under 022 (and the
 /// output directory the tracer creates 0700 and 0755), never an execute bit.
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn output_files_follow_the_umask() {
     require_privileged();
     let target = Target::start(GC_DEMO, &["--gcs", "100000"]);
@@ -408,8 +404,7 @@ fn output_files_follow_the_umask() {
 /// file; and offcpu.svg to a path that does not exist yet) is not followed: the tracer
 /// fails with a message naming it, exit 1, and the victim is untouched (or not created);
 /// the report of what it measured is still printed.
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn a_symlink_planted_at_an_output_path_is_not_followed() {
     require_privileged();
     let target = Target::start(GC_DEMO, &["--gcs", "100000"]);
@@ -493,8 +488,7 @@ fn exe_mappings_of(pid: u32, file: &Path) -> Vec<(u64, u64, u64)> {
 
 /// The link keeper reads `tracer-keeper` in `ps`, and holds nothing the tracer's caller
 /// left open: a pipe's reader is not kept waiting by it.
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn the_keeper_is_named_and_inherits_no_descriptor() {
     require_privileged();
     let target = Target::start(GC_DEMO, &["--gcs", "1000"]);

@@ -605,8 +605,7 @@ fn assert_bpftrace_saw_everything(bt: &BpftraceMaps, truth: &Truth) {
 // ---------------------------------------------------------------------------------------
 // --pid --children
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn attach_follows_forked_children_latencies_processes_and_stacks() {
     require_privileged();
     let (n, k) = (3, 5);
@@ -651,8 +650,7 @@ fn attach_follows_forked_children_latencies_processes_and_stacks() {
 /// from the server's first fork until its children have exited and been reaped reads
 /// their stack snapshots only then: their stacks are named from the parent's mappings, of
 /// which theirs were a copy.
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn children_gone_before_the_tracer_looked_are_named_from_their_parent() {
     require_privileged();
     let (n, k, block_ms) = (3, 4, 200);
@@ -690,8 +688,7 @@ fn children_gone_before_the_tracer_looked_are_named_from_their_parent() {
 /// The forking server and the tracer both in a new PID namespace (as in a container
 /// without `--pid=host`): the tracer takes and prints the namespace's PIDs, follows the
 /// forks by them, and counts every pair, by process, as the server numbers them.
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn in_a_pid_namespace_of_its_own_a_service_is_traced_by_the_namespaces_pids() {
     require_privileged();
     let dir = out_dir("services-pidns");
@@ -752,8 +749,7 @@ tracer stderr:
 
 /// From the host, a server in a PID namespace below (a container's) is traced by its
 /// host PIDs, and the report gives each process's PID in its own namespace beside them.
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn from_the_host_processes_in_a_pid_namespace_show_their_namespace_pids() {
     require_privileged();
     let dir = out_dir("services-host-into-ns");
@@ -847,8 +843,7 @@ fn profile_server(dir: &Path, server_args: &[String], extra: &[&str]) -> (Truth,
     (truth, out, stderr)
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn profile_follows_forked_children() {
     require_privileged();
     let dir = out_dir("services-profile");
@@ -865,8 +860,7 @@ fn profile_follows_forked_children() {
 /// `--group-by name`: the server and its forked children run one program, so every
 /// stack is under one root frame, the program's name, and the children's blocked time
 /// adds up there.
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn profile_grouped_by_name_puts_a_server_and_its_children_in_one_tower() {
     require_privileged();
     let dir = out_dir("services-profile-by-name");
@@ -894,8 +888,7 @@ fn profile_grouped_by_name_puts_a_server_and_its_children_in_one_tower() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn trace_count_with_children_counts_what_bpftrace_and_the_server_count() {
     require_privileged();
     // A copy of its own: bpftrace counts by path, every process that runs the file, and
@@ -939,8 +932,7 @@ fn trace_count_with_children_counts_what_bpftrace_and_the_server_count() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn without_children_only_the_parents_hits_count() {
     require_privileged();
     let dir = out_dir("services-no-children");
@@ -1097,8 +1089,7 @@ fn assert_started_later_traced(report: &Report, truth: &Truth, name: &str, early
     assert_threads(report, truth);
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn exe_traces_a_server_started_after_the_tracer() {
     require_privileged();
     let dir = out_dir("services-exe");
@@ -1114,8 +1105,7 @@ fn exe_traces_a_server_started_after_the_tracer() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn comm_traces_a_server_started_after_the_tracer() {
     require_privileged();
     // A command name of its own (at most 15 bytes, the kernel's comm).
@@ -1148,8 +1138,7 @@ fn cgroup_test(hierarchy: &str, name: &str) {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn cgroup_v2_traces_a_server_moved_in_after_the_tracer_started() {
     require_privileged();
     let root = cgroup_v2_root();
@@ -1159,8 +1148,7 @@ fn cgroup_v2_traces_a_server_moved_in_after_the_tracer_started() {
     cgroup_test(root, "services-cgroup2");
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn cgroup_v1_traces_a_server_moved_in_after_the_tracer_started() {
     require_privileged();
     // The pids controller's hierarchy: mounted on every cgroup v1 (and hybrid) system.
@@ -1299,8 +1287,7 @@ fn children_of(pid: u32) -> BTreeSet<u32> {
         .collect()
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn postgresql_backends_forked_after_attach_are_traced_like_bpftrace_and_pgbench_count() {
     require_privileged();
     const CLIENTS: u64 = 4;
@@ -1486,8 +1473,7 @@ fn postgresql_backends_forked_after_attach_are_traced_like_bpftrace_and_pgbench_
     assert_eq!(report.json["lost"]["unmatched_ends"], 0, "{}", ctx());
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn postgresql_query_texts_are_what_psql_sent_and_what_bpftrace_reads() {
     require_privileged();
     let cluster = PgCluster::start("services-pg-str");

@@ -363,8 +363,7 @@ fn list_by_pid() {
     assert_eq!(bare.ok("list --pid"), all.ok("usdt:*"));
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn bpftrace_lists_the_same_by_file() {
     require_privileged();
     let l = layout();
@@ -383,8 +382,7 @@ fn bpftrace_lists_the_same_by_file() {
     }
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn bpftrace_lists_the_same_by_pid() {
     require_privileged();
     let l = layout();
@@ -452,8 +450,7 @@ fn bpftrace_attaches(l: &Layout, program: &str, cmd: &str) -> usize {
 /// With `-- CMD`, a path with wildcards is expanded in the filesystem (every matching file
 /// attached, as bpftrace's `-c` does) and matches the command's own executable, by file
 /// name for a path without a slash.
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn trace_a_command_with_wildcard_paths() {
     require_privileged();
     let l = layout();

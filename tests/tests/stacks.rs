@@ -178,8 +178,7 @@ fn assert_frames(name: &str, kernel: &[String], user: &[String], function: &str)
     );
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn text_names_each_thread_its_state_syscall_and_stacks() {
     require_privileged();
     let blocked = start_blocked();
@@ -255,8 +254,7 @@ fn parse_seconds(text: &str) -> f64 {
         }
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn json_names_each_thread_its_state_syscall_and_stacks() {
     require_privileged();
     let blocked = start_blocked();
@@ -318,8 +316,7 @@ fn cpu_time_ns(pid: u32, tid: u32) -> u64 {
     text.split(' ').next().unwrap().parse().unwrap()
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn never_stops_the_target() {
     require_privileged();
     let blocked = start_blocked();
@@ -378,8 +375,7 @@ fn never_stops_the_target() {
     }
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn a_missing_process_or_privilege_is_an_error() {
     require_privileged();
     // No such process (a child that exited and was reaped).
@@ -420,8 +416,7 @@ fn a_missing_process_or_privilege_is_an_error() {
 /// `attach` alike put their whole time under the function each is blocked in, with its
 /// stack down to the thread's start, as read from /proc at the start; the spinner's time
 /// is on CPU; and both commands give the same totals for the same process.
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn threads_blocked_throughout_are_profiled_under_their_real_stacks() {
     require_privileged();
     let blocked = start_blocked();

@@ -29,8 +29,7 @@ fn leaf_time(folded: &str, task: &str, leaf: &str, function: &str) -> (u64, u64)
 /// one parked on a runtime-level lock. Each task's running, blocked-while-running and
 /// parked time is within 10% of the target's own clocks, its on-CPU time within the
 /// bounds its clocks give, under the task's name and the functions where it spent it.
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn each_tasks_time_splits_into_running_blocked_and_parked() {
     require_privileged();
     let run = attach_json(
@@ -146,8 +145,7 @@ fn each_tasks_time_splits_into_running_blocked_and_parked() {
 }
 
 /// The text report names the task that blocked its thread, and where.
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn the_text_report_names_the_task_that_blocked_its_thread() {
     require_privileged();
     let dir = out_dir("tasks-text");

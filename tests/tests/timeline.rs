@@ -38,8 +38,7 @@ fn span(event: &serde_json::Value) -> (f64, f64) {
 /// Every GC is a `gc_pause` on the collector's track, as long (in µs) as gc-demo measured
 /// it, holding its stop-the-world, mark and sweep phases; every task run and park is
 /// there; off-CPU intervals are at least the threshold.
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn every_gc_is_on_the_timeline_with_its_phases() {
     require_privileged();
     let file = out_dir("timeline-gc").with_extension("json");
@@ -125,8 +124,7 @@ fn every_gc_is_on_the_timeline_with_its_phases() {
 /// The timeline of a gc-demo run opens in speedscope (headless Chromium): every track the
 /// file names is listed, as many as there are; a screenshot of the first (the collector's
 /// GCs and their phases) is left in the output directory.
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn the_timeline_opens_in_a_real_viewer() {
     require_privileged();
     let index = speedscope_index();

@@ -182,8 +182,7 @@ usdt = {{ path = "{}" }}
 /// `std::thread::sleep` in an async fn blocked its worker for the time it slept (within
 /// 10%), under that sleep; the timer task was parked meanwhile; every poll is in the
 /// `task_poll` latency, and the workers' parks in `worker_park`.
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn tokio_tasks_are_named_by_spawn_location_with_their_blocking_stack() {
     require_privileged();
     let binary = build_tokio_dtrace_target();

@@ -52,8 +52,7 @@ fn compile_demo(name: &str, flags: &[&str]) -> PathBuf {
 /// Everything runs inside a signal handler (on CPU and in 2 ms sleeps): its stacks go
 /// through the kernel's signal frame (glibc's `__restore_rt`) down to the interrupted
 /// chain from `main`, on CPU and off CPU alike.
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn dwarf_unwinds_through_signal_frames() {
     require_privileged();
     let (out, folded) = profile_view(nofp_demo(), "dwarf", "signal", "wallclock");
@@ -137,8 +136,7 @@ fn leaf_stacks(folded: &str, in_kernel: bool) -> (u64, u64, usize) {
     (leaf, chain, depth)
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn dwarf_unwinding_recovers_callers_without_frame_pointers() {
     require_privileged();
     let (out, folded) = profile("dwarf", "spin");
@@ -153,8 +151,7 @@ fn dwarf_unwinding_recovers_callers_without_frame_pointers() {
     assert!(out.contains("unwound with DWARF"), "{out}");
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn frame_pointers_lose_the_callers() {
     require_privileged();
     let (out, folded) = profile("fp", "spin");
@@ -172,8 +169,7 @@ fn frame_pointers_lose_the_callers() {
     );
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn dwarf_unwinds_samples_taken_in_system_calls() {
     require_privileged();
     // Samples in the kernel unwind from the user registers saved at kernel entry, through
@@ -197,8 +193,7 @@ fn dwarf_unwinds_samples_taken_in_system_calls() {
     assert_eq!(fp_chain, 0, "{fp_folded}");
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn dwarf_unwinds_where_threads_block() {
     require_privileged();
     // Off-CPU stacks: where the thread blocked in nanosleep, through glibc.
@@ -229,8 +224,7 @@ fn dwarf_unwinds_where_threads_block() {
     assert_eq!(fp_chain, 0, "{fp_folded}");
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn frames_found_by_frame_pointers_are_marked() {
     require_privileged();
     let (out, folded) = profile_view(no_unwind_tables_demo(), "dwarf", "spin", "oncpu");
@@ -254,8 +248,7 @@ fn frames_found_by_frame_pointers_are_marked() {
     assert!(!nofp_folded.contains("chain_c [fp]"), "{nofp_folded}");
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn reused_snapshots_never_mix_up_callers() {
     require_privileged();
     // nap_short (1 ms) and nap_long (3 ms) alternate and block with the same registers:

@@ -80,8 +80,7 @@ fn as_i64(values: &[Value]) -> Vec<i64> {
         .collect()
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn every_form_decodes_as_the_program_passes_it_at_o0_and_o2_pie_or_not() {
     require_privileged();
     for (opt, pie) in VARIANTS {
@@ -118,8 +117,7 @@ fn every_form_decodes_as_the_program_passes_it_at_o0_and_o2_pie_or_not() {
     }
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn bpftrace_agrees_on_the_forms_it_decodes() {
     require_privileged();
     // bpftrace 0.17 decodes register and stack operands and sizeless ones; it refuses
@@ -149,8 +147,7 @@ fn bpftrace_agrees_on_the_forms_it_decodes() {
     }
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn without_a_symbol_table_only_the_globals_are_unavailable() {
     require_privileged();
     let built = build("-O2", "-pie");
@@ -189,8 +186,7 @@ fn without_a_symbol_table_only_the_globals_are_unavailable() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn text_output_shows_an_unavailable_argument_as_a_question_mark() {
     require_privileged();
     let bin = build("-O2", "-no-pie");
@@ -233,8 +229,7 @@ fn list_shows_globals_from_the_probe_and_why_an_argument_is_unavailable() {
 
 /// `--bpf-debug` shows the kernel's own diagnostics: a failed argument read names the
 /// probe and the error (EFAULT), once per failing hit; without it, nothing of the kind.
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn bpf_debug_names_the_probe_whose_argument_read_failed() {
     require_privileged();
     let bin = compile_target("gcc", "src/diagnostics/bad-pointer.c", "bad-pointer", &[]);

@@ -75,8 +75,7 @@ fn kernel_optimizes_nop5() -> bool {
     (major, minor) >= (6, 18)
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn every_hit_at_an_optimized_site_is_counted_decoded_and_the_code_restored() {
     require_privileged();
     let bin = nop5_target("nop5-trace");
@@ -135,8 +134,7 @@ fn every_hit_at_an_optimized_site_is_counted_decoded_and_the_code_restored() {
     }
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn bpftrace_counts_the_same_hits_at_the_nop() {
     require_privileged();
     let bin = nop5_target("nop5-bpftrace");

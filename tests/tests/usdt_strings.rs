@@ -38,8 +38,7 @@ const STRINGS: &[&str] = &[
     "pair:arg1",
 ];
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn strings_show_as_sent_cut_at_their_limit_and_unavailable_when_unreadable() {
     require_privileged();
     let bin = target("usdt-strings-text");
@@ -78,8 +77,7 @@ fn strings_show_as_sent_cut_at_their_limit_and_unavailable_when_unreadable() {
     assert_eq!(shown, expected, "{stdout}");
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn strings_in_json_keep_the_pointer_and_say_what_was_read() {
     require_privileged();
     let bin = target("usdt-strings-json");
@@ -116,8 +114,7 @@ fn strings_in_json_keep_the_pointer_and_say_what_was_read() {
     assert!(events[11].get("strings").is_none(), "{}", events[11]);
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn a_request_that_names_nothing_or_a_missing_or_integer_argument_fails() {
     require_privileged();
     let bin = target("usdt-strings-errors");
@@ -171,8 +168,7 @@ fn a_request_that_names_nothing_or_a_missing_or_integer_argument_fails() {
 /// Threads hitting a string probe at once on every CPU: each event carries its own hit's
 /// string, never another's; an event dropped (the ring buffer full, or a hit while a
 /// preempted one held its CPU's buffer) is counted as lost, never shown wrong.
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn concurrent_hits_each_carry_their_own_string() {
     require_privileged();
     const HITS: u64 = 4 * 5000;

@@ -56,8 +56,7 @@ fn parse_events(stdout: &str) -> Vec<(String, Vec<i64>, u32)> {
         .collect()
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn every_argument_form_decodes_from_the_first_instruction() {
     require_privileged();
     let out = run_tracer(&[
@@ -84,8 +83,7 @@ fn every_argument_form_decodes_from_the_first_instruction() {
     }
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn semaphores_fire_while_attached_by_pid_and_are_restored_even_after_sigkill() {
     require_privileged();
     for kill in [false, true] {
@@ -148,8 +146,7 @@ fn semaphores_fire_while_attached_by_pid_and_are_restored_even_after_sigkill() {
     }
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn a_process_started_after_the_tracer_is_traced_by_path() {
     require_privileged();
     // A copy of its own: a tracer by path raises the semaphores of every process that runs
@@ -177,8 +174,7 @@ fn a_process_started_after_the_tracer_is_traced_by_path() {
     );
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn bpftrace_and_tracer_agree_on_the_same_process() {
     require_privileged();
     let target = Target::start(USDT_ARGS, &["--loops", "3"]);
@@ -234,8 +230,7 @@ fn bpftrace_and_tracer_agree_on_the_same_process() {
     );
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn cpython_gc_probes_are_counted_exactly() {
     require_privileged();
     let python = "/usr/bin/python3.11";
@@ -275,8 +270,7 @@ fn cpython_gc_probes_are_counted_exactly() {
     );
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn a_target_in_another_mount_namespace_is_found_through_proc_root() {
     require_privileged();
     // The binary exists only inside the target's private mount namespace.
@@ -382,8 +376,7 @@ fn bad_input_gets_a_clear_error() {
     }
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn bad_trace_targets_get_a_clear_error() {
     require_privileged();
     let out = run_tracer(&["trace", "--pid", "4194304", "usdt:*:p:n"]);
@@ -398,8 +391,7 @@ fn bad_trace_targets_get_a_clear_error() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("no probes match"));
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn count_mode_counts_every_hit_in_the_kernel() {
     require_privileged();
     let out = run_tracer(&[
@@ -438,8 +430,7 @@ fn count_mode_counts_every_hit_in_the_kernel() {
     assert_eq!(count("guarded"), 250);
 }
 
-#[test]
-#[ignore = "needs root and BPF: run as root with --include-ignored (cargo xtask test does)"]
+#[privileged_test]
 fn several_pids_count_each_of_theirs_and_no_other() {
     require_privileged();
     let targets: Vec<Target> = (0..3)

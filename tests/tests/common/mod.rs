@@ -14,6 +14,8 @@ pub use bpftrace::{Bpftrace, BpftraceMaps};
 pub use http::{http_get, metrics_addr};
 #[allow(unused_imports)]
 pub use opens::OpenWatch;
+#[allow(unused_imports)]
+pub use privileged_test::privileged_test;
 
 use std::{
     cell::RefCell,
@@ -32,7 +34,7 @@ use std::{
 /// Fails the test unless it can load eBPF (root; the tracer also accepts
 /// CAP_BPF+CAP_PERFMON, but the tests drop to those from root).
 ///
-/// Every test that calls this is `#[ignore]`d with the reason, so a plain `cargo test` shows
+/// Every test that calls this is a `#[privileged_test]`, ignored with the reason, so a plain `cargo test` shows
 /// it as ignored rather than passed; `cargo xtask test` runs them with `--include-ignored`.
 /// A test asked to run without the privilege fails: it never reports a pass it did not
 /// earn, under CI=true or not.
