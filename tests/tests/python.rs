@@ -125,25 +125,41 @@ fn profile_python(python: &Path, name: &str) {
 
     // C code called from Python sits between the Python caller and the kernel: the C
     // library's call (3.9 sleeps in select(2), later versions in clock_nanosleep(2)).
-    let calls_into = |line: &str, caller: &str, callees: &[&str]| {
+    let calls_into = |line: &str, caller: &str, callees: &[&str], kernel: &dyn Fn(&str) -> bool| {
         let Some(at) = line.find(&format!("{caller} ({SCRIPT_FILE}:")) else {
             return false;
         };
-        line[at..]
-            .split(';')
-            .any(|frame| callees.iter().any(|callee| frame.ends_with(callee)))
-            && line.contains("_[k]")
+        let frames = || line[at..].split(';');
+        frames().any(|frame| callees.iter().any(|callee| frame.ends_with(callee)))
+            && frames().any(kernel)
     };
+    let kernel_function = |frame: &str| frame.ends_with("_[k]") && !frame.starts_with('[');
     assert!(
-        wall.lines()
-            .any(|line| calls_into(line, "nap", &["clock_nanosleep", "select"])),
+        wall.lines().any(|line| calls_into(
+            line,
+            "nap",
+            &["clock_nanosleep", "select"],
+            &kernel_function
+        )),
         "no nap -> C library sleep -> kernel stack\n{wall}"
     );
-    assert!(
+    // The socket is waited on once, so its kernel stack is taken once: when the kernel
+    // cannot give it, the profile must say so in its place.
+    let said_lost = |frame: &str| {
+        ["[kernel stack unreadable]_[k]", "[kernel stack missed]_[k]"].contains(&frame)
+    };
+    let socket = |kernel: &dyn Fn(&str) -> bool| {
         wall.lines()
-            .any(|line| calls_into(line, "wait_on_socket", &["recv"])),
-        "no wait_on_socket -> recv -> kernel stack\n{wall}"
-    );
+            .any(|line| calls_into(line, "wait_on_socket", &["recv"], kernel))
+    };
+    if !socket(&kernel_function) && socket(&said_lost) {
+        eprintln!("wait_on_socket's one kernel stack was lost, and the profile says so");
+    } else {
+        assert!(
+            socket(&kernel_function),
+            "no wait_on_socket -> recv -> kernel stack\n{wall}\n{out}"
+        );
+    }
 }
 
 #[privileged_test]

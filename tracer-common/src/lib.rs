@@ -7,6 +7,13 @@
 
 pub mod histogram;
 pub mod python;
+pub mod stack_id;
+
+pub use stack_id::{
+    FIRST_SNAPSHOT_ID, FIRST_SWITCH_IN_STACK_ID, KERNEL_STACK_AT_SWITCH_IN, KERNEL_STACK_MISSED,
+    KERNEL_STACK_NOT_SAMPLED, KERNEL_STACK_UNREADABLE, NO_STACK, STACK_BEFORE_START,
+    STACK_NOT_TAKEN, SWITCH_IN_STACK_IDS, StackId,
+};
 
 /// The most arguments a USDT probe can carry (SystemTap SDT v3).
 pub const MAX_USDT_ARGS: usize = 12;
@@ -579,10 +586,6 @@ pub struct UsdtEvent {
     pub args: [u64; MAX_USDT_ARGS],
 }
 
-/// Stack id of events whose site was not asked for stacks: no errno, so never taken for
-/// a stack that failed.
-pub const STACK_NOT_TAKEN: i32 = i32::MIN + 1;
-
 /// Key of `HIT_STACKS`: the probe, the process (its user stack's addresses are named in
 /// its mappings) and the stacks at the hit (ids in `STACKS`, or negative errnos). The
 /// value is how many hits.
@@ -694,15 +697,6 @@ pub mod offcpu_state {
 /// running when sampled. The kernel stack id is [`NO_STACK`] for samples taken in user
 /// mode, the user stack id is [`NO_STACK`] for kernel threads.
 pub type OnCpuKey = OffCpuKey;
-
-/// Stack id recorded when there is no stack of that kind to take (`-EFAULT` from
-/// `bpf_get_stackid`: a sample in user mode has no kernel stack, a kernel thread no user
-/// stack). Not an error.
-pub const NO_STACK: i32 = -14;
-
-/// Stack id user space gives threads it marks as off CPU when profiling starts (they may
-/// have blocked long before): where they blocked is not known. Never a kernel errno.
-pub const STACK_BEFORE_START: i32 = i32::MIN;
 
 /// Value of `OFFCPU_TIME`: total blocked time and how many intervals made it up.
 #[repr(C)]
@@ -961,10 +955,6 @@ pub struct ThreadRegs {
     pub fsbase: u64,
 }
 
-/// Off-CPU snapshot ids start here, above every `STACKS` id and every id user space
-/// gives the on-CPU stacks it unwinds, so one `i32` stack id space holds all three.
-pub const FIRST_SNAPSHOT_ID: i32 = 1 << 30;
-
 /// Key of `OFFCPU_SNAPSHOTS` and `LAST_USER_STACKS`: a thread and the user instruction
 /// and stack pointers where it blocked. A thread blocks at a few places in turn (a write
 /// preempted, then a read; one system call's wrapper reached by different paths), each
@@ -1067,12 +1057,6 @@ pub struct KernelStack {
     pub ips: [u64; MAX_STACK_DEPTH],
 }
 
-/// Ids of [`KernelStack`]s: `FIRST_SWITCH_IN_STACK_ID + (hash % SWITCH_IN_STACK_IDS)`,
-/// the next ones tried when taken by another stack. Between the ids of `STACKS` (below
-/// 32768) and those of unwound user stacks (from 1 << 24).
-pub const FIRST_SWITCH_IN_STACK_ID: i32 = 1 << 23;
-pub const SWITCH_IN_STACK_IDS: u32 = 1 << 23;
-
 /// Off-CPU kernel stacks are taken when the thread comes back, when its interval is
 /// known: always for an interval of at least this long (ns); a shorter one of `d` ns
 /// with probability `d / KERNEL_STACK_ALWAYS_NS`, and then counted twice: its own time
@@ -1080,14 +1064,6 @@ pub const SWITCH_IN_STACK_IDS: u32 = 1 << 23;
 /// (with [`offcpu_state::SAMPLED`]). User space spreads each thread's unsampled time at
 /// a user stack over the kernel stacks sampled there, in proportion.
 pub const KERNEL_STACK_ALWAYS_NS: u64 = 1_000_000;
-
-/// [`OffCpuStart::kernel_stack_id`] of a thread that blocked: its kernel stack is taken
-/// when it comes back (or, still blocked when tracing stops, read from /proc).
-pub const KERNEL_STACK_AT_SWITCH_IN: i32 = i32::MIN + 1;
-
-/// [`OffCpuKey::kernel_stack_id`] of the time of short intervals whose kernel stack was
-/// not sampled (see [`KERNEL_STACK_ALWAYS_NS`]).
-pub const KERNEL_STACK_NOT_SAMPLED: i32 = i32::MIN + 2;
 
 #[cfg(feature = "user")]
 mod pod {

@@ -44,10 +44,11 @@ use aya_ebpf::{
 use aya_log_ebpf::debug;
 use tracer_common::{
     BlockPlace, EXEC_NS_UNKNOWN, FINISHED_IN_RUN, FIRST_SNAPSHOT_ID, FIRST_SWITCH_IN_STACK_ID,
-    KERNEL_STACK_ALWAYS_NS, KERNEL_STACK_AT_SWITCH_IN, KERNEL_STACK_NOT_SAMPLED, LastSnapshot,
-    MAX_SNAPSHOT_CHECKS, MAX_STACK_DEPTH, NO_STACK, OFFCPU_START_ENDED, OffCpuKey, OffCpuStart,
-    OffCpuTotal, STACK_WORDS_SPAN, SWITCH_IN_STACK_IDS, StackWords, TaskWallKey, TimelineEvent,
-    counter, offcpu_state, process_metric, target_filter, task_wall, timeline_kind,
+    KERNEL_STACK_ALWAYS_NS, KERNEL_STACK_AT_SWITCH_IN, KERNEL_STACK_MISSED,
+    KERNEL_STACK_NOT_SAMPLED, KERNEL_STACK_UNREADABLE, LastSnapshot, MAX_SNAPSHOT_CHECKS,
+    MAX_STACK_DEPTH, NO_STACK, OFFCPU_START_ENDED, OffCpuKey, OffCpuStart, OffCpuTotal,
+    STACK_WORDS_SPAN, SWITCH_IN_STACK_IDS, StackWords, TaskWallKey, TimelineEvent, counter,
+    offcpu_state, process_metric, target_filter, task_wall, timeline_kind,
 };
 
 use crate::{
@@ -157,8 +158,8 @@ fn cpu_time(task: *const u8) -> u64 {
 /// has run since it came back, for the CPU time it gained, so it came back that long
 /// before `now` (a little less long, as that CPU time leaves out interrupts and steal: the
 /// interval may come out a little long). Where it blocked in the kernel is no longer on
-/// its stack: the interval goes under its user stack alone. A start user space marked
-/// (the thread maybe never blocked) is dropped.
+/// its stack: the interval goes under its user stack and [`KERNEL_STACK_MISSED`]. A start
+/// user space marked (the thread maybe never blocked) is dropped.
 #[inline(always)]
 fn close_missed(tid: u32, open: &OffCpuStart, now: u64, exec_ns: u64) {
     if open.exec_ns == EXEC_NS_UNKNOWN || exec_ns == EXEC_NS_UNKNOWN {
@@ -171,7 +172,7 @@ fn close_missed(tid: u32, open: &OffCpuStart, now: u64, exec_ns: u64) {
         return;
     }
     let kernel_stack_id = match open.kernel_stack_id {
-        KERNEL_STACK_AT_SWITCH_IN => NO_STACK,
+        KERNEL_STACK_AT_SWITCH_IN => KERNEL_STACK_MISSED,
         id => id,
     };
     add_time(
@@ -602,10 +603,11 @@ fn switch_in_kernel_stack(task: *const u8) -> i32 {
             0,
         )
     };
-    // No bytes: the task has no kernel stack to walk (one exiting has freed it), not a
-    // failure to take one.
-    if bytes == 0 {
-        return NO_STACK;
+    // A thread about to run has a kernel stack: no frames, or -EFAULT (which would read
+    // as NO_STACK), mean the kernel could not walk it.
+    if bytes == 0 || bytes == NO_STACK as i64 {
+        count(counter::STACK_ERRORS);
+        return KERNEL_STACK_UNREADABLE;
     }
     if bytes < 0 {
         count(counter::STACK_ERRORS);

@@ -252,10 +252,9 @@ pub struct MapSizeArgs {
 /// The most entries a map may be given.
 pub const MAX_MAP_ENTRIES: u32 = 1 << 24;
 
-/// The most entries the stack map may be given: its ids must stay below those of the
-/// kernel stacks taken at switch in (`tracer_common::FIRST_SWITCH_IN_STACK_ID`), which are
-/// below the ids user space gives unwound stacks (`unwind::FIRST_UNWOUND_ID`).
-pub const MAX_STACK_MAP_ENTRIES: u32 = tracer_common::FIRST_SWITCH_IN_STACK_ID as u32;
+/// The most entries the stack map may be given: its ids must stay in their range
+/// (`tracer_common::stack_id::STACK_MAP_IDS`).
+pub const MAX_STACK_MAP_ENTRIES: u32 = tracer_common::stack_id::STACK_MAP_IDS.end as u32;
 
 fn map_sizes(args: &MapSizeArgs) -> Result<MapSizes, ConfigError> {
     let check = |flag: &'static str, value: Option<u32>, max: u32| match value {

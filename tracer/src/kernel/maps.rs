@@ -5,10 +5,10 @@
 
 use aya::maps::{Array, HashMap, Map, MapData, PerCpuArray, PerCpuHashMap, RingBuf, StackTraceMap};
 use tracer_common::{
-    FIRST_SWITCH_IN_STACK_ID, HitStackKey, KernelStack, LatencyProcessKey, LatencyStart,
-    LatencyStartKey, LatencyStats, OffCpuKey, OffCpuStart, OffCpuTotal, OnCpuKey, ProbeHits,
-    ProcessMetricKey, SWITCH_IN_STACK_IDS, TaskId, TaskKey, TaskName, TaskState, TaskTotal,
-    TaskWallKey, control, counter, histogram, map_names, python::PythonProcess,
+    HitStackKey, KernelStack, LatencyProcessKey, LatencyStart, LatencyStartKey, LatencyStats,
+    OffCpuKey, OffCpuStart, OffCpuTotal, OnCpuKey, ProbeHits, ProcessMetricKey, StackId, TaskId,
+    TaskKey, TaskName, TaskState, TaskTotal, TaskWallKey, control, counter, histogram, map_names,
+    python::PythonProcess,
 };
 
 use super::{Loader, LoaderError, RecordRing, Result, SnapshotChecks, TargetsMap};
@@ -393,18 +393,10 @@ impl Loader {
 
     /// The instruction pointers of stack `id`, innermost first; empty when `id` is an error.
     pub fn stack(&self, id: i32) -> Result<Vec<u64>> {
-        if id < 0 {
-            return Ok(Vec::new());
-        }
-        if (FIRST_SWITCH_IN_STACK_ID..FIRST_SWITCH_IN_STACK_ID + SWITCH_IN_STACK_IDS as i32)
-            .contains(&id)
-        {
-            let name = map_names::KERNEL_STACKS;
-            return match self.hash_map::<i32, KernelStack>(name)?.get(&id, 0) {
-                Ok(stack) => Ok(stack.ips[..(stack.len as usize).min(stack.ips.len())].to_vec()),
-                Err(aya::maps::MapError::KeyNotFound) => Ok(Vec::new()),
-                Err(source) => Err(LoaderError::Map { name, source }),
-            };
+        match StackId::decode(id) {
+            StackId::StackMap(_) => {}
+            StackId::SwitchIn(_) => return self.switch_in_stack(id),
+            _ => return Ok(Vec::new()),
         }
         let name = map_names::STACKS;
         let map = self.maps.get(name).ok_or(LoaderError::Missing(name))?;
@@ -412,6 +404,16 @@ impl Loader {
             StackTraceMap::try_from(map).map_err(|source| LoaderError::Map { name, source })?;
         match stacks.get(&(id as u32), 0) {
             Ok(trace) => Ok(trace.frames().iter().map(|f| f.ip).collect()),
+            Err(aya::maps::MapError::KeyNotFound) => Ok(Vec::new()),
+            Err(source) => Err(LoaderError::Map { name, source }),
+        }
+    }
+
+    /// The instruction pointers of kernel stack `id` of `KERNEL_STACKS`, innermost first.
+    fn switch_in_stack(&self, id: i32) -> Result<Vec<u64>> {
+        let name = map_names::KERNEL_STACKS;
+        match self.hash_map::<i32, KernelStack>(name)?.get(&id, 0) {
+            Ok(stack) => Ok(stack.ips[..(stack.len as usize).min(stack.ips.len())].to_vec()),
             Err(aya::maps::MapError::KeyNotFound) => Ok(Vec::new()),
             Err(source) => Err(LoaderError::Map { name, source }),
         }

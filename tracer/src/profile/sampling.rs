@@ -12,17 +12,15 @@ use std::{
 
 use anyhow::{Context as _, Result};
 use tracer_common::{
-    FIRST_SNAPSHOT_ID, KERNEL_STACK_AT_SWITCH_IN, NO_STACK, OffCpuKey, OffCpuStart, OnCpuKey,
-    STACK_BEFORE_START, offcpu_state, task_wall,
+    KERNEL_STACK_AT_SWITCH_IN, NO_STACK, OffCpuKey, OffCpuStart, OnCpuKey, STACK_BEFORE_START,
+    StackId, offcpu_state, stack_id::FIRST_SEEDED_ID, task_wall,
 };
 
 use crate::{
     kernel::{Attachment, Features, Loader, RingWakeups, Settings, TargetsMap, UserStacks},
     profile::dwarf_snapshots::{DRAIN_PERIODS, Unwinding, auto_unwind_ring_bytes},
     profile::threads::{self, SnapshotOptions, ThreadState},
-    profile::wallclock::{
-        self, BuildOptions, FIRST_SEEDED_ID, GroupBy, RawProfile, TaskEntries, WallClockProfile,
-    },
+    profile::wallclock::{self, BuildOptions, GroupBy, RawProfile, TaskEntries, WallClockProfile},
     profile::windows::WindowBase,
     stack::jit::JvmPerfMaps,
     stack::naming::{KERNEL_SUFFIX, StackSource},
@@ -415,7 +413,7 @@ impl WallClockSampler {
                 let snapshot_ids: HashSet<i32> = offcpu
                     .iter()
                     .map(|(key, _)| key.user_stack_id)
-                    .filter(|&id| id >= FIRST_SNAPSHOT_ID)
+                    .filter(|&id| matches!(StackId::decode(id), StackId::Snapshot(_)))
                     .collect();
                 let taken = unwinding.unwinder.take_processes(tgids, &snapshot_ids);
                 // A thread that takes a retired one's id must not reuse its snapshots.

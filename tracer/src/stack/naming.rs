@@ -7,6 +7,7 @@
 use std::borrow::Cow;
 
 use foldhash::HashMap;
+use tracer_common::StackId;
 
 use crate::{
     kernel::Loader,
@@ -232,7 +233,7 @@ impl<'s, S: StackSource> PrefetchedStacks<'s, S> {
     pub(crate) fn new(inner: &'s S, ids: impl IntoIterator<Item = i32>) -> Self {
         let addrs = ids
             .into_iter()
-            .filter(|&id| id >= 0 && inner.named(id).is_none())
+            .filter(|&id| StackId::decode(id).has_frames() && inner.named(id).is_none())
             .map(|id| (id, inner.stack(id)))
             .collect();
         Self { inner, addrs }
@@ -412,7 +413,10 @@ fn stack_frames<T>(
             frames.insert(id, names.iter().rev().map(|name| frame(name)).collect());
             continue;
         }
-        let addrs = if id < 0 { Vec::new() } else { stacks.stack(id) };
+        let addrs = match StackId::decode(id).has_frames() {
+            true => stacks.stack(id),
+            false => Vec::new(),
+        };
         if addrs.is_empty() {
             frames.insert(id, vec![frame(missing)]);
         } else {
@@ -526,13 +530,16 @@ const THREAD_ROOTS: &[&str] = &[
     "__clone3",
 ];
 
-/// What a negative stack id from the kernel means.
-fn stack_error(kind: &str, id: i32) -> String {
-    match -id {
-        libc::EFAULT => format!("no {kind} stack"),
-        libc::EEXIST => format!("{kind} stack not recorded: the stack map had a hash collision"),
-        libc::ENOMEM => format!("{kind} stack not recorded: the stack map is full"),
-        errno => format!("{kind} stack not recorded (error {errno})"),
+/// Why a stack id that names no frames has none.
+fn stack_error(kind: &str, id: StackId) -> String {
+    match id {
+        StackId::Lost(libc::EEXIST) => {
+            format!("{kind} stack not recorded: the stack map had a hash collision")
+        }
+        StackId::Lost(libc::ENOMEM) => format!("{kind} stack not recorded: the stack map is full"),
+        StackId::Lost(errno) => format!("{kind} stack not recorded (error {errno})"),
+        StackId::Unreadable => format!("{kind} stack not recorded: the kernel could not walk it"),
+        _ => format!("no {kind} stack"),
     }
 }
 
@@ -551,22 +558,24 @@ pub fn hit_stack(
     short_why: &str,
 ) -> HitStack {
     let mut hit = HitStack::default();
-    if kernel_id >= 0 {
+    let kernel = StackId::decode(kernel_id);
+    if kernel.has_frames() {
         let addrs = stacks.stack(kernel_id);
         let frames = symbolizer.kernel_stacks(&[&addrs]).remove(0);
         let names: Vec<&str> = frames.iter().map(|f| f.name.as_str()).collect();
         let ours = names.len() - without_bpf_frames(names).len();
         hit.frames
             .extend(lines(frames.into_iter().skip(ours), true, ours > 0, &[]));
-    } else if kernel_id != tracer_common::NO_STACK && kernel_id != tracer_common::STACK_NOT_TAKEN {
-        hit.problems.push(stack_error("kernel", kernel_id));
+    } else if !matches!(kernel, StackId::None | StackId::NotTaken) {
+        hit.problems.push(stack_error("kernel", kernel));
     }
-    if user_id == tracer_common::STACK_NOT_TAKEN {
-        return hit;
-    }
-    if user_id < 0 {
-        hit.problems.push(stack_error("user", user_id));
-        return hit;
+    match StackId::decode(user_id) {
+        StackId::NotTaken => return hit,
+        user if !user.has_frames() => {
+            hit.problems.push(stack_error("user", user));
+            return hit;
+        }
+        _ => {}
     }
     let addrs = stacks.stack(user_id);
     if addrs.is_empty() {

@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 
 use serde_json::json;
+use tracer_common::StackId;
 
 use crate::{
     kernel::RecordRing,
@@ -150,7 +151,7 @@ impl StackNamer {
         user_id: i32,
         kernel_id: i32,
     ) -> HitStack {
-        if user_id >= tracer_common::FIRST_SNAPSHOT_ID {
+        if let StackId::Snapshot(_) = StackId::decode(user_id) {
             return self.name_unwound(stacks, tgid, user_id, kernel_id);
         }
         if let Some(stack) = self.named.get(&(tgid, user_id, kernel_id)) {
@@ -165,7 +166,7 @@ impl StackNamer {
             self.maps.get(&tgid).and_then(Option::as_ref),
             "a caller without frame pointers?",
         );
-        if self.snapshots.is_some() && user_id >= 0 {
+        if self.snapshots.is_some() && StackId::decode(user_id).has_frames() {
             stack
                 .problems
                 .push("walked by frame pointers: the snapshot ring buffer was full".into());

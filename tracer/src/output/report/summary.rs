@@ -94,6 +94,14 @@ pub fn profile_summary(
         }
         out += &format!("Lost: {}.\n", lost.join("; "));
     }
+    if profile.switch_ins_missed > 0 {
+        out += &format!(
+            "Unseen: {} off-CPU intervals ended without the kernel reporting the thread's \
+             switch back in; their time is counted, their kernel frames show as {}.\n",
+            profile.switch_ins_missed,
+            crate::profile::wallclock::MISSED_FRAME
+        );
+    }
     out
 }
 

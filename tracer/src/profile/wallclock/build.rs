@@ -8,7 +8,7 @@ use std::collections::HashSet;
 
 use tracer_common::{EXEC_NS_UNKNOWN, OffCpuKey, OnCpuKey, STACK_BEFORE_START, offcpu_state};
 
-use super::namer::{Namer, is_missing};
+use super::namer::{Namer, is_missing, switch_in_missed};
 use super::python::add_python_time;
 use super::spread::{spread_task_unsampled, spread_unsampled};
 use super::task_view::{TaskFrames, build_task_view};
@@ -236,6 +236,7 @@ fn build_thread_views(
     }
     for (key, &weight) in offcpu {
         profile.missing_stacks += u64::from(is_missing(key));
+        profile.switch_ins_missed += weight.events * u64::from(switch_in_missed(key));
         namer.frames(key, &mut frames);
         profile.unnamed_ns += weight.ns * u64::from(namer.has_unnamed(&frames));
         profile.truncated_ns += weight.ns * u64::from(namer.is_truncated(&frames));
@@ -461,6 +462,56 @@ mod tests {
             )),
             "{wall}"
         );
+    }
+
+    /// An interval whose kernel stack the kernel could not walk, or whose end went unseen,
+    /// says so in its kernel frames; the first counts as a missing stack, the second apart.
+    #[test]
+    fn kernel_stacks_lost_at_switch_in_say_why() {
+        let stacks = Stacks(HashMap::from([(1, vec![0x10])]));
+        let interval = |kernel_stack_id| {
+            (
+                OffCpuKey {
+                    tgid: 7,
+                    tid: 8,
+                    user_stack_id: 1,
+                    kernel_stack_id,
+                    state: offcpu_state::BLOCKED,
+                },
+                OffCpuTotal {
+                    total_ns: 2_000_000,
+                    count: 1,
+                },
+            )
+        };
+        let raw = RawProfile {
+            offcpu: vec![
+                interval(tracer_common::KERNEL_STACK_UNREADABLE),
+                interval(tracer_common::KERNEL_STACK_MISSED),
+            ],
+            now_ns: 1,
+            ..RawProfile::default()
+        };
+        let profile = build_profile(
+            &raw,
+            BuildOptions {
+                frequency_hz: 100,
+                per_thread: false,
+                group_by: GroupBy::Process,
+            },
+            &stacks,
+            &mut StackSymbolizer::new(),
+            &Processes::default(),
+        );
+        assert_eq!(profile.missing_stacks, 1);
+        assert_eq!(profile.switch_ins_missed, 1);
+        let wall = crate::output::render::flamegraph::FoldedStacks::from(&profile.wall).to_string();
+        for frame in [super::super::UNREADABLE_FRAME, super::super::MISSED_FRAME] {
+            assert!(
+                wall.contains(&format!(";{frame};{OFF_CPU_FRAME} 2000")),
+                "{frame}: {wall}"
+            );
+        }
     }
 
     /// `--min-block` leaves out intervals still open at the end that are shorter, as the

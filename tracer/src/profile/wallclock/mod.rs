@@ -60,14 +60,17 @@ pub const BEFORE_START_FRAME: &str = "[blocked since before profiling started]";
 /// [`tracer_common::KERNEL_STACK_ALWAYS_NS`]).
 pub const NOT_SAMPLED_FRAME: &str = "[kernel stack not sampled]_[k]";
 
+/// The kernel frames of an off-CPU interval whose thread came back with a kernel stack
+/// the kernel could not walk.
+pub const UNREADABLE_FRAME: &str = "[kernel stack unreadable]_[k]";
+
+/// The kernel frames of an off-CPU interval whose thread's return to the CPU went
+/// unseen, so that where it blocked was gone.
+pub const MISSED_FRAME: &str = "[kernel stack missed]_[k]";
+
 /// The outermost frame of a stack cut short: deeper than the stack bytes copied or
 /// [`tracer_common::MAX_STACK_DEPTH`] frames.
 pub const TRUNCATED_FRAME: &str = crate::stack::unwind::TRUNCATED_FRAME;
-
-/// Stack ids from here to [`tracer_common::FIRST_SNAPSHOT_ID`] are the stacks user space
-/// read from /proc for threads already blocked when profiling started (above the
-/// kernel's stack map ids and the unwound on-CPU ids, which start at 1 << 24).
-pub const FIRST_SEEDED_ID: i32 = 1 << 29;
 
 /// The three views and what went into them.
 #[derive(Debug, Default)]
@@ -86,6 +89,9 @@ pub struct WallClockProfile {
     pub runnable_ns: u64,
     /// Distinct (thread, stacks) entries whose user or kernel stack could not be taken.
     pub missing_stacks: u64,
+    /// Off-CPU intervals whose thread's return to the CPU the kernel did not report: their
+    /// time is known from the thread's CPU time, their kernel stack is not.
+    pub switch_ins_missed: u64,
     /// Threads seen on or off CPU.
     pub threads: usize,
     /// Each thread's time on CPU, blocked and runnable, busiest (on CPU or runnable) first.

@@ -5,15 +5,13 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use tracer_common::{
-    KERNEL_STACK_AT_SWITCH_IN, KERNEL_STACK_NOT_SAMPLED, NO_STACK, OffCpuKey, STACK_BEFORE_START,
-    offcpu_state,
-};
+use tracer_common::{OffCpuKey, StackId, offcpu_state};
 
 use super::GroupBy;
 use super::python::{PythonFrameKind, PythonState};
 use super::{
-    BEFORE_START_FRAME, NOT_SAMPLED_FRAME, OFF_CPU_FRAME, RUNNABLE_FRAME, TRUNCATED_FRAME,
+    BEFORE_START_FRAME, MISSED_FRAME, NOT_SAMPLED_FRAME, OFF_CPU_FRAME, RUNNABLE_FRAME,
+    TRUNCATED_FRAME, UNREADABLE_FRAME,
 };
 use crate::{
     stack::naming::{
@@ -38,6 +36,8 @@ pub(super) struct Namer {
     /// The frames that stand for no stack, or for a part left out.
     before_start: u32,
     not_sampled: u32,
+    unreadable: u32,
+    missed: u32,
     pub(super) runnable: u32,
     pub(super) off_cpu: u32,
     /// By frame id: could not be named.
@@ -55,9 +55,8 @@ impl Namer {
         per_thread: bool,
         group_by: GroupBy,
     ) -> Self {
-        let named = |id: i32| id != NO_STACK && id != STACK_BEFORE_START;
         let mut user_ids: BTreeMap<u32, Vec<i32>> = BTreeMap::new();
-        for key in keys.iter().filter(|k| named(k.user_stack_id)) {
+        for key in keys.iter().filter(|k| names_frames(k.user_stack_id)) {
             user_ids
                 .entry(key.tgid)
                 .or_default()
@@ -66,7 +65,7 @@ impl Namer {
         let kernel_ids: Vec<i32> = keys
             .iter()
             .map(|k| k.kernel_stack_id)
-            .filter(|&id| !NOT_KERNEL_STACKS.contains(&id))
+            .filter(|&id| names_frames(id))
             .collect::<BTreeSet<_>>()
             .into_iter()
             .collect();
@@ -110,6 +109,8 @@ impl Namer {
         }
         let before_start = table.intern(BEFORE_START_FRAME);
         let not_sampled = table.intern(NOT_SAMPLED_FRAME);
+        let unreadable = table.intern(UNREADABLE_FRAME);
+        let missed = table.intern(MISSED_FRAME);
         let runnable = table.intern(RUNNABLE_FRAME);
         let off_cpu = table.intern(OFF_CPU_FRAME);
         let unnamed = table.names().iter().map(|name| is_unnamed(name)).collect();
@@ -127,6 +128,8 @@ impl Namer {
             thread_frames,
             before_start,
             not_sampled,
+            unreadable,
+            missed,
             runnable,
             off_cpu,
             unnamed,
@@ -141,17 +144,22 @@ impl Namer {
         if self.per_thread {
             frames.push(self.thread_frames[&key.tid]);
         }
-        if key.user_stack_id == STACK_BEFORE_START {
-            frames.push(self.before_start);
-            return;
+        match StackId::decode(key.user_stack_id) {
+            StackId::BeforeStart => {
+                frames.push(self.before_start);
+                return;
+            }
+            id if names_frames(id.raw()) => {
+                frames.extend_from_slice(&self.user[&(key.tgid, key.user_stack_id)]);
+            }
+            _ => {}
         }
-        if key.user_stack_id != NO_STACK {
-            frames.extend_from_slice(&self.user[&(key.tgid, key.user_stack_id)]);
-        }
-        match key.kernel_stack_id {
-            KERNEL_STACK_NOT_SAMPLED => frames.push(self.not_sampled),
-            id if NOT_KERNEL_STACKS.contains(&id) => {}
-            id => frames.extend_from_slice(&self.kernel[&id]),
+        match StackId::decode(key.kernel_stack_id) {
+            StackId::NotSampled => frames.push(self.not_sampled),
+            StackId::Unreadable => frames.push(self.unreadable),
+            StackId::Missed => frames.push(self.missed),
+            id if !names_frames(id.raw()) => {}
+            _ => frames.extend_from_slice(&self.kernel[&key.kernel_stack_id]),
         }
     }
 
@@ -185,12 +193,13 @@ impl Namer {
     }
 }
 
-/// Kernel stack ids that stand for no stack to name.
-const NOT_KERNEL_STACKS: [i32; 3] = [
-    NO_STACK,
-    KERNEL_STACK_NOT_SAMPLED,
-    KERNEL_STACK_AT_SWITCH_IN,
-];
+/// Whether stack id `id` is named by the symbolizer: a stored stack, or one the kernel
+/// failed to record (named as missing). The other sentinels have frames of their own or
+/// none.
+fn names_frames(id: i32) -> bool {
+    let id = StackId::decode(id);
+    id.has_frames() || matches!(id, StackId::Lost(_))
+}
 
 /// Whether a frame could not be named.
 fn is_unnamed(frame: &str) -> bool {
@@ -198,16 +207,14 @@ fn is_unnamed(frame: &str) -> bool {
 }
 
 /// A stack that should be there and is not (not the legitimately absent kind).
+/// A return to the CPU that went unseen is not counted: the kernel did not report the
+/// switch (bpftrace misses the same ones), and [`switch_in_missed`] counts those.
 pub(super) fn is_missing(key: &OffCpuKey) -> bool {
-    let missing = |id: i32| {
-        id < 0
-            && ![
-                NO_STACK,
-                STACK_BEFORE_START,
-                KERNEL_STACK_NOT_SAMPLED,
-                KERNEL_STACK_AT_SWITCH_IN,
-            ]
-            .contains(&id)
-    };
-    missing(key.user_stack_id) || missing(key.kernel_stack_id)
+    let lost = |id| StackId::decode(id).is_lost() && StackId::decode(id) != StackId::Missed;
+    lost(key.user_stack_id) || lost(key.kernel_stack_id)
+}
+
+/// Whether `key` is the time of intervals whose thread's return to the CPU went unseen.
+pub(super) fn switch_in_missed(key: &OffCpuKey) -> bool {
+    StackId::decode(key.kernel_stack_id) == StackId::Missed
 }

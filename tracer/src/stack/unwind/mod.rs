@@ -30,4 +30,4 @@ pub use snapshot::Snapshot;
 pub use stacks::{
     StackMerger, TRUNCATED_FRAME, UnwindEnd, UnwindStats, UnwoundStack, UnwoundStacks, WithUnwound,
 };
-pub use unwinder::{DwarfUnwinder, FIRST_UNWOUND_ID, SampleKey, UnwoundSamples};
+pub use unwinder::{DwarfUnwinder, SampleKey, UnwoundSamples};

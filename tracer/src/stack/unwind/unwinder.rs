@@ -7,7 +7,7 @@ use std::sync::Arc;
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
 use framehop::{Module, Unwinder as _};
 use std::cell::RefCell;
-use tracer_common::{FIRST_SNAPSHOT_ID, MAX_STACK_DEPTH, NO_STACK, OnCpuKey, SnapshotCheck};
+use tracer_common::{MAX_STACK_DEPTH, NO_STACK, OnCpuKey, SnapshotCheck, stack_id::UNWOUND_IDS};
 
 use super::check::{NEVER_REUSE, StackRead, THROUGH_SIGNAL_FRAME, snapshot_check};
 use super::snapshot::Snapshot;
@@ -16,10 +16,6 @@ use super::stacks::{
 };
 use super::tables::{ObjectTables, ProcessUnwinder};
 use crate::stack::symbolize::ProcessMaps;
-
-/// Ids given to unwound on-CPU stacks start here, far above the kernel's stack map ids
-/// and below the off-CPU snapshot ids ([`FIRST_SNAPSHOT_ID`]).
-pub const FIRST_UNWOUND_ID: i32 = 1 << 24;
 
 /// Processes whose unwinders are kept at most. A service that starts thousands of
 /// short-lived processes would otherwise keep one for each long after it exited; one
@@ -132,14 +128,14 @@ impl DwarfUnwinder {
     }
 
     /// The on-CPU samples unwound since `seen` was last given here (which then holds
-    /// every count so far), keyed by stack ids from [`FIRST_UNWOUND_ID`], and those stacks.
+    /// every count so far), keyed by stack ids in [`UNWOUND_IDS`], and those stacks.
     pub fn samples_since(
         &self,
         seen: &mut HashMap<SampleKey, u64>,
     ) -> (Vec<(OnCpuKey, u64)>, UnwoundStacks) {
         let mut oncpu = Vec::new();
         let mut stacks = UnwoundStacks::new();
-        let mut ids = FIRST_UNWOUND_ID..FIRST_SNAPSHOT_ID;
+        let mut ids = UNWOUND_IDS;
         for (key, &count) in &self.samples {
             let before = seen.get(key).copied().unwrap_or(0);
             if count <= before {
@@ -187,7 +183,7 @@ impl DwarfUnwinder {
                 .partition(|(key, _)| tgids.contains(&key.0));
         self.samples = kept;
         for (next_id, ((tgid, tid, kernel_stack_id, stack, task), samples)) in
-            (FIRST_UNWOUND_ID..FIRST_SNAPSHOT_ID).zip(gone)
+            (UNWOUND_IDS).zip(gone)
         {
             let key = OnCpuKey {
                 tgid,
@@ -455,7 +451,7 @@ impl DwarfUnwinder {
 
     /// The unwound on-CPU samples as on-CPU entries (user stack ids from
     /// [`FIRST_UNWOUND_ID`]), and every unwound stack by id: those and the off-CPU
-    /// snapshots (ids from [`FIRST_SNAPSHOT_ID`], as the off-CPU keys carry them).
+    /// snapshots (ids from [`tracer_common::FIRST_SNAPSHOT_ID`], as the off-CPU keys carry them).
     pub fn finish(self) -> UnwoundSamples {
         let mut unwound = UnwoundSamples {
             oncpu: Vec::with_capacity(self.samples.len()),
@@ -463,7 +459,7 @@ impl DwarfUnwinder {
             stacks: self.snapshots,
         };
         for (next_id, ((tgid, tid, kernel_stack_id, stack, task), samples)) in
-            (FIRST_UNWOUND_ID..FIRST_SNAPSHOT_ID).zip(self.samples)
+            (UNWOUND_IDS).zip(self.samples)
         {
             let key = OnCpuKey {
                 tgid,
