@@ -1,14 +1,15 @@
 //! Profiles for other tools, from the wall-clock views: pprof (`wallclock.pb.gz`, a
-//! gzipped protobuf written by a minimal encoder) and speedscope JSON.
+//! gzipped protobuf of [`pprof`]'s messages) and speedscope JSON.
 
 use std::collections::HashMap;
 use std::io::{self, Write};
 use std::path::Path;
 
+use super::pprof;
 use crate::{
     output::render::write_output,
     profile::wallclock::OFF_CPU_FRAME,
-    stack::naming::{StackProfile, Weight, parse_process_frame},
+    stack::naming::{StackProfile, parse_process_frame},
 };
 
 /// What the pprof and speedscope files say about the run.
@@ -27,183 +28,128 @@ pub struct ExportInfo<'a> {
     pub only_pid: Option<u32>,
 }
 
-/// A minimal protobuf writer: varints, length-delimited fields, packed repeated varints.
-#[derive(Debug, Default)]
-pub struct ProtoWriter {
-    buf: Vec<u8>,
-}
-
-impl ProtoWriter {
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    pub fn into_bytes(self) -> Vec<u8> {
-        self.buf
-    }
-
-    fn varint(&mut self, mut value: u64) {
-        while value >= 0x80 {
-            self.buf.push((value as u8) | 0x80);
-            value >>= 7;
-        }
-        self.buf.push(value as u8);
-    }
-
-    fn key(&mut self, field: u32, wire_type: u8) {
-        self.varint((u64::from(field) << 3) | u64::from(wire_type));
-    }
-
-    /// A varint field (int64, uint64, bool); negative int64 values take ten bytes, as
-    /// protobuf encodes them.
-    pub fn uint(&mut self, field: u32, value: u64) {
-        self.key(field, 0);
-        self.varint(value);
-    }
-
-    pub fn int(&mut self, field: u32, value: i64) {
-        self.uint(field, value as u64);
-    }
-
-    pub fn bytes(&mut self, field: u32, bytes: &[u8]) {
-        self.key(field, 2);
-        self.varint(bytes.len() as u64);
-        self.buf.extend_from_slice(bytes);
-    }
-
-    pub fn message(&mut self, field: u32, build: impl FnOnce(&mut ProtoWriter)) {
-        let mut inner = ProtoWriter::new();
-        build(&mut inner);
-        self.bytes(field, &inner.buf);
-    }
-
-    pub fn packed(&mut self, field: u32, values: impl IntoIterator<Item = u64>) {
-        let mut inner = ProtoWriter::new();
-        for value in values {
-            inner.varint(value);
-        }
-        self.bytes(field, &inner.buf);
-    }
-}
-
 /// Encodes `profile` as a pprof `Profile` message (profile.proto): sample types
 /// `samples/count` (on-CPU samples plus off-CPU intervals) and `wall/microseconds` (the
 /// default); one function and one location per distinct frame name; no mappings (frames
 /// are named already). Frame names are exactly those of the folded files.
 pub fn encode_pprof(profile: &StackProfile, info: &ExportInfo<'_>) -> Vec<u8> {
-    let mut strings: Vec<String> = vec![String::new()];
-    let mut string_ids: HashMap<String, u64> = HashMap::from([(String::new(), 0)]);
-    let mut intern = |s: &str| -> u64 {
-        if let Some(&id) = string_ids.get(s) {
-            return id;
-        }
-        let id = strings.len() as u64;
-        strings.push(s.to_string());
-        string_ids.insert(s.to_string(), id);
-        id
+    let mut strings = StringTable::default();
+    let value_type = |strings: &mut StringTable, kind: &str, unit: &str| pprof::ValueType {
+        r#type: strings.index(kind),
+        unit: strings.index(unit),
     };
-    let samples_type = (intern("samples"), intern("count"));
-    let wall_type = (intern("wall"), intern("microseconds"));
-    let period_type = (intern("cpu"), intern("nanoseconds"));
-    let comment = intern(&format!(
+    let samples_type = value_type(&mut strings, "samples", "count");
+    let wall_type = value_type(&mut strings, "wall", "microseconds");
+    let period_type = value_type(&mut strings, "cpu", "nanoseconds");
+    let comment = strings.index(&format!(
         "tracer profile of {}: on-CPU samples at {} Hz and off-CPU intervals (leaf frame {OFF_CPU_FRAME})",
         info.name, info.frequency_hz
     ));
 
     // Function and location ids are the same: the frame name's index among functions.
-    let mut functions: Vec<u64> = Vec::new(); // name string id per function
-    let mut function_ids: HashMap<u64, u64> = HashMap::new();
-    let mut samples: Vec<EncodedSample> = Vec::new();
-    let (process_key, pid_key) = (intern("process"), intern("pid"));
+    let mut functions: Vec<i64> = Vec::new(); // name string index per function
+    let mut function_ids: HashMap<i64, u64> = HashMap::new();
+    let mut samples = Vec::new();
+    let (process_key, pid_key) = (strings.index("process"), strings.index("pid"));
     for (frames, weight) in profile.iter() {
-        let labels = match (info.process_labels, frames.first()) {
+        let text = |key, value| pprof::Label {
+            key,
+            str: value,
+            num: 0,
+        };
+        let number = |key, value| pprof::Label {
+            key,
+            str: 0,
+            num: value,
+        };
+        let label = match (info.process_labels, frames.first()) {
             (true, Some(root)) => match parse_process_frame(root) {
                 Some((name, pid)) => vec![
-                    (process_key, Label::Text(intern(name))),
-                    (pid_key, Label::Number(pid.into())),
+                    text(process_key, strings.index(name)),
+                    number(pid_key, pid.into()),
                 ],
                 None => {
-                    let process = (process_key, Label::Text(intern(root)));
+                    let process = text(process_key, strings.index(root));
                     match info.only_pid {
-                        Some(pid) => vec![process, (pid_key, Label::Number(pid.into()))],
+                        Some(pid) => vec![process, number(pid_key, pid.into())],
                         None => vec![process],
                     }
                 }
             },
             _ => Vec::new(),
         };
-        let locations = frames
+        let location_id = frames
             .iter()
             .rev()
             .map(|frame| {
-                let name = intern(frame);
+                let name = strings.index(frame);
                 *function_ids.entry(name).or_insert_with(|| {
                     functions.push(name);
                     functions.len() as u64
                 })
             })
             .collect();
-        samples.push((locations, weight, labels));
-    }
-
-    let mut out = ProtoWriter::new();
-    for (field, (kind, unit)) in [(1, samples_type), (1, wall_type)] {
-        out.message(field, |m| {
-            m.uint(1, kind);
-            m.uint(2, unit);
+        samples.push(pprof::Sample {
+            location_id,
+            value: vec![weight.events as i64, weight.us() as i64],
+            label,
         });
     }
-    for (locations, weight, labels) in &samples {
-        out.message(2, |m| {
-            m.packed(1, locations.iter().copied());
-            m.packed(2, [weight.events, weight.us()]);
-            for &(key, value) in labels {
-                m.message(3, |label| {
-                    label.uint(1, key);
-                    match value {
-                        Label::Text(text) => label.uint(2, text),
-                        Label::Number(number) => label.int(3, number),
-                    }
-                });
-            }
-        });
-    }
-    for id in 1..=functions.len() as u64 {
-        out.message(4, |m| {
-            m.uint(1, id);
-            m.message(4, |line| line.uint(1, id));
-        });
-    }
-    for (index, &name) in functions.iter().enumerate() {
-        out.message(5, |m| {
-            m.uint(1, index as u64 + 1);
-            m.uint(2, name);
-            m.uint(3, name);
-        });
-    }
-    for s in &strings {
-        out.bytes(6, s.as_bytes());
-    }
-    out.int(9, info.start_unix_ns as i64);
-    out.int(10, info.duration_ns as i64);
-    out.message(11, |m| {
-        m.uint(1, period_type.0);
-        m.uint(2, period_type.1);
-    });
-    out.int(12, (1_000_000_000 / info.frequency_hz.max(1)) as i64);
-    out.packed(13, [comment]);
-    out.uint(14, wall_type.0);
-    out.into_bytes()
+    let ids = 1..=functions.len() as u64;
+    let profile = pprof::Profile {
+        sample_type: vec![samples_type, wall_type],
+        sample: samples,
+        location: ids
+            .clone()
+            .map(|id| pprof::Location {
+                id,
+                line: vec![pprof::Line { function_id: id }],
+            })
+            .collect(),
+        function: ids
+            .zip(functions)
+            .map(|(id, name)| pprof::Function {
+                id,
+                name,
+                system_name: name,
+            })
+            .collect(),
+        string_table: strings.strings,
+        time_nanos: info.start_unix_ns as i64,
+        duration_nanos: info.duration_ns as i64,
+        period_type: Some(period_type),
+        period: (1_000_000_000 / info.frequency_hz.max(1)) as i64,
+        comment: vec![comment],
+        default_sample_type: wall_type.r#type,
+    };
+    prost::Message::encode_to_vec(&profile)
 }
 
-/// A sample's location ids, its weight, and its labels (key string id, value).
-type EncodedSample = (Vec<u64>, Weight, Vec<(u64, Label)>);
+/// pprof's string table: each distinct string once, by index; the first is empty.
+struct StringTable {
+    strings: Vec<String>,
+    indices: HashMap<String, i64>,
+}
 
-/// A pprof label's value: a string's id, or a number.
-#[derive(Debug, Clone, Copy)]
-enum Label {
-    Text(u64),
-    Number(i64),
+impl Default for StringTable {
+    fn default() -> Self {
+        StringTable {
+            strings: vec![String::new()],
+            indices: HashMap::from([(String::new(), 0)]),
+        }
+    }
+}
+
+impl StringTable {
+    fn index(&mut self, text: &str) -> i64 {
+        if let Some(&index) = self.indices.get(text) {
+            return index;
+        }
+        let index = self.strings.len() as i64;
+        self.strings.push(text.to_string());
+        self.indices.insert(text.to_string(), index);
+        index
+    }
 }
 
 /// Writes `profile` as gzip-compressed pprof to `path`.
@@ -316,64 +262,7 @@ pub fn write_speedscope(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Reads one varint at `pos`, advancing it.
-    fn varint(buf: &[u8], pos: &mut usize) -> u64 {
-        let mut value = 0;
-        let mut shift = 0;
-        loop {
-            let byte = buf[*pos];
-            *pos += 1;
-            value |= u64::from(byte & 0x7f) << shift;
-            if byte < 0x80 {
-                return value;
-            }
-            shift += 7;
-        }
-    }
-
-    /// (field, varint value or bytes) of every top-level field.
-    fn fields(buf: &[u8]) -> Vec<(u32, Result<u64, Vec<u8>>)> {
-        let mut pos = 0;
-        let mut out = Vec::new();
-        while pos < buf.len() {
-            let key = varint(buf, &mut pos);
-            let field = (key >> 3) as u32;
-            match key & 7 {
-                0 => out.push((field, Ok(varint(buf, &mut pos)))),
-                2 => {
-                    let len = varint(buf, &mut pos) as usize;
-                    out.push((field, Err(buf[pos..pos + len].to_vec())));
-                    pos += len;
-                }
-                other => panic!("wire type {other}"),
-            }
-        }
-        out
-    }
-
-    #[test]
-    fn varints_and_fields_encode_like_protobuf() {
-        let mut w = ProtoWriter::new();
-        w.uint(1, 150);
-        w.bytes(2, b"testing");
-        w.packed(4, [3, 270, 86942]);
-        w.int(5, -1);
-        let bytes = w.into_bytes();
-        // The examples of the protobuf encoding guide.
-        assert_eq!(&bytes[..3], &[0x08, 0x96, 0x01]);
-        assert_eq!(&bytes[3..5], &[0x12, 0x07]);
-        assert_eq!(&bytes[5..12], b"testing");
-        assert_eq!(
-            &bytes[12..20],
-            &[0x22, 0x06, 0x03, 0x8e, 0x02, 0x9e, 0xa7, 0x05]
-        );
-        assert_eq!(bytes[20], 0x28);
-        assert_eq!(
-            &bytes[21..],
-            &[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01]
-        );
-    }
+    use crate::stack::naming::Weight;
 
     fn sample_profile() -> StackProfile {
         let mut p = StackProfile::default();
@@ -407,62 +296,40 @@ mod tests {
             only_pid: None,
         };
         let bytes = encode_pprof(&profile, &info);
-        let top = fields(&bytes);
-        let strings: Vec<String> = top
-            .iter()
-            .filter(|(f, _)| *f == 6)
-            .map(|(_, v)| String::from_utf8(v.clone().unwrap_err()).unwrap())
-            .collect();
+        let decoded = <pprof::Profile as prost::Message>::decode(bytes.as_slice()).unwrap();
+        let strings = &decoded.string_table;
         assert_eq!(strings[0], "");
-        let mut wall_total = 0;
-        let mut events_total = 0;
-        let mut leaves = Vec::new();
-        for (_, sample) in top.iter().filter(|(f, _)| *f == 2) {
-            let sample = fields(sample.as_ref().unwrap_err());
-            let packed = |field| {
-                let bytes = sample
-                    .iter()
-                    .find(|(f, _)| *f == field)
-                    .unwrap()
-                    .1
-                    .clone()
-                    .unwrap_err();
-                let mut pos = 0;
-                let mut values = Vec::new();
-                while pos < bytes.len() {
-                    values.push(varint(&bytes, &mut pos));
-                }
-                values
-            };
-            let values = packed(2);
-            events_total += values[0];
-            wall_total += values[1];
-            leaves.push(packed(1)[0]);
-        }
+        let wall_total: i64 = decoded.sample.iter().map(|s| s.value[1]).sum();
+        let events_total: i64 = decoded.sample.iter().map(|s| s.value[0]).sum();
         assert_eq!(
-            wall_total,
+            wall_total as u64,
             crate::output::render::flamegraph::FoldedStacks::from(&profile).total()
         );
         assert_eq!(wall_total, 6013 + 1001);
         assert_eq!(events_total, 4);
         // Functions name their frames; the first stack (sorted) is the blocked one.
-        let function_names: Vec<String> = top
+        let function_name = |id: u64| {
+            let function = decoded.function.iter().find(|f| f.id == id).unwrap();
+            strings[function.name as usize].as_str()
+        };
+        let leaf_names: Vec<&str> = decoded
+            .sample
             .iter()
-            .filter(|(f, _)| *f == 5)
-            .map(|(_, v)| {
-                let function = fields(v.as_ref().unwrap_err());
-                let name = function.iter().find(|(f, _)| *f == 2).unwrap().1.clone();
-                strings[name.unwrap() as usize].clone()
-            })
-            .collect();
-        let leaf_names: Vec<&str> = leaves
-            .iter()
-            .map(|&id| function_names[id as usize - 1].as_str())
+            .map(|s| function_name(s.location_id[0]))
             .collect();
         assert_eq!(leaf_names, [OFF_CPU_FRAME, "spin"]);
-        // default_sample_type is "wall".
-        let default = top.iter().find(|(f, _)| *f == 14).unwrap().1.clone();
-        assert_eq!(strings[default.unwrap() as usize], "wall");
+        // Each location is its function's one line.
+        for location in &decoded.location {
+            assert_eq!(
+                location.line,
+                [pprof::Line {
+                    function_id: location.id
+                }]
+            );
+        }
+        assert_eq!(strings[decoded.default_sample_type as usize], "wall");
+        assert_eq!(decoded.period, 1_000_000_000 / 499);
+        assert!(strings[decoded.comment[0] as usize].starts_with("tracer profile of app"));
     }
 
     #[test]

@@ -4,6 +4,7 @@
 pub mod export;
 pub mod flamegraph;
 pub mod hist;
+mod pprof;
 pub mod prometheus;
 pub mod rolling;
 pub mod timeline;
