@@ -4,8 +4,6 @@
 
 use std::fmt::Write as _;
 
-use serde_json::{Value, json};
-
 use crate::profile::histogram::{LatencyHistogram, Log2Bucket};
 
 /// Width of the `@` bar of the fullest bucket, as in bpftrace.
@@ -54,24 +52,47 @@ pub fn summary_line(hist: &LatencyHistogram) -> String {
 }
 
 /// The histogram's statistics and its power-of-two buckets in nanoseconds, for
-/// machine-readable output. Unknown statistics are `null`.
-pub fn summary_json(hist: &LatencyHistogram) -> Value {
-    let buckets: Vec<Value> = hist
-        .log2_buckets(1)
-        .iter()
-        .map(|b| json!({ "min_ns": b.min(), "max_ns": b.max(), "count": b.count }))
-        .collect();
-    json!({
-        "count": hist.count(),
-        "total_ns": hist.total_ns(),
-        "min_ns": hist.min_ns(),
-        "mean_ns": hist.mean_ns(),
-        "max_ns": hist.max_ns(),
-        "p50_ns": hist.percentile_ns(50.0),
-        "p90_ns": hist.percentile_ns(90.0),
-        "p99_ns": hist.percentile_ns(99.0),
-        "buckets": buckets,
-    })
+/// machine-readable output. Unknown statistics (of an empty histogram) are `None`.
+#[derive(Debug, serde::Serialize)]
+pub struct HistogramSummary {
+    pub count: u64,
+    pub total_ns: u64,
+    pub min_ns: Option<u64>,
+    pub mean_ns: Option<u64>,
+    pub max_ns: Option<u64>,
+    pub p50_ns: Option<u64>,
+    pub p90_ns: Option<u64>,
+    pub p99_ns: Option<u64>,
+    pub buckets: Vec<BucketSummary>,
+}
+
+/// One power-of-two bucket: the values from `min_ns` to `max_ns`, and how many.
+#[derive(Debug, serde::Serialize)]
+pub struct BucketSummary {
+    pub min_ns: u64,
+    pub max_ns: u64,
+    pub count: u64,
+}
+
+impl HistogramSummary {
+    pub fn of(hist: &LatencyHistogram) -> Self {
+        let buckets = hist.log2_buckets(1).into_iter().map(|b| BucketSummary {
+            min_ns: b.min(),
+            max_ns: b.max(),
+            count: b.count,
+        });
+        HistogramSummary {
+            count: hist.count(),
+            total_ns: hist.total_ns(),
+            min_ns: hist.min_ns(),
+            mean_ns: hist.mean_ns(),
+            max_ns: hist.max_ns(),
+            p50_ns: hist.percentile_ns(50.0),
+            p90_ns: hist.percentile_ns(90.0),
+            p99_ns: hist.percentile_ns(99.0),
+            buckets: buckets.collect(),
+        }
+    }
 }
 
 /// A duration with three significant digits in the largest unit that keeps it at least
@@ -135,6 +156,7 @@ fn power_label(power: u32) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn from_values(values: impl IntoIterator<Item = u64>) -> LatencyHistogram {
         let mut hist = LatencyHistogram::new();
@@ -293,7 +315,7 @@ mod tests {
     #[test]
     fn json_summary() {
         let hist = from_values([100, 300, 300, 5_000]);
-        let json = summary_json(&hist);
+        let json = serde_json::to_value(HistogramSummary::of(&hist)).unwrap();
         assert_eq!(json["count"], 4);
         assert_eq!(json["total_ns"], 5_700);
         assert_eq!(json["min_ns"], 100);
@@ -314,7 +336,7 @@ mod tests {
         let total: u64 = buckets.iter().map(|b| b["count"].as_u64().unwrap()).sum();
         assert_eq!(total, 4);
 
-        let empty = summary_json(&LatencyHistogram::new());
+        let empty = serde_json::to_value(HistogramSummary::of(&LatencyHistogram::new())).unwrap();
         assert_eq!(empty["count"], 0);
         assert!(empty["p50_ns"].is_null());
         assert_eq!(empty["buckets"], json!([]));

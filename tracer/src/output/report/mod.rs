@@ -169,6 +169,51 @@ mod tests {
         );
     }
 
+    /// Three CPython collections of process 42, by generation.
+    fn classified_gc_pauses() -> LatencyReport {
+        use crate::probe::runtimes::{LatencyClass, LatencyDef, Mechanism, ProbeRef};
+        use crate::profile::histogram::LatencyHistogram;
+        use tracer_common::LatencyStats;
+        let mut hist = LatencyHistogram::new();
+        for ns in [120_000, 450_000, 2_000_000] {
+            hist.record(ns);
+        }
+        let stats = |count, total_ns, min_ns, max_ns| LatencyStats {
+            count,
+            total_ns,
+            min_ns,
+            max_ns,
+        };
+        LatencyReport {
+            def: LatencyDef {
+                name: "gc_pause".into(),
+                begin: ProbeRef::usdt("python", "gc__start"),
+                end: ProbeRef::usdt("python", "gc__done"),
+                frame_keyed: false,
+                class: Some(LatencyClass {
+                    begin_arg: Some(0),
+                    probes: Vec::new(),
+                    unclassified: "unknown",
+                    what: "generation",
+                    labels: &[],
+                }),
+                runtime: Some("CPython"),
+                mechanism: Mechanism::Usdt,
+            },
+            hist,
+            per_process: vec![ProcessLatency {
+                pid: 42,
+                name: "gc-demo".into(),
+                stats: stats(3, 2_570_000, 120_000, 2_000_000),
+            }],
+            by_class: vec![
+                ("0".into(), stats(2, 570_000, 120_000, 450_000)),
+                ("2".into(), stats(1, 2_000_000, 2_000_000, 2_000_000)),
+            ],
+            never_found: Vec::new(),
+        }
+    }
+
     /// The text and JSON of a fixed report, byte for byte (tracer/tests/data; regenerate
     /// with TRACER_BLESS=1).
     #[test]
@@ -197,7 +242,14 @@ mod tests {
             });
         }
         let tasks = one_task();
-        let report = report_of("gc-demo", wall, Some(tasks));
+        let mut report = report_of("gc-demo", wall, Some(tasks));
+        report.latencies.push(classified_gc_pauses());
+        report.losses.program_misses = vec![("sched_switch", 3)];
+        report.timeline = Some(TimelineReport {
+            path: "/tmp/timeline.json".into(),
+            intervals: 5,
+            lost: 0,
+        });
         crate::output::golden::assert_golden("attach-report.txt", &report.to_text());
         let json = serde_json::to_string_pretty(&report.to_json()).unwrap() + "\n";
         crate::output::golden::assert_golden("attach-report.json", &json);
