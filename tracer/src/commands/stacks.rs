@@ -9,7 +9,7 @@
 use std::{borrow::Cow, collections::HashMap, fmt::Write as _, path::Path, time::Duration};
 
 use anyhow::Result;
-use serde_json::{Value, json};
+use serde_json::Value;
 use tracer_common::{ThreadRegs, UNWIND_STACK_BYTES};
 
 use crate::{
@@ -302,33 +302,57 @@ impl Dump {
     }
 
     fn to_json(&self) -> Value {
-        let threads: Vec<Value> = self
+        let threads = self
             .threads
             .iter()
             .zip(&self.stacks)
-            .map(|(thread, stack)| {
-                json!({
-                    "tid": thread.tid,
-                    "name": thread.name,
-                    "state": thread.state.name(),
-                    "syscall": thread.syscall.map(|s| s.name()),
-                    "syscall_nr": thread.syscall.map(|s| s.nr),
-                    "cpu": thread.cpu,
-                    "since_last_ran_ns": thread.since_last_ran_ns,
-                    "kernel_stack": thread.kernel_frame_names(),
-                    "user_stack": stack.as_ref().map_or(&[][..], |s| s.frames.as_slice()),
-                    "user_stack_truncated":
-                        stack.as_ref().is_some_and(|s| s.end == UnwindEnd::OutOfStack),
-                })
-            })
-            .collect();
-        json!({
-            "pid": self.pid,
-            "process": self.name,
-            "partial": self.partial,
-            "threads": threads,
-        })
+            .map(|(thread, stack)| ThreadJson {
+                cpu: thread.cpu,
+                kernel_stack: thread.kernel_frame_names(),
+                name: &thread.name,
+                since_last_ran_ns: thread.since_last_ran_ns,
+                state: thread.state.name(),
+                syscall: thread.syscall.map(|s| s.name()),
+                syscall_nr: thread.syscall.map(|s| s.nr),
+                tid: thread.tid,
+                user_stack: stack.as_ref().map_or(&[][..], |s| s.frames.as_slice()),
+                user_stack_truncated: stack
+                    .as_ref()
+                    .is_some_and(|s| s.end == UnwindEnd::OutOfStack),
+            });
+        let dump = DumpJson {
+            partial: self.partial,
+            pid: self.pid,
+            process: &self.name,
+            threads: threads.collect(),
+        };
+        serde_json::to_value(dump).expect("the dump's JSON has string keys only")
     }
+}
+
+/// `stacks --format json`: the process and each thread (see docs/stacks.md).
+#[derive(serde::Serialize)]
+struct DumpJson<'a> {
+    partial: bool,
+    pid: u32,
+    process: &'a str,
+    threads: Vec<ThreadJson<'a>>,
+}
+
+#[derive(serde::Serialize)]
+struct ThreadJson<'a> {
+    cpu: Option<u32>,
+    /// Innermost first, each with the `_[k]` suffix.
+    kernel_stack: Vec<String>,
+    name: &'a str,
+    since_last_ran_ns: Option<u64>,
+    state: &'static str,
+    syscall: Option<String>,
+    syscall_nr: Option<u64>,
+    tid: u32,
+    /// Innermost first.
+    user_stack: &'a [String],
+    user_stack_truncated: bool,
 }
 
 /// `sleeping in futex for 3.20s`, `running on CPU 1`, `runnable for 2.10ms`.
@@ -379,6 +403,7 @@ mod tests {
     use super::*;
     use crate::profile::threads::{Syscall, UserState};
     use crate::stack::unwind::UnwoundStack;
+    use serde_json::json;
 
     fn thread(state: ThreadState, syscall: Option<u64>, since: Option<u64>) -> ThreadSnapshot {
         ThreadSnapshot {

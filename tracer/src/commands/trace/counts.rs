@@ -1,12 +1,12 @@
 //! `trace --count`: hits per probe as bpftrace prints them, and with `--stack` the most
 //! frequent stacks, written as a flame graph too.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
 
 use anyhow::Result;
-use serde_json::json;
 
-use super::hit_stacks::{StackNamer, stack_json, stack_text};
+use super::hit_stacks::{FrameJson, StackNamer, stack_json, stack_text};
 use crate::{
     cli::{Format, TraceConfig},
     kernel::Loader,
@@ -15,6 +15,27 @@ use crate::{
     stack::naming::{self, HitStack, StackProfile, Weight},
     system::text::escape_text,
 };
+
+/// `trace --count --stack --format json`. Fields in name order, as the document was first
+/// written (serde_json's maps sort their keys).
+#[derive(serde::Serialize)]
+struct CountsByStackJson<'a> {
+    folded: &'a Path,
+    /// Hits counted by probe but not by stack, as `[probe, hits]` pairs.
+    not_counted_by_stack: &'a [(String, u64)],
+    /// Hits by probe.
+    probes: BTreeMap<String, u64>,
+    stacks: Vec<StackCountJson<'a>>,
+    svg: &'a Path,
+}
+
+#[derive(serde::Serialize)]
+struct StackCountJson<'a> {
+    count: u64,
+    probe: String,
+    stack: Vec<FrameJson<'a>>,
+    stack_problems: &'a [String],
+}
 
 /// Hits per probe, as bpftrace prints `@[probe] = count()` (or one JSON object); with
 /// `by_stack`, then the most frequent stacks as bpftrace prints `@[ustack] = count()`
@@ -32,24 +53,26 @@ pub(super) fn count_text(
     let mut text = String::new();
     match format {
         Format::Json => {
-            let map: serde_json::Map<String, serde_json::Value> =
-                counts.into_iter().map(|(k, v)| (k, json!(v))).collect();
-            let value = match by_stack {
-                None => serde_json::Value::Object(map),
-                Some(by_stack) => json!({
-                    "probes": map,
-                    "stacks": by_stack.stacks.iter().map(|s| json!({
-                        "probe": plan.probes[s.probe_id as usize].specifier(),
-                        "count": s.count,
-                        "stack": stack_json(&s.stack),
-                        "stack_problems": s.stack.problems,
-                    })).collect::<Vec<_>>(),
-                    "not_counted_by_stack": by_stack.not_counted,
-                    "folded": by_stack.files.folded,
-                    "svg": by_stack.files.svg,
-                }),
-            };
-            text = value.to_string() + "\n";
+            let probes: BTreeMap<String, u64> = counts.into_iter().collect();
+            text = match by_stack {
+                None => serde_json::to_string(&probes)?,
+                Some(by_stack) => serde_json::to_string(&CountsByStackJson {
+                    folded: &by_stack.files.folded,
+                    not_counted_by_stack: &by_stack.not_counted,
+                    probes,
+                    stacks: by_stack
+                        .stacks
+                        .iter()
+                        .map(|s| StackCountJson {
+                            count: s.count,
+                            probe: plan.probes[s.probe_id as usize].specifier(),
+                            stack: stack_json(&s.stack),
+                            stack_problems: &s.stack.problems,
+                        })
+                        .collect(),
+                    svg: &by_stack.files.svg,
+                })?,
+            } + "\n";
         }
         Format::Text => {
             counts.sort_by_key(|&(_, n)| n);

@@ -1,12 +1,11 @@
 //! One line (or JSON object) per hit: the probe's arguments decoded by type, strings
 //! cut, escaped or unavailable.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
-use serde_json::json;
 use tracer_common::{UsdtArg, UsdtEvent, UsdtStrHeader};
 
-use super::hit_stacks::{StackNamer, stack_json, stack_text};
+use super::hit_stacks::{FrameJson, StackNamer, stack_json, stack_text};
 use crate::{
     cli::{Format, TraceConfig},
     kernel::RecordRing,
@@ -37,13 +36,12 @@ impl ArgType {
         }
     }
 
-    pub(super) fn json(self, value: u64) -> serde_json::Value {
+    pub(super) fn json(self, value: u64) -> ArgJson {
         match self {
-            ArgType::Unsigned => json!(value),
-            ArgType::Signed => json!(value as i64),
-            // NaN and infinities have no JSON number: null.
-            ArgType::F32 => json!(f32::from_bits(value as u32)),
-            ArgType::F64 => json!(f64::from_bits(value)),
+            ArgType::Unsigned => ArgJson::Unsigned(value),
+            ArgType::Signed => ArgJson::Signed(value as i64),
+            ArgType::F32 => ArgJson::Float(f64::from(f32::from_bits(value as u32))),
+            ArgType::F64 => ArgJson::Float(f64::from_bits(value)),
         }
     }
 
@@ -55,6 +53,47 @@ impl ArgType {
             ArgType::F64 => f64::from_bits(value).to_string(),
         }
     }
+}
+
+/// An argument's value in the JSON: `null` when the site cannot decode it. NaN and
+/// infinities have no JSON number: serde_json writes them as `null` too.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+#[serde(untagged)]
+pub(super) enum ArgJson {
+    Unsigned(u64),
+    Signed(i64),
+    Float(f64),
+    Missing,
+}
+
+/// One event's JSON line. Fields in name order, as the line was first written (serde_json's
+/// maps sort their keys); the optional ones only when asked for.
+#[derive(serde::Serialize)]
+struct EventJson<'a> {
+    args: Vec<ArgJson>,
+    pid: u32,
+    probe: &'a str,
+    /// A function's return value (`uretprobe:`), whose `args` are empty.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    retval: Option<ArgJson>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stack: Option<Vec<FrameJson<'a>>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stack_problems: Option<&'a [String]>,
+    /// `argN`: the string read (`--str`), `null` where the read failed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    strings: Option<BTreeMap<String, Option<StrJson<'a>>>>,
+    tid: u32,
+    time_ns: u64,
+}
+
+/// A string argument: `text` is the string, invalid UTF-8 replaced by U+FFFD; then `hex`
+/// holds its exact bytes (null when it is valid UTF-8, so `text` is exact).
+#[derive(Debug, PartialEq, serde::Serialize)]
+pub(super) struct StrJson<'a> {
+    hex: Option<String>,
+    text: std::borrow::Cow<'a, str>,
+    truncated: bool,
 }
 
 /// How each argument of each probe is shown, from its first site's spec.
@@ -179,38 +218,40 @@ impl EventPrinter {
         };
         match self.format {
             Format::Json => {
-                let values: Vec<serde_json::Value> = (0..args.len())
-                    .map(|i| value(i).map_or(serde_json::Value::Null, |(ty, v)| ty.json(v)))
+                let mut values: Vec<ArgJson> = (0..args.len())
+                    .map(|i| value(i).map_or(ArgJson::Missing, |(ty, v)| ty.json(v)))
                     .collect();
-                let mut line = json!({
-                    "time_ns": event.ts_ns,
-                    "pid": event.pid,
-                    "tid": event.tid,
-                    "probe": name,
-                    "args": values,
+                let retval = (kind == usdt::ProbeKind::Uretprobe).then(|| {
+                    std::mem::take(&mut values)
+                        .first()
+                        .copied()
+                        .unwrap_or(ArgJson::Missing)
                 });
-                if kind == usdt::ProbeKind::Uretprobe {
-                    line["args"] = json!([]);
-                    line["retval"] = values.first().cloned().unwrap_or_default();
-                }
-                if !strings.is_empty() {
-                    let shown: serde_json::Map<String, serde_json::Value> = strings
+                let strings = (!strings.is_empty()).then(|| {
+                    strings
                         .iter()
                         .map(|(i, s)| {
-                            let value = match (value(*i), s) {
-                                (Some(_), Some(s)) => s.json(),
-                                _ => serde_json::Value::Null,
+                            let shown = match (value(*i), s) {
+                                (Some(_), Some(s)) => Some(s.json()),
+                                _ => None,
                             };
-                            (format!("arg{i}"), value)
+                            (format!("arg{i}"), shown)
                         })
-                        .collect();
-                    line["strings"] = shown.into();
-                }
-                if let Some(stack) = stack {
-                    line["stack"] = stack_json(stack);
-                    line["stack_problems"] = json!(stack.problems);
-                }
-                writeln!(out, "{line}")
+                        .collect()
+                });
+                let line = EventJson {
+                    args: values,
+                    pid: event.pid,
+                    probe: name,
+                    retval,
+                    stack: stack.map(stack_json),
+                    stack_problems: stack.map(|s| s.problems.as_slice()),
+                    strings,
+                    tid: event.tid,
+                    time_ns: event.ts_ns,
+                };
+                serde_json::to_writer(&mut *out, &line)?;
+                writeln!(out)
             }
             Format::Text => {
                 let secs = event.ts_ns.saturating_sub(self.started_ns) as f64 / 1e9;
@@ -260,20 +301,19 @@ impl ShownStr {
         format!("{}{dots}", quote_bytes(&self.bytes))
     }
 
-    /// `text` is the string, invalid UTF-8 replaced by U+FFFD; then `hex` holds its exact
-    /// bytes (null when it is valid UTF-8, so `text` is exact).
-    pub(super) fn json(&self) -> serde_json::Value {
+    /// The string for the JSON (see [`StrJson`]).
+    pub(super) fn json(&self) -> StrJson<'_> {
         let hex = std::str::from_utf8(&self.bytes).is_err().then(|| {
             self.bytes
                 .iter()
                 .map(|b| format!("{b:02x}"))
                 .collect::<String>()
         });
-        json!({
-            "text": String::from_utf8_lossy(&self.bytes),
-            "truncated": self.truncated,
-            "hex": hex,
-        })
+        StrJson {
+            hex,
+            text: String::from_utf8_lossy(&self.bytes),
+            truncated: self.truncated,
+        }
     }
 }
 
@@ -310,6 +350,7 @@ pub(super) fn event_strings(mut area: &[u8]) -> Vec<(usize, Option<ShownStr>)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     /// Probe names (provider, name, path: the target's) reach the terminal with their
     /// control characters escaped in text lines, as JSON escapes them in JSON lines.

@@ -3,7 +3,6 @@
 
 use std::collections::HashMap;
 
-use serde_json::json;
 use tracer_common::StackId;
 
 use crate::{
@@ -28,18 +27,28 @@ pub(super) fn stack_text(stack: &HitStack, indent: &str) -> String {
     text
 }
 
-pub(super) fn stack_json(stack: &HitStack) -> serde_json::Value {
+/// A frame of a hit's stack in the JSON. Fields in name order, as the document was first
+/// written (serde_json's maps sort their keys).
+#[derive(serde::Serialize)]
+pub(super) struct FrameJson<'a> {
+    function: &'a str,
+    inlined: bool,
+    kernel: bool,
+    module: Option<&'a str>,
+    offset: Option<u64>,
+}
+
+/// The frames of `stack`, innermost first, for the JSON.
+pub(super) fn stack_json(stack: &HitStack) -> Vec<FrameJson<'_>> {
     stack
         .frames
         .iter()
-        .map(|f| {
-            json!({
-                "function": f.name,
-                "offset": f.offset,
-                "module": f.module,
-                "kernel": f.kernel,
-                "inlined": f.inlined,
-            })
+        .map(|f| FrameJson {
+            function: &f.name,
+            inlined: f.inlined,
+            kernel: f.kernel,
+            module: f.module.as_deref(),
+            offset: f.offset,
         })
         .collect()
 }

@@ -14,7 +14,6 @@ use std::{
     io::{self, Write},
 };
 
-use serde_json::json;
 use tracer_common::{TimelineEvent, offcpu_state, timeline_kind};
 
 /// Track ids of task tracks start here, above any thread id (at most 2^22).
@@ -66,11 +65,11 @@ pub fn write_chrome_trace(
     // Written as it goes, one event at a time: a busy runtime's timeline has millions.
     out.write_all(br#"{"displayTimeUnit":"ms","traceEvents":["#)?;
     let mut first = true;
-    let mut emit = |out: &mut dyn Write, event: serde_json::Value| -> io::Result<()> {
+    let mut emit = |out: &mut dyn Write, event: &dyn erased::Event| -> io::Result<()> {
         if !std::mem::take(&mut first) {
             out.write_all(b",")?;
         }
-        serde_json::to_writer(&mut *out, &event).map_err(io::Error::from)
+        event.write(out)
     };
     let mut threads: BTreeMap<(u32, u32), ()> = BTreeMap::new();
     let mut task_tracks: HashMap<(u32, u64), u64> = HashMap::new();
@@ -87,12 +86,7 @@ pub fn write_chrome_trace(
     };
     for e in sorted {
         let (pid, tid) = (e.tgid, e.tid);
-        let complete = |name: &str, cat: &str, track: u64| {
-            json!({
-                "name": name, "cat": cat, "ph": "X", "pid": pid, "tid": track,
-                "ts": us(start(e)), "dur": dur(e),
-            })
-        };
+        let (ts, dur) = (us(start(e)), dur(e));
         match e.kind {
             timeline_kind::LATENCY => {
                 threads.insert((pid, tid), ());
@@ -100,20 +94,27 @@ pub fn write_chrome_trace(
                     .latencies
                     .get(e.detail as usize)
                     .map_or("latency", String::as_str);
-                emit(out, complete(name, "latency", u64::from(tid)))?;
+                emit(out, &span(name, "latency", pid, u64::from(tid), ts, dur))?;
             }
             timeline_kind::TASK_RUN => {
                 threads.insert((pid, tid), ());
                 let track = task_track(pid, e.task, &mut tracks);
                 emit(
                     out,
-                    complete(&(names.task)(pid, e.task), "task", u64::from(tid)),
+                    &span(
+                        &(names.task)(pid, e.task),
+                        "task",
+                        pid,
+                        u64::from(tid),
+                        ts,
+                        dur,
+                    ),
                 )?;
-                emit(out, complete("running", "task", track))?;
+                emit(out, &span("running", "task", pid, track, ts, dur))?;
             }
             timeline_kind::TASK_PARKED => {
                 let track = task_track(pid, e.task, &mut tracks);
-                emit(out, complete("parked", "task", track))?;
+                emit(out, &span("parked", "task", pid, track, ts, dur))?;
             }
             timeline_kind::OFF_CPU => {
                 threads.insert((pid, tid), ());
@@ -121,7 +122,7 @@ pub fn write_chrome_trace(
                     offcpu_state::RUNNABLE => "runnable",
                     _ => "blocked",
                 };
-                emit(out, complete(name, "off-cpu", u64::from(tid)))?;
+                emit(out, &span(name, "off-cpu", pid, u64::from(tid), ts, dur))?;
             }
             _ => {}
         }
@@ -133,10 +134,15 @@ pub fn write_chrome_trace(
     for &pid in &processes {
         emit(
             out,
-            json!({
-                "name": "process_name", "ph": "M", "pid": pid,
-                "args": { "name": format!("{} [{pid}]", (names.process)(pid)) },
-            }),
+            &Metadata {
+                args: NameArgs {
+                    name: format!("{} [{pid}]", (names.process)(pid)),
+                },
+                name: "process_name",
+                ph: "M",
+                pid,
+                tid: None,
+            },
         )?;
     }
     // Each track's name, and its place: threads by id, then tasks as first seen.
@@ -147,20 +153,88 @@ pub fn write_chrome_trace(
     for (pid, track, name) in thread_tracks.chain(tracks) {
         emit(
             out,
-            json!({
-                "name": "thread_name", "ph": "M", "pid": pid, "tid": track,
-                "args": { "name": name },
-            }),
+            &Metadata {
+                args: NameArgs { name },
+                name: "thread_name",
+                ph: "M",
+                pid,
+                tid: Some(track),
+            },
         )?;
         emit(
             out,
-            json!({
-                "name": "thread_sort_index", "ph": "M", "pid": pid, "tid": track,
-                "args": { "sort_index": track },
-            }),
+            &Metadata {
+                args: SortIndexArgs { sort_index: track },
+                name: "thread_sort_index",
+                ph: "M",
+                pid,
+                tid: Some(track),
+            },
         )?;
     }
     out.write_all(b"]}\n")
+}
+
+/// A Chrome trace event of a span (`ph` `X`): times in microseconds. Fields of every
+/// event in name order, as they were first written (serde_json's maps sort their keys).
+#[derive(serde::Serialize)]
+struct Complete<'a> {
+    cat: &'a str,
+    dur: f64,
+    name: &'a str,
+    ph: &'static str,
+    pid: u32,
+    tid: u64,
+    ts: f64,
+}
+
+/// A span of thread or task track `track` of process `pid`.
+fn span<'a>(name: &'a str, cat: &'a str, pid: u32, track: u64, ts: f64, dur: f64) -> Complete<'a> {
+    Complete {
+        cat,
+        dur,
+        name,
+        ph: "X",
+        pid,
+        tid: track,
+        ts,
+    }
+}
+
+/// A Chrome trace metadata event (`ph` `M`): a process's or track's name or place.
+#[derive(serde::Serialize)]
+struct Metadata<A> {
+    args: A,
+    name: &'static str,
+    ph: &'static str,
+    pid: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tid: Option<u64>,
+}
+
+#[derive(serde::Serialize)]
+struct NameArgs {
+    name: String,
+}
+
+#[derive(serde::Serialize)]
+struct SortIndexArgs {
+    sort_index: u64,
+}
+
+/// Events of different types written by one function.
+mod erased {
+    use std::io::{self, Write};
+
+    pub(super) trait Event {
+        fn write(&self, out: &mut dyn Write) -> io::Result<()>;
+    }
+
+    impl<T: serde::Serialize> Event for T {
+        fn write(&self, out: &mut dyn Write) -> io::Result<()> {
+            serde_json::to_writer(out, self).map_err(io::Error::from)
+        }
+    }
 }
 
 #[cfg(test)]
