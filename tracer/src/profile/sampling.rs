@@ -721,7 +721,7 @@ impl SamplerChores {
     }
 
     /// Has the next [`SamplerChores::run`] drain the snapshots whatever the period: the
-    /// kernel said the ring is filling (see [`WallClockSampler::ring_filling`]).
+    /// kernel said the ring is filling (see [`ring_filling`]).
     pub fn drain_due(&mut self) {
         self.drained = None;
     }

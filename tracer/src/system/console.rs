@@ -1,7 +1,7 @@
 //! Standard output and standard error, written so that they never panic and never hold a
 //! stop hostage.
 //!
-//! - Status lines go to standard error through [`status!`], which ignores write errors: a
+//! - Status lines go to standard error through [`crate::status!`], which ignores write errors: a
 //!   closed or full standard error must not end a trace or hide its report elsewhere.
 //! - Everything for standard output goes through an [`OutputStream`]: a thread of its own
 //!   writes it, so a reader that stalls (a paused pager, a FIFO nobody reads) never stops

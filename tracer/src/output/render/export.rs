@@ -1,5 +1,5 @@
 //! Profiles for other tools, from the wall-clock views: pprof (`wallclock.pb.gz`, a
-//! gzipped protobuf of [`pprof`]'s messages) and speedscope JSON.
+//! gzipped protobuf of the `pprof` module's messages) and speedscope JSON.
 
 use std::collections::HashMap;
 use std::io::{self, Write};

@@ -128,6 +128,7 @@ impl WallClockProfile {
         self.runnable_intervals += retired.runnable_intervals;
         self.runnable_ns += retired.runnable_ns;
         self.missing_stacks += retired.missing_stacks;
+        self.switch_ins_missed += retired.switch_ins_missed;
         self.threads += retired.threads;
         self.processes += retired.processes;
         self.unnamed_ns += retired.unnamed_ns;

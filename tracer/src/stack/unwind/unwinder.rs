@@ -449,9 +449,9 @@ impl DwarfUnwinder {
         }
     }
 
-    /// The unwound on-CPU samples as on-CPU entries (user stack ids from
-    /// [`FIRST_UNWOUND_ID`]), and every unwound stack by id: those and the off-CPU
-    /// snapshots (ids from [`tracer_common::FIRST_SNAPSHOT_ID`], as the off-CPU keys carry them).
+    /// The unwound on-CPU samples as on-CPU entries (user stack ids in [`UNWOUND_IDS`]),
+    /// and every unwound stack by id: those and the off-CPU snapshots (ids from
+    /// [`tracer_common::FIRST_SNAPSHOT_ID`], as the off-CPU keys carry them).
     pub fn finish(self) -> UnwoundSamples {
         let mut unwound = UnwoundSamples {
             oncpu: Vec::with_capacity(self.samples.len()),
