@@ -103,7 +103,7 @@ fn strip_debug_info(path: &Path) -> anyhow::Result<()> {
     let data = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
     let mut builder = object::build::elf::Builder::read(data.as_slice())
         .with_context(|| format!("cannot parse {}", path.display()))?;
-    for section in builder.sections.iter_mut() {
+    for section in &mut builder.sections {
         let name = section.name.as_slice();
         if name.starts_with(b".debug_")
             || name.starts_with(b".rel.debug_")

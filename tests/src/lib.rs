@@ -37,12 +37,13 @@ pub fn announce_ready(wait_for_signal: bool) -> Result<()> {
     // SAFETY: `set` is a plain sigset_t initialised by sigemptyset before any other use.
     let set = unsafe {
         let mut set = std::mem::zeroed::<libc::sigset_t>();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGUSR1);
+        libc::sigemptyset(&raw mut set);
+        libc::sigaddset(&raw mut set, libc::SIGUSR1);
         set
     };
     // SAFETY: `set` is a valid signal set; the old mask is not wanted.
-    let rc = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+    let rc =
+        unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &raw const set, std::ptr::null_mut()) };
     if rc != 0 {
         return Err(io::Error::from_raw_os_error(rc)).context("blocking SIGUSR1");
     }
@@ -56,7 +57,7 @@ pub fn announce_ready(wait_for_signal: bool) -> Result<()> {
         loop {
             let mut sig = 0;
             // SAFETY: `set` is a valid signal set and `sig` a valid out-pointer.
-            let rc = unsafe { libc::sigwait(&set, &mut sig) };
+            let rc = unsafe { libc::sigwait(&raw const set, &raw mut sig) };
             if rc != 0 {
                 return Err(io::Error::from_raw_os_error(rc)).context("waiting for SIGUSR1");
             }
@@ -85,7 +86,7 @@ fn clock_ns(clock: libc::clockid_t) -> u64 {
         tv_nsec: 0,
     };
     // SAFETY: ts is a valid timespec to write into.
-    unsafe { libc::clock_gettime(clock, &mut ts) };
+    unsafe { libc::clock_gettime(clock, &raw mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
@@ -100,7 +101,7 @@ pub fn preemptions() -> u64 {
     // SAFETY: rusage is plain data; getrusage fills it for the calling thread.
     unsafe {
         let mut usage: libc::rusage = std::mem::zeroed();
-        libc::getrusage(libc::RUSAGE_THREAD, &mut usage);
+        libc::getrusage(libc::RUSAGE_THREAD, &raw mut usage);
         usage.ru_nivcsw as u64
     }
 }
@@ -209,7 +210,7 @@ mod tests {
     use super::*;
 
     fn args(list: &[&str]) -> Args {
-        Args::new(list.iter().map(|s| s.to_string()).collect())
+        Args::new(list.iter().map(std::string::ToString::to_string).collect())
     }
 
     #[test]

@@ -188,14 +188,14 @@ fn prometheus_counts_the_gc_pauses_of_a_target_started_after_the_tracer() {
 
     let count = "sum(tracer_gc_pause_seconds_count{process=\"gc-demo\"})";
     assert_eq!(
-        prometheus.wait_for(count, gcs as f64),
-        Some(gcs as f64),
+        prometheus.wait_for(count, f64::from(gcs)),
+        Some(f64::from(gcs)),
         "{}",
         prometheus.log()
     );
     // The median lies in the power-of-two bucket of the target's own median pause.
     let median_ns = median(&mut pauses);
-    let low_ns = 1u64 << (63 - median_ns.leading_zeros());
+    let low_ns = 1u64 << median_ns.ilog2();
     let quantile = prometheus
         .scalar("histogram_quantile(0.5, sum by (le) (tracer_gc_pause_seconds_bucket))")
         .expect("no median");
@@ -231,7 +231,7 @@ fn prometheus_counts_the_gc_pauses_of_a_target_started_after_the_tracer() {
         Some(0.0)
     );
     std::thread::sleep(Duration::from_secs(3));
-    assert_eq!(prometheus.scalar(count), Some(gcs as f64));
+    assert_eq!(prometheus.scalar(count), Some(f64::from(gcs)));
     assert_eq!(prometheus.scalar("up{job=\"tracer\"}"), Some(1.0));
 
     // What it serves is valid for Prometheus's own checker.

@@ -28,7 +28,7 @@ const FD_GROWTH_ALLOWED: usize = 32;
 
 /// How many descriptors process `pid` has open now.
 fn open_descriptors(pid: u32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |dir| dir.count())
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, std::iter::Iterator::count)
 }
 
 /// Sends each line `reader` gives to the returned channel, until it closes.
@@ -75,7 +75,7 @@ fn children_of_a_service_cost_descriptors_per_file_not_per_process() {
                 rlim_cur: FD_LIMIT,
                 rlim_max: FD_LIMIT,
             };
-            match libc::setrlimit(libc::RLIMIT_NOFILE, &limit) {
+            match libc::setrlimit(libc::RLIMIT_NOFILE, &raw const limit) {
                 0 => Ok(()),
                 _ => Err(std::io::Error::last_os_error()),
             }

@@ -175,7 +175,7 @@ impl OpenGate {
         unsafe {
             libc::write(
                 self.fd.as_raw_fd(),
-                (&response as *const libc::fanotify_response).cast(),
+                (&raw const response).cast(),
                 std::mem::size_of::<libc::fanotify_response>(),
             );
             libc::close(event_fd);
@@ -190,7 +190,7 @@ impl OpenGate {
             revents: 0,
         };
         // SAFETY: one valid pollfd.
-        if unsafe { libc::poll(&mut poll, 1, timeout_ms) } <= 0 {
+        if unsafe { libc::poll(&raw mut poll, 1, timeout_ms) } <= 0 {
             return Vec::new();
         }
         let mut buf = vec![0u8; 4096];
@@ -240,7 +240,7 @@ impl OpenGate {
                         *slot = Some(HeldOpen {
                             gate: self,
                             event_fd: event.fd,
-                        })
+                        });
                     }
                     _ => self.allow(event.fd),
                 }
@@ -437,7 +437,7 @@ fn run_with_open_file_limit(limit: u64, args: &[&str]) -> Output {
                 rlim_cur: limit,
                 rlim_max: limit,
             };
-            match libc::setrlimit(libc::RLIMIT_NOFILE, &rlimit) {
+            match libc::setrlimit(libc::RLIMIT_NOFILE, &raw const rlimit) {
                 0 => Ok(()),
                 _ => Err(std::io::Error::last_os_error()),
             }
@@ -820,7 +820,7 @@ fn a_low_address_space_limit_is_named_never_an_abort() {
                         rlim_cur: kib * 1024,
                         rlim_max: kib * 1024,
                     };
-                    match libc::setrlimit(libc::RLIMIT_AS, &limit) {
+                    match libc::setrlimit(libc::RLIMIT_AS, &raw const limit) {
                         0 => Ok(()),
                         _ => Err(std::io::Error::last_os_error()),
                     }

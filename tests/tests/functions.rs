@@ -116,7 +116,7 @@ fn arguments_and_return_values_are_the_registers_of_the_call() {
     let retvals: Vec<u64> = String::from_utf8_lossy(&stdout.stdout)
         .lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter_map(|v| v.get("retval").and_then(|r| r.as_u64()))
+        .filter_map(|v| v.get("retval").and_then(serde_json::Value::as_u64))
         .collect();
     let expected: Vec<u64> = (0..5u64)
         .map(|i| i + 2 * (i + 1) + 3 * (i + 2) + 4 * (i + 3) + 5 * (i + 4) + 6 * (i + 5))

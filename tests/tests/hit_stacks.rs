@@ -314,14 +314,14 @@ fn says_when_a_stack_is_incomplete() {
             &names
                 .iter()
                 .rev()
-                .map(|s| s.to_string())
+                .map(std::string::ToString::to_string)
                 .collect::<Vec<_>>(),
             &["main", "run_a"],
         ) || in_order(
             &names
                 .iter()
                 .rev()
-                .map(|s| s.to_string())
+                .map(std::string::ToString::to_string)
                 .collect::<Vec<_>>(),
             &["main", "run_b"],
         );

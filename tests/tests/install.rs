@@ -48,9 +48,11 @@ fn printed_path(out: &Output, prefix: &str) -> PathBuf {
 /// No watchdog: the static build alone can take minutes on a cold machine.
 fn require_root() {
     // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        panic!("not root: dpkg -i and loading eBPF need root (cargo xtask test runs as root)");
-    }
+    let root = unsafe { libc::geteuid() } == 0;
+    assert!(
+        root,
+        "not root: dpkg -i and loading eBPF need root (cargo xtask test runs as root)"
+    );
 }
 
 fn run(cmd: &mut Command) -> Output {

@@ -41,7 +41,8 @@ public class HoHot {
 /// One JVM at a time: each spins a CPU.
 fn jvm_alone() -> std::sync::MutexGuard<'static, ()> {
     static JVM: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    JVM.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    JVM.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// `HoHot` compiled once into the tests' scratch directory.
@@ -156,7 +157,7 @@ fn no_jit_symbols_leaves_the_jvm_alone() {
     );
 }
 
-const NODE_SPIN: &str = r#"
+const NODE_SPIN: &str = r"
 function hotLoop(n) { let s = 0; for (let i = 0; i < n; i++) { s = (s + i * i) % 1000003; } return s; }
 console.log(`ready pid=${process.pid}`);
 process.stdin.once('data', () => {
@@ -166,7 +167,7 @@ process.stdin.once('data', () => {
     console.log(`spun ${t}`);
     process.exit(0);
 });
-"#;
+";
 
 /// Node started with `--perf-prof` writes a jitdump and maps it: its JIT-compiled
 /// JavaScript is named from it.

@@ -247,7 +247,7 @@ impl Untouched {
     fn read(&self, address: u64) -> Option<[u8; 2]> {
         let mem = std::fs::File::open(format!("/proc/{}/mem", self.pid)).unwrap();
         let mut bytes = [0; 2];
-        mem.read_exact_at(&mut bytes, address).ok().map(|_| bytes)
+        mem.read_exact_at(&mut bytes, address).ok().map(|()| bytes)
     }
 
     fn check(&self, when: &str) {

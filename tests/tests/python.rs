@@ -31,8 +31,7 @@ fn interpreter(version: Option<&str>) -> PathBuf {
         None => PathBuf::from("/usr/bin/python3.11"),
         Some(version) => {
             let root = std::env::var_os("PYENV_ROOT")
-                .map(PathBuf::from)
-                .unwrap_or_else(|| PathBuf::from("/root/.pyenv"));
+                .map_or_else(|| PathBuf::from("/root/.pyenv"), PathBuf::from);
             let minor: String = version.splitn(3, '.').take(2).collect::<Vec<_>>().join(".");
             root.join("versions")
                 .join(version)
@@ -342,8 +341,10 @@ fn forked_python_workers_are_named_in_python() {
         let (total, named) = processes
             .iter()
             .find(|(name, _)| name.ends_with(&suffix))
-            .map(|(_, weights)| *weights)
-            .unwrap_or_else(|| panic!("child {child} missing\n{wall}"));
+            .map_or_else(
+                || panic!("child {child} missing\n{wall}"),
+                |(_, weights)| *weights,
+            );
         assert!(
             named as f64 >= 0.9 * total as f64,
             "child {child}: {named} of {total} us named\n{wall}"

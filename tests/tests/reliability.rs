@@ -62,7 +62,7 @@ fn running(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
         // The state follows the parenthesised command name.
         let state = stat.rsplit_once(") ").map(|(_, rest)| rest.chars().next());
-        !matches!(state, None | Some(None) | Some(Some('Z' | 'X')))
+        !matches!(state, None | Some(None | Some('Z' | 'X')))
     })
 }
 
@@ -2158,7 +2158,7 @@ fn a_process_moved_out_of_the_cgroup_is_traced_no_more() {
         after - moved
     );
     send(tracer.pid(), libc::SIGINT);
-    let (status, _, stderr) = tracer.finish();
+    let (status, (), stderr) = tracer.finish();
     assert!(status.success(), "{stderr}");
     send(target.pid, libc::SIGTERM);
     target.finish();

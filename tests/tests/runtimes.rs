@@ -376,7 +376,8 @@ fn a_probe_that_begins_four_latencies_measures_each() {
 /// see it loaded later.
 fn jvm_alone() -> std::sync::MutexGuard<'static, ()> {
     static JVM: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    JVM.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    JVM.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn start_java(

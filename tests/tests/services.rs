@@ -694,7 +694,7 @@ fn in_a_pid_namespace_of_its_own_a_service_is_traced_by_the_namespaces_pids() {
     let dir = out_dir("services-pidns");
     let args = server_args(3, 4, 1, 2, 200).join(" ");
     let script = format!(
-        r#"set -u
+        r"set -u
         d={dir}
         {SERVER} {args} --wait-for-signal > $d/server.out &
         s=$!
@@ -705,7 +705,7 @@ fn in_a_pid_namespace_of_its_own_a_service_is_traced_by_the_namespaces_pids() {
         until grep -q '^Attached' $d/tracer.err; do kill -0 $t || exit 1; sleep 0.02; done
         kill -USR1 $s
         wait $s
-        wait $t"#,
+        wait $t",
         dir = dir.display(),
         tracer = tracer_bin().display(),
     );
@@ -1142,9 +1142,10 @@ fn cgroup_test(hierarchy: &str, name: &str) {
 fn cgroup_v2_traces_a_server_moved_in_after_the_tracer_started() {
     require_privileged();
     let root = cgroup_v2_root();
-    if !Path::new(root).join("cgroup.procs").exists() {
-        panic!("no cgroup v2 hierarchy at {root}");
-    }
+    assert!(
+        Path::new(root).join("cgroup.procs").exists(),
+        "no cgroup v2 hierarchy at {root}"
+    );
     cgroup_test(root, "services-cgroup2");
 }
 

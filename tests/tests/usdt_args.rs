@@ -19,7 +19,7 @@ fn build(opt: &str, pie: &str) -> PathBuf {
     let name = format!("usdt-forms{opt}{pie}");
     let mut built = BUILT
         .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     if let Some((_, bin)) = built.iter().find(|(n, _)| *n == name) {
         return bin.clone();
     }

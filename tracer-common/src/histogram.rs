@@ -58,10 +58,10 @@ pub fn bucket_of(value: u64) -> u32 {
 pub fn bucket_lower_bound(bucket: u32) -> u64 {
     let sub_buckets = SUB_BUCKETS as u32;
     if bucket < sub_buckets {
-        return bucket as u64;
+        return u64::from(bucket);
     }
     let shift = bucket / sub_buckets - 1;
-    let sub = (bucket % sub_buckets) as u64;
+    let sub = u64::from(bucket % sub_buckets);
     (SUB_BUCKETS + sub) << shift
 }
 

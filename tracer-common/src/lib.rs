@@ -42,7 +42,13 @@ pub use usdt::*;
 
 #[cfg(feature = "user")]
 mod pod {
-    use super::*;
+    use super::{
+        BlockPlace, HitStackKey, KernelStack, LastSnapshot, LastUserStack, LatencyProcessKey,
+        LatencyStart, LatencyStartKey, LatencyStats, OffCpuKey, OffCpuStart, OffCpuTotal,
+        ProbeHits, ProcessMetricKey, SnapshotCheck, StackWords, TargetProcess, TaskId, TaskKey,
+        TaskName, TaskState, TaskTotal, TaskWallKey, ThreadRegs, TimelineEvent, UnwindSample,
+        UsdtArg, UsdtEvent, UsdtSite, UsdtStrHeader, python,
+    };
     /// `unsafe impl aya::Pod` for each type.
     macro_rules! pod {
         ($($t:ty),* $(,)?) => {

@@ -43,9 +43,9 @@ impl Registers {
         // the source (and zeroes the destination on failure).
         let failure = unsafe {
             bpf_probe_read_kernel_raw(
-                slots.as_mut_ptr() as *mut c_void,
+                slots.as_mut_ptr().cast::<c_void>(),
                 core::mem::size_of::<pt_regs>() as u32,
-                ctx.as_ptr() as *const c_void,
+                ctx.as_ptr().cast_const(),
             )
         };
         Registers { slots, failure }
@@ -70,7 +70,7 @@ pub fn decode_arg(regs: &Registers, arg: &UsdtArg) -> (u64, i64) {
         arg_kind::CONST => (arg.val_off as u64, 0),
         arg_kind::REG => (base, 0),
         arg_kind::REG_DEREF | arg_kind::REG_DEREF_INDEXED => {
-            let index = regs.get(arg.idx_reg_off).wrapping_mul(arg.scale as u64);
+            let index = regs.get(arg.idx_reg_off).wrapping_mul(u64::from(arg.scale));
             let addr = base.wrapping_add(index).wrapping_add(arg.val_off as u64);
             read_user_raw(addr, arg.size)
         }
@@ -85,12 +85,11 @@ pub fn decode_arg(regs: &Registers, arg: &UsdtArg) -> (u64, i64) {
 #[inline(always)]
 fn read_user_raw(addr: u64, size: u8) -> (u64, i64) {
     let mut value = 0u64;
-    let len = (size.wrapping_sub(1) & 7) as u32 + 1;
+    let len = u32::from(size.wrapping_sub(1) & 7) + 1;
     // SAFETY: `len` is at most 8, the size of `value`; the helper validates the user
     // address and reports faults.
-    let failure = unsafe {
-        bpf_probe_read_user_raw((&mut value as *mut u64).cast(), len, addr as *const c_void)
-    };
+    let failure =
+        unsafe { bpf_probe_read_user_raw((&raw mut value).cast(), len, addr as *const c_void) };
     (value, failure)
 }
 
@@ -103,16 +102,16 @@ fn read_user_raw(addr: u64, size: u8) -> (u64, i64) {
 #[inline(always)]
 pub unsafe fn read_user_str(dst: *mut u8, size: u32, addr: u64) -> i64 {
     // SAFETY: the caller vouches for `dst`; the helper validates the user address.
-    unsafe { bpf_probe_read_user_str(dst as *mut c_void, size, addr as *const c_void) }
+    unsafe { bpf_probe_read_user_str(dst.cast::<c_void>(), size, addr as *const c_void) }
 }
 
 /// [`widen`] without a branch: sign extension as `(x ^ m) - m`, `m` the sign bit when
 /// signed and 0 when not.
 #[inline(always)]
 fn widen_branchless(raw: u64, size: u8, signed: u8) -> u64 {
-    let bits = 8 * ((size.wrapping_sub(1) & 7) as u32 + 1);
+    let bits = 8 * (u32::from(size.wrapping_sub(1) & 7) + 1);
     let low = raw & (u64::MAX >> (64 - bits));
-    let sign = ((signed & 1) as u64) << (bits - 1);
+    let sign = u64::from(signed & 1) << (bits - 1);
     (low ^ sign).wrapping_sub(sign)
 }
 
@@ -127,7 +126,7 @@ pub fn read_arg(ctx: &ProbeContext, arg: &UsdtArg) -> u64 {
             read_user(addr, arg.size)
         }
         arg_kind::REG_DEREF_INDEXED => {
-            let index = register(ctx, arg.idx_reg_off).wrapping_mul(arg.scale as u64);
+            let index = register(ctx, arg.idx_reg_off).wrapping_mul(u64::from(arg.scale));
             let addr = register(ctx, arg.reg_off)
                 .wrapping_add(index)
                 .wrapping_add(arg.val_off as u64);
@@ -142,7 +141,9 @@ pub fn read_arg(ctx: &ProbeContext, arg: &UsdtArg) -> u64 {
 /// must use constant offsets, so this goes through `bpf_probe_read_kernel`.
 #[inline(always)]
 fn register(ctx: &ProbeContext, reg_off: u8) -> u64 {
-    let addr = (ctx.as_ptr() as *const u8).wrapping_add(reg_off as usize) as *const u64;
+    let addr = (ctx.as_ptr() as *const u8)
+        .wrapping_add(reg_off as usize)
+        .cast::<u64>();
     // SAFETY: the helper checks the address; a failure yields 0 and is counted.
     unsafe { bpf_probe_read_kernel(addr) }.unwrap_or_else(|_| {
         count(counter::ARG_READ_ERRORS);
@@ -163,7 +164,7 @@ fn read_user(addr: u64, size: u8) -> u64 {
 /// Keeps the low `size` bytes, sign-extending when the spec says signed.
 #[inline(always)]
 fn widen(raw: u64, size: u8, signed: bool) -> u64 {
-    let shift = 64 - 8 * (size.clamp(1, 8) as u32);
+    let shift = 64 - 8 * u32::from(size.clamp(1, 8));
     if signed {
         (((raw << shift) as i64) >> shift) as u64
     } else {

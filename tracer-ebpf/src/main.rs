@@ -7,6 +7,9 @@
 // Atomic adds whose result is unused, which the BPF target's atomic types do not offer.
 #![allow(internal_features)]
 #![feature(core_intrinsics)]
+// Kernel structures are read at the offsets BTF gives, which the kernel aligns; the
+// verifier rejects a misaligned access at load time.
+#![allow(clippy::cast_ptr_alignment)]
 
 mod args;
 mod offcpu;
@@ -514,6 +517,9 @@ pub fn process_exec(ctx: BtfTracePointContext) -> i32 {
 
 /// Every thread's saved user registers, from a task iterator (`tracer stacks`). Written
 /// out as aya's macros would (they have none for iterators).
+// The function is entered by the kernel, not called from Rust: aya's program macros
+// leave its ABI as Rust too.
+#[allow(clippy::no_mangle_with_rust_abi)]
 #[unsafe(no_mangle)]
 #[unsafe(link_section = "iter/task")]
 pub fn thread_regs(ctx: *mut core::ffi::c_void) -> i32 {

@@ -105,14 +105,14 @@ fn record_switch_out<const DWARF: bool, const PYTHON: bool>(ctx: &BtfTracePointC
         (true, Some(regs)) => user_snapshot::<PYTHON>(ctx, &regs, tgid, tid, now),
         (false, Some(regs)) => frame_pointer_stack(ctx, &regs, tid),
         (true, None) => {
-            let fp_stack_id = stack_id(ctx, BPF_F_USER_STACK as u64);
+            let fp_stack_id = stack_id(ctx, u64::from(BPF_F_USER_STACK));
             // A kernel thread has no user stack either way.
             if fp_stack_id != NO_STACK {
                 count(counter::UNWIND_NO_USER_REGS);
             }
             fp_stack_id
         }
-        (false, None) => stack_id(ctx, BPF_F_USER_STACK as u64),
+        (false, None) => stack_id(ctx, u64::from(BPF_F_USER_STACK)),
     };
     // A thread switched out while still TASK_RUNNING was preempted (or yielded): it waits
     // for a CPU, not for an event.
@@ -201,7 +201,7 @@ fn frame_pointer_stack(ctx: &BtfTracePointContext, regs: &Regs, tid: u32) -> i32
     {
         return last.stack_id;
     }
-    let id = stack_id(ctx, BPF_F_USER_STACK as u64);
+    let id = stack_id(ctx, u64::from(BPF_F_USER_STACK));
     if id >= 0 {
         remember_frame_pointer_stack(regs, tid, id);
     }
@@ -297,14 +297,14 @@ fn words_unchanged(words: &StackWords, sp: u64) -> bool {
     // compiler cannot tie to the check above, so it keeps the mask): 1..=STACK_WORDS_SPAN,
     // `span` itself.
     // SAFETY: `words` is a valid reference.
-    let len = (unsafe { core::ptr::read_volatile(&words.span) }.wrapping_sub(1)
+    let len = (unsafe { core::ptr::read_volatile(&raw const words.span) }.wrapping_sub(1)
         & (STACK_WORDS_SPAN as u32 - 1))
         + 1;
     // SAFETY: the scratch value has room for STACK_WORDS_SPAN >= len bytes; the helper
     // checks the user address and fails on a fault.
     let failed = unsafe {
         aya_ebpf::helpers::generated::bpf_probe_read_user(
-            stack as *mut c_void,
+            stack.cast::<c_void>(),
             len,
             sp as *const c_void,
         )
@@ -318,7 +318,7 @@ fn words_unchanged(words: &StackWords, sp: u64) -> bool {
         }
         // SAFETY: `words` is a valid reference. Volatile, so that the compiler keeps the
         // mask the verifier needs to see the index bounded.
-        let offset = unsafe { core::ptr::read_volatile(&words.offsets[i]) };
+        let offset = unsafe { core::ptr::read_volatile(&raw const words.offsets[i]) };
         if offset % 8 != 0 || offset >= span {
             return false;
         }
@@ -338,7 +338,7 @@ fn words_unchanged_one_by_one(words: &StackWords, sp: u64) -> bool {
         if i >= count {
             break;
         }
-        let addr = sp.wrapping_add(words.offsets[i] as u64) as *const u64;
+        let addr = sp.wrapping_add(u64::from(words.offsets[i])) as *const u64;
         // SAFETY: the helper checks the user address and fails on a fault.
         match unsafe { bpf_probe_read_user(addr) } {
             Ok(value) if value == words.values[i] => {}
@@ -386,7 +386,7 @@ fn user_snapshot<const PYTHON: bool>(
     let snapshot_id = next_snapshot_id();
     if !snapshot::send(regs, tgid, tid, NO_STACK, snapshot_id as u32, 0, python) {
         count(counter::UNWIND_RING_FULL);
-        return stack_id(ctx, BPF_F_USER_STACK as u64);
+        return stack_id(ctx, u64::from(BPF_F_USER_STACK));
     }
     // A snapshot of this place still waiting for its check stays the one to compare
     // with: replaced at every block, the place would never have a checked one while the
@@ -486,7 +486,7 @@ fn account_switch_in(next: *const u8, now: u64) {
     // A shorter interval: with probability blocked / KERNEL_STACK_ALWAYS_NS.
     // SAFETY: the helper has no preconditions.
     let random = unsafe { bpf_get_prandom_u32() };
-    let take = always || (random as u64 * KERNEL_STACK_ALWAYS_NS) >> 32 < blocked;
+    let take = always || (u64::from(random) * KERNEL_STACK_ALWAYS_NS) >> 32 < blocked;
     let kernel_stack_id = if take {
         switch_in_kernel_stack(next)
     } else {
@@ -598,14 +598,14 @@ fn switch_in_kernel_stack(task: *const u8) -> i32 {
     let bytes = unsafe {
         bpf_get_task_stack(
             task as *mut task_struct,
-            stack.ips.as_mut_ptr() as *mut c_void,
+            stack.ips.as_mut_ptr().cast::<c_void>(),
             (MAX_STACK_DEPTH * 8) as u32,
             0,
         )
     };
     // A thread about to run has a kernel stack: no frames, or -EFAULT (which would read
     // as NO_STACK), mean the kernel could not walk it.
-    if bytes == 0 || bytes == NO_STACK as i64 {
+    if bytes == 0 || bytes == i64::from(NO_STACK) {
         count(counter::STACK_ERRORS);
         return KERNEL_STACK_UNREADABLE;
     }

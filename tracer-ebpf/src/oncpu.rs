@@ -78,7 +78,7 @@ fn aggregate(ctx: &PerfEventContext, tgid: u32, tid: u32) {
     let key = OnCpuKey {
         tgid,
         tid,
-        user_stack_id: stack_id(ctx, BPF_F_USER_STACK as u64),
+        user_stack_id: stack_id(ctx, u64::from(BPF_F_USER_STACK)),
         kernel_stack_id: stack_id(ctx, 0),
         state: 0,
     };

@@ -72,7 +72,7 @@ pub fn current_stack<const WALK: bool>(
         // checks the user address and fails on a fault.
         let read = unsafe {
             bpf_probe_read_user(
-                words.as_mut_ptr() as *mut c_void,
+                words.as_mut_ptr().cast::<c_void>(),
                 size,
                 frame as *const c_void,
             )
@@ -192,7 +192,7 @@ fn read_u64(addr: u64) -> Option<u64> {
     // SAFETY: the destination is our 8-byte local; the helper checks the user address.
     let ret = unsafe {
         bpf_probe_read_user(
-            core::ptr::addr_of_mut!(value) as *mut c_void,
+            core::ptr::addr_of_mut!(value).cast::<c_void>(),
             8,
             addr as *const c_void,
         )

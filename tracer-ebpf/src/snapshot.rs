@@ -96,9 +96,9 @@ pub fn send(
             // A copy between two buffers of the kernel's: the scratch map and the ring.
             Some(python) => {
                 bpf_probe_read_kernel(
-                    python_at as *mut c_void,
+                    python_at.cast::<c_void>(),
                     core::mem::size_of::<PythonStack>() as u32,
-                    python as *const PythonStack as *const c_void,
+                    core::ptr::from_ref::<PythonStack>(python).cast::<c_void>(),
                 );
             }
             None => {
@@ -109,7 +109,7 @@ pub fn send(
                 (*python_at)._pad = 0;
             }
         }
-        let stack = core::ptr::addr_of_mut!((*sample).stack) as *mut u8;
+        let stack = core::ptr::addr_of_mut!((*sample).stack).cast::<u8>();
         read_user_stack(stack, regs.sp)
     };
     if stack_len == 0 {
@@ -125,11 +125,11 @@ pub fn send(
 /// full: a burst then cannot fill it between two drains.
 #[inline(always)]
 fn wakeup_flag() -> u64 {
-    let waiting = UNWIND_SAMPLES.query(BPF_RB_AVAIL_DATA as u64);
-    let size = UNWIND_SAMPLES.query(BPF_RB_RING_SIZE as u64);
+    let waiting = UNWIND_SAMPLES.query(u64::from(BPF_RB_AVAIL_DATA));
+    let size = UNWIND_SAMPLES.query(u64::from(BPF_RB_RING_SIZE));
     match waiting >= size / 4 {
-        true => BPF_RB_FORCE_WAKEUP as u64,
-        false => BPF_RB_NO_WAKEUP as u64,
+        true => u64::from(BPF_RB_FORCE_WAKEUP),
+        false => u64::from(BPF_RB_NO_WAKEUP),
     }
 }
 
@@ -150,8 +150,9 @@ unsafe fn read_user_stack(dst: *mut u8, sp: u64) -> u32 {
         if len <= UNWIND_STACK_BYTES as u64 {
             // SAFETY: `dst` has room for UNWIND_STACK_BYTES >= len bytes; the helper
             // checks the user address and fails on a fault instead of reading it.
-            let ret =
-                unsafe { bpf_probe_read_user(dst as *mut c_void, len as u32, sp as *const c_void) };
+            let ret = unsafe {
+                bpf_probe_read_user(dst.cast::<c_void>(), len as u32, sp as *const c_void)
+            };
             if ret == 0 {
                 return len as u32;
             }

@@ -26,7 +26,7 @@ pub fn stack_id<C: StackIdContext>(ctx: &C, flags: u64) -> i32 {
                 ENOMEM => count(counter::STACK_MAP_FULL),
                 _ => {}
             }
-            let which = if flags & BPF_F_USER_STACK as u64 != 0 {
+            let which = if flags & u64::from(BPF_F_USER_STACK) != 0 {
                 "user"
             } else {
                 "kernel"

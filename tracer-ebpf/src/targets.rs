@@ -72,7 +72,7 @@ pub fn task_tid(task: *const u8) -> Option<u32> {
 pub fn trusted_field<T: Copy>(base: *const u8, offset: u32) -> T {
     // SAFETY: the verifier checks the access against the BTF type and the JIT guards it
     // against faults.
-    unsafe { core::ptr::read_volatile(base.wrapping_add(offset as usize) as *const T) }
+    unsafe { core::ptr::read_volatile(base.wrapping_add(offset as usize).cast::<T>()) }
 }
 
 /// How deep below the tracer's PID namespace a task's own namespace may be.
@@ -375,7 +375,9 @@ fn runs_exe(bprm: *const u8) -> bool {
 /// `task`'s name (`comm`), zeros if unreadable.
 #[inline(always)]
 fn comm_of(task: *const u8) -> [u8; 16] {
-    let field = task.wrapping_add(setting(&TASK_COMM_OFFSET) as usize) as *const [u8; 16];
+    let field = task
+        .wrapping_add(setting(&TASK_COMM_OFFSET) as usize)
+        .cast::<[u8; 16]>();
     // SAFETY: bpf_probe_read_kernel validates the address.
     unsafe { bpf_probe_read_kernel(field) }.unwrap_or([0; 16])
 }
@@ -416,17 +418,17 @@ fn current_start_ticks() -> u64 {
 #[inline(always)]
 fn read_ptr(base: *const u8, offset: u32) -> Option<*const u8> {
     // SAFETY: bpf_probe_read_kernel validates the address.
-    unsafe { bpf_probe_read_kernel(base.wrapping_add(offset as usize) as *const *const u8) }.ok()
+    unsafe { bpf_probe_read_kernel(base.wrapping_add(offset as usize).cast::<*const u8>()) }.ok()
 }
 
 #[inline(always)]
 fn read_u64(base: *const u8, offset: u32) -> Option<u64> {
     // SAFETY: as above.
-    unsafe { bpf_probe_read_kernel(base.wrapping_add(offset as usize) as *const u64) }.ok()
+    unsafe { bpf_probe_read_kernel(base.wrapping_add(offset as usize).cast::<u64>()) }.ok()
 }
 
 #[inline(always)]
 fn read_u32(base: *const u8, offset: u32) -> Option<u32> {
     // SAFETY: as above.
-    unsafe { bpf_probe_read_kernel(base.wrapping_add(offset as usize) as *const u32) }.ok()
+    unsafe { bpf_probe_read_kernel(base.wrapping_add(offset as usize).cast::<u32>()) }.ok()
 }

@@ -210,7 +210,7 @@ static NO_NAME: TaskName = TaskName {
 /// The user stack where the task parks.
 #[inline(always)]
 fn park_stack(ctx: &ProbeContext) -> i32 {
-    stack_id(ctx, BPF_F_USER_STACK as u64)
+    stack_id(ctx, u64::from(BPF_F_USER_STACK))
 }
 
 #[inline(always)]

@@ -66,7 +66,7 @@ pub fn on_task(ctx: *const IterTask) {
         let seq = core::ptr::read_volatile(core::ptr::addr_of!((*meta).seq));
         bpf_seq_write(
             seq,
-            core::ptr::addr_of!(record) as *const c_void,
+            core::ptr::addr_of!(record).cast::<c_void>(),
             core::mem::size_of::<ThreadRegs>() as u32,
         );
     }

@@ -97,7 +97,7 @@ fn hit_stacks(ctx: &ProbeContext, site: &UsdtSite) -> (i32, i32) {
     }
     // A uprobe fires in user mode: the kernel stack is normally NO_STACK (nothing
     // below the trap), taken anyway so a probe hit in a system call would show one.
-    (stack_id(ctx, BPF_F_USER_STACK as u64), stack_id(ctx, 0))
+    (stack_id(ctx, u64::from(BPF_F_USER_STACK)), stack_id(ctx, 0))
 }
 
 /// [`hit_stacks`] for an event: with `STACK_SNAPSHOT`, the user stack is a snapshot sent
@@ -128,7 +128,7 @@ fn event_stacks(ctx: &ProbeContext, site: &UsdtSite, pid_tgid: u64) -> (i32, i32
         id
     } else {
         count(counter::UNWIND_RING_FULL);
-        stack_id(ctx, BPF_F_USER_STACK as u64)
+        stack_id(ctx, u64::from(BPF_F_USER_STACK))
     };
     (user, stack_id(ctx, 0))
 }
@@ -179,7 +179,7 @@ fn announce_stack(key: &HitStackKey, pid_tgid: u64) {
         (*event).kernel_stack_id = key.kernel_stack_id;
         // Volatile for the reason given in `emit_event`.
         for i in 0..MAX_USDT_ARGS {
-            core::ptr::write_volatile(&mut (*event).args[i], 0);
+            core::ptr::write_volatile(&raw mut (*event).args[i], 0);
         }
     }
     entry.submit(0);
@@ -236,7 +236,7 @@ fn class_of(ctx: &ProbeContext, site: &UsdtSite) -> u32 {
 /// `UsdtSite::class_latency`) its class: its innermost call when it is frame-keyed.
 #[inline(always)]
 fn classify_open(class_latency: u8, tid: u32, class: u32) {
-    let latency_id = (class_latency & !CLASSIFIES_INNERMOST) as u32 - 1;
+    let latency_id = u32::from(class_latency & !CLASSIFIES_INNERMOST) - 1;
     let mut key = LatencyStartKey {
         tid,
         latency_id,
@@ -489,7 +489,7 @@ fn fill_strings(
     let event = unsafe { &raw mut (*scratch).event };
     let failures = fill_event::<MAX_USDT_ARGS, true>(ctx, site, pid_tgid, now, event);
     // SAFETY: as above; the area is plain bytes.
-    let area = unsafe { &raw mut (*scratch).area } as *mut u8;
+    let area = unsafe { &raw mut (*scratch).area }.cast::<u8>();
     const HEADER: usize = core::mem::size_of::<UsdtStrHeader>();
     let mut end = 0usize;
     for i in 0..MAX_STR_ARGS {
@@ -510,7 +510,7 @@ fn fill_strings(
         let result = unsafe {
             let data = area.add(start + HEADER);
             let result = read_user_str(data, size as u32, pointer);
-            let header = area.add(start) as *mut UsdtStrHeader;
+            let header = area.add(start).cast::<UsdtStrHeader>();
             core::ptr::write_unaligned(
                 header,
                 UsdtStrHeader {
@@ -574,7 +574,7 @@ fn fill_event<const MAX_ARGS: usize, const STACKS: bool>(
         // Volatile stores, so the compiler does not turn them into a call to a memset loop
         // that the verifier would walk byte by byte.
         for i in 0..MAX_USDT_ARGS {
-            core::ptr::write_volatile(&mut (*event).args[i], 0);
+            core::ptr::write_volatile(&raw mut (*event).args[i], 0);
         }
         for i in 0..MAX_ARGS.min(MAX_USDT_ARGS) {
             if i >= arg_count {

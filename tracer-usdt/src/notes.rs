@@ -196,7 +196,7 @@ where
                 flags: ph.p_flags(endian),
             }),
             elf::PT_GNU_RELRO => {
-                layout.relro = Some((ph.p_vaddr(endian).into(), ph.p_memsz(endian).into()))
+                layout.relro = Some((ph.p_vaddr(endian).into(), ph.p_memsz(endian).into()));
             }
             _ => {}
         }
@@ -497,7 +497,7 @@ mod tests {
                         name: "second".into(),
                         pc: VADDR + TEXT_OFF + 8,
                         semaphore: None,
-                        arg_spec: "".into(),
+                        arg_spec: String::new(),
                         note_offset: second_note,
                         location: Ok(SiteOffsets {
                             probe: TEXT_OFF + 8,
@@ -557,7 +557,7 @@ mod tests {
         let path = dir.file("tiny-truncated", &tiny_elf(true, &notes));
         match read_notes(&path).unwrap_err() {
             Error::MalformedNote { offset, .. } => {
-                assert_eq!(offset, NOTES_OFF + good.len() as u64)
+                assert_eq!(offset, NOTES_OFF + good.len() as u64);
             }
             other => panic!("{other}"),
         }

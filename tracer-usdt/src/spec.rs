@@ -169,8 +169,10 @@ fn register_name(reg_off: u8) -> String {
     REGISTERS
         .iter()
         .find(|(off, _)| *off == reg_off)
-        .map(|(_, names)| names[0].to_owned())
-        .unwrap_or_else(|| format!("pt_regs+{reg_off}"))
+        .map_or_else(
+            || format!("pt_regs+{reg_off}"),
+            |(_, names)| names[0].to_owned(),
+        )
 }
 
 /// The SIZE field: bytes, signedness, float. A 16-byte value keeps its first (low) 8

@@ -426,13 +426,13 @@ fn read_truth(dir: &Path) -> Result<Truth> {
             .as_array()
             .context("no pause_ns")?
             .iter()
-            .filter_map(|p| p.as_u64())
+            .filter_map(serde_json::Value::as_u64)
             .collect(),
         pause_inner_ns: v["pause_inner_ns"]
             .as_array()
             .context("no pause_inner_ns")?
             .iter()
-            .filter_map(|p| p.as_u64())
+            .filter_map(serde_json::Value::as_u64)
             .collect(),
         tasks,
     })

@@ -33,9 +33,7 @@ pub fn ebpf_toolchain() -> Result<String> {
 
 /// bpf-linker is built per eBPF toolchain: it must link that nightly's LLVM.
 fn cache_dir(toolchain: &str) -> PathBuf {
-    let home = std::env::var_os("HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| "/root".into());
+    let home = std::env::var_os("HOME").map_or_else(|| "/root".into(), PathBuf::from);
     home.join(".cache/tracer/bpf-linker").join(toolchain)
 }
 
@@ -71,9 +69,7 @@ const JULIA_BUNDLE: &str = "ace-jax-coupling==0.2.0";
 
 /// Where the Julia bundle's venv is (the tests look there too).
 fn julia_venv() -> PathBuf {
-    let home = std::env::var_os("HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| "/root".into());
+    let home = std::env::var_os("HOME").map_or_else(|| "/root".into(), PathBuf::from);
     home.join(".cache/tracer/julia")
 }
 
@@ -133,9 +129,7 @@ const SPEEDSCOPE_SHA512: &str = "7297fd1d64d97f58a32d7049ae4f3b55eff9e2d9d8c7aae
 /// `~/.cache/tracer/speedscope-VERSION`, where the timeline test looks; a no-op when it
 /// is there. The tarball is checked against its known SHA-512.
 fn ensure_speedscope() -> Result<()> {
-    let home = std::env::var_os("HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| "/root".into());
+    let home = std::env::var_os("HOME").map_or_else(|| "/root".into(), PathBuf::from);
     let dir = home
         .join(".cache/tracer")
         .join(format!("speedscope-{SPEEDSCOPE_VERSION}"));
@@ -236,7 +230,7 @@ fn ensure_bpf_linker(toolchain: &str) -> Result<()> {
     let nightly_lib = PathBuf::from(sysroot.trim()).join("lib");
     let libllvm = std::fs::read_dir(&nightly_lib)
         .with_context(|| format!("cannot read {}", nightly_lib.display()))?
-        .filter_map(|e| e.ok())
+        .filter_map(std::result::Result::ok)
         .map(|e| e.path())
         .find(|p| {
             p.file_name()

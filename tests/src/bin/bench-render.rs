@@ -383,7 +383,7 @@ fn main() -> Result<()> {
         }
     }
 
-    let size = |path: &Path| std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+    let size = |path: &Path| std::fs::metadata(path).map_or(0, |m| m.len());
     // The tracer hands inferno its lines as sorted (no re-sort): the picture must be the
     // one inferno draws after sorting them itself.
     let same_svg = std::fs::read(&svg_path)? == std::fs::read(&inferno_path)?;

@@ -97,7 +97,7 @@ fn wait_for_exit(pid: i32) -> Result<()> {
             revents: 0,
         };
         // SAFETY: one valid pollfd.
-        let rc = unsafe { libc::poll(&mut poll, 1, -1) };
+        let rc = unsafe { libc::poll(&raw mut poll, 1, -1) };
         if rc > 0 {
             return Ok(());
         }

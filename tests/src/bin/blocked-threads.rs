@@ -108,7 +108,7 @@ fn main() -> Result<()> {
     let (_never_tx, never_rx) = mpsc::channel();
     let holder_lock = Arc::clone(&lock);
     spawn("lock-holder", &tids_tx, move || {
-        hold_lock(&holder_lock, held_tx, never_rx)
+        hold_lock(&holder_lock, held_tx, never_rx);
     })?;
     held_rx.recv().context("the lock holder died")?;
     spawn("futex-waiter", &tids_tx, move || {

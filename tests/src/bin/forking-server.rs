@@ -135,7 +135,7 @@ fn child_blocks_in_read(block: Duration) -> Result<u64> {
     let (ours, _peer) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
     let timeout = libc::timeval {
         tv_sec: block.as_secs() as libc::time_t,
-        tv_usec: block.subsec_micros() as libc::suseconds_t,
+        tv_usec: libc::suseconds_t::from(block.subsec_micros()),
     };
     // SAFETY: `timeout` is a valid timeval of the size given.
     let rc = unsafe {
@@ -213,7 +213,7 @@ fn wait_for_children(children: &[libc::pid_t]) -> Result<()> {
     for &child in children {
         let mut status = 0;
         // SAFETY: `status` is a valid out-pointer; `child` is our child.
-        let rc = unsafe { libc::waitpid(child, &mut status, 0) };
+        let rc = unsafe { libc::waitpid(child, &raw mut status, 0) };
         ensure!(
             rc == child,
             "waitpid {child}: {}",

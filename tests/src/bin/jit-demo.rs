@@ -92,7 +92,7 @@ fn compile() -> Result<(JitFn, u64)> {
         return Err(std::io::Error::last_os_error()).context("mmap");
     }
     // SAFETY: the page is ours, writable and PAGE >= CODE.len() bytes long.
-    unsafe { std::ptr::copy_nonoverlapping(CODE.as_ptr(), page as *mut u8, CODE.len()) };
+    unsafe { std::ptr::copy_nonoverlapping(CODE.as_ptr(), page.cast::<u8>(), CODE.len()) };
     // SAFETY: `page` is the mapping made above.
     if unsafe { libc::mprotect(page, PAGE, libc::PROT_READ | libc::PROT_EXEC) } != 0 {
         return Err(std::io::Error::last_os_error()).context("mprotect");

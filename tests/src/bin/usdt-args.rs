@@ -152,7 +152,7 @@ fn fire_noargs() {
         asm!(
             probe_site!("noargs", ""),
             options(att_syntax, nostack, preserves_flags)
-        )
+        );
     }
 }
 
@@ -163,7 +163,7 @@ fn fire_consts() {
         asm!(
             probe_site!("consts", "-4@$-5 8@$42 1@$255"),
             options(att_syntax, nostack, preserves_flags)
-        )
+        );
     }
 }
 
@@ -180,7 +180,7 @@ fn fire_regs() {
             in("r8") 1_u64,
             in("r9") -1_i64,
             options(att_syntax, nostack, preserves_flags)
-        )
+        );
     }
 }
 
@@ -204,7 +204,7 @@ fn fire_mem() {
             in("rdx") MEM_I16.as_ptr(),
             in("rcx") MEM_U8.as_ptr().wrapping_add(MEM_U8.len()),
             options(att_syntax)
-        )
+        );
     }
 }
 
@@ -225,7 +225,7 @@ fn fire_indexed() {
             in("rdi") 4_u64,
             in("r9") 6_u64,
             options(att_syntax, nostack, preserves_flags)
-        )
+        );
     }
 }
 
@@ -248,7 +248,7 @@ fn fire_twelve() {
             in("r11") 0xffff_ffff_ffff_000b_u64,
             in("rax") 12_u64,
             options(att_syntax, nostack, preserves_flags)
-        )
+        );
     }
 }
 
@@ -268,7 +268,7 @@ fn fire_signs() {
             in("r10") PATTERN,
             in("r11") PATTERN,
             options(att_syntax, nostack, preserves_flags)
-        )
+        );
     }
 }
 
@@ -296,7 +296,7 @@ fn fire_subregs() {
             in("r12") 0x1212_1212_1212_000b_u64,
             in("r13") 0x1313_1313_0000_000c_u64,
             options(att_syntax, preserves_flags)
-        )
+        );
     }
 }
 
@@ -317,7 +317,7 @@ fn fire_fullregs() {
             in("r14") -1005_i64,
             in("r15") -1006_i64,
             options(att_syntax, preserves_flags)
-        )
+        );
     }
 }
 
@@ -329,7 +329,7 @@ fn fire_multi_site_1() {
             probe_site!("multi", "-4@$1 -8@%rdi"),
             in("rdi") 101_u64,
             options(att_syntax, nostack, preserves_flags)
-        )
+        );
     }
 }
 
@@ -341,7 +341,7 @@ fn fire_multi_site_2() {
             probe_site!("multi", "-4@$2 -8@%rsi"),
             in("rsi") 102_u64,
             options(att_syntax, nostack, preserves_flags)
-        )
+        );
     }
 }
 
@@ -353,7 +353,7 @@ fn fire_multi_site_3() {
             probe_site!("multi", "-4@$3 -8@(%rax)"),
             in("rax") addr_of!(MULTI_3),
             options(att_syntax, nostack, preserves_flags)
-        )
+        );
     }
 }
 
@@ -370,7 +370,7 @@ fn fire_guarded() -> bool {
             semaphore = sym GUARDED_SEMAPHORE,
             in("rdi") 7777_u64,
             options(att_syntax, nostack, preserves_flags)
-        )
+        );
     }
     true
 }

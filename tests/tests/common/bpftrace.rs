@@ -230,12 +230,12 @@ fn wake(pid: u32) {
             if libc::waitid(
                 libc::P_PID,
                 pid as libc::id_t,
-                &mut info,
+                &raw mut info,
                 any | libc::WNOWAIT,
             ) == 0
                 && info.si_code == libc::CLD_TRAPPED
             {
-                libc::waitid(libc::P_PID, pid as libc::id_t, &mut info, any);
+                libc::waitid(libc::P_PID, pid as libc::id_t, &raw mut info, any);
             }
         }
         libc::ptrace(libc::PTRACE_DETACH, pid, 0, 0);

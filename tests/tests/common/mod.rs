@@ -42,12 +42,12 @@ use std::{
 /// It also sets a watchdog on the test (see [`watch_this_test`]).
 pub fn require_privileged() {
     // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        panic!(
-            "not root: loading eBPF programs needs root (run `cargo xtask test` as root, or \
-             leave out --include-ignored to skip the privileged tests)"
-        );
-    }
+    let root = unsafe { libc::geteuid() } == 0;
+    assert!(
+        root,
+        "not root: loading eBPF programs needs root (run `cargo xtask test` as root, or \
+         leave out --include-ignored to skip the privileged tests)"
+    );
     watch_this_test();
 }
 
@@ -285,12 +285,11 @@ impl Tracer {
     pub fn wait_for_stderr(&mut self, needle: &str) {
         loop {
             let mut line = String::new();
-            if self.stderr.read_line(&mut line).unwrap_or(0) == 0 {
-                panic!(
-                    "tracer ended before printing {needle:?}: {}",
-                    self.early_stderr
-                );
-            }
+            assert!(
+                self.stderr.read_line(&mut line).unwrap_or(0) != 0,
+                "tracer ended before printing {needle:?}: {}",
+                self.early_stderr
+            );
             self.early_stderr.push_str(&line);
             if line.contains(needle) {
                 return;
@@ -725,7 +724,7 @@ pub fn executable_copy_as(program: &str, dir: &Path, name: impl AsRef<Path>) -> 
         {
             Ok(status) if status.success() => return copy,
             Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) => {
-                std::thread::sleep(Duration::from_millis(20))
+                std::thread::sleep(Duration::from_millis(20));
             }
             other => panic!("{}: {other:?}", copy.display()),
         }

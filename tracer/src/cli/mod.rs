@@ -507,7 +507,7 @@ mod tests {
         ];
         let top = Cli::command()
             .get_after_help()
-            .map(|h| h.to_string())
+            .map(std::string::ToString::to_string)
             .unwrap_or_default();
         // The README and the pages under docs/ (CONTRIBUTING.md shows no tracer command).
         let docs = DOCS

@@ -75,7 +75,7 @@ pub fn run(config: ProfileConfig) -> Result<()> {
     match loader.watch_code_mappings() {
         Ok(()) => processes.maps_told_by_kernel(),
         Err(e) => {
-            log::warn!("cannot watch for code mapped later ({e}): maps are read every second")
+            log::warn!("cannot watch for code mapped later ({e}): maps are read every second");
         }
     }
     let mut sampler =

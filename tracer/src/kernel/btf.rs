@@ -119,7 +119,10 @@ impl Btf {
         functions: &[&str],
     ) -> Result<(), BtfError> {
         let btf = Sections::parse(&self.data)?;
-        let mut found = self.found.lock().unwrap_or_else(|p| p.into_inner());
+        let mut found = self
+            .found
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         // A few names: a list is quicker to search than a map.
         let mut wanted: Vec<(u32, &str)> = [
             (KIND_STRUCT, structs),
@@ -208,7 +211,7 @@ impl Btf {
         let known = self
             .found
             .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .get(&(kind, name.to_string()))
             .copied();
         if let Some(known) = known {

@@ -101,7 +101,7 @@ impl DiagnosticsReader {
                     revents: 0,
                 };
                 // SAFETY: one valid pollfd for the call; a failure only means flush now.
-                unsafe { libc::poll(&mut poll, 1, POLL_PERIOD.as_millis() as i32) };
+                unsafe { libc::poll(&raw mut poll, 1, POLL_PERIOD.as_millis() as i32) };
                 logger.flush();
                 if done {
                     break;

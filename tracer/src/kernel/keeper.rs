@@ -228,7 +228,7 @@ impl LinkKeeper {
     pub fn is_alive(&self) -> bool {
         !matches!(
             crate::system::procfs::process_state(self.pid()),
-            None | Some('Z') | Some('X')
+            None | Some('Z' | 'X')
         )
     }
 

@@ -280,7 +280,7 @@ impl<'a> LoadInputs<'a> {
             filter,
             matching,
             clock_tick_ns: 1_000_000_000 / ticks_per_second,
-            min_block_ns: settings.min_block.as_nanos().min(u64::MAX as u128) as u64,
+            min_block_ns: settings.min_block.as_nanos().min(u128::from(u64::MAX)) as u64,
         }
     }
 
@@ -521,7 +521,7 @@ impl<'a> LoadInputs<'a> {
                 global_names::TIMELINE_MIN_BLOCK_NS,
                 settings
                     .timeline_min_block
-                    .map_or(0, |d| d.as_nanos().min(u64::MAX as u128) as u64),
+                    .map_or(0, |d| d.as_nanos().min(u128::from(u64::MAX)) as u64),
             ),
         ]
     }

@@ -294,7 +294,7 @@ impl Loader {
         let map: PerCpuHashMap<&MapData, LatencyProcessKey, LatencyStats> =
             PerCpuHashMap::try_from(map).map_err(|source| LoaderError::Map { name, source })?;
         let mut out = Vec::new();
-        for entry in map.iter() {
+        for entry in &map {
             let (key, per_cpu) = entry.map_err(|source| LoaderError::Map { name, source })?;
             let mut total = LatencyStats {
                 min_ns: u64::MAX,
@@ -320,7 +320,7 @@ impl Loader {
         let map: PerCpuHashMap<&MapData, HitStackKey, u64> =
             PerCpuHashMap::try_from(map).map_err(|source| LoaderError::Map { name, source })?;
         let mut out = Vec::new();
-        for entry in map.iter() {
+        for entry in &map {
             let (key, per_cpu) = entry.map_err(|source| LoaderError::Map { name, source })?;
             out.push((key, per_cpu.iter().sum()));
         }

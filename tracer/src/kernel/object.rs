@@ -304,12 +304,11 @@ impl Programs {
     ) -> Result<Vec<(String, Map)>, LoaderError> {
         let mut waited_for = Vec::new();
         if !self.loaded.contains_key(name) {
-            let instructions = match self.relocated(name)? {
-                Some(instructions) => instructions,
-                None => {
-                    waited_for = self.finish_maps()?;
-                    self.relocated(name)?.ok_or(LoaderError::Missing(name))?
-                }
+            let instructions = if let Some(instructions) = self.relocated(name)? {
+                instructions
+            } else {
+                waited_for = self.finish_maps()?;
+                self.relocated(name)?.ok_or(LoaderError::Missing(name))?
             };
             let program = &self.object.programs[name];
             let kind = match program.section {

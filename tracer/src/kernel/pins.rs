@@ -44,7 +44,7 @@ fn is_bpf_fs(path: &Path) -> bool {
     // SAFETY: statfs is plain integers; all-zero is a valid value to overwrite.
     let mut stat: libc::statfs = unsafe { std::mem::zeroed() };
     // SAFETY: the path is NUL-terminated and `stat` is writable; both outlive the call.
-    let ret = unsafe { libc::statfs(c_path.as_ptr(), &mut stat) };
+    let ret = unsafe { libc::statfs(c_path.as_ptr(), &raw mut stat) };
     ret == 0 && stat.f_type as i64 == BPF_FS_MAGIC
 }
 

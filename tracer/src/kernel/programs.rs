@@ -135,7 +135,7 @@ impl Loader {
             .filter_map(|(name, prog)| Some((name, sys::program_misses(prog).ok()?)))
             .filter(|(_, misses)| *misses > 0)
             .collect();
-        misses.sort();
+        misses.sort_unstable();
         misses
     }
 

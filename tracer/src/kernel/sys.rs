@@ -51,7 +51,7 @@ unsafe fn bpf(cmd: bpf_cmd, attr: &bpf_attr) -> libc::c_long {
         libc::syscall(
             libc::SYS_bpf,
             cmd as libc::c_long,
-            attr as *const bpf_attr,
+            std::ptr::from_ref::<bpf_attr>(attr),
             mem::size_of::<bpf_attr>() as u32,
         )
     }
@@ -112,7 +112,7 @@ pub fn open_uprobe(pmu_type: u32, target: &UprobeTarget<'_>) -> io::Result<Owned
     let fd = unsafe {
         libc::syscall(
             libc::SYS_perf_event_open,
-            &attr as *const perf_event_attr,
+            &raw const attr,
             pid,
             cpu,
             -1,
@@ -230,7 +230,7 @@ pub fn link_task_iterator(prog: BorrowedFd<'_>, pid: Option<u32>) -> io::Result<
         link.attach_type = bpf_attach_type::BPF_TRACE_ITER as u32;
         if pid.is_some() {
             let iter = &mut link.__bindgen_anon_3.__bindgen_anon_1;
-            iter.iter_info = &info as *const IterLinkInfoTask as u64;
+            iter.iter_info = &raw const info as u64;
             iter.iter_info_len = mem::size_of::<IterLinkInfoTask>() as u32;
         }
     }
@@ -263,7 +263,7 @@ pub fn open_cpu_clock(cpu: u32, frequency_hz: u64) -> io::Result<OwnedFd> {
     let fd = unsafe {
         libc::syscall(
             libc::SYS_perf_event_open,
-            &attr as *const perf_event_attr,
+            &raw const attr,
             -1 as libc::pid_t,
             cpu as libc::c_int,
             -1,
@@ -287,7 +287,7 @@ pub fn open_tracepoint(id: u64) -> io::Result<OwnedFd> {
     let fd = unsafe {
         libc::syscall(
             libc::SYS_perf_event_open,
-            &attr as *const perf_event_attr,
+            &raw const attr,
             -1 as libc::pid_t,
             0 as libc::c_int,
             -1,
@@ -303,7 +303,7 @@ pub fn open_thread_event(attr: &perf_event_attr, tid: u32) -> io::Result<OwnedFd
     let fd = unsafe {
         libc::syscall(
             libc::SYS_perf_event_open,
-            attr as *const perf_event_attr,
+            std::ptr::from_ref::<perf_event_attr>(attr),
             tid as libc::pid_t,
             -1 as libc::c_int,
             -1,
@@ -380,19 +380,18 @@ pub fn load_program(
             return Err(error);
         }
         let mut log = vec![0u8; 1 << 20];
-        match attempt(Some(&mut log)) {
-            Ok(fd) => Ok(fd),
-            Err(_) => {
-                let text = CStr::from_bytes_until_nul(&log)
-                    .map(|s| s.to_string_lossy().into_owned())
-                    .unwrap_or_default();
-                let tail: Vec<&str> = text.lines().rev().take(20).collect();
-                let tail: Vec<&str> = tail.into_iter().rev().collect();
-                Err(io::Error::new(
-                    error.kind(),
-                    format!("{error}; verifier log (end):\n{}", tail.join("\n")),
-                ))
-            }
+        if let Ok(fd) = attempt(Some(&mut log)) {
+            Ok(fd)
+        } else {
+            let text = CStr::from_bytes_until_nul(&log)
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let tail: Vec<&str> = text.lines().rev().take(20).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            Err(io::Error::new(
+                error.kind(),
+                format!("{error}; verifier log (end):\n{}", tail.join("\n")),
+            ))
         }
     })
 }
@@ -423,7 +422,7 @@ pub fn fill_data_map(map: BorrowedFd<'_>, value: &[u8], freeze: bool) -> io::Res
     map_command(
         bpf_cmd::BPF_MAP_UPDATE_ELEM,
         fd,
-        &key as *const u32 as u64,
+        &raw const key as u64,
         value.as_ptr() as u64,
     )?;
     if freeze {
@@ -450,7 +449,7 @@ fn program_info(prog: BorrowedFd<'_>) -> io::Result<bpf_prog_info> {
     let mut attr = zeroed_attr();
     attr.info.bpf_fd = prog.as_raw_fd() as u32;
     attr.info.info_len = mem::size_of::<bpf_prog_info>() as u32;
-    attr.info.info = &mut info as *mut bpf_prog_info as u64;
+    attr.info.info = &raw mut info as u64;
     // SAFETY: `info` is writable for info_len bytes and outlives the call.
     let ret = unsafe { bpf(bpf_cmd::BPF_OBJ_GET_INFO_BY_FD, &attr) };
     if ret < 0 {
@@ -466,12 +465,14 @@ pub fn hash_keys_u32(map: BorrowedFd<'_>) -> Vec<u32> {
     let mut next = 0u32;
     let mut at: Option<u32> = None;
     while keys.len() < 1 << 20 {
-        let key = at.as_ref().map_or(0, |k| k as *const u32 as u64);
+        let key = at
+            .as_ref()
+            .map_or(0, |k| std::ptr::from_ref::<u32>(k) as u64);
         let got = map_command(
             bpf_cmd::BPF_MAP_GET_NEXT_KEY,
             map.as_raw_fd() as u32,
             key,
-            &mut next as *mut u32 as u64,
+            &raw mut next as u64,
         );
         if got.is_err() {
             break;
@@ -488,8 +489,8 @@ pub fn hash_lookup_u32(map: BorrowedFd<'_>, key: u32) -> Option<u32> {
     map_command(
         bpf_cmd::BPF_MAP_LOOKUP_ELEM,
         map.as_raw_fd() as u32,
-        &key as *const u32 as u64,
-        &mut value as *mut u32 as u64,
+        &raw const key as u64,
+        &raw mut value as u64,
     )
     .ok()
     .map(|()| value)
@@ -507,7 +508,7 @@ fn bpf_in_out(cmd: bpf_cmd, attr: &mut bpf_attr) -> io::Result<()> {
         libc::syscall(
             libc::SYS_bpf,
             cmd as libc::c_long,
-            attr as *mut bpf_attr,
+            std::ptr::from_mut::<bpf_attr>(attr),
             mem::size_of::<bpf_attr>() as u32,
         )
     };
@@ -533,8 +534,8 @@ pub fn hash_entries<K: aya::Pod, V: aya::Pod>(map: BorrowedFd<'_>) -> io::Result
         // SAFETY: writing members of a zeroed union of plain integers.
         unsafe {
             let batch = &mut attr.batch;
-            batch.in_batch = if first { 0 } else { &at as *const u64 as u64 };
-            batch.out_batch = &mut next as *mut u64 as u64;
+            batch.in_batch = if first { 0 } else { &raw const at as u64 };
+            batch.out_batch = &raw mut next as u64;
             batch.keys = keys.as_mut_ptr() as u64;
             batch.values = values.as_mut_ptr() as u64;
             batch.count = capacity as u32;
@@ -593,7 +594,7 @@ pub fn hash_delete_u32(map: BorrowedFd<'_>, key: u32) -> io::Result<()> {
     map_command(
         bpf_cmd::BPF_MAP_DELETE_ELEM,
         map.as_raw_fd() as u32,
-        &key as *const u32 as u64,
+        &raw const key as u64,
         0,
     )
 }
@@ -646,7 +647,7 @@ pub fn uprobe_multi_link_info(link: BorrowedFd<'_>) -> io::Result<UprobeMultiLin
     let mut attr = zeroed_attr();
     attr.info.bpf_fd = link.as_raw_fd() as u32;
     attr.info.info_len = mem::size_of_val(&info) as u32;
-    attr.info.info = &mut info as *mut _ as u64;
+    attr.info.info = &raw mut info as u64;
     // SAFETY: `info` and the path buffer are writable for their lengths and outlive the call.
     let ret = unsafe { bpf(bpf_cmd::BPF_OBJ_GET_INFO_BY_FD, &attr) };
     if ret < 0 {
@@ -676,7 +677,7 @@ pub fn array_set_u32(map: BorrowedFd<'_>, index: u32, value: u32) -> io::Result<
     map_command(
         bpf_cmd::BPF_MAP_UPDATE_ELEM,
         map.as_raw_fd() as u32,
-        &index as *const u32 as u64,
-        &value as *const u32 as u64,
+        &raw const index as u64,
+        &raw const value as u64,
     )
 }

@@ -53,8 +53,8 @@ impl FileId {
 /// The kernel's internal device number (`MKDEV(major, minor)`: 12 bits of major above
 /// 20 of minor) of a device number as `stat` gives it.
 fn kernel_dev(dev: u64) -> u64 {
-    let major = libc::major(dev) as u64;
-    let minor = libc::minor(dev) as u64;
+    let major = u64::from(libc::major(dev));
+    let minor = u64::from(libc::minor(dev));
     (major << 20) | minor
 }
 
@@ -233,6 +233,6 @@ mod tests {
         let dev = libc::makedev(8, 3);
         assert_eq!(kernel_dev(dev), (8 << 20) | 3);
         let big = libc::makedev(259, 300);
-        assert_eq!(kernel_dev(big), (259 << 20) | 300);
+        assert_eq!(kernel_dev(big), (259 << 20) + 300);
     }
 }

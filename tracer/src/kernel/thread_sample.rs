@@ -105,6 +105,8 @@ impl Ring {
 
     /// The first record written, once it is whole.
     fn first_record(&self) -> Option<Vec<u8>> {
+        // The mapping starts at a page boundary, so the header is aligned.
+        #[allow(clippy::cast_ptr_alignment)]
         let meta = self.base as *const perf_event_mmap_page;
         // SAFETY: the first page is the kernel's `perf_event_mmap_page`, mapped for as
         // long as `self`; `data_head` is read volatile as the kernel moves it.

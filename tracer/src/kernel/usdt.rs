@@ -73,7 +73,7 @@ impl Loader {
             match target.pid {
                 Some(pid) => {
                     self.sites_in_one_process
-                        .push((pid, target.path.clone(), target.offset))
+                        .push((pid, target.path.clone(), target.offset));
                 }
                 None => self
                     .sites_in_any_process

@@ -132,8 +132,10 @@ impl LatencyHistogram {
 
     /// Mean value, rounded to the nearest nanosecond; `None` without exact totals.
     pub fn mean_ns(&self) -> Option<u64> {
-        (self.count > 0)
-            .then(|| ((self.total_ns as u128 + self.count as u128 / 2) / self.count as u128) as u64)
+        (self.count > 0).then(|| {
+            ((u128::from(self.total_ns) + u128::from(self.count) / 2) / u128::from(self.count))
+                as u64
+        })
     }
 
     /// Smallest value: exact when totals were merged, else the bound of the first bucket.
@@ -186,7 +188,7 @@ impl LatencyHistogram {
     /// the counts still add up to the bucket total; with `unit_ns == 1` nothing straddles
     /// and the counts are exact.
     pub fn log2_buckets(&self, unit_ns: u64) -> Vec<Log2Bucket> {
-        let unit = unit_ns.max(1) as u128;
+        let unit = u128::from(unit_ns.max(1));
         let total = self.bucket_total();
         if total == 0 {
             return Vec::new();
@@ -201,7 +203,7 @@ impl LatencyHistogram {
         let mut lower = 0;
         for index in 0..=64u32 {
             let bucket = Log2Bucket { index, count: 0 };
-            let upper = below(bucket.max() as u128 + 1);
+            let upper = below(u128::from(bucket.max()) + 1);
             counts.push(Log2Bucket {
                 index,
                 count: upper - lower,

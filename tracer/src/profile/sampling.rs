@@ -166,7 +166,7 @@ impl WallClockSampler {
     pub fn unwind_ring_bytes(sampling: &Sampling, system_wide: bool) -> u32 {
         match sampling.unwind {
             UnwindMethod::Dwarf => sampling.unwind_buffer_bytes.unwrap_or_else(|| {
-                let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+                let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
                 auto_unwind_ring_bytes(cpus, system_wide)
             }),
             UnwindMethod::Fp => Settings::default().unwind_ring_bytes,
@@ -551,10 +551,10 @@ impl WallClockSampler {
         self.observe_targets(processes);
         // A perf map is a snapshot: what the JVMs compiled since the start is named too.
         let mut jvm_perf_maps = self.jvm_perf_maps;
-        if reason != StopReason::TargetExited {
-            jvm_perf_maps.request_before_naming(processes.iter().map(|(tgid, _)| tgid));
-        } else {
+        if reason == StopReason::TargetExited {
             jvm_perf_maps.request_before_naming([]);
+        } else {
+            jvm_perf_maps.request_before_naming(processes.iter().map(|(tgid, _)| tgid));
         }
         if let Some(summary) = jvm_perf_maps.summary() {
             crate::status!("{summary}");

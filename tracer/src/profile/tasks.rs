@@ -142,27 +142,26 @@ pub fn task_names(
     let frames = ids
         .into_iter()
         .map(|id| {
-            let name = match given.get(&id) {
-                Some(name) => format!("task {name} (#{})", id.1),
-                None => {
-                    let tid = threads.get(&id).and_then(|by_thread| {
-                        by_thread
-                            .iter()
-                            .max_by_key(|&(tid, ns)| (*ns, std::cmp::Reverse(*tid)))
-                            .map(|(&tid, _)| tid)
-                    });
-                    match tid.filter(|&tid| tid != 0) {
-                        // The runtime's tasks are its threads (the JVM's parks).
-                        Some(tid) if u64::from(tid) == id.1 => match processes.thread_name(tid) {
-                            Some(thread) => format!("thread {thread} [{tid}]"),
-                            None => format!("thread {tid}"),
-                        },
-                        Some(tid) => match processes.thread_name(tid) {
-                            Some(thread) => format!("task #{} on {thread} [{tid}]", id.1),
-                            None => format!("task #{} on thread {tid}", id.1),
-                        },
-                        None => format!("task #{}", id.1),
-                    }
+            let name = if let Some(name) = given.get(&id) {
+                format!("task {name} (#{})", id.1)
+            } else {
+                let tid = threads.get(&id).and_then(|by_thread| {
+                    by_thread
+                        .iter()
+                        .max_by_key(|&(tid, ns)| (*ns, std::cmp::Reverse(*tid)))
+                        .map(|(&tid, _)| tid)
+                });
+                match tid.filter(|&tid| tid != 0) {
+                    // The runtime's tasks are its threads (the JVM's parks).
+                    Some(tid) if u64::from(tid) == id.1 => match processes.thread_name(tid) {
+                        Some(thread) => format!("thread {thread} [{tid}]"),
+                        None => format!("thread {tid}"),
+                    },
+                    Some(tid) => match processes.thread_name(tid) {
+                        Some(thread) => format!("task #{} on {thread} [{tid}]", id.1),
+                        None => format!("task #{} on thread {tid}", id.1),
+                    },
+                    None => format!("task #{}", id.1),
                 }
             };
             (id, name)

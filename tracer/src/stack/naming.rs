@@ -583,33 +583,30 @@ pub fn hit_stack(
             .push("user stack missing from the stack map".to_string());
         return hit;
     }
-    let user = match maps {
-        Some(maps) => {
-            let frames = symbolizer.user_stacks(maps, &[&addrs]).remove(0);
-            lines(
-                frames,
-                false,
-                false,
-                &stacks.user_frames_by_frame_pointer(user_id),
-            )
-        }
-        None => {
-            hit.problems.push(
-                "the process exited before its mappings were read: user frames unnamed".to_string(),
-            );
-            addrs
-                .iter()
-                .take_while(|&&a| a != 0)
-                .map(|&addr| FrameLine {
-                    name: format!("{addr:#x}"),
-                    offset: None,
-                    module: None,
-                    kernel: false,
-                    inlined: false,
-                    by_frame_pointer: false,
-                })
-                .collect()
-        }
+    let user = if let Some(maps) = maps {
+        let frames = symbolizer.user_stacks(maps, &[&addrs]).remove(0);
+        lines(
+            frames,
+            false,
+            false,
+            &stacks.user_frames_by_frame_pointer(user_id),
+        )
+    } else {
+        hit.problems.push(
+            "the process exited before its mappings were read: user frames unnamed".to_string(),
+        );
+        addrs
+            .iter()
+            .take_while(|&&a| a != 0)
+            .map(|&addr| FrameLine {
+                name: format!("{addr:#x}"),
+                offset: None,
+                module: None,
+                kernel: false,
+                inlined: false,
+                by_frame_pointer: false,
+            })
+            .collect()
     };
     let reaches_root = user
         .last()
@@ -673,7 +670,11 @@ mod tests {
 
     #[test]
     fn strips_the_tracers_own_kernel_frames() {
-        let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let names = |v: &[&str]| {
+            v.iter()
+                .map(std::string::ToString::to_string)
+                .collect::<Vec<_>>()
+        };
         let stack = names(&["bpf_prog_x", "bpf_trace_run4", "__schedule", "schedule"]);
         assert_eq!(
             without_bpf_frames(stack),

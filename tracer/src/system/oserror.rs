@@ -45,7 +45,7 @@ impl OpenFileLimit {
             rlim_max: 0,
         };
         // SAFETY: getrlimit writes one rlimit into `limit`.
-        let ok = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0;
+        let ok = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &raw mut limit) } == 0;
         let value = |v: libc::rlim_t| (ok && v != libc::RLIM_INFINITY).then_some(v);
         Self {
             soft: value(limit.rlim_cur),
@@ -127,7 +127,7 @@ impl MemoryLimits {
             rlim_max: 0,
         };
         // SAFETY: getrlimit writes one rlimit into `limit`.
-        let ok = unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut limit) } == 0;
+        let ok = unsafe { libc::getrlimit(libc::RLIMIT_AS, &raw mut limit) } == 0;
         Self {
             address_space: (ok && limit.rlim_cur != libc::RLIM_INFINITY).then_some(limit.rlim_cur),
             cgroup: cgroup_memory_limit(
@@ -273,15 +273,12 @@ fn unescape_mount_path(path: &str) -> String {
         let code = rest
             .get(at + 1..at + 4)
             .and_then(|o| u8::from_str_radix(o, 8).ok());
-        match code {
-            Some(byte) => {
-                out.push(byte as char);
-                rest = &rest[at + 4..];
-            }
-            None => {
-                out.push('\\');
-                rest = &rest[at + 1..];
-            }
+        if let Some(byte) = code {
+            out.push(byte as char);
+            rest = &rest[at + 4..];
+        } else {
+            out.push('\\');
+            rest = &rest[at + 1..];
         }
     }
     out.push_str(rest);
@@ -403,7 +400,11 @@ mod tests {
             ),
             ("/sys/fs/cgroup/unified/app/memory.max", "max\n"),
         ]);
-        let read = |path: &Path| files.get(path.to_str().unwrap()).map(|s| s.to_string());
+        let read = |path: &Path| {
+            files
+                .get(path.to_str().unwrap())
+                .map(std::string::ToString::to_string)
+        };
         assert_eq!(
             cgroup_memory_limit(cgroups, mountinfo, read),
             Some(CgroupMemoryLimit {
@@ -417,7 +418,11 @@ mod tests {
             ("/sys/fs/cgroup/user.slice/tlim/memory.max", "max\n"),
             ("/sys/fs/cgroup/user.slice/memory.max", "209715200\n"),
         ]);
-        let read = |path: &Path| files.get(path.to_str().unwrap()).map(|s| s.to_string());
+        let read = |path: &Path| {
+            files
+                .get(path.to_str().unwrap())
+                .map(std::string::ToString::to_string)
+        };
         let limit = cgroup_memory_limit("0::/user.slice/tlim\n", v2_only, read).unwrap();
         assert_eq!(
             (limit.dir.to_str().unwrap(), limit.file, limit.bytes),

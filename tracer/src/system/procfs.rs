@@ -452,7 +452,7 @@ pub fn own_usage() -> (f64, u64) {
     // SAFETY: an all-zero rusage is valid; getrusage only writes it.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: `usage` is a valid out-pointer.
-    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &raw mut usage) };
     let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
     let cpu = seconds(usage.ru_utime) + seconds(usage.ru_stime);
     // statm: size resident shared ... in pages.
@@ -589,7 +589,10 @@ mod tests {
         let hidden = |options: &[&str]| {
             ProcessError::Hidden {
                 pid: 7,
-                options: options.iter().map(|o| o.to_string()).collect(),
+                options: options
+                    .iter()
+                    .map(std::string::ToString::to_string)
+                    .collect(),
             }
             .to_string()
         };

@@ -86,7 +86,7 @@ impl ProcessWatch {
         };
         let timeout_ms = i32::try_from(wait.as_millis()).unwrap_or(i32::MAX);
         // SAFETY: one valid pollfd, a pidfd this owns.
-        let ready = unsafe { libc::poll(&mut poll, 1, timeout_ms) };
+        let ready = unsafe { libc::poll(&raw mut poll, 1, timeout_ms) };
         ready > 0 && poll.revents & libc::POLLIN != 0
     }
 
@@ -159,10 +159,10 @@ pub async fn run_until_stopped_with(
         }
     };
     tokio::select! {
-        _ = deadline => Ok(StopReason::DurationElapsed),
+        () = deadline => Ok(StopReason::DurationElapsed),
         _ = signals.interrupt.recv() => Ok(StopReason::Interrupted),
         _ = signals.terminate.recv() => Ok(StopReason::Terminated),
-        _ = target_exit => Ok(StopReason::TargetExited),
+        () = target_exit => Ok(StopReason::TargetExited),
         result = work => result,
     }
 }
@@ -209,6 +209,6 @@ pub fn clock_ns(clock: libc::clockid_t) -> u64 {
         tv_nsec: 0,
     };
     // SAFETY: ts is a valid timespec to write into.
-    unsafe { libc::clock_gettime(clock, &mut ts) };
+    unsafe { libc::clock_gettime(clock, &raw mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }

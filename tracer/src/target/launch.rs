@@ -64,7 +64,7 @@ impl PausedChild {
             0 => unsafe {
                 libc::close(write_end.as_raw_fd());
                 let mut byte = 0u8;
-                let n = libc::read(read_end.as_raw_fd(), (&mut byte as *mut u8).cast(), 1);
+                let n = libc::read(read_end.as_raw_fd(), (&raw mut byte).cast(), 1);
                 if n == 1 {
                     libc::close(read_end.as_raw_fd());
                     libc::execve(c_exe.as_ptr(), arg_ptrs.as_ptr(), env_ptrs.as_ptr());
@@ -134,7 +134,7 @@ impl PausedChild {
     fn wait_with(&self, flags: i32) -> Option<CommandEnd> {
         let mut status = 0;
         // SAFETY: waitpid on our own child with a valid status pointer.
-        let r = unsafe { libc::waitpid(self.pid as i32, &mut status, flags) };
+        let r = unsafe { libc::waitpid(self.pid as i32, &raw mut status, flags) };
         if r != self.pid as i32 {
             return None;
         }
@@ -178,7 +178,7 @@ impl CommandEnd {
                 signal,
                 by_tracer: true,
             },
-            exited => exited,
+            exited @ Self::Exited(_) => exited,
         }
     }
 }

@@ -90,7 +90,11 @@ impl TargetSpec {
         if let Some(cgroup) = &self.cgroup {
             return sanitize(&cgroup.file_name().unwrap_or_default().to_string_lossy());
         }
-        let pids: Vec<String> = self.pids.iter().map(|p| p.to_string()).collect();
+        let pids: Vec<String> = self
+            .pids
+            .iter()
+            .map(std::string::ToString::to_string)
+            .collect();
         pids.join("-")
     }
 }
@@ -119,7 +123,7 @@ impl fmt::Display for TargetSpec {
             pids => parts.push(format!(
                 "processes {}",
                 pids.iter()
-                    .map(|p| p.to_string())
+                    .map(std::string::ToString::to_string)
                     .collect::<Vec<_>>()
                     .join(", ")
             )),
@@ -559,7 +563,7 @@ mod tests {
     fn descendants_are_found_through_their_parents() {
         let parents = [(2, 1), (3, 2), (4, 2), (5, 9), (6, 3)];
         let mut found = descendants(2, &parents);
-        found.sort();
+        found.sort_unstable();
         assert_eq!(found, [3, 4, 6]);
     }
 

@@ -674,7 +674,7 @@ fn reaped_children_cpu_us() -> f64 {
     // SAFETY: struct rusage is plain integers, for which all zeroes is a value.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: `usage` is a valid out-pointer.
-    unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut usage) };
+    unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &raw mut usage) };
     let us = |t: libc::timeval| t.tv_sec as f64 * 1e6 + t.tv_usec as f64;
     us(usage.ru_utime) + us(usage.ru_stime)
 }
@@ -691,7 +691,7 @@ fn wait_until_exited(pid: libc::pid_t, timeout: Duration) -> bool {
             libc::waitid(
                 libc::P_PID,
                 pid as libc::id_t,
-                &mut info,
+                &raw mut info,
                 libc::WEXITED | libc::WNOWAIT | libc::WNOHANG,
             )
         };

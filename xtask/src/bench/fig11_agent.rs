@@ -70,7 +70,7 @@ fn finish_workload(mut shell: std::process::Child) -> Result<(u64, f64)> {
     // SAFETY: an all-zero rusage is valid; wait4 only writes it.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: valid out-pointers; the pid is our unreaped child's.
-    let rc = unsafe { libc::wait4(shell.id() as i32, &mut status, 0, &mut usage) };
+    let rc = unsafe { libc::wait4(shell.id() as i32, &raw mut status, 0, &raw mut usage) };
     if rc < 0 || !libc::WIFEXITED(status) || libc::WEXITSTATUS(status) != 0 {
         bail!("the workload failed (wait status {status:#x}): {out}");
     }

@@ -171,7 +171,7 @@ pub(super) fn measure(config: &Config, memory: &mut PeakMemory) -> Result<Vec<Ro
         let kind = t + 1;
         match (&failures[kind], loss(kind)) {
             (Some(err), _) if tool.tool == "bcc" => {
-                println!("  {:<30} n/a: {err} ({})", tool.label, bcc_reason())
+                println!("  {:<30} n/a: {err} ({})", tool.label, bcc_reason());
             }
             (Some(err), _) => println!("  {:<30} n/a: {err}", tool.label),
             (None, Some(l)) => println!(

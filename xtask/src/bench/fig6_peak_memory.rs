@@ -52,12 +52,11 @@ pub(super) fn measure(memory: &PeakMemory) -> Row {
     Row {
         figure: "6. tracer peak RSS".into(),
         tracer: format!("{:.1} MB", mb(tracer)),
-        baselines: bpftrace
-            .map(|b| format!("bpftrace {:.1} MB", mb(b)))
-            .unwrap_or_else(|| "-".into()),
-        ratio: bpftrace
-            .map(|b| format!("{:.2}x", tracer as f64 / b as f64))
-            .unwrap_or_else(|| "-".into()),
+        baselines: bpftrace.map_or_else(|| "-".into(), |b| format!("bpftrace {:.1} MB", mb(b))),
+        ratio: bpftrace.map_or_else(
+            || "-".into(),
+            |b| format!("{:.2}x", tracer as f64 / b as f64),
+        ),
         goal: "<= 64 MB".into(),
         met: yes_no(mb(tracer) <= 64.0),
     }

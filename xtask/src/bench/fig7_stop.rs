@@ -129,22 +129,19 @@ fn stop_time(mode: &Mode, out_dir: &Path) -> Result<f64> {
     };
     let pid = ready_pid(&mut target)?.to_string();
     let probe = format!("usdt:{}:tracer:gc__begin", loop_bin.display());
-    let (mut cmd, name, ready) = match mode.tracer_args {
-        Some(args) => {
-            let mut cmd = Command::new(bin("tracer"));
-            for arg in args {
-                cmd.arg(arg.replace("{pid}", &pid).replace("{probe}", &probe));
-            }
-            if !mode.usdt_target {
-                cmd.arg("-o").arg(out_dir);
-            }
-            (cmd, "tracer", (Stream::Stderr, "Attached"))
+    let (mut cmd, name, ready) = if let Some(args) = mode.tracer_args {
+        let mut cmd = Command::new(bin("tracer"));
+        for arg in args {
+            cmd.arg(arg.replace("{pid}", &pid).replace("{probe}", &probe));
         }
-        None => {
-            let mut cmd = Command::new("bpftrace");
-            cmd.args(["-e", BPFTRACE_OFFCPU, &pid]);
-            (cmd, "bpftrace", (Stream::Stdout, BPFTRACE_ATTACHED))
+        if !mode.usdt_target {
+            cmd.arg("-o").arg(out_dir);
         }
+        (cmd, "tracer", (Stream::Stderr, "Attached"))
+    } else {
+        let mut cmd = Command::new("bpftrace");
+        cmd.args(["-e", BPFTRACE_OFFCPU, &pid]);
+        (cmd, "bpftrace", (Stream::Stdout, BPFTRACE_ATTACHED))
     };
     let mut tool = Tool::spawn(&mut cmd, name)?;
     tool.wait_line(ready.0, Duration::from_secs(30), |l| l.starts_with(ready.1))

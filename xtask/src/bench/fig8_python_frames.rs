@@ -295,9 +295,7 @@ pub(super) fn measure(config: &Config) -> Result<Vec<Row>> {
 
 /// pyenv's build of [`PYTHON_VERSION`].
 fn python() -> Result<PathBuf> {
-    let root = std::env::var_os("PYENV_ROOT")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| "/root/.pyenv".into());
+    let root = std::env::var_os("PYENV_ROOT").map_or_else(|| "/root/.pyenv".into(), PathBuf::from);
     let minor: Vec<&str> = PYTHON_VERSION.splitn(3, '.').take(2).collect();
     let path = root
         .join("versions")
@@ -317,9 +315,7 @@ fn python() -> Result<PathBuf> {
 /// py-spy from its venv in `~/.cache/tracer/py-spy`, which is made and filled with pip
 /// when it is not there.
 fn py_spy() -> Result<PathBuf> {
-    let home = std::env::var_os("HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| "/root".into());
+    let home = std::env::var_os("HOME").map_or_else(|| "/root".into(), PathBuf::from);
     let venv = home.join(".cache/tracer/py-spy");
     let program = venv.join("bin/py-spy");
     let works = |program: &Path| {

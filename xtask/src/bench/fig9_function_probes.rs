@@ -73,7 +73,7 @@ fn per_hit(config: &Config) -> Result<Vec<Row>> {
     let exit = format!("uretprobe:{path}:bench_collect");
     let tracer = |label: &'static str, probes: &[&str]| {
         let mut args = strings(&["trace", "--count", "--format", "json", "--pid", "{pid}"]);
-        args.extend(probes.iter().map(|p| p.to_string()));
+        args.extend(probes.iter().map(std::string::ToString::to_string));
         ToolSpec {
             tool: "tracer",
             label,

@@ -298,17 +298,15 @@ impl Tool {
 
     /// Waits for the child; after `timeout` it gets SIGINT, then SIGKILL.
     pub(super) fn finish(mut self, timeout: Duration) -> Result<Finished> {
-        let (status, max_rss_kib) = match self.reap(Some(timeout)) {
-            Ok(done) => done,
-            Err(_) => {
-                self.interrupt();
-                match self.reap(Some(Duration::from_secs(5))) {
-                    Ok(done) => done,
-                    Err(_) => {
-                        self.signal(libc::SIGKILL);
-                        self.reap(None)?
-                    }
-                }
+        let (status, max_rss_kib) = if let Ok(done) = self.reap(Some(timeout)) {
+            done
+        } else {
+            self.interrupt();
+            if let Ok(done) = self.reap(Some(Duration::from_secs(5))) {
+                done
+            } else {
+                self.signal(libc::SIGKILL);
+                self.reap(None)?
             }
         };
         for handle in self.readers.drain(..) {
@@ -340,7 +338,7 @@ impl Tool {
             // SAFETY: struct rusage is plain integers, for which all zeroes is a value.
             let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
             // SAFETY: valid out-pointers; the pid is our child's.
-            let rc = unsafe { libc::wait4(self.pid(), &mut status, flags, &mut usage) };
+            let rc = unsafe { libc::wait4(self.pid(), &raw mut status, flags, &raw mut usage) };
             if rc == self.pid() {
                 self.reaped = true;
                 return Ok((status, usage.ru_maxrss.max(0) as u64));
@@ -427,9 +425,10 @@ impl Drop for TracefsMount {
 
 /// The first three fields of /proc/loadavg.
 pub(super) fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_else(|_| "?".into())
+    std::fs::read_to_string("/proc/loadavg").map_or_else(
+        |_| "?".into(),
+        |l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "),
+    )
 }
 
 pub(super) fn bin(name: &str) -> PathBuf {
@@ -437,7 +436,7 @@ pub(super) fn bin(name: &str) -> PathBuf {
 }
 
 pub(super) fn strings(items: &[&str]) -> Vec<String> {
-    items.iter().map(|s| s.to_string()).collect()
+    items.iter().map(std::string::ToString::to_string).collect()
 }
 
 pub(super) fn which(name: &str) -> Option<PathBuf> {
@@ -520,7 +519,7 @@ pub(super) fn monotonic_ns() -> u64 {
         tv_nsec: 0,
     };
     // SAFETY: `ts` is a valid out-pointer; CLOCK_MONOTONIC always exists.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 

@@ -10,7 +10,7 @@ pub(super) fn median(values: &[f64]) -> f64 {
     if sorted.len() % 2 == 1 {
         sorted[mid]
     } else {
-        (sorted[mid - 1] + sorted[mid]) / 2.0
+        f64::midpoint(sorted[mid - 1], sorted[mid])
     }
 }
 

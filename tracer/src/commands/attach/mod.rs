@@ -163,7 +163,7 @@ fn plan_probes(config: &AttachConfig, single: Option<u32>, pids: &[u32]) -> Resu
     let latencies = latencies_for(&sites, config, &requested.names);
     let task_probes: Vec<TaskProbeDef> = runtimes::RUNTIMES
         .iter()
-        .flat_map(|r| r.task_probe_defs())
+        .flat_map(super::super::probe::runtimes::Runtime::task_probe_defs)
         .collect();
     // One process's sites are attached for it alone; a set's for every process mapping
     // the files, the kernel keeping the hits of the targets.
@@ -278,7 +278,11 @@ impl Run {
         }
         let sampler = WallClockSampler::attach(&mut loader, Some(&targets), sampling, &processes)
             .map_err(on_target)?;
-        let probe_names: Vec<String> = plan.probes.iter().map(|p| p.specifier()).collect();
+        let probe_names: Vec<String> = plan
+            .probes
+            .iter()
+            .map(super::super::probe::plan::ProbeInfo::specifier)
+            .collect();
         let diagnostics = loader.start_diagnostics(&probe_names);
         let run = Run {
             loader,

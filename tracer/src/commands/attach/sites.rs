@@ -35,7 +35,7 @@ pub(super) fn find_sites(
         Some(pid) => usdt::scan_process(pid, &ProbePattern::any()),
         None => usdt::scan_processes(pids, spec.exe.as_deref(), &ProbePattern::any()),
     }
-    .map_err(|e| e.of_target())?;
+    .map_err(crate::probe::usdt::UsdtError::of_target)?;
     // What was searched, marked now: a library mapped from here on (while the programs
     // load) is one to search later.
     let searched = usdt::Searched::of_resolved(&scan.sites, pids);
@@ -171,7 +171,7 @@ pub(super) fn latencies_for(
 ) -> Vec<LatencyDef> {
     let mut defs: Vec<LatencyDef> = runtimes::RUNTIMES
         .iter()
-        .flat_map(|r| r.latency_defs())
+        .flat_map(crate::probe::runtimes::Runtime::latency_defs)
         .chain(runtimes::functions::latency_defs())
         .collect();
     for (index, request) in config.latencies.iter().enumerate() {

@@ -207,9 +207,9 @@ impl EventPrinter {
         stack: Option<&HitStack>,
     ) -> std::io::Result<()> {
         let id = event.probe_id as usize;
-        let name = self.names.get(id).map(String::as_str).unwrap_or("?");
+        let name = self.names.get(id).map_or("?", String::as_str);
         let kind = self.kinds.get(id).copied().unwrap_or_default();
-        let types = self.types.get(id).map(Vec::as_slice).unwrap_or(&[]);
+        let types = self.types.get(id).map_or(&[][..], Vec::as_slice);
         let args = &event.args[..(event.arg_count as usize).min(event.args.len())];
         // An argument the site cannot decode has no value, not 0.
         let value = |i: usize| -> Option<(ArgType, u64)> {
@@ -417,7 +417,7 @@ mod tests {
         event.args[..5].copy_from_slice(&[
             u64::MAX,
             -2i64 as u64,
-            (-1.25f32).to_bits() as u64,
+            u64::from((-1.25f32).to_bits()),
             2.5f64.to_bits(),
             77,
         ]);
@@ -459,7 +459,7 @@ mod tests {
             // SAFETY: UsdtStrHeader is plain integers without implicit padding.
             area.extend_from_slice(unsafe {
                 std::slice::from_raw_parts(
-                    (&header as *const UsdtStrHeader).cast::<u8>(),
+                    (&raw const header).cast::<u8>(),
                     std::mem::size_of::<UsdtStrHeader>(),
                 )
             });

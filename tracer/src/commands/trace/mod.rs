@@ -104,7 +104,11 @@ pub fn run(config: TraceConfig) -> Result<()> {
     loader
         .attach_usdt_sites(&plan.usdt_sites())
         .map_err(|e| on_target(e.into()))?;
-    let probe_names: Vec<String> = plan.probes.iter().map(|p| p.specifier()).collect();
+    let probe_names: Vec<String> = plan
+        .probes
+        .iter()
+        .map(super::super::probe::plan::ProbeInfo::specifier)
+        .collect();
     let _diagnostics = loader.start_diagnostics(&probe_names);
     let events = loader.take_events()?;
     let snapshots = match dwarf {
@@ -179,7 +183,9 @@ pub fn run(config: TraceConfig) -> Result<()> {
         out.send_blocking(text.into_bytes(), 0);
     }
     // Tracing has ended: so does the command.
-    let exit = child.as_ref().and_then(|c| c.finish());
+    let exit = child
+        .as_ref()
+        .and_then(super::super::target::launch::PausedChild::finish);
     report_the_end(&loader, out, &printer, &config, reason, exit)
 }
 
@@ -588,7 +594,12 @@ impl Pumped<'_> {
             self.plan,
             self.format,
         );
-        printer.names = self.plan.probes.iter().map(|p| p.specifier()).collect();
+        printer.names = self
+            .plan
+            .probes
+            .iter()
+            .map(super::super::probe::plan::ProbeInfo::specifier)
+            .collect();
         printer.kinds = self.plan.probes.iter().map(|p| p.kind).collect();
         printer.types = probe_arg_types(self.plan);
     }

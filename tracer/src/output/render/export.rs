@@ -63,19 +63,20 @@ pub fn encode_pprof(profile: &StackProfile, info: &ExportInfo<'_>) -> Vec<u8> {
             num: value,
         };
         let label = match (info.process_labels, frames.first()) {
-            (true, Some(root)) => match parse_process_frame(root) {
-                Some((name, pid)) => vec![
-                    text(process_key, strings.index(name)),
-                    number(pid_key, pid.into()),
-                ],
-                None => {
+            (true, Some(root)) => {
+                if let Some((name, pid)) = parse_process_frame(root) {
+                    vec![
+                        text(process_key, strings.index(name)),
+                        number(pid_key, pid.into()),
+                    ]
+                } else {
                     let process = text(process_key, strings.index(root));
                     match info.only_pid {
                         Some(pid) => vec![process, number(pid_key, pid.into())],
                         None => vec![process],
                     }
                 }
-            },
+            }
             _ => Vec::new(),
         };
         let location_id = frames
@@ -266,7 +267,11 @@ mod tests {
 
     fn sample_profile() -> StackProfile {
         let mut p = StackProfile::default();
-        let frames = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let frames = |v: &[&str]| {
+            v.iter()
+                .map(std::string::ToString::to_string)
+                .collect::<Vec<_>>()
+        };
         p.add(
             frames(&["app", "main", "spin"]),
             Weight {

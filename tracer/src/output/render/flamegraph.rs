@@ -69,7 +69,7 @@ pub struct ParseFoldedError {
 /// rounded up, as [`crate::stack::naming::Weight::us`]).
 impl From<&StackProfile> for FoldedStacks {
     fn from(profile: &StackProfile) -> Self {
-        fold_profile(profile, |weight| weight.us())
+        fold_profile(profile, crate::stack::naming::Weight::us)
     }
 }
 
@@ -394,14 +394,13 @@ impl StackFolder {
         }
         let mut sanitized = String::with_capacity(name.len());
         push_sanitized(&mut sanitized, name);
-        let id = match self.sanitized_ids.get(&sanitized) {
-            Some(&id) => id,
-            None => {
-                let id = FrameId::try_from(self.names.len()).expect("fewer than 2^32 frame names");
-                self.names.push(sanitized.clone());
-                self.sanitized_ids.insert(sanitized, id);
-                id
-            }
+        let id = if let Some(&id) = self.sanitized_ids.get(&sanitized) {
+            id
+        } else {
+            let id = FrameId::try_from(self.names.len()).expect("fewer than 2^32 frame names");
+            self.names.push(sanitized.clone());
+            self.sanitized_ids.insert(sanitized, id);
+            id
         };
         self.ids.insert(name.to_string(), id);
         id
@@ -596,7 +595,7 @@ fn push_sanitized(out: &mut String, frame: &str) {
     if let Some(space) = out[start..].rfind(' ') {
         let tail = &out[start + space + 1..];
         if !tail.is_empty() && tail.chars().all(|c| c.is_ascii_digit() || c == '.') {
-            out.replace_range(start + space..start + space + 1, "_");
+            out.replace_range((start + space)..=(start + space), "_");
         }
     }
 }
@@ -748,7 +747,7 @@ mod tests {
         ];
         let stacks: Vec<Vec<&str>> = (0..400usize)
             .map(|i| {
-                (0..i % 4 + 1)
+                (0..=(i % 4))
                     .map(|depth| names[(i * 7 + depth * (i / 4)) % names.len()])
                     .collect()
             })

@@ -135,12 +135,12 @@ pub fn write_output(
         .create_new(true)
         .custom_flags(libc::O_NOFOLLOW)
         .open(&temp)?;
-    let _remove_on_failure = TempFile(Some(temp.clone()));
+    let remove_on_failure = TempFile(Some(temp.clone()));
     let mut out = BufWriter::new(file);
     write(&mut out)?;
     out.into_inner().map_err(io::IntoInnerError::into_error)?;
     std::fs::rename(&temp, path)?;
-    std::mem::forget(_remove_on_failure);
+    std::mem::forget(remove_on_failure);
     Ok(())
 }
 

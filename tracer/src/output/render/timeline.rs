@@ -10,7 +10,7 @@
 //! nanosecond (three decimals). Intervals still open when tracing stopped are not in it.
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::{BTreeSet, HashMap},
     io::{self, Write},
 };
 
@@ -35,7 +35,7 @@ impl Timeline {
         }
         // SAFETY: the record holds a whole TimelineEvent, plain old data written by the
         // eBPF side; read unaligned, as ring buffer records are 8-byte aligned only.
-        let event = unsafe { std::ptr::read_unaligned(record.as_ptr() as *const TimelineEvent) };
+        let event = unsafe { std::ptr::read_unaligned(record.as_ptr().cast::<TimelineEvent>()) };
         self.events.push(event);
     }
 }
@@ -71,7 +71,7 @@ pub fn write_chrome_trace(
         }
         event.write(out)
     };
-    let mut threads: BTreeMap<(u32, u32), ()> = BTreeMap::new();
+    let mut threads: BTreeSet<(u32, u32)> = BTreeSet::new();
     let mut task_tracks: HashMap<(u32, u64), u64> = HashMap::new();
     let mut tracks: Vec<(u32, u64, String)> = Vec::new();
     let mut sorted: Vec<&TimelineEvent> = timeline.events.iter().collect();
@@ -89,7 +89,7 @@ pub fn write_chrome_trace(
         let (ts, dur) = (us(start(e)), dur(e));
         match e.kind {
             timeline_kind::LATENCY => {
-                threads.insert((pid, tid), ());
+                threads.insert((pid, tid));
                 let name = names
                     .latencies
                     .get(e.detail as usize)
@@ -97,7 +97,7 @@ pub fn write_chrome_trace(
                 emit(out, &span(name, "latency", pid, u64::from(tid), ts, dur))?;
             }
             timeline_kind::TASK_RUN => {
-                threads.insert((pid, tid), ());
+                threads.insert((pid, tid));
                 let track = task_track(pid, e.task, &mut tracks);
                 emit(
                     out,
@@ -117,7 +117,7 @@ pub fn write_chrome_trace(
                 emit(out, &span("parked", "task", pid, track, ts, dur))?;
             }
             timeline_kind::OFF_CPU => {
-                threads.insert((pid, tid), ());
+                threads.insert((pid, tid));
                 let name = match e.detail & !offcpu_state::SAMPLED {
                     offcpu_state::RUNNABLE => "runnable",
                     _ => "blocked",
@@ -127,7 +127,7 @@ pub fn write_chrome_trace(
             _ => {}
         }
     }
-    let mut processes: Vec<u32> = threads.keys().map(|&(pid, _)| pid).collect();
+    let mut processes: Vec<u32> = threads.iter().map(|&(pid, _)| pid).collect();
     processes.extend(tracks.iter().map(|&(pid, _, _)| pid));
     processes.sort_unstable();
     processes.dedup();
@@ -146,7 +146,7 @@ pub fn write_chrome_trace(
         )?;
     }
     // Each track's name, and its place: threads by id, then tasks as first seen.
-    let thread_tracks = threads.keys().map(|&(pid, tid)| {
+    let thread_tracks = threads.iter().map(|&(pid, tid)| {
         let name = (names.thread)(tid).unwrap_or_else(|| "?".into());
         (pid, u64::from(tid), format!("{name} [{tid}]"))
     });
@@ -338,7 +338,7 @@ mod tests {
         // SAFETY: a plain old data struct viewed as its bytes.
         let bytes = unsafe {
             std::slice::from_raw_parts(
-                &event as *const TimelineEvent as *const u8,
+                (&raw const event).cast::<u8>(),
                 std::mem::size_of::<TimelineEvent>(),
             )
         };

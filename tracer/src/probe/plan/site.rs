@@ -39,7 +39,7 @@ impl<'a> SiteRoles<'a> {
         };
         // A probe that classifies a latency open on its thread (V8's collector).
         let classifies = latencies.iter().enumerate().find_map(|(i, l)| {
-            let probes = l.class.as_ref().map(|c| c.probes.as_slice()).unwrap_or(&[]);
+            let probes = l.class.as_ref().map_or(&[][..], |c| c.probes.as_slice());
             probes
                 .iter()
                 .find(|(probe, _)| probe.is(input.kind, &input.provider, &input.name))
@@ -161,7 +161,7 @@ impl<'i> SiteShape<'i> {
         if let Some(class) = class_constant {
             site.args[MAX_USDT_ARGS - 1] = tracer_common::UsdtArg {
                 kind: tracer_common::arg_kind::CONST,
-                val_off: class as _,
+                val_off: class.into(),
                 size: 4,
                 ..Default::default()
             };

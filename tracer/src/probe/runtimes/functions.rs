@@ -346,8 +346,7 @@ impl UsdtElsewhere {
             .entry((path.clone(), provider))
             .or_insert_with(|| {
                 usdt::read_notes(&path)
-                    .map(|notes| notes.iter().any(|n| n.provider == provider))
-                    .unwrap_or(false)
+                    .is_ok_and(|notes| notes.iter().any(|n| n.provider == provider))
             });
         !has
     }

@@ -61,7 +61,7 @@ impl Functions {
     /// (found by build id or `.gnu_debuglink`), each address and name once.
     pub fn read(path: &Path) -> Result<Self, UsdtError> {
         let file = File::open(path).map_err(|e| UsdtError::io(path, e))?;
-        let file_len = file.metadata().map(|m| m.len()).unwrap_or(u64::MAX);
+        let file_len = file.metadata().map_or(u64::MAX, |m| m.len());
         let symbol_file = SymbolFile::new(file);
         let object = object::File::parse(&symbol_file).map_err(|source| match source {
             _ if !is_elf(path) => UsdtError::from(FileError::NotElf {
@@ -151,7 +151,7 @@ impl Functions {
             FunctionPlace::Address(address) => {
                 let function = self.containing(address);
                 let name = format!("{address:#x}");
-                let offset = function.map(|f| address - f.address).unwrap_or(0);
+                let offset = function.map_or(0, |f| address - f.address);
                 self.check_instruction(spec, address, function, offset)?;
                 sites.push(self.site(binary, spec.kind, name, address, function)?);
             }

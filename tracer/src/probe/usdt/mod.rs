@@ -210,9 +210,10 @@ pub fn dedup_by_file(sites: &mut Vec<ProbeSite>) {
     use std::os::unix::fs::MetadataExt as _;
     let mut seen = HashSet::new();
     sites.retain(|site| {
-        let id = std::fs::metadata(&site.binary.host_path)
-            .map(|m| (m.dev(), m.ino(), PathBuf::new()))
-            .unwrap_or_else(|_| (0, 0, site.binary.host_path.clone()));
+        let id = std::fs::metadata(&site.binary.host_path).map_or_else(
+            |_| (0, 0, site.binary.host_path.clone()),
+            |m| (m.dev(), m.ino(), PathBuf::new()),
+        );
         // An entry and a return probe on one function are two sites.
         seen.insert((id, site.note.pc, site.kind))
     });

@@ -216,22 +216,21 @@ fn find_functions(
             .as_deref()
             .is_some_and(|p| Glob::new(p).is_literal());
         for object in objects_for(spec, scope, &mut mapped)? {
-            let functions = match read.get(&object.host_path) {
-                Some(functions) => functions.clone(),
-                None => {
-                    let functions = match Functions::read(&object.host_path) {
-                        Ok(functions) => Some(std::rc::Rc::new(functions)),
-                        Err(error) if literal && object.path.to_string_lossy() != "*" => {
-                            return Err(error);
-                        }
-                        Err(error) => {
-                            log::debug!("{}: {error}", object.host_path.display());
-                            None
-                        }
-                    };
-                    read.insert(object.host_path.clone(), functions.clone());
-                    functions
-                }
+            let functions = if let Some(functions) = read.get(&object.host_path) {
+                functions.clone()
+            } else {
+                let functions = match Functions::read(&object.host_path) {
+                    Ok(functions) => Some(std::rc::Rc::new(functions)),
+                    Err(error) if literal && object.path.to_string_lossy() != "*" => {
+                        return Err(error);
+                    }
+                    Err(error) => {
+                        log::debug!("{}: {error}", object.host_path.display());
+                        None
+                    }
+                };
+                read.insert(object.host_path.clone(), functions.clone());
+                functions
             };
             if let Some(functions) = functions {
                 found.sites.extend(functions.sites(&object, spec)?);

@@ -28,13 +28,13 @@ fn sched_now(cpu: Option<u32>) -> Option<u64> {
         tv_nsec: 0,
     };
     // SAFETY: a valid clock id and a valid out-pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut cpu_time) };
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &raw mut cpu_time) };
     let now = fs::read_to_string("/proc/thread-self/sched")
         .ok()
         .and_then(|text| parse_sched_exec_start(&text));
     if let Some(mask) = restore {
         // SAFETY: `mask` is the affinity mask read from this very thread.
-        unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &mask) };
+        unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &raw const mask) };
     }
     now
 }
@@ -50,12 +50,13 @@ fn pin_to_cpu(cpu: u32) -> Option<libc::cpu_set_t> {
     // size and valid pointers; `cpu` is below CPU_SETSIZE.
     unsafe {
         let mut old: libc::cpu_set_t = std::mem::zeroed();
-        if libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut old) != 0 {
+        if libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &raw mut old) != 0 {
             return None;
         }
         let mut one: libc::cpu_set_t = std::mem::zeroed();
         libc::CPU_SET(cpu, &mut one);
-        (libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &one) == 0).then_some(old)
+        (libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &raw const one) == 0)
+            .then_some(old)
     }
 }
 

@@ -417,7 +417,7 @@ mod tests {
     #[test]
     fn snapshots_a_sleeping_thread_of_our_own() {
         let (ready, ready_rx) = std::sync::mpsc::channel();
-        let (_done, done_rx) = std::sync::mpsc::channel::<()>();
+        let (done, done_rx) = std::sync::mpsc::channel::<()>();
         let sleeper = std::thread::Builder::new()
             .name("snap-sleeper".into())
             .spawn(move || {
@@ -449,13 +449,13 @@ mod tests {
             Ok(threads) => threads,
             Err(SnapshotError::PermissionDenied { path }) => {
                 eprintln!("skipped: {path} needs root");
-                drop(_done);
+                drop(done);
                 sleeper.join().unwrap();
                 return;
             }
             Err(e) => panic!("{e}"),
         };
-        drop(_done);
+        drop(done);
         sleeper.join().unwrap();
         let thread = threads.iter().find(|t| t.tid == tid).unwrap();
         assert_eq!(thread.name, "snap-sleeper");

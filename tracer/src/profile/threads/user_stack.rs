@@ -51,7 +51,7 @@ pub fn user_stacks(
             let (unwound, end) = stack?;
             let frames = user_frame_names(named.next()?, &unwound.by_frame_pointer)
                 .into_iter()
-                .map(|name| name.into_owned())
+                .map(std::borrow::Cow::into_owned)
                 .collect();
             Some(UserStack {
                 unwound,

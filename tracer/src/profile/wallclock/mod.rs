@@ -134,19 +134,18 @@ impl WallClockProfile {
         self.unnamed_ns += retired.unnamed_ns;
         self.truncated_ns += retired.truncated_ns;
         for thread in retired.per_thread {
-            let row = match self
+            let row = if let Some(row) = self
                 .per_thread
                 .iter_mut()
                 .find(|t| t.tid == 0 && t.name == thread.name)
             {
-                Some(row) => row,
-                None => {
-                    self.per_thread.push(ThreadTime {
-                        name: thread.name.clone(),
-                        ..ThreadTime::default()
-                    });
-                    self.per_thread.last_mut().expect("just pushed")
-                }
+                row
+            } else {
+                self.per_thread.push(ThreadTime {
+                    name: thread.name.clone(),
+                    ..ThreadTime::default()
+                });
+                self.per_thread.last_mut().expect("just pushed")
             };
             row.oncpu_ns += thread.oncpu_ns;
             row.blocked_ns += thread.blocked_ns;

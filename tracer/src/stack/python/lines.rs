@@ -64,7 +64,7 @@ pub fn instruction_offset(
     layout: &Layout,
 ) -> Option<u64> {
     match version {
-        (3, 9) | (3, 10) => {
+        (3, 9 | 10) => {
             let low = u32::try_from(frame_instr & 0xffff_ffff).ok()?;
             let lasti = u64::try_from(low.cast_signed()).ok()?;
             match version {
@@ -329,7 +329,7 @@ mod tests {
             0x80 | (13 << 3),
             7,
             0x80 | (14 << 3),
-            0x40 | 12,
+            0x40 | 0x0c,
             2,
             0,
             1,

@@ -259,14 +259,13 @@ mod tests {
         let kallsyms = fs::read_to_string("/proc/kallsyms").unwrap();
         let (addr, name) = kallsyms
             .lines()
-            .filter_map(|line| {
+            .find_map(|line| {
                 let mut fields = line.split_whitespace();
                 let addr = u64::from_str_radix(fields.next()?, 16).ok()?;
                 let kind = fields.next()?;
                 let name = fields.next()?;
                 (kind.eq_ignore_ascii_case("t") && name == "schedule").then_some((addr, name))
             })
-            .next()
             .expect("schedule in kallsyms");
         let frames = symbolizer.kernel_frames(&[addr + 1, addr + 2, 0, 5]);
         assert_eq!(frames.len(), 2, "{frames:?}");

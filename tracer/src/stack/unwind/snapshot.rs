@@ -70,7 +70,7 @@ fn python_frames(bytes: &[u8]) -> Option<Box<PythonStack>> {
     }
     // SAFETY: `bytes` holds a whole `PythonStack`, a #[repr(C)] struct of integers for
     // which every bit pattern is valid; `read_unaligned` makes no alignment demand.
-    let stack = unsafe { std::ptr::read_unaligned(bytes.as_ptr() as *const PythonStack) };
+    let stack = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<PythonStack>()) };
     Some(Box::new(stack))
 }
 

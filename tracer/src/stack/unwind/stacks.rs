@@ -95,12 +95,11 @@ impl<S: StackSource> StackSource for WithUnwound<'_, S> {
     }
 
     fn user_frames_by_frame_pointer(&self, id: i32) -> Vec<bool> {
-        match self.unwound.get(&id) {
-            Some(stack) => stack.by_frame_pointer.clone(),
-            None => {
-                let depth = self.kernel.stack(id).len();
-                (0..depth).map(|i| i > 0).collect()
-            }
+        if let Some(stack) = self.unwound.get(&id) {
+            stack.by_frame_pointer.clone()
+        } else {
+            let depth = self.kernel.stack(id).len();
+            (0..depth).map(|i| i > 0).collect()
         }
     }
 

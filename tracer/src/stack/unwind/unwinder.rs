@@ -67,25 +67,22 @@ impl DwarfUnwinder {
     ) -> Option<SnapshotCheck> {
         let mut reads = Vec::new();
         let mut cut_short = snapshot.python.as_ref().is_some_and(|p| p.truncated != 0);
-        let native = match maps {
-            Some(maps) => {
-                let (stack, end) = self.unwind(snapshot, maps, &mut reads);
-                match end {
-                    UnwindEnd::Complete => {}
-                    UnwindEnd::OutOfStack => {
-                        self.stats.out_of_stack += 1;
-                        cut_short = true;
-                    }
-                    UnwindEnd::Truncated => self.stats.truncated += 1,
+        let native = if let Some(maps) = maps {
+            let (stack, end) = self.unwind(snapshot, maps, &mut reads);
+            match end {
+                UnwindEnd::Complete => {}
+                UnwindEnd::OutOfStack => {
+                    self.stats.out_of_stack += 1;
+                    cut_short = true;
                 }
-                stack
+                UnwindEnd::Truncated => self.stats.truncated += 1,
             }
-            None => {
-                self.stats.no_maps += 1;
-                UnwoundStack {
-                    addrs: vec![snapshot.ip],
-                    by_frame_pointer: vec![false],
-                }
+            stack
+        } else {
+            self.stats.no_maps += 1;
+            UnwoundStack {
+                addrs: vec![snapshot.ip],
+                by_frame_pointer: vec![false],
             }
         };
         // The reuse check is of the native frames: the kernel compares Python frames itself.
