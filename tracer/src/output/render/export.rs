@@ -49,7 +49,10 @@ pub fn encode_pprof(profile: &StackProfile, info: &ExportInfo<'_>) -> Vec<u8> {
     // Function and location ids are the same: the frame name's index among functions.
     let mut functions: Vec<i64> = Vec::new(); // name string index per function
     let mut function_ids: HashMap<i64, u64> = HashMap::new();
-    let mut samples = Vec::new();
+    // Each sample is encoded as it is made, so that only one is held at a time: a profile
+    // has as many samples as distinct stacks. Protobuf reads fields in any order, and
+    // repeated fields split across a message as one list.
+    let mut encoded = Vec::new();
     let (process_key, pid_key) = (strings.index("process"), strings.index("pid"));
     for (frames, weight) in profile.iter() {
         let text = |key, value| pprof::Label {
@@ -90,16 +93,17 @@ pub fn encode_pprof(profile: &StackProfile, info: &ExportInfo<'_>) -> Vec<u8> {
                 })
             })
             .collect();
-        samples.push(pprof::Sample {
+        let sample = pprof::Sample {
             location_id,
             value: vec![weight.events as i64, weight.us() as i64],
             label,
-        });
+        };
+        prost::encoding::message::encode(SAMPLE_FIELD, &sample, &mut encoded);
     }
     let ids = 1..=functions.len() as u64;
     let profile = pprof::Profile {
         sample_type: vec![samples_type, wall_type],
-        sample: samples,
+        sample: Vec::new(),
         location: ids
             .clone()
             .map(|id| pprof::Location {
@@ -123,8 +127,12 @@ pub fn encode_pprof(profile: &StackProfile, info: &ExportInfo<'_>) -> Vec<u8> {
         comment: vec![comment],
         default_sample_type: wall_type.r#type,
     };
-    prost::Message::encode_to_vec(&profile)
+    prost::Message::encode(&profile, &mut encoded).expect("a Vec grows as needed");
+    encoded
 }
+
+/// `Profile.sample`'s field number.
+const SAMPLE_FIELD: u32 = 2;
 
 /// pprof's string table: each distinct string once, by index; the first is empty.
 struct StringTable {
