@@ -122,9 +122,17 @@ struct ToolCost {
     stop_us: f64,
     tracing_rss_kib: u64,
     lifetime_rss_kib: u64,
-    /// Events the tracer's report says it lost (0 for the others).
-    lost: u64,
+    /// What the tracer's report says it lost, by [`LOST_KEYS`] (0 for the others).
+    lost: [u64; LOST_KEYS.len()],
 }
+
+/// The keys of the tracer's `lost` report whose events its cost does not include.
+const LOST_KEYS: [&str; 4] = [
+    "events_lost",
+    "map_full",
+    "stack_map_full",
+    "unwind_ring_full",
+];
 
 pub(super) fn measure(config: &Config) -> Result<Vec<Row>> {
     let seconds = config.pgbench_seconds;
@@ -254,11 +262,21 @@ pub(super) fn measure(config: &Config) -> Result<Vec<Row>> {
                 median(&lifetime_rss)
             ),
         );
-        let lost: f64 = cost(|t| t.lost as f64).iter().sum();
-        if lost > 0.0 {
+        let lost: Vec<String> = LOST_KEYS
+            .iter()
+            .enumerate()
+            .filter_map(|(i, key)| {
+                let sum: u64 = per_round(kind, &|run, _| run.tool.map(|t| t.lost[i] as f64))
+                    .iter()
+                    .sum::<f64>() as u64;
+                (sum > 0).then(|| format!("{key} {sum}"))
+            })
+            .collect();
+        if !lost.is_empty() {
             println!(
-                "  {:<38} lost {lost:.0} events over the runs: its cost is understated",
-                ""
+                "  {:<38} lost over the runs ({}): its cost is understated",
+                "",
+                lost.join(", ")
             );
         }
     }
@@ -541,7 +559,11 @@ fn stop(tool: &TracingTool, running: Tool, attach_ticks: u64, out_dir: &Path) ->
 
 /// Fails unless the tool wrote what it collected (a stop that drops it is no stop); the
 /// events the tracer's report says it lost.
-fn check_output(output: Output, finished: &Finished, out_dir: &Path) -> Result<u64> {
+fn check_output(
+    output: Output,
+    finished: &Finished,
+    out_dir: &Path,
+) -> Result<[u64; LOST_KEYS.len()]> {
     if output != Output::PerfData && !finished.success {
         bail!(
             "failed: {}",
@@ -560,21 +582,13 @@ fn check_output(output: Output, finished: &Finished, out_dir: &Path) -> Result<u
                 bail!("its report has no off-CPU interval");
             }
             let lost = &report["lost"];
-            Ok([
-                "events_lost",
-                "map_full",
-                "stack_map_full",
-                "unwind_ring_full",
-            ]
-            .iter()
-            .filter_map(|key| lost[key].as_u64())
-            .sum())
+            Ok(LOST_KEYS.map(|key| lost[key].as_u64().unwrap_or(0)))
         }
         Output::BpftraceMap => {
             if !finished.stdout.contains("@off[") {
                 bail!("it printed no off-CPU map");
             }
-            Ok(0)
+            Ok([0; LOST_KEYS.len()])
         }
         Output::PerfData => {
             // perf raises SIGINT again on itself as it exits, so its status is that of a
@@ -583,7 +597,7 @@ fn check_output(output: Output, finished: &Finished, out_dir: &Path) -> Result<u
             if size == 0 || !finished.stderr.contains("Captured and wrote") {
                 bail!("it wrote no data: {}", error_lines(&finished.stderr, 4));
             }
-            Ok(0)
+            Ok([0; LOST_KEYS.len()])
         }
     }
 }
