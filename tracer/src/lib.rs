@@ -14,6 +14,8 @@
 //! - `profile`: sampling and the aggregates read back (wall-clock profiles, tasks,
 //!   histograms, thread states);
 //! - `output`: rendering (flamegraphs, histograms, timelines, pprof) and reports;
+//! - `session`: the life of one run of `attach`, `trace` or `profile`, its steps in the
+//!   order they must take (start, load, attach, go, stop);
 //! - `cli` and `commands` at the top: the command line and each command's run.
 
 pub mod cli;
@@ -22,6 +24,7 @@ pub mod kernel;
 pub mod output;
 pub mod probe;
 pub mod profile;
+pub mod session;
 pub mod stack;
 pub mod system;
 pub mod target;

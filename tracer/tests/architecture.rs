@@ -165,11 +165,12 @@ const ALLOWED: &[(&str, &[&str])] = &[
     // Reports and renderings are made of aggregates, never read from the kernel.
     ("output", &["system", "stack", "probe", "profile"]),
     // Nothing but the commands and the entry points depend on the command line.
+    ("session", &["system", "kernel", "target"]),
     ("cli", &["system", "kernel", "target", "probe", "profile"]),
     (
         "commands",
         &[
-            "system", "kernel", "target", "stack", "probe", "profile", "output", "cli",
+            "system", "kernel", "target", "stack", "probe", "profile", "output", "session", "cli",
         ],
     ),
 ];

@@ -20,18 +20,19 @@ use tracer_common::counter;
 use crate::{
     cli::ProfileConfig,
     commands::metrics::{self, MetricSources, Metrics},
-    kernel::{Features, KernelTargets, Launch, LaunchNeeds, Loader, Settings},
+    kernel::{Features, KernelTargets, LaunchNeeds, Loader, Settings},
     output::render::{self, export::ExportInfo, views::write_profile_files},
     output::report::{StackLosses, profile_summary},
     probe::runtimes,
     profile::dwarf_snapshots::unwind_summary,
     profile::sampling::{self, Collected, Sampling, UnwindMethod, ViewOptions, WallClockSampler},
     profile::wallclock::{self, WallClockProfile},
+    session::Session,
     stack::processes::Processes,
     stack::symbolize::StackSymbolizer,
     system::privileges,
     system::procfs,
-    system::stop::{self, ProcessWatch, StopReason},
+    system::stop::{self, StopReason},
     system::text::escape_text,
     target::{self, TargetTracker},
 };
@@ -39,17 +40,19 @@ use crate::{
 pub fn run(config: ProfileConfig) -> Result<()> {
     privileges::check()?;
     let spec = &config.targets;
-    let single = spec.single_pid();
-    let watch = single.map(ProcessWatch::target).transpose()?;
+    // At once: what the load needs is made ready while the targets are scanned.
+    let session = Session::start(
+        LaunchNeeds {
+            usdt_sites: false,
+            kernel_types: true,
+        },
+        spec.single_pid(),
+        config.duration,
+    )?;
     let targets = match spec.is_everything() {
         true => None,
         false => Some(spec.find()?),
     };
-    // Once the targets are known to exist: from here on, one missing has exited.
-    let launch = Launch::start(LaunchNeeds {
-        usdt_sites: false,
-        kernel_types: true,
-    });
     let mut processes = Processes::default();
     let what = observe_targets(&mut processes, spec, targets.as_ref())?;
     // Before anything is attached: a profile whose files cannot be written fails now, and
@@ -59,7 +62,7 @@ pub fn run(config: ProfileConfig) -> Result<()> {
     let sampling = config.sampling;
     let unwind_ring_bytes = WallClockSampler::unwind_ring_bytes(&sampling, targets.is_none());
 
-    let mut loader = launch.load(&Settings {
+    let (attaching, mut loader) = session.load(&Settings {
         targets: targets.clone(),
         min_block: config.min_block,
         features: Features {
@@ -86,11 +89,8 @@ pub fn run(config: ProfileConfig) -> Result<()> {
         .map(|d| d.as_nanos() as u64)
         .unwrap_or_default();
     // Ctrl-C from the moment the line below is printed must stop the profile, not kill us.
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    let signals = stop::StopSignals::catch(&runtime)?;
-    let metrics = metrics::serve(endpoint, &runtime)?;
+    let running = attaching.go()?;
+    let metrics = metrics::serve(endpoint, running.runtime())?;
     announce(&what, &sampling, sampler.cpus, config.duration);
 
     // What naming the stacks takes is parsed while they are taken, not at the stop.
@@ -101,20 +101,17 @@ pub fn run(config: ProfileConfig) -> Result<()> {
             .flat_map(|t| &t.members)
             .filter_map(|m| processes.get(m.pid)?.maps.as_ref()),
     );
-    let reason = runtime.block_on(stop::run_until_stopped_with(
-        signals,
-        watch,
-        config.duration,
-        stop::either(
-            run_profile(&mut sampler, &mut loader, &mut processes, metrics),
-            target::track(tracker.as_mut()),
-        ),
-    ))?;
+    let keeper_pid = loader.keeper_pid();
+    let (reason, stopped) = running.until_stopped(
+        run_profile(&mut sampler, &mut loader, &mut processes, metrics),
+        tracker.as_mut(),
+        keeper_pid,
+    )?;
 
     let now = stop::monotonic_ns();
     sampler.detach(&mut processes);
     loader.detach_targets();
-    stop::restore_default_signals();
+    stopped.let_signals_kill();
     crate::status!("Stopped: {reason}. Detached.");
     let started = sampler.started_ns;
     let Collected {

@@ -19,8 +19,7 @@ use crate::{
     cli::{AttachConfig, Format},
     commands::metrics::{self, MetricSources, Metrics},
     kernel::{
-        DiagnosticsReader, Features, KernelTargets, Launch, LaunchNeeds, Loader, RecordRing,
-        Settings, keeper,
+        DiagnosticsReader, Features, KernelTargets, LaunchNeeds, Loader, RecordRing, Settings,
     },
     output::render::{self, export::ExportInfo, timeline::Timeline},
     output::report::TracedProcess,
@@ -29,27 +28,31 @@ use crate::{
     probe::runtimes::{self, TaskProbeDef},
     profile::retire::Retirement,
     profile::sampling::{self, ViewOptions, WallClockSampler},
+    session::{Attaching, Running, Session, Stopped},
     stack::processes::Processes,
     stack::symbolize::StackSymbolizer,
     system::privileges,
     system::procfs,
-    system::stop::{self, ProcessWatch, StopReason},
+    system::stop::{self, StopReason},
     system::text::escape_text,
-    target::{self, TargetSpec, TargetTracker},
+    target::{TargetSpec, TargetTracker},
 };
 use collect::{Collection, TaskInput, collect};
 use sites::{FoundSites, find_sites, latencies_for, later_specs, runtime_names};
 
 pub fn run(config: AttachConfig) -> Result<()> {
     privileges::check()?;
-    // At once: what the load needs is made ready while the targets are scanned.
-    let launch = Launch::start(LaunchNeeds {
-        usdt_sites: true,
-        kernel_types: true,
-    });
     let spec = &config.targets;
     let single = spec.single_pid();
-    let watch = single.map(ProcessWatch::target).transpose()?;
+    // At once: what the load needs is made ready while the targets are scanned.
+    let session = Session::start(
+        LaunchNeeds {
+            usdt_sites: true,
+            kernel_types: true,
+        },
+        single,
+        config.duration,
+    )?;
     let targets = spec.find()?;
     let pids: Vec<u32> = targets.members.iter().map(|m| m.pid).collect();
     // From here on the targets are known to have existed: wherever one is missing, it
@@ -68,8 +71,8 @@ pub fn run(config: AttachConfig) -> Result<()> {
     }
     let endpoint = metrics::bind(config.metrics.as_ref())?;
     let processes = observe_targets(&pids, single)?;
-    let (mut run, mut tracker) = Run::attach(
-        launch, &config, targets, planned, processes, &pids, &on_target,
+    let (mut run, attaching, mut tracker) = Run::attach(
+        session, &config, targets, planned, processes, &pids, &on_target,
     )?;
     let (started, start_unix_ns) = run.clocks_at_start();
     run.rolling = rolling::Rolling::new(&config, started, start_unix_ns, what.name.clone());
@@ -78,29 +81,20 @@ pub fn run(config: AttachConfig) -> Result<()> {
     }
 
     // Ctrl-C from the moment the line below is printed must stop the trace, not kill us.
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    let signals = stop::StopSignals::catch(&runtime)?;
-    let metrics = metrics::serve(endpoint, &runtime)?;
+    let running = attaching.go()?;
+    let metrics = metrics::serve(endpoint, running.runtime())?;
     announce(
         &what.describe(pids.len(), spec.can_grow()),
         run.loader.usdt_site_count(),
         &run.plan,
         &config,
     );
-    let stops = Stops {
-        signals,
-        watch,
-        duration: config.duration,
-        tracker: tracker.as_mut(),
-    };
-    let reason = run.trace(&runtime, stops, metrics)?;
+    let (reason, stopped) = run.trace(running, tracker.as_mut(), metrics)?;
 
     // What was measured up to now is what is reported; the targets keep running untouched
     // from here on.
     let now = stop::monotonic_ns();
-    let (traced, folded) = run.detach(tracker, &pids)?;
+    let (traced, folded) = run.detach(&stopped, tracker, &pids)?;
     // The last window, cut short by the stop.
     if let Some(rolling) = run.rolling.as_mut() {
         rolling.write(
@@ -224,18 +218,18 @@ impl Run {
     /// Loads the programs for `targets` and attaches the `planned` probes, the holds at
     /// `dlopen` and the sampler. `on_target` says what a failure means for the one target.
     fn attach(
-        launch: Launch,
+        session: Session,
         config: &AttachConfig,
         targets: KernelTargets,
         planned: Planned,
         processes: Processes,
         pids: &[u32],
         on_target: &dyn Fn(anyhow::Error) -> anyhow::Error,
-    ) -> Result<(Self, Option<TargetTracker>)> {
+    ) -> Result<(Self, Attaching, Option<TargetTracker>)> {
         let Planned { plan, mut later } = planned;
         let spec = &config.targets;
         let sampling = config.sampling;
-        let mut loader = launch
+        let (attaching, mut loader) = session
             .load(&Settings {
                 targets: Some(targets.clone()),
                 min_block: config.min_block,
@@ -297,7 +291,7 @@ impl Run {
             frequency_hz: sampling.frequency_hz,
             _diagnostics: diagnostics,
         };
-        Ok((run, tracker))
+        Ok((run, attaching, tracker))
     }
 
     /// When sampling started, on the monotonic clock and on the wall clock (ns since the
@@ -314,35 +308,20 @@ impl Run {
         (started, start_unix_ns)
     }
 
-    /// Traces until `stops` says, or the keeper's exit stops it; says which. Serves the
-    /// `metrics` scrapes meanwhile.
+    /// Traces until the first reason to stop (see [`Running::until_stopped`]); says
+    /// which. Serves the `metrics` scrapes meanwhile.
     fn trace(
         &mut self,
-        runtime: &tokio::runtime::Runtime,
-        stops: Stops<'_>,
+        running: Running,
+        tracker: Option<&mut TargetTracker>,
         metrics: Option<Metrics>,
-    ) -> Result<StopReason> {
+    ) -> Result<(StopReason, Stopped)> {
         // What naming the stacks takes is parsed while they are taken, not at the stop.
         let processes = &self.processes;
         self.symbolizer
             .prepare(processes.iter().filter_map(|(_, info)| info.maps.as_ref()));
         let keeper_pid = self.loader.keeper_pid();
-        let Stops {
-            signals,
-            watch,
-            duration,
-            tracker,
-        } = stops;
-        let reason = runtime.block_on(stop::run_until_stopped_with(
-            signals,
-            watch,
-            duration,
-            stop::either(
-                run_attached(self, metrics),
-                stop::either(target::track(tracker), keeper::watch(keeper_pid)),
-            ),
-        ))?;
-        Ok(reason)
+        Ok(running.until_stopped(run_attached(self, metrics), tracker, keeper_pid)?)
     }
 
     /// Detaches everything from the targets, in the order that leaves them as they were,
@@ -350,13 +329,13 @@ impl Run {
     /// `tracker`'s set, or `pids`.
     fn detach(
         &mut self,
+        stopped: &Stopped,
         tracker: Option<TargetTracker>,
         pids: &[u32],
     ) -> Result<(Vec<u32>, BTreeMap<String, u64>)> {
         let loader = &mut self.loader;
         loader.stop_recording()?;
-        // A second Ctrl-C ends the tracer at once: the keeper releases what is left.
-        stop::restore_default_signals();
+        stopped.let_signals_kill();
         self.later.release_all(loader);
         loader.detach_usdt()?;
         self.sampler.detach(&mut self.processes);
@@ -554,15 +533,6 @@ impl Subject {
             ),
         }
     }
-}
-
-/// What stops a trace besides the keeper: a signal, the one target's exit (`watch`), the
-/// duration, or the end of the set (`tracker`).
-struct Stops<'a> {
-    signals: stop::StopSignals,
-    watch: Option<ProcessWatch>,
-    duration: Option<std::time::Duration>,
-    tracker: Option<&'a mut TargetTracker>,
 }
 
 /// Looks for (and attaches) the probes of what the targets map later when the kernel

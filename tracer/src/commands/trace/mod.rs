@@ -18,21 +18,22 @@ use hit_stacks::StackNamer;
 
 use crate::{
     cli::{Format, TraceConfig},
-    kernel::{Features, KernelTargets, Launch, LaunchNeeds, Loader, RecordRing, Settings, keeper},
+    kernel::{Features, KernelTargets, LaunchNeeds, Loader, RecordRing, Settings},
     output::render,
     probe::late_sites::{self, LateSites, Members, searches_processes},
     probe::plan::{ProbePlan, SiteInput, SiteMode},
     probe::usdt::{self, Scope},
     profile::sampling::UnwindMethod,
+    session::{Running, Session, Stopped},
     stack::python::Interpreters,
     stack::symbolize::ProcessMaps,
     system::console::{OutputError, OutputStream},
     system::privileges,
     system::procfs,
-    system::stop::{self, ProcessWatch, StopReason},
+    system::stop::StopReason,
     system::text::escape_text,
     target::launch::PausedChild,
-    target::{self, TargetSpec, TargetTracker},
+    target::{TargetSpec, TargetTracker},
 };
 
 pub fn run(config: TraceConfig) -> Result<()> {
@@ -66,10 +67,14 @@ pub fn run(config: TraceConfig) -> Result<()> {
     // the set, start time included) or a PID namespace of its own.
     // And to find a thread's Python frames.
     let python_frames = config.stack && config.unwind == UnwindMethod::Dwarf;
-    let launch = Launch::start(LaunchNeeds {
-        usdt_sites: true,
-        kernel_types: (!spec.is_everything() && single.is_none()) || python_frames,
-    });
+    let session = Session::start(
+        LaunchNeeds {
+            usdt_sites: true,
+            kernel_types: (!spec.is_everything() && single.is_none()) || python_frames,
+        },
+        single,
+        config.duration,
+    )?;
     let targets = match spec.is_everything() {
         true => None,
         false => Some(spec.find()?),
@@ -80,7 +85,6 @@ pub fn run(config: TraceConfig) -> Result<()> {
         .map(|m| m.pid)
         .collect();
     let scope = search_scope(child.as_ref(), &spec, targets.is_some(), &pids, &specs);
-    let watch = single.map(ProcessWatch::target).transpose()?;
     // A target watched is known to have existed: missing, it exited.
     let on_target = |e: anyhow::Error| match single {
         Some(pid) => procfs::target_error(pid, e),
@@ -94,7 +98,7 @@ pub fn run(config: TraceConfig) -> Result<()> {
         mode,
     } = plan_probes(&config, &specs, scope, single, &pids)?;
     let dwarf = config.stack && config.unwind == UnwindMethod::Dwarf;
-    let mut loader = launch.load(&load_settings(
+    let (attaching, mut loader) = session.load(&load_settings(
         &config,
         targets.clone(),
         &plan,
@@ -126,10 +130,7 @@ pub fn run(config: TraceConfig) -> Result<()> {
         look_later(later, &mut loader, &config, &spec, child.as_ref(), &pids).map_err(on_target)?;
     // Ctrl-C from the moment the line below is printed (and the command runs) must stop
     // the trace, not kill us.
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    let signals = stop::StopSignals::catch(&runtime)?;
+    let running = attaching.go()?;
     crate::status!(
         "Attached {} probes ({} sites){}. Ctrl-C to stop.",
         plan.probes.len(),
@@ -151,13 +152,8 @@ pub fn run(config: TraceConfig) -> Result<()> {
         let header = format!("{:>12} {:>7} {:>7} PROBE ARGS\n", "TIME(s)", "PID", "TID");
         out.send_blocking(header.into_bytes(), 0);
     }
-    let (reason, mut events) = stream_until_stopped(
-        &runtime,
-        Stopping {
-            signals,
-            watch,
-            duration: config.duration,
-        },
+    let (reason, stopped, mut events) = stream_until_stopped(
+        running,
         events,
         &mut printer,
         &mut Pumped {
@@ -169,7 +165,7 @@ pub fn run(config: TraceConfig) -> Result<()> {
         tracker.as_mut(),
         &out,
     )?;
-    detach(&mut loader, later.as_mut(), tracker)?;
+    detach(&mut loader, &stopped, later.as_mut(), tracker)?;
     // The target is as it was; now what is left for standard output, for as long as its
     // reader takes it.
     if reason != StopReason::OutputClosed {
@@ -198,40 +194,24 @@ fn whose_text(single: Option<u32>, has_targets: bool, spec: &TargetSpec) -> Stri
     }
 }
 
-/// What ends the trace besides the events' own end: a signal, the target's exit or
-/// the duration.
-struct Stopping {
-    signals: stop::StopSignals,
-    watch: Option<ProcessWatch>,
-    duration: Option<std::time::Duration>,
-}
-
-/// Prints events as they come until the trace stops; gives back the ring buffer with
-/// what is left in it.
+/// Prints events as they come until the trace stops (see [`Running::until_stopped`]);
+/// gives back the ring buffer with what is left in it.
 fn stream_until_stopped(
-    runtime: &tokio::runtime::Runtime,
-    stopping: Stopping,
+    running: Running,
     events: RecordRing,
     printer: &mut EventPrinter,
     pumped: &mut Pumped<'_>,
     tracker: Option<&mut TargetTracker>,
     out: &OutputStream,
-) -> std::io::Result<(StopReason, RecordRing)> {
+) -> std::io::Result<(StopReason, Stopped, RecordRing)> {
     let keeper_pid = pumped.loader.keeper_pid();
-    runtime.block_on(async {
-        let mut events = events.into_async()?;
-        let reason = stop::run_until_stopped_with(
-            stopping.signals,
-            stopping.watch,
-            stopping.duration,
-            stop::either(
-                pump(&mut events, printer, pumped, out),
-                stop::either(target::track(tracker), keeper::watch(keeper_pid)),
-            ),
-        )
-        .await?;
-        Ok((reason, events.into_inner()))
-    })
+    let mut events = {
+        let _registering = running.runtime().enter();
+        events.into_async()?
+    };
+    let (reason, stopped) =
+        running.until_stopped(pump(&mut events, printer, pumped, out), tracker, keeper_pid)?;
+    Ok((reason, stopped, events.into_inner()))
 }
 
 /// Where the probes are searched for: the command's executable, the targets, every
@@ -307,12 +287,12 @@ fn look_later(
 /// keeping what the kernel collected readable.
 fn detach(
     loader: &mut Loader,
+    stopped: &Stopped,
     later: Option<&mut LateSites>,
     tracker: Option<TargetTracker>,
 ) -> Result<()> {
     loader.stop_recording()?;
-    // A second Ctrl-C ends the tracer at once: the keeper releases what is left.
-    stop::restore_default_signals();
+    stopped.let_signals_kill();
     if let Some(later) = later {
         later.release_all(loader);
     }
