@@ -617,6 +617,63 @@ fn a_full_stack_copy_buffer_is_counted_and_names_its_flag() {
     );
 }
 
+/// A burst that keeps a small stack-copy buffer half full (200 threads blocking every
+/// 2 ms): a thread blocking again where its snapshot still waits to be unwound reuses
+/// it, the summary says how many did, and those stacks keep their frames.
+#[privileged_test]
+fn a_half_full_stack_copy_buffer_reuses_snapshots_not_yet_unwound() {
+    require_privileged();
+    let dir = out_dir("profile-reused-unchecked");
+    let target = Target::start(
+        env!("CARGO_BIN_EXE_many-threads"),
+        &["--threads", "200", "--sleeps", "50", "--sleep-ms", "2"],
+    );
+    let pid = target.pid.to_string();
+    let tracer = Tracer::start(&[
+        "profile",
+        "--pid",
+        &pid,
+        "--unwind-buffer",
+        "64K",
+        "-o",
+        dir.to_str().unwrap(),
+    ]);
+    target.release();
+    target.finish();
+    let (ok, out, err) = tracer.finish();
+    assert!(ok, "tracer failed: {err}");
+    let reused = out
+        .lines()
+        .find(|l| l.starts_with("Reused unchecked: "))
+        .unwrap_or_else(|| panic!("no line on reused snapshots: {out}"));
+    assert!(
+        number_before(reused, " off-CPU stacks took the snapshot") > 0,
+        "{reused}"
+    );
+    assert!(
+        reused.contains("--unwind-buffer above its 64 KiB sends them all"),
+        "{reused}"
+    );
+    // The workers' sleeps are under the function they sleep in, reused snapshots
+    // included.
+    let folded = std::fs::read_to_string(dir.join("offcpu.folded")).unwrap();
+    let (mut named, mut all) = (0u64, 0u64);
+    let sleeps = folded
+        .lines()
+        .filter(|l| l.contains("worker_thread") && l.contains("nanosleep"));
+    for line in sleeps {
+        let weight: u64 = line.rsplit(' ').next().unwrap().parse().unwrap();
+        all += weight;
+        if line.contains("block_in_worker") {
+            named += weight;
+        }
+    }
+    assert!(
+        all > 0 && named * 10 >= all * 9,
+        "{named} of {all}\n{folded}"
+    );
+}
+
 /// The number just before `what` in `line` (`... 12 stacks not captured`).
 fn number_before(line: &str, what: &str) -> u64 {
     line.split(what)

@@ -61,5 +61,9 @@ pub mod counter {
     pub const STACK_COLLISIONS: u32 = 10;
     /// Of [`STACK_ERRORS`]: the stack map had no room left (`ENOMEM`).
     pub const STACK_MAP_FULL: u32 = 11;
-    pub const COUNT: u32 = 12;
+    /// Off-CPU with DWARF unwinding: the stack-copy ring was half full, so a thread that
+    /// blocked again where its last snapshot still waited to be unwound (same instruction,
+    /// stack and frame pointers) reused that snapshot without its check.
+    pub const SNAPSHOTS_REUSED_UNCHECKED: u32 = 12;
+    pub const COUNT: u32 = 13;
 }

@@ -383,6 +383,20 @@ fn user_snapshot<const PYTHON: bool>(
     {
         return last.snapshot_id;
     }
+    // A burst of threads blocking in new places fills the ring faster than user space
+    // unwinds it. Then a thread blocking again exactly where its snapshot waits to be
+    // unwound reuses it unchecked: the same frames, most likely, where a full ring would
+    // leave only a frame-pointer walk.
+    if let Some(last) = last
+        && check.is_none()
+        && last.bp == regs.bp
+        && last.python_hash == python_hash
+        && now.saturating_sub(last.sent_ns) < CHECK_AWAITED_NS
+        && snapshot::ring_half_full()
+    {
+        count(counter::SNAPSHOTS_REUSED_UNCHECKED);
+        return last.snapshot_id;
+    }
     let snapshot_id = next_snapshot_id();
     if !snapshot::send(regs, tgid, tid, NO_STACK, snapshot_id as u32, 0, python) {
         count(counter::UNWIND_RING_FULL);

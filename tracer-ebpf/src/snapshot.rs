@@ -121,6 +121,15 @@ pub fn send(
     true
 }
 
+/// Whether the ring is half full or more: user space is behind, as when many threads
+/// block in new places at once.
+#[inline(always)]
+pub fn ring_half_full() -> bool {
+    let waiting = UNWIND_SAMPLES.query(u64::from(BPF_RB_AVAIL_DATA));
+    let size = UNWIND_SAMPLES.query(u64::from(BPF_RB_RING_SIZE));
+    waiting >= size / 2
+}
+
 /// User space drains the ring by period and is woken only when the ring is a quarter
 /// full: a burst then cannot fill it between two drains.
 #[inline(always)]

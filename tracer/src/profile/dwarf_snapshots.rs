@@ -119,6 +119,17 @@ pub(super) fn auto_unwind_ring_bytes(cpus: usize, system_wide: bool) -> u32 {
     bytes.next_power_of_two() as u32
 }
 
+/// The line on the off-CPU stacks that reused a snapshot not yet unwound (see
+/// [`counter::SNAPSHOTS_REUSED_UNCHECKED`]), with a ring of `ring_bytes`.
+pub fn reused_unchecked_line(reused: u64, ring_bytes: u32) -> String {
+    format!(
+        "Reused unchecked: {reused} off-CPU stacks took the snapshot their thread had just \
+         sent from the same place, not yet unwound, as the stack-copy buffer was half full \
+         (--unwind-buffer above its {} sends them all).",
+        crate::system::text::binary_size(ring_bytes.into())
+    )
+}
+
 /// The `--unwind dwarf` line: how many stacks were unwound, how deep, with which method,
 /// and how many were walked with frame pointers instead (with a ring of `ring_bytes`).
 pub fn unwind_summary(stats: &UnwindStats, counters: &[u64], ring_bytes: u32) -> String {
@@ -154,7 +165,10 @@ pub fn unwind_summary(stats: &UnwindStats, counters: &[u64], ring_bytes: u32) ->
                 crate::system::text::binary_size(ring_bytes.into())
             ),
         },
-    )
+    ) + &match counters[counter::SNAPSHOTS_REUSED_UNCHECKED as usize] {
+        0 => String::new(),
+        reused => reused_unchecked_line(reused, ring_bytes) + "\n",
+    }
 }
 
 #[cfg(test)]

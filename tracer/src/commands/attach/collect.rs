@@ -243,6 +243,7 @@ fn losses(loader: &Loader, counters: &[u64], config: &AttachConfig) -> Losses {
         program_misses: loader.program_misses(),
         switch_ins_missed: counters[counter::SWITCH_INS_MISSED as usize],
         unwind_ring_full: counters[counter::UNWIND_RING_FULL as usize],
+        snapshots_reused_unchecked: counters[counter::SNAPSHOTS_REUSED_UNCHECKED as usize],
         unwind_ring_bytes: WallClockSampler::unwind_ring_bytes(&config.sampling, false),
     }
 }

@@ -228,6 +228,7 @@ struct LostJson {
     program_misses: Vec<ProgramMissesJson>,
     switch_ins_recovered: u64,
     unwind_ring_full: u64,
+    snapshots_reused_unchecked: u64,
 }
 
 #[derive(Serialize)]
@@ -482,6 +483,7 @@ impl AttachReport {
                 .collect(),
             switch_ins_recovered: l.switch_ins_missed,
             unwind_ring_full: l.unwind_ring_full,
+            snapshots_reused_unchecked: l.snapshots_reused_unchecked,
         }
     }
 }

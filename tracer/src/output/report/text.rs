@@ -6,6 +6,7 @@ use std::fmt::Write as _;
 use crate::{
     output::render::hist::{MICROSECONDS, format_ns, render_latency},
     probe::runtimes::Mechanism,
+    profile::dwarf_snapshots::reused_unchecked_line,
     profile::wallclock::{
         OFF_CPU_FRAME, RUNNABLE_FRAME, python_thread_table, thread_table, truncated_line,
     },
@@ -438,6 +439,13 @@ impl AttachReport {
                  full (--unwind-buffer above its {} keeps them).",
                 l.unwind_ring_full,
                 binary_size(l.unwind_ring_bytes.into())
+            );
+        }
+        if l.snapshots_reused_unchecked > 0 {
+            let _ = writeln!(
+                footnotes,
+                "{}",
+                reused_unchecked_line(l.snapshots_reused_unchecked, l.unwind_ring_bytes)
             );
         }
         footnotes += &program_misses_line(&l.program_misses);

@@ -145,6 +145,9 @@ pub struct Losses {
     pub switch_ins_missed: u64,
     /// Stacks walked with frame pointers instead of DWARF: the stack-copy ring was full.
     pub unwind_ring_full: u64,
+    /// Off-CPU stacks that reused a snapshot of the same place not yet unwound, the
+    /// stack-copy ring half full (reused, not lost).
+    pub snapshots_reused_unchecked: u64,
     /// The stack-copy ring's size (`--unwind-buffer`).
     pub unwind_ring_bytes: u32,
 }
