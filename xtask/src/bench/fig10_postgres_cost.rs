@@ -124,6 +124,8 @@ struct ToolCost {
     lifetime_rss_kib: u64,
     /// What the tracer's report says it lost, by [`LOST_KEYS`] (0 for the others).
     lost: [u64; LOST_KEYS.len()],
+    /// Off-CPU stacks that reused a snapshot not yet unwound, the ring half full.
+    reused_unchecked: u64,
 }
 
 /// The keys of the tracer's `lost` report whose events its cost does not include.
@@ -277,6 +279,14 @@ pub(super) fn measure(config: &Config) -> Result<Vec<Row>> {
                 "  {:<38} lost over the runs ({}): its cost is understated",
                 "",
                 lost.join(", ")
+            );
+        }
+        let reused: f64 = cost(|t| t.reused_unchecked as f64).iter().sum();
+        if reused > 0.0 {
+            println!(
+                "  {:<38} {reused:.0} off-CPU stacks over the runs reused a snapshot not yet \
+                 unwound (the stack-copy ring half full)",
+                ""
             );
         }
     }
@@ -545,7 +555,7 @@ fn stop(tool: &TracingTool, running: Tool, attach_ticks: u64, out_dir: &Path) ->
     let finished = running.finish(Duration::from_secs(5))?;
     let stopped =
         stopped.with_context(|| format!("{} did not exit after two SIGINTs", tool.label))?;
-    let lost = check_output(tool.output, &finished, out_dir)
+    let (lost, reused_unchecked) = check_output(tool.output, &finished, out_dir)
         .with_context(|| format!("{} at SIGINT", tool.label))?;
     Ok(ToolCost {
         attach_us: ticks_to_us(attach_ticks),
@@ -554,16 +564,17 @@ fn stop(tool: &TracingTool, running: Tool, attach_ticks: u64, out_dir: &Path) ->
         tracing_rss_kib,
         lifetime_rss_kib: finished.max_rss_kib,
         lost,
+        reused_unchecked,
     })
 }
 
 /// Fails unless the tool wrote what it collected (a stop that drops it is no stop); the
-/// events the tracer's report says it lost.
+/// events the tracer's report says it lost, and the snapshots it reused unchecked.
 fn check_output(
     output: Output,
     finished: &Finished,
     out_dir: &Path,
-) -> Result<[u64; LOST_KEYS.len()]> {
+) -> Result<([u64; LOST_KEYS.len()], u64)> {
     if output != Output::PerfData && !finished.success {
         bail!(
             "failed: {}",
@@ -582,13 +593,16 @@ fn check_output(
                 bail!("its report has no off-CPU interval");
             }
             let lost = &report["lost"];
-            Ok(LOST_KEYS.map(|key| lost[key].as_u64().unwrap_or(0)))
+            Ok((
+                LOST_KEYS.map(|key| lost[key].as_u64().unwrap_or(0)),
+                lost["snapshots_reused_unchecked"].as_u64().unwrap_or(0),
+            ))
         }
         Output::BpftraceMap => {
             if !finished.stdout.contains("@off[") {
                 bail!("it printed no off-CPU map");
             }
-            Ok([0; LOST_KEYS.len()])
+            Ok(([0; LOST_KEYS.len()], 0))
         }
         Output::PerfData => {
             // perf raises SIGINT again on itself as it exits, so its status is that of a
@@ -597,7 +611,7 @@ fn check_output(
             if size == 0 || !finished.stderr.contains("Captured and wrote") {
                 bail!("it wrote no data: {}", error_lines(&finished.stderr, 4));
             }
-            Ok([0; LOST_KEYS.len()])
+            Ok(([0; LOST_KEYS.len()], 0))
         }
     }
 }
