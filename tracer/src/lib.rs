@@ -18,13 +18,34 @@
 //!   order they must take (start, load, attach, go, stop);
 //! - `cli` and `commands` at the top: the command line and each command's run.
 
-pub mod cli;
-pub mod commands;
-pub mod kernel;
-pub mod output;
-pub mod probe;
-pub mod profile;
-pub mod session;
-pub mod stack;
-pub mod system;
-pub mod target;
+//!
+//! Nothing outside the crate reaches into the areas: the binary calls [`main`], and the
+//! render benchmark (`bench-render`) takes the few items [`for_bench`] names.
+#![warn(unreachable_pub)]
+
+mod cli;
+mod commands;
+mod kernel;
+mod output;
+mod probe;
+mod profile;
+mod session;
+mod stack;
+mod system;
+mod target;
+
+pub use commands::entry::main;
+pub use system::out_of_memory::ExitOnOutOfMemory;
+
+/// What `bench-render` (`cargo xtask bench`) measures outside a run: building a
+/// wall-clock profile from raw aggregates, naming its stacks and rendering them.
+pub mod for_bench {
+    pub use crate::output::render::flamegraph::{
+        FoldedStacks, Palette, SvgOptions, write_flamegraph_svg,
+    };
+    pub use crate::output::render::write_folded_view;
+    pub use crate::profile::wallclock::{BuildOptions, GroupBy, RawProfile, build_profile};
+    pub use crate::stack::naming::StackSource;
+    pub use crate::stack::processes::Processes;
+    pub use crate::stack::symbolize::StackSymbolizer;
+}

@@ -31,7 +31,7 @@ struct Ends {
 }
 
 /// A run starting: nothing is loaded or attached yet.
-pub struct Session {
+pub(crate) struct Session {
     launch: Launch,
     ends: Ends,
 }
@@ -40,7 +40,7 @@ impl Session {
     /// Starts what loading needs, and watches the one target `single` (which must exist
     /// now) so that its exit stops the run; `duration` is how long the run lasts. Call it
     /// first thing, after forking a command: it starts threads.
-    pub fn start(
+    pub(crate) fn start(
         needs: LaunchNeeds,
         single: Option<u32>,
         duration: Option<Duration>,
@@ -53,14 +53,14 @@ impl Session {
     }
 
     /// Loads the programs with `settings`, taking what [`Session::start`] started.
-    pub fn load(self, settings: &Settings) -> Result<(Attaching, Loader), LoaderError> {
+    pub(crate) fn load(self, settings: &Settings) -> Result<(Attaching, Loader), LoaderError> {
         let loader = self.launch.load(settings)?;
         Ok((Attaching { ends: self.ends }, loader))
     }
 }
 
 /// A run whose programs are loaded: the command attaches them to its targets.
-pub struct Attaching {
+pub(crate) struct Attaching {
     ends: Ends,
 }
 
@@ -68,7 +68,7 @@ impl Attaching {
     /// Catches Ctrl-C and SIGTERM: from now on they stop the run. Until then their
     /// default action kills the tracer without a report, so call this before saying the
     /// run has started (or starting a traced command).
-    pub fn go(self) -> Result<Running> {
+    pub(crate) fn go(self) -> Result<Running> {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
@@ -82,7 +82,7 @@ impl Attaching {
 }
 
 /// A run under way, stopped by Ctrl-C and SIGTERM.
-pub struct Running {
+pub(crate) struct Running {
     runtime: Runtime,
     signals: StopSignals,
     ends: Ends,
@@ -91,7 +91,7 @@ pub struct Running {
 impl Running {
     /// The runtime the run waits on: metrics are served on it, and what the work waits
     /// on is registered with it.
-    pub fn runtime(&self) -> &Runtime {
+    pub(crate) fn runtime(&self) -> &Runtime {
         &self.runtime
     }
 
@@ -99,7 +99,7 @@ impl Running {
     /// SIGTERM, the one target's exit, the end of the duration, the last process of
     /// `tracker`'s set leaving, or the exit of the keeper `keeper_pid` that holds the
     /// probes' links.
-    pub fn until_stopped(
+    pub(crate) fn until_stopped(
         self,
         work: impl Future<Output = io::Result<StopReason>>,
         tracker: Option<&mut TargetTracker>,
@@ -124,7 +124,7 @@ impl Running {
 }
 
 /// A run that has stopped: the command detaches and reports.
-pub struct Stopped {
+pub(crate) struct Stopped {
     /// Kept until the report is written: what was registered with it stays valid.
     _runtime: Runtime,
 }
@@ -133,7 +133,7 @@ impl Stopped {
     /// Gives SIGINT and SIGTERM their default action back. Call it once the targets
     /// are as they were: a second Ctrl-C then ends a tracer that waits on its output at
     /// once, and the keeper releases what is left.
-    pub fn let_signals_kill(&self) {
+    pub(crate) fn let_signals_kill(&self) {
         stop::restore_default_signals();
     }
 }

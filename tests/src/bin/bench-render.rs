@@ -35,12 +35,10 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use inferno::flamegraph::{self, color::BasicPalette};
 use tests::{Args, json_array, print_line};
-use tracer::output::render::flamegraph::{FoldedStacks, Palette, SvgOptions, write_flamegraph_svg};
-use tracer::output::render::write_folded_view;
-use tracer::profile::wallclock::{BuildOptions, GroupBy, RawProfile, build_profile};
-use tracer::stack::naming::StackSource;
-use tracer::stack::processes::Processes;
-use tracer::stack::symbolize::StackSymbolizer;
+use tracer::for_bench::{
+    BuildOptions, FoldedStacks, GroupBy, Palette, Processes, RawProfile, StackSource,
+    StackSymbolizer, SvgOptions, build_profile, write_flamegraph_svg, write_folded_view,
+};
 use tracer_common::{OffCpuKey, OffCpuTotal};
 
 const TITLE: &str = "Off-CPU time of bench-render";

@@ -14,7 +14,7 @@ use crate::profile::sampling::Sampling;
 use crate::{kernel::MapSizes, profile::wallclock::GroupBy, target::TargetSpec};
 
 #[derive(Debug, Args)]
-pub struct AttachArgs {
+pub(crate) struct AttachArgs {
     /// The processes to trace: at least one of --pid, --exe, --comm, --cgroup.
     #[command(flatten)]
     pub targets: TargetArgs,
@@ -89,14 +89,14 @@ pub struct AttachArgs {
 
 /// `--profile-every` and `--keep`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RollingConfig {
+pub(crate) struct RollingConfig {
     pub every: Duration,
     pub keep: usize,
 }
 
 impl RollingConfig {
     /// Windows kept without `--keep`.
-    pub const DEFAULT_KEEP: usize = 60;
+    pub(crate) const DEFAULT_KEEP: usize = 60;
 
     fn parse(every: Option<&str>, keep: Option<usize>) -> Result<Option<Self>, ConfigError> {
         let Some(every) = every else {
@@ -119,7 +119,7 @@ impl RollingConfig {
 
 /// A latency asked for on the command line.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LatencyRequest {
+pub(crate) struct LatencyRequest {
     pub begin: LatencyProbe,
     pub end: LatencyProbe,
 }
@@ -127,7 +127,7 @@ pub struct LatencyRequest {
 /// One end of a latency asked for: a USDT probe by provider and name, or a function's
 /// entry or return (resolved to its symbol in the targets).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum LatencyProbe {
+pub(crate) enum LatencyProbe {
     Usdt { provider: String, name: String },
     Function(crate::probe::usdt::UsdtSpecifier),
 }
@@ -143,7 +143,7 @@ impl std::fmt::Display for LatencyProbe {
 
 /// `tracer attach`, validated.
 #[derive(Debug, Clone)]
-pub struct AttachConfig {
+pub(crate) struct AttachConfig {
     pub targets: TargetSpec,
     pub duration: Option<Duration>,
     pub output_dir: PathBuf,
@@ -168,7 +168,7 @@ pub struct AttachConfig {
 
 /// Where the timeline goes, and the shortest off-CPU interval it shows.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TimelineConfig {
+pub(crate) struct TimelineConfig {
     pub path: PathBuf,
     pub min_block: Duration,
 }

@@ -8,7 +8,7 @@ use super::ConfigError;
 use super::parse::nonzero_pid;
 
 #[derive(Debug, Args)]
-pub struct ListArgs {
+pub(crate) struct ListArgs {
     /// List the probes of this process: its executable and every mapped library.
     #[arg(long, short)]
     pub pid: Option<u32>,
@@ -21,7 +21,7 @@ pub struct ListArgs {
 
 /// `tracer list`, validated.
 #[derive(Debug, Clone)]
-pub struct ListConfig {
+pub(crate) struct ListConfig {
     pub pid: Option<NonZeroU32>,
     pub verbose: bool,
     pub target: Option<String>,

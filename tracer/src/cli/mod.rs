@@ -25,14 +25,12 @@ use crate::{kernel::MapSizes, target::TargetSpec};
 use parse::nonzero_pid;
 use tracer_common::{MAX_STR_LEN, MAX_USDT_ARGS};
 
-pub use attach::{
-    AttachArgs, AttachConfig, LatencyProbe, LatencyRequest, RollingConfig, TimelineConfig,
-};
-pub use list::{ListArgs, ListConfig};
-pub use parse::{parse_buffer_size, parse_duration};
-pub use profile::{ProfileArgs, ProfileConfig};
-pub use stacks::{StacksArgs, StacksConfig};
-pub use trace::{TraceArgs, TraceConfig};
+pub(crate) use attach::{AttachArgs, AttachConfig, LatencyProbe, RollingConfig};
+pub(crate) use list::{ListArgs, ListConfig};
+pub(crate) use parse::parse_buffer_size;
+pub(crate) use profile::{ProfileArgs, ProfileConfig};
+pub(crate) use stacks::{StacksArgs, StacksConfig};
+pub(crate) use trace::{TraceArgs, TraceConfig};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -41,7 +39,7 @@ pub use trace::{TraceArgs, TraceConfig};
     about = "eBPF tracer and wall-clock profiler for language runtimes",
     after_help = "Examples:\n  sudo tracer attach --pid 4242 -d 30s -o profile/\n  sudo tracer profile --comm python3.11 -d 10s\n  sudo tracer stacks --pid 4242\n\nSee `man tracer-COMMAND` or `tracer COMMAND --help`."
 )]
-pub struct Cli {
+pub(crate) struct Cli {
     #[command(subcommand)]
     pub command: Command,
     /// Show the eBPF programs' own diagnostics on standard error: each failed argument
@@ -52,7 +50,7 @@ pub struct Cli {
 }
 
 #[derive(Debug, Subcommand)]
-pub enum Command {
+pub(crate) enum Command {
     /// Attach to running processes: GC pauses and latencies from their runtime's probes,
     /// and a wall-clock profile of every thread (on CPU, blocked, runnable) in the
     /// runtime's own frames.
@@ -81,30 +79,30 @@ pub enum Command {
 
 /// Examples each command's `--help` ends with (these, and those of the README and docs/,
 /// are checked to parse).
-pub const ATTACH_EXAMPLES: &str = "Examples:
+pub(crate) const ATTACH_EXAMPLES: &str = "Examples:
   sudo tracer attach --pid 4242 --duration 30s -o profile/
   sudo tracer attach --exe /usr/lib/postgresql/15/bin/postgres --format json
   sudo tracer attach --pid 5211 --children --latency postgresql:transaction__start,postgresql:transaction__commit";
-pub const LIST_EXAMPLES: &str = "Examples:
+pub(crate) const LIST_EXAMPLES: &str = "Examples:
   tracer list /usr/bin/python3.11
   sudo tracer list --pid 4242 'hotspot:gc__*'
   tracer list 'usdt:/usr/lib/jvm/java-17-openjdk-amd64/lib/server/libjvm.so:*:thread__*'";
-pub const TRACE_EXAMPLES: &str = "Examples:
+pub(crate) const TRACE_EXAMPLES: &str = "Examples:
   sudo tracer trace --pid 4242 'usdt:*:python:gc__*'
   sudo tracer trace --count --stack --pid 4242 'usdt:/usr/bin/python3.11:python:gc__start'
   sudo tracer trace --count 'usdt:*:python:gc__start' -- python3.11 app.py";
-pub const PROFILE_EXAMPLES: &str = "Examples:
+pub(crate) const PROFILE_EXAMPLES: &str = "Examples:
   sudo tracer profile --pid 4242 -d 10s -o prof/
   sudo tracer profile --comm python3.11 --per-thread
   sudo tracer profile --comm postgres --group-by name -d 30s
   sudo tracer profile -F 499 -d 5s";
-pub const STACKS_EXAMPLES: &str = "Examples:
+pub(crate) const STACKS_EXAMPLES: &str = "Examples:
   sudo tracer stacks --pid 4242
   sudo tracer stacks --pid 4242 --format json";
 
 /// What `tracer generate` writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Generated {
+pub(crate) enum Generated {
     /// `tracer.1` and one page per command (`tracer-attach.1`, ...).
     Man,
     /// `tracer.bash`, `_tracer` (zsh) and `tracer.fish`.
@@ -112,7 +110,7 @@ pub enum Generated {
 }
 
 #[derive(Debug, Args)]
-pub struct GenerateArgs {
+pub(crate) struct GenerateArgs {
     /// What to write.
     #[arg(value_enum)]
     pub what: Generated,
@@ -121,7 +119,7 @@ pub struct GenerateArgs {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Format {
+pub(crate) enum Format {
     Text,
     Json,
 }
@@ -129,7 +127,7 @@ pub enum Format {
 /// Which processes to trace, the same for every command that traces processes. The
 /// options add up: `--pid 1 --pid 2 --exe /usr/bin/x` traces all of them.
 #[derive(Debug, Clone, Default, Args)]
-pub struct TargetArgs {
+pub(crate) struct TargetArgs {
     /// A process to trace (all its threads). May be repeated.
     #[arg(long, short, value_name = "PID")]
     pub pid: Vec<u32>,
@@ -182,7 +180,7 @@ impl TryFrom<&TargetArgs> for TargetSpec {
 
 /// How stacks are sampled and walked, the same for every command that collects them.
 #[derive(Debug, Clone, Args)]
-pub struct SamplingArgs {
+pub(crate) struct SamplingArgs {
     /// On-CPU samples per second of CPU time, on every CPU.
     #[arg(long, short = 'F', default_value_t = 99)]
     pub frequency: u64,
@@ -233,12 +231,12 @@ impl TryFrom<&SamplingArgs> for Sampling {
 
 /// The highest sampling frequency accepted (the kernel's own default limit,
 /// `kernel.perf_event_max_sample_rate`, is 100000 and it lowers it under load).
-pub const MAX_FREQUENCY_HZ: u64 = 100_000;
+pub(crate) const MAX_FREQUENCY_HZ: u64 = 100_000;
 
 /// Sizes of the kernel's aggregation maps: what fills them is counted and reported as
 /// lost, so a run that reports losses can be repeated with larger maps.
 #[derive(Debug, Clone, Args)]
-pub struct MapSizeArgs {
+pub(crate) struct MapSizeArgs {
     /// Distinct stacks the kernel can keep (user and kernel stacks count separately)
     /// [default: 32768].
     #[arg(long, value_name = "N")]
@@ -250,11 +248,11 @@ pub struct MapSizeArgs {
 }
 
 /// The most entries a map may be given.
-pub const MAX_MAP_ENTRIES: u32 = 1 << 24;
+pub(crate) const MAX_MAP_ENTRIES: u32 = 1 << 24;
 
 /// The most entries the stack map may be given: its ids must stay in their range
 /// (`tracer_common::stack_id::STACK_MAP_IDS`).
-pub const MAX_STACK_MAP_ENTRIES: u32 = tracer_common::stack_id::STACK_MAP_IDS.end as u32;
+pub(crate) const MAX_STACK_MAP_ENTRIES: u32 = tracer_common::stack_id::STACK_MAP_IDS.end as u32;
 
 fn map_sizes(args: &MapSizeArgs) -> Result<MapSizes, ConfigError> {
     let check = |flag: &'static str, value: Option<u32>, max: u32| match value {
@@ -269,7 +267,7 @@ fn map_sizes(args: &MapSizeArgs) -> Result<MapSizes, ConfigError> {
 
 /// `--metrics ADDR` and `--metrics-labels`, of `attach` and `profile`.
 #[derive(Debug, clap::Args)]
-pub struct MetricsArgs {
+pub(crate) struct MetricsArgs {
     /// Serve Prometheus metrics at http://ADDR/metrics while tracing (127.0.0.1:9464,
     /// or :9464 for every address): time on and off CPU per process, the events lost,
     /// and with attach the latency histograms (GC pauses, --latency).
@@ -289,13 +287,13 @@ pub struct MetricsArgs {
 
 /// A label `--metrics-labels` can add.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum MetricLabel {
+pub(crate) enum MetricLabel {
     Pid,
 }
 
 /// `--metrics ADDR` and its labels.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MetricsConfig {
+pub(crate) struct MetricsConfig {
     pub addr: String,
     pub labels: MetricLabels,
 }
@@ -314,12 +312,12 @@ impl MetricsConfig {
 
 /// Which optional labels the per-process series carry.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct MetricLabels {
+pub(crate) struct MetricLabels {
     pub pid: bool,
 }
 
 #[derive(Debug, Error, PartialEq, Eq)]
-pub enum ConfigError {
+pub(crate) enum ConfigError {
     #[error("invalid PID 0")]
     ZeroPid,
     #[error("--pid and a command after -- cannot be used together")]

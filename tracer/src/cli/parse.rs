@@ -6,7 +6,7 @@ use super::ConfigError;
 
 /// Parses the size of ring buffer `--flag` (`65536`, `64K`, `4M`, `1G`), rounded up to a
 /// power of two (which the kernel requires) and at least one page.
-pub fn parse_buffer_size(flag: &'static str, text: &str) -> Result<u32, ConfigError> {
+pub(crate) fn parse_buffer_size(flag: &'static str, text: &str) -> Result<u32, ConfigError> {
     let err = || ConfigError::BufferSize(flag, text.to_string());
     let text = text.trim();
     let (number, multiplier) = match text.char_indices().last() {
@@ -32,7 +32,7 @@ pub(super) fn nonzero_pid(pid: u32) -> Result<NonZeroU32, ConfigError> {
 
 /// Parses `10s`, `1.5s`, `500ms`, `100us`, `250ns`, `2m`, `1h`; a bare number is seconds.
 /// `flag` names the option the text came from, for the error.
-pub fn parse_duration(flag: &'static str, text: &str) -> Result<Duration, ConfigError> {
+pub(crate) fn parse_duration(flag: &'static str, text: &str) -> Result<Duration, ConfigError> {
     let err = || ConfigError::Duration(flag, text.to_string());
     let text = text.trim();
     let split = text

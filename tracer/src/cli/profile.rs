@@ -12,7 +12,7 @@ use crate::profile::sampling::Sampling;
 use crate::{kernel::MapSizes, profile::wallclock::GroupBy, target::TargetSpec};
 
 #[derive(Debug, Args)]
-pub struct ProfileArgs {
+pub(crate) struct ProfileArgs {
     /// What to profile (every thread of each process); every process when absent.
     #[command(flatten)]
     pub targets: TargetArgs,
@@ -44,7 +44,7 @@ pub struct ProfileArgs {
 
 /// `tracer profile`, validated.
 #[derive(Debug, Clone)]
-pub struct ProfileConfig {
+pub(crate) struct ProfileConfig {
     /// What to profile ([`TargetSpec::is_everything`]: every process).
     pub targets: TargetSpec,
     pub duration: Option<Duration>,

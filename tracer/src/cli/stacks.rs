@@ -8,7 +8,7 @@ use super::parse::nonzero_pid;
 use super::{ConfigError, Format};
 
 #[derive(Debug, Args)]
-pub struct StacksArgs {
+pub(crate) struct StacksArgs {
     /// The process whose threads to show.
     #[arg(long, short)]
     pub pid: u32,
@@ -23,7 +23,7 @@ pub struct StacksArgs {
 
 /// `tracer stacks`, validated.
 #[derive(Debug, Clone)]
-pub struct StacksConfig {
+pub(crate) struct StacksConfig {
     pub pid: NonZeroU32,
     pub format: Format,
     /// A HotSpot JVM is asked for its perf map.

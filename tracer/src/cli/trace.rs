@@ -12,7 +12,7 @@ use crate::{probe::plan::StringRequest, target::TargetSpec};
 use tracer_common::{DEFAULT_STR_LEN, MAX_STR_LEN, MAX_USDT_ARGS};
 
 #[derive(Debug, Args)]
-pub struct TraceArgs {
+pub(crate) struct TraceArgs {
     /// Only hits in these processes (their probes are searched in every object they
     /// map); every process running the probes' files when absent.
     #[command(flatten)]
@@ -73,7 +73,7 @@ pub struct TraceArgs {
 
 /// `tracer trace`, validated.
 #[derive(Debug, Clone)]
-pub struct TraceConfig {
+pub(crate) struct TraceConfig {
     /// Whose hits ([`TargetSpec::is_everything`]: every process running the probes).
     pub targets: TargetSpec,
     pub format: Format,

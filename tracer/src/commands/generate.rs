@@ -9,7 +9,7 @@ use clap_complete::Shell;
 
 use crate::cli::{Cli, Generated};
 
-pub fn run(what: Generated, dir: &Path) -> Result<()> {
+pub(crate) fn run(what: Generated, dir: &Path) -> Result<()> {
     fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     match what {
         Generated::Man => man_pages(dir),

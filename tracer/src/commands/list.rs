@@ -13,7 +13,7 @@ use crate::{
     system::text::escape_text,
 };
 
-pub fn run(config: ListConfig) -> Result<()> {
+pub(crate) fn run(config: ListConfig) -> Result<()> {
     let spec = target_specifier(config.target.as_deref(), config.pid.is_some())?;
     let scope = match config.pid {
         Some(pid) => Scope::Process(pid.get()),

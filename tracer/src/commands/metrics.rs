@@ -22,7 +22,7 @@ use crate::{
 };
 
 /// What a scrape reads.
-pub struct MetricSources<'a> {
+pub(crate) struct MetricSources<'a> {
     pub loader: &'a mut Loader,
     /// The probes attached, whose latencies are histograms (`attach`).
     pub plan: Option<&'a ProbePlan>,
@@ -173,7 +173,7 @@ impl Figures {
 
 /// `--metrics`, served: the scrapes to answer, the labels asked for, and the figures of
 /// processes gone.
-pub struct Metrics {
+pub(crate) struct Metrics {
     scrapes: Scrapes,
     labels: MetricLabels,
     gone: Figures,
@@ -185,14 +185,14 @@ pub struct Metrics {
 
 /// Binds `--metrics ADDR`'s endpoint; call before attaching, so that an address that
 /// cannot be listened on fails first.
-pub fn bind(config: Option<&MetricsConfig>) -> Result<Option<(Endpoint, MetricLabels)>> {
+pub(crate) fn bind(config: Option<&MetricsConfig>) -> Result<Option<(Endpoint, MetricLabels)>> {
     config
         .map(|m| Ok((Endpoint::bind(&m.addr)?, m.labels)))
         .transpose()
 }
 
 /// Starts serving on `runtime`, saying where.
-pub fn serve(
+pub(crate) fn serve(
     bound: Option<(Endpoint, MetricLabels)>,
     runtime: &tokio::runtime::Runtime,
 ) -> Result<Option<Metrics>> {
@@ -211,7 +211,7 @@ pub fn serve(
 }
 
 /// The next scrape of `metrics`; pending for ever without.
-pub async fn next_scrape(metrics: &mut Option<Metrics>) -> Scrape {
+pub(crate) async fn next_scrape(metrics: &mut Option<Metrics>) -> Scrape {
     match metrics.as_mut() {
         Some(metrics) => metrics.scrapes.next().await,
         None => std::future::pending().await,
@@ -220,7 +220,7 @@ pub async fn next_scrape(metrics: &mut Option<Metrics>) -> Scrape {
 
 impl Metrics {
     /// Answers `scrape` with every family, read from `sources` now.
-    pub fn answer(&mut self, scrape: Scrape, sources: MetricSources<'_>) {
+    pub(crate) fn answer(&mut self, scrape: Scrape, sources: MetricSources<'_>) {
         let figures = self.read_figures(sources.loader, sources.plan, sources.processes);
         let mut out = Exposition::new();
         for ((name, help), series) in &figures.latencies {
@@ -257,7 +257,7 @@ impl Metrics {
 
     /// Folds the figures of the processes gone into those kept by name, while their
     /// names are still known: before they are let go (see [`crate::profile::retire`]).
-    pub fn fold_gone(
+    pub(crate) fn fold_gone(
         &mut self,
         loader: &mut Loader,
         plan: Option<&ProbePlan>,

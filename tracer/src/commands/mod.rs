@@ -1,10 +1,11 @@
 //! One module per subcommand: each turns a validated config into a run; [`metrics`]
-//! serves the scrapes of `attach` and `profile`.
+//! serves the scrapes of `attach` and `profile`; [`entry`] dispatches the command line.
 
-pub mod attach;
-pub mod generate;
-pub mod list;
-pub mod metrics;
-pub mod profile;
-pub mod stacks;
-pub mod trace;
+pub(crate) mod attach;
+pub(crate) mod entry;
+pub(crate) mod generate;
+pub(crate) mod list;
+pub(crate) mod metrics;
+pub(crate) mod profile;
+pub(crate) mod stacks;
+pub(crate) mod trace;

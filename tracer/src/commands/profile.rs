@@ -37,7 +37,7 @@ use crate::{
     target::{self, TargetTracker},
 };
 
-pub fn run(config: ProfileConfig) -> Result<()> {
+pub(crate) fn run(config: ProfileConfig) -> Result<()> {
     privileges::check()?;
     let spec = &config.targets;
     // At once: what the load needs is made ready while the targets are scanned.

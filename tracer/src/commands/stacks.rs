@@ -28,7 +28,7 @@ use crate::{
     system::stop::ProcessWatch,
 };
 
-pub fn run(config: StacksConfig) -> Result<()> {
+pub(crate) fn run(config: StacksConfig) -> Result<()> {
     let pid = process_of(config.pid.get())?;
     // Held from the start: it tells whether this process (not another given its PID
     // later) exited at any point of the reading.

@@ -17,7 +17,7 @@ const KIND_TYPEDEF: u32 = 8;
 const KIND_FUNC: u32 = 12;
 
 #[derive(Debug, Error)]
-pub enum BtfError {
+pub(crate) enum BtfError {
     #[error("cannot read kernel BTF at {path} (is CONFIG_DEBUG_INFO_BTF enabled?)")]
     Read {
         path: String,
@@ -36,7 +36,7 @@ pub enum BtfError {
 }
 
 /// BTF type information, read once and searched by name.
-pub struct Btf {
+pub(crate) struct Btf {
     data: Bytes,
     /// Types found (or not) by earlier searches, by kind and name.
     found: Mutex<HashMap<(u32, String), Option<Found>>>,
@@ -79,7 +79,7 @@ struct TypeEntry<'a> {
 
 impl Btf {
     /// Reads the BTF at `path` (normally `/sys/kernel/btf/vmlinux`).
-    pub fn read(path: &Path) -> Result<Self, BtfError> {
+    pub(crate) fn read(path: &Path) -> Result<Self, BtfError> {
         let error = |source| BtfError::Read {
             path: path.display().to_string(),
             source,
@@ -105,14 +105,15 @@ impl Btf {
     }
 
     /// Raw little-endian BTF bytes; the header is checked here, the types when searched.
-    pub fn from_bytes(data: Vec<u8>) -> Result<Self, BtfError> {
+    #[cfg(test)]
+    pub(crate) fn from_bytes(data: Vec<u8>) -> Result<Self, BtfError> {
         Sections::parse(&data)?;
         Ok(Self::of(Bytes::Owned(data)))
     }
 
     /// Finds the structs, typedefs and functions named, all in one scan of the types, for
     /// the searches that follow (each would scan up to its type otherwise).
-    pub fn look_up_at_once(
+    pub(crate) fn look_up_at_once(
         &self,
         structs: &[&str],
         typedefs: &[&str],
@@ -150,7 +151,11 @@ impl Btf {
     }
 
     /// Byte offsets of `members` of `struct name`.
-    pub fn member_offsets(&self, name: &str, members: &[&str]) -> Result<Vec<u32>, BtfError> {
+    pub(crate) fn member_offsets(
+        &self,
+        name: &str,
+        members: &[&str],
+    ) -> Result<Vec<u32>, BtfError> {
         let btf = Sections::parse(&self.data)?;
         let found = self
             .find(&btf, KIND_STRUCT, name)?
@@ -177,7 +182,7 @@ impl Btf {
     }
 
     /// The type id of `typedef name`.
-    pub fn typedef_id(&self, name: &str) -> Result<u32, BtfError> {
+    pub(crate) fn typedef_id(&self, name: &str) -> Result<u32, BtfError> {
         let btf = Sections::parse(&self.data)?;
         Ok(self
             .find(&btf, KIND_TYPEDEF, name)?
@@ -187,7 +192,7 @@ impl Btf {
 
     /// The type id of function `name` (`bpf_iter_task`, which a task iterator program is
     /// verified against).
-    pub fn function_id(&self, name: &str) -> Result<u32, BtfError> {
+    pub(crate) fn function_id(&self, name: &str) -> Result<u32, BtfError> {
         let btf = Sections::parse(&self.data)?;
         Ok(self
             .find(&btf, KIND_FUNC, name)?

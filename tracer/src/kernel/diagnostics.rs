@@ -22,7 +22,7 @@ static ENABLED: AtomicBool = AtomicBool::new(false);
 pub(super) const LEVEL_GLOBAL: &str = aya_log::LEVEL;
 
 /// Shows the programs' diagnostics from now on (`--bpf-debug`).
-pub fn enable() {
+pub(crate) fn enable() {
     ENABLED.store(true, Ordering::Relaxed);
 }
 
@@ -76,7 +76,7 @@ impl log::Log for StderrLog {
 
 /// Reads the programs' log records on a thread of its own until dropped; the records
 /// still waiting then are written before it returns.
-pub struct DiagnosticsReader {
+pub(crate) struct DiagnosticsReader {
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }

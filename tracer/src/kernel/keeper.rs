@@ -57,11 +57,11 @@ use super::{
 };
 
 /// The first argument that makes `tracer` run as a link keeper (see [`serve`]).
-pub const KEEPER_ARG: &str = "__link-keeper";
+pub(crate) const KEEPER_ARG: &str = "__link-keeper";
 
 /// The most uprobes one link (one request) takes: keeps a request well inside the
 /// socket's buffer (24 bytes each), and each link's removal short.
-pub const MAX_UPROBES_PER_LINK: usize = 2048;
+pub(crate) const MAX_UPROBES_PER_LINK: usize = 2048;
 
 const REQUEST_ATTACH: u32 = 1;
 const REQUEST_RELEASE: u32 = 2;
@@ -80,7 +80,7 @@ const MAX_REQUEST_BYTES: usize =
     HEADER_BYTES + libc::PATH_MAX as usize + MAX_UPROBES_PER_LINK * UPROBE_BYTES;
 
 /// tracer's end of the keeper: requests go through it, answers come back.
-pub struct LinkKeeper {
+pub(crate) struct LinkKeeper {
     socket: OwnedFd,
     child: Child,
     links: usize,
@@ -89,7 +89,7 @@ pub struct LinkKeeper {
 impl LinkKeeper {
     /// Starts the keeper (tracer's own executable, [`KEEPER_ARG`]), its end of the socket
     /// as its standard input. Cheap to start early: it only waits for requests.
-    pub fn spawn() -> io::Result<Self> {
+    pub(crate) fn spawn() -> io::Result<Self> {
         let (ours, theirs) = socketpair(
             AddressFamily::UNIX,
             SocketType::SEQPACKET,
@@ -118,18 +118,13 @@ impl LinkKeeper {
     }
 
     /// The keeper's process id.
-    pub fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.child.id()
-    }
-
-    /// How many links the keeper holds.
-    pub fn links(&self) -> usize {
-        self.links
     }
 
     /// Has the keeper attach `prog` to `uprobes` (at most [`MAX_UPROBES_PER_LINK`]) of
     /// the file at `path`, in process `pid` only or in every process.
-    pub fn link_uprobe_multi(
+    pub(crate) fn link_uprobe_multi(
         &mut self,
         prog: BorrowedFd<'_>,
         path: &Path,
@@ -171,13 +166,13 @@ impl LinkKeeper {
 
     /// Gives the keeper the map of processes held at `dlopen`, to continue them whenever
     /// it closes the links.
-    pub fn watch_held(&mut self, held: BorrowedFd<'_>) -> io::Result<()> {
+    pub(crate) fn watch_held(&mut self, held: BorrowedFd<'_>) -> io::Result<()> {
         self.request(&REQUEST_HELD_MAP.to_ne_bytes(), Some(held))
     }
 
     /// Gives the keeper the map of the programs' switches, to switch them off before it
     /// releases the links however the tracer ended.
-    pub fn watch_control(&mut self, control: BorrowedFd<'_>) -> io::Result<()> {
+    pub(crate) fn watch_control(&mut self, control: BorrowedFd<'_>) -> io::Result<()> {
         self.request(&REQUEST_CONTROL_MAP.to_ne_bytes(), Some(control))
     }
 
@@ -186,7 +181,7 @@ impl LinkKeeper {
     /// tracer meanwhile would leave it registered for good. The keeper takes each, the
     /// tracer closes its own (the keeper's copy keeps the uprobe), and the keeper closes
     /// them; those it could not take are returned.
-    pub fn close_for_us(&mut self, fds: Vec<OwnedFd>) -> Vec<OwnedFd> {
+    pub(crate) fn close_for_us(&mut self, fds: Vec<OwnedFd>) -> Vec<OwnedFd> {
         let mut not_taken = Vec::new();
         for fd in fds {
             if self
@@ -208,7 +203,7 @@ impl LinkKeeper {
     /// Has the keeper release every link it holds: the kernel's workers then give the
     /// sites their instructions back and drop the semaphores, within a grace period. A
     /// keeper that was killed leaves its links pinned: they are released from here.
-    pub fn release_all(&mut self) -> io::Result<()> {
+    pub(crate) fn release_all(&mut self) -> io::Result<()> {
         if self.links == 0 {
             return Ok(());
         }
@@ -225,7 +220,7 @@ impl LinkKeeper {
     }
 
     /// Whether the keeper still runs (a zombie, not yet reaped, does not).
-    pub fn is_alive(&self) -> bool {
+    pub(crate) fn is_alive(&self) -> bool {
         !matches!(
             crate::system::procfs::process_state(self.pid()),
             None | Some('Z' | 'X')
@@ -292,7 +287,7 @@ impl Drop for LinkKeeper {
 }
 
 /// Continues the keeper if a signal stopped it, and says so once.
-pub fn continue_if_stopped(pid: u32) {
+pub(crate) fn continue_if_stopped(pid: u32) {
     if matches!(crate::system::procfs::process_state(pid), Some('T' | 't')) {
         continue_keeper(pid);
     }
@@ -313,7 +308,7 @@ fn continue_keeper(pid: u32) {
 /// stay pinned and working until the stop releases them). Pending forever without one.
 /// The keeper is our child: the kernel's SIGCHLD tells of its stop or its death, and its
 /// state is read then, and once a second in case a signal was merged with another.
-pub async fn watch(pid: Option<u32>) -> io::Result<crate::system::stop::StopReason> {
+pub(crate) async fn watch(pid: Option<u32>) -> io::Result<crate::system::stop::StopReason> {
     let Some(pid) = pid else {
         return std::future::pending().await;
     };
@@ -333,13 +328,13 @@ pub async fn watch(pid: Option<u32>) -> io::Result<crate::system::stop::StopReas
 }
 
 /// Whether this process was started as the link keeper.
-pub fn is_keeper(first_arg: Option<&OsStr>) -> bool {
+pub(crate) fn is_keeper(first_arg: Option<&OsStr>) -> bool {
     first_arg.is_some_and(|arg| arg == KEEPER_ARG)
 }
 
 /// The keeper's life: serve requests on standard input until tracer's end closes, then
 /// release every link. Returns the exit code.
-pub fn serve() -> i32 {
+pub(crate) fn serve() -> i32 {
     // Out of tracer's session and process group: neither the terminal's signals nor a
     // kill of the group reach the keeper. Every catchable signal but those of a fault in
     // the keeper itself is ignored, so only SIGKILL and SIGSTOP act on it.

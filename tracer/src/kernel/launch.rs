@@ -17,7 +17,7 @@ use super::{
 
 /// What a run needs started early.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct LaunchNeeds {
+pub(crate) struct LaunchNeeds {
     /// It attaches USDT sites: the uprobe warm-up and the link keeper.
     pub usdt_sites: bool,
     /// It reads kernel types (off-CPU accounting, following processes, Python frames).
@@ -27,7 +27,7 @@ pub struct LaunchNeeds {
 /// The head starts of a run, taken by [`Launch::load`]. A launch with none
 /// ([`Launch::default`]) does everything at the load.
 #[derive(Default)]
-pub struct Launch {
+pub(crate) struct Launch {
     /// The uprobes that start the kernel's first wait (see [`Loader::warm_up_uprobes`]).
     pub(super) warm_up: Option<UprobeWarmUp>,
     /// The link keeper being spawned.
@@ -46,7 +46,7 @@ impl Launch {
     /// warm-up goes first, before the other threads take the CPUs: the first uprobe's
     /// wait is the longest step of a launch. Then the keeper, whose spawn waits for the
     /// exec of tracer's own binary; then the object and the kernel types.
-    pub fn start(needs: LaunchNeeds) -> Self {
+    pub(crate) fn start(needs: LaunchNeeds) -> Self {
         let mut launch = Self::default();
         if needs.usdt_sites {
             launch.warm_up = Some(Loader::warm_up_uprobes());
@@ -71,7 +71,7 @@ impl Launch {
 
     /// Loads the eBPF object with `settings`, taking what was started (see
     /// [`Loader::load`]).
-    pub fn load(self, settings: &Settings) -> Result<Loader> {
+    pub(crate) fn load(self, settings: &Settings) -> Result<Loader> {
         Loader::load_launched(settings, self)
     }
 }

@@ -131,7 +131,7 @@ struct KernelOffsets {
 impl Loader {
     /// Loads the eBPF object with `settings`, with no head start (see [`Launch`]).
     /// Programs are verified when first attached.
-    pub fn load(settings: &Settings) -> Result<Self> {
+    pub(crate) fn load(settings: &Settings) -> Result<Self> {
         Launch::default().load(settings)
     }
 

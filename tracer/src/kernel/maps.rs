@@ -15,7 +15,7 @@ use super::{Loader, LoaderError, RecordRing, Result, SnapshotChecks, TargetsMap}
 
 /// A probe's hits, summed over CPUs.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ProbeHitTotals {
+pub(crate) struct ProbeHitTotals {
     pub count: u64,
     /// When it first fired (CLOCK_MONOTONIC ns); `None` when it never did.
     pub first_ns: Option<u64>,
@@ -23,7 +23,7 @@ pub struct ProbeHitTotals {
 
 /// Kernel-side aggregates of one latency, summed over CPUs.
 #[derive(Debug, Clone, Default)]
-pub struct LatencyData {
+pub(crate) struct LatencyData {
     /// Counts per `tracer_common::histogram` bucket.
     pub buckets: Vec<u64>,
     pub stats: LatencyStats,
@@ -32,7 +32,7 @@ pub struct LatencyData {
 impl Loader {
     /// A handle on the set of target processes, to add to it and read it while the
     /// programs run (a set of processes: see [`KernelTargets`](super::KernelTargets)).
-    pub fn targets_map(&self) -> Result<TargetsMap> {
+    pub(crate) fn targets_map(&self) -> Result<TargetsMap> {
         let name = map_names::TARGETS;
         match self.maps.get(name) {
             Some(Map::HashMap(data)) => TargetsMap::from_map(data),
@@ -44,11 +44,11 @@ impl Loader {
     /// fires afterwards is neither counted nor sent.
     /// Starts the wall-clock profile: the scheduler and sampling programs record from now
     /// on (see [`control::RECORDING`]).
-    pub fn start_recording(&mut self) -> Result<()> {
+    pub(crate) fn start_recording(&mut self) -> Result<()> {
         self.set_control(control::RECORDING, 1)
     }
 
-    pub fn stop_recording(&mut self) -> Result<()> {
+    pub(crate) fn stop_recording(&mut self) -> Result<()> {
         self.set_control(control::STOPPED, 1)
     }
 
@@ -64,27 +64,27 @@ impl Loader {
     }
 
     /// Takes the timeline's ring buffer ([`tracer_common::TimelineEvent`]).
-    pub fn take_timeline(&mut self) -> Result<RecordRing> {
+    pub(crate) fn take_timeline(&mut self) -> Result<RecordRing> {
         self.finish_maps()?;
         self.take_ring(map_names::TIMELINE)
     }
 
     /// Takes the ring buffer that tells of processes newly recorded in `HELD` (see
     /// [`Loader::held`]): readable when there is one to look at.
-    pub fn take_held_notices(&mut self) -> Result<RecordRing> {
+    pub(crate) fn take_held_notices(&mut self) -> Result<RecordRing> {
         self.finish_maps()?;
         self.take_ring(map_names::HELD_NOTICES)
     }
 
     /// Takes the ring buffer of user stack snapshots ([`tracer_common::UnwindSample`]).
-    pub fn take_unwind_samples(&mut self) -> Result<RecordRing> {
+    pub(crate) fn take_unwind_samples(&mut self) -> Result<RecordRing> {
         self.finish_maps()?;
         self.take_ring(map_names::UNWIND_SAMPLES)
     }
 
     /// Takes the map through which user space tells the kernel how to check that an
     /// off-CPU snapshot can be reused ([`tracer_common::SnapshotCheck`] by snapshot id).
-    pub fn take_snapshot_checks(&mut self) -> Result<SnapshotChecks> {
+    pub(crate) fn take_snapshot_checks(&mut self) -> Result<SnapshotChecks> {
         self.finish_maps()?;
         let name = map_names::SNAPSHOT_CHECKS;
         let map = self.maps.remove(name).ok_or(LoaderError::Missing(name))?;
@@ -97,7 +97,7 @@ impl Loader {
     /// profiling starts; a thread's next switch out replaces its mark (so marking a thread
     /// that is running is harmless), and its next switch in accounts the time since.
     /// Entries the kernel already recorded are kept.
-    pub fn seed_offcpu_starts(&mut self, starts: &[(u32, OffCpuStart)]) -> Result<()> {
+    pub(crate) fn seed_offcpu_starts(&mut self, starts: &[(u32, OffCpuStart)]) -> Result<()> {
         self.finish_maps()?;
         const BPF_NOEXIST: u64 = 1;
         let name = map_names::OFFCPU_STARTS;
@@ -118,7 +118,7 @@ impl Loader {
 
     /// Tells the programs that process `tgid` runs a CPython interpreter laid out as
     /// `process` says: its snapshots carry its threads' Python frames from now on.
-    pub fn add_python_process(&mut self, tgid: u32, process: &PythonProcess) -> Result<()> {
+    pub(crate) fn add_python_process(&mut self, tgid: u32, process: &PythonProcess) -> Result<()> {
         self.finish_maps()?;
         let name = map_names::PYTHON_PROCESSES;
         let map = self.maps.get_mut(name).ok_or(LoaderError::Missing(name))?;
@@ -130,7 +130,7 @@ impl Loader {
     }
 
     /// On-CPU sample counts per thread and stacks.
-    pub fn oncpu_samples(&self) -> Result<Vec<(OnCpuKey, u64)>> {
+    pub(crate) fn oncpu_samples(&self) -> Result<Vec<(OnCpuKey, u64)>> {
         let name = map_names::ONCPU_SAMPLES;
         self.entries(name)
     }
@@ -172,7 +172,7 @@ impl Loader {
     }
 
     /// The histogram and totals of latency `latency_id`.
-    pub fn latency(&self, latency_id: u32) -> Result<LatencyData> {
+    pub(crate) fn latency(&self, latency_id: u32) -> Result<LatencyData> {
         let hist = self.array::<u64>(map_names::LATENCY_HIST)?;
         let stats_map = self.per_cpu_array::<LatencyStats>(map_names::LATENCY_STATS)?;
         let map_error = |name| move |source| LoaderError::Map { name, source };
@@ -208,12 +208,12 @@ impl Loader {
 
     /// Every process's figures for `--metrics` (with
     /// [`super::Features::process_metrics`]).
-    pub fn process_metrics(&self) -> Result<Vec<(ProcessMetricKey, u64)>> {
+    pub(crate) fn process_metrics(&self) -> Result<Vec<(ProcessMetricKey, u64)>> {
         self.entries(map_names::PROCESS_METRICS)
     }
 
     /// Removes a figure of [`Loader::process_metrics`] (of a process gone).
-    pub fn remove_process_metric(&mut self, key: &ProcessMetricKey) -> Result<()> {
+    pub(crate) fn remove_process_metric(&mut self, key: &ProcessMetricKey) -> Result<()> {
         let name = map_names::PROCESS_METRICS;
         let map = self.maps.get_mut(name).ok_or(LoaderError::Missing(name))?;
         let mut map: HashMap<&mut MapData, ProcessMetricKey, u64> =
@@ -238,17 +238,17 @@ impl Loader {
     }
 
     /// Deletes off-CPU totals `keys` (read and kept elsewhere).
-    pub fn remove_offcpu_totals(&mut self, keys: &[OffCpuKey]) -> Result<()> {
+    pub(crate) fn remove_offcpu_totals(&mut self, keys: &[OffCpuKey]) -> Result<()> {
         self.remove_keys::<OffCpuKey, OffCpuTotal>(map_names::OFFCPU_TIME, keys.iter().copied())
     }
 
     /// Deletes on-CPU sample counts `keys` (read and kept elsewhere).
-    pub fn remove_oncpu_samples(&mut self, keys: &[OnCpuKey]) -> Result<()> {
+    pub(crate) fn remove_oncpu_samples(&mut self, keys: &[OnCpuKey]) -> Result<()> {
         self.remove_keys::<OnCpuKey, u64>(map_names::ONCPU_SAMPLES, keys.iter().copied())
     }
 
     /// Deletes the per-process latency totals `keys` (read and kept elsewhere).
-    pub fn remove_latency_by_process(&mut self, keys: &[LatencyProcessKey]) -> Result<()> {
+    pub(crate) fn remove_latency_by_process(&mut self, keys: &[LatencyProcessKey]) -> Result<()> {
         let name = map_names::LATENCY_BY_PROCESS;
         let map = self.maps.get_mut(name).ok_or(LoaderError::Missing(name))?;
         let mut map: PerCpuHashMap<&mut MapData, LatencyProcessKey, LatencyStats> =
@@ -263,7 +263,7 @@ impl Loader {
     /// their tasks' states, their Python interpreters, and the latencies their threads
     /// began before `before_ns` and never ended (a thread whose id was reused since
     /// began its own later).
-    pub fn forget_processes(
+    pub(crate) fn forget_processes(
         &mut self,
         tgids: &std::collections::HashSet<u32>,
         tids: &std::collections::HashSet<u32>,
@@ -288,7 +288,7 @@ impl Loader {
 
     /// The totals of every latency per process: `(tgid, latency_id)` and the stats,
     /// summed over CPUs.
-    pub fn latency_by_process(&self) -> Result<Vec<(LatencyProcessKey, LatencyStats)>> {
+    pub(crate) fn latency_by_process(&self) -> Result<Vec<(LatencyProcessKey, LatencyStats)>> {
         let name = map_names::LATENCY_BY_PROCESS;
         let map = self.maps.get(name).ok_or(LoaderError::Missing(name))?;
         let map: PerCpuHashMap<&MapData, LatencyProcessKey, LatencyStats> =
@@ -314,7 +314,7 @@ impl Loader {
 
     /// Hits counted by probe, process and stacks (`trace --count --stack`), summed over
     /// CPUs.
-    pub fn hit_stacks(&self) -> Result<Vec<(HitStackKey, u64)>> {
+    pub(crate) fn hit_stacks(&self) -> Result<Vec<(HitStackKey, u64)>> {
         let name = map_names::HIT_STACKS;
         let map = self.maps.get(name).ok_or(LoaderError::Missing(name))?;
         let map: PerCpuHashMap<&MapData, HitStackKey, u64> =
@@ -328,7 +328,7 @@ impl Loader {
     }
 
     /// How often probe `probe_id` fired, and when it first did.
-    pub fn probe_hits(&self, probe_id: u32) -> Result<ProbeHitTotals> {
+    pub(crate) fn probe_hits(&self, probe_id: u32) -> Result<ProbeHitTotals> {
         let name = map_names::PROBE_HITS;
         let hits = self.per_cpu_array::<ProbeHits>(name)?;
         let per_cpu = hits
@@ -344,7 +344,7 @@ impl Loader {
     }
 
     /// The loss counters (`tracer_common::counter`), summed over CPUs.
-    pub fn counters(&self) -> Result<[u64; counter::COUNT as usize]> {
+    pub(crate) fn counters(&self) -> Result<[u64; counter::COUNT as usize]> {
         let name = map_names::COUNTERS;
         let map = self.per_cpu_array::<u64>(name)?;
         let mut out = [0; counter::COUNT as usize];
@@ -359,40 +359,40 @@ impl Loader {
     }
 
     /// Off-CPU time accumulated per thread and stacks.
-    pub fn offcpu_totals(&self) -> Result<Vec<(OffCpuKey, OffCpuTotal)>> {
+    pub(crate) fn offcpu_totals(&self) -> Result<Vec<(OffCpuKey, OffCpuTotal)>> {
         self.entries(map_names::OFFCPU_TIME)
     }
 
     /// Threads that are off CPU right now (their interval has not ended yet).
-    pub fn offcpu_pending(&self) -> Result<Vec<(u32, OffCpuStart)>> {
+    pub(crate) fn offcpu_pending(&self) -> Result<Vec<(u32, OffCpuStart)>> {
         let mut starts: Vec<(u32, OffCpuStart)> = self.entries(map_names::OFFCPU_STARTS)?;
         starts.retain(|(_, start)| start.ts_ns != tracer_common::OFFCPU_START_ENDED);
         Ok(starts)
     }
 
     /// Running and parked time per runtime task.
-    pub fn task_times(&self) -> Result<Vec<(TaskKey, TaskTotal)>> {
+    pub(crate) fn task_times(&self) -> Result<Vec<(TaskKey, TaskTotal)>> {
         self.entries(map_names::TASK_TIME)
     }
 
     /// Tasks whose interval is still open (parked or running right now).
-    pub fn task_states(&self) -> Result<Vec<(TaskId, TaskState)>> {
+    pub(crate) fn task_states(&self) -> Result<Vec<(TaskId, TaskState)>> {
         self.entries(map_names::TASK_STATES)
     }
 
     /// Threads' time while they ran a task (on-CPU samples taken by frame pointers,
     /// off-CPU intervals), by task and stacks.
-    pub fn task_wall(&self) -> Result<Vec<(TaskWallKey, OffCpuTotal)>> {
+    pub(crate) fn task_wall(&self) -> Result<Vec<(TaskWallKey, OffCpuTotal)>> {
         self.entries(map_names::TASK_WALL)
     }
 
     /// What runtimes called their tasks.
-    pub fn task_names(&self) -> Result<Vec<(TaskId, TaskName)>> {
+    pub(crate) fn task_names(&self) -> Result<Vec<(TaskId, TaskName)>> {
         self.entries(map_names::TASK_NAMES)
     }
 
     /// The instruction pointers of stack `id`, innermost first; empty when `id` is an error.
-    pub fn stack(&self, id: i32) -> Result<Vec<u64>> {
+    pub(crate) fn stack(&self, id: i32) -> Result<Vec<u64>> {
         match StackId::decode(id) {
             StackId::StackMap(_) => {}
             StackId::SwitchIn(_) => return self.switch_in_stack(id),
@@ -420,7 +420,7 @@ impl Loader {
     }
 
     /// Takes the event ring buffer (for `tracer trace`).
-    pub fn take_events(&mut self) -> Result<RecordRing> {
+    pub(crate) fn take_events(&mut self) -> Result<RecordRing> {
         self.take_ring(map_names::USDT_EVENTS)
     }
 

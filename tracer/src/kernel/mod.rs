@@ -2,14 +2,14 @@
 //! loads the embedded eBPF object with this run's settings, attaches programs, and reads
 //! the kernel-side aggregates back as plain `tracer_common` values.
 
-pub mod btf;
+pub(crate) mod btf;
 mod diagnostics;
-pub mod keeper;
+pub(crate) mod keeper;
 mod launch;
 mod load;
 mod maps;
 mod object;
-pub mod pins;
+pub(crate) mod pins;
 mod programs;
 mod restored;
 mod rings;
@@ -26,15 +26,13 @@ use aya::maps::Map;
 use thiserror::Error;
 use tracer_common::map_names;
 
-pub use diagnostics::{DiagnosticsReader, enable as enable_bpf_diagnostics};
-pub use launch::{Launch, LaunchNeeds};
-pub use maps::{LatencyData, ProbeHitTotals};
-pub use programs::{Attachment, UserStacks};
-pub use rings::{RecordRing, RingWakeups, SnapshotChecks};
-pub use sys::supports_ref_ctr_offset;
-pub use targets::{COMM_LEN, FileId, KernelTargets, Member, TargetsMap};
-pub use thread_sample::{RunningSample, sample_running_thread};
-pub use usdt::UsdtAttachment;
+pub(crate) use diagnostics::{DiagnosticsReader, enable as enable_bpf_diagnostics};
+pub(crate) use launch::{Launch, LaunchNeeds};
+pub(crate) use programs::{Attachment, UserStacks};
+pub(crate) use rings::{RecordRing, RingWakeups, SnapshotChecks};
+pub(crate) use targets::{COMM_LEN, FileId, KernelTargets, Member, TargetsMap};
+pub(crate) use thread_sample::sample_running_thread;
+pub(crate) use usdt::UsdtAttachment;
 
 use crate::{
     system::oserror::{self, OpenFileLimit},
@@ -42,7 +40,7 @@ use crate::{
 };
 
 #[derive(Debug, Error)]
-pub enum LoaderError {
+pub(crate) enum LoaderError {
     #[error("kernel feature missing: {0}")]
     KernelFeature(String),
     /// EMFILE or ENFILE: every map, program, link and perf event is a file descriptor.
@@ -94,7 +92,7 @@ type Result<T, E = LoaderError> = std::result::Result<T, E>;
 
 /// Settings fixed before load (the eBPF side reads them as constants).
 #[derive(Debug, Clone)]
-pub struct Settings {
+pub(crate) struct Settings {
     /// The processes traced (off-CPU, on-CPU and USDT hits); every process when `None`.
     pub targets: Option<KernelTargets>,
     /// Off-CPU intervals shorter than this are dropped in the kernel.
@@ -120,20 +118,20 @@ pub struct Settings {
 
 /// The size of the timeline's ring buffer: about 350k intervals (48 bytes with the
 /// record header), drained every millisecond.
-pub const TIMELINE_RING_BYTES: u32 = 16 << 20;
+pub(crate) const TIMELINE_RING_BYTES: u32 = 16 << 20;
 
 /// How many USDT sites, probes and latencies a run attaches (see [`Settings::plan_sizes`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PlanSizes {
+pub(crate) struct PlanSizes {
     pub sites: u32,
     pub probes: u32,
     pub latencies: u32,
 }
 
 /// Entries of the kernel maps that can fill up; `None` keeps the eBPF object's default
-/// ([`MapSizes::DEFAULT_STACKS`], [`MapSizes::DEFAULT_ENTRIES`]).
+/// ([`MapSizes::DEFAULT_STACKS`] stacks, 65,536 entries).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct MapSizes {
+pub(crate) struct MapSizes {
     /// Distinct stacks (`STACKS`, and `KERNEL_STACKS` apart).
     pub stacks: Option<u32>,
     /// Entries of every hash map: threads off CPU or in a latency, and the distinct keys
@@ -142,11 +140,10 @@ pub struct MapSizes {
 }
 
 impl MapSizes {
-    pub const DEFAULT_STACKS: u32 = 32768;
-    pub const DEFAULT_ENTRIES: u32 = 65536;
+    pub(crate) const DEFAULT_STACKS: u32 = 32768;
 
     /// The slots of the stack maps.
-    pub fn stack_slots(&self) -> u32 {
+    pub(crate) fn stack_slots(&self) -> u32 {
         self.stacks.unwrap_or(Self::DEFAULT_STACKS)
     }
 
@@ -166,7 +163,7 @@ impl MapSizes {
 
 /// The kernel-side features a run uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Features {
+pub(crate) struct Features {
     /// USDT hits sent through the ring buffer (`trace`).
     pub events: bool,
     /// Per-thread latencies between probes (`attach`).
@@ -191,7 +188,7 @@ pub struct Features {
 }
 
 impl Features {
-    pub const ALL: Features = Features {
+    pub(crate) const ALL: Features = Features {
         events: true,
         latencies: true,
         offcpu: true,
@@ -203,7 +200,7 @@ impl Features {
         python_frames: true,
         process_metrics: true,
     };
-    pub const NONE: Features = Features {
+    pub(crate) const NONE: Features = Features {
         events: false,
         latencies: false,
         offcpu: false,
@@ -326,7 +323,7 @@ fn process_start_ticks(pid: u32) -> Result<u64> {
 }
 
 /// The loaded programs and their maps.
-pub struct Loader {
+pub(crate) struct Loader {
     maps: StdHashMap<String, Map>,
     programs: object::Programs,
     /// The kernel's BTF type id of `btf_trace_sched_switch` (off-CPU runs only).

@@ -50,7 +50,7 @@ fn is_bpf_fs(path: &Path) -> bool {
 
 /// Mounts the BPF filesystem at its usual place unless it is there, as bpftool does: a
 /// fresh machine without systemd's mount has none.
-pub fn ensure_bpf_fs() -> io::Result<()> {
+pub(crate) fn ensure_bpf_fs() -> io::Result<()> {
     let root = Path::new(BPF_FS);
     if is_bpf_fs(root) {
         return Ok(());
@@ -74,7 +74,7 @@ pub fn ensure_bpf_fs() -> io::Result<()> {
 /// Empties `held`, the map of processes the kernel recorded at `dlopen` or at a mapping,
 /// and continues those it stopped; returns their PIDs. One only recorded runs: a
 /// `SIGCONT` would run its handler for nothing.
-pub fn continue_held(held: std::os::fd::BorrowedFd<'_>) -> Vec<u32> {
+pub(crate) fn continue_held(held: std::os::fd::BorrowedFd<'_>) -> Vec<u32> {
     let mut continued = Vec::new();
     for pid in sys::hash_keys_u32(held) {
         let stopped = sys::hash_lookup_u32(held, pid) == Some(tracer_common::held::STOPPED);
@@ -95,7 +95,7 @@ fn start_ticks(pid: u32) -> Option<u64> {
 
 /// The pins of one keeper: its directory, named by its process id and start time so a
 /// later tracer can tell whether the keeper still runs.
-pub struct KeeperPins {
+pub(crate) struct KeeperPins {
     dir: PathBuf,
     links: usize,
 }
@@ -103,7 +103,7 @@ pub struct KeeperPins {
 impl KeeperPins {
     /// The pins directory of this process, created (with the BPF filesystem mounted if it
     /// was not).
-    pub fn create() -> io::Result<Self> {
+    pub(crate) fn create() -> io::Result<Self> {
         ensure_bpf_fs()?;
         let pid = std::process::id();
         let ticks = start_ticks(pid).ok_or_else(|| io::Error::other("no start time"))?;
@@ -115,7 +115,7 @@ impl KeeperPins {
     }
 
     /// Pins `link`; returns the pin's path, to remove when the link is released.
-    pub fn pin_link(&mut self, link: std::os::fd::BorrowedFd<'_>) -> io::Result<PathBuf> {
+    pub(crate) fn pin_link(&mut self, link: std::os::fd::BorrowedFd<'_>) -> io::Result<PathBuf> {
         let path = self.dir.join(format!("{LINK_PREFIX}{}", self.links));
         sys::pin_object(link, &path)?;
         self.links += 1;
@@ -123,24 +123,24 @@ impl KeeperPins {
     }
 
     /// Pins the map of processes held at `dlopen`.
-    pub fn pin_held(&self, map: std::os::fd::BorrowedFd<'_>) -> io::Result<()> {
+    pub(crate) fn pin_held(&self, map: std::os::fd::BorrowedFd<'_>) -> io::Result<()> {
         sys::pin_object(map, &self.dir.join(HELD_MAP))
     }
 
     /// Pins the map of the programs' switches.
-    pub fn pin_control(&self, map: std::os::fd::BorrowedFd<'_>) -> io::Result<()> {
+    pub(crate) fn pin_control(&self, map: std::os::fd::BorrowedFd<'_>) -> io::Result<()> {
         sys::pin_object(map, &self.dir.join(CONTROL_MAP))
     }
 
     /// Removes what is left in the directory and the directory itself.
-    pub fn remove(self) {
+    pub(crate) fn remove(self) {
         let _ = release_dir(&self.dir);
     }
 }
 
 /// What releasing a keeper's pins did.
 #[derive(Debug, Default)]
-pub struct Released {
+pub(crate) struct Released {
     /// The links released (each a file's uprobes).
     pub links: Vec<sys::UprobeMultiLinkInfo>,
     /// Links whose pins went, without their details.
@@ -150,7 +150,7 @@ pub struct Released {
 }
 
 impl Released {
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.links.is_empty() && self.unknown_links == 0 && self.continued.is_empty()
     }
 }
@@ -191,7 +191,7 @@ impl fmt::Display for Released {
 /// Releases every pin in `dir`, then `dir`: the programs are switched off first, the
 /// links' uprobes are removed by the kernel's workers, and the processes still held at
 /// `dlopen` are continued.
-pub fn release_dir(dir: &Path) -> io::Result<Released> {
+pub(crate) fn release_dir(dir: &Path) -> io::Result<Released> {
     let mut released = Released::default();
     if let Ok(control) = sys::pinned_object(&dir.join(CONTROL_MAP)) {
         let _ = sys::array_set_u32(control.as_fd(), tracer_common::control::STOPPED, 1);
@@ -219,7 +219,7 @@ pub fn release_dir(dir: &Path) -> io::Result<Released> {
 }
 
 /// Releases the pins of keeper `pid` (one that died while its tracer runs).
-pub fn release_keeper(pid: u32) -> io::Result<Released> {
+pub(crate) fn release_keeper(pid: u32) -> io::Result<Released> {
     let root = Path::new(BPF_FS).join(PINS_DIR);
     let prefix = format!("keeper-{pid}-");
     let mut released = Released::default();
@@ -235,14 +235,14 @@ pub fn release_keeper(pid: u32) -> io::Result<Released> {
 }
 
 /// One keeper's pins that [`repair`] released.
-pub struct Repaired {
+pub(crate) struct Repaired {
     pub keeper: u32,
     pub released: Released,
 }
 
 /// Releases the pins of every keeper that no longer runs (killed with its tracer, say),
 /// and continues any keeper found stopped. Nothing to do, or no BPF filesystem: empty.
-pub fn repair() -> Vec<Repaired> {
+pub(crate) fn repair() -> Vec<Repaired> {
     let root = Path::new(BPF_FS).join(PINS_DIR);
     let Ok(entries) = std::fs::read_dir(&root) else {
         return Vec::new();

@@ -19,23 +19,23 @@ struct Link {
 /// A program attached to the scheduler, to CPU clocks or to a process tracepoint: it runs
 /// until this is dropped (or [`Attachment::detach`]ed); the maps stay readable after.
 #[must_use = "dropping an Attachment detaches its program at once"]
-pub struct Attachment {
+pub(crate) struct Attachment {
     links: Vec<Link>,
 }
 
 impl Attachment {
     /// Where the program is attached: one per CPU for samplers, else one.
-    pub fn points(&self) -> usize {
+    pub(crate) fn points(&self) -> usize {
         self.links.len()
     }
 
     /// Detaches the program now.
-    pub fn detach(self) {}
+    pub(crate) fn detach(self) {}
 }
 
 /// How the kernel takes user stacks where a program captures them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum UserStacks {
+pub(crate) enum UserStacks {
     /// Walked by frame pointers in the kernel (a stack id in `STACKS`).
     FramePointers,
     /// Registers and stack bytes sent as snapshots for DWARF unwinding in user space, to
@@ -50,7 +50,7 @@ pub enum UserStacks {
 
 impl Loader {
     /// Stops adding the processes that fork from targets or start the `--exe` file.
-    pub fn detach_targets(&mut self) {
+    pub(crate) fn detach_targets(&mut self) {
         self.target_tracking.clear();
     }
 
@@ -58,7 +58,7 @@ impl Loader {
     /// maps part of a file executable or starts a program: what tells of objects mapped
     /// since the start without reading every process's maps. An error when the kernel's
     /// tracepoints cannot be reached (no tracefs, none could be mounted).
-    pub fn watch_code_mappings(&mut self) -> Result<()> {
+    pub(crate) fn watch_code_mappings(&mut self) -> Result<()> {
         for (name, category, tracepoint) in [
             (program_names::CODE_MAPPED, "syscalls", "sys_exit_mmap"),
             (
@@ -116,7 +116,7 @@ impl Loader {
     /// With `--bpf-debug`, starts showing the diagnostics of the programs attached so far
     /// (call it once every program is attached), naming probe N `probe_names[N]`; `None`
     /// when off or when none logs.
-    pub fn start_diagnostics(&self, probe_names: &[String]) -> Option<DiagnosticsReader> {
+    pub(crate) fn start_diagnostics(&self, probe_names: &[String]) -> Option<DiagnosticsReader> {
         if diagnostics::level() == 0 {
             return None;
         }
@@ -128,7 +128,7 @@ impl Loader {
 
     /// The programs the kernel skipped at least once because they were already running on
     /// that CPU, with how many times: every skip is an event not seen.
-    pub fn program_misses(&self) -> Vec<(&'static str, u64)> {
+    pub(crate) fn program_misses(&self) -> Vec<(&'static str, u64)> {
         let mut misses: Vec<(&'static str, u64)> = self
             .programs
             .loaded_by_name()
@@ -142,7 +142,7 @@ impl Loader {
     /// Attaches off-CPU accounting to the scheduler's `sched_switch` BTF tracepoint, the
     /// user stacks where threads block taken as `stacks` says (with snapshots, their ids
     /// stand in for stack ids).
-    pub fn attach_offcpu(&mut self, stacks: UserStacks) -> Result<Attachment> {
+    pub(crate) fn attach_offcpu(&mut self, stacks: UserStacks) -> Result<Attachment> {
         let name = match stacks {
             UserStacks::FramePointers => program_names::SCHED_SWITCH,
             UserStacks::Snapshots => program_names::SCHED_SWITCH_DWARF,
@@ -159,7 +159,7 @@ impl Loader {
     /// as saved at the top of its kernel stack (the frame pointer included, which /proc
     /// does not give), from a task iterator; load with `Features::thread_regs`. Reading
     /// them does not stop the threads; those running now give stale values (or none).
-    pub fn thread_registers(&mut self, tgid: u32) -> Result<Vec<ThreadRegs>> {
+    pub(crate) fn thread_registers(&mut self, tgid: u32) -> Result<Vec<ThreadRegs>> {
         let name = program_names::THREAD_REGS;
         let program = self.program_fd(name, self.iter_task_btf_id)?;
         let error = |e: std::io::Error| {
@@ -199,7 +199,7 @@ impl Loader {
 
     /// Samples on-CPU stacks at `frequency_hz` on every online CPU, user stacks taken as
     /// `stacks` says.
-    pub fn attach_oncpu_sampling(
+    pub(crate) fn attach_oncpu_sampling(
         &mut self,
         stacks: UserStacks,
         frequency_hz: u64,

@@ -22,7 +22,7 @@ struct Site {
 /// Waits until every site of `sites` (process, file, file offset) holds the file's byte
 /// again, or `timeout` has passed; processes gone, and sites not mapped, are not waited
 /// for.
-pub fn wait(sites: &[(u32, PathBuf, u64)], timeout: Duration) {
+pub(super) fn wait(sites: &[(u32, PathBuf, u64)], timeout: Duration) {
     let deadline = Instant::now() + timeout;
     let mut by_process: HashMap<u32, Vec<(&PathBuf, u64)>> = HashMap::new();
     for (pid, path, offset) in sites {

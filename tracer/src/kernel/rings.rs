@@ -9,11 +9,11 @@ use tracer_common::SnapshotCheck;
 use super::{LoaderError, Result};
 
 /// A ring buffer the eBPF side fills with records (USDT events, stack snapshots).
-pub struct RecordRing(pub(super) RingBuf<MapData>);
+pub(crate) struct RecordRing(pub(super) RingBuf<MapData>);
 
 impl RecordRing {
     /// Hands every record waiting now to `each`, in order; returns how many there were.
-    pub fn drain(&mut self, mut each: impl FnMut(&[u8])) -> u64 {
+    pub(crate) fn drain(&mut self, mut each: impl FnMut(&[u8])) -> u64 {
         let mut count = 0;
         while let Some(record) = self.0.next() {
             each(&record);
@@ -23,7 +23,7 @@ impl RecordRing {
     }
 
     /// The ring, for a tokio loop to wait until records are there.
-    pub fn into_async(self) -> std::io::Result<tokio::io::unix::AsyncFd<RecordRing>> {
+    pub(crate) fn into_async(self) -> std::io::Result<tokio::io::unix::AsyncFd<RecordRing>> {
         // SAFETY: the ring buffer owns its map fd, which stays open (and the same) as long
         // as the AsyncFd holds the ring buffer.
         unsafe {
@@ -35,7 +35,7 @@ impl RecordRing {
     /// What wakes a tokio loop when the kernel asks for the ring to be read: only for
     /// records it sends with `BPF_RB_FORCE_WAKEUP`, if it sends the rest with
     /// `BPF_RB_NO_WAKEUP`.
-    pub fn wakeups(&self) -> std::io::Result<RingWakeups> {
+    pub(crate) fn wakeups(&self) -> std::io::Result<RingWakeups> {
         use std::os::fd::AsFd as _;
         // A second descriptor of the same ring: epoll watches the ring, not the number.
         let fd = self.0.as_fd().try_clone_to_owned()?;
@@ -49,11 +49,11 @@ impl RecordRing {
 }
 
 /// The wakeups of a ring buffer the eBPF side sends when user space is to read it.
-pub struct RingWakeups(tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>);
+pub(crate) struct RingWakeups(tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>);
 
 impl RingWakeups {
     /// Waits for the next wakeup since the last one.
-    pub async fn wait(&mut self) -> std::io::Result<()> {
+    pub(crate) async fn wait(&mut self) -> std::io::Result<()> {
         let mut guard = self.0.readable_mut().await?;
         guard.clear_ready();
         Ok(())
@@ -69,11 +69,11 @@ impl AsRawFd for RecordRing {
 
 /// Where user space tells the kernel how to check that an off-CPU stack snapshot can be
 /// reused ([`SnapshotCheck`] by snapshot id).
-pub struct SnapshotChecks(pub(super) HashMap<MapData, i32, SnapshotCheck>);
+pub(crate) struct SnapshotChecks(pub(super) HashMap<MapData, i32, SnapshotCheck>);
 
 impl SnapshotChecks {
     /// Takes snapshots `ids` out: the kernel does not reuse them.
-    pub fn remove(&mut self, ids: &std::collections::HashSet<i32>) {
+    pub(crate) fn remove(&mut self, ids: &std::collections::HashSet<i32>) {
         for id in ids {
             let _ = self.0.remove(id);
         }
@@ -81,7 +81,7 @@ impl SnapshotChecks {
 
     /// Publishes the check of each snapshot of `checks` (by snapshot id): in one call
     /// where the kernel can, else one by one.
-    pub fn publish(&mut self, checks: &[(i32, SnapshotCheck)]) -> Result<()> {
+    pub(crate) fn publish(&mut self, checks: &[(i32, SnapshotCheck)]) -> Result<()> {
         use aya::maps::IterableMap as _;
         use std::os::fd::AsFd as _;
         let ids: Vec<i32> = checks.iter().map(|(id, _)| *id).collect();

@@ -21,7 +21,6 @@ use aya_obj::generated::{
 };
 
 const UPROBE_PMU_TYPE: &str = "/sys/bus/event_source/devices/uprobe/type";
-const UPROBE_REF_CTR_FORMAT: &str = "/sys/bus/event_source/devices/uprobe/format/ref_ctr_offset";
 /// From linux/perf_event.h (the libc crate does not define it).
 const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 1 << 3;
 /// The uprobe PMU takes the semaphore's file offset in config bits 32-63.
@@ -29,7 +28,7 @@ const REF_CTR_OFFSET_SHIFT: u32 = 32;
 
 /// Where to place one uprobe.
 #[derive(Debug, Clone)]
-pub struct UprobeTarget<'a> {
+pub(super) struct UprobeTarget<'a> {
     /// The ELF file, as this process can open it.
     pub path: &'a Path,
     /// File offset of the instruction.
@@ -73,7 +72,7 @@ fn owned_fd(ret: libc::c_long) -> io::Result<OwnedFd> {
 }
 
 /// The perf event type of the uprobe PMU.
-pub fn uprobe_pmu_type() -> io::Result<u32> {
+pub(super) fn uprobe_pmu_type() -> io::Result<u32> {
     let text = std::fs::read_to_string(UPROBE_PMU_TYPE).map_err(|e| {
         io::Error::new(
             e.kind(),
@@ -85,14 +84,9 @@ pub fn uprobe_pmu_type() -> io::Result<u32> {
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "bad uprobe PMU type"))
 }
 
-/// Whether the kernel can count USDT semaphores itself.
-pub fn supports_ref_ctr_offset() -> bool {
-    Path::new(UPROBE_REF_CTR_FORMAT).exists()
-}
-
 /// Opens a uprobe perf event. The returned fd keeps the probe (and its semaphore
 /// increment) alive; closing it removes both, even when this process is killed.
-pub fn open_uprobe(pmu_type: u32, target: &UprobeTarget<'_>) -> io::Result<OwnedFd> {
+pub(super) fn open_uprobe(pmu_type: u32, target: &UprobeTarget<'_>) -> io::Result<OwnedFd> {
     let path = CString::new(target.path.as_os_str().as_encoded_bytes())
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains NUL"))?;
     // SAFETY: perf_event_attr is plain data; all-zero is its documented default.
@@ -123,7 +117,7 @@ pub fn open_uprobe(pmu_type: u32, target: &UprobeTarget<'_>) -> io::Result<Owned
 }
 
 /// Attaches a loaded kprobe-type program to a perf event, passing `cookie` to every run.
-pub fn link_perf_event(
+pub(super) fn link_perf_event(
     prog: BorrowedFd<'_>,
     perf_event: BorrowedFd<'_>,
     cookie: u64,
@@ -144,7 +138,7 @@ pub fn link_perf_event(
 
 /// One uprobe of a uprobe_multi link.
 #[derive(Debug, Clone, Copy)]
-pub struct MultiUprobe {
+pub(crate) struct MultiUprobe {
     /// File offset of the instruction.
     pub offset: u64,
     /// File offset of the semaphore the kernel counts while attached; 0 for none.
@@ -160,7 +154,7 @@ const UPROBE_MULTI_RETURN: u32 = 1;
 /// `path` (to the returns of the functions they are at, with `ret`), in process `pid`
 /// only or in every process; closing the returned link removes them all, waiting for the
 /// kernel's grace period once rather than once per uprobe.
-pub fn link_uprobe_multi(
+pub(super) fn link_uprobe_multi(
     prog: BorrowedFd<'_>,
     path: &Path,
     uprobes: &[MultiUprobe],
@@ -195,7 +189,7 @@ pub fn link_uprobe_multi(
 
 /// Attaches a loaded BTF tracepoint program to its tracepoint; closing the returned link
 /// detaches it.
-pub fn attach_btf_tracepoint(prog: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+pub(super) fn attach_btf_tracepoint(prog: BorrowedFd<'_>) -> io::Result<OwnedFd> {
     let mut attr = zeroed_attr();
     // The name stays 0: a BTF tracepoint program named its tracepoint when it was loaded.
     attr.raw_tracepoint.prog_fd = prog.as_raw_fd() as u32;
@@ -216,7 +210,7 @@ struct IterLinkInfoTask {
 
 /// Links a loaded task iterator program, to visit the threads of process `pid` only or
 /// every task. Read it through [`create_iterator`].
-pub fn link_task_iterator(prog: BorrowedFd<'_>, pid: Option<u32>) -> io::Result<OwnedFd> {
+pub(super) fn link_task_iterator(prog: BorrowedFd<'_>, pid: Option<u32>) -> io::Result<OwnedFd> {
     let info = IterLinkInfoTask {
         tid: 0,
         pid: pid.unwrap_or(0),
@@ -241,7 +235,7 @@ pub fn link_task_iterator(prog: BorrowedFd<'_>, pid: Option<u32>) -> io::Result<
 
 /// A new run of the iterator `link`: reading the returned file runs the program over
 /// every object it visits and returns what the program wrote.
-pub fn create_iterator(link: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+pub(super) fn create_iterator(link: BorrowedFd<'_>) -> io::Result<OwnedFd> {
     let mut attr = zeroed_attr();
     attr.iter_create.link_fd = link.as_raw_fd() as u32;
     // SAFETY: the attr holds no pointers.
@@ -251,7 +245,7 @@ pub fn create_iterator(link: BorrowedFd<'_>) -> io::Result<OwnedFd> {
 
 /// Opens a CPU_CLOCK software event on `cpu` for every process, sampling `frequency_hz`
 /// times per second of CPU time; it runs the program linked to it at each sample.
-pub fn open_cpu_clock(cpu: u32, frequency_hz: u64) -> io::Result<OwnedFd> {
+pub(super) fn open_cpu_clock(cpu: u32, frequency_hz: u64) -> io::Result<OwnedFd> {
     // SAFETY: perf_event_attr is plain data; all-zero is its documented default.
     let mut attr: perf_event_attr = unsafe { mem::zeroed() };
     attr.type_ = perf_type_id::PERF_TYPE_SOFTWARE as u32;
@@ -275,7 +269,7 @@ pub fn open_cpu_clock(cpu: u32, frequency_hz: u64) -> io::Result<OwnedFd> {
 
 /// Opens tracepoint `id` (from tracefs) for every process, to link a program to: the
 /// program runs at each hit, on any CPU.
-pub fn open_tracepoint(id: u64) -> io::Result<OwnedFd> {
+pub(super) fn open_tracepoint(id: u64) -> io::Result<OwnedFd> {
     // SAFETY: perf_event_attr is plain data; all-zero is its documented default.
     let mut attr: perf_event_attr = unsafe { mem::zeroed() };
     attr.type_ = perf_type_id::PERF_TYPE_TRACEPOINT as u32;
@@ -298,7 +292,7 @@ pub fn open_tracepoint(id: u64) -> io::Result<OwnedFd> {
 }
 
 /// Opens a perf event described by `attr` on thread `tid` alone, on any CPU.
-pub fn open_thread_event(attr: &perf_event_attr, tid: u32) -> io::Result<OwnedFd> {
+pub(super) fn open_thread_event(attr: &perf_event_attr, tid: u32) -> io::Result<OwnedFd> {
     // SAFETY: attr is a valid perf_event_attr that outlives the call.
     let fd = unsafe {
         libc::syscall(
@@ -315,7 +309,7 @@ pub fn open_thread_event(attr: &perf_event_attr, tid: u32) -> io::Result<OwnedFd
 
 /// What kind of program a load creates.
 #[derive(Debug, Clone, Copy)]
-pub struct ProgramKind {
+pub(super) struct ProgramKind {
     pub prog_type: bpf_prog_type,
     pub expected_attach_type: Option<bpf_attach_type>,
     /// The kernel type a tracing program is verified against.
@@ -327,7 +321,7 @@ const LOAD_ATTEMPTS_ON_SIGNAL: usize = 5;
 
 /// Loads a program without BTF of its own (the kernel verifies it here). On a verifier
 /// rejection the load is repeated with a log, whose tail is returned in the error.
-pub fn load_program(
+pub(super) fn load_program(
     kind: &ProgramKind,
     name: &str,
     insns: &[bpf_insn],
@@ -416,7 +410,7 @@ fn map_command(cmd: bpf_cmd, map: u32, key: u64, value: u64) -> io::Result<()> {
 
 /// Writes the single value of a global-data map (`.rodata`, `.data`, `.bss`) and, for
 /// read-only data, freezes it so the verifier may treat it as constants.
-pub fn fill_data_map(map: BorrowedFd<'_>, value: &[u8], freeze: bool) -> io::Result<()> {
+pub(super) fn fill_data_map(map: BorrowedFd<'_>, value: &[u8], freeze: bool) -> io::Result<()> {
     let key = 0u32;
     let fd = map.as_raw_fd() as u32;
     map_command(
@@ -432,13 +426,13 @@ pub fn fill_data_map(map: BorrowedFd<'_>, value: &[u8], freeze: bool) -> io::Res
 }
 
 /// The kernel's id of loaded program `prog` (what `bpftool prog` lists).
-pub fn program_id(prog: BorrowedFd<'_>) -> io::Result<u32> {
+pub(super) fn program_id(prog: BorrowedFd<'_>) -> io::Result<u32> {
     program_info(prog).map(|info| info.id)
 }
 
 /// How many times the kernel skipped program `prog` because it was already running on
 /// that CPU (`recursion_misses`, as `bpftool prog` shows them).
-pub fn program_misses(prog: BorrowedFd<'_>) -> io::Result<u64> {
+pub(super) fn program_misses(prog: BorrowedFd<'_>) -> io::Result<u64> {
     program_info(prog).map(|info| info.recursion_misses)
 }
 
@@ -460,7 +454,7 @@ fn program_info(prog: BorrowedFd<'_>) -> io::Result<bpf_prog_info> {
 
 /// The keys of a hash map of `u32` keys (the kernel's order; keys removed meanwhile may
 /// end the walk early).
-pub fn hash_keys_u32(map: BorrowedFd<'_>) -> Vec<u32> {
+pub(super) fn hash_keys_u32(map: BorrowedFd<'_>) -> Vec<u32> {
     let mut keys = Vec::new();
     let mut next = 0u32;
     let mut at: Option<u32> = None;
@@ -484,7 +478,7 @@ pub fn hash_keys_u32(map: BorrowedFd<'_>) -> Vec<u32> {
 }
 
 /// The value of `key` in a hash map of `u32` keys and values.
-pub fn hash_lookup_u32(map: BorrowedFd<'_>, key: u32) -> Option<u32> {
+pub(super) fn hash_lookup_u32(map: BorrowedFd<'_>, key: u32) -> Option<u32> {
     let mut value = 0u32;
     map_command(
         bpf_cmd::BPF_MAP_LOOKUP_ELEM,
@@ -521,7 +515,9 @@ fn bpf_in_out(cmd: bpf_cmd, attr: &mut bpf_attr) -> io::Result<()> {
 /// Every entry of hash map `map` (not per-CPU: one value per key), read a batch at a
 /// time with `BPF_MAP_LOOKUP_BATCH`: a call per batch, where a walk key by key takes two
 /// per entry. An error where the kernel cannot (the caller then walks the keys).
-pub fn hash_entries<K: aya::Pod, V: aya::Pod>(map: BorrowedFd<'_>) -> io::Result<Vec<(K, V)>> {
+pub(super) fn hash_entries<K: aya::Pod, V: aya::Pod>(
+    map: BorrowedFd<'_>,
+) -> io::Result<Vec<(K, V)>> {
     let mut entries = Vec::new();
     // The kernel's place in the map (a bucket index for a hash map), given back to it.
     let (mut at, mut next) = (0u64, 0u64);
@@ -569,7 +565,7 @@ pub fn hash_entries<K: aya::Pod, V: aya::Pod>(map: BorrowedFd<'_>) -> io::Result
 
 /// Sets `entries` in hash map `map` in one `BPF_MAP_UPDATE_BATCH` call. An error where
 /// the kernel cannot (the caller then sets them one by one).
-pub fn hash_update<K: aya::Pod, V: aya::Pod>(
+pub(super) fn hash_update<K: aya::Pod, V: aya::Pod>(
     map: BorrowedFd<'_>,
     keys: &[K],
     values: &[V],
@@ -590,7 +586,7 @@ pub fn hash_update<K: aya::Pod, V: aya::Pod>(
 }
 
 /// Removes `key` from a hash map of `u32` keys.
-pub fn hash_delete_u32(map: BorrowedFd<'_>, key: u32) -> io::Result<()> {
+pub(super) fn hash_delete_u32(map: BorrowedFd<'_>, key: u32) -> io::Result<()> {
     map_command(
         bpf_cmd::BPF_MAP_DELETE_ELEM,
         map.as_raw_fd() as u32,
@@ -601,7 +597,7 @@ pub fn hash_delete_u32(map: BorrowedFd<'_>, key: u32) -> io::Result<()> {
 
 /// Pins BPF object `fd` (a link, a map) at `path` in a BPF filesystem: the object lives
 /// on, whoever closes its descriptors, until the pin is removed.
-pub fn pin_object(fd: BorrowedFd<'_>, path: &Path) -> io::Result<()> {
+pub(super) fn pin_object(fd: BorrowedFd<'_>, path: &Path) -> io::Result<()> {
     let path = CString::new(path.as_os_str().as_encoded_bytes())
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains NUL"))?;
     let mut attr = zeroed_attr();
@@ -616,7 +612,7 @@ pub fn pin_object(fd: BorrowedFd<'_>, path: &Path) -> io::Result<()> {
 }
 
 /// A new descriptor of the BPF object pinned at `path`.
-pub fn pinned_object(path: &Path) -> io::Result<OwnedFd> {
+pub(super) fn pinned_object(path: &Path) -> io::Result<OwnedFd> {
     let path = CString::new(path.as_os_str().as_encoded_bytes())
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains NUL"))?;
     let mut attr = zeroed_attr();
@@ -627,7 +623,7 @@ pub fn pinned_object(path: &Path) -> io::Result<OwnedFd> {
 
 /// What a uprobe_multi link is attached to, as the kernel reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UprobeMultiLinkInfo {
+pub(crate) struct UprobeMultiLinkInfo {
     /// The file the uprobes are in.
     pub path: std::path::PathBuf,
     /// How many uprobes.
@@ -637,7 +633,7 @@ pub struct UprobeMultiLinkInfo {
 }
 
 /// The file, uprobe count and process of uprobe_multi link `link`.
-pub fn uprobe_multi_link_info(link: BorrowedFd<'_>) -> io::Result<UprobeMultiLinkInfo> {
+pub(super) fn uprobe_multi_link_info(link: BorrowedFd<'_>) -> io::Result<UprobeMultiLinkInfo> {
     // SAFETY: bpf_link_info is plain integers and pointers; all-zero asks for nothing
     // beyond the fixed part but the path buffer set below.
     let mut info: aya_obj::generated::bpf_link_info = unsafe { mem::zeroed() };
@@ -673,7 +669,7 @@ pub fn uprobe_multi_link_info(link: BorrowedFd<'_>) -> io::Result<UprobeMultiLin
 }
 
 /// Sets element `index` of an array map of `u32` values.
-pub fn array_set_u32(map: BorrowedFd<'_>, index: u32, value: u32) -> io::Result<()> {
+pub(super) fn array_set_u32(map: BorrowedFd<'_>, index: u32, value: u32) -> io::Result<()> {
     map_command(
         bpf_cmd::BPF_MAP_UPDATE_ELEM,
         map.as_raw_fd() as u32,

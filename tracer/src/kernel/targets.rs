@@ -31,17 +31,17 @@ fn name_of(target: &TargetProcess) -> String {
 }
 
 /// The kernel's process name length, terminating zero included (`TASK_COMM_LEN`).
-pub const COMM_LEN: usize = 16;
+pub(crate) const COMM_LEN: usize = 16;
 
 /// A file by identity: the device (as the kernel numbers it, `MKDEV`) and inode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FileId {
+pub(crate) struct FileId {
     pub dev: u64,
     pub ino: u64,
 }
 
 impl FileId {
-    pub fn of(path: &Path) -> io::Result<Self> {
+    pub(crate) fn of(path: &Path) -> io::Result<Self> {
         let meta = std::fs::metadata(path)?;
         Ok(Self {
             dev: kernel_dev(meta.dev()),
@@ -61,14 +61,14 @@ fn kernel_dev(dev: u64) -> u64 {
 /// A process found to match, and how the kernel treats it (bits of
 /// [`tracer_common::target_flags`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Member {
+pub(crate) struct Member {
     pub pid: u32,
     pub flags: u32,
 }
 
 /// What the kernel needs to follow a set of targets (`crate::target::TargetSpec`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KernelTargets {
+pub(crate) struct KernelTargets {
     /// The processes traced from the start.
     pub members: Vec<Member>,
     /// Set when the processes the targets fork join them.
@@ -82,7 +82,7 @@ pub struct KernelTargets {
 }
 
 /// A handle on the kernel's set of target processes.
-pub struct TargetsMap {
+pub(crate) struct TargetsMap {
     map: HashMap<MapData, u32, TargetProcess>,
 }
 
@@ -103,7 +103,7 @@ impl TargetsMap {
 
     /// Adds processes with `flags`, each with its start time; one that exited meanwhile
     /// is left out (there is nothing left of it to trace).
-    pub fn add_members(&mut self, members: &[Member]) -> Result<()> {
+    pub(crate) fn add_members(&mut self, members: &[Member]) -> Result<()> {
         let name = map_names::TARGETS;
         for member in members {
             let Ok(start_ticks) = process_start_ticks(member.pid) else {
@@ -130,7 +130,7 @@ impl TargetsMap {
 
     /// [`TargetsMap::add_members`] with the same flags for each; errors are logged (the
     /// processes are then not traced, which the caller cannot mend either).
-    pub fn add(&mut self, pids: &[u32], flags: u32) {
+    pub(crate) fn add(&mut self, pids: &[u32], flags: u32) {
         let members: Vec<Member> = pids.iter().map(|&pid| Member { pid, flags }).collect();
         if let Err(e) = self.add_members(&members) {
             log::warn!("cannot add processes to the targets: {e}");
@@ -139,7 +139,7 @@ impl TargetsMap {
 
     /// The process `pid` forked from, while it runs a copy of that one's program (see
     /// `TargetProcess::forked_from`).
-    pub fn forked_from(&self, pid: u32) -> Option<u32> {
+    pub(crate) fn forked_from(&self, pid: u32) -> Option<u32> {
         self.map
             .get(&pid, 0)
             .ok()
@@ -155,12 +155,12 @@ impl TargetsMap {
     }
 
     /// Every process in the set as the kernel keeps it (some may have exited).
-    pub fn entries(&self) -> Vec<(u32, TargetProcess)> {
+    pub(crate) fn entries(&self) -> Vec<(u32, TargetProcess)> {
         self.all()
     }
 
     /// The processes traced now (as the kernel knows them: some may have exited).
-    pub fn pids(&self) -> Vec<u32> {
+    pub(crate) fn pids(&self) -> Vec<u32> {
         let mut pids: Vec<u32> = self.all().into_iter().map(|(pid, _)| pid).collect();
         pids.sort_unstable();
         pids
@@ -168,7 +168,7 @@ impl TargetsMap {
 
     /// The processes in the set forked from a target that have not executed another
     /// program since, each with that parent.
-    pub fn forks(&self) -> Vec<(u32, u32)> {
+    pub(crate) fn forks(&self) -> Vec<(u32, u32)> {
         self.all()
             .into_iter()
             .filter(|(_, target)| target.forked_from != 0)
@@ -177,7 +177,7 @@ impl TargetsMap {
     }
 
     /// Every process in the set, with the name it had when it joined.
-    pub fn named(&self) -> Vec<(u32, String)> {
+    pub(crate) fn named(&self) -> Vec<(u32, String)> {
         let mut named: Vec<(u32, String)> = self
             .all()
             .into_iter()
@@ -189,7 +189,7 @@ impl TargetsMap {
 
     /// The processes in the set that still run (not those gone, nor another process that
     /// took the PID of one).
-    pub fn running_pids(&self) -> Vec<u32> {
+    pub(crate) fn running_pids(&self) -> Vec<u32> {
         let mut pids: Vec<u32> = self
             .all()
             .into_iter()
@@ -201,14 +201,14 @@ impl TargetsMap {
     }
 
     /// Whether any target is still running.
-    pub fn any_alive(&self) -> bool {
+    pub(crate) fn any_alive(&self) -> bool {
         self.all()
             .into_iter()
             .any(|(pid, target)| is_running(pid, &target))
     }
 
     /// The processes of the set that no longer run, each with the name it had.
-    pub fn exited(&self) -> Vec<(u32, String)> {
+    pub(crate) fn exited(&self) -> Vec<(u32, String)> {
         self.all()
             .into_iter()
             .filter(|(pid, target)| !is_running(*pid, target))
@@ -217,7 +217,7 @@ impl TargetsMap {
     }
 
     /// Takes `pids` out of the set: the kernel traces them no more.
-    pub fn remove(&mut self, pids: &[u32]) {
+    pub(crate) fn remove(&mut self, pids: &[u32]) {
         for pid in pids {
             let _ = self.map.remove(pid);
         }

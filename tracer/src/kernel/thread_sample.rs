@@ -25,7 +25,7 @@ const PERIOD_NS: u64 = 100_000;
 
 /// A running thread's user registers and stack bytes from `sp` up.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RunningSample {
+pub(crate) struct RunningSample {
     pub ip: u64,
     pub sp: u64,
     pub bp: u64,
@@ -34,7 +34,7 @@ pub struct RunningSample {
 
 /// Samples thread `tid` once, waiting up to `timeout` for it to run; `None` when it did
 /// not run meanwhile (or the sample had no user registers: a kernel thread).
-pub fn sample_running_thread(
+pub(crate) fn sample_running_thread(
     tid: u32,
     stack_bytes: u32,
     timeout: Duration,

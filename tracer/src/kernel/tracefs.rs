@@ -11,7 +11,7 @@ use std::{
 const MOUNT_POINTS: [&str; 2] = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"];
 
 /// The id of tracepoint `category:name`.
-pub fn tracepoint_id(category: &str, name: &str) -> io::Result<u64> {
+pub(super) fn tracepoint_id(category: &str, name: &str) -> io::Result<u64> {
     let path = events_dir()?.join(category).join(name).join("id");
     let text = std::fs::read_to_string(&path)
         .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;

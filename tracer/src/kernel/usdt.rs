@@ -17,7 +17,7 @@ use crate::system::{oserror, procfs::ProcessError};
 
 /// One uprobe at a USDT site.
 #[derive(Debug, Clone)]
-pub struct UsdtAttachment {
+pub(crate) struct UsdtAttachment {
     /// The ELF file as this process can open it (via /proc/PID/root for containers).
     pub path: PathBuf,
     /// File offset of the probe instruction.
@@ -50,7 +50,10 @@ impl Loader {
     /// the program with the argument decoder; the others a lean one. The sites of one
     /// program in one file share a uprobe_multi link: detaching them waits for the
     /// kernel's grace period once, where a perf event per site waits once per site.
-    pub fn attach_usdt_sites(&mut self, sites: &[(u32, &UsdtSite, &UsdtAttachment)]) -> Result<()> {
+    pub(crate) fn attach_usdt_sites(
+        &mut self,
+        sites: &[(u32, &UsdtSite, &UsdtAttachment)],
+    ) -> Result<()> {
         self.attach_more_usdt_sites(sites)?;
         // The warm-up has done its work: the sites are registered.
         if let (Some(warm_up), Some(keeper)) = (self.warm_up.take(), self.keeper.as_mut()) {
@@ -63,7 +66,7 @@ impl Loader {
     /// Attaches sites found after [`Loader::attach_usdt_sites`] (a library mapped later, a
     /// new process's files), with cookies after those attached already: the arrays must
     /// have been sized for them (see `ProbePlan::room_to_grow`).
-    pub fn attach_more_usdt_sites(
+    pub(crate) fn attach_more_usdt_sites(
         &mut self,
         sites: &[(u32, &UsdtSite, &UsdtAttachment)],
     ) -> Result<()> {
@@ -124,7 +127,12 @@ impl Loader {
     /// stops the process and lists it in [`Loader::held`] until [`Loader::release_held`].
     /// For process `pid` only, or every process running that loader (the kernel keeps
     /// the targets').
-    pub fn hold_at_dlopen(&mut self, path: &Path, offset: u64, pid: Option<u32>) -> Result<()> {
+    pub(crate) fn hold_at_dlopen(
+        &mut self,
+        path: &Path,
+        offset: u64,
+        pid: Option<u32>,
+    ) -> Result<()> {
         if self.keeper.is_none() {
             self.keeper = Some(spawn_keeper()?);
         }
@@ -166,7 +174,7 @@ impl Loader {
     /// (a [`tracer_common::held`] value): those it stopped at `dlopen` (see
     /// [`Loader::hold_at_dlopen`]), then those it saw map code or start a program (see
     /// [`Loader::watch_code_mappings`]). A process may be listed both ways.
-    pub fn held(&self) -> Vec<(u32, u32)> {
+    pub(crate) fn held(&self) -> Vec<(u32, u32)> {
         let mut held = self.held_in(map_names::HELD);
         held.extend(self.held_in(map_names::MAPPED_CODE));
         held
@@ -178,7 +186,7 @@ impl Loader {
 
     /// Takes the processes the kernel recorded mapping code or starting a program (see
     /// [`Loader::watch_code_mappings`]) off their list: those it stopped stay held.
-    pub fn take_mapped(&mut self) -> Vec<u32> {
+    pub(crate) fn take_mapped(&mut self) -> Vec<u32> {
         let mapped: Vec<u32> = self
             .held_in(map_names::MAPPED_CODE)
             .into_iter()
@@ -192,13 +200,13 @@ impl Loader {
 
     /// Has the kernel stop processes at `dlopen` until `CLOCK_MONOTONIC` second
     /// `until_s` (see [`control::HOLD_UNTIL_S`]).
-    pub fn hold_until(&mut self, until_s: u32) -> Result<()> {
+    pub(crate) fn hold_until(&mut self, until_s: u32) -> Result<()> {
         self.set_control(control::HOLD_UNTIL_S, until_s)
     }
 
     /// Takes `pid`, listed by [`Loader::held`] with `what`, off that list; the caller
     /// continues a process the kernel stopped.
-    pub fn release_held(&mut self, pid: u32, what: u32) {
+    pub(crate) fn release_held(&mut self, pid: u32, what: u32) {
         let name = match what {
             tracer_common::held::STOPPED => map_names::HELD,
             _ => map_names::MAPPED_CODE,
@@ -216,13 +224,13 @@ impl Loader {
     }
 
     /// How many USDT sites are attached.
-    pub fn usdt_site_count(&self) -> usize {
+    pub(crate) fn usdt_site_count(&self) -> usize {
         self.usdt_sites_attached
     }
 
     /// Detaches every USDT probe now (semaphores drop back), keeping the maps readable.
     /// The keeper does the removal, so a SIGKILL arriving meanwhile cannot interrupt it.
-    pub fn detach_usdt(&mut self) -> Result<()> {
+    pub(crate) fn detach_usdt(&mut self) -> Result<()> {
         self.usdt_sites_attached = 0;
         if let Some(keeper) = self.keeper.as_mut() {
             keeper.release_all().map_err(LoaderError::Keeper)?;
@@ -250,7 +258,7 @@ impl Loader {
     }
 
     /// The process holding the USDT links, once started.
-    pub fn keeper_pid(&self) -> Option<u32> {
+    pub(crate) fn keeper_pid(&self) -> Option<u32> {
         self.keeper.as_ref().map(keeper::LinkKeeper::pid)
     }
 }

@@ -87,7 +87,7 @@ impl UnmappedSite {
 const NOP: u8 = 0x90;
 
 /// The uprobes opened by [`Loader::warm_up_uprobes`].
-pub struct UprobeWarmUp {
+pub(super) struct UprobeWarmUp {
     /// The thread opening them, and what stops it when dropped.
     opening: Option<(WarmUpThread, std::sync::mpsc::Sender<()>)>,
 }

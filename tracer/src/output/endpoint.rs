@@ -21,13 +21,13 @@ const MAX_REQUEST_BYTES: usize = 16 * 1024;
 
 /// The endpoint's socket, bound before the run starts so that a wrong or taken address
 /// fails at once.
-pub struct Endpoint {
+pub(crate) struct Endpoint {
     listener: std::net::TcpListener,
 }
 
 impl Endpoint {
     /// Binds `addr` (`127.0.0.1:9090`, `[::]:9464`, `:9464` for every address).
-    pub fn bind(addr: &str) -> Result<Self> {
+    pub(crate) fn bind(addr: &str) -> Result<Self> {
         let parsed = parse_addr(addr)?;
         let listener = std::net::TcpListener::bind(parsed)
             .with_context(|| format!("--metrics {addr}: cannot listen there"))?;
@@ -36,12 +36,12 @@ impl Endpoint {
     }
 
     /// The address bound (with the port the system chose for port 0).
-    pub fn local_addr(&self) -> Result<SocketAddr> {
+    pub(crate) fn local_addr(&self) -> Result<SocketAddr> {
         Ok(self.listener.local_addr()?)
     }
 
     /// Starts serving on the current tokio runtime; the scrapes come out of the result.
-    pub fn serve(self) -> Result<Scrapes> {
+    pub(crate) fn serve(self) -> Result<Scrapes> {
         let listener = TcpListener::from_std(self.listener)?;
         let (requests, receiver) = mpsc::channel(16);
         tokio::spawn(accept(listener, requests));
@@ -61,26 +61,26 @@ fn parse_addr(addr: &str) -> Result<SocketAddr> {
 }
 
 /// A scrape waiting for its answer.
-pub struct Scrape {
+pub(crate) struct Scrape {
     reply: oneshot::Sender<String>,
 }
 
 impl Scrape {
     /// Answers with `text` in the exposition format.
-    pub fn answer(self, text: String) {
+    pub(crate) fn answer(self, text: String) {
         // The client may have gone: nothing to do then.
         let _ = self.reply.send(text);
     }
 }
 
 /// The scrapes as they come.
-pub struct Scrapes {
+pub(crate) struct Scrapes {
     receiver: mpsc::Receiver<Scrape>,
 }
 
 impl Scrapes {
     /// The next scrape; pending for ever once the endpoint is gone.
-    pub async fn next(&mut self) -> Scrape {
+    pub(crate) async fn next(&mut self) -> Scrape {
         match self.receiver.recv().await {
             Some(scrape) => scrape,
             None => std::future::pending().await,

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 /// Asserts `actual` is the content of the golden file `name`, or writes it under
 /// `TRACER_BLESS=1`.
-pub fn assert_golden(name: &str, actual: &str) {
+pub(crate) fn assert_golden(name: &str, actual: &str) {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/data")
         .join(name);

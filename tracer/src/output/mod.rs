@@ -2,8 +2,8 @@
 //! ([`render`]), each command's report ([`report`]), and the endpoint that serves metrics
 //! while a run lasts ([`endpoint`]).
 
-pub mod endpoint;
+pub(crate) mod endpoint;
 #[cfg(test)]
 mod golden;
-pub mod render;
-pub mod report;
+pub(crate) mod render;
+pub(crate) mod report;

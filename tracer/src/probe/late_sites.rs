@@ -35,19 +35,19 @@ use crate::{
 
 /// How often `HELD` and `MAPPED_CODE` are looked at where the kernel's notices cannot be
 /// waited on: two map lookups per period.
-pub const LOOK_PERIOD: Duration = Duration::from_millis(10);
+pub(crate) const LOOK_PERIOD: Duration = Duration::from_millis(10);
 /// How often the members that joined a set are looked at, and, where the kernel cannot
 /// tell of mappings, the processes' maps are searched for objects mapped since. Waiting
 /// on the kernel's notices, `HELD` and `MAPPED_CODE` are also looked at this often without
 /// one, for a notice lost to a full ring.
-pub const SEARCH_PERIOD: Duration = Duration::from_millis(100);
+pub(crate) const SEARCH_PERIOD: Duration = Duration::from_millis(100);
 /// How long a look waits for a process the kernel held to have stopped (its SIGSTOP
 /// takes effect on its way back to user space, a moment after the notice).
 const STOP_WAIT: Duration = Duration::from_millis(20);
 
 /// Waits until the kernel tells of a process newly held or seen mapping code, and empties the
 /// ring of notices; never returns without the ring.
-pub async fn held_notice(notices: &mut Option<AsyncFd<RecordRing>>) {
+pub(crate) async fn held_notice(notices: &mut Option<AsyncFd<RecordRing>>) {
     let Some(ring) = notices.as_mut() else {
         return std::future::pending().await;
     };
@@ -65,7 +65,7 @@ pub async fn held_notice(notices: &mut Option<AsyncFd<RecordRing>>) {
 }
 
 /// How often a loop waiting on `notices` (see [`held_notice`]) looks without one.
-pub fn look_period(notices: &Option<AsyncFd<RecordRing>>) -> Duration {
+pub(crate) fn look_period(notices: Option<&AsyncFd<RecordRing>>) -> Duration {
     match notices {
         Some(_) => SEARCH_PERIOD,
         None => LOOK_PERIOD,
@@ -73,12 +73,12 @@ pub fn look_period(notices: &Option<AsyncFd<RecordRing>>) -> Duration {
 }
 
 /// Whether `spec` searches the objects of processes (no path, or `*`) rather than files.
-pub fn searches_processes(spec: &usdt::UsdtSpecifier) -> bool {
+pub(crate) fn searches_processes(spec: &usdt::UsdtSpecifier) -> bool {
     spec.path.as_deref().is_none_or(|path| path == "*")
 }
 
 /// Whose maps are looked at for objects mapped later.
-pub enum Members {
+pub(crate) enum Members {
     One(u32),
     /// The kernel's set of targets.
     Set,
@@ -89,7 +89,7 @@ pub enum Members {
 /// What one look attached: the new sites, and the new unavailable arguments, as ranges
 /// of the plan's lists.
 #[derive(Debug, Default)]
-pub struct Added {
+pub(crate) struct Added {
     pub sites: Range<usize>,
     pub unavailable_args: Range<usize>,
     /// The processes whose mappings have changed: held at a `dlopen` and continued, or
@@ -98,13 +98,13 @@ pub struct Added {
 }
 
 impl Added {
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.sites.is_empty()
     }
 }
 
 /// The specifiers still looked for, and how their sites are planned.
-pub struct LateSites {
+pub(crate) struct LateSites {
     specs: Vec<usdt::UsdtSpecifier>,
     searched: usdt::Searched,
     mode: SiteMode,
@@ -131,7 +131,7 @@ pub struct LateSites {
 
 impl LateSites {
     /// `searched`: the objects already searched (their sites are planned).
-    pub fn new(
+    pub(crate) fn new(
         specs: Vec<usdt::UsdtSpecifier>,
         searched: usdt::Searched,
         mode: SiteMode,
@@ -156,13 +156,13 @@ impl LateSites {
     }
 
     /// Keeps the kernel stopping the process at each `dlopen` (see [`hold_at_dlopen`]).
-    pub fn holding(mut self, hold: bool) -> Self {
+    pub(crate) fn holding(mut self, hold: bool) -> Self {
         self.hold = hold;
         self
     }
 
     /// Leaves out the function sites of runtimes whose files have USDT probes.
-    pub fn keeping(
+    pub(crate) fn keeping(
         mut self,
         usdt_elsewhere: crate::probe::runtimes::functions::UsdtElsewhere,
     ) -> Self {
@@ -175,7 +175,7 @@ impl LateSites {
     /// loader's `_dl_debug_state` (the loaders of `exes`, see [`hold_at_dlopen`]) when it
     /// is to be held there or no event tells. `members`: the processes searched at the
     /// start.
-    pub fn watch(
+    pub(crate) fn watch(
         &mut self,
         loader: &mut Loader,
         exes: Vec<(PathBuf, PathBuf)>,
@@ -207,7 +207,7 @@ impl LateSites {
 
     /// The kernel's notices of processes to look at, for the loop to wait on with
     /// [`held_notice`] (once; call it in the loop's runtime).
-    pub fn take_notices(&mut self) -> Option<AsyncFd<RecordRing>> {
+    pub(crate) fn take_notices(&mut self) -> Option<AsyncFd<RecordRing>> {
         let ring = self.notices.take()?;
         match ring.into_async() {
             Ok(ring) => Some(ring),
@@ -223,7 +223,7 @@ impl LateSites {
     }
 
     /// Whether the kernel tells of the processes that map code (see [`LateSites::watch`]).
-    pub fn sees_mappings(&self) -> bool {
+    pub(crate) fn sees_mappings(&self) -> bool {
         self.sees_mappings
     }
 
@@ -233,7 +233,7 @@ impl LateSites {
     /// added to `plan` (and attached). `told`: a notice came, or the loop cannot wait on
     /// them; else the kernel's records are read only every [`SEARCH_PERIOD`]. A failure
     /// is a warning: tracing what is attached goes on.
-    pub fn look(&mut self, loader: &mut Loader, plan: &mut ProbePlan, told: bool) -> Added {
+    pub(crate) fn look(&mut self, loader: &mut Loader, plan: &mut ProbePlan, told: bool) -> Added {
         let first_site = plan.sites.len();
         let first_unavailable = plan.unavailable_args.len();
         let mut remapped = Vec::new();
@@ -350,7 +350,7 @@ impl LateSites {
 
     /// Continues every process still held, once the kernel holds no more (recording
     /// stopped), waiting up to a second in all for them to have stopped.
-    pub fn release_all(&mut self, loader: &mut Loader) {
+    pub(crate) fn release_all(&mut self, loader: &mut Loader) {
         let deadline = Instant::now() + Duration::from_secs(1);
         for (pid, what) in loader.held() {
             if what != tracer_common::held::STOPPED {
@@ -456,7 +456,10 @@ fn hold_at_dlopen(
 
 /// The executables of `pids` (and `exe`, the `--exe` file), each with the root its loader's
 /// path is under, for [`hold_at_dlopen`].
-pub fn executables_of(pids: &[u32], exe: Option<&std::path::Path>) -> Vec<(PathBuf, PathBuf)> {
+pub(crate) fn executables_of(
+    pids: &[u32],
+    exe: Option<&std::path::Path>,
+) -> Vec<(PathBuf, PathBuf)> {
     pids.iter()
         .map(|pid| {
             (

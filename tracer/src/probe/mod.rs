@@ -2,7 +2,7 @@
 //! belong to ([`runtimes`]), which sites to attach and what the kernel does at each
 //! ([`plan`]), and sites mapped while tracing ([`late_sites`]).
 
-pub mod late_sites;
-pub mod plan;
-pub mod runtimes;
-pub mod usdt;
+pub(crate) mod late_sites;
+pub(crate) mod plan;
+pub(crate) mod runtimes;
+pub(crate) mod usdt;

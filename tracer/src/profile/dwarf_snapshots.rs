@@ -18,7 +18,7 @@ use crate::{
 /// How often the stack-copy ring is drained: the longest period that the last drain's
 /// rate would fill no more than a quarter of the ring in. Fewer, larger drains unwind
 /// with the unwind rules and tables still in the CPU's caches.
-pub const DRAIN_PERIODS: RangeInclusive<Duration> =
+pub(crate) const DRAIN_PERIODS: RangeInclusive<Duration> =
     Duration::from_millis(10)..=Duration::from_millis(100);
 
 /// `--unwind dwarf`: the snapshots from the kernel, and what user space tells it back.
@@ -121,7 +121,7 @@ pub(super) fn auto_unwind_ring_bytes(cpus: usize, system_wide: bool) -> u32 {
 
 /// The line on the off-CPU stacks that reused a snapshot not yet unwound (see
 /// [`counter::SNAPSHOTS_REUSED_UNCHECKED`]), with a ring of `ring_bytes`.
-pub fn reused_unchecked_line(reused: u64, ring_bytes: u32) -> String {
+pub(crate) fn reused_unchecked_line(reused: u64, ring_bytes: u32) -> String {
     format!(
         "Reused unchecked: {reused} off-CPU stacks took the snapshot their thread had just \
          sent from the same place, not yet unwound, as the stack-copy buffer was half full \
@@ -132,7 +132,7 @@ pub fn reused_unchecked_line(reused: u64, ring_bytes: u32) -> String {
 
 /// The `--unwind dwarf` line: how many stacks were unwound, how deep, with which method,
 /// and how many were walked with frame pointers instead (with a ring of `ring_bytes`).
-pub fn unwind_summary(stats: &UnwindStats, counters: &[u64], ring_bytes: u32) -> String {
+pub(crate) fn unwind_summary(stats: &UnwindStats, counters: &[u64], ring_bytes: u32) -> String {
     let no_regs = counters[counter::UNWIND_NO_USER_REGS as usize];
     let ring_full = counters[counter::UNWIND_RING_FULL as usize];
     let unreadable = counters[counter::UNWIND_STACK_UNREADABLE as usize];

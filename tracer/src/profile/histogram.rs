@@ -12,7 +12,7 @@ use tracer_common::histogram::{BUCKETS, bucket_lower_bound, bucket_of, bucket_up
 
 /// A latency distribution: bucket counts plus exact count, total, min and max.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LatencyHistogram {
+pub(crate) struct LatencyHistogram {
     /// Count per log-linear bucket; always `BUCKETS` long.
     buckets: Vec<u64>,
     /// Exact number of values, from [`LatencyStats`] or [`LatencyHistogram::record`].
@@ -26,14 +26,14 @@ pub struct LatencyHistogram {
 /// One bucket of the power-of-two view that bpftrace's `hist()` prints: index 0 holds
 /// the value 0, index 1 the value 1, and index `k >= 2` the values `[2^(k-1), 2^k)`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Log2Bucket {
+pub(crate) struct Log2Bucket {
     pub index: u32,
     pub count: u64,
 }
 
 impl Log2Bucket {
     /// Smallest value in the bucket.
-    pub fn min(&self) -> u64 {
+    pub(crate) fn min(&self) -> u64 {
         match self.index {
             0 => 0,
             k => 1 << (k - 1),
@@ -41,7 +41,7 @@ impl Log2Bucket {
     }
 
     /// Largest value in the bucket (inclusive, so the top bucket fits in a `u64`).
-    pub fn max(&self) -> u64 {
+    pub(crate) fn max(&self) -> u64 {
         match self.index {
             0 => 0,
             k => u64::MAX >> (64 - k),
@@ -57,7 +57,7 @@ impl Default for LatencyHistogram {
 
 impl LatencyHistogram {
     /// An empty histogram.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self {
             buckets: vec![0; BUCKETS as usize],
             count: 0,
@@ -68,7 +68,8 @@ impl LatencyHistogram {
     }
 
     /// Adds one value measured in user space (bucket and totals together).
-    pub fn record(&mut self, ns: u64) {
+    #[cfg(test)]
+    pub(crate) fn record(&mut self, ns: u64) {
         self.merge_bucket(bucket_of(ns), 1);
         self.merge_stats(&LatencyStats {
             count: 1,
@@ -80,14 +81,14 @@ impl LatencyHistogram {
 
     /// Adds `count` values to `bucket` (one CPU's slot of the kernel's bucket map).
     /// Out-of-range buckets are ignored: they can only come from a mismatched eBPF object.
-    pub fn merge_bucket(&mut self, bucket: u32, count: u64) {
+    pub(crate) fn merge_bucket(&mut self, bucket: u32, count: u64) {
         if let Some(slot) = self.buckets.get_mut(bucket as usize) {
             *slot = slot.saturating_add(count);
         }
     }
 
     /// Adds one CPU's running totals.
-    pub fn merge_stats(&mut self, stats: &LatencyStats) {
+    pub(crate) fn merge_stats(&mut self, stats: &LatencyStats) {
         if stats.count == 0 {
             // min_ns is u64::MAX and max_ns 0 then: nothing to merge.
             return;
@@ -99,7 +100,7 @@ impl LatencyHistogram {
     }
 
     /// Adds everything from `other`.
-    pub fn merge(&mut self, other: &LatencyHistogram) {
+    pub(crate) fn merge(&mut self, other: &LatencyHistogram) {
         for (bucket, &count) in other.buckets.iter().enumerate() {
             self.merge_bucket(bucket as u32, count);
         }
@@ -112,12 +113,12 @@ impl LatencyHistogram {
     }
 
     /// True when nothing was recorded.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.count == 0 && self.bucket_total() == 0
     }
 
     /// Number of values: the exact count when totals were merged, else the bucket sum.
-    pub fn count(&self) -> u64 {
+    pub(crate) fn count(&self) -> u64 {
         if self.count > 0 {
             self.count
         } else {
@@ -126,12 +127,12 @@ impl LatencyHistogram {
     }
 
     /// Sum of all values (exact totals only; 0 when only buckets were merged).
-    pub fn total_ns(&self) -> u64 {
+    pub(crate) fn total_ns(&self) -> u64 {
         self.total_ns
     }
 
     /// Mean value, rounded to the nearest nanosecond; `None` without exact totals.
-    pub fn mean_ns(&self) -> Option<u64> {
+    pub(crate) fn mean_ns(&self) -> Option<u64> {
         (self.count > 0).then(|| {
             ((u128::from(self.total_ns) + u128::from(self.count) / 2) / u128::from(self.count))
                 as u64
@@ -139,18 +140,18 @@ impl LatencyHistogram {
     }
 
     /// Smallest value: exact when totals were merged, else the bound of the first bucket.
-    pub fn min_ns(&self) -> Option<u64> {
+    pub(crate) fn min_ns(&self) -> Option<u64> {
         self.value_range().map(|(min, _)| min)
     }
 
     /// Largest value: exact when totals were merged, else the bound of the last bucket.
-    pub fn max_ns(&self) -> Option<u64> {
+    pub(crate) fn max_ns(&self) -> Option<u64> {
         self.value_range().map(|(_, max)| max)
     }
 
     /// The value below which `p` percent (0 to 100) of the values lie, interpolated
     /// linearly inside its bucket and clamped to [min, max]. `None` without bucket counts.
-    pub fn percentile_ns(&self, p: f64) -> Option<u64> {
+    pub(crate) fn percentile_ns(&self, p: f64) -> Option<u64> {
         let total = self.bucket_total();
         if total == 0 || p.is_nan() {
             return None;
@@ -187,7 +188,7 @@ impl LatencyHistogram {
     /// bucket. A log-linear bucket that straddles a boundary is split in proportion, so
     /// the counts still add up to the bucket total; with `unit_ns == 1` nothing straddles
     /// and the counts are exact.
-    pub fn log2_buckets(&self, unit_ns: u64) -> Vec<Log2Bucket> {
+    pub(crate) fn log2_buckets(&self, unit_ns: u64) -> Vec<Log2Bucket> {
         let unit = u128::from(unit_ns.max(1));
         let total = self.bucket_total();
         if total == 0 {
@@ -218,13 +219,13 @@ impl LatencyHistogram {
     }
 
     /// How many values the buckets hold.
-    pub fn bucket_count(&self) -> u64 {
+    pub(crate) fn bucket_count(&self) -> u64 {
         self.bucket_total()
     }
 
     /// How many values of the buckets lie below `ns`; exact where `ns` is a power of two
     /// (no bucket straddles one), else shared in proportion within the bucket holding it.
-    pub fn count_below_ns(&self, ns: u64) -> u64 {
+    pub(crate) fn count_below_ns(&self, ns: u64) -> u64 {
         self.count_below(ns).round() as u64
     }
 

@@ -5,11 +5,11 @@
 //! process is doing now ([`threads`], `tracer stacks`), and the profiles of rolling windows
 //! ([`windows`]).
 
-pub mod dwarf_snapshots;
-pub mod histogram;
-pub mod retire;
-pub mod sampling;
-pub mod tasks;
-pub mod threads;
-pub mod wallclock;
-pub mod windows;
+pub(crate) mod dwarf_snapshots;
+pub(crate) mod histogram;
+pub(crate) mod retire;
+pub(crate) mod sampling;
+pub(crate) mod tasks;
+pub(crate) mod threads;
+pub(crate) mod wallclock;
+pub(crate) mod windows;

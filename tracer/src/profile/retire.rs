@@ -30,14 +30,14 @@ use crate::{
 };
 
 /// Exited processes kept whole by default.
-pub const DEFAULT_KEEP_EXITED: usize = 1000;
+pub(crate) const DEFAULT_KEEP_EXITED: usize = 1000;
 
 /// How often a run without rolling windows looks for processes to retire.
-pub const LOOK_PERIOD: Duration = Duration::from_secs(10);
+pub(crate) const LOOK_PERIOD: Duration = Duration::from_secs(10);
 
 /// The processes let go so far, and what they had.
 #[derive(Default)]
-pub struct Retirement {
+pub(crate) struct Retirement {
     keep_exited: usize,
     /// Processes found departed and not retired yet, oldest first, each with the look
     /// that found it.
@@ -58,14 +58,14 @@ pub struct Retirement {
 }
 
 /// A latency and class, as [`LatencyProcessKey`] has them without the process.
-pub type LatencyKey = (u32, u32);
+pub(crate) type LatencyKey = (u32, u32);
 
 /// Latency totals by program and latency.
-pub type RetiredLatencies = BTreeMap<(String, LatencyKey), LatencyStats>;
+pub(crate) type RetiredLatencies = BTreeMap<(String, LatencyKey), LatencyStats>;
 
 impl Retirement {
     /// Keeps the last `keep_exited` exited processes whole.
-    pub fn new(keep_exited: usize, now_ns: u64) -> Self {
+    pub(crate) fn new(keep_exited: usize, now_ns: u64) -> Self {
         Self {
             keep_exited,
             last_look_ns: now_ns,
@@ -74,7 +74,7 @@ impl Retirement {
     }
 
     /// Whether a run without rolling windows is due to look again at `now_ns`.
-    pub fn due(&self, now_ns: u64) -> bool {
+    pub(crate) fn due(&self, now_ns: u64) -> bool {
         now_ns.saturating_sub(self.last_look_ns) >= LOOK_PERIOD.as_nanos() as u64
     }
 
@@ -82,7 +82,7 @@ impl Retirement {
     /// those kept (found at an earlier look). `window` is the rolling window, just
     /// written.
     #[allow(clippy::too_many_arguments)]
-    pub fn look(
+    pub(crate) fn look(
         &mut self,
         sampler: &mut WallClockSampler,
         loader: &mut Loader,
@@ -121,7 +121,7 @@ impl Retirement {
     /// targets alive and the last exited) is retired. The final profile then names by PID
     /// exactly the processes the report lists.
     #[allow(clippy::too_many_arguments)]
-    pub fn last_look(
+    pub(crate) fn last_look(
         &mut self,
         sampler: &mut WallClockSampler,
         loader: &mut Loader,
@@ -190,7 +190,7 @@ impl Retirement {
 }
 
 /// Adds `more` to the totals `into`.
-pub fn add_stats(into: &mut LatencyStats, more: &LatencyStats) {
+pub(crate) fn add_stats(into: &mut LatencyStats, more: &LatencyStats) {
     if into.count == 0 {
         *into = *more;
         return;

@@ -37,7 +37,7 @@ use crate::{
 
 /// How stacks are sampled and walked (`SamplingArgs` in the command line, validated).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Sampling {
+pub(crate) struct Sampling {
     pub frequency_hz: u64,
     pub unwind: UnwindMethod,
     /// The stack-copy ring's size (`--unwind-buffer`); `None`: sized from the CPUs (see
@@ -51,7 +51,7 @@ pub struct Sampling {
 
 /// How user stacks are walked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum UnwindMethod {
+pub(crate) enum UnwindMethod {
     /// Frame pointers, walked in the kernel.
     Fp,
     /// DWARF call frame information, unwound in user space from a copy of the stack.
@@ -60,10 +60,10 @@ pub enum UnwindMethod {
 
 /// How often the processes that joined a set of targets are looked at: a process that
 /// lives longer than this gets named stacks.
-pub const OBSERVE_PERIOD: Duration = Duration::from_millis(100);
+pub(crate) const OBSERVE_PERIOD: Duration = Duration::from_millis(100);
 
 /// On-CPU sampling and off-CPU accounting, attached.
-pub struct WallClockSampler {
+pub(crate) struct WallClockSampler {
     sampling: Sampling,
     /// The processes sampled, when a set that can change (`None`: one process, or every
     /// process).
@@ -89,14 +89,14 @@ pub struct WallClockSampler {
 
 /// What the next rolling window subtracts ([`WallClockSampler::window`]).
 #[derive(Default)]
-pub struct Window {
+pub(crate) struct Window {
     totals: WindowBase,
     unwound: HashMap<SampleKey, u64>,
 }
 
 impl Window {
     /// The first window, from `start_ns`.
-    pub fn starting_at(start_ns: u64) -> Self {
+    pub(crate) fn starting_at(start_ns: u64) -> Self {
         Self {
             totals: WindowBase::starting_at(start_ns),
             unwound: HashMap::new(),
@@ -104,19 +104,19 @@ impl Window {
     }
 
     /// Drops what the windows gave processes `tgids`, let go.
-    pub fn forget(&mut self, tgids: &HashSet<u32>) {
+    pub(crate) fn forget(&mut self, tgids: &HashSet<u32>) {
         self.totals.forget(tgids);
         self.unwound.retain(|key, _| !tgids.contains(&key.0));
     }
 
     /// When the window now open started (CLOCK_MONOTONIC ns).
-    pub fn start_ns(&self) -> u64 {
+    pub(crate) fn start_ns(&self) -> u64 {
         self.totals.end_ns
     }
 }
 
 /// What [`WallClockSampler::retire`] took out.
-pub struct Retired {
+pub(crate) struct Retired {
     /// Their profile, each process's stacks under its program's name.
     pub profile: WallClockProfile,
     /// On-CPU samples by process.
@@ -127,7 +127,7 @@ pub struct Retired {
 
 /// How the profile is built from what was collected.
 #[derive(Debug, Clone)]
-pub struct ViewOptions {
+pub(crate) struct ViewOptions {
     /// A `name [tid]` frame for each thread, under its process.
     pub per_thread: bool,
     /// Which processes share a root frame (`--group-by`).
@@ -140,7 +140,7 @@ pub struct ViewOptions {
 }
 
 /// What the profile is made of, once the sampler stopped.
-pub struct Collected {
+pub(crate) struct Collected {
     pub profile: WallClockProfile,
     /// With `--unwind dwarf`: how the unwinding went.
     pub unwind_stats: Option<UnwindStats>,
@@ -148,7 +148,7 @@ pub struct Collected {
 
 impl WallClockSampler {
     /// The kernel features a sampler needs, for [`Settings::features`].
-    pub fn features(sampling: &Sampling) -> Features {
+    pub(crate) fn features(sampling: &Sampling) -> Features {
         Features {
             offcpu: true,
             oncpu: true,
@@ -163,7 +163,7 @@ impl WallClockSampler {
     /// The size of the snapshot ring buffer, for [`Settings::unwind_ring_bytes`]: as
     /// asked, or sized from the CPUs (a system-wide profile's bursts come from every
     /// process on them).
-    pub fn unwind_ring_bytes(sampling: &Sampling, system_wide: bool) -> u32 {
+    pub(crate) fn unwind_ring_bytes(sampling: &Sampling, system_wide: bool) -> u32 {
         match sampling.unwind {
             UnwindMethod::Dwarf => sampling.unwind_buffer_bytes.unwrap_or_else(|| {
                 let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
@@ -179,7 +179,7 @@ impl WallClockSampler {
     /// (or entirely); running ones replace the mark at their next switch. A blocked
     /// thread's mark carries the stacks it is blocked in, read from /proc without stopping
     /// it ([`threads`]); `processes` must know the targets' mappings to unwind them.
-    pub fn attach(
+    pub(crate) fn attach(
         loader: &mut Loader,
         targets: Option<&KernelTargets>,
         sampling: Sampling,
@@ -264,7 +264,7 @@ impl WallClockSampler {
 
     /// On-CPU samples so far by process (walked in the kernel, and unwound here), and
     /// the sampling frequency: each weighs `1 / frequency_hz` seconds.
-    pub fn oncpu_samples_by_process(&self, loader: &Loader) -> (BTreeMap<u32, u64>, u64) {
+    pub(crate) fn oncpu_samples_by_process(&self, loader: &Loader) -> (BTreeMap<u32, u64>, u64) {
         let mut by_process = BTreeMap::new();
         for (key, count) in loader.oncpu_samples().unwrap_or_default() {
             *by_process.entry(key.tgid).or_default() += count;
@@ -277,13 +277,13 @@ impl WallClockSampler {
 
     /// How many processes of a set of targets run now; `None` for one process (traced
     /// while it runs) or every process.
-    pub fn processes_running(&self) -> Option<usize> {
+    pub(crate) fn processes_running(&self) -> Option<usize> {
         self.targets.as_ref().map(|t| t.running_pids().len())
     }
 
     /// The wall-clock profile of the window from `base.end_ns` to `now_ns` (see
     /// [`crate::profile::windows`]); `base` then starts the next window.
-    pub fn window(
+    pub(crate) fn window(
         &mut self,
         base: &mut Window,
         loader: &Loader,
@@ -349,7 +349,7 @@ impl WallClockSampler {
 
     /// The processes that left something here or in the kernel's maps: on-CPU samples
     /// or off-CPU time.
-    pub fn processes_with_samples(&self, loader: &Loader) -> Result<HashSet<u32>> {
+    pub(crate) fn processes_with_samples(&self, loader: &Loader) -> Result<HashSet<u32>> {
         let mut seen: HashSet<u32> = loader
             .oncpu_samples()?
             .iter()
@@ -365,7 +365,7 @@ impl WallClockSampler {
     /// The processes of a set of targets that left it (they exited, or ran another
     /// program) and left something (see [`Self::processes_with_samples`]) or were seen
     /// (in `processes`). None for one process, or every process.
-    pub fn departed_processes(
+    pub(crate) fn departed_processes(
         &self,
         loader: &Loader,
         processes: &Processes,
@@ -387,7 +387,7 @@ impl WallClockSampler {
     /// a profile of their own, each process's stacks under its program's name (not its
     /// PID, nor its threads'): see [`crate::profile::retire`]. Their part of the rolling
     /// `window` goes too (it must have been written).
-    pub fn retire(
+    pub(crate) fn retire(
         &mut self,
         loader: &mut Loader,
         processes: &mut Processes,
@@ -468,21 +468,21 @@ impl WallClockSampler {
 
     /// Reads the mappings of process `pid` again, after the kernel told of code it
     /// mapped or a program it started.
-    pub fn remapped(&mut self, pid: u32, processes: &mut Processes) {
+    pub(crate) fn remapped(&mut self, pid: u32, processes: &mut Processes) {
         processes.refresh_maps(pid);
         self.interpreters.remapped(pid);
     }
 
     /// How often snapshots are to be drained (see [`DRAIN_PERIODS`]); `None` without
     /// `--unwind dwarf`.
-    pub fn drain_period(&self) -> Option<Duration> {
+    pub(crate) fn drain_period(&self) -> Option<Duration> {
         self.unwinding.as_ref().map(|u| u.period)
     }
 
     /// What tells a loop that the stack-copy ring is filling faster than its period
     /// drains it (see [`ring_filling`]); `None` without `--unwind dwarf`, or when the ring
     /// cannot be waited on (the period alone then drains it).
-    pub fn ring_wakeups(&self) -> Option<RingWakeups> {
+    pub(crate) fn ring_wakeups(&self) -> Option<RingWakeups> {
         let unwinding = self.unwinding.as_ref()?;
         unwinding
             .ring
@@ -493,7 +493,7 @@ impl WallClockSampler {
 
     /// Unwinds the snapshots waiting (with `--unwind dwarf`); call every
     /// [`WallClockSampler::drain_period`].
-    pub fn drain(&mut self, processes: &mut Processes) {
+    pub(crate) fn drain(&mut self, processes: &mut Processes) {
         if let Some(unwinding) = self.unwinding.as_mut() {
             unwinding.drain(processes, &mut self.interpreters, self.targets.as_ref());
         }
@@ -501,7 +501,7 @@ impl WallClockSampler {
 
     /// Captures the processes that joined a set of targets (their names and mappings,
     /// while they run) and names the targets' new threads; call every [`OBSERVE_PERIOD`].
-    pub fn observe_targets(&self, processes: &mut Processes) {
+    pub(crate) fn observe_targets(&self, processes: &mut Processes) {
         if let Some(targets) = &self.targets {
             for (pid, name) in targets.named() {
                 processes.observe_named(pid, Some(&name));
@@ -518,7 +518,7 @@ impl WallClockSampler {
     }
 
     /// Captures what a system-wide profile has seen so far; call about once a second.
-    pub fn refresh(&self, loader: &Loader, processes: &mut Processes) {
+    pub(crate) fn refresh(&self, loader: &Loader, processes: &mut Processes) {
         if self.system_wide {
             observe_seen(loader, processes);
         }
@@ -526,7 +526,7 @@ impl WallClockSampler {
     }
 
     /// Detaches sampling and accounting (the maps stay readable) and unwinds what is left.
-    pub fn detach(&mut self, processes: &mut Processes) {
+    pub(crate) fn detach(&mut self, processes: &mut Processes) {
         if let Some([offcpu, oncpu]) = self.attached.take() {
             oncpu.detach();
             offcpu.detach();
@@ -536,7 +536,7 @@ impl WallClockSampler {
 
     /// Builds the profile from what the kernel collected, up to `now_ns` (when it was
     /// detached); `reason` says whether threads still blocked are blocked right now.
-    pub fn finish(
+    pub(crate) fn finish(
         self,
         loader: &Loader,
         processes: &mut Processes,
@@ -662,7 +662,7 @@ fn build(
 
 /// Waits until the kernel says the stack-copy ring is a quarter full; never returns
 /// without `wakeups` (see [`WallClockSampler::ring_wakeups`]).
-pub async fn ring_filling(wakeups: &mut Option<RingWakeups>) {
+pub(crate) async fn ring_filling(wakeups: &mut Option<RingWakeups>) {
     let Some(ring) = wakeups.as_mut() else {
         return std::future::pending().await;
     };
@@ -678,7 +678,7 @@ fn cannot_wait_on_ring(e: &std::io::Error) -> String {
 }
 
 /// Has `ticker` tick every `period` from now on, if it does not already.
-pub fn keep_pace(ticker: &mut tokio::time::Interval, period: Duration) {
+pub(crate) fn keep_pace(ticker: &mut tokio::time::Interval, period: Duration) {
     if ticker.period() != period {
         *ticker = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
     }
@@ -688,7 +688,7 @@ pub fn keep_pace(ticker: &mut tokio::time::Interval, period: Duration) {
 /// for libraries loaded later): call [`SamplerChores::run`] at least every
 /// [`SamplerChores::period`]; it does what is due.
 #[derive(Debug, Default)]
-pub struct SamplerChores {
+pub(crate) struct SamplerChores {
     drained: Option<std::time::Instant>,
     refreshed: Option<std::time::Instant>,
     observed: Option<std::time::Instant>,
@@ -697,7 +697,7 @@ pub struct SamplerChores {
 impl SamplerChores {
     /// [`SamplerChores::run`], after re-reading the mappings of the processes the kernel
     /// said mapped code (a loop that does not look for probe sites itself).
-    pub fn run_with_mappings(
+    pub(crate) fn run_with_mappings(
         &mut self,
         sampler: &mut WallClockSampler,
         loader: &mut Loader,
@@ -712,7 +712,7 @@ impl SamplerChores {
     }
 
     /// How often the sampler has work to do.
-    pub fn period(sampler: &WallClockSampler) -> Duration {
+    pub(crate) fn period(sampler: &WallClockSampler) -> Duration {
         match (sampler.drain_period(), sampler.system_wide) {
             (Some(period), _) => period.min(OBSERVE_PERIOD),
             (None, false) => OBSERVE_PERIOD,
@@ -722,12 +722,12 @@ impl SamplerChores {
 
     /// Has the next [`SamplerChores::run`] drain the snapshots whatever the period: the
     /// kernel said the ring is filling (see [`ring_filling`]).
-    pub fn drain_due(&mut self) {
+    pub(crate) fn drain_due(&mut self) {
         self.drained = None;
     }
 
     /// Does the work that is due.
-    pub fn run(
+    pub(crate) fn run(
         &mut self,
         sampler: &mut WallClockSampler,
         loader: &mut Loader,
@@ -760,7 +760,7 @@ impl SamplerChores {
 
 /// Tells the kernel of the Python interpreters found ready since the last call, so
 /// their threads' snapshots carry Python frames; returns how many it was told of.
-pub fn register_python_processes(
+pub(crate) fn register_python_processes(
     loader: &mut Loader,
     processes: &Processes,
     interpreters: &mut Interpreters,

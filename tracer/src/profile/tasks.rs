@@ -19,7 +19,7 @@ use crate::{
 
 /// One task's totals.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct TaskSummary {
+pub(crate) struct TaskSummary {
     pub task: u64,
     /// The process it belongs to.
     pub tgid: u32,
@@ -43,7 +43,7 @@ pub struct TaskSummary {
 
 impl TaskSummary {
     /// Running time not spent blocked or runnable: on a CPU.
-    pub fn oncpu_ns(&self) -> u64 {
+    pub(crate) fn oncpu_ns(&self) -> u64 {
         self.running_ns
             .saturating_sub(self.wall.blocked_ns)
             .saturating_sub(self.wall.runnable_ns)
@@ -52,7 +52,7 @@ impl TaskSummary {
 
 /// Every task's totals, longest-waiting first, and the tasks view.
 #[derive(Debug, Default)]
-pub struct TaskProfile {
+pub(crate) struct TaskProfile {
     pub tasks: Vec<TaskSummary>,
     /// Process; task; stack; and a leaf frame for the kind of time: on CPU, blocked or
     /// runnable while running (from the wall-clock profile), parked (by the stack where
@@ -62,7 +62,7 @@ pub struct TaskProfile {
 
 /// Adds the intervals still open at `now` (tasks parked or running right now) to
 /// `times`, so a task blocked when tracing stops shows its wait so far.
-pub fn with_open_intervals(
+pub(crate) fn with_open_intervals(
     mut times: Vec<(TaskKey, TaskTotal)>,
     open: &[(TaskId, TaskState)],
     now: u64,
@@ -94,7 +94,7 @@ pub fn with_open_intervals(
 }
 
 /// What a runtime called a task: its text, with `:line:column` when it gave a line.
-pub fn given_name(name: &TaskName) -> Option<String> {
+pub(crate) fn given_name(name: &TaskName) -> Option<String> {
     let end = name
         .text
         .iter()
@@ -116,7 +116,7 @@ pub fn given_name(name: &TaskName) -> Option<String> {
 /// the runtime gave, else `task #id on THREAD [tid]` after the thread it ran on longest
 /// (a runtime's ids are often addresses: never that number alone), or `thread THREAD
 /// [tid]` where the tasks are the threads.
-pub fn task_names(
+pub(crate) fn task_names(
     named: &[(TaskId, TaskName)],
     times: &[(TaskKey, TaskTotal)],
     processes: &Processes,
@@ -172,7 +172,7 @@ pub fn task_names(
 
 /// What tasks are called, by (tgid, task).
 #[derive(Debug, Default, Clone)]
-pub struct TaskNames {
+pub(crate) struct TaskNames {
     /// The frame of each (see [`task_names`]).
     pub frames: HashMap<(u32, u64), String>,
     /// What the runtime called it, where it did (see [`given_name`]).
@@ -184,7 +184,7 @@ pub struct TaskNames {
 /// and the parked stacks of each process named with its mappings in `processes`, under
 /// its root frame (see [`ProcessRoot`]).
 #[allow(clippy::too_many_arguments)]
-pub fn build_profile(
+pub(crate) fn build_profile(
     times: &[(TaskKey, TaskTotal)],
     names: &TaskNames,
     wall_view: &StackProfile,

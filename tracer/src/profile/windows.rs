@@ -10,11 +10,11 @@ use tracer_common::{KERNEL_STACK_AT_SWITCH_IN, NO_STACK, OffCpuKey, OffCpuStart,
 
 /// A window's off-CPU intervals: the totals of those that ended in it, and the starts of
 /// those open at its end (from the window's start at the earliest).
-pub type OffCpuWindow = (Vec<(OffCpuKey, OffCpuTotal)>, Vec<(u32, OffCpuStart)>);
+pub(crate) type OffCpuWindow = (Vec<(OffCpuKey, OffCpuTotal)>, Vec<(u32, OffCpuStart)>);
 
 /// What the next window subtracts: the totals read at its start.
 #[derive(Debug, Default)]
-pub struct WindowBase {
+pub(crate) struct WindowBase {
     offcpu: HashMap<OffCpuKey, OffCpuTotal>,
     oncpu: HashMap<OffCpuKey, u64>,
     /// The intervals open at the last window's end, by thread: each one's start, its user
@@ -34,13 +34,13 @@ struct OpenInterval {
 impl WindowBase {
     /// Drops what the windows gave the processes `tgids`: let go (see
     /// [`crate::profile::retire`]), they have no more time to give.
-    pub fn forget(&mut self, tgids: &HashSet<u32>) {
+    pub(crate) fn forget(&mut self, tgids: &HashSet<u32>) {
         self.offcpu.retain(|key, _| !tgids.contains(&key.tgid));
         self.oncpu.retain(|key, _| !tgids.contains(&key.tgid));
     }
 
     /// A base for windows from `start_ns` on.
-    pub fn starting_at(start_ns: u64) -> Self {
+    pub(crate) fn starting_at(start_ns: u64) -> Self {
         Self {
             end_ns: start_ns,
             ..Self::default()
@@ -51,7 +51,7 @@ impl WindowBase {
     /// `totals` and the intervals open now (`open`): what ended in it (less what earlier
     /// windows took of it), and the open intervals' time in it, as starts from the later
     /// of their start and the window's.
-    pub fn offcpu_window(
+    pub(crate) fn offcpu_window(
         &mut self,
         totals: Vec<(OffCpuKey, OffCpuTotal)>,
         open: Vec<(u32, OffCpuStart)>,
@@ -116,7 +116,7 @@ impl WindowBase {
     }
 
     /// The on-CPU samples of the window, from the kernel's counts since the start.
-    pub fn oncpu_window(&mut self, counts: Vec<(OffCpuKey, u64)>) -> Vec<(OffCpuKey, u64)> {
+    pub(crate) fn oncpu_window(&mut self, counts: Vec<(OffCpuKey, u64)>) -> Vec<(OffCpuKey, u64)> {
         counts
             .into_iter()
             .filter_map(|(key, count)| {

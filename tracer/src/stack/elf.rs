@@ -7,7 +7,7 @@ use object::{Object as _, ObjectSegment as _, ObjectSymbol as _};
 
 /// The loadable segments of an ELF file and the symbols asked for, by name.
 #[derive(Debug, Clone, Default)]
-pub struct ElfSymbols {
+pub(crate) struct ElfSymbols {
     /// (name, link-time address, size) of each symbol found, in the order asked.
     pub found: Vec<(&'static str, u64, u64)>,
     /// (file offset, address, size in the file) of each loadable segment.
@@ -17,7 +17,7 @@ pub struct ElfSymbols {
 impl ElfSymbols {
     /// Reads `file`'s symbol table and dynamic symbols for `names` (its segments alone
     /// when there are none); `None` when it is not an ELF file.
-    pub fn read(file: &File, names: &[&'static str]) -> Option<Self> {
+    pub(crate) fn read(file: &File, names: &[&'static str]) -> Option<Self> {
         let data = tracer_usdt::SymbolFile::new(file.try_clone().ok()?);
         let elf = object::File::parse(&data).ok()?;
         let mut found = Vec::new();
@@ -41,13 +41,13 @@ impl ElfSymbols {
     }
 
     /// The link-time address of symbol `name`, if found.
-    pub fn address(&self, name: &str) -> Option<u64> {
+    pub(crate) fn address(&self, name: &str) -> Option<u64> {
         self.found.iter().find(|f| f.0 == name).map(|f| f.1)
     }
 
     /// Where the file is loaded, from one of its mappings (its start, and the offset in
     /// the file it maps): what to add to a link-time address to find it in the process.
-    pub fn load_bias(&self, start: u64, offset: u64) -> Option<u64> {
+    pub(crate) fn load_bias(&self, start: u64, offset: u64) -> Option<u64> {
         const PAGE: u64 = 4096;
         self.segments
             .iter()

@@ -24,12 +24,12 @@ struct Table {
 static TABLE: LazyLock<Mutex<Table>> = LazyLock::new(Default::default);
 
 /// Whether `addr` (or that address less one) is a token.
-pub fn is_token(addr: u64) -> bool {
+pub(crate) fn is_token(addr: u64) -> bool {
     addr & TAG_MASK == TAG
 }
 
 /// The token of the frame `name` in `module`, the same for the same pair.
-pub fn token(name: String, module: &'static str) -> u64 {
+pub(crate) fn token(name: String, module: &'static str) -> u64 {
     let Ok(mut table) = TABLE.lock() else {
         return 0;
     };
@@ -44,7 +44,7 @@ pub fn token(name: String, module: &'static str) -> u64 {
 }
 
 /// The name and module of the frame `addr` stands for, if it is a token.
-pub fn frame(addr: u64) -> Option<(String, &'static str)> {
+pub(crate) fn frame(addr: u64) -> Option<(String, &'static str)> {
     if !is_token(addr) {
         return None;
     }

@@ -3,11 +3,11 @@
 //! the processes whose mappings name them ([`processes`]), and turning recorded stacks
 //! into folded-stack frames ([`naming`]).
 
-pub mod elf;
-pub mod frame_tokens;
-pub mod jit;
-pub mod naming;
-pub mod processes;
-pub mod python;
-pub mod symbolize;
-pub mod unwind;
+pub(crate) mod elf;
+pub(crate) mod frame_tokens;
+pub(crate) mod jit;
+pub(crate) mod naming;
+pub(crate) mod processes;
+pub(crate) mod python;
+pub(crate) mod symbolize;
+pub(crate) mod unwind;

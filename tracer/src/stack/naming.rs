@@ -16,11 +16,11 @@ use crate::{
 };
 
 /// Marks kernel frames the way inferno's palettes and flamegraph.pl recognise them.
-pub const KERNEL_SUFFIX: &str = "_[k]";
+pub(crate) const KERNEL_SUFFIX: &str = "_[k]";
 
 /// Appended to the name of a frame found by following frame pointers in a profile
 /// otherwise unwound with call frame information.
-pub const FRAME_POINTER_SUFFIX: &str = " [fp]";
+pub(crate) const FRAME_POINTER_SUFFIX: &str = " [fp]";
 
 /// Weight of one stack: how many events made it up and how long they lasted.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -90,10 +90,10 @@ impl PartialEq for StackProfile {
 impl Eq for StackProfile {}
 
 /// Stacks of frame ids of one [`FrameTable`], summed as they are added.
-pub type InternedStacks = HashMap<Vec<u32>, Weight>;
+pub(crate) type InternedStacks = HashMap<Vec<u32>, Weight>;
 
 /// Adds `weight` to the stack `ids` of `stacks`.
-pub fn add_interned(stacks: &mut InternedStacks, ids: &[u32], weight: Weight) {
+pub(crate) fn add_interned(stacks: &mut InternedStacks, ids: &[u32], weight: Weight) {
     match stacks.get_mut(ids) {
         Some(total) => total.add(weight),
         None => {
@@ -280,7 +280,7 @@ pub enum ProcessRoot {
 }
 
 /// The root frame of process `tgid`'s stacks, as `root` says.
-pub fn process_frame(processes: &Processes, tgid: u32, root: ProcessRoot) -> String {
+pub(crate) fn process_frame(processes: &Processes, tgid: u32, root: ProcessRoot) -> String {
     let Some(process) = processes.get(tgid) else {
         return format!("[pid {tgid}]");
     };
@@ -292,7 +292,7 @@ pub fn process_frame(processes: &Processes, tgid: u32, root: ProcessRoot) -> Str
 }
 
 /// The name and PID of a [`ProcessRoot::NameAndPid`] frame (`postgres [4242]`).
-pub fn parse_process_frame(frame: &str) -> Option<(&str, u32)> {
+pub(crate) fn parse_process_frame(frame: &str) -> Option<(&str, u32)> {
     let (name, pid) = frame.strip_suffix(']')?.rsplit_once(" [")?;
     Some((name, pid.parse().ok()?))
 }
@@ -436,7 +436,7 @@ fn stack_frames<T>(
 /// found by frame pointers: `frames` as the symbolizer gives them for the stack's
 /// addresses (inlined functions first, then the function of each address),
 /// `by_frame_pointer` per address (empty: no suffixes).
-pub fn user_frame_names<'f>(
+pub(crate) fn user_frame_names<'f>(
     frames: impl IntoIterator<Item = &'f Frame>,
     by_frame_pointer: &[bool],
 ) -> Vec<Cow<'f, str>> {
@@ -460,7 +460,7 @@ pub fn user_frame_names<'f>(
 /// One frame of a stack printed a frame a line, as bpftrace prints `ustack` and
 /// `kstack`: `name+OFFSET (module)`, the offset in decimal as bpftrace has it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct FrameLine {
+pub(crate) struct FrameLine {
     pub name: String,
     /// How far into the function the address is (a return address for every frame but
     /// the innermost), when a symbol named it.
@@ -477,7 +477,7 @@ pub struct FrameLine {
 
 impl FrameLine {
     /// `name+OFFSET (module)`, `[inlined]` after functions inlined into the next frame.
-    pub fn text(&self) -> String {
+    pub(crate) fn text(&self) -> String {
         let mut text = self.name.clone();
         if let Some(offset) = self.offset {
             text += &format!("+{offset}");
@@ -497,7 +497,7 @@ impl FrameLine {
     }
 
     /// The frame's name in folded stacks and flame graphs (kernel frames marked).
-    pub fn folded_name(&self) -> String {
+    pub(crate) fn folded_name(&self) -> String {
         match (self.kernel, self.by_frame_pointer) {
             (true, _) => format!("{}{KERNEL_SUFFIX}", self.name),
             (false, true) => format!("{}{FRAME_POINTER_SUFFIX}", self.name),
@@ -510,7 +510,7 @@ impl FrameLine {
 /// (if the hit was in the kernel) before the user frames, as the hit's thread ran them;
 /// and what is missing from them, said rather than left out.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
-pub struct HitStack {
+pub(crate) struct HitStack {
     pub frames: Vec<FrameLine>,
     pub problems: Vec<String>,
 }
@@ -549,7 +549,7 @@ fn stack_error(kind: &str, id: StackId) -> String {
 /// stack that is not there is not a problem: USDT probes fire in user mode. `short_why`
 /// says why a user stack that ends before a thread's start likely does (how it was
 /// walked).
-pub fn hit_stack(
+pub(crate) fn hit_stack(
     user_id: i32,
     kernel_id: i32,
     stacks: &(impl StackSource + ?Sized),

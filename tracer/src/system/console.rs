@@ -33,13 +33,13 @@ macro_rules! status {
 }
 
 #[doc(hidden)]
-pub fn status_line(args: fmt::Arguments<'_>) {
+pub(crate) fn status_line(args: fmt::Arguments<'_>) {
     let _ = writeln!(io::stderr().lock(), "{args}");
 }
 
 /// Why standard output could not take what the tracer wrote.
 #[derive(Debug, thiserror::Error)]
-pub enum OutputError {
+pub(crate) enum OutputError {
     /// The reader went away (`EPIPE`): like `tracer list | head -1`.
     #[error("standard output was closed")]
     Closed,
@@ -65,14 +65,14 @@ impl From<io::Error> for OutputError {
 }
 
 /// How long a stopping tracer waits for standard output to take anything more.
-pub const STALL_TIMEOUT: Duration = Duration::from_secs(2);
+pub(crate) const STALL_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Buffers waiting for the writer thread; past that, senders wait (and `trace` stops
 /// draining the kernel's ring buffer, whose overflow the kernel counts).
 const QUEUED_BUFFERS: usize = 64;
 
 /// Standard output, written by a thread of its own.
-pub struct OutputStream {
+pub(crate) struct OutputStream {
     sender: Option<mpsc::Sender<Chunk>>,
     failed: watch::Receiver<bool>,
     progress: Arc<Progress>,
@@ -114,7 +114,7 @@ impl Progress {
 
 impl OutputStream {
     /// Starts the writer thread on file descriptor 1.
-    pub fn stdout() -> Self {
+    pub(crate) fn stdout() -> Self {
         let (sender, mut receiver) = mpsc::channel::<Chunk>(QUEUED_BUFFERS);
         let (fail, failed) = watch::channel(false);
         let progress = Arc::new(Progress::default());
@@ -164,7 +164,7 @@ impl OutputStream {
     /// many events), taken only once there is room: cancelled while it waits (a stop
     /// signal won the race), nothing was taken, so nothing is lost. False once the writer
     /// has failed.
-    pub async fn send_made(&self, make: impl FnOnce() -> (Vec<u8>, u64)) -> bool {
+    pub(crate) async fn send_made(&self, make: impl FnOnce() -> (Vec<u8>, u64)) -> bool {
         let Some(sender) = &self.sender else {
             return false;
         };
@@ -181,7 +181,7 @@ impl OutputStream {
 
     /// Queues `bytes` from code outside the runtime, waiting at most until `deadline`
     /// passes without the writer getting anything out.
-    pub fn send_blocking(&self, bytes: Vec<u8>, items: u64) -> bool {
+    pub(crate) fn send_blocking(&self, bytes: Vec<u8>, items: u64) -> bool {
         let Some(sender) = &self.sender else {
             return false;
         };
@@ -203,13 +203,13 @@ impl OutputStream {
     }
 
     /// Resolves when the writer has failed (the reader went away, the device is full).
-    pub async fn failed(&self) {
+    pub(crate) async fn failed(&self) {
         let mut failed = self.failed.clone();
         let _ = failed.wait_for(|&f| f).await;
     }
 
     /// Items (events) of the chunks written whole so far.
-    pub fn items_written(&self) -> u64 {
+    pub(crate) fn items_written(&self) -> u64 {
         self.progress.items_written.load(Ordering::Relaxed)
     }
 
@@ -228,7 +228,7 @@ impl OutputStream {
     /// Writes out what is queued, waiting as long as the reader makes progress but not
     /// longer than [`STALL_TIMEOUT`] without any, and says how it went. Returns the items
     /// written in all, with the error if any.
-    pub fn finish(mut self) -> (u64, Result<(), OutputError>) {
+    pub(crate) fn finish(mut self) -> (u64, Result<(), OutputError>) {
         self.sender = None;
         while !self.writer.is_finished() {
             if self.stalled() {
@@ -251,7 +251,7 @@ impl OutputStream {
 }
 
 /// Prints `text` on standard output through a writer of its own (see [`OutputStream`]).
-pub fn print(text: impl Into<String>) -> Result<(), OutputError> {
+pub(crate) fn print(text: impl Into<String>) -> Result<(), OutputError> {
     let out = OutputStream::stdout();
     // A refusal means the writer failed already: `finish` says how.
     let _ = out.send_blocking(text.into().into_bytes(), 1);

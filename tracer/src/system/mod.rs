@@ -2,10 +2,10 @@
 //! ([`oserror`], [`out_of_memory`]), privileges, signals and why a run stopped ([`stop`]),
 //! and the terminal ([`console`], [`text`]). Every other area may use it; it uses none.
 
-pub mod console;
-pub mod oserror;
-pub mod out_of_memory;
-pub mod privileges;
-pub mod procfs;
-pub mod stop;
-pub mod text;
+pub(crate) mod console;
+pub(crate) mod oserror;
+pub(crate) mod out_of_memory;
+pub(crate) mod privileges;
+pub(crate) mod procfs;
+pub(crate) mod stop;
+pub(crate) mod text;

@@ -10,7 +10,7 @@ use std::{
 
 /// What an OS error means for the user, when it is one of the causes above.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Cause {
+pub(crate) enum Cause {
     /// EMFILE (tracer's limit, `ulimit -n`) or, with `system`, ENFILE (the system's).
     TooManyOpenFiles { system: bool },
     /// EPERM or EACCES.
@@ -18,7 +18,7 @@ pub enum Cause {
 }
 
 /// The cause of `error`, when it is one the user can act on other than a kernel feature.
-pub fn cause(error: &io::Error) -> Option<Cause> {
+pub(crate) fn cause(error: &io::Error) -> Option<Cause> {
     match error.raw_os_error()? {
         libc::EMFILE => Some(Cause::TooManyOpenFiles { system: false }),
         libc::ENFILE => Some(Cause::TooManyOpenFiles { system: true }),
@@ -30,7 +30,7 @@ pub fn cause(error: &io::Error) -> Option<Cause> {
 /// Tracer's open-file limit as it is now (getrlimit), for the message of an EMFILE or
 /// ENFILE: that the limit is too low, what it is, how to raise it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct OpenFileLimit {
+pub(crate) struct OpenFileLimit {
     /// The soft limit, `ulimit -n`; `None` when unlimited or unknown.
     pub soft: Option<u64>,
     pub hard: Option<u64>,
@@ -39,7 +39,7 @@ pub struct OpenFileLimit {
 }
 
 impl OpenFileLimit {
-    pub fn now(system: bool) -> Self {
+    pub(crate) fn now(system: bool) -> Self {
         let mut limit = libc::rlimit {
             rlim_cur: 0,
             rlim_max: 0,
@@ -83,7 +83,7 @@ impl fmt::Display for OpenFileLimit {
 
 /// The open-file limit's message for an error caused, somewhere down its chain, by
 /// EMFILE or ENFILE, unless the error says so already.
-pub fn open_file_hint(error: &anyhow::Error) -> Option<OpenFileLimit> {
+pub(crate) fn open_file_hint(error: &anyhow::Error) -> Option<OpenFileLimit> {
     if error.chain().any(|e| e.to_string().contains("ulimit -n")) {
         return None;
     }
@@ -100,7 +100,7 @@ pub fn open_file_hint(error: &anyhow::Error) -> Option<OpenFileLimit> {
 /// lowest memory cgroup limit above it. An allocation or a BPF map that fails for want
 /// of memory under one of them is reported with it: raising it is the remedy.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct MemoryLimits {
+pub(crate) struct MemoryLimits {
     /// RLIMIT_AS's soft limit, bytes; `None` when unlimited.
     pub address_space: Option<u64>,
     pub cgroup: Option<CgroupMemoryLimit>,
@@ -108,7 +108,7 @@ pub struct MemoryLimits {
 
 /// A memory cgroup's limit on the memory of the processes in it (and its descendants).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CgroupMemoryLimit {
+pub(crate) struct CgroupMemoryLimit {
     /// The cgroup's directory.
     pub dir: PathBuf,
     /// The file that sets it: `memory.max` (cgroup v2) or `memory.limit_in_bytes` (v1).
@@ -121,7 +121,7 @@ pub struct CgroupMemoryLimit {
 const CGROUP_V1_UNLIMITED: u64 = 1 << 62;
 
 impl MemoryLimits {
-    pub fn now() -> Self {
+    pub(crate) fn now() -> Self {
         let mut limit = libc::rlimit {
             rlim_cur: 0,
             rlim_max: 0,
@@ -138,7 +138,7 @@ impl MemoryLimits {
         }
     }
 
-    pub fn any(&self) -> bool {
+    pub(crate) fn any(&self) -> bool {
         self.address_space.is_some() || self.cgroup.is_some()
     }
 }
@@ -195,7 +195,7 @@ fn mebibytes(bytes: u64) -> String {
 /// and `/proc/self/mountinfo`, each cgroup's files read with `read`. The v2 hierarchy's
 /// `memory.max` and the v1 memory controller's `memory.limit_in_bytes` are both looked at,
 /// in the cgroup and each of its ancestors up to the mount's root.
-pub fn cgroup_memory_limit(
+pub(crate) fn cgroup_memory_limit(
     cgroups: &str,
     mountinfo: &str,
     read: impl Fn(&Path) -> Option<String>,
@@ -287,7 +287,7 @@ fn unescape_mount_path(path: &str) -> String {
 
 /// What to add to an error caused, somewhere down its chain, by ENOMEM when a memory
 /// limit is set (a BPF map or ring buffer the kernel could not allocate under it).
-pub fn memory_limit_hint(error: &anyhow::Error) -> Option<MemoryLimits> {
+pub(crate) fn memory_limit_hint(error: &anyhow::Error) -> Option<MemoryLimits> {
     let out_of_memory = error.chain().any(|e| {
         e.downcast_ref::<io::Error>()
             .is_some_and(|io| io.raw_os_error() == Some(libc::ENOMEM))
@@ -299,7 +299,7 @@ pub fn memory_limit_hint(error: &anyhow::Error) -> Option<MemoryLimits> {
 /// `error`'s message and causes, joined by ": " as `{error:#}` joins them, but a cause
 /// that its error already ends with (aya's "map error: failed to create map `X`", caused
 /// by "failed to create map `X`") only once.
-pub fn error_chain_text(error: &anyhow::Error) -> String {
+pub(crate) fn error_chain_text(error: &anyhow::Error) -> String {
     let mut text = String::new();
     let mut last = String::new();
     for cause in error.chain() {

@@ -34,12 +34,12 @@ const UNKNOWN_LIMITS_TEXT: &str = "raise tracer's memory limit (ulimit -v, memor
 /// maps and buffers are charged to it. On a 2-CPU machine the cgroup's usage peaked at
 /// 133 MiB for `profile` and 173 MiB for `attach`, and the kernel refused their maps at
 /// 48 MiB.
-pub const LEAST_CGROUP_MEMORY: u64 = 64 << 20;
+pub(crate) const LEAST_CGROUP_MEMORY: u64 = 64 << 20;
 
 /// Fails when the memory cgroup tracer is in allows less than [`LEAST_CGROUP_MEMORY`], for
 /// the commands that load eBPF programs. Out of memory in a cgroup, the kernel may kill
 /// tracer without a word rather than fail an allocation.
-pub fn check_cgroup_room() -> anyhow::Result<()> {
+pub(crate) fn check_cgroup_room() -> anyhow::Result<()> {
     match MemoryLimits::now().cgroup {
         Some(cgroup) if cgroup.bytes < LEAST_CGROUP_MEMORY => Err(anyhow::anyhow!(
             "not enough memory: the memory cgroup {} limits tracer to {:.1} MiB ({}), less \
@@ -56,7 +56,7 @@ pub fn check_cgroup_room() -> anyhow::Result<()> {
 
 /// Reads the memory limits now and catches the panic of a thread that cannot be started.
 /// Call it first thing in `main`.
-pub fn prepare() {
+pub(crate) fn prepare() {
     let limits = MemoryLimits::now();
     let _ = LIMITS_TEXT.set(limits.to_string());
     let default_hook = std::panic::take_hook();

@@ -12,13 +12,13 @@ const CAP_BPF: u32 = 39;
     "tracer needs root, or the capabilities CAP_BPF and CAP_PERFMON (missing: {missing}); \
      run it with sudo"
 )]
-pub struct NotPrivileged {
+pub(crate) struct NotPrivileged {
     pub missing: String,
 }
 
 /// Succeeds when the effective capabilities allow loading BPF programs and opening perf
 /// events (CAP_SYS_ADMIN covers both on older kernels).
-pub fn check() -> Result<(), NotPrivileged> {
+pub(crate) fn check() -> Result<(), NotPrivileged> {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     check_effective(effective_caps(&status))
 }

@@ -15,7 +15,7 @@ use thiserror::Error;
 
 /// Why a process's /proc entries cannot be read, when the process is the reason.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
-pub enum ProcessError {
+pub(crate) enum ProcessError {
     /// The process existed (tracer watched it) and has exited since, or is a zombie.
     #[error("process {0} exited")]
     Exited(u32),
@@ -46,7 +46,7 @@ pub enum ProcessError {
 impl ProcessError {
     /// What is wrong with process `pid`, if anything: `None` while it runs and /proc
     /// shows it (then an error reading its entries has another cause).
-    pub fn check(pid: u32) -> Option<Self> {
+    pub(crate) fn check(pid: u32) -> Option<Self> {
         match state(pid) {
             State::Visible => None,
             State::Zombie => Some(Self::Exited(pid)),
@@ -66,12 +66,12 @@ impl ProcessError {
 
     /// [`ProcessError::check`] for a target known to have existed (tracer holds a pidfd
     /// of it): if it is not there any more, it exited.
-    pub fn check_target(pid: u32) -> Option<Self> {
+    pub(crate) fn check_target(pid: u32) -> Option<Self> {
         Self::check(pid).map(Self::of_target)
     }
 
     /// This error for a target known to have existed: "no such process" means it exited.
-    pub fn of_target(self) -> Self {
+    pub(crate) fn of_target(self) -> Self {
         match self {
             Self::NoSuch(pid) => Self::Exited(pid),
             other => other,
@@ -81,7 +81,7 @@ impl ProcessError {
 
 /// `error`, unless the target `pid` (known to have existed) is the reason it happened:
 /// then that it exited or that /proc hides it.
-pub fn target_error(pid: u32, error: impl Into<anyhow::Error>) -> anyhow::Error {
+pub(crate) fn target_error(pid: u32, error: impl Into<anyhow::Error>) -> anyhow::Error {
     // A process in the middle of exiting loses its files (/proc/PID/exe, its maps) a
     // moment before it shows as a zombie: give it that moment (this is an error path).
     for _ in 0..20 {
@@ -175,41 +175,41 @@ fn proc_mount_options(mounts: &str) -> Option<Vec<&str>> {
 /// Field `n` of a `/proc/PID/stat` line, numbered as proc(5) numbers them (from 3: the
 /// fields after the name). The name (field 2) may hold spaces and parentheses, so fields
 /// count from its last `)`.
-pub fn stat_field(stat: &str, n: usize) -> Option<&str> {
+pub(crate) fn stat_field(stat: &str, n: usize) -> Option<&str> {
     let after_name = &stat[stat.rfind(')')? + 1..];
     after_name.split_whitespace().nth(n.checked_sub(3)?)
 }
 
 /// Whether process `pid` is stopped: by a signal (state `T`) or, under a debugger or
 /// strace, in a tracing stop (`t`).
-pub fn is_stopped(pid: u32) -> bool {
+pub(crate) fn is_stopped(pid: u32) -> bool {
     matches!(process_state(pid), Some('T' | 't'))
 }
 
 /// The state letter of process `pid` (`R`, `S`, `T`, `Z`...), as /proc/PID/stat gives
 /// it; `None` when there is no such process.
-pub fn process_state(pid: u32) -> Option<char> {
+pub(crate) fn process_state(pid: u32) -> Option<char> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     stat_field(&stat, 3)?.chars().next()
 }
 
 /// Every process now, by PID.
-pub fn all_processes() -> Vec<u32> {
+pub(crate) fn all_processes() -> Vec<u32> {
     numbered_entries(Path::new("/proc"))
 }
 
 /// The threads of process `pid` now (none if it is gone).
-pub fn thread_ids(pid: u32) -> Vec<u32> {
+pub(crate) fn thread_ids(pid: u32) -> Vec<u32> {
     numbered_entries(Path::new(&format!("/proc/{pid}/task")))
 }
 
 /// Whether thread `tid` of process `tgid` still exists.
-pub fn thread_exists(tgid: u32, tid: u32) -> bool {
+pub(crate) fn thread_exists(tgid: u32, tid: u32) -> bool {
     Path::new(&format!("/proc/{tgid}/task/{tid}")).exists()
 }
 
 /// Every process's parent now, as `(pid, parent)`.
-pub fn parent_pids() -> Vec<(u32, u32)> {
+pub(crate) fn parent_pids() -> Vec<(u32, u32)> {
     all_processes()
         .into_iter()
         .filter_map(|pid| {
@@ -232,7 +232,7 @@ fn numbered_entries(dir: &Path) -> Vec<u32> {
 
 /// A process or thread name (`comm`) as read from `path`: bytes that are not UTF-8 (a
 /// name is any 15 bytes) shown as U+FFFD rather than failing the read.
-pub fn read_name(path: &Path) -> io::Result<String> {
+pub(crate) fn read_name(path: &Path) -> io::Result<String> {
     let bytes = std::fs::read(path)?;
     let text = String::from_utf8_lossy(&bytes);
     Ok(text.strip_suffix('\n').unwrap_or(&text).to_string())
@@ -242,7 +242,7 @@ pub fn read_name(path: &Path) -> io::Result<String> {
 /// (PostgreSQL's `postgres: walwriter`, `postgres: app db [local] idle`): its first
 /// argument when that starts with the process's name and a colon. `None` for a process
 /// that did not (most keep their program's path there).
-pub fn process_title(pid: u32, comm: &str) -> Option<String> {
+pub(crate) fn process_title(pid: u32, comm: &str) -> Option<String> {
     let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
     parse_process_title(&cmdline, comm)
 }
@@ -257,7 +257,7 @@ fn parse_process_title(cmdline: &[u8], comm: &str) -> Option<String> {
 
 /// Process `pid`'s PID in its own PID namespace, when that is not ours (a process in a
 /// container, seen from the host): the last number of the `NSpid:` line of its status.
-pub fn namespace_pid(pid: u32) -> Option<u32> {
+pub(crate) fn namespace_pid(pid: u32) -> Option<u32> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     parse_namespace_pid(&status)
 }
@@ -276,7 +276,7 @@ fn parse_namespace_pid(status: &str) -> Option<u32> {
 
 /// Names of a process's threads, remembered while it runs.
 #[derive(Debug, Default)]
-pub struct ThreadNames {
+pub(crate) struct ThreadNames {
     names: HashMap<u32, String>,
     /// Threads seen lately, and when: a new thread often names itself just after it
     /// starts (its first sight may show the name it inherited), so it is read again.
@@ -289,20 +289,20 @@ const RENAMED_WITHIN: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl ThreadNames {
     /// Forgets threads `tids`.
-    pub fn forget(&mut self, tids: &std::collections::HashSet<u32>) {
+    pub(crate) fn forget(&mut self, tids: &std::collections::HashSet<u32>) {
         self.names.retain(|tid, _| !tids.contains(tid));
         self.recent.retain(|tid, _| !tids.contains(tid));
     }
 
     /// Reads the names of every current thread of `pid` (threads seen before are kept).
-    pub fn refresh(&mut self, pid: u32) {
+    pub(crate) fn refresh(&mut self, pid: u32) {
         self.read(pid, |_, _| true);
     }
 
     /// Reads the names of the threads of `pid` not seen before, and again of those first
     /// seen less than [`RENAMED_WITHIN`] ago: one directory listing when there are none,
     /// so it can run often (short-lived threads are named too).
-    pub fn add_new(&mut self, pid: u32) {
+    pub(crate) fn add_new(&mut self, pid: u32) {
         let now = std::time::Instant::now();
         self.recent
             .retain(|_, seen| now.duration_since(*seen) < RENAMED_WITHIN);
@@ -331,14 +331,14 @@ impl ThreadNames {
         }
     }
 
-    pub fn get(&self, tid: u32) -> Option<&str> {
+    pub(crate) fn get(&self, tid: u32) -> Option<&str> {
         self.names.get(&tid).map(String::as_str)
     }
 }
 
 /// One line of `/proc/PID/maps`.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct MapsEntry {
+pub(crate) struct MapsEntry {
     /// First address of the mapping.
     pub start: u64,
     /// One past its last address.
@@ -361,18 +361,18 @@ pub struct MapsEntry {
 
 impl MapsEntry {
     /// Whether the mapping is executable: only those hold probe sites.
-    pub fn is_executable(&self) -> bool {
+    pub(crate) fn is_executable(&self) -> bool {
         self.perms.as_bytes().get(2) == Some(&b'x')
     }
 }
 
 /// Parses the text of `/proc/PID/maps`. Lines that do not parse are skipped rather than
 /// failing the whole read, since the format is the kernel's and we only need a part.
-pub fn parse_maps(text: &str) -> Vec<MapsEntry> {
+pub(crate) fn parse_maps(text: &str) -> Vec<MapsEntry> {
     text.lines().filter_map(parse_maps_line).collect()
 }
 
-pub fn parse_maps_line(line: &str) -> Option<MapsEntry> {
+pub(crate) fn parse_maps_line(line: &str) -> Option<MapsEntry> {
     // Five space-separated fields, then the path padded with spaces; the path itself may
     // contain spaces, so it is everything after the padding.
     let mut rest = line;
@@ -417,7 +417,7 @@ pub fn parse_maps_line(line: &str) -> Option<MapsEntry> {
 /// directory). A uprobe attached through `/proc/PID/root` fails once PID exits, and one
 /// of a set of targets (a JVM among several) may exit at any time. Any other path, or a
 /// process in a container of its own, is kept as it is.
-pub fn lasting_path(path: &Path) -> PathBuf {
+pub(crate) fn lasting_path(path: &Path) -> PathBuf {
     let mut parts = path.components();
     let (Some(Component::RootDir), Some(proc), Some(pid), Some(root)) =
         (parts.next(), parts.next(), parts.next(), parts.next())
@@ -448,7 +448,7 @@ fn sees_files_as_we_do(pid: &str) -> bool {
 
 /// The tracer's own CPU time so far (user and system, every thread) in seconds, and its
 /// resident memory in bytes.
-pub fn own_usage() -> (f64, u64) {
+pub(crate) fn own_usage() -> (f64, u64) {
     // SAFETY: an all-zero rusage is valid; getrusage only writes it.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: `usage` is a valid out-pointer.

@@ -13,7 +13,7 @@ use tokio::{
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StopReason {
+pub(crate) enum StopReason {
     DurationElapsed,
     Interrupted,
     Terminated,
@@ -39,13 +39,13 @@ impl fmt::Display for StopReason {
 
 /// A handle that becomes readable when a process exits (a pidfd), so exit is noticed at
 /// once without polling /proc.
-pub struct ProcessWatch {
+pub(crate) struct ProcessWatch {
     fd: OwnedFd,
 }
 
 impl ProcessWatch {
     /// Watches `pid`; fails with `NotFound` when there is no such process.
-    pub fn new(pid: u32) -> io::Result<Self> {
+    pub(crate) fn new(pid: u32) -> io::Result<Self> {
         // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
         let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
         if fd < 0 {
@@ -65,7 +65,7 @@ impl ProcessWatch {
 
     /// Watches target `pid` of a command: "no such process" when there is none, and
     /// other failures (out of file descriptors, say) as what they are.
-    pub fn target(pid: u32) -> anyhow::Result<Self> {
+    pub(crate) fn target(pid: u32) -> anyhow::Result<Self> {
         Self::new(pid).map_err(|e| match e.kind() {
             io::ErrorKind::NotFound => crate::system::procfs::ProcessError::NoSuch(pid).into(),
             _ => anyhow::Error::new(e).context(format!("cannot watch process {pid}")),
@@ -73,12 +73,12 @@ impl ProcessWatch {
     }
 
     /// Whether the process has exited by now (a zombie has), without waiting.
-    pub fn has_exited(&self) -> bool {
+    pub(crate) fn has_exited(&self) -> bool {
         self.exits_within(Duration::ZERO)
     }
 
     /// Whether the process has exited, or does within `wait` (the thread waits).
-    pub fn exits_within(&self, wait: Duration) -> bool {
+    pub(crate) fn exits_within(&self, wait: Duration) -> bool {
         let mut poll = libc::pollfd {
             fd: self.fd.as_raw_fd(),
             events: libc::POLLIN,
@@ -91,7 +91,7 @@ impl ProcessWatch {
     }
 
     /// Resolves when the process has exited. Must run inside the tokio runtime.
-    pub async fn exited(self) {
+    pub(crate) async fn exited(self) {
         // SAFETY: the pidfd is owned by the AsyncFd from here on and stays open until it
         // is dropped.
         match unsafe { AsyncFd::register(self.fd) } {
@@ -107,14 +107,14 @@ impl ProcessWatch {
 /// Ctrl-C (SIGINT) and SIGTERM, caught from the moment this exists. Until then their
 /// default action kills the tracer without a report, so catch them before telling the
 /// user the trace has started (or starting a traced command).
-pub struct StopSignals {
+pub(crate) struct StopSignals {
     interrupt: Signal,
     terminate: Signal,
 }
 
 impl StopSignals {
     /// Starts catching the signals for a trace that will run on `runtime`.
-    pub fn catch(runtime: &Runtime) -> io::Result<Self> {
+    pub(crate) fn catch(runtime: &Runtime) -> io::Result<Self> {
         let _context = runtime.enter();
         Self::catch_here()
     }
@@ -128,19 +128,10 @@ impl StopSignals {
     }
 }
 
-/// Runs `work` until the first reason to stop; `work` finishes only with a reason of its
-/// own to stop, or its error. Signals are caught only from here on: prefer
-/// [`run_until_stopped_with`] and signals caught before the trace was announced.
-pub async fn run_until_stopped(
-    target: Option<ProcessWatch>,
-    duration: Option<Duration>,
-    work: impl Future<Output = io::Result<StopReason>>,
-) -> io::Result<StopReason> {
-    run_until_stopped_with(StopSignals::catch_here()?, target, duration, work).await
-}
-
-/// [`run_until_stopped`] with signals caught beforehand by [`StopSignals::catch`].
-pub async fn run_until_stopped_with(
+/// Runs `work` until the first reason to stop: a signal caught beforehand by
+/// [`StopSignals::catch`], the exit of `target`, the end of `duration`, or `work`'s own
+/// (its reason to stop, or its error).
+pub(crate) async fn run_until_stopped_with(
     mut signals: StopSignals,
     target: Option<ProcessWatch>,
     duration: Option<Duration>,
@@ -168,7 +159,7 @@ pub async fn run_until_stopped_with(
 }
 
 /// Runs `work` and `watch` until either finishes (with its reason to stop, or error).
-pub async fn either(
+pub(crate) async fn either(
     work: impl Future<Output = io::Result<StopReason>>,
     watch: impl Future<Output = io::Result<StopReason>>,
 ) -> io::Result<StopReason> {
@@ -178,19 +169,9 @@ pub async fn either(
     }
 }
 
-/// Calls `tick` about once a second, forever: for what must be captured while the target
-/// lives (its memory maps, its thread names).
-pub async fn every_second(mut tick: impl FnMut()) -> io::Result<StopReason> {
-    let mut ticker = tokio::time::interval(Duration::from_secs(1));
-    loop {
-        ticker.tick().await;
-        tick();
-    }
-}
-
 /// Gives SIGINT and SIGTERM their default action back once a run has stopped and
 /// detached: a second Ctrl-C then ends a tracer that waits on its output at once.
-pub fn restore_default_signals() {
+pub(crate) fn restore_default_signals() {
     for signal in [libc::SIGINT, libc::SIGTERM] {
         // SAFETY: signal has no memory preconditions; SIG_DFL is always valid.
         unsafe { libc::signal(signal, libc::SIG_DFL) };
@@ -198,12 +179,12 @@ pub fn restore_default_signals() {
 }
 
 /// CLOCK_MONOTONIC in nanoseconds: the clock of `bpf_ktime_get_ns`.
-pub fn monotonic_ns() -> u64 {
+pub(crate) fn monotonic_ns() -> u64 {
     clock_ns(libc::CLOCK_MONOTONIC)
 }
 
 /// The time of `clock` in nanoseconds.
-pub fn clock_ns(clock: libc::clockid_t) -> u64 {
+pub(crate) fn clock_ns(clock: libc::clockid_t) -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,

@@ -7,7 +7,7 @@ use std::{borrow::Cow, fmt::Write as _};
 /// output shows it: control characters escaped (`\x1b`, `\x0a` for a newline, `\u{9b}`), so a name can
 /// neither drive the terminal (move the cursor, clear the screen, change colours) nor
 /// forge a line of output. JSON output escapes them its own way.
-pub fn escape_text(name: &str) -> Cow<'_, str> {
+pub(crate) fn escape_text(name: &str) -> Cow<'_, str> {
     if !name.chars().any(char::is_control) {
         return Cow::Borrowed(name);
     }
@@ -27,7 +27,7 @@ pub fn escape_text(name: &str) -> Cow<'_, str> {
 }
 
 /// A size as the command line takes it: `64 KiB`, `8 MiB`, `1.5 MiB`.
-pub fn binary_size(bytes: u64) -> String {
+pub(crate) fn binary_size(bytes: u64) -> String {
     let (unit, name) = match bytes < 1 << 20 {
         true => (1u64 << 10, "KiB"),
         false => (1 << 20, "MiB"),
@@ -42,7 +42,7 @@ pub fn binary_size(bytes: u64) -> String {
 /// quotes, with `"` and `\` escaped by a backslash, control characters as in
 /// [`escape_text`], and bytes that are not UTF-8 as `\xNN`; so the text inside the quotes
 /// says which bytes they were.
-pub fn quote_bytes(bytes: &[u8]) -> String {
+pub(crate) fn quote_bytes(bytes: &[u8]) -> String {
     let mut out = String::with_capacity(bytes.len() + 2);
     out.push('"');
     for chunk in bytes.utf8_chunks() {

@@ -14,7 +14,7 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 
 /// A forked child waiting to exec its command.
-pub struct PausedChild {
+pub(crate) struct PausedChild {
     pub pid: u32,
     /// The absolute path of the program it will run.
     pub exe: PathBuf,
@@ -27,7 +27,7 @@ impl PausedChild {
     /// Forks a child that will run `argv` once resumed. Call before starting any thread
     /// that could hold a lock the child would need (the child only calls read, execve and
     /// _exit, which are async-signal-safe).
-    pub fn spawn(argv: &[String]) -> Result<Self> {
+    pub(crate) fn spawn(argv: &[String]) -> Result<Self> {
         let program = argv.first().context("no command given after --")?;
         let exe = find_program(program)?;
         let c_exe = cstring(exe.as_os_str())?;
@@ -86,7 +86,7 @@ impl PausedChild {
     }
 
     /// Lets the child exec its command.
-    pub fn resume(&mut self) -> Result<()> {
+    pub(crate) fn resume(&mut self) -> Result<()> {
         if let Some(go) = self.go.take() {
             // SAFETY: writing one byte from a valid buffer to an fd we own.
             let n = unsafe { libc::write(go.as_raw_fd(), [1u8].as_ptr().cast(), 1) };
@@ -98,14 +98,14 @@ impl PausedChild {
     }
 
     /// Reaps the child once it has exited; returns its exit code (128+signal if killed).
-    pub fn wait(&self) -> Option<i32> {
+    pub(crate) fn wait(&self) -> Option<i32> {
         self.wait_with(0).map(CommandEnd::code)
     }
 
     /// Ends the command once tracing has ended, as bpftrace's `-c` does: a command still
     /// running gets SIGTERM, then SIGKILL after [`TERMINATE_GRACE`]. Returns how it ended
     /// (`None` if it was never started or already reaped).
-    pub fn finish(&self) -> Option<CommandEnd> {
+    pub(crate) fn finish(&self) -> Option<CommandEnd> {
         if let Some(end) = self.ended.get() {
             return Some(end);
         }
@@ -152,11 +152,11 @@ impl PausedChild {
 }
 
 /// How long a command may take to exit after SIGTERM before it gets SIGKILL.
-pub const TERMINATE_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+pub(crate) const TERMINATE_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// How a traced command ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CommandEnd {
+pub(crate) enum CommandEnd {
     /// It exited with this status.
     Exited(i32),
     /// A signal ended it; `by_tracer` when the tracer sent it because tracing ended.
@@ -165,7 +165,7 @@ pub enum CommandEnd {
 
 impl CommandEnd {
     /// The shell's view: the exit status, or 128 + the signal.
-    pub fn code(self) -> i32 {
+    pub(crate) fn code(self) -> i32 {
         match self {
             Self::Exited(code) => code,
             Self::Signaled { signal, .. } => 128 + signal,

@@ -4,7 +4,7 @@
 //! and [`TargetTracker`] adds processes that join a cgroup and says when every target
 //! has exited.
 
-pub mod launch;
+pub(crate) mod launch;
 
 use std::{
     collections::BTreeSet,
@@ -17,12 +17,12 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 use tracer_common::target_flags;
 
-pub use crate::kernel::{COMM_LEN, FileId, KernelTargets, Member};
+pub(crate) use crate::kernel::{COMM_LEN, FileId, KernelTargets, Member};
 use crate::{system::procfs, system::stop::StopReason};
 
 /// The processes to trace, as the user selected them.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct TargetSpec {
+pub(crate) struct TargetSpec {
     /// `--pid`, each as given.
     pub pids: Vec<NonZeroU32>,
     /// `--exe`: every process running this file.
@@ -37,7 +37,8 @@ pub struct TargetSpec {
 
 impl TargetSpec {
     /// One process given by PID.
-    pub fn pid(pid: NonZeroU32) -> Self {
+    #[cfg(test)]
+    pub(crate) fn pid(pid: NonZeroU32) -> Self {
         Self {
             pids: vec![pid],
             ..Self::default()
@@ -45,12 +46,12 @@ impl TargetSpec {
     }
 
     /// Nothing selected: every process.
-    pub fn is_everything(&self) -> bool {
+    pub(crate) fn is_everything(&self) -> bool {
         self.pids.is_empty() && self.exe.is_none() && self.comm.is_none() && self.cgroup.is_none()
     }
 
     /// The only process traced, when it is one PID and no other process can join.
-    pub fn single_pid(&self) -> Option<u32> {
+    pub(crate) fn single_pid(&self) -> Option<u32> {
         match self.pids.as_slice() {
             [pid] if !self.can_grow() => Some(pid.get()),
             _ => None,
@@ -58,19 +59,19 @@ impl TargetSpec {
     }
 
     /// Whether processes that do not exist yet can become targets.
-    pub fn can_grow(&self) -> bool {
+    pub(crate) fn can_grow(&self) -> bool {
         self.children || self.exe.is_some() || self.comm.is_some() || self.cgroup.is_some()
     }
 
     /// Whether the trace ends once every target has exited: processes given by PID (and
     /// their children) do not come back; new ones can start a file, take a name or join a
     /// cgroup at any time.
-    pub fn ends_with_its_processes(&self) -> bool {
+    pub(crate) fn ends_with_its_processes(&self) -> bool {
         !self.pids.is_empty() && self.exe.is_none() && self.comm.is_none() && self.cgroup.is_none()
     }
 
     /// The `--comm` name as the kernel stores it: at most 15 bytes, zero-padded.
-    pub fn comm_bytes(&self) -> Option<[u8; COMM_LEN]> {
+    pub(crate) fn comm_bytes(&self) -> Option<[u8; COMM_LEN]> {
         self.comm.as_ref().map(|name| {
             let mut bytes = [0; COMM_LEN];
             let name = &name.as_bytes()[..name.len().min(COMM_LEN - 1)];
@@ -80,7 +81,7 @@ impl TargetSpec {
     }
 
     /// For file names: `42`, `42-43`, `postgres`, `cgroup-name`.
-    pub fn short_name(&self) -> String {
+    pub(crate) fn short_name(&self) -> String {
         if let Some(comm) = &self.comm {
             return sanitize(comm);
         }
@@ -149,7 +150,7 @@ impl TargetSpec {
     /// The processes that match now, and what the kernel must follow. Fails when a
     /// given PID does not exist, the `--exe` file or the `--cgroup` directory cannot be
     /// read, or a set that can never grow is empty.
-    pub fn find(&self) -> Result<KernelTargets> {
+    pub(crate) fn find(&self) -> Result<KernelTargets> {
         let mut members: BTreeSet<Member> = BTreeSet::new();
         let follow = |by_match: bool| {
             let mut flags = 0;
@@ -270,7 +271,7 @@ fn truncated(name: &str) -> String {
 
 /// The processes in cgroup directory `path` and every cgroup below it (cgroup v1 or
 /// v2: both list them in `cgroup.procs`).
-pub fn cgroup_processes(path: &Path) -> Result<Vec<u32>> {
+pub(crate) fn cgroup_processes(path: &Path) -> Result<Vec<u32>> {
     let procs = path.join("cgroup.procs");
     if !procs.is_file() {
         bail!(
@@ -302,7 +303,7 @@ pub fn cgroup_processes(path: &Path) -> Result<Vec<u32>> {
 /// While a trace runs: adds the processes that joined the `--cgroup` since (the kernel
 /// only sees forks), and ends the trace when every target has exited, for a set that
 /// cannot get new members.
-pub struct TargetTracker {
+pub(crate) struct TargetTracker {
     spec: TargetSpec,
     targets: crate::kernel::TargetsMap,
     /// How many looks found each exited target: it leaves the set after
@@ -329,7 +330,7 @@ impl TargetTracker {
     /// and the kernel following forks and executions (from [`Loader::load`]) added.
     ///
     /// [`Loader::load`]: crate::kernel::Loader::load
-    pub fn for_set(
+    pub(crate) fn for_set(
         spec: &TargetSpec,
         loader: &crate::kernel::Loader,
     ) -> anyhow::Result<Option<Self>> {
@@ -358,19 +359,19 @@ impl TargetTracker {
 
     /// Names only the last `keep` processes that left the set; older ones are counted
     /// by name ([`TargetTracker::folded`]).
-    pub fn keeping_exited(mut self, keep: usize) -> Self {
+    pub(crate) fn keeping_exited(mut self, keep: usize) -> Self {
         self.keep_departed = keep;
         self
     }
 
     /// How many processes left the set before the last ones kept, by name.
-    pub fn folded(&self) -> &std::collections::BTreeMap<String, u64> {
+    pub(crate) fn folded(&self) -> &std::collections::BTreeMap<String, u64> {
         &self.folded
     }
 
     /// Every process traced so far (some may have exited), with the name it had when
     /// it joined.
-    pub fn named(&self) -> Vec<(u32, String)> {
+    pub(crate) fn named(&self) -> Vec<(u32, String)> {
         let mut named = self.targets.named();
         named.extend(self.departed.iter().cloned());
         named.sort();
@@ -426,7 +427,7 @@ impl TargetTracker {
 
     /// Runs until every target has exited (when the set [ends with its
     /// processes](TargetSpec::ends_with_its_processes)), else forever.
-    pub async fn run(&mut self) -> io::Result<StopReason> {
+    pub(crate) async fn run(&mut self) -> io::Result<StopReason> {
         let mut ticker = tokio::time::interval(TRACK_PERIOD);
         loop {
             ticker.tick().await;
@@ -452,7 +453,7 @@ impl TargetTracker {
 }
 
 /// Runs `tracker` ([`TargetTracker::run`]); without one, never finishes.
-pub async fn track(tracker: Option<&mut TargetTracker>) -> io::Result<StopReason> {
+pub(crate) async fn track(tracker: Option<&mut TargetTracker>) -> io::Result<StopReason> {
     match tracker {
         Some(tracker) => tracker.run().await,
         None => std::future::pending().await,

@@ -40,7 +40,7 @@ use crate::{
 use collect::{Collection, TaskInput, collect};
 use sites::{FoundSites, find_sites, latencies_for, later_specs, runtime_names};
 
-pub fn run(config: AttachConfig) -> Result<()> {
+pub(crate) fn run(config: AttachConfig) -> Result<()> {
     privileges::check()?;
     let spec = &config.targets;
     let single = spec.single_pid();
@@ -559,7 +559,9 @@ async fn run_attached(run: &mut Run, mut metrics: Option<Metrics>) -> std::io::R
     let with_timeline = timeline.is_some();
     let period = |notices: &Option<_>, sampler: &WallClockSampler| match with_timeline {
         true => late_sites::LOOK_PERIOD,
-        false => late_sites::look_period(notices).min(sampling::SamplerChores::period(sampler)),
+        false => {
+            late_sites::look_period(notices.as_ref()).min(sampling::SamplerChores::period(sampler))
+        }
     };
     let mut ticker = tokio::time::interval(period(&notices, sampler));
     loop {

@@ -36,7 +36,7 @@ use crate::{
     target::{TargetSpec, TargetTracker},
 };
 
-pub fn run(config: TraceConfig) -> Result<()> {
+pub(crate) fn run(config: TraceConfig) -> Result<()> {
     privileges::check()?;
     if config.count && config.stack {
         // Now rather than after the trace: a directory we cannot write fails the run
@@ -521,7 +521,7 @@ async fn pump(
         .later
         .as_deref_mut()
         .and_then(LateSites::take_notices);
-    let mut ticker = tokio::time::interval(late_sites::look_period(&notices));
+    let mut ticker = tokio::time::interval(late_sites::look_period(notices.as_ref()));
     loop {
         tokio::select! {
             _ = ticker.tick() => pumped.look(printer, notices.is_none()),

@@ -14,7 +14,7 @@ use crate::{
 
 /// What the pprof and speedscope files say about the run.
 #[derive(Debug, Clone)]
-pub struct ExportInfo<'a> {
+pub(crate) struct ExportInfo<'a> {
     /// What was profiled, e.g. `gc-demo (pid 42)` or `all processes`.
     pub name: &'a str,
     pub frequency_hz: u64,
@@ -32,7 +32,7 @@ pub struct ExportInfo<'a> {
 /// `samples/count` (on-CPU samples plus off-CPU intervals) and `wall/microseconds` (the
 /// default); one function and one location per distinct frame name; no mappings (frames
 /// are named already). Frame names are exactly those of the folded files.
-pub fn encode_pprof(profile: &StackProfile, info: &ExportInfo<'_>) -> Vec<u8> {
+pub(crate) fn encode_pprof(profile: &StackProfile, info: &ExportInfo<'_>) -> Vec<u8> {
     let mut strings = StringTable::default();
     let value_type = |strings: &mut StringTable, kind: &str, unit: &str| pprof::ValueType {
         r#type: strings.index(kind),
@@ -162,7 +162,11 @@ impl StringTable {
 }
 
 /// Writes `profile` as gzip-compressed pprof to `path`.
-pub fn write_pprof(profile: &StackProfile, info: &ExportInfo<'_>, path: &Path) -> io::Result<()> {
+pub(crate) fn write_pprof(
+    profile: &StackProfile,
+    info: &ExportInfo<'_>,
+    path: &Path,
+) -> io::Result<()> {
     let bytes = encode_pprof(profile, info);
     write_output(path, |out| {
         let mut gz = flate2::write::GzEncoder::new(out, Default::default());
@@ -176,7 +180,7 @@ pub fn write_pprof(profile: &StackProfile, info: &ExportInfo<'_>, path: &Path) -
 /// is typed: no JSON tree of every sample is built. Fields in name order, as the file
 /// was first written.
 #[derive(Debug, serde::Serialize)]
-pub struct Speedscope<'a> {
+pub(crate) struct Speedscope<'a> {
     #[serde(rename = "$schema")]
     schema: &'static str,
     #[serde(rename = "activeProfileIndex")]
@@ -216,7 +220,10 @@ struct SpeedscopeProfile {
 
 /// The profiles as one speedscope file: one "sampled" profile per view, weighted in
 /// microseconds, frames shared.
-pub fn speedscope<'a>(views: &[(&str, &'a StackProfile)], info: &ExportInfo<'_>) -> Speedscope<'a> {
+pub(crate) fn speedscope<'a>(
+    views: &[(&str, &'a StackProfile)],
+    info: &ExportInfo<'_>,
+) -> Speedscope<'a> {
     let mut frames: Vec<SpeedscopeFrame<'a>> = Vec::new();
     let mut frame_ids: HashMap<&'a str, u32> = HashMap::new();
     let mut profiles = Vec::new();
@@ -257,7 +264,7 @@ pub fn speedscope<'a>(views: &[(&str, &'a StackProfile)], info: &ExportInfo<'_>)
 }
 
 /// Writes the speedscope file.
-pub fn write_speedscope(
+pub(crate) fn write_speedscope(
     views: &[(&str, &StackProfile)],
     info: &ExportInfo<'_>,
     path: &Path,

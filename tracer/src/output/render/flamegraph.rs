@@ -365,14 +365,14 @@ fn itoa_u64(mut value: u64, buf: &mut [u8; 20]) -> &str {
 }
 
 /// Index of a frame name interned in a [`StackFolder`].
-pub type FrameId = u32;
+pub(crate) type FrameId = u32;
 
 /// Builds [`FoldedStacks`] from stacks of interned frames. Profiles hold many stacks over
 /// few distinct frames: each distinct name is sanitized once, stacks are summed by their
 /// frame ids, and each distinct stack's text is built once at the end, instead of
 /// allocating and copying every frame of every stack.
 #[derive(Debug, Default)]
-pub struct StackFolder {
+pub(crate) struct StackFolder {
     ids: HashMap<String, FrameId>,
     /// Ids by sanitized name: names that sanitize alike share an id, so stacks fold
     /// alike exactly when their ids are equal.
@@ -383,12 +383,12 @@ pub struct StackFolder {
 }
 
 impl StackFolder {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
     /// The id of the frame named `name`.
-    pub fn frame(&mut self, name: &str) -> FrameId {
+    pub(crate) fn frame(&mut self, name: &str) -> FrameId {
         if let Some(&id) = self.ids.get(name) {
             return id;
         }
@@ -407,12 +407,13 @@ impl StackFolder {
     }
 
     /// The ids of `names`, in order.
-    pub fn frames<S: AsRef<str>>(&mut self, names: &[S]) -> Vec<FrameId> {
+    #[cfg(test)]
+    pub(crate) fn frames<S: AsRef<str>>(&mut self, names: &[S]) -> Vec<FrameId> {
         names.iter().map(|name| self.frame(name.as_ref())).collect()
     }
 
     /// Adds `weight` to the stack of `frames`, root first.
-    pub fn add(&mut self, frames: &[FrameId], weight: u64) {
+    pub(crate) fn add(&mut self, frames: &[FrameId], weight: u64) {
         if frames.is_empty() {
             // As in `FoldedStacks::from_stacks`: a stack with no frames still carries weight.
             let unknown = self.frame(UNKNOWN);
@@ -428,7 +429,7 @@ impl StackFolder {
 
     /// The folded stacks, each stack's summed weight converted by `weight` (e.g. from
     /// nanoseconds to microseconds, once per stack so rounding loses nothing).
-    pub fn finish(self, weight: impl Fn(u64) -> u64) -> FoldedStacks {
+    pub(crate) fn finish(self, weight: impl Fn(u64) -> u64) -> FoldedStacks {
         let Self { names, stacks, .. } = self;
         let stacks = stacks
             .iter()
@@ -602,7 +603,7 @@ fn push_sanitized(out: &mut String, frame: &str) {
 
 /// Writes `stacks` as folded text to `path` (created like every output file, see
 /// [`write_output`]).
-pub fn write_folded(stacks: &FoldedStacks, path: &Path) -> io::Result<()> {
+pub(crate) fn write_folded(stacks: &FoldedStacks, path: &Path) -> io::Result<()> {
     write_output(path, |out| stacks.write_to(out))
 }
 
@@ -645,7 +646,7 @@ pub fn write_flamegraph_svg(
 }
 
 /// Renders `stacks` as an SVG flame graph into `out`; see [`write_flamegraph_svg`].
-pub fn render_flamegraph_svg(
+pub(crate) fn render_flamegraph_svg(
     stacks: &FoldedStacks,
     options: &SvgOptions<'_>,
     mut out: impl Write,

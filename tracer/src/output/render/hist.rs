@@ -10,12 +10,13 @@ use crate::profile::histogram::{LatencyHistogram, Log2Bucket};
 const BAR_WIDTH: usize = 52;
 
 /// Nanoseconds per microsecond: the unit our histograms are printed in.
-pub const MICROSECONDS: u64 = 1_000;
+pub(crate) const MICROSECONDS: u64 = 1_000;
 
 /// The histogram exactly as bpftrace prints `@name = hist(value_ns / unit_ns)`: a
 /// `@name: ` header line (bpftrace leaves a trailing space), one line per power-of-two
 /// bucket from the first to the last non-empty one, then a blank line.
-pub fn bpftrace_hist(name: &str, hist: &LatencyHistogram, unit_ns: u64) -> String {
+#[cfg(test)]
+pub(crate) fn bpftrace_hist(name: &str, hist: &LatencyHistogram, unit_ns: u64) -> String {
     let mut out = header(name);
     write_bucket_lines(&mut out, &hist.log2_buckets(unit_ns));
     out.push('\n');
@@ -23,7 +24,7 @@ pub fn bpftrace_hist(name: &str, hist: &LatencyHistogram, unit_ns: u64) -> Strin
 }
 
 /// The bpftrace histogram followed by [`summary_line`], then a blank line.
-pub fn render_latency(name: &str, hist: &LatencyHistogram, unit_ns: u64) -> String {
+pub(crate) fn render_latency(name: &str, hist: &LatencyHistogram, unit_ns: u64) -> String {
     let mut out = header(name);
     write_bucket_lines(&mut out, &hist.log2_buckets(unit_ns));
     out.push_str(&summary_line(hist));
@@ -34,7 +35,7 @@ pub fn render_latency(name: &str, hist: &LatencyHistogram, unit_ns: u64) -> Stri
 /// `count N, min X, mean Y, max Z, p50 A, p99 B` with human units (`12ns`, `850us`,
 /// `20.1ms`, `1.50s`). Statistics the histogram cannot tell (a mean without exact
 /// totals) are left out.
-pub fn summary_line(hist: &LatencyHistogram) -> String {
+pub(crate) fn summary_line(hist: &LatencyHistogram) -> String {
     let mut line = format!("count {}", hist.count());
     let fields = [
         ("min", hist.min_ns()),
@@ -54,7 +55,7 @@ pub fn summary_line(hist: &LatencyHistogram) -> String {
 /// The histogram's statistics and its power-of-two buckets in nanoseconds, for
 /// machine-readable output. Unknown statistics (of an empty histogram) are `None`.
 #[derive(Debug, serde::Serialize)]
-pub struct HistogramSummary {
+pub(crate) struct HistogramSummary {
     pub count: u64,
     pub total_ns: u64,
     pub min_ns: Option<u64>,
@@ -68,14 +69,14 @@ pub struct HistogramSummary {
 
 /// One power-of-two bucket: the values from `min_ns` to `max_ns`, and how many.
 #[derive(Debug, serde::Serialize)]
-pub struct BucketSummary {
+pub(crate) struct BucketSummary {
     pub min_ns: u64,
     pub max_ns: u64,
     pub count: u64,
 }
 
 impl HistogramSummary {
-    pub fn of(hist: &LatencyHistogram) -> Self {
+    pub(crate) fn of(hist: &LatencyHistogram) -> Self {
         let buckets = hist.log2_buckets(1).into_iter().map(|b| BucketSummary {
             min_ns: b.min(),
             max_ns: b.max(),
@@ -97,7 +98,7 @@ impl HistogramSummary {
 
 /// A duration with three significant digits in the largest unit that keeps it at least
 /// 1: `12ns`, `8.52us`, `850us`, `20.1ms`, `1.50s`.
-pub fn format_ns(ns: u64) -> String {
+pub(crate) fn format_ns(ns: u64) -> String {
     if ns < 1_000 {
         return format!("{ns}ns");
     }

@@ -1,14 +1,14 @@
 //! Turning collected data into what users read: bpftrace-style histograms and summaries,
 //! folded stacks and flame graphs.
 
-pub mod export;
-pub mod flamegraph;
-pub mod hist;
+pub(crate) mod export;
+pub(crate) mod flamegraph;
+pub(crate) mod hist;
 mod pprof;
-pub mod prometheus;
-pub mod rolling;
-pub mod timeline;
-pub mod views;
+pub(crate) mod prometheus;
+pub(crate) mod rolling;
+pub(crate) mod timeline;
+pub(crate) mod views;
 
 use std::fs::OpenOptions;
 use std::io::{self, BufWriter, Write};
@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 /// Checks, before anything is traced, that the file `path` can be written (as
 /// [`write_output`] will: not through a link, into a directory that takes a new file),
 /// writing and removing a file beside it; what is at `path` stays until it is replaced.
-pub fn prepare_output_file(path: &Path) -> io::Result<()> {
+pub(crate) fn prepare_output_file(path: &Path) -> io::Result<()> {
     let context = |err: io::Error| {
         io::Error::new(
             err.kind(),
@@ -50,7 +50,7 @@ pub fn prepare_output_file(path: &Path) -> io::Result<()> {
 /// creates it if needed (with its parents), and writes and removes a file in it. A trace
 /// that would only fail at its end (a regular file or a device given as the directory, a
 /// read-only or pseudo file system, a name too long) fails here instead, with the reason.
-pub fn prepare_output_dir(dir: &Path) -> io::Result<()> {
+pub(crate) fn prepare_output_dir(dir: &Path) -> io::Result<()> {
     let context = |err: io::Error| {
         io::Error::new(
             err.kind(),
@@ -100,7 +100,7 @@ pub fn prepare_output_dir(dir: &Path) -> io::Result<()> {
 /// `O_NOFOLLOW`), with the user's umask, and the rename never follows what `path` is.
 /// Anything but a regular file planted at `path` (a symlink, a FIFO) is refused with a
 /// message naming it, and left as it is.
-pub fn write_output(
+pub(crate) fn write_output(
     path: &Path,
     write: impl FnOnce(&mut dyn Write) -> io::Result<()>,
 ) -> io::Result<()> {
@@ -154,7 +154,7 @@ pub struct ViewFiles {
 /// Writes one flame graph view into `dir`: `NAME.folded` and `NAME.svg`, both or neither
 /// (the folded file is removed again when the SVG cannot be written), so a report never
 /// names a file that is not there.
-pub fn write_view(
+pub(crate) fn write_view(
     stacks: &crate::stack::naming::StackProfile,
     dir: &Path,
     name: &str,

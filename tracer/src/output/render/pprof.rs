@@ -5,7 +5,7 @@
 /// A profile: its samples, the locations and functions they refer to by id, and the
 /// strings every other message refers to by index (the first is empty).
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct Profile {
+pub(super) struct Profile {
     #[prost(message, repeated, tag = "1")]
     pub sample_type: Vec<ValueType>,
     #[prost(message, repeated, tag = "2")]
@@ -32,7 +32,7 @@ pub struct Profile {
 
 /// What a value measures and in what unit, as string table indices.
 #[derive(Clone, Copy, PartialEq, prost::Message)]
-pub struct ValueType {
+pub(super) struct ValueType {
     #[prost(int64, tag = "1")]
     pub r#type: i64,
     #[prost(int64, tag = "2")]
@@ -41,7 +41,7 @@ pub struct ValueType {
 
 /// One stack (location ids, leaf first), its values (one per sample type) and labels.
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct Sample {
+pub(super) struct Sample {
     #[prost(uint64, repeated, tag = "1")]
     pub location_id: Vec<u64>,
     #[prost(int64, repeated, tag = "2")]
@@ -52,7 +52,7 @@ pub struct Sample {
 
 /// A sample's label: a key with a string (`str`) or a number (`num`) value.
 #[derive(Clone, Copy, PartialEq, prost::Message)]
-pub struct Label {
+pub(super) struct Label {
     #[prost(int64, tag = "1")]
     pub key: i64,
     #[prost(int64, tag = "2")]
@@ -63,7 +63,7 @@ pub struct Label {
 
 /// A place in the code: here, one named frame, through the function of its one line.
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct Location {
+pub(super) struct Location {
     #[prost(uint64, tag = "1")]
     pub id: u64,
     #[prost(message, repeated, tag = "4")]
@@ -71,14 +71,14 @@ pub struct Location {
 }
 
 #[derive(Clone, Copy, PartialEq, prost::Message)]
-pub struct Line {
+pub(super) struct Line {
     #[prost(uint64, tag = "1")]
     pub function_id: u64,
 }
 
 /// A function by name (and system name), as string table indices.
 #[derive(Clone, Copy, PartialEq, prost::Message)]
-pub struct Function {
+pub(super) struct Function {
     #[prost(uint64, tag = "1")]
     pub id: u64,
     #[prost(int64, tag = "2")]

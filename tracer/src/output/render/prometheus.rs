@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 use crate::profile::histogram::LatencyHistogram;
 
 /// The `Content-Type` of [`Exposition::finish`]'s text.
-pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+pub(crate) const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// The smallest and largest bucket bounds, as powers of two of nanoseconds: 1.024 µs
 /// and 68.7 s. Every histogram has the same bounds, so a series keeps its buckets from
@@ -18,7 +18,7 @@ const LAST_BOUND_LOG2_NS: u32 = 36;
 
 /// What a family's samples are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
+pub(crate) enum Kind {
     Counter,
     Gauge,
     Histogram,
@@ -35,28 +35,28 @@ impl Kind {
 }
 
 /// A label's name and value.
-pub type Label<'a> = (&'a str, &'a str);
+pub(crate) type Label<'a> = (&'a str, &'a str);
 
 /// An exposition being written, family after family.
 #[derive(Debug, Default)]
-pub struct Exposition {
+pub(crate) struct Exposition {
     text: String,
 }
 
 impl Exposition {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
     /// Starts family `name`: the samples that follow, until the next family, are its.
-    pub fn family(&mut self, name: &str, kind: Kind, help: &str) {
+    pub(crate) fn family(&mut self, name: &str, kind: Kind, help: &str) {
         let help = help.replace('\\', "\\\\").replace('\n', "\\n");
         let _ = writeln!(self.text, "# HELP {name} {help}");
         let _ = writeln!(self.text, "# TYPE {name} {}", kind.name());
     }
 
     /// One sample of series `name` (the family's name, or it with a histogram's suffix).
-    pub fn sample(&mut self, name: &str, labels: &[Label<'_>], value: f64) {
+    pub(crate) fn sample(&mut self, name: &str, labels: &[Label<'_>], value: f64) {
         self.text.push_str(name);
         write_labels(&mut self.text, labels, None);
         let _ = writeln!(self.text, " {}", number(value));
@@ -64,7 +64,7 @@ impl Exposition {
 
     /// The samples of histogram `name` with `labels`: a cumulative bucket per bound in
     /// seconds, `+Inf`, `_sum` (the values' total, `sum_ns`) in seconds and `_count`.
-    pub fn histogram(
+    pub(crate) fn histogram(
         &mut self,
         name: &str,
         labels: &[Label<'_>],
@@ -90,7 +90,7 @@ impl Exposition {
     }
 
     /// The whole text.
-    pub fn finish(self) -> String {
+    pub(crate) fn finish(self) -> String {
         self.text
     }
 }
@@ -134,7 +134,7 @@ fn number(value: f64) -> String {
 /// A metric name made of `prefix` and a latency's name: what is not a letter, digit or
 /// underscore becomes an underscore (`gc_pause` stays, `sweep-phase` becomes
 /// `sweep_phase`).
-pub fn metric_name(prefix: &str, name: &str, suffix: &str) -> String {
+pub(crate) fn metric_name(prefix: &str, name: &str, suffix: &str) -> String {
     let cleaned: String = name
         .chars()
         .map(|c| match c.is_ascii_alphanumeric() {

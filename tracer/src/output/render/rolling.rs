@@ -21,7 +21,7 @@ const SUFFIXES: [&str; 2] = [".pb.gz", ".folded"];
 /// Writes the files of the window `info` describes (its start and length) into `dir`,
 /// then removes the oldest windows' files beyond the newest `keep`. Returns the files
 /// written.
-pub fn write_window(
+pub(crate) fn write_window(
     profile: &WallClockProfile,
     dir: &Path,
     info: &ExportInfo<'_>,

@@ -21,7 +21,7 @@ const FIRST_TASK_TRACK: u64 = 1 << 30;
 
 /// The intervals read from the timeline's ring buffer.
 #[derive(Debug, Default)]
-pub struct Timeline {
+pub(crate) struct Timeline {
     pub events: Vec<TimelineEvent>,
     /// When tracing started (CLOCK_MONOTONIC ns): time 0 in the file.
     pub origin_ns: u64,
@@ -29,7 +29,7 @@ pub struct Timeline {
 
 impl Timeline {
     /// Adds one ring buffer record; a record of another size is ignored.
-    pub fn add_record(&mut self, record: &[u8]) {
+    pub(crate) fn add_record(&mut self, record: &[u8]) {
         if record.len() < std::mem::size_of::<TimelineEvent>() {
             return;
         }
@@ -41,7 +41,7 @@ impl Timeline {
 }
 
 /// What the events' ids are called.
-pub struct TimelineNames<'a> {
+pub(crate) struct TimelineNames<'a> {
     /// Latencies by id.
     pub latencies: &'a [String],
     pub process: &'a dyn Fn(u32) -> String,
@@ -51,7 +51,7 @@ pub struct TimelineNames<'a> {
 }
 
 /// Writes `timeline` as Chrome trace-event JSON.
-pub fn write_chrome_trace(
+pub(crate) fn write_chrome_trace(
     timeline: &Timeline,
     names: &TimelineNames<'_>,
     out: &mut dyn Write,

@@ -13,7 +13,7 @@ use crate::stack::naming::StackProfile;
 
 /// Where each output went; `None` for a file that could not be written.
 #[derive(Debug, Default)]
-pub struct ProfileFiles {
+pub(crate) struct ProfileFiles {
     pub wall: Option<ViewFiles>,
     pub oncpu: Option<ViewFiles>,
     pub offcpu: Option<ViewFiles>,
@@ -22,7 +22,7 @@ pub struct ProfileFiles {
 }
 
 /// Writes every output file it can, and returns which were written and the first error.
-pub fn write_profile_files(
+pub(crate) fn write_profile_files(
     profile: &WallClockProfile,
     dir: &Path,
     what: &str,

@@ -348,7 +348,7 @@ impl AttachReport {
         }
     }
 
-    pub fn to_json(&self) -> Value {
+    pub(crate) fn to_json(&self) -> Value {
         serde_json::to_value(self.document()).expect("the report's JSON has string keys only")
     }
 

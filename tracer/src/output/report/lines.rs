@@ -4,10 +4,10 @@
 use std::path::Path;
 
 /// How many threads the text report lists.
-pub const THREADS_SHOWN: usize = 10;
+pub(crate) const THREADS_SHOWN: usize = 10;
 
 /// What the report says of programs the kernel skipped: nothing when none was.
-pub fn program_misses_line(misses: &[(&'static str, u64)]) -> String {
+pub(crate) fn program_misses_line(misses: &[(&'static str, u64)]) -> String {
     if misses.is_empty() {
         return String::new();
     }
@@ -22,7 +22,7 @@ pub fn program_misses_line(misses: &[(&'static str, u64)]) -> String {
 }
 
 /// A written file's path, or what the summary says of one that could not be written.
-pub fn shown(path: Option<&Path>) -> String {
+pub(crate) fn shown(path: Option<&Path>) -> String {
     match path {
         Some(path) => path.display().to_string(),
         None => "(not written, see the error below)".into(),

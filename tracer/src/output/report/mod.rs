@@ -11,9 +11,9 @@ mod summary;
 mod text;
 mod types;
 
-pub use lines::{THREADS_SHOWN, program_misses_line, shown};
-pub use summary::profile_summary;
-pub use types::{
+pub(crate) use lines::program_misses_line;
+pub(crate) use summary::profile_summary;
+pub(crate) use types::{
     AttachReport, LatencyReport, Losses, OffCpuProfile, ProbeHits, ProbeReport, ProcessLatency,
     StackLosses, TaskReport, TimelineReport, TracedProcess,
 };

@@ -16,7 +16,7 @@ use super::{
 
 /// The summary `tracer profile` prints: what was profiled, the on-CPU, off-CPU,
 /// runnable and wall-clock totals with their files, the busiest threads, and losses.
-pub fn profile_summary(
+pub(crate) fn profile_summary(
     profile: &WallClockProfile,
     what: &str,
     frequency_hz: u64,

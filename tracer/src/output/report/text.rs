@@ -209,7 +209,7 @@ fn write_task_blockers(tasks: &TaskReport, out: &mut String) {
 }
 
 impl AttachReport {
-    pub fn to_text(&self) -> String {
+    pub(crate) fn to_text(&self) -> String {
         let mut out = String::new();
         self.write_header(&mut out);
         self.write_gc_lines(&mut out);

@@ -17,7 +17,7 @@ use crate::{
 
 /// What the off-CPU profile holds and what could not be recorded.
 #[derive(Debug, Default)]
-pub struct OffCpuProfile {
+pub(crate) struct OffCpuProfile {
     /// Distinct stacks.
     pub stacks: usize,
     pub total_ns: u64,
@@ -27,25 +27,25 @@ pub struct OffCpuProfile {
 }
 
 /// Runtime tasks: the profile and where its flamegraph went (`None`: not written).
-pub struct TaskReport {
+pub(crate) struct TaskReport {
     pub profile: TaskProfile,
     pub files: Option<ViewFiles>,
 }
 
-pub struct ProbeReport {
+pub(crate) struct ProbeReport {
     pub info: ProbeInfo,
     pub hits: ProbeHits,
 }
 
 /// A probe's hits, summed over CPUs.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ProbeHits {
+pub(crate) struct ProbeHits {
     pub count: u64,
     /// When it first fired (CLOCK_MONOTONIC ns); `None` when it never did.
     pub first_ns: Option<u64>,
 }
 
-pub struct LatencyReport {
+pub(crate) struct LatencyReport {
     pub def: LatencyDef,
     pub hist: LatencyHistogram,
     /// The same latency split by process.
@@ -60,7 +60,7 @@ pub struct LatencyReport {
 /// A process traced: its PID (as the tracer sees it), name, and its PID in its own PID
 /// namespace when that is below the tracer's (a container's).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TracedProcess {
+pub(crate) struct TracedProcess {
     pub pid: u32,
     pub name: String,
     pub namespace_pid: Option<u32>,
@@ -68,7 +68,7 @@ pub struct TracedProcess {
 
 /// One latency's totals in one process.
 #[derive(Debug, Clone)]
-pub struct ProcessLatency {
+pub(crate) struct ProcessLatency {
     pub pid: u32,
     pub name: String,
     pub stats: LatencyStats,
@@ -76,7 +76,7 @@ pub struct ProcessLatency {
 
 /// The stacks the kernel could not capture into its stack map, by why.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct StackLosses {
+pub(crate) struct StackLosses {
     /// Every stack not captured.
     pub errors: u64,
     /// Another stack held the slot the stack's hash chose: the stack map is a hash table
@@ -90,7 +90,7 @@ pub struct StackLosses {
 
 impl StackLosses {
     /// From the kernel's counters (`tracer_common::counter`), for a stack map of `slots`.
-    pub fn from_counters(counters: &[u64], slots: u32) -> Self {
+    pub(crate) fn from_counters(counters: &[u64], slots: u32) -> Self {
         use tracer_common::counter;
         StackLosses {
             errors: counters[counter::STACK_ERRORS as usize],
@@ -101,7 +101,7 @@ impl StackLosses {
     }
 
     /// How many stacks were not captured and why, with what to raise; empty when none.
-    pub fn explained(&self) -> String {
+    pub(crate) fn explained(&self) -> String {
         if self.errors == 0 {
             return String::new();
         }
@@ -131,7 +131,7 @@ impl StackLosses {
 
 /// Everything the eBPF side could not record, reported rather than hidden.
 #[derive(Debug, Default)]
-pub struct Losses {
+pub(crate) struct Losses {
     pub events_lost: u64,
     pub map_full: u64,
     pub stacks: StackLosses,
@@ -152,7 +152,7 @@ pub struct Losses {
     pub unwind_ring_bytes: u32,
 }
 
-pub struct AttachReport {
+pub(crate) struct AttachReport {
     /// The one process traced (or the first of a set).
     pub pid: u32,
     /// Its name, or what the set is (`every process running /usr/bin/x`).
@@ -185,7 +185,7 @@ pub struct AttachReport {
 
 /// The timeline written (`attach --timeline`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TimelineReport {
+pub(crate) struct TimelineReport {
     pub path: std::path::PathBuf,
     pub intervals: usize,
     /// Intervals the full ring buffer lost.

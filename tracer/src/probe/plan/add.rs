@@ -47,7 +47,7 @@ impl ProbeKey {
 impl ProbePlan {
     /// Plans `sites` for process `pid` (or every process when `None`); `mode` says which
     /// sites beyond the latencies' are attached and whether hits become events.
-    pub fn build(
+    pub(crate) fn build(
         sites: &[SiteInput],
         latencies: &[LatencyDef],
         tasks: &[TaskProbeDef],
@@ -68,7 +68,7 @@ impl ProbePlan {
     /// Plans more sites (found after the first attach: a library mapped later, a new
     /// process's files) after those planned already, with the same latencies. Their
     /// cookies follow the existing ones; on error the plan is left as it was.
-    pub fn add(
+    pub(crate) fn add(
         &mut self,
         sites: &[SiteInput],
         tasks: &[TaskProbeDef],

@@ -20,10 +20,10 @@ mod add;
 mod site;
 mod strings;
 
-pub use strings::StringRequest;
+pub(crate) use strings::StringRequest;
 
 #[derive(Debug, Error, PartialEq, Eq)]
-pub enum PlanError {
+pub(crate) enum PlanError {
     #[error("too many probe sites ({0}); at most {MAX_USDT_SITES} can be attached at once")]
     TooManySites(usize),
     #[error("too many distinct probes ({0}); at most {MAX_PROBES}")]
@@ -60,7 +60,7 @@ fn plural(count: usize) -> &'static str {
 
 /// One probe site found in a binary, ready to attach.
 #[derive(Debug, Clone)]
-pub struct SiteInput {
+pub(crate) struct SiteInput {
     /// The binary as the target sees it (for display: `usdt:PATH:provider:name`).
     pub path: PathBuf,
     /// The binary as this process opens it (through /proc/PID/root).
@@ -80,7 +80,7 @@ pub struct SiteInput {
 
 /// A probe (provider:name in one binary); all its sites share its id.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ProbeInfo {
+pub(crate) struct ProbeInfo {
     pub path: PathBuf,
     pub kind: ProbeKind,
     pub provider: String,
@@ -91,7 +91,7 @@ pub struct ProbeInfo {
 
 impl ProbeInfo {
     /// bpftrace's spelling of the probe.
-    pub fn specifier(&self) -> String {
+    pub(crate) fn specifier(&self) -> String {
         match self.kind {
             ProbeKind::Usdt => format!(
                 "usdt:{}:{}:{}",
@@ -102,20 +102,11 @@ impl ProbeInfo {
             kind => format!("{kind}:{}:{}", self.path.display(), self.name),
         }
     }
-
-    /// How the probe is named where no path is needed: `provider:name`, or the
-    /// function probe's type and symbol.
-    pub fn short_name(&self) -> String {
-        match self.kind {
-            ProbeKind::Usdt => format!("{}:{}", self.provider, self.name),
-            kind => format!("{kind}:{}", self.name),
-        }
-    }
 }
 
 /// What to do at sites beyond the latencies they take part in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SiteMode {
+pub(crate) enum SiteMode {
     /// Attach only sites that begin or end a latency (`attach`).
     LatenciesOnly,
     /// Attach every site and count its hits (`trace --count`).
@@ -126,7 +117,7 @@ pub enum SiteMode {
 
 /// One site to attach, with what the eBPF program does when it fires.
 #[derive(Debug, Clone)]
-pub struct PlannedSite {
+pub(crate) struct PlannedSite {
     pub attachment: UsdtAttachment,
     pub site: UsdtSite,
 }
@@ -134,7 +125,7 @@ pub struct PlannedSite {
 /// An argument of a probe that cannot be decoded at some of its sites: its events show
 /// it as unavailable.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct UnavailableArg {
+pub(crate) struct UnavailableArg {
     pub probe_id: u32,
     /// 0-based.
     pub index: usize,
@@ -144,7 +135,7 @@ pub struct UnavailableArg {
 
 /// Everything to attach, indexed the way the kernel side indexes it.
 #[derive(Debug, Default)]
-pub struct ProbePlan {
+pub(crate) struct ProbePlan {
     /// Indexed by probe id.
     pub probes: Vec<ProbeInfo>,
     /// Indexed by latency id.
@@ -162,7 +153,7 @@ pub struct ProbePlan {
 
 impl ProbePlan {
     /// How many sites, probes and latencies the kernel's arrays must hold.
-    pub fn sizes(&self) -> PlanSizes {
+    pub(crate) fn sizes(&self) -> PlanSizes {
         PlanSizes {
             sites: self.sites.len() as u32,
             probes: self.probes.len() as u32,
@@ -171,13 +162,13 @@ impl ProbePlan {
     }
 
     /// Every site with its BPF cookie, as `Loader::attach_usdt_sites` takes them.
-    pub fn usdt_sites(&self) -> Vec<(u32, &UsdtSite, &UsdtAttachment)> {
+    pub(crate) fn usdt_sites(&self) -> Vec<(u32, &UsdtSite, &UsdtAttachment)> {
         self.usdt_sites_in(0..self.sites.len())
     }
 
     /// The sites of `cookies` (what [`ProbePlan::add`] returned), as
     /// [`ProbePlan::usdt_sites`] gives them.
-    pub fn usdt_sites_in(
+    pub(crate) fn usdt_sites_in(
         &self,
         cookies: std::ops::Range<usize>,
     ) -> Vec<(u32, &UsdtSite, &UsdtAttachment)> {
@@ -190,14 +181,14 @@ impl ProbePlan {
 
     /// Every site takes the user and kernel stacks of its hits (`trace --stack`): into
     /// its events, or counted by stack.
-    pub fn take_stacks(&mut self) {
+    pub(crate) fn take_stacks(&mut self) {
         self.stack_flags = site_flags::STACKS;
         self.apply_stacks(0);
     }
 
     /// [`ProbePlan::take_stacks`], user stacks as snapshots for DWARF unwinding (events
     /// only).
-    pub fn take_stack_snapshots(&mut self) {
+    pub(crate) fn take_stack_snapshots(&mut self) {
         self.stack_flags = site_flags::STACKS | site_flags::STACK_SNAPSHOT;
         self.apply_stacks(0);
     }
@@ -210,27 +201,12 @@ impl ProbePlan {
 
     /// What the kernel's arrays must hold when sites may be added while tracing: as many
     /// sites and probes as can ever be attached.
-    pub fn room_to_grow(&self) -> PlanSizes {
+    pub(crate) fn room_to_grow(&self) -> PlanSizes {
         PlanSizes {
             sites: MAX_USDT_SITES,
             probes: MAX_PROBES,
             latencies: self.latencies.len() as u32,
         }
-    }
-
-    /// Where each site's uprobe goes, in the order of [`ProbePlan::usdt_sites`].
-    pub fn attachments(&self) -> Vec<UsdtAttachment> {
-        self.sites.iter().map(|p| p.attachment.clone()).collect()
-    }
-
-    /// Ids of the probes named `provider:name`, in any binary.
-    pub fn probe_ids(&self, probe: &crate::probe::runtimes::ProbeRef) -> Vec<u32> {
-        (0..self.probes.len() as u32)
-            .filter(|&i| {
-                let p = &self.probes[i as usize];
-                probe.is(p.kind, &p.provider, &p.name)
-            })
-            .collect()
     }
 }
 

@@ -11,7 +11,7 @@ use crate::probe::usdt::Glob;
 /// An argument to show as a string (`trace --str`): of the probes named so (every one
 /// when `provider` and `name` are `*`), at most `max_len` bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StringRequest {
+pub(crate) struct StringRequest {
     /// As given on the command line, for errors.
     pub text: String,
     pub provider: String,
@@ -25,7 +25,7 @@ impl ProbePlan {
     /// each hit; a later request for the same argument of a probe replaces an earlier
     /// one. A request that names no probe, or an argument a probe lacks or that cannot
     /// hold a pointer, is an error.
-    pub fn show_strings(&mut self, requests: &[StringRequest]) -> Result<(), PlanError> {
+    pub(crate) fn show_strings(&mut self, requests: &[StringRequest]) -> Result<(), PlanError> {
         // With no probe found yet (they may come in a library loaded later), the requests
         // wait for them.
         let strict = !self.probes.is_empty();

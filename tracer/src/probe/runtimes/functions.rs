@@ -10,7 +10,7 @@ use super::{ClassValue, LatencyClass, LatencyDef, Mechanism, ProbeRef};
 use crate::probe::usdt::{self, ProbeKind, UsdtSpecifier};
 
 /// A runtime whose collections are timed from function probes.
-pub struct FunctionRuntime {
+pub(crate) struct FunctionRuntime {
     pub name: &'static str,
     /// Its USDT provider: a file carrying these probes is measured by them instead.
     pub provider: Option<&'static str>,
@@ -20,7 +20,7 @@ pub struct FunctionRuntime {
 }
 
 /// Which files hold a runtime's functions.
-pub enum Files {
+pub(crate) enum Files {
     /// By file name, wildcards allowed.
     Named(&'static [&'static str]),
     /// A target's executable when it is a Go program.
@@ -28,7 +28,7 @@ pub enum Files {
 }
 
 /// One latency of a [`FunctionRuntime`], between two function probes.
-pub struct FunctionLatency {
+pub(crate) struct FunctionLatency {
     pub name: &'static str,
     pub begin: (ProbeKind, &'static str),
     pub end: (ProbeKind, &'static str),
@@ -39,7 +39,7 @@ pub struct FunctionLatency {
 }
 
 /// Where a [`FunctionLatency`]'s class comes from, as in [`LatencyClass`].
-pub struct FunctionClass {
+pub(crate) struct FunctionClass {
     pub begin_arg: Option<u8>,
     pub probes: &'static [((ProbeKind, &'static str), ClassValue)],
     pub what: &'static str,
@@ -108,7 +108,7 @@ const JULIA_COLLECTIONS: &[(u32, &str)] = &[(0, "auto"), (1, "full"), (2, "incre
 const V8_COLLECT_GARBAGE: &str = "_ZN2v88internal4Heap14CollectGarbageENS0_15AllocationSpaceENS0_23GarbageCollectionReasonENS_15GCCallbackFlagsE";
 const V8_PERFORM_GARBAGE_COLLECTION: &str = "_ZN2v88internal4Heap24PerformGarbageCollectionENS0_16GarbageCollectorENS0_23GarbageCollectionReasonEPKc";
 
-pub const FUNCTION_RUNTIMES: &[FunctionRuntime] = &[
+pub(crate) const FUNCTION_RUNTIMES: &[FunctionRuntime] = &[
     FunctionRuntime {
         name: "CPython",
         provider: Some("python"),
@@ -235,7 +235,7 @@ pub const FUNCTION_RUNTIMES: &[FunctionRuntime] = &[
 
 impl FunctionRuntime {
     /// Its latencies, as the plan takes them.
-    pub fn latency_defs(&self) -> impl Iterator<Item = LatencyDef> + '_ {
+    pub(crate) fn latency_defs(&self) -> impl Iterator<Item = LatencyDef> + '_ {
         self.latencies.iter().map(|latency| {
             let probe = |(kind, symbol): (ProbeKind, &str)| ProbeRef::function(kind, symbol);
             LatencyDef {
@@ -289,7 +289,7 @@ impl FunctionRuntime {
     }
 
     /// The function specifiers that find its probes, in any file it names.
-    pub fn specifiers(&self) -> Vec<UsdtSpecifier> {
+    pub(crate) fn specifiers(&self) -> Vec<UsdtSpecifier> {
         match self.files {
             Files::Named(files) => self.specifiers_in(files.iter().copied()),
             Files::GoPrograms => Vec::new(),
@@ -298,7 +298,7 @@ impl FunctionRuntime {
 }
 
 /// Every catalogued runtime's latencies.
-pub fn latency_defs() -> Vec<LatencyDef> {
+pub(crate) fn latency_defs() -> Vec<LatencyDef> {
     FUNCTION_RUNTIMES
         .iter()
         .flat_map(FunctionRuntime::latency_defs)
@@ -307,7 +307,7 @@ pub fn latency_defs() -> Vec<LatencyDef> {
 
 /// Every catalogued runtime's specifiers: in the files they name, and, for a runtime of
 /// Go programs, in the executables of `pids` that are Go programs.
-pub fn specifiers(pids: &[u32]) -> Vec<UsdtSpecifier> {
+pub(crate) fn specifiers(pids: &[u32]) -> Vec<UsdtSpecifier> {
     let go_programs: Vec<String> = pids
         .iter()
         .filter_map(|&pid| usdt::executable(pid).ok())
@@ -327,13 +327,13 @@ pub fn specifiers(pids: &[u32]) -> Vec<UsdtSpecifier> {
 /// runtime's USDT probes (which measure the same collections). Remembers each file's
 /// answer.
 #[derive(Default)]
-pub struct UsdtElsewhere {
+pub(crate) struct UsdtElsewhere {
     has_provider: HashMap<(PathBuf, &'static str), bool>,
 }
 
 impl UsdtElsewhere {
     /// Whether `site`, a function site a catalogue specifier found, is to be attached.
-    pub fn keep(&mut self, site: &usdt::ProbeSite) -> bool {
+    pub(crate) fn keep(&mut self, site: &usdt::ProbeSite) -> bool {
         let Some(runtime) = runtime_of(site.kind, &site.binary.path, &site.note.name) else {
             return true;
         };
@@ -354,7 +354,7 @@ impl UsdtElsewhere {
 
 /// The catalogued runtime whose files and functions a probe (of `kind`, in the file at
 /// `path`, named `name`) is of.
-pub fn runtime_of(
+pub(crate) fn runtime_of(
     kind: ProbeKind,
     path: &std::path::Path,
     name: &str,

@@ -1,21 +1,21 @@
 //! The runtimes `tracer attach` recognises by the USDT providers they carry, and what it
 //! measures for each: latencies as pairs of probes matched per thread.
 
-pub mod functions;
+pub(crate) mod functions;
 
 use crate::probe::usdt::ProbeKind;
 
 /// A probe as latencies and task roles name it: a USDT probe (provider and name), or a
 /// function's entry or return (no provider; the function's symbol).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct ProbeRef {
+pub(crate) struct ProbeRef {
     pub kind: ProbeKind,
     pub provider: String,
     pub name: String,
 }
 
 impl ProbeRef {
-    pub fn usdt(provider: &str, name: &str) -> Self {
+    pub(crate) fn usdt(provider: &str, name: &str) -> Self {
         ProbeRef {
             kind: ProbeKind::Usdt,
             provider: provider.into(),
@@ -23,7 +23,7 @@ impl ProbeRef {
         }
     }
 
-    pub fn function(kind: ProbeKind, symbol: &str) -> Self {
+    pub(crate) fn function(kind: ProbeKind, symbol: &str) -> Self {
         ProbeRef {
             kind,
             provider: String::new(),
@@ -32,7 +32,7 @@ impl ProbeRef {
     }
 
     /// Whether a site of this kind, provider and name is this probe.
-    pub fn is(&self, kind: ProbeKind, provider: &str, name: &str) -> bool {
+    pub(crate) fn is(&self, kind: ProbeKind, provider: &str, name: &str) -> bool {
         self.kind == kind && self.provider == provider && self.name == name
     }
 }
@@ -51,7 +51,7 @@ impl std::fmt::Display for ProbeRef {
 /// it is open on the same thread (the collector V8 picks once it collects; the
 /// generation CPython 3.13 picks inside the collection), which wins.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LatencyClass {
+pub(crate) struct LatencyClass {
     pub begin_arg: Option<u8>,
     /// Probes that classify it while it is open, each with the class it gives.
     pub probes: Vec<(ProbeRef, ClassValue)>,
@@ -65,14 +65,14 @@ pub struct LatencyClass {
 
 /// The class a classifying probe gives: the value of one of its arguments, or its own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ClassValue {
+pub(crate) enum ClassValue {
     Arg(u8),
     Const(u32),
 }
 
 impl LatencyClass {
     /// The label of class `value`.
-    pub fn label(&self, value: u32) -> String {
+    pub(crate) fn label(&self, value: u32) -> String {
         if value == tracer_common::NO_CLASS {
             return self.unclassified.to_string();
         }
@@ -85,7 +85,7 @@ impl LatencyClass {
 
 /// A latency measured from one probe to another on the same thread.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LatencyDef {
+pub(crate) struct LatencyDef {
     /// Name in reports, e.g. `gc_pause`.
     pub name: String,
     pub begin: ProbeRef,
@@ -104,7 +104,7 @@ pub struct LatencyDef {
 
 /// Where a runtime's latencies come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mechanism {
+pub(crate) enum Mechanism {
     Usdt,
     FunctionProbes,
 }
@@ -112,7 +112,7 @@ pub enum Mechanism {
 impl LatencyDef {
     /// A latency between two probes, named by the user: frame-keyed when it is a
     /// function's entry to its return.
-    pub fn between(name: String, begin: ProbeRef, end: ProbeRef) -> Self {
+    pub(crate) fn between(name: String, begin: ProbeRef, end: ProbeRef) -> Self {
         let frame_keyed = begin.kind == ProbeKind::Uprobe
             && end.kind == ProbeKind::Uretprobe
             && begin.name == end.name;
@@ -134,7 +134,7 @@ impl LatencyDef {
 
 /// What a task-switch probe says about a task.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TaskRole {
+pub(crate) enum TaskRole {
     Run,
     Pause,
     Finish,
@@ -147,7 +147,7 @@ pub enum TaskRole {
 
 /// A probe that marks a task switch, and where it finds the task.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TaskProbeDef {
+pub(crate) struct TaskProbeDef {
     pub provider: String,
     pub name: String,
     pub role: TaskRole,
@@ -157,7 +157,7 @@ pub struct TaskProbeDef {
 
 /// A runtime known by its provider name.
 #[derive(Debug)]
-pub struct Runtime {
+pub(crate) struct Runtime {
     pub name: &'static str,
     pub provider: &'static str,
     /// (latency name, begin probe, end probe)
@@ -189,7 +189,7 @@ const TRACER_TASKS: &[(&str, TaskRole, Option<u8>)] = &[
     ("rt__task__name", TaskRole::Name { name_arg: 1 }, Some(0)),
 ];
 
-pub const RUNTIMES: &[Runtime] = &[
+pub(crate) const RUNTIMES: &[Runtime] = &[
     Runtime {
         name: "tracer probes",
         provider: "tracer",
@@ -237,7 +237,7 @@ pub const RUNTIMES: &[Runtime] = &[
 ];
 
 impl Runtime {
-    pub fn latency_defs(&self) -> impl Iterator<Item = LatencyDef> + '_ {
+    pub(crate) fn latency_defs(&self) -> impl Iterator<Item = LatencyDef> + '_ {
         self.latencies.iter().map(|&(name, begin, end)| LatencyDef {
             name: name.into(),
             begin: ProbeRef::usdt(self.provider, begin),
@@ -251,7 +251,7 @@ impl Runtime {
 }
 
 impl Runtime {
-    pub fn task_probe_defs(&self) -> impl Iterator<Item = TaskProbeDef> + '_ {
+    pub(crate) fn task_probe_defs(&self) -> impl Iterator<Item = TaskProbeDef> + '_ {
         self.task_probes
             .iter()
             .map(|&(name, role, task_arg)| TaskProbeDef {
@@ -264,14 +264,14 @@ impl Runtime {
 }
 
 /// The runtime whose provider is `provider`, if we know it.
-pub fn by_provider(provider: &str) -> Option<&'static Runtime> {
+pub(crate) fn by_provider(provider: &str) -> Option<&'static Runtime> {
     RUNTIMES.iter().find(|r| r.provider == provider)
 }
 
 /// How to get names for the JIT-compiled code of a process that maps `files`: what the
 /// runtime recognised by its files can be asked to write (a perf map tracer reads, frame
 /// pointers for the callers), or a generic word when none is recognised.
-pub fn jit_naming_hint<'a>(pid: u32, files: impl IntoIterator<Item = &'a str>) -> String {
+pub(crate) fn jit_naming_hint<'a>(pid: u32, files: impl IntoIterator<Item = &'a str>) -> String {
     let names: Vec<&str> = files
         .into_iter()
         .filter_map(|path| path.rsplit('/').next())

@@ -29,7 +29,7 @@ const GO_ARGUMENT_REGISTERS: [u8; 6] = [80, 40, 88, 112, 104, 72];
 
 /// A function in an object's symbol tables.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct FunctionSymbol {
+pub(crate) struct FunctionSymbol {
     /// As in the symbol table (mangled for C++ and Rust).
     pub name: String,
     /// Link-time address of its first instruction.
@@ -40,13 +40,13 @@ pub struct FunctionSymbol {
 
 impl FunctionSymbol {
     /// Demangled, or the name itself when it is not mangled.
-    pub fn demangled(&self) -> String {
+    pub(crate) fn demangled(&self) -> String {
         demangle(&self.name)
     }
 }
 
 /// What an object offers function probes: its functions and where its code is.
-pub struct Functions {
+pub(crate) struct Functions {
     pub symbols: Vec<FunctionSymbol>,
     layout: Layout,
     /// The object's code, read on demand to check an offset falls on an instruction.
@@ -59,7 +59,7 @@ impl Functions {
     /// The defined functions of the object at `path` (as this process opens it), from
     /// `.symtab` and `.dynsym` and from a separate debug file when one is installed
     /// (found by build id or `.gnu_debuglink`), each address and name once.
-    pub fn read(path: &Path) -> Result<Self, UsdtError> {
+    pub(crate) fn read(path: &Path) -> Result<Self, UsdtError> {
         let file = File::open(path).map_err(|e| UsdtError::io(path, e))?;
         let file_len = file.metadata().map_or(u64::MAX, |m| m.len());
         let symbol_file = SymbolFile::new(file);
@@ -131,7 +131,7 @@ impl Functions {
     }
 
     /// The sites `spec` (a function specifier) selects in this object, `binary`.
-    pub fn sites(
+    pub(crate) fn sites(
         &self,
         binary: &MappedObject,
         spec: &UsdtSpecifier,
@@ -300,7 +300,7 @@ impl Functions {
 /// The arguments a function probe shows: the six integer argument registers at an entry
 /// (what they hold past the entry is up to the code; Go's own for a Go program), the
 /// return value at a return.
-pub fn function_args(kind: ProbeKind, go: bool) -> Vec<SiteArg> {
+pub(crate) fn function_args(kind: ProbeKind, go: bool) -> Vec<SiteArg> {
     let register = |reg_off| {
         Ok(UsdtArg {
             kind: arg_kind::REG,
@@ -332,7 +332,7 @@ fn read_at(path: &Path, offset: u64, buf: &mut [u8]) -> std::io::Result<usize> {
 
 /// Whether the ELF file at `path` is a Go program (it has Go's build information or
 /// line table); reads its section headers only.
-pub fn is_go_program(path: &Path) -> bool {
+pub(crate) fn is_go_program(path: &Path) -> bool {
     let Ok(file) = File::open(path) else {
         return false;
     };
@@ -396,7 +396,7 @@ mod tests {
 
     #[inline(never)]
     #[unsafe(no_mangle)]
-    pub extern "C" fn tracer_functions_test_target(x: u64) -> u64 {
+    pub(crate) extern "C" fn tracer_functions_test_target(x: u64) -> u64 {
         std::hint::black_box(x).wrapping_mul(3).wrapping_add(1)
     }
 

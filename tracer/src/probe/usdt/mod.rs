@@ -14,21 +14,22 @@ use tracer_usdt::Error as FileError;
 
 use crate::system::procfs::ProcessError;
 
-pub use functions::{FunctionSymbol, Functions, function_args, is_go_program};
-pub use process::{MappedObject, MapsEntry, executable, mapped_objects, parse_maps};
-pub use resolve::{
-    Found, Resolved, Scope, Searched, escape_glob, find, find_new, resolve, why_none,
+pub(crate) use functions::{FunctionSymbol, Functions, is_go_program};
+pub(crate) use process::{MappedObject, executable, mapped_objects};
+pub(crate) use resolve::{
+    Resolved, Scope, Searched, escape_glob, find, find_new, resolve, why_none,
 };
-pub use tracer_usdt::{
-    ArgSpec, FunctionPlace, Glob, Layout, NoteDesc, ProbeKind, ProbePattern, Segment, SiteArg,
-    SiteOffsets, SiteProblem, UsdtNote, UsdtSpecifier, describe, dl_debug_state_offset, glob_paths,
-    has_probe_type, interpreter, parse_arg_specs, parse_note_desc, parse_notes, parse_specifier,
-    read_notes, resolve_globals, validate,
+#[cfg(test)]
+pub(crate) use tracer_usdt::SiteProblem;
+pub(crate) use tracer_usdt::{
+    ArgSpec, Glob, ProbeKind, ProbePattern, SiteArg, SiteOffsets, UsdtNote, UsdtSpecifier,
+    describe, dl_debug_state_offset, glob_paths, has_probe_type, interpreter, parse_arg_specs,
+    parse_specifier, read_notes, resolve_globals,
 };
 
 /// Everything that can go wrong while discovering or decoding USDT probes.
 #[derive(Debug, thiserror::Error)]
-pub enum UsdtError {
+pub(crate) enum UsdtError {
     /// A file's notes, or a probe's text, are wrong (see [`tracer_usdt::Error`]).
     #[error(transparent)]
     File(#[from] tracer_usdt::Error),
@@ -70,7 +71,7 @@ impl UsdtError {
 
     /// This error for a process known to have existed (tracer watches it): a process not
     /// there any more has exited.
-    pub fn of_target(self) -> Self {
+    pub(crate) fn of_target(self) -> Self {
         match self {
             UsdtError::Process(e) => UsdtError::Process(e.of_target()),
             other => other,
@@ -81,7 +82,7 @@ impl UsdtError {
 /// One place a probe can be attached: the binary it lives in, its note and its decoded
 /// arguments.
 #[derive(Clone, Debug)]
-pub struct ProbeSite {
+pub(crate) struct ProbeSite {
     /// The file holding the note; in path mode `path` and `host_path` are both the path
     /// the user gave.
     pub binary: MappedObject,
@@ -102,7 +103,7 @@ pub struct ProbeSite {
 impl ProbeSite {
     /// The file offsets to attach at, or the error naming the note and what is wrong with
     /// it. Nothing may be attached at a site for which this fails.
-    pub fn offsets(&self) -> Result<SiteOffsets, UsdtError> {
+    pub(crate) fn offsets(&self) -> Result<SiteOffsets, UsdtError> {
         self.note.location.clone().map_err(|problem| {
             UsdtError::from(FileError::InvalidSite {
                 path: self.binary.path.clone(),
@@ -115,14 +116,14 @@ impl ProbeSite {
     }
 
     /// Whether the site's addresses passed [`validate`].
-    pub fn is_valid(&self) -> bool {
+    pub(crate) fn is_valid(&self) -> bool {
         self.note.location.is_ok()
     }
 }
 
 /// The probe sites in one ELF file that match `pattern`, in note order, valid or not (see
 /// [`ProbeSite::offsets`]).
-pub fn find_probes_in_file(
+pub(crate) fn find_probes_in_file(
     path: &Path,
     pattern: &ProbePattern,
 ) -> Result<Vec<ProbeSite>, UsdtError> {
@@ -132,7 +133,7 @@ pub fn find_probes_in_file(
 
 /// What [`scan_process`] found: the sites, and the mapped objects it had to skip.
 #[derive(Debug, Default)]
-pub struct ProcessScan {
+pub(crate) struct ProcessScan {
     /// Matching sites, executable first, then libraries in address order; valid or not
     /// (see [`ProbeSite::offsets`]).
     pub sites: Vec<ProbeSite>,
@@ -145,7 +146,7 @@ pub struct ProcessScan {
 /// The probe sites matching `pattern` in a process's executable and in every object it
 /// has mapped executable, each file read once. Fails only if the process is gone or its
 /// executable cannot be read; unreadable libraries are listed in `skipped`.
-pub fn scan_process(pid: u32, pattern: &ProbePattern) -> Result<ProcessScan, UsdtError> {
+pub(crate) fn scan_process(pid: u32, pattern: &ProbePattern) -> Result<ProcessScan, UsdtError> {
     let exe = executable(pid)?;
     let objects = mapped_objects(pid)?;
     let mut scan = ProcessScan {
@@ -169,7 +170,7 @@ pub fn scan_process(pid: u32, pattern: &ProbePattern) -> Result<ProcessScan, Usd
 /// them yet), each file's sites once however many processes map it. Processes that
 /// exited meanwhile are passed over; fails only when none of them could be read and
 /// there is no `exe`.
-pub fn scan_processes(
+pub(crate) fn scan_processes(
     pids: &[u32],
     exe: Option<&Path>,
     pattern: &ProbePattern,
@@ -206,7 +207,7 @@ pub fn scan_processes(
 
 /// Keeps each site once: the same file seen through two processes (under
 /// /proc/PID/root of each) is one file, so one uprobe per address.
-pub fn dedup_by_file(sites: &mut Vec<ProbeSite>) {
+pub(crate) fn dedup_by_file(sites: &mut Vec<ProbeSite>) {
     use std::os::unix::fs::MetadataExt as _;
     let mut seen = HashSet::new();
     sites.retain(|site| {
@@ -221,7 +222,8 @@ pub fn dedup_by_file(sites: &mut Vec<ProbeSite>) {
 
 /// [`scan_process`] without the list of skipped libraries, for callers that only want
 /// the sites.
-pub fn find_probes_in_process(
+#[cfg(test)]
+pub(crate) fn find_probes_in_process(
     pid: u32,
     pattern: &ProbePattern,
 ) -> Result<Vec<ProbeSite>, UsdtError> {

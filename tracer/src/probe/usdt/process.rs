@@ -5,11 +5,11 @@ use std::path::{Path, PathBuf};
 
 use super::UsdtError;
 use crate::system::procfs::ProcessError;
-pub use crate::system::procfs::{MapsEntry, parse_maps};
+pub(crate) use crate::system::procfs::{MapsEntry, parse_maps};
 
 /// A file a process has mapped, under the two names it has.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct MappedObject {
+pub(crate) struct MappedObject {
     /// The path as the process sees it (in its own mount namespace), for display and for
     /// matching against user-given paths.
     pub path: PathBuf,
@@ -21,7 +21,7 @@ pub struct MappedObject {
 
 impl MappedObject {
     /// A file named directly by the user (path mode): both names are the same.
-    pub fn from_path(path: &Path) -> Self {
+    pub(crate) fn from_path(path: &Path) -> Self {
         MappedObject {
             path: path.to_path_buf(),
             host_path: path.to_path_buf(),
@@ -29,7 +29,7 @@ impl MappedObject {
     }
 
     /// A file at `path` inside process `pid`'s root directory.
-    pub fn in_process(pid: u32, path: &Path) -> Self {
+    pub(crate) fn in_process(pid: u32, path: &Path) -> Self {
         let relative = path.strip_prefix("/").unwrap_or(path);
         MappedObject {
             path: path.to_path_buf(),
@@ -41,7 +41,7 @@ impl MappedObject {
 /// The files a process has mapped executable, each once, in address order: its
 /// executable and shared libraries. Pseudo-mappings (`[vdso]`), anonymous memory (JIT
 /// code) and deleted files are left out, as they have no file to read notes from.
-pub fn mapped_objects(pid: u32) -> Result<Vec<MappedObject>, UsdtError> {
+pub(crate) fn mapped_objects(pid: u32) -> Result<Vec<MappedObject>, UsdtError> {
     let maps_path = proc_path(pid, "maps");
     let text = std::fs::read_to_string(&maps_path).map_err(|e| proc_error(pid, &maps_path, e))?;
     Ok(executable_files(&parse_maps(&text))
@@ -71,7 +71,7 @@ fn executable_files(entries: &[MapsEntry]) -> Vec<&str> {
 /// The process's main executable, from `/proc/PID/exe`. If the file was deleted or
 /// replaced since the process started, `host_path` is `/proc/PID/exe` itself, which
 /// still leads to the running contents.
-pub fn executable(pid: u32) -> Result<MappedObject, UsdtError> {
+pub(crate) fn executable(pid: u32) -> Result<MappedObject, UsdtError> {
     let exe = proc_path(pid, "exe");
     let target = std::fs::read_link(&exe).map_err(|e| proc_error(pid, &exe, e))?;
     let text = target.to_string_lossy();

@@ -14,7 +14,7 @@ use super::{
 
 /// Where to look for probes.
 #[derive(Debug, Clone, Copy)]
-pub enum Scope<'a> {
+pub(crate) enum Scope<'a> {
     /// A running process: its executable and every library it maps.
     Process(u32),
     /// Several processes, as [`Scope::Process`] each, and the file `exe` (which may run
@@ -33,7 +33,7 @@ pub enum Scope<'a> {
 
 /// Every site matching any of `specs`, valid or not, each once: what `list` shows.
 #[derive(Debug, Default)]
-pub struct Found {
+pub(crate) struct Found {
     /// The sites, in the order found (see [`ProbeSite::offsets`] for which are valid).
     pub sites: Vec<ProbeSite>,
     /// Objects of the process whose notes could not be read at all (undecodable notes,
@@ -44,7 +44,7 @@ pub struct Found {
 /// What to attach: the valid sites matching `specs`, and the malformed ones a wildcard
 /// matched, which are left out (the caller warns about each).
 #[derive(Debug, Default)]
-pub struct Resolved {
+pub(crate) struct Resolved {
     /// Sites to attach, each once, all valid.
     pub sites: Vec<ProbeSite>,
     /// Why each left-out site was left out ([`FileError::InvalidSite`]).
@@ -53,7 +53,7 @@ pub struct Resolved {
 
 /// The sites matching any of `specs`, each site once, valid or not. Fails when a file
 /// cannot be read; finding nothing is not an error here.
-pub fn find(specs: &[UsdtSpecifier], scope: Scope<'_>) -> Result<Found, UsdtError> {
+pub(crate) fn find(specs: &[UsdtSpecifier], scope: Scope<'_>) -> Result<Found, UsdtError> {
     let (functions, notes): (Vec<UsdtSpecifier>, Vec<UsdtSpecifier>) = specs
         .iter()
         .cloned()
@@ -244,7 +244,7 @@ fn find_functions(
 /// specifier names its probe literally (no wildcard in provider and name), and is left
 /// out, in [`Resolved::skipped`], when only wildcards match it. Fails when nothing valid
 /// matches: with the malformed notes if that is why, with "no probes match" otherwise.
-pub fn resolve(specs: &[UsdtSpecifier], scope: Scope<'_>) -> Result<Resolved, UsdtError> {
+pub(crate) fn resolve(specs: &[UsdtSpecifier], scope: Scope<'_>) -> Result<Resolved, UsdtError> {
     let found = find(specs, scope)?;
     decide(specs, scope, found)
 }
@@ -309,7 +309,7 @@ fn decide(specs: &[UsdtSpecifier], scope: Scope<'_>, found: Found) -> Result<Res
 
 /// Why [`find`] found nothing: malformed notes in the objects searched, or "no probes
 /// match".
-pub fn why_none(specs: &[UsdtSpecifier], scope: Scope<'_>, found: Found) -> UsdtError {
+pub(crate) fn why_none(specs: &[UsdtSpecifier], scope: Scope<'_>, found: Found) -> UsdtError {
     match decide(specs, scope, found) {
         Err(error) => error,
         Ok(_) => nothing_matches(specs, scope),
@@ -395,7 +395,7 @@ fn matches_in(spec: &UsdtSpecifier, site: &ProbeSite, scope: Scope<'_>) -> bool 
 /// The files searched already (by device and inode, however a process names them): a
 /// file is searched for probes, and its sites attached, once.
 #[derive(Debug, Default)]
-pub struct Searched(HashSet<(u64, u64)>);
+pub(crate) struct Searched(HashSet<(u64, u64)>);
 
 impl Searched {
     /// Marks `path`; false when it was marked already or cannot be read (then it is
@@ -409,13 +409,13 @@ impl Searched {
     }
 
     /// How many files are marked.
-    pub fn count(&self) -> usize {
+    pub(crate) fn count(&self) -> usize {
         self.0.len()
     }
 
     /// Marks every file of `sites` and, for each of `pids`, every object it maps now:
     /// what [`resolve`] searched.
-    pub fn of_resolved(sites: &[ProbeSite], pids: &[u32]) -> Self {
+    pub(crate) fn of_resolved(sites: &[ProbeSite], pids: &[u32]) -> Self {
         let mut searched = Searched::default();
         for site in sites {
             searched.mark(&site.binary.host_path);
@@ -442,7 +442,7 @@ fn process_objects(pid: u32) -> Vec<MappedObject> {
 /// process's executable), and why sites of those files were left out. A file that cannot
 /// be read is passed over: such a file may be searched again when another process maps
 /// it, so it is not marked.
-pub fn find_new(
+pub(crate) fn find_new(
     specs: &[UsdtSpecifier],
     pid: u32,
     searched: &mut Searched,
@@ -672,7 +672,7 @@ fn lexically_absolute(path: &str) -> PathBuf {
 }
 
 /// `text` as a glob that matches exactly it.
-pub fn escape_glob(text: &str) -> String {
+pub(crate) fn escape_glob(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
         match c {

@@ -19,7 +19,7 @@
 //!   grows) from one waiting for a CPU;
 //! - and `/proc/PID/mem`: the top of its user stack, from the saved stack pointer up.
 //!
-//! The reads are parsed here ([`ThreadSnapshot`], by [`snapshot_threads`]); the user stack
+//! The reads are parsed here ([`ThreadSnapshot`], by [`snapshot_threads_with`]); the user stack
 //! is unwound with [`DwarfUnwinder`] and named with [`StackSymbolizer`] by [`user_stacks`].
 //!
 //! `/proc` does not give the frame pointer, and the call frame information of code built
@@ -39,15 +39,13 @@
 mod clock;
 mod parse;
 mod snapshot;
-pub mod syscalls;
+pub(crate) mod syscalls;
 mod user_stack;
 
-pub use parse::{
-    Stat, Syscall, SyscallLine, ThreadState, parse_kernel_stack, parse_sched_exec_start,
-    parse_schedstat_runtime, parse_stat, parse_syscall_line,
+#[cfg(test)]
+pub(crate) use parse::Syscall;
+pub(crate) use parse::{ThreadState, parse_kernel_stack};
+pub(crate) use snapshot::{
+    SnapshotError, SnapshotOptions, ThreadSnapshot, UserState, snapshot_threads_with,
 };
-pub use snapshot::{
-    SnapshotError, SnapshotOptions, ThreadSnapshot, UserState, snapshot_threads,
-    snapshot_threads_with,
-};
-pub use user_stack::{UserStack, user_stacks};
+pub(crate) use user_stack::{UserStack, user_stacks};

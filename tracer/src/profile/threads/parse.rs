@@ -5,7 +5,7 @@ use super::syscalls;
 
 /// What a thread is doing, from its state letter in `/proc/PID/task/TID/stat`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ThreadState {
+pub(crate) enum ThreadState {
     /// On a CPU (`R`, its CPU time growing).
     Running,
     /// Waiting for a CPU (`R`, its CPU time not growing).
@@ -32,7 +32,7 @@ pub enum ThreadState {
 
 impl ThreadState {
     /// The state of letter `c` (`R` is taken as [`ThreadState::Running`]).
-    pub fn from_letter(c: char) -> Self {
+    pub(crate) fn from_letter(c: char) -> Self {
         match c {
             'R' => Self::Running,
             'S' => Self::Sleeping,
@@ -47,7 +47,7 @@ impl ThreadState {
         }
     }
 
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Self::Running => "running",
             Self::Runnable => "runnable",
@@ -66,7 +66,7 @@ impl ThreadState {
 
 /// A system call a thread is in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Syscall {
+pub(crate) struct Syscall {
     pub nr: u64,
     pub args: [u64; 6],
 }
@@ -74,7 +74,7 @@ pub struct Syscall {
 impl Syscall {
     /// Its x86-64 name (`futex`), or `syscall N`. (A 32-bit process's numbers are the
     /// i386 ones, which this does not tell apart.)
-    pub fn name(&self) -> String {
+    pub(crate) fn name(&self) -> String {
         match syscalls::name(self.nr) {
             Some(name) => name.to_string(),
             None => format!("syscall {}", self.nr),
@@ -84,7 +84,7 @@ impl Syscall {
 
 /// One line of `/proc/PID/task/TID/syscall`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SyscallLine {
+pub(crate) enum SyscallLine {
     /// `running`: the thread was runnable, so its registers could not be read.
     Running,
     /// In the kernel but not in a system call (`-1 SP PC`).
@@ -100,7 +100,7 @@ pub enum SyscallLine {
 }
 
 /// Parses `/proc/PID/task/TID/syscall`; `None` if malformed.
-pub fn parse_syscall_line(text: &str) -> Option<SyscallLine> {
+pub(crate) fn parse_syscall_line(text: &str) -> Option<SyscallLine> {
     let text = text.trim();
     if text == "running" {
         return Some(SyscallLine::Running);
@@ -126,7 +126,7 @@ pub fn parse_syscall_line(text: &str) -> Option<SyscallLine> {
 
 /// The fields of `/proc/PID/task/TID/stat` used here.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Stat {
+pub(crate) struct Stat {
     /// The name between the parentheses (it may hold anything, parentheses included).
     pub comm: String,
     pub state: char,
@@ -140,7 +140,7 @@ pub struct Stat {
 const PF_KTHREAD: u64 = 0x0020_0000;
 
 /// Parses `/proc/PID/task/TID/stat`; `None` if malformed.
-pub fn parse_stat(text: &str) -> Option<Stat> {
+pub(crate) fn parse_stat(text: &str) -> Option<Stat> {
     let open = text.find('(')?;
     let close = text.rfind(')')?;
     let comm = text.get(open + 1..close)?.to_string();
@@ -159,7 +159,7 @@ pub fn parse_stat(text: &str) -> Option<Stat> {
 
 /// `se.exec_start` of `/proc/PID/task/TID/sched` (milliseconds with six decimals) in
 /// nanoseconds; `None` when absent or 0 (a thread just moved to another CPU).
-pub fn parse_sched_exec_start(text: &str) -> Option<u64> {
+pub(crate) fn parse_sched_exec_start(text: &str) -> Option<u64> {
     let line = text.lines().find(|l| l.starts_with("se.exec_start"))?;
     let value = line.split_once(':')?.1.trim();
     let (ms, frac) = value.split_once('.').unwrap_or((value, "0"));
@@ -176,13 +176,13 @@ pub fn parse_sched_exec_start(text: &str) -> Option<u64> {
 }
 
 /// The CPU time (ns) of `/proc/PID/task/TID/schedstat`: its first field.
-pub fn parse_schedstat_runtime(text: &str) -> Option<u64> {
+pub(crate) fn parse_schedstat_runtime(text: &str) -> Option<u64> {
     text.split_ascii_whitespace().next()?.parse().ok()
 }
 
 /// The function names of `/proc/PID/task/TID/stack`, innermost first: `[<0>]
 /// futex_do_wait+0x46/0x90` gives `futex_do_wait` (a ` [module]` after it is dropped).
-pub fn parse_kernel_stack(text: &str) -> Vec<String> {
+pub(crate) fn parse_kernel_stack(text: &str) -> Vec<String> {
     text.lines()
         .filter_map(|line| {
             let line = line.trim();

@@ -22,7 +22,7 @@ use crate::system::procfs::parse_maps_line;
 /// A thread's user registers and the top of its user stack, as saved when it entered
 /// the kernel.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UserState {
+pub(crate) struct UserState {
     pub pc: u64,
     pub sp: u64,
     /// The frame pointer, when known (see [`SnapshotOptions::registers`]).
@@ -37,7 +37,7 @@ pub struct UserState {
 
 /// What one thread was doing when read.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ThreadSnapshot {
+pub(crate) struct ThreadSnapshot {
     pub tid: u32,
     pub name: String,
     pub state: ThreadState,
@@ -58,7 +58,7 @@ impl ThreadSnapshot {
     /// The thread's user stack as a snapshot for
     /// [`DwarfUnwinder::unwind_one`](crate::stack::unwind::DwarfUnwinder::unwind_one) (no frame
     /// pointer: `/proc` does not give it).
-    pub fn unwind_snapshot(&self, tgid: u32) -> Option<Snapshot<'_>> {
+    pub(crate) fn unwind_snapshot(&self, tgid: u32) -> Option<Snapshot<'_>> {
         let user = self.user.as_ref()?;
         Some(Snapshot {
             tgid,
@@ -75,12 +75,12 @@ impl ThreadSnapshot {
     }
 
     /// Its FS base, when read (see [`UserState::fsbase`]).
-    pub fn fsbase(&self) -> Option<u64> {
+    pub(crate) fn fsbase(&self) -> Option<u64> {
         self.user.as_ref()?.fsbase
     }
 
     /// The kernel frames named as every tracer output names them (`futex_do_wait_[k]`).
-    pub fn kernel_frame_names(&self) -> Vec<String> {
+    pub(crate) fn kernel_frame_names(&self) -> Vec<String> {
         self.kernel_stack
             .iter()
             .map(|name| format!("{name}{KERNEL_SUFFIX}"))
@@ -90,7 +90,7 @@ impl ThreadSnapshot {
 
 /// Why a process's threads could not be read.
 #[derive(Debug, Error)]
-pub enum SnapshotError {
+pub(crate) enum SnapshotError {
     #[error("no such process: {0}")]
     NoSuchProcess(u32),
     #[error("process {0} exited")]
@@ -129,7 +129,7 @@ fn read_proc(path: &str) -> Result<Read<String>, SnapshotError> {
 
 /// What [`snapshot_threads_with`] reads, and what it is given besides `/proc`.
 #[derive(Debug, Clone)]
-pub struct SnapshotOptions {
+pub(crate) struct SnapshotOptions {
     /// Bytes of each user stack read, from its stack pointer up.
     pub stack_bytes: usize,
     /// Saved user registers by thread id, read just before (see the docs of
@@ -146,15 +146,10 @@ impl Default for SnapshotOptions {
     }
 }
 
-/// Reads every thread of process `pid` (main thread first, then by thread id), with up
-/// to [`UNWIND_STACK_BYTES`] of each user stack and without frame pointers. Threads that
-/// exit meanwhile are left out.
-pub fn snapshot_threads(pid: u32) -> Result<Vec<ThreadSnapshot>, SnapshotError> {
-    snapshot_threads_with(pid, &SnapshotOptions::default())
-}
-
-/// [`snapshot_threads`] with `options`.
-pub fn snapshot_threads_with(
+/// Reads every thread of process `pid` (main thread first, then by thread id), with as
+/// much of each user stack and such registers as `options` say (by default
+/// [`UNWIND_STACK_BYTES`], no frame pointers). Threads that exit meanwhile are left out.
+pub(crate) fn snapshot_threads_with(
     pid: u32,
     options: &SnapshotOptions,
 ) -> Result<Vec<ThreadSnapshot>, SnapshotError> {

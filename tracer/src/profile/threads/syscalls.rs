@@ -5,7 +5,7 @@
 //! The names are a table of (number, name) pairs sorted by number, searched by [`name`].
 
 /// The name of x86-64 system call `nr`; `None` for a number Linux does not use.
-pub fn name(nr: u64) -> Option<&'static str> {
+pub(crate) fn name(nr: u64) -> Option<&'static str> {
     NAMES
         .binary_search_by_key(&nr, |&(number, _)| number)
         .ok()

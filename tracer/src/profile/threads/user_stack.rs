@@ -7,7 +7,7 @@ use crate::stack::unwind::{DwarfUnwinder, UnwindEnd, UnwoundStack};
 
 /// A thread's user stack, unwound and named.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UserStack {
+pub(crate) struct UserStack {
     /// The instruction pointers found, innermost first.
     pub unwound: UnwoundStack,
     /// Their names, innermost first (inlined functions as frames of their own, ` [fp]`
@@ -19,7 +19,7 @@ pub struct UserStack {
 
 /// Unwinds and names the user stack of each of `threads` of process `pid` (whose
 /// mappings `maps` holds); `None` for threads without one.
-pub fn user_stacks(
+pub(crate) fn user_stacks(
     pid: u32,
     threads: &[ThreadSnapshot],
     maps: &ProcessMaps,

@@ -31,46 +31,44 @@ mod summary;
 mod task_view;
 
 pub use build::build_profile;
-pub use summary::{
-    UNNAMED_HINT_SHARE, python_thread_table, thread_table, truncated_line, unnamed_line,
-};
+pub(crate) use summary::{python_thread_table, thread_table, truncated_line, unnamed_line};
 
 use python::PythonState;
 
 /// The leaf frame added to blocked time in the wall-clock view.
-pub const OFF_CPU_FRAME: &str = "[off-cpu]";
+pub(crate) const OFF_CPU_FRAME: &str = "[off-cpu]";
 
 /// The leaf frame added to time a thread was runnable but not running (preempted,
 /// waiting for a CPU) in the wall-clock view.
-pub const RUNNABLE_FRAME: &str = "[runnable]";
+pub(crate) const RUNNABLE_FRAME: &str = "[runnable]";
 
 /// The leaf frames of the tasks view (see [`TaskEntries`]): which kind of a task's time
 /// a stack is.
-pub const TASK_ON_CPU_FRAME: &str = "[running]";
-pub const TASK_BLOCKED_FRAME: &str = "[blocked while running]";
-pub const TASK_RUNNABLE_FRAME: &str = "[runnable while running]";
-pub const TASK_PARKED_FRAME: &str = "[parked]";
+pub(crate) const TASK_ON_CPU_FRAME: &str = "[running]";
+pub(crate) const TASK_BLOCKED_FRAME: &str = "[blocked while running]";
+pub(crate) const TASK_RUNNABLE_FRAME: &str = "[runnable while running]";
+pub(crate) const TASK_PARKED_FRAME: &str = "[parked]";
 
 /// The frame standing for the stacks of threads that were already off CPU when profiling
 /// started (see [`tracer_common::STACK_BEFORE_START`]): where they blocked is not known.
-pub const BEFORE_START_FRAME: &str = "[blocked since before profiling started]";
+pub(crate) const BEFORE_START_FRAME: &str = "[blocked since before profiling started]";
 
 /// The kernel frame of short blocked intervals whose kernel stack was not sampled, where
 /// no sample of the same user stack says where they blocked (see
 /// [`tracer_common::KERNEL_STACK_ALWAYS_NS`]).
-pub const NOT_SAMPLED_FRAME: &str = "[kernel stack not sampled]_[k]";
+pub(crate) const NOT_SAMPLED_FRAME: &str = "[kernel stack not sampled]_[k]";
 
 /// The kernel frames of an off-CPU interval whose thread came back with a kernel stack
 /// the kernel could not walk.
-pub const UNREADABLE_FRAME: &str = "[kernel stack unreadable]_[k]";
+pub(crate) const UNREADABLE_FRAME: &str = "[kernel stack unreadable]_[k]";
 
 /// The kernel frames of an off-CPU interval whose thread's return to the CPU went
 /// unseen, so that where it blocked was gone.
-pub const MISSED_FRAME: &str = "[kernel stack missed]_[k]";
+pub(crate) const MISSED_FRAME: &str = "[kernel stack missed]_[k]";
 
 /// The outermost frame of a stack cut short: deeper than the stack bytes copied or
 /// [`tracer_common::MAX_STACK_DEPTH`] frames.
-pub const TRUNCATED_FRAME: &str = crate::stack::unwind::TRUNCATED_FRAME;
+pub(crate) const TRUNCATED_FRAME: &str = crate::stack::unwind::TRUNCATED_FRAME;
 
 /// The three views and what went into them.
 #[derive(Debug, Default)]
@@ -275,7 +273,7 @@ pub struct TaskEntries {
 /// now), unless it is shorter than `--min-block`, which the kernel applies to finished
 /// intervals only.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct OpenIntervals<'a> {
+pub(crate) struct OpenIntervals<'a> {
     /// Thread id and when (and where) it blocked.
     pub starts: &'a [(u32, OffCpuStart)],
     /// When tracing stopped (CLOCK_MONOTONIC ns).
@@ -287,7 +285,7 @@ pub struct OpenIntervals<'a> {
 impl<'a> OpenIntervals<'a> {
     /// Each interval long enough to count: its thread, its start, and how long it has
     /// lasted. Like the kernel, keeps intervals of exactly `min_block_ns`.
-    pub fn iter(&self) -> impl Iterator<Item = (u32, &'a OffCpuStart, u64)> + use<'a> {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (u32, &'a OffCpuStart, u64)> + use<'a> {
         let (now_ns, min_block_ns) = (self.now_ns, self.min_block_ns);
         self.starts.iter().filter_map(move |(tid, start)| {
             let ns = now_ns.saturating_sub(start.ts_ns);

@@ -7,7 +7,7 @@ use super::{PythonThreadTime, TRUNCATED_FRAME, ThreadTime, WallClockProfile};
 
 /// The busiest threads of `profile` (on CPU or waiting for one the longest), as a table: id (decimal), name, and
 /// their time on CPU, blocked and runnable. At most `shown` rows.
-pub fn thread_table(profile: &WallClockProfile, shown: usize) -> String {
+pub(crate) fn thread_table(profile: &WallClockProfile, shown: usize) -> String {
     use std::fmt::Write as _;
     let seconds = |ns: u64| format!("{:.3}s", ns as f64 / 1e9);
     let mut out = format!(
@@ -33,7 +33,7 @@ pub fn thread_table(profile: &WallClockProfile, shown: usize) -> String {
 /// The Python threads of `profile` (those with Python frames), as a table: id, name, and
 /// their time running, waiting for the GIL, collecting garbage, blocked and runnable.
 /// At most `shown` rows, busiest first; `None` without Python threads.
-pub fn python_thread_table(profile: &WallClockProfile, shown: usize) -> Option<String> {
+pub(crate) fn python_thread_table(profile: &WallClockProfile, shown: usize) -> Option<String> {
     use std::fmt::Write as _;
     let seconds = |ns: u64| format!("{:.3}s", ns as f64 / 1e9);
     let threads: Vec<(&ThreadTime, &PythonThreadTime)> = profile
@@ -75,7 +75,7 @@ pub fn python_thread_table(profile: &WallClockProfile, shown: usize) -> Option<S
 
 /// The line saying how much of `profile`'s wall time is in stacks cut short; `None`
 /// when less than a thousandth is.
-pub fn truncated_line(profile: &WallClockProfile) -> Option<String> {
+pub(crate) fn truncated_line(profile: &WallClockProfile) -> Option<String> {
     let wall = profile.oncpu_ns + profile.offcpu_ns + profile.runnable_ns;
     // Below a thousandth the share rounds to nothing; the JSON keeps the exact time.
     (profile.truncated_ns.saturating_mul(1000) >= wall.max(1)).then(|| {
@@ -91,11 +91,14 @@ pub fn truncated_line(profile: &WallClockProfile) -> Option<String> {
 
 /// The share of a profile's wall time above which the reports say how to name what
 /// could not be named.
-pub const UNNAMED_HINT_SHARE: f64 = 0.1;
+pub(crate) const UNNAMED_HINT_SHARE: f64 = 0.1;
 
 /// When more than [`UNNAMED_HINT_SHARE`] of `profile`'s wall time has unnamed frames,
 /// the line saying so and how to get names (see [`crate::probe::runtimes::jit_naming_hint`]).
-pub fn unnamed_line(profile: &WallClockProfile, hint: impl FnOnce() -> String) -> Option<String> {
+pub(crate) fn unnamed_line(
+    profile: &WallClockProfile,
+    hint: impl FnOnce() -> String,
+) -> Option<String> {
     let wall = profile.oncpu_ns + profile.offcpu_ns + profile.runnable_ns;
     let share = profile.unnamed_ns as f64 / wall.max(1) as f64;
     (share > UNNAMED_HINT_SHARE).then(|| {

@@ -15,7 +15,7 @@ use object::{Object as _, ObjectSymbol as _, SymbolKind};
 use super::jitdump::JitSymbols;
 
 /// The descriptor's symbol.
-pub const DESCRIPTOR: &str = "__jit_debug_descriptor";
+pub(crate) const DESCRIPTOR: &str = "__jit_debug_descriptor";
 
 /// Entries walked at most: a corrupt list ends there.
 const MAX_ENTRIES: usize = 100_000;
@@ -24,7 +24,7 @@ const MAX_OBJECT_BYTES: u64 = 64 << 20;
 
 /// The code named by the objects registered behind the descriptor at `descriptor`, read
 /// through `mem` (the process's `/proc/PID/mem`).
-pub fn registered_code(mem: &File, descriptor: u64) -> JitSymbols {
+pub(crate) fn registered_code(mem: &File, descriptor: u64) -> JitSymbols {
     let mut symbols = JitSymbols::default();
     let read_u64 = |addr: u64| {
         let mut word = [0u8; 8];

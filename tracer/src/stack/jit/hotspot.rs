@@ -23,7 +23,7 @@ const ANSWER_WAIT: Duration = Duration::from_secs(10);
 
 /// Why a JVM could not be asked, or what it answered instead of success.
 #[derive(Debug, thiserror::Error)]
-pub enum AttachError {
+pub(crate) enum AttachError {
     #[error("process {0} is not a HotSpot JVM whose signal dispatcher runs")]
     NotReady(u32),
     #[error("process {0} was started with {1}: its attach mechanism is off")]
@@ -45,13 +45,13 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> AttachError {
 }
 
 /// Whether process `pid` is a HotSpot JVM: it maps `libjvm.so`.
-pub fn is_hotspot(pid: u32) -> bool {
+pub(crate) fn is_hotspot(pid: u32) -> bool {
     fs::read_to_string(format!("/proc/{pid}/maps"))
         .is_ok_and(|maps| maps.lines().any(|l| l.ends_with("/libjvm.so")))
 }
 
 /// Asks JVM `pid` to write its perf map (`Compiler.perfmap`); returns what it printed.
-pub fn request_perf_map(pid: u32) -> Result<String, AttachError> {
+pub(crate) fn request_perf_map(pid: u32) -> Result<String, AttachError> {
     execute(pid, "jcmd", &["Compiler.perfmap"])
 }
 

@@ -16,7 +16,7 @@ const CODE_LOAD: u32 = 0;
 const CODE_MOVE: u32 = 1;
 
 /// Whether a mapped file's name is a jitdump's (`jit-PID.dump`).
-pub fn is_jitdump_name(file_name: &str) -> bool {
+pub(crate) fn is_jitdump_name(file_name: &str) -> bool {
     file_name
         .strip_prefix("jit-")
         .and_then(|rest| rest.strip_suffix(".dump"))
@@ -26,13 +26,13 @@ pub fn is_jitdump_name(file_name: &str) -> bool {
 /// The code a jitdump names, by start address: (end, name). Code loaded later at an
 /// address replaces what was there.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct JitSymbols {
+pub(crate) struct JitSymbols {
     by_start: BTreeMap<u64, (u64, String)>,
 }
 
 impl JitSymbols {
     /// Parses a jitdump (or as much of it as was written): `None` if it is none.
-    pub fn parse(bytes: &[u8]) -> Option<Self> {
+    pub(crate) fn parse(bytes: &[u8]) -> Option<Self> {
         let u32_at = |at: usize| Some(u32::from_le_bytes(bytes.get(at..at + 4)?.try_into().ok()?));
         if u32_at(0)? != MAGIC {
             return None;
@@ -86,7 +86,7 @@ impl JitSymbols {
     }
 
     /// Names the code at `start`, `size` bytes, replacing whatever it overlaps.
-    pub fn insert(&mut self, start: u64, size: u64, name: String) {
+    pub(crate) fn insert(&mut self, start: u64, size: u64, name: String) {
         let end = start.saturating_add(size.max(1));
         let overlapping: Vec<u64> = self
             .by_start
@@ -102,16 +102,17 @@ impl JitSymbols {
     }
 
     /// The name of the code at `addr`.
-    pub fn lookup(&self, addr: u64) -> Option<&str> {
+    pub(crate) fn lookup(&self, addr: u64) -> Option<&str> {
         let (_, (end, name)) = self.by_start.range(..=addr).next_back()?;
         (addr < *end).then_some(name.as_str())
     }
 
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.by_start.len()
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.by_start.is_empty()
     }
 }

@@ -4,9 +4,9 @@
 //! files other runtimes write ([`jitdump`]); and the in-memory objects JITs register
 //! through the GDB JIT interface ([`gdb`]).
 
-pub mod gdb;
-pub mod hotspot;
-pub mod jitdump;
+pub(crate) mod gdb;
+pub(crate) mod hotspot;
+pub(crate) mod jitdump;
 
 use std::{
     collections::HashMap,
@@ -15,14 +15,14 @@ use std::{
 };
 
 /// The least time between two requests to one JVM: each takes a JVM lock.
-pub const MIN_REQUEST_INTERVAL: Duration = Duration::from_secs(3);
+pub(crate) const MIN_REQUEST_INTERVAL: Duration = Duration::from_secs(3);
 
 /// What asking each JVM did: its pid and the outcome.
 type Outcomes = Vec<(u32, Result<(), String>)>;
 
 /// The perf maps asked of the JVMs of a run.
 #[derive(Debug, Default)]
-pub struct JvmPerfMaps {
+pub(crate) struct JvmPerfMaps {
     /// Requests are made (`--no-jit-symbols` turns them off).
     enabled: bool,
     /// When each JVM was last asked.
@@ -34,7 +34,7 @@ pub struct JvmPerfMaps {
 }
 
 impl JvmPerfMaps {
-    pub fn new(enabled: bool) -> Self {
+    pub(crate) fn new(enabled: bool) -> Self {
         Self {
             enabled,
             ..Self::default()
@@ -43,7 +43,7 @@ impl JvmPerfMaps {
 
     /// Asks the JVMs among `pids` for their perf maps, on a thread of its own so that
     /// tracing starts at once.
-    pub fn request_at_start(&mut self, pids: impl IntoIterator<Item = u32>) {
+    pub(crate) fn request_at_start(&mut self, pids: impl IntoIterator<Item = u32>) {
         if !self.enabled {
             return;
         }
@@ -65,7 +65,7 @@ impl JvmPerfMaps {
 
     /// Asks the JVMs among `pids` that are still running (and were not asked within
     /// [`MIN_REQUEST_INTERVAL`]) for their perf maps again, before stacks are named.
-    pub fn request_before_naming(&mut self, pids: impl IntoIterator<Item = u32>) {
+    pub(crate) fn request_before_naming(&mut self, pids: impl IntoIterator<Item = u32>) {
         if let Some(started) = self.at_start.take() {
             for (pid, outcome) in started.join().unwrap_or_default() {
                 self.outcomes.push((pid, "at the start", outcome));
@@ -89,7 +89,7 @@ impl JvmPerfMaps {
     }
 
     /// One line per JVM asked, for the report; `None` when none was.
-    pub fn summary(&self) -> Option<String> {
+    pub(crate) fn summary(&self) -> Option<String> {
         if self.outcomes.is_empty() {
             return None;
         }

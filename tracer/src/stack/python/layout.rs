@@ -51,7 +51,7 @@
 //!   In 3.13 the shim's `f_executable` is `None`, which is no code object.
 //!
 //! A frame of a running generator or coroutine sits in the chain like any other frame.
-//! From 3.11 its `owner` is [`FRAME_OWNED_BY_GENERATOR`].
+//! From 3.11 its `owner` is 1 (`FRAME_OWNED_BY_GENERATOR`).
 //!
 //! # The instruction a frame is at
 //!
@@ -83,7 +83,7 @@
 ///
 /// Every offset is from the start of the structure it names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Layout {
+pub(crate) struct Layout {
     /// The minor version, as `(major, minor)`.
     pub version: (u8, u8),
     /// Offset of `interpreters.head` (a `PyInterpreterState *`) in `_PyRuntimeState`.
@@ -161,10 +161,7 @@ pub struct Layout {
 /// pushes in 3.12 and 3.13.
 ///
 /// It is the value of `FRAME_OWNED_BY_CSTACK` in `enum _frameowner` of both versions.
-pub const FRAME_OWNED_BY_CSTACK: u8 = 3;
-
-/// The `owner` of a frame that runs in a generator or a coroutine, from 3.11.
-pub const FRAME_OWNED_BY_GENERATOR: u8 = 1;
+pub(crate) const FRAME_OWNED_BY_CSTACK: u8 = 3;
 
 const PY_3_9: Layout = Layout {
     version: (3, 9),
@@ -312,7 +309,7 @@ const PY_3_13: Layout = Layout {
 };
 
 /// The layout of CPython `major.minor`, or `None` for a version without one.
-pub fn layout(major: u8, minor: u8) -> Option<Layout> {
+pub(crate) fn layout(major: u8, minor: u8) -> Option<Layout> {
     match (major, minor) {
         (3, 9) => Some(PY_3_9),
         (3, 10) => Some(PY_3_10),
@@ -324,54 +321,54 @@ pub fn layout(major: u8, minor: u8) -> Option<Layout> {
 }
 
 /// The bytes `_Py_DebugOffsets` starts with.
-pub const DEBUG_OFFSETS_COOKIE: &[u8; 8] = b"xdebugpy";
+pub(crate) const DEBUG_OFFSETS_COOKIE: &[u8; 8] = b"xdebugpy";
 
 /// `sizeof(_Py_DebugOffsets)` in 3.13: how many bytes from the start of `_PyRuntime`
 /// [`layout_from_debug_offsets`] reads.
-pub const DEBUG_OFFSETS_SIZE_3_13: usize = 584;
+pub(crate) const DEBUG_OFFSETS_SIZE_3_13: usize = 584;
 
 /// Where the fields of 3.13's `_Py_DebugOffsets` are, from its start.
 ///
 /// Each nested structure of `_Py_DebugOffsets` starts with the size of the structure it
 /// describes, followed by offsets into that structure, all `uint64_t`.
 mod debug_offsets_3_13 {
-    pub const VERSION: usize = 8;
-    pub const FREE_THREADED: usize = 16;
+    pub(super) const VERSION: usize = 8;
+    pub(super) const FREE_THREADED: usize = 16;
 
-    pub const RUNTIME_SIZE: usize = 24;
-    pub const RUNTIME_INTERPRETERS_HEAD: usize = 40;
+    pub(super) const RUNTIME_SIZE: usize = 24;
+    pub(super) const RUNTIME_INTERPRETERS_HEAD: usize = 40;
 
-    pub const INTERP_SIZE: usize = 48;
-    pub const INTERP_THREADS_HEAD: usize = 72;
+    pub(super) const INTERP_SIZE: usize = 48;
+    pub(super) const INTERP_THREADS_HEAD: usize = 72;
 
-    pub const TSTATE_SIZE: usize = 152;
-    pub const TSTATE_NEXT: usize = 168;
-    pub const TSTATE_CURRENT_FRAME: usize = 184;
-    pub const TSTATE_THREAD_ID: usize = 192;
-    pub const TSTATE_NATIVE_THREAD_ID: usize = 200;
+    pub(super) const TSTATE_SIZE: usize = 152;
+    pub(super) const TSTATE_NEXT: usize = 168;
+    pub(super) const TSTATE_CURRENT_FRAME: usize = 184;
+    pub(super) const TSTATE_THREAD_ID: usize = 192;
+    pub(super) const TSTATE_NATIVE_THREAD_ID: usize = 200;
 
-    pub const FRAME_SIZE: usize = 224;
-    pub const FRAME_PREVIOUS: usize = 232;
-    pub const FRAME_EXECUTABLE: usize = 240;
-    pub const FRAME_INSTR_PTR: usize = 248;
-    pub const FRAME_OWNER: usize = 264;
+    pub(super) const FRAME_SIZE: usize = 224;
+    pub(super) const FRAME_PREVIOUS: usize = 232;
+    pub(super) const FRAME_EXECUTABLE: usize = 240;
+    pub(super) const FRAME_INSTR_PTR: usize = 248;
+    pub(super) const FRAME_OWNER: usize = 264;
 
-    pub const CODE_SIZE: usize = 272;
-    pub const CODE_FILENAME: usize = 280;
-    pub const CODE_NAME: usize = 288;
-    pub const CODE_QUALNAME: usize = 296;
-    pub const CODE_LINETABLE: usize = 304;
-    pub const CODE_FIRSTLINENO: usize = 312;
-    pub const CODE_ADAPTIVE: usize = 344;
+    pub(super) const CODE_SIZE: usize = 272;
+    pub(super) const CODE_FILENAME: usize = 280;
+    pub(super) const CODE_NAME: usize = 288;
+    pub(super) const CODE_QUALNAME: usize = 296;
+    pub(super) const CODE_LINETABLE: usize = 304;
+    pub(super) const CODE_FIRSTLINENO: usize = 312;
+    pub(super) const CODE_ADAPTIVE: usize = 344;
 
-    pub const BYTES_SIZE: usize = 512;
-    pub const BYTES_OB_SIZE: usize = 520;
-    pub const BYTES_OB_SVAL: usize = 528;
+    pub(super) const BYTES_SIZE: usize = 512;
+    pub(super) const BYTES_OB_SIZE: usize = 520;
+    pub(super) const BYTES_OB_SVAL: usize = 528;
 
-    pub const UNICODE_SIZE: usize = 536;
-    pub const UNICODE_STATE: usize = 544;
-    pub const UNICODE_LENGTH: usize = 552;
-    pub const UNICODE_ASCIIOBJECT_SIZE: usize = 560;
+    pub(super) const UNICODE_SIZE: usize = 536;
+    pub(super) const UNICODE_STATE: usize = 544;
+    pub(super) const UNICODE_LENGTH: usize = 552;
+    pub(super) const UNICODE_ASCIIOBJECT_SIZE: usize = 560;
 }
 
 /// The layout that a 3.13 process describes in `_Py_DebugOffsets`, the structure at the
@@ -388,7 +385,7 @@ mod debug_offsets_3_13 {
 /// `_Py_DebugOffsets` does not record `sizeof(PyCompactUnicodeObject)`, which comes from
 /// the 3.13 table, as do the fields 3.13 does not have.
 /// [`Layout::frame_size`] is derived from the frame offsets read.
-pub fn layout_from_debug_offsets(bytes: &[u8]) -> Option<Layout> {
+pub(crate) fn layout_from_debug_offsets(bytes: &[u8]) -> Option<Layout> {
     use debug_offsets_3_13 as at;
 
     if bytes.len() < DEBUG_OFFSETS_SIZE_3_13 || !bytes.starts_with(DEBUG_OFFSETS_COOKIE) {

@@ -24,7 +24,7 @@ use super::layout::Layout;
 /// past the end of a 3.10+ table, where the table is malformed, and for a version
 /// without a decoder here.
 /// A 3.9 table has no end, so an offset past it gets the last line.
-pub fn line_for_offset(
+pub(crate) fn line_for_offset(
     version: (u8, u8),
     linetable: &[u8],
     first_line: u32,
@@ -57,7 +57,7 @@ pub fn line_for_offset(
 /// CPython gives such a frame the line `co_firstlineno`.
 /// The result is also `None` for a version without a layout, and from 3.11 when `layout`
 /// has no [`Layout::code_adaptive`].
-pub fn instruction_offset(
+pub(crate) fn instruction_offset(
     version: (u8, u8),
     frame_instr: u64,
     code_addr: u64,
@@ -121,18 +121,18 @@ fn linetable_3_10_line(table: &[u8], first_line: i64, offset: u64) -> Option<i64
 /// The kinds of entries of a 3.11+ location table (bits 3 to 6 of an entry's header).
 mod location {
     /// Kinds up to this one are short forms: same line, one byte of column data.
-    pub const SHORT_LAST: u8 = 9;
+    pub(super) const SHORT_LAST: u8 = 9;
     /// Kinds from this one to [`ONE_LINE_LAST`] are one-line forms: the line moves by
     /// the kind minus this one, and two bytes of columns follow.
-    pub const ONE_LINE_FIRST: u8 = 10;
-    pub const ONE_LINE_LAST: u8 = 12;
+    pub(super) const ONE_LINE_FIRST: u8 = 10;
+    pub(super) const ONE_LINE_LAST: u8 = 12;
     /// A signed varint line increment, and no columns.
-    pub const NO_COLUMNS: u8 = 13;
+    pub(super) const NO_COLUMNS: u8 = 13;
     /// A signed varint line increment, then varints for the end line increment and the
     /// start and end columns.
-    pub const LONG: u8 = 14;
+    pub(super) const LONG: u8 = 14;
     /// No location: the range has no line, and the line stays where it is.
-    pub const NONE: u8 = 15;
+    pub(super) const NONE: u8 = 15;
 }
 
 /// 3.11+ location table: each entry covers (bits 0 to 2 of its header) + 1 code units

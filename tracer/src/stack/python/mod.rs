@@ -14,9 +14,9 @@
 //! A named Python frame travels through the address-based stack pipeline as a
 //! [`crate::stack::frame_tokens`] token.
 
-pub mod layout;
-pub mod lines;
-pub mod objects;
+pub(crate) mod layout;
+pub(crate) mod lines;
+pub(crate) mod objects;
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -35,12 +35,12 @@ use crate::stack::symbolize::ProcessMaps;
 use crate::stack::unwind::{StackMerger, UnwoundStack};
 
 /// The module Python frames are shown with.
-pub const MODULE: &str = "[python]";
+pub(crate) const MODULE: &str = "[python]";
 
 /// One thread's Python frames, innermost first, cut into the groups each native
 /// `_PyEval_EvalFrameDefault` call ran.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct PythonFrames {
+pub(crate) struct PythonFrames {
     /// (code object address, raw instruction field) of each frame.
     pub frames: Vec<(u64, u64)>,
     /// For each frame: whether it is the outermost of its native call.
@@ -51,7 +51,7 @@ pub struct PythonFrames {
 
 impl PythonFrames {
     /// The frames the kernel sent with a snapshot.
-    pub fn from_kernel(stack: &PythonStack) -> Self {
+    pub(crate) fn from_kernel(stack: &PythonStack) -> Self {
         let count = (stack.count as usize).min(MAX_PYTHON_FRAMES);
         Self {
             frames: stack.frames[..count]
@@ -65,14 +65,14 @@ impl PythonFrames {
         }
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.frames.is_empty()
     }
 }
 
 /// The CPython interpreters of the processes a run has seen, found once per process.
 #[derive(Debug, Default)]
-pub struct Interpreters {
+pub(crate) struct Interpreters {
     /// `None`: the process runs no interpreter the tracer reads.
     by_process: HashMap<u32, Option<Interpreter>>,
     /// Processes forked from another without executing since, by the one they copy.
@@ -83,7 +83,7 @@ pub struct Interpreters {
 
 impl Interpreters {
     /// Interpreters never looked for (`--no-python-frames`, or frame-pointer unwinding).
-    pub fn disabled() -> Self {
+    pub(crate) fn disabled() -> Self {
         Self {
             disabled: true,
             ..Self::default()
@@ -94,26 +94,30 @@ impl Interpreters {
     /// exited, its code objects are read from its parent, where they are at the same
     /// addresses (a short-lived worker's frames are named after it is gone).
     /// Forgets the interpreters of processes `tgids`.
-    pub fn forget(&mut self, tgids: &std::collections::HashSet<u32>) {
+    pub(crate) fn forget(&mut self, tgids: &std::collections::HashSet<u32>) {
         self.by_process.retain(|tgid, _| !tgids.contains(tgid));
         self.forked_from.retain(|child, _| !tgids.contains(child));
     }
 
     /// Process `tgid` mapped code or started a program: if it ran no interpreter, it is
     /// looked at again (a shell that executes Python).
-    pub fn remapped(&mut self, tgid: u32) {
+    pub(crate) fn remapped(&mut self, tgid: u32) {
         if let Some(None) = self.by_process.get(&tgid) {
             self.by_process.remove(&tgid);
         }
     }
 
-    pub fn note_fork(&mut self, child: u32, parent: u32) {
+    pub(crate) fn note_fork(&mut self, child: u32, parent: u32) {
         self.forked_from.insert(child, parent);
     }
 
     /// The interpreter of process `tgid`, looked for in `maps` the first time (a version
     /// the tracer cannot read is said then, once).
-    pub fn find(&mut self, tgid: u32, maps: Option<&ProcessMaps>) -> Option<&mut Interpreter> {
+    pub(crate) fn find(
+        &mut self,
+        tgid: u32,
+        maps: Option<&ProcessMaps>,
+    ) -> Option<&mut Interpreter> {
         if self.disabled {
             return None;
         }
@@ -151,7 +155,7 @@ impl Interpreters {
 
     /// The interpreters ready for the kernel to walk that it has not been told of yet,
     /// by process (see [`Interpreter::kernel_process`]).
-    pub fn ready_for_kernel(&mut self) -> Vec<(u32, PythonProcess)> {
+    pub(crate) fn ready_for_kernel(&mut self) -> Vec<(u32, PythonProcess)> {
         self.by_process
             .iter_mut()
             .filter_map(|(&tgid, found)| Some((tgid, found.as_mut()?.kernel_process()?)))
@@ -160,7 +164,7 @@ impl Interpreters {
 
     /// Closes the memory of every interpreter not read since the last call: the
     /// descriptors held stay as few as the processes being named.
-    pub fn close_idle(&mut self) {
+    pub(crate) fn close_idle(&mut self) {
         for interpreter in self.by_process.values().flatten() {
             if !interpreter.used.replace(false) {
                 interpreter.mem.borrow_mut().take();
@@ -172,7 +176,7 @@ impl Interpreters {
 
 /// What the tracer knows of a process's CPython interpreter.
 #[derive(Debug)]
-pub struct Interpreter {
+pub(crate) struct Interpreter {
     pub version: (u8, u8),
     layout: Layout,
     /// Where `_PyRuntime` is in the process.
@@ -258,7 +262,7 @@ impl Interpreter {
     /// The interpreter of the process `maps` was captured from, if it runs CPython of a
     /// version the tracer can read. An interpreter not initialized yet is returned all
     /// the same: [`Interpreter::kernel_process`] says when it is.
-    pub fn find(maps: &ProcessMaps) -> Result<Option<Self>, String> {
+    pub(crate) fn find(maps: &ProcessMaps) -> Result<Option<Self>, String> {
         let pid = maps.pid();
         let mut seen = Vec::new();
         for mapping in maps.mapped_files() {
@@ -387,7 +391,7 @@ impl Interpreter {
 
     /// What the kernel is to be told of this interpreter, the first time it is ready
     /// (initialized): `None` before, and after it was handed out once.
-    pub fn kernel_process(&mut self) -> Option<PythonProcess> {
+    pub(crate) fn kernel_process(&mut self) -> Option<PythonProcess> {
         if self.registered {
             return None;
         }
@@ -413,7 +417,7 @@ impl Interpreter {
 
     /// The Python frames of the thread whose FS base is `fsbase`, read from the
     /// process's memory (a thread that is blocked, whose frames stay put).
-    pub fn thread_stack(&mut self, fsbase: u64) -> PythonFrames {
+    pub(crate) fn thread_stack(&mut self, fsbase: u64) -> PythonFrames {
         let mut stack = PythonFrames::default();
         self.initialize();
         let (Some(process), true) = (self.kernel, fsbase != 0) else {
@@ -481,7 +485,7 @@ impl Interpreter {
 
     /// `stack`, of the thread whose FS base is `fsbase`, with its Python frames read
     /// from the process's memory (see [`Interpreter::thread_stack`]).
-    pub fn merge_thread(&mut self, stack: UnwoundStack, fsbase: u64) -> UnwoundStack {
+    pub(crate) fn merge_thread(&mut self, stack: UnwoundStack, fsbase: u64) -> UnwoundStack {
         let python = self.thread_stack(fsbase);
         self.merge(stack, &python)
     }
@@ -640,7 +644,7 @@ fn version_from_file_name(name: &str) -> Option<(u8, u8)> {
 /// first). Groups left over, for calls whose native frames were not found (unwinding
 /// stopped early, or code without symbols), go outward of the last frame replaced, or
 /// at the root when none was.
-pub fn merge(
+pub(crate) fn merge(
     stack: UnwoundStack,
     groups: &[Vec<u64>],
     is_eval: impl Fn(u64) -> bool,

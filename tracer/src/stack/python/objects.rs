@@ -70,7 +70,7 @@ fn unicode_header(layout: &Layout, header: &[u8]) -> Option<UnicodeHeader> {
 ///
 /// The result is `None` for a string that is not compact (whose characters are not
 /// stored inline) and for a header that makes no sense.
-pub fn unicode_data_offset(layout: &Layout, header: &[u8]) -> Option<usize> {
+pub(crate) fn unicode_data_offset(layout: &Layout, header: &[u8]) -> Option<usize> {
     Some(unicode_header(layout, header)?.data)
 }
 
@@ -79,7 +79,7 @@ pub fn unicode_data_offset(layout: &Layout, header: &[u8]) -> Option<usize> {
 ///
 /// The result is `None` for a string that is not compact (whose characters are not
 /// stored inline) and for a header that makes no sense.
-pub fn unicode_data_len(layout: &Layout, header: &[u8]) -> Option<usize> {
+pub(crate) fn unicode_data_len(layout: &Layout, header: &[u8]) -> Option<usize> {
     unicode_header(layout, header)?.data_len()
 }
 
@@ -87,7 +87,8 @@ pub fn unicode_data_len(layout: &Layout, header: &[u8]) -> Option<usize> {
 /// characters, given at least its header ([`Layout::compact_data`] bytes).
 ///
 /// It is [`unicode_data_offset`] plus [`unicode_data_len`].
-pub fn unicode_size(layout: &Layout, header: &[u8]) -> Option<usize> {
+#[cfg(test)]
+pub(crate) fn unicode_size(layout: &Layout, header: &[u8]) -> Option<usize> {
     let header = unicode_header(layout, header)?;
     header.data.checked_add(header.data_len()?)
 }
@@ -103,7 +104,7 @@ pub fn unicode_size(layout: &Layout, header: &[u8]) -> Option<usize> {
 /// characters it covers ([`unicode_size`] tells how many bytes all of them take).
 /// A code point that is no Unicode scalar value (a lone surrogate, which a Python string
 /// may hold) becomes U+FFFD.
-pub fn decode_unicode(layout: &Layout, header_and_data: &[u8]) -> Option<String> {
+pub(crate) fn decode_unicode(layout: &Layout, header_and_data: &[u8]) -> Option<String> {
     let header = unicode_header(layout, header_and_data)?;
     let data = header_and_data.get(header.data..)?;
     let data = &data[..data.len().min(header.data_len()?)];
@@ -131,7 +132,7 @@ pub fn decode_unicode(layout: &Layout, header_and_data: &[u8]) -> Option<String>
 /// ([`Layout::bytes_data`] bytes).
 ///
 /// The result is `None` when `header` is too short or the length is negative.
-pub fn bytes_len(layout: &Layout, header: &[u8]) -> Option<usize> {
+pub(crate) fn bytes_len(layout: &Layout, header: &[u8]) -> Option<usize> {
     usize::try_from(read_i64(header, layout.bytes_size)?).ok()
 }
 
@@ -139,7 +140,8 @@ pub fn bytes_len(layout: &Layout, header: &[u8]) -> Option<usize> {
 /// contents).
 ///
 /// The result is `None` when `header_and_data` ends before the last byte of the contents.
-pub fn bytes_data<'a>(layout: &Layout, header_and_data: &'a [u8]) -> Option<&'a [u8]> {
+#[cfg(test)]
+pub(crate) fn bytes_data<'a>(layout: &Layout, header_and_data: &'a [u8]) -> Option<&'a [u8]> {
     let len = bytes_len(layout, header_and_data)?;
     let start = usize::try_from(layout.bytes_data).ok()?;
     header_and_data.get(start..start.checked_add(len)?)

@@ -8,7 +8,7 @@ use blazesym::symbolize::Sym;
 use super::maps::Location;
 
 /// Name of frames that no mapping or symbol source can place.
-pub const UNKNOWN: &str = "[unknown]";
+pub(crate) const UNKNOWN: &str = "[unknown]";
 /// Module of frames named from a JIT perf map.
 pub(super) const JIT_MODULE: &str = "[jit]";
 pub(super) const VDSO: &str = "[vdso]";
@@ -51,7 +51,7 @@ impl Frame {
 /// The addresses a stack's frames are named at, innermost first: the instruction
 /// pointer, then each return address less one (so it lands in its call), up to the
 /// first zero.
-pub fn lookup_addresses(addrs: &[u64]) -> impl Iterator<Item = u64> + '_ {
+pub(crate) fn lookup_addresses(addrs: &[u64]) -> impl Iterator<Item = u64> + '_ {
     lookups(addrs).map(|(lookup, _)| lookup)
 }
 
@@ -96,7 +96,7 @@ pub(super) fn frames_of(sym: &Sym<'_>, module: Option<&str>) -> Vec<Frame> {
 /// `name` demangled when it is a mangled Rust (legacy `_ZN...E` or v0 `_R...`) or C++
 /// (`_Z...`) name, without Rust's hash; any other name as it is (a C function `f` is not
 /// the type `float`).
-pub fn demangle(name: &str) -> String {
+pub(crate) fn demangle(name: &str) -> String {
     if !name.starts_with("_Z") && !name.starts_with("_R") && !name.starts_with("__Z") {
         return name.to_string();
     }

@@ -24,13 +24,13 @@ struct PerfMapEntry {
 
 /// A parsed perf map (`START SIZE name` lines, hexadecimal), sorted by start.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct PerfMap {
+pub(crate) struct PerfMap {
     entries: Vec<PerfMapEntry>,
 }
 
 /// Parses a JIT perf map. Malformed lines are skipped; when code was compiled again at
 /// the same address, the later line wins.
-pub fn parse_perf_map(text: &str) -> PerfMap {
+pub(crate) fn parse_perf_map(text: &str) -> PerfMap {
     let hex = |s: &str| {
         let s = s
             .strip_prefix("0x")
@@ -65,19 +65,21 @@ pub fn parse_perf_map(text: &str) -> PerfMap {
 
 impl PerfMap {
     /// The symbol whose code holds `addr` (the nearest one starting at or below it).
-    pub fn lookup(&self, addr: u64) -> Option<&str> {
+    pub(crate) fn lookup(&self, addr: u64) -> Option<&str> {
         let after = self.entries.partition_point(|e| e.start <= addr);
         let entry = self.entries[..after].last()?;
         (addr < entry.end).then_some(entry.name.as_str())
     }
 
     /// Number of symbols.
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.entries.len()
     }
 
     /// True without symbols.
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
 }

@@ -51,11 +51,8 @@ use kernel::KernelNamingThread;
 use naming_thread::NamingThread;
 use objects::{ObjectOffset, new_blazesym};
 
-pub use frames::{Frame, UNKNOWN, demangle, lookup_addresses};
-pub use jit_names::{PerfMap, parse_perf_map};
-pub use kernel::{KernelAddresses, KernelNames, PendingKernelNames};
-pub use maps::{Location, MappedFile, ProcessMaps};
-pub use user::UserAddresses;
+pub(crate) use frames::{Frame, UNKNOWN, demangle, lookup_addresses};
+pub(crate) use maps::ProcessMaps;
 
 /// Names user and kernel stack addresses. Caches parsed symbol files, so keep one for
 /// the whole report. Not `Send`: blazesym's caches use `Rc`.

@@ -26,8 +26,8 @@ mod stacks;
 mod tables;
 mod unwinder;
 
-pub use snapshot::Snapshot;
-pub use stacks::{
+pub(crate) use snapshot::Snapshot;
+pub(crate) use stacks::{
     StackMerger, TRUNCATED_FRAME, UnwindEnd, UnwindStats, UnwoundStack, UnwoundStacks, WithUnwound,
 };
-pub use unwinder::{DwarfUnwinder, SampleKey, UnwoundSamples};
+pub(crate) use unwinder::{DwarfUnwinder, SampleKey};

@@ -21,7 +21,7 @@ const STACK_AT: usize = offset_of!(UnwindSample, stack);
 
 /// One snapshot as read from the ring buffer.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Snapshot<'a> {
+pub(crate) struct Snapshot<'a> {
     pub tgid: u32,
     pub tid: u32,
     pub ip: u64,
@@ -43,7 +43,7 @@ pub struct Snapshot<'a> {
 
 impl<'a> Snapshot<'a> {
     /// Parses a ring buffer record; `None` if it is too short.
-    pub fn parse(record: &'a [u8]) -> Option<Self> {
+    pub(crate) fn parse(record: &'a [u8]) -> Option<Self> {
         let u32_at = |at: usize| Some(u32::from_ne_bytes(record.get(at..at + 4)?.try_into().ok()?));
         let u64_at = |at: usize| Some(u64::from_ne_bytes(record.get(at..at + 8)?.try_into().ok()?));
         let stack_len = (u32_at(STACK_LEN_AT)? as usize).min(UNWIND_STACK_BYTES);

@@ -10,7 +10,7 @@ use crate::stack::naming::StackSource;
 
 /// One unwound user stack.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
-pub struct UnwoundStack {
+pub(crate) struct UnwoundStack {
     /// Instruction pointers, innermost first.
     pub addrs: Vec<u64>,
     /// For each, whether it was found by following the frame pointer (no call frame
@@ -21,7 +21,7 @@ pub struct UnwoundStack {
 /// The outermost frame of a stack cut short (deeper than the bytes copied, or than
 /// [`MAX_STACK_DEPTH`](tracer_common::MAX_STACK_DEPTH) frames, or its Python frames more
 /// than the kernel sends).
-pub const TRUNCATED_FRAME: &str = "[truncated]";
+pub(crate) const TRUNCATED_FRAME: &str = "[truncated]";
 
 /// The token standing for [`TRUNCATED_FRAME`].
 pub(super) fn truncated_token() -> u64 {
@@ -29,17 +29,17 @@ pub(super) fn truncated_token() -> u64 {
 }
 
 /// Unwound user stacks by their ids.
-pub type UnwoundStacks = HashMap<i32, UnwoundStack>;
+pub(crate) type UnwoundStacks = HashMap<i32, UnwoundStack>;
 
 /// What puts a runtime's own frames into an unwound native stack (the Python frames a
 /// snapshot carries, in place of the interpreter's frames).
-pub trait StackMerger {
+pub(crate) trait StackMerger {
     fn merge_python(&mut self, stack: UnwoundStack, python: &PythonStack) -> UnwoundStack;
 }
 
 /// How unwinding one stack ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum UnwindEnd {
+pub(crate) enum UnwindEnd {
     /// At the outermost frame (its unwind rules say there is no caller).
     Complete,
     /// The stack goes on beyond the bytes copied (or
@@ -52,7 +52,7 @@ pub enum UnwindEnd {
 
 /// What unwinding did, for the summary.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct UnwindStats {
+pub(crate) struct UnwindStats {
     /// On-CPU samples unwound here.
     pub samples: u64,
     /// Off-CPU snapshots (where a thread blocked) unwound here.
@@ -81,7 +81,7 @@ pub struct UnwindStats {
 /// The kernel's stacks plus the unwound ones, for a profile unwound with DWARF: user
 /// frames the kernel walked (samples that could not be sent) were found with frame
 /// pointers.
-pub struct WithUnwound<'a, S> {
+pub(crate) struct WithUnwound<'a, S> {
     pub kernel: &'a S,
     pub unwound: &'a UnwoundStacks,
 }

@@ -33,11 +33,11 @@ const SIGFRAME_RIP: u64 = 8 + 40 + 128;
 const MAX_SIGNAL_FRAMES: usize = 4;
 
 /// What on-CPU samples are counted by: (tgid, tid, kernel stack id, user stack, task).
-pub type SampleKey = (u32, u32, i32, UnwoundStack, u64);
+pub(crate) type SampleKey = (u32, u32, i32, UnwoundStack, u64);
 
 /// Unwinds snapshots and counts the stacks they give.
 #[derive(Default)]
-pub struct DwarfUnwinder {
+pub(crate) struct DwarfUnwinder {
     /// Per (device, inode); `None` when the file's tables could not be read.
     objects: HashMap<(String, u64), Option<Arc<ObjectTables>>>,
     /// The processes unwound most recently (at most [`MAX_PROCESS_UNWINDERS`]).
@@ -52,14 +52,14 @@ pub struct DwarfUnwinder {
 }
 
 impl DwarfUnwinder {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
     /// Unwinds one snapshot with the mappings of its process (`None` when unknown). For
     /// an off-CPU snapshot, returns what the kernel is to check before reusing it: the
     /// stack words unwinding read.
-    pub fn add(
+    pub(crate) fn add(
         &mut self,
         snapshot: &Snapshot<'_>,
         maps: Option<&ProcessMaps>,
@@ -126,7 +126,7 @@ impl DwarfUnwinder {
 
     /// The on-CPU samples unwound since `seen` was last given here (which then holds
     /// every count so far), keyed by stack ids in [`UNWOUND_IDS`], and those stacks.
-    pub fn samples_since(
+    pub(crate) fn samples_since(
         &self,
         seen: &mut HashMap<SampleKey, u64>,
     ) -> (Vec<(OnCpuKey, u64)>, UnwoundStacks) {
@@ -159,7 +159,7 @@ impl DwarfUnwinder {
     /// Takes out the on-CPU samples of processes `tgids` (as [`DwarfUnwinder::finish`]
     /// gives them) and the off-CPU snapshots `snapshot_ids`, with their stacks; their
     /// processes' unwinders go too.
-    pub fn take_processes(
+    pub(crate) fn take_processes(
         &mut self,
         tgids: &HashSet<u32>,
         snapshot_ids: &HashSet<i32>,
@@ -208,17 +208,20 @@ impl DwarfUnwinder {
     }
 
     /// The processes with on-CPU samples here.
-    pub fn sample_tgids(&self) -> impl Iterator<Item = u32> + '_ {
+    pub(crate) fn sample_tgids(&self) -> impl Iterator<Item = u32> + '_ {
         self.samples.keys().map(|key| key.0)
     }
 
     /// The off-CPU snapshots unwound so far, by snapshot id.
-    pub fn snapshots(&self) -> &UnwoundStacks {
+    pub(crate) fn snapshots(&self) -> &UnwoundStacks {
         &self.snapshots
     }
 
     /// The on-CPU samples unwound so far, added by process into `by_process`.
-    pub fn add_samples_by_process(&self, by_process: &mut std::collections::BTreeMap<u32, u64>) {
+    pub(crate) fn add_samples_by_process(
+        &self,
+        by_process: &mut std::collections::BTreeMap<u32, u64>,
+    ) {
         for ((tgid, ..), count) in &self.samples {
             *by_process.entry(*tgid).or_default() += count;
         }
@@ -228,7 +231,7 @@ impl DwarfUnwinder {
     /// from /proc, see [`crate::profile::threads`]) and returns its stack and how unwinding ended,
     /// counting it nowhere: neither in [`DwarfUnwinder::stats`] nor in
     /// [`DwarfUnwinder::finish`]. The process's unwind tables are kept for its next one.
-    pub fn unwind_one(
+    pub(crate) fn unwind_one(
         &mut self,
         snapshot: &Snapshot<'_>,
         maps: &ProcessMaps,
@@ -449,7 +452,7 @@ impl DwarfUnwinder {
     /// The unwound on-CPU samples as on-CPU entries (user stack ids in [`UNWOUND_IDS`]),
     /// and every unwound stack by id: those and the off-CPU snapshots (ids from
     /// [`tracer_common::FIRST_SNAPSHOT_ID`], as the off-CPU keys carry them).
-    pub fn finish(self) -> UnwoundSamples {
+    pub(crate) fn finish(self) -> UnwoundSamples {
         let mut unwound = UnwoundSamples {
             oncpu: Vec::with_capacity(self.samples.len()),
             task_oncpu: Vec::new(),
@@ -476,7 +479,7 @@ impl DwarfUnwinder {
 }
 
 /// What [`DwarfUnwinder::finish`] gives.
-pub struct UnwoundSamples {
+pub(crate) struct UnwoundSamples {
     /// On-CPU samples by thread and stacks.
     pub oncpu: Vec<(OnCpuKey, u64)>,
     /// Those of threads running a runtime task: (task, key, samples).
