@@ -584,25 +584,7 @@ fn one_letter_c_functions_keep_their_names() {
 #[privileged_test]
 fn a_full_stack_copy_buffer_is_counted_and_names_its_flag() {
     require_privileged();
-    let dir = out_dir("profile-small-unwind-buffer");
-    let target = Target::start(
-        env!("CARGO_BIN_EXE_many-threads"),
-        &["--threads", "200", "--sleeps", "3", "--sleep-ms", "50"],
-    );
-    let pid = target.pid.to_string();
-    let tracer = Tracer::start(&[
-        "profile",
-        "--pid",
-        &pid,
-        "--unwind-buffer",
-        "64K",
-        "-o",
-        dir.to_str().unwrap(),
-    ]);
-    target.release();
-    target.finish();
-    let (ok, out, err) = tracer.finish();
-    assert!(ok, "tracer failed: {err}");
+    let (out, _) = profile_many_threads_in_64k("profile-small-unwind-buffer", "3", "50");
     let unwinding = out
         .lines()
         .find(|l| l.starts_with("Unwinding: "))
@@ -623,25 +605,7 @@ fn a_full_stack_copy_buffer_is_counted_and_names_its_flag() {
 #[privileged_test]
 fn a_half_full_stack_copy_buffer_reuses_snapshots_not_yet_unwound() {
     require_privileged();
-    let dir = out_dir("profile-reused-unchecked");
-    let target = Target::start(
-        env!("CARGO_BIN_EXE_many-threads"),
-        &["--threads", "200", "--sleeps", "50", "--sleep-ms", "2"],
-    );
-    let pid = target.pid.to_string();
-    let tracer = Tracer::start(&[
-        "profile",
-        "--pid",
-        &pid,
-        "--unwind-buffer",
-        "64K",
-        "-o",
-        dir.to_str().unwrap(),
-    ]);
-    target.release();
-    target.finish();
-    let (ok, out, err) = tracer.finish();
-    assert!(ok, "tracer failed: {err}");
+    let (out, dir) = profile_many_threads_in_64k("profile-reused-unchecked", "50", "2");
     let reused = out
         .lines()
         .find(|l| l.starts_with("Reused unchecked: "))
@@ -672,6 +636,43 @@ fn a_half_full_stack_copy_buffer_reuses_snapshots_not_yet_unwound() {
         all > 0 && named * 10 >= all * 9,
         "{named} of {all}\n{folded}"
     );
+}
+
+/// Profiles `many-threads` (200 threads, each sleeping `sleeps` times `sleep_ms` ms) with
+/// a stack-copy buffer of four copies, into output directory `name`; the summary and the
+/// directory.
+fn profile_many_threads_in_64k(
+    name: &str,
+    sleeps: &str,
+    sleep_ms: &str,
+) -> (String, std::path::PathBuf) {
+    let dir = out_dir(name);
+    let target = Target::start(
+        env!("CARGO_BIN_EXE_many-threads"),
+        &[
+            "--threads",
+            "200",
+            "--sleeps",
+            sleeps,
+            "--sleep-ms",
+            sleep_ms,
+        ],
+    );
+    let pid = target.pid.to_string();
+    let tracer = Tracer::start(&[
+        "profile",
+        "--pid",
+        &pid,
+        "--unwind-buffer",
+        "64K",
+        "-o",
+        dir.to_str().unwrap(),
+    ]);
+    target.release();
+    target.finish();
+    let (ok, out, err) = tracer.finish();
+    assert!(ok, "tracer failed: {err}");
+    (out, dir)
 }
 
 /// The number just before `what` in `line` (`... 12 stacks not captured`).
