@@ -320,11 +320,27 @@ pub(super) fn measure(config: &Config) -> Result<Vec<Row>> {
                 (own / bpftrace_own, total / bpftrace_total)
             })
     };
+    // The same, round by round: each round's machine is the same for both tools.
+    let paired = |kind: usize, value: &dyn Fn(&RunResult) -> f64| -> Vec<f64> {
+        results
+            .iter()
+            .filter_map(|round| {
+                let (run, peer) = (round[kind].as_ref()?, round[BPFTRACE].as_ref()?);
+                Some(value(run) / value(peer))
+            })
+            .collect()
+    };
     for kind in [TRACER_DWARF, TRACER_FP] {
         if let Some((own, total)) = versus(kind) {
             println!(
                 "  {} against bpftrace: own CPU/txn over its life {own:.2}x, total CPU/txn {total:.2}x",
                 label(kind)
+            );
+            println!(
+                "  {:<38} in each round against that round's bpftrace: own {}x, total {}x",
+                "",
+                median_range(&paired(kind, &|run| life(run) / run.transactions), 2),
+                median_range(&paired(kind, &total_per_txn), 2),
             );
         }
     }
