@@ -1,6 +1,8 @@
 //! Off-CPU and on-CPU accounting: where a thread left the CPU, and the time and samples
 //! under each pair of stacks.
 
+use crate::StackId;
+
 /// Value of `OFFCPU_STARTS` (keyed by thread id): the thread left the CPU at `ts_ns` with
 /// these stacks.
 #[repr(C)]
@@ -20,6 +22,19 @@ pub struct OffCpuStart {
     /// The runtime task it was running when it left (its `THREAD_TASKS` entry, with task
     /// probes attached); 0 for none.
     pub task: u64,
+}
+
+impl OffCpuStart {
+    /// The key under which thread `tid`'s interval from this start is counted.
+    pub fn stack_key(&self, tid: u32) -> StackKey {
+        StackKey {
+            tgid: self.tgid,
+            tid,
+            user: StackId::decode(self.user_stack_id),
+            kernel: StackId::decode(self.kernel_stack_id),
+            state: self.state,
+        }
+    }
 }
 
 /// [`OffCpuStart::ts_ns`] of a thread's entry once its interval has ended (it is running).
@@ -44,6 +59,42 @@ pub struct OffCpuKey {
     /// Off CPU: why the thread left it, an [`offcpu_state`](crate::offcpu_state); 0 for
     /// on-CPU samples.
     pub state: u32,
+}
+
+/// An [`OffCpuKey`] (or [`OnCpuKey`]) as user space holds it: its stack ids decoded once,
+/// where the kernel's maps are read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct StackKey {
+    pub tgid: u32,
+    pub tid: u32,
+    pub user: StackId,
+    pub kernel: StackId,
+    /// As [`OffCpuKey::state`].
+    pub state: u32,
+}
+
+impl From<OffCpuKey> for StackKey {
+    fn from(key: OffCpuKey) -> Self {
+        StackKey {
+            tgid: key.tgid,
+            tid: key.tid,
+            user: StackId::decode(key.user_stack_id),
+            kernel: StackId::decode(key.kernel_stack_id),
+            state: key.state,
+        }
+    }
+}
+
+impl From<StackKey> for OffCpuKey {
+    fn from(key: StackKey) -> Self {
+        OffCpuKey {
+            tgid: key.tgid,
+            tid: key.tid,
+            user_stack_id: key.user.raw(),
+            kernel_stack_id: key.kernel.raw(),
+            state: key.state,
+        }
+    }
 }
 
 /// Why a thread was off CPU.
@@ -79,3 +130,30 @@ pub struct OffCpuTotal {
 /// (with [`offcpu_state::SAMPLED`]). User space spreads each thread's unsampled time at
 /// a user stack over the kernel stacks sampled there, in proportion.
 pub const KERNEL_STACK_ALWAYS_NS: u64 = 1_000_000;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{KERNEL_STACK_MISSED, NO_STACK, STACK_BEFORE_START};
+
+    #[test]
+    fn a_key_decoded_and_encoded_again_is_the_same_key() {
+        for (user, kernel) in [
+            (1, 2),
+            (STACK_BEFORE_START, STACK_BEFORE_START),
+            (NO_STACK, KERNEL_STACK_MISSED),
+            (-17, crate::FIRST_SNAPSHOT_ID),
+        ] {
+            let key = OffCpuKey {
+                tgid: 7,
+                tid: 8,
+                user_stack_id: user,
+                kernel_stack_id: kernel,
+                state: offcpu_state::RUNNABLE,
+            };
+            let decoded = StackKey::from(key);
+            assert_eq!(decoded.user, StackId::decode(user));
+            assert_eq!(OffCpuKey::from(decoded), key);
+        }
+    }
+}

@@ -39,7 +39,7 @@ use tracer::for_bench::{
     BuildOptions, FoldedStacks, GroupBy, Palette, Processes, RawProfile, StackSource,
     StackSymbolizer, SvgOptions, build_profile, write_flamegraph_svg, write_folded_view,
 };
-use tracer_common::{OffCpuKey, OffCpuTotal};
+use tracer_common::{OffCpuKey, OffCpuTotal, StackKey};
 
 const TITLE: &str = "Off-CPU time of bench-render";
 const COUNT_NAME: &str = "us";
@@ -187,7 +187,7 @@ impl StackSource for Stacks {
 }
 
 struct Profile {
-    totals: Vec<(OffCpuKey, OffCpuTotal)>,
+    totals: Vec<(StackKey, OffCpuTotal)>,
     stacks: Stacks,
 }
 
@@ -251,7 +251,7 @@ fn synthesize(samples: u64, keys: usize) -> Result<Profile> {
                 .map(|_| rng.range(2_000, 2_000_000))
                 .sum::<u64>()
                 * count.div_ceil(16);
-            (key, OffCpuTotal { total_ns, count })
+            (StackKey::from(key), OffCpuTotal { total_ns, count })
         })
         .collect();
     Ok(Profile {

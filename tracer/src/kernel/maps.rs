@@ -6,9 +6,9 @@
 use aya::maps::{Array, HashMap, Map, MapData, PerCpuArray, PerCpuHashMap, RingBuf, StackTraceMap};
 use tracer_common::{
     HitStackKey, KernelStack, LatencyProcessKey, LatencyStart, LatencyStartKey, LatencyStats,
-    OffCpuKey, OffCpuStart, OffCpuTotal, OnCpuKey, ProbeHits, ProcessMetricKey, StackId, TaskId,
-    TaskKey, TaskName, TaskState, TaskTotal, TaskWallKey, control, counter, histogram, map_names,
-    python::PythonProcess,
+    OffCpuKey, OffCpuStart, OffCpuTotal, OnCpuKey, ProbeHits, ProcessMetricKey, StackId, StackKey,
+    TaskId, TaskKey, TaskName, TaskState, TaskTotal, TaskWallKey, control, counter, histogram,
+    map_names, python::PythonProcess,
 };
 
 use super::{Loader, LoaderError, RecordRing, Result, SnapshotChecks, TargetsMap};
@@ -130,9 +130,9 @@ impl Loader {
     }
 
     /// On-CPU sample counts per thread and stacks.
-    pub(crate) fn oncpu_samples(&self) -> Result<Vec<(OnCpuKey, u64)>> {
-        let name = map_names::ONCPU_SAMPLES;
-        self.entries(name)
+    pub(crate) fn oncpu_samples(&self) -> Result<Vec<(StackKey, u64)>> {
+        let samples: Vec<(OnCpuKey, u64)> = self.entries(map_names::ONCPU_SAMPLES)?;
+        Ok(samples.into_iter().map(|(k, n)| (k.into(), n)).collect())
     }
 
     fn array<T: aya::Pod>(&self, name: &'static str) -> Result<Array<&MapData, T>> {
@@ -238,13 +238,15 @@ impl Loader {
     }
 
     /// Deletes off-CPU totals `keys` (read and kept elsewhere).
-    pub(crate) fn remove_offcpu_totals(&mut self, keys: &[OffCpuKey]) -> Result<()> {
-        self.remove_keys::<OffCpuKey, OffCpuTotal>(map_names::OFFCPU_TIME, keys.iter().copied())
+    pub(crate) fn remove_offcpu_totals(&mut self, keys: &[StackKey]) -> Result<()> {
+        let keys = keys.iter().map(|&k| OffCpuKey::from(k));
+        self.remove_keys::<OffCpuKey, OffCpuTotal>(map_names::OFFCPU_TIME, keys)
     }
 
     /// Deletes on-CPU sample counts `keys` (read and kept elsewhere).
-    pub(crate) fn remove_oncpu_samples(&mut self, keys: &[OnCpuKey]) -> Result<()> {
-        self.remove_keys::<OnCpuKey, u64>(map_names::ONCPU_SAMPLES, keys.iter().copied())
+    pub(crate) fn remove_oncpu_samples(&mut self, keys: &[StackKey]) -> Result<()> {
+        let keys = keys.iter().map(|&k| OnCpuKey::from(k));
+        self.remove_keys::<OnCpuKey, u64>(map_names::ONCPU_SAMPLES, keys)
     }
 
     /// Deletes the per-process latency totals `keys` (read and kept elsewhere).
@@ -359,8 +361,9 @@ impl Loader {
     }
 
     /// Off-CPU time accumulated per thread and stacks.
-    pub(crate) fn offcpu_totals(&self) -> Result<Vec<(OffCpuKey, OffCpuTotal)>> {
-        self.entries(map_names::OFFCPU_TIME)
+    pub(crate) fn offcpu_totals(&self) -> Result<Vec<(StackKey, OffCpuTotal)>> {
+        let totals: Vec<(OffCpuKey, OffCpuTotal)> = self.entries(map_names::OFFCPU_TIME)?;
+        Ok(totals.into_iter().map(|(k, t)| (k.into(), t)).collect())
     }
 
     /// Threads that are off CPU right now (their interval has not ended yet).

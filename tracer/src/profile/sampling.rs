@@ -12,8 +12,8 @@ use std::{
 
 use anyhow::{Context as _, Result};
 use tracer_common::{
-    KERNEL_STACK_AT_SWITCH_IN, NO_STACK, OffCpuKey, OffCpuStart, OnCpuKey, STACK_BEFORE_START,
-    StackId, offcpu_state, stack_id::FIRST_SEEDED_ID, task_wall,
+    KERNEL_STACK_AT_SWITCH_IN, NO_STACK, OffCpuStart, STACK_BEFORE_START, StackId, StackKey,
+    offcpu_state, stack_id::FIRST_SEEDED_ID, task_wall,
 };
 
 use crate::{
@@ -412,8 +412,8 @@ impl WallClockSampler {
             Some(unwinding) => {
                 let snapshot_ids: HashSet<i32> = offcpu
                     .iter()
-                    .map(|(key, _)| key.user_stack_id)
-                    .filter(|&id| matches!(StackId::decode(id), StackId::Snapshot(_)))
+                    .filter(|(key, _)| matches!(key.user, StackId::Snapshot(_)))
+                    .map(|(key, _)| key.user.raw())
                     .collect();
                 let taken = unwinding.unwinder.take_processes(tgids, &snapshot_ids);
                 // A thread that takes a retired one's id must not reuse its snapshots.
@@ -432,7 +432,7 @@ impl WallClockSampler {
             .map(|(key, _)| key.tid)
             .chain(offcpu.iter().map(|(key, _)| key.tid))
             .collect();
-        let offcpu_keys: Vec<OffCpuKey> = offcpu.iter().map(|(key, _)| *key).collect();
+        let offcpu_keys: Vec<StackKey> = offcpu.iter().map(|(key, _)| *key).collect();
         let raw = RawProfile {
             oncpu,
             offcpu,
@@ -452,7 +452,7 @@ impl WallClockSampler {
             symbolizer,
             processes,
         );
-        let oncpu_keys: Vec<OnCpuKey> = oncpu_in_kernel.iter().map(|(key, _)| *key).collect();
+        let oncpu_keys: Vec<StackKey> = oncpu_in_kernel.iter().map(|(key, _)| *key).collect();
         loader.remove_offcpu_totals(&offcpu_keys)?;
         loader.remove_oncpu_samples(&oncpu_keys)?;
         if let Some(window) = window {
@@ -577,8 +577,8 @@ impl WallClockSampler {
         };
         for (key, total) in loader.task_wall()? {
             match key.kind {
-                task_wall::ON_CPU => tasks.oncpu.push((key.task, key.key, total.count)),
-                _ => tasks.offcpu.push((key.task, key.key, total)),
+                task_wall::ON_CPU => tasks.oncpu.push((key.task, key.key.into(), total.count)),
+                _ => tasks.offcpu.push((key.task, key.key.into(), total)),
             }
         }
         let (unwind_stats, unwound) = match self.unwinding {

@@ -6,17 +6,19 @@
 
 use std::collections::{HashMap, HashSet};
 
-use tracer_common::{KERNEL_STACK_AT_SWITCH_IN, NO_STACK, OffCpuKey, OffCpuStart, OffCpuTotal};
+use tracer_common::{
+    KERNEL_STACK_AT_SWITCH_IN, NO_STACK, OffCpuStart, OffCpuTotal, StackId, StackKey,
+};
 
 /// A window's off-CPU intervals: the totals of those that ended in it, and the starts of
 /// those open at its end (from the window's start at the earliest).
-pub(crate) type OffCpuWindow = (Vec<(OffCpuKey, OffCpuTotal)>, Vec<(u32, OffCpuStart)>);
+pub(crate) type OffCpuWindow = (Vec<(StackKey, OffCpuTotal)>, Vec<(u32, OffCpuStart)>);
 
 /// What the next window subtracts: the totals read at its start.
 #[derive(Debug, Default)]
 pub(crate) struct WindowBase {
-    offcpu: HashMap<OffCpuKey, OffCpuTotal>,
-    oncpu: HashMap<OffCpuKey, u64>,
+    offcpu: HashMap<StackKey, OffCpuTotal>,
+    oncpu: HashMap<StackKey, u64>,
     /// The intervals open at the last window's end, by thread: each one's start, its user
     /// stack, and the time the windows gave it so far.
     open: HashMap<u32, OpenInterval>,
@@ -27,7 +29,7 @@ pub(crate) struct WindowBase {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct OpenInterval {
     start_ns: u64,
-    user_stack_id: i32,
+    user: StackId,
     given_ns: u64,
 }
 
@@ -53,11 +55,11 @@ impl WindowBase {
     /// of their start and the window's.
     pub(crate) fn offcpu_window(
         &mut self,
-        totals: Vec<(OffCpuKey, OffCpuTotal)>,
+        totals: Vec<(StackKey, OffCpuTotal)>,
         open: Vec<(u32, OffCpuStart)>,
         now_ns: u64,
     ) -> OffCpuWindow {
-        let mut ended: Vec<(OffCpuKey, OffCpuTotal)> = Vec::new();
+        let mut ended: Vec<(StackKey, OffCpuTotal)> = Vec::new();
         for (key, total) in totals {
             let before = self.offcpu.insert(key, total).unwrap_or_default();
             let count = total.count.saturating_sub(before.count);
@@ -77,9 +79,8 @@ impl WindowBase {
                 return true;
             }
             let of_thread = ended.iter_mut().filter(|(key, _)| key.tid == *tid);
-            let entry = of_thread.max_by_key(|(key, total)| {
-                (key.user_stack_id == interval.user_stack_id, total.total_ns)
-            });
+            let entry =
+                of_thread.max_by_key(|(key, total)| (key.user == interval.user, total.total_ns));
             if let Some((_, total)) = entry {
                 total.total_ns = total.total_ns.saturating_sub(interval.given_ns);
             }
@@ -93,7 +94,7 @@ impl WindowBase {
             }
             let interval = self.open.entry(tid).or_insert(OpenInterval {
                 start_ns: start.ts_ns,
-                user_stack_id: start.user_stack_id,
+                user: StackId::decode(start.user_stack_id),
                 given_ns: 0,
             });
             interval.given_ns += now_ns - from;
@@ -116,7 +117,7 @@ impl WindowBase {
     }
 
     /// The on-CPU samples of the window, from the kernel's counts since the start.
-    pub(crate) fn oncpu_window(&mut self, counts: Vec<(OffCpuKey, u64)>) -> Vec<(OffCpuKey, u64)> {
+    pub(crate) fn oncpu_window(&mut self, counts: Vec<(StackKey, u64)>) -> Vec<(StackKey, u64)> {
         counts
             .into_iter()
             .filter_map(|(key, count)| {
@@ -130,16 +131,16 @@ impl WindowBase {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tracer_common::{EXEC_NS_UNKNOWN, offcpu_state};
+    use tracer_common::{EXEC_NS_UNKNOWN, OffCpuKey, offcpu_state};
 
-    fn key(tid: u32, user_stack_id: i32) -> OffCpuKey {
-        OffCpuKey {
+    fn key(tid: u32, user_stack_id: i32) -> StackKey {
+        StackKey::from(OffCpuKey {
             tgid: 1,
             tid,
             user_stack_id,
             kernel_stack_id: 7,
             state: offcpu_state::BLOCKED,
-        }
+        })
     }
 
     fn start(ts_ns: u64, user_stack_id: i32) -> OffCpuStart {

@@ -6,7 +6,7 @@
 
 use std::collections::HashSet;
 
-use tracer_common::{EXEC_NS_UNKNOWN, OffCpuKey, OnCpuKey, STACK_BEFORE_START, offcpu_state};
+use tracer_common::{EXEC_NS_UNKNOWN, StackId, StackKey, offcpu_state};
 
 use super::namer::{Namer, is_missing, switch_in_missed};
 use super::python::add_python_time;
@@ -20,10 +20,10 @@ use crate::{
 };
 
 /// Off-CPU time by key.
-type OffCpuWeights = foldhash::HashMap<OffCpuKey, Weight>;
+type OffCpuWeights = foldhash::HashMap<StackKey, Weight>;
 
 /// Off-CPU time by task and key.
-pub(super) type TaskOffCpuWeights = foldhash::HashMap<(u64, OffCpuKey), Weight>;
+pub(super) type TaskOffCpuWeights = foldhash::HashMap<(u64, StackKey), Weight>;
 
 /// Each thread's time, by (tgid, tid).
 type PerThread = foldhash::HashMap<(u32, u32), ThreadTime>;
@@ -103,19 +103,13 @@ fn offcpu_totals(raw: &RawProfile) -> (OffCpuWeights, TaskOffCpuWeights) {
         // Marked at the start but sampled on CPU: it was running, not blocked, and never
         // switched out since. (A start the kernel recorded has the thread's CPU time, and
         // may carry ids user space gave when tracing stopped: kept.)
+        let key = start.stack_key(tid);
         let marked_at_start = start.exec_ns == EXEC_NS_UNKNOWN
-            || start.user_stack_id == STACK_BEFORE_START
-            || start.kernel_stack_id == STACK_BEFORE_START;
+            || key.user == StackId::BeforeStart
+            || key.kernel == StackId::BeforeStart;
         if marked_at_start && sampled.contains(&tid) {
             continue;
         }
-        let key = OffCpuKey {
-            tgid: start.tgid,
-            tid,
-            user_stack_id: start.user_stack_id,
-            kernel_stack_id: start.kernel_stack_id,
-            state: start.state,
-        };
         offcpu.entry(key).or_default().add(Weight { events: 1, ns });
         if start.task != 0 {
             task_offcpu
@@ -137,7 +131,7 @@ fn name_stacks(
     processes: &Processes,
     options: BuildOptions,
 ) -> Namer {
-    let keys: Vec<OffCpuKey> = raw
+    let keys: Vec<StackKey> = raw
         .oncpu
         .iter()
         .map(|(k, _)| *k)
@@ -178,7 +172,7 @@ fn join<T>(handle: std::thread::ScopedJoinHandle<'_, T>) -> T {
 /// The wall view: the on-CPU samples, and the off-CPU time under a leaf saying blocked or
 /// runnable.
 fn build_wall_view(
-    oncpu: &[(OnCpuKey, u64)],
+    oncpu: &[(StackKey, u64)],
     offcpu: &OffCpuWeights,
     namer: &Namer,
     period_ns: u64,
@@ -211,7 +205,7 @@ struct ThreadViews {
 /// The on-CPU and off-CPU views and each thread's time; the totals and the missing,
 /// unnamed and truncated counts go into `profile`.
 fn build_thread_views(
-    oncpu_samples: &[(OnCpuKey, u64)],
+    oncpu_samples: &[(StackKey, u64)],
     offcpu: &OffCpuWeights,
     namer: &Namer,
     processes: &Processes,
@@ -268,7 +262,7 @@ fn build_thread_views(
 fn thread_time<'t>(
     per_thread: &'t mut PerThread,
     processes: &Processes,
-    key: &OffCpuKey,
+    key: &StackKey,
 ) -> &'t mut ThreadTime {
     per_thread
         .entry((key.tgid, key.tid))
@@ -316,7 +310,7 @@ mod tests {
 
     use std::collections::HashMap;
 
-    use tracer_common::{NO_STACK, OffCpuStart, OffCpuTotal};
+    use tracer_common::{NO_STACK, OffCpuKey, OffCpuStart, OffCpuTotal, STACK_BEFORE_START};
 
     use crate::profile::wallclock::GroupBy;
 
@@ -346,12 +340,14 @@ mod tests {
     #[test]
     fn builds_the_three_views() {
         let stacks = Stacks(HashMap::from([(1, vec![0x10]), (2, vec![0x20])]));
-        let key = |user, kernel| OffCpuKey {
-            tgid: 7,
-            tid: 8,
-            user_stack_id: user,
-            kernel_stack_id: kernel,
-            state: offcpu_state::BLOCKED,
+        let key = |user, kernel| {
+            StackKey::from(OffCpuKey {
+                tgid: 7,
+                tid: 8,
+                user_stack_id: user,
+                kernel_stack_id: kernel,
+                state: offcpu_state::BLOCKED,
+            })
         };
         let raw = RawProfile {
             // One sample in user mode, one whose user stack collided in the stack map.
@@ -366,7 +362,7 @@ mod tests {
                 ),
                 // Preempted there: runnable, not blocked.
                 (
-                    OffCpuKey {
+                    StackKey {
                         state: offcpu_state::RUNNABLE,
                         ..key(1, 2)
                     },
@@ -471,13 +467,13 @@ mod tests {
         let stacks = Stacks(HashMap::from([(1, vec![0x10])]));
         let interval = |kernel_stack_id| {
             (
-                OffCpuKey {
+                StackKey::from(OffCpuKey {
                     tgid: 7,
                     tid: 8,
                     user_stack_id: 1,
                     kernel_stack_id,
                     state: offcpu_state::BLOCKED,
-                },
+                }),
                 OffCpuTotal {
                     total_ns: 2_000_000,
                     count: 1,

@@ -19,7 +19,7 @@
 
 use std::collections::HashMap;
 
-use tracer_common::{OffCpuKey, OffCpuStart, OffCpuTotal, OnCpuKey};
+use tracer_common::{OffCpuStart, OffCpuTotal, StackKey};
 
 use crate::stack::naming::{ProcessRoot, StackProfile};
 
@@ -239,8 +239,8 @@ impl ThreadTime {
 /// What the kernel collected, as read back from the maps.
 #[derive(Debug, Default)]
 pub struct RawProfile {
-    pub oncpu: Vec<(OnCpuKey, u64)>,
-    pub offcpu: Vec<(OffCpuKey, OffCpuTotal)>,
+    pub oncpu: Vec<(StackKey, u64)>,
+    pub offcpu: Vec<(StackKey, OffCpuTotal)>,
     /// Threads still off CPU when tracing stopped: their time so far counts. Marks put
     /// by user space at the start
     /// ([`STACK_BEFORE_START`](tracer_common::STACK_BEFORE_START)) of threads that have
@@ -260,9 +260,9 @@ pub struct RawProfile {
 #[derive(Debug, Default)]
 pub struct TaskEntries {
     /// On-CPU samples: (task, key, samples).
-    pub oncpu: Vec<(u64, OnCpuKey, u64)>,
+    pub oncpu: Vec<(u64, StackKey, u64)>,
     /// Off-CPU intervals, and the kernel-stack samples of short ones: (task, key, total).
-    pub offcpu: Vec<(u64, OffCpuKey, OffCpuTotal)>,
+    pub offcpu: Vec<(u64, StackKey, OffCpuTotal)>,
     /// The frame that stands for each task, by (tgid, task); a task missing here is
     /// `task #N`.
     pub names: HashMap<(u32, u64), String>,

@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use tracer_common::{OffCpuKey, StackId, offcpu_state};
+use tracer_common::{StackId, StackKey, offcpu_state};
 
 use super::GroupBy;
 use super::python::{PythonFrameKind, PythonState};
@@ -48,7 +48,7 @@ pub(super) struct Namer {
 
 impl Namer {
     pub(super) fn new(
-        keys: &[OffCpuKey],
+        keys: &[StackKey],
         stacks: &impl StackSource,
         symbolizer: &mut StackSymbolizer,
         processes: &Processes,
@@ -56,16 +56,14 @@ impl Namer {
         group_by: GroupBy,
     ) -> Self {
         let mut user_ids: BTreeMap<u32, Vec<i32>> = BTreeMap::new();
-        for key in keys.iter().filter(|k| names_frames(k.user_stack_id)) {
-            user_ids
-                .entry(key.tgid)
-                .or_default()
-                .push(key.user_stack_id);
+        for key in keys.iter().filter(|k| names_frames(k.user)) {
+            user_ids.entry(key.tgid).or_default().push(key.user.raw());
         }
         let kernel_ids: Vec<i32> = keys
             .iter()
-            .map(|k| k.kernel_stack_id)
+            .map(|k| k.kernel)
             .filter(|&id| names_frames(id))
+            .map(StackId::raw)
             .collect::<BTreeSet<_>>()
             .into_iter()
             .collect();
@@ -138,28 +136,28 @@ impl Namer {
     }
 
     /// The frame ids of `key`'s stack, root first, into `frames`.
-    pub(super) fn frames(&self, key: &OffCpuKey, frames: &mut Vec<u32>) {
+    pub(super) fn frames(&self, key: &StackKey, frames: &mut Vec<u32>) {
         frames.clear();
         frames.push(self.process_frames[&key.tgid]);
         if self.per_thread {
             frames.push(self.thread_frames[&key.tid]);
         }
-        match StackId::decode(key.user_stack_id) {
+        match key.user {
             StackId::BeforeStart => {
                 frames.push(self.before_start);
                 return;
             }
-            id if names_frames(id.raw()) => {
-                frames.extend_from_slice(&self.user[&(key.tgid, key.user_stack_id)]);
+            id if names_frames(id) => {
+                frames.extend_from_slice(&self.user[&(key.tgid, id.raw())]);
             }
             _ => {}
         }
-        match StackId::decode(key.kernel_stack_id) {
+        match key.kernel {
             StackId::NotSampled => frames.push(self.not_sampled),
             StackId::Unreadable => frames.push(self.unreadable),
             StackId::Missed => frames.push(self.missed),
-            id if !names_frames(id.raw()) => {}
-            _ => frames.extend_from_slice(&self.kernel[&key.kernel_stack_id]),
+            id if !names_frames(id) => {}
+            id => frames.extend_from_slice(&self.kernel[&id.raw()]),
         }
     }
 
@@ -196,8 +194,7 @@ impl Namer {
 /// Whether stack id `id` is named by the symbolizer: a stored stack, or one the kernel
 /// failed to record (named as missing). The other sentinels have frames of their own or
 /// none.
-fn names_frames(id: i32) -> bool {
-    let id = StackId::decode(id);
+fn names_frames(id: StackId) -> bool {
     id.has_frames() || matches!(id, StackId::Lost(_))
 }
 
@@ -209,12 +206,12 @@ fn is_unnamed(frame: &str) -> bool {
 /// A stack that should be there and is not (not the legitimately absent kind).
 /// A return to the CPU that went unseen is not counted: the kernel did not report the
 /// switch (bpftrace misses the same ones), and [`switch_in_missed`] counts those.
-pub(super) fn is_missing(key: &OffCpuKey) -> bool {
-    let lost = |id| StackId::decode(id).is_lost() && StackId::decode(id) != StackId::Missed;
-    lost(key.user_stack_id) || lost(key.kernel_stack_id)
+pub(super) fn is_missing(key: &StackKey) -> bool {
+    let lost = |id: StackId| id.is_lost() && id != StackId::Missed;
+    lost(key.user) || lost(key.kernel)
 }
 
 /// Whether `key` is the time of intervals whose thread's return to the CPU went unseen.
-pub(super) fn switch_in_missed(key: &OffCpuKey) -> bool {
-    StackId::decode(key.kernel_stack_id) == StackId::Missed
+pub(super) fn switch_in_missed(key: &StackKey) -> bool {
+    key.kernel == StackId::Missed
 }

@@ -5,21 +5,21 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use tracer_common::{KERNEL_STACK_NOT_SAMPLED, OffCpuKey, OffCpuTotal, offcpu_state};
+use tracer_common::{OffCpuTotal, StackId, StackKey, offcpu_state};
 
 use crate::stack::naming::Weight;
 
 /// The off-CPU totals by key, with the time of short intervals whose kernel stack was not
-/// sampled ([`KERNEL_STACK_NOT_SAMPLED`]) spread over the kernel stacks sampled at the
+/// sampled ([`StackId::NotSampled`]) spread over the kernel stacks sampled at the
 /// same user stack and state, in proportion to their samples: those of the same thread,
 /// else (none there) those of the process's other threads. Samples themselves
 /// ([`offcpu_state::SAMPLED`]) are not time and are not kept. Time with no sample to go
-/// by stays under [`KERNEL_STACK_NOT_SAMPLED`]. Per thread, user stack and state the
+/// by stays under [`StackId::NotSampled`]. Per thread, user stack and state the
 /// time and the intervals are exactly the kernel's.
 pub(super) fn spread_unsampled(
-    totals: &[(OffCpuKey, OffCpuTotal)],
-) -> foldhash::HashMap<OffCpuKey, Weight> {
-    type Place = (u32, i32, u32);
+    totals: &[(StackKey, OffCpuTotal)],
+) -> foldhash::HashMap<StackKey, Weight> {
+    type Place = (u32, StackId, u32);
     let mut by_thread: HashMap<(u32, Place), BTreeMap<i32, u64>> = HashMap::new();
     let mut by_process: HashMap<Place, BTreeMap<i32, u64>> = HashMap::new();
     // A profile has up to millions of keys: a fast hash, sized once.
@@ -32,18 +32,19 @@ pub(super) fn spread_unsampled(
         };
         if key.state & offcpu_state::SAMPLED != 0 {
             let state = key.state & !offcpu_state::SAMPLED;
-            let place = (key.tgid, key.user_stack_id, state);
+            let place = (key.tgid, key.user, state);
+            // By raw id: the order in which shares are given out.
             *by_thread
                 .entry((key.tid, place))
                 .or_default()
-                .entry(key.kernel_stack_id)
+                .entry(key.kernel.raw())
                 .or_default() += total.count;
             *by_process
                 .entry(place)
                 .or_default()
-                .entry(key.kernel_stack_id)
+                .entry(key.kernel.raw())
                 .or_default() += total.count;
-        } else if key.kernel_stack_id == KERNEL_STACK_NOT_SAMPLED {
+        } else if key.kernel == StackId::NotSampled {
             unsampled.push((*key, weight));
         } else {
             spread
@@ -53,7 +54,7 @@ pub(super) fn spread_unsampled(
         }
     }
     for (key, weight) in unsampled {
-        let place = (key.tgid, key.user_stack_id, key.state);
+        let place = (key.tgid, key.user, key.state);
         let samples = by_thread
             .get(&(key.tid, place))
             .or_else(|| by_process.get(&place));
@@ -64,9 +65,9 @@ pub(super) fn spread_unsampled(
                 .add(weight);
             continue;
         };
-        for (kernel_stack_id, share) in proportional_shares(weight, samples) {
-            let key = OffCpuKey {
-                kernel_stack_id,
+        for (kernel, share) in proportional_shares(weight, samples) {
+            let key = StackKey {
+                kernel: StackId::decode(kernel),
                 ..key
             };
             spread.entry(key).or_insert_with(Weight::default).add(share);
@@ -77,9 +78,9 @@ pub(super) fn spread_unsampled(
 
 /// [`spread_unsampled`] for each task's entries apart.
 pub(super) fn spread_task_unsampled(
-    entries: &[(u64, OffCpuKey, OffCpuTotal)],
-) -> foldhash::HashMap<(u64, OffCpuKey), Weight> {
-    let mut by_task: BTreeMap<u64, Vec<(OffCpuKey, OffCpuTotal)>> = BTreeMap::new();
+    entries: &[(u64, StackKey, OffCpuTotal)],
+) -> foldhash::HashMap<(u64, StackKey), Weight> {
+    let mut by_task: BTreeMap<u64, Vec<(StackKey, OffCpuTotal)>> = BTreeMap::new();
     for &(task, key, total) in entries {
         by_task.entry(task).or_default().push((key, total));
     }
@@ -127,6 +128,7 @@ fn proportional_shares(weight: Weight, samples: &BTreeMap<i32, u64>) -> Vec<(i32
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tracer_common::{KERNEL_STACK_NOT_SAMPLED, OffCpuKey};
 
     /// Short intervals' time, kept under "not sampled", goes to the kernel stacks sampled
     /// at the same user stack and state: the thread's own samples first, else its
@@ -134,13 +136,13 @@ mod tests {
     #[test]
     fn unsampled_time_is_spread_over_the_kernel_stacks_sampled_there() {
         let entry = |tid, user, kernel, state, ns, count| {
-            let key = OffCpuKey {
+            let key = StackKey::from(OffCpuKey {
                 tgid: 7,
                 tid,
                 user_stack_id: user,
                 kernel_stack_id: kernel,
                 state,
-            };
+            });
             (
                 key,
                 OffCpuTotal {
@@ -185,13 +187,13 @@ mod tests {
         ];
         let spread = spread_unsampled(&totals);
         let get = |tid, kernel, state| {
-            let key = OffCpuKey {
+            let key = StackKey::from(OffCpuKey {
                 tgid: 7,
                 tid,
                 user_stack_id: 1,
                 kernel_stack_id: kernel,
                 state,
-            };
+            });
             spread.get(&key).map(|w| (w.ns, w.events))
         };
         let blocked = offcpu_state::BLOCKED;

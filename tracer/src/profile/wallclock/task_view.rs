@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 
-use tracer_common::{OffCpuKey, offcpu_state};
+use tracer_common::{StackKey, offcpu_state};
 
 use super::build::{TaskOffCpuWeights, oncpu_weight, sized};
 use super::namer::Namer;
@@ -26,7 +26,7 @@ impl TaskFrames {
     pub(super) fn new(
         table: &mut FrameTable,
         entries: &TaskEntries,
-        offcpu: &foldhash::HashMap<(u64, OffCpuKey), Weight>,
+        offcpu: &foldhash::HashMap<(u64, StackKey), Weight>,
     ) -> Self {
         let mut tasks = foldhash::HashMap::default();
         let ids = entries
@@ -51,7 +51,7 @@ impl TaskFrames {
     }
 
     /// `key`'s stack under its process and `task`, ending in `leaf`, into `frames`.
-    fn frames(&self, namer: &Namer, task: u64, key: &OffCpuKey, leaf: u32, frames: &mut Vec<u32>) {
+    fn frames(&self, namer: &Namer, task: u64, key: &StackKey, leaf: u32, frames: &mut Vec<u32>) {
         namer.frames(key, frames);
         frames.insert(1, self.tasks[&(key.tgid, task)]);
         frames.push(leaf);
@@ -121,7 +121,7 @@ pub(super) fn build_task_view(
 mod tests {
     use super::*;
 
-    use tracer_common::{KERNEL_STACK_NOT_SAMPLED, NO_STACK, OffCpuStart, OffCpuTotal};
+    use tracer_common::{KERNEL_STACK_NOT_SAMPLED, NO_STACK, OffCpuKey, OffCpuStart, OffCpuTotal};
 
     use super::super::GroupBy;
     use super::super::{BuildOptions, RawProfile, build_profile};
@@ -147,12 +147,14 @@ mod tests {
             (2, vec![0x20]),
             (3, vec![0x30]),
         ]));
-        let key = |user, kernel, state| OffCpuKey {
-            tgid: 7,
-            tid: 8,
-            user_stack_id: user,
-            kernel_stack_id: kernel,
-            state,
+        let key = |user, kernel, state| {
+            StackKey::from(OffCpuKey {
+                tgid: 7,
+                tid: 8,
+                user_stack_id: user,
+                kernel_stack_id: kernel,
+                state,
+            })
         };
         let total = |total_ns, count| OffCpuTotal { total_ns, count };
         let blocked = offcpu_state::BLOCKED;

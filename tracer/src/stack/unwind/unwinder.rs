@@ -7,7 +7,9 @@ use std::sync::Arc;
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
 use framehop::{Module, Unwinder as _};
 use std::cell::RefCell;
-use tracer_common::{MAX_STACK_DEPTH, NO_STACK, OnCpuKey, SnapshotCheck, stack_id::UNWOUND_IDS};
+use tracer_common::{
+    MAX_STACK_DEPTH, NO_STACK, SnapshotCheck, StackId, StackKey, stack_id::UNWOUND_IDS,
+};
 
 use super::check::{NEVER_REUSE, StackRead, THROUGH_SIGNAL_FRAME, snapshot_check};
 use super::snapshot::Snapshot;
@@ -129,7 +131,7 @@ impl DwarfUnwinder {
     pub(crate) fn samples_since(
         &self,
         seen: &mut HashMap<SampleKey, u64>,
-    ) -> (Vec<(OnCpuKey, u64)>, UnwoundStacks) {
+    ) -> (Vec<(StackKey, u64)>, UnwoundStacks) {
         let mut oncpu = Vec::new();
         let mut stacks = UnwoundStacks::new();
         let mut ids = UNWOUND_IDS;
@@ -143,11 +145,11 @@ impl DwarfUnwinder {
             };
             seen.insert(key.clone(), count);
             let (tgid, tid, kernel_stack_id, stack, _) = key;
-            let key = OnCpuKey {
+            let key = StackKey {
                 tgid: *tgid,
                 tid: *tid,
-                user_stack_id: id,
-                kernel_stack_id: *kernel_stack_id,
+                user: StackId::decode(id),
+                kernel: StackId::decode(*kernel_stack_id),
                 state: 0,
             };
             oncpu.push((key, count - before));
@@ -182,11 +184,11 @@ impl DwarfUnwinder {
         for (next_id, ((tgid, tid, kernel_stack_id, stack, task), samples)) in
             (UNWOUND_IDS).zip(gone)
         {
-            let key = OnCpuKey {
+            let key = StackKey {
                 tgid,
                 tid,
-                user_stack_id: next_id,
-                kernel_stack_id,
+                user: StackId::decode(next_id),
+                kernel: StackId::decode(kernel_stack_id),
                 state: 0,
             };
             taken.oncpu.push((key, samples));
@@ -461,11 +463,11 @@ impl DwarfUnwinder {
         for (next_id, ((tgid, tid, kernel_stack_id, stack, task), samples)) in
             (UNWOUND_IDS).zip(self.samples)
         {
-            let key = OnCpuKey {
+            let key = StackKey {
                 tgid,
                 tid,
-                user_stack_id: next_id,
-                kernel_stack_id,
+                user: StackId::decode(next_id),
+                kernel: StackId::decode(kernel_stack_id),
                 state: 0,
             };
             unwound.oncpu.push((key, samples));
@@ -481,9 +483,9 @@ impl DwarfUnwinder {
 /// What [`DwarfUnwinder::finish`] gives.
 pub(crate) struct UnwoundSamples {
     /// On-CPU samples by thread and stacks.
-    pub oncpu: Vec<(OnCpuKey, u64)>,
+    pub oncpu: Vec<(StackKey, u64)>,
     /// Those of threads running a runtime task: (task, key, samples).
-    pub task_oncpu: Vec<(u64, OnCpuKey, u64)>,
+    pub task_oncpu: Vec<(u64, StackKey, u64)>,
     /// Every unwound stack by id.
     pub stacks: UnwoundStacks,
 }
