@@ -121,22 +121,26 @@ pub fn send(
     true
 }
 
+/// Whether at least `1 / parts` of the ring waits to be read.
+#[inline(always)]
+fn ring_filled(parts: u64) -> bool {
+    let waiting = UNWIND_SAMPLES.query(u64::from(BPF_RB_AVAIL_DATA));
+    let size = UNWIND_SAMPLES.query(u64::from(BPF_RB_RING_SIZE));
+    waiting >= size / parts
+}
+
 /// Whether the ring is half full or more: user space is behind, as when many threads
 /// block in new places at once.
 #[inline(always)]
 pub fn ring_half_full() -> bool {
-    let waiting = UNWIND_SAMPLES.query(u64::from(BPF_RB_AVAIL_DATA));
-    let size = UNWIND_SAMPLES.query(u64::from(BPF_RB_RING_SIZE));
-    waiting >= size / 2
+    ring_filled(2)
 }
 
 /// User space drains the ring by period and is woken only when the ring is a quarter
 /// full: a burst then cannot fill it between two drains.
 #[inline(always)]
 fn wakeup_flag() -> u64 {
-    let waiting = UNWIND_SAMPLES.query(u64::from(BPF_RB_AVAIL_DATA));
-    let size = UNWIND_SAMPLES.query(u64::from(BPF_RB_RING_SIZE));
-    match waiting >= size / 4 {
+    match ring_filled(4) {
         true => u64::from(BPF_RB_FORCE_WAKEUP),
         false => u64::from(BPF_RB_NO_WAKEUP),
     }
