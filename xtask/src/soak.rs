@@ -1,4 +1,4 @@
-//! `cargo xtask soak [--seconds N]`: the churn test (`tests/tests/churn.rs`) for N seconds
+//! `cargo xtask soak [--seconds N]`: the churn test (`tests/tests/e2e/safety/churn.rs`) for N seconds
 //! instead of CI's minute: `attach --metrics --profile-every` on a service whose processes
 //! come and go, its memory and kernel maps sampled through the second half of the run.
 //! On demand, not in CI; root.
@@ -16,10 +16,11 @@ pub fn run(seconds: u64) -> Result<()> {
             "-p",
             "tests",
             "--test",
-            "churn",
+            "e2e",
             "--",
             "--include-ignored",
             "--nocapture",
+            "safety::churn::",
         ])
         .env("TRACER_BIN", release_dir().join("tracer"))
         .env("TRACER_SOAK_SECONDS", seconds.to_string()),

@@ -1,0 +1,3 @@
+//! `tracer list`, and the specifier grammar it shares with `trace`.
+
+mod specifiers;
