@@ -366,7 +366,7 @@ fn a_zombie_target_is_reported_as_exited_by_every_command() {
         &["list", "--pid", &pid_arg],
     ];
     for args in commands {
-        let out = run_tracer(args);
+        let out = Command::new(tracer_bin()).args(args).output().unwrap();
         assert_fails_with(
             &out,
             &format!("tracer: error: process {pid} exited\n"),

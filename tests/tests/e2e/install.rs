@@ -7,7 +7,7 @@ use std::{
     process::{Command, Output},
 };
 
-use crate::common::{GC_DEMO, attach_json_of};
+use crate::common::{GC_DEMO, TracerRun, attach_json_by};
 
 fn workspace() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap()
@@ -206,8 +206,8 @@ fn the_static_build_needs_no_loader_lists_probes_and_attaches() {
     let listed = String::from_utf8_lossy(&listed.stdout);
     assert!(listed.contains(":tracer:gc__begin"), "{listed}");
 
-    let run = attach_json_of(
-        &bin,
+    let run = attach_json_by(
+        TracerRun::attach().binary(&bin),
         GC_DEMO,
         &["--gcs", "6", "--pause-ms", "5", "--interval-ms", "5"],
         "static-attach",

@@ -127,8 +127,8 @@ fn start_blocked() -> Blocked {
 fn stacks(pid: u32, extra: &[&str]) -> (String, String) {
     let pid = pid.to_string();
     let out = run_tracer(&[&["stacks", "--pid", &pid], extra].concat());
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let stdout = out.stdout.clone();
+    let stderr = out.stderr.clone();
     assert!(
         out.status.success(),
         "tracer stacks failed: {stderr}\n{stdout}"
@@ -380,7 +380,7 @@ fn a_missing_process_or_privilege_is_an_error() {
     let mut child = Command::new("true").spawn().unwrap();
     child.wait().unwrap();
     let out = run_tracer(&["stacks", "--pid", &child.id().to_string()]);
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = out.stderr.as_str();
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("no such process"), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
@@ -435,12 +435,12 @@ fn threads_blocked_throughout_are_profiled_under_their_real_stacks() {
             args.extend(["--format", "json"]);
         }
         let out = run_tracer(&args);
-        let err = String::from_utf8_lossy(&out.stderr);
-        let stdout = String::from_utf8_lossy(&out.stdout);
+        let err = out.stderr.as_str();
+        let stdout = out.stdout.as_str();
         assert!(out.status.success(), "{command}: {err}");
         // Each thread's time, split, by its name and decimal id.
         let split: Vec<(String, u64, u64, u64)> = if command == "attach" {
-            let report: Value = serde_json::from_str(&stdout).unwrap();
+            let report: Value = serde_json::from_str(stdout).unwrap();
             report["threads"]
                 .as_array()
                 .unwrap()

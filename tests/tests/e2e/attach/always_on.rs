@@ -12,7 +12,7 @@ use std::{
 };
 
 use crate::common::{
-    GC_DEMO, Target, Tracer, executable_copy, http_get, metrics_addr, out_dir, privileged_test,
+    GC_DEMO, Target, TracerRun, executable_copy, http_get, metrics_addr, out_dir, privileged_test,
     require_privileged, run_tracer,
 };
 use prost::Message as _;
@@ -145,17 +145,16 @@ fn prometheus_counts_the_gc_pauses_of_a_target_started_after_the_tracer() {
     let dir = out_dir("metrics-prometheus");
     // A copy of its own: gc-demos the other tests run are not this test's.
     let gc_demo = executable_copy(GC_DEMO, &dir);
-    let mut tracer = Tracer::start(&[
-        "attach",
-        "--exe",
-        gc_demo.to_str().unwrap(),
-        "--metrics",
-        "127.0.0.1:0",
-        "--format",
-        "json",
-        "-o",
-        dir.join("attach").to_str().unwrap(),
-    ]);
+    let mut tracer = TracerRun::attach()
+        .args([
+            "--exe",
+            gc_demo.to_str().unwrap(),
+            "--metrics",
+            "127.0.0.1:0",
+        ])
+        .json()
+        .out(&dir.join("attach"))
+        .start();
     let addr = metrics_addr(&tracer);
     let prometheus = Prometheus::start(&addr, &dir);
     // The tracer is up before any target: Prometheus sees it, with no pause yet.
@@ -283,17 +282,11 @@ fn profile_serves_each_processs_time_on_and_off_cpu() {
         &["--gcs", "60", "--pause-ms", "20", "--interval-ms", "30"],
     );
     let pid = target.pid.to_string();
-    let tracer = Tracer::start(&[
-        "profile",
-        "--pid",
-        &pid,
-        "--metrics",
-        "127.0.0.1:0",
-        "--metrics-labels",
-        "pid",
-        "-o",
-        dir.to_str().unwrap(),
-    ]);
+    let tracer = TracerRun::profile()
+        .pid(target.pid)
+        .args(["--metrics", "127.0.0.1:0", "--metrics-labels", "pid"])
+        .out(&dir)
+        .start();
     let addr = metrics_addr(&tracer);
     target.release();
     // Two seconds into the three of the run: the profile stops when its target exits.
@@ -331,7 +324,7 @@ fn a_metrics_address_that_cannot_be_listened_on_is_refused_before_attaching() {
         (taken.as_str(), "cannot listen there"),
     ] {
         let out = run_tracer(&["attach", "--pid", &me, "--metrics", addr, "-d", "1s"]);
-        let stderr = String::from_utf8_lossy(&out.stderr);
+        let stderr = out.stderr.as_str();
         assert!(!out.status.success(), "{addr}: {stderr}");
         assert!(
             stderr.contains(&format!("--metrics {addr}")) && stderr.contains(says),
@@ -450,17 +443,11 @@ fn rolling_profiles_hold_each_windows_share_of_the_work() {
         &["--gcs", "80", "--pause-ms", "20", "--interval-ms", "30"],
     );
     let pid = target.pid.to_string();
-    let tracer = Tracer::start(&[
-        "attach",
-        "--pid",
-        &pid,
-        "--profile-every",
-        "1s",
-        "--keep",
-        "10",
-        "-o",
-        dir.to_str().unwrap(),
-    ]);
+    let tracer = TracerRun::attach()
+        .pid(target.pid)
+        .args(["--profile-every", "1s", "--keep", "10"])
+        .out(&dir)
+        .start();
     target.release();
     let truth = target.finish();
     let (ok, _, stderr) = tracer.finish();

@@ -441,17 +441,17 @@ fn a_jvm_reports_one_gc_per_system_gc() {
         &[N.to_string()],
     );
     let pid = java.pid;
-    let pid_arg = pid.to_string();
-    let attach = start_attach_json(pid, &dir.join("attach"));
-    let count = Tracer::start(&[
-        "trace",
-        "--count",
-        "--format",
-        "json",
-        "--pid",
-        &pid_arg,
-        "usdt:*:hotspot:gc__*",
-    ]);
+    let attach = TracerRun::attach()
+        .pid(pid)
+        .json()
+        .out(&dir.join("attach"))
+        .start();
+    let count = TracerRun::trace()
+        .arg("--count")
+        .json()
+        .pid(pid)
+        .arg("usdt:*:hotspot:gc__*")
+        .start();
     let bpftrace = Bpftrace::for_pid(pid, &["-e", JVM_BT]);
 
     let rest = java.release_and_finish();
@@ -542,17 +542,12 @@ fn a_jvm_started_after_attach_is_traced_through_the_libjvm_it_loads_then() {
             .expect("java (JDK 17) is needed for the JVM tests"),
     )
     .unwrap();
-    let mut attach = Tracer::start(&[
-        "attach",
-        "--exe",
-        java.to_str().unwrap(),
-        "--format",
-        "json",
-        "-d",
-        "120s",
-        "-o",
-        dir.join("attach").to_str().unwrap(),
-    ]);
+    let mut attach = TracerRun::attach()
+        .args(["--exe", java.to_str().unwrap()])
+        .json()
+        .duration("120s")
+        .out(&dir.join("attach"))
+        .start();
     assert!(
         attach.early_stderr.contains("no known runtime probes yet"),
         "{}",
@@ -660,7 +655,11 @@ fn a_jvm_reports_each_threads_parks_and_parked_time() {
         &[],
         &[PARKS.to_string(), PARK_MS.to_string()],
     );
-    let attach = start_attach_json(java.pid, &dir.join("attach"));
+    let attach = TracerRun::attach()
+        .pid(java.pid)
+        .json()
+        .out(&dir.join("attach"))
+        .start();
     let rest = java.release_and_finish();
     let (ok, out, err) = attach.finish();
     assert!(ok, "{err}");
@@ -713,26 +712,13 @@ fn cpython_reports_one_gc_pause_per_collect() {
         os._exit(0)\n";
     let dir = out_dir("cpython");
     let target = Target::start(python, &["-c", script]);
-    let pid = target.pid.to_string();
-    let attach = Tracer::start(&[
-        "attach",
-        "--pid",
-        &pid,
-        "--format",
-        "json",
-        "-o",
-        dir.to_str().unwrap(),
-    ]);
-    let count = Tracer::start(&[
-        "trace",
-        "--count",
-        "--format",
-        "json",
-        "--pid",
-        &pid,
-        "usdt:*:python:gc__start",
-        "usdt:*:python:gc__done",
-    ]);
+    let attach = TracerRun::attach().pid(target.pid).json().out(&dir).start();
+    let count = TracerRun::trace()
+        .arg("--count")
+        .json()
+        .pid(target.pid)
+        .args(["usdt:*:python:gc__start", "usdt:*:python:gc__done"])
+        .start();
     target.release();
     let truth = target.finish();
     let (ok, out, err) = attach.finish();
@@ -821,15 +807,11 @@ fn every_tokio_task_fires_the_task_probes_through_the_hooks() {
     require_privileged();
     let binary = build_tokio_target();
     let target = StdinTarget::start(&mut Command::new(&binary));
-    let pid = target.pid.to_string();
-    let trace = Tracer::start(&[
-        "trace",
-        "--format",
-        "json",
-        "--pid",
-        &pid,
-        "usdt:*:tracer:rt__*",
-    ]);
+    let trace = TracerRun::trace()
+        .json()
+        .pid(target.pid)
+        .arg("usdt:*:tracer:rt__*")
+        .start();
     let bpftrace = Bpftrace::for_pid(target.pid, &[script("task_run_park.bt").to_str().unwrap()]);
     let out = target.release_and_finish();
     let (ok, events_out, err) = trace.finish();

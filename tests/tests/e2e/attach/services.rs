@@ -127,8 +127,8 @@ fn start_server(program: &str, args: &[String]) -> Target {
 struct Running(Option<Tracer>);
 
 impl Running {
-    fn start(args: &[&str]) -> Running {
-        Running(Some(Tracer::start(args)))
+    fn start(run: TracerRun) -> Running {
+        Running(Some(run.start()))
     }
 
     fn pid(&self) -> u32 {
@@ -609,21 +609,15 @@ fn attach_follows_forked_children_latencies_processes_and_stacks() {
     let (n, k) = (3, 5);
     let dir = out_dir("services-children");
     let server = start_server(SERVER, &server_args(n, k, 0, 2, 300));
-    let pid = server.pid.to_string();
-    let tracer = Running::start(&[
-        "attach",
-        "--pid",
-        &pid,
-        "--children",
-        "-d",
-        SAFETY_DURATION,
-        "--format",
-        "json",
-        "-o",
-        dir.to_str().unwrap(),
-        "--latency",
-        PAIR,
-    ]);
+    let tracer = Running::start(
+        TracerRun::attach()
+            .pid(server.pid)
+            .arg("--children")
+            .duration(SAFETY_DURATION)
+            .json()
+            .out(&dir)
+            .args(["--latency", PAIR]),
+    );
     server.release();
     let truth = Truth::parse(server.finish());
     let report = tracer.finish_json(&dir);
@@ -654,21 +648,15 @@ fn children_gone_before_the_tracer_looked_are_named_from_their_parent() {
     let (n, k, block_ms) = (3, 4, 200);
     let dir = out_dir("services-stalled");
     let server = start_server(SERVER, &server_args(n, k, 0, 2, block_ms));
-    let pid = server.pid.to_string();
-    let tracer = Running::start(&[
-        "attach",
-        "--pid",
-        &pid,
-        "--children",
-        "-d",
-        SAFETY_DURATION,
-        "--format",
-        "json",
-        "-o",
-        dir.to_str().unwrap(),
-        "--latency",
-        PAIR,
-    ]);
+    let tracer = Running::start(
+        TracerRun::attach()
+            .pid(server.pid)
+            .arg("--children")
+            .duration(SAFETY_DURATION)
+            .json()
+            .out(&dir)
+            .args(["--latency", PAIR]),
+    );
     let tracer_pid = tracer.pid() as i32;
     // SAFETY: kill has no memory preconditions; the tracer is our child, not reaped.
     unsafe { libc::kill(tracer_pid, libc::SIGSTOP) };
@@ -772,20 +760,15 @@ fn from_the_host_processes_in_a_pid_namespace_show_their_namespace_pids() {
         .iter()
         .next()
         .expect("unshare's child, the server");
-    let pid = host_pid.to_string();
     let out = dir.join("attach");
-    let tracer = Running::start(&[
-        "attach",
-        "--pid",
-        &pid,
-        "--children",
-        "-d",
-        SAFETY_DURATION,
-        "--format",
-        "json",
-        "-o",
-        out.to_str().unwrap(),
-    ]);
+    let tracer = Running::start(
+        TracerRun::attach()
+            .pid(host_pid)
+            .arg("--children")
+            .duration(SAFETY_DURATION)
+            .json()
+            .out(&out),
+    );
     // SAFETY: kill has no memory preconditions.
     assert_eq!(unsafe { libc::kill(host_pid as i32, libc::SIGUSR1) }, 0);
     let mut rest = String::new();
@@ -817,23 +800,14 @@ fn from_the_host_processes_in_a_pid_namespace_show_their_namespace_pids() {
 /// `server_args`: the server's truth, and the tracer's standard output and error.
 fn profile_server(dir: &Path, server_args: &[String], extra: &[&str]) -> (Truth, String, String) {
     let server = start_server(SERVER, server_args);
-    let pid = server.pid.to_string();
-    let dir = dir.to_str().unwrap();
-    let args = [
-        &[
-            "profile",
-            "--pid",
-            &pid,
-            "--children",
-            "-d",
-            SAFETY_DURATION,
-            "-o",
-            dir,
-        ][..],
-        extra,
-    ]
-    .concat();
-    let tracer = Running::start(&args);
+    let tracer = Running::start(
+        TracerRun::profile()
+            .pid(server.pid)
+            .arg("--children")
+            .duration(SAFETY_DURATION)
+            .out(dir)
+            .args(extra),
+    );
     server.release();
     let truth = Truth::parse(server.finish());
     let (ok, out, stderr) = tracer.finish();
@@ -894,20 +868,15 @@ fn trace_count_with_children_counts_what_bpftrace_and_the_server_count() {
     let dir = out_dir("services-count");
     let program = executable_copy(SERVER, &dir);
     let server = start_server(program.to_str().unwrap(), &server_args(4, 6, 3, 1, 50));
-    let pid = server.pid.to_string();
-    let tracer = Running::start(&[
-        "trace",
-        "--count",
-        "--format",
-        "json",
-        "--pid",
-        &pid,
-        "--children",
-        "-d",
-        SAFETY_DURATION,
-        "usdt:*:tracer:gc__begin",
-        "usdt:*:tracer:gc__end",
-    ]);
+    let tracer = Running::start(
+        TracerRun::trace()
+            .arg("--count")
+            .json()
+            .pid(server.pid)
+            .arg("--children")
+            .duration(SAFETY_DURATION)
+            .args(["usdt:*:tracer:gc__begin", "usdt:*:tracer:gc__end"]),
+    );
     let bpftrace = server_bpftrace(&program);
     server.release();
     let truth = Truth::parse(server.finish());
@@ -940,33 +909,23 @@ fn without_children_only_the_parents_hits_count() {
         program.to_str().unwrap(),
         &server_args(3, 4, parent_pairs, 1, 100),
     );
-    let pid = server.pid.to_string();
     let out = dir.join("attach");
-    let attach = Running::start(&[
-        "attach",
-        "--pid",
-        &pid,
-        "-d",
-        SAFETY_DURATION,
-        "--format",
-        "json",
-        "-o",
-        out.to_str().unwrap(),
-        "--latency",
-        PAIR,
-    ]);
-    let count = Running::start(&[
-        "trace",
-        "--count",
-        "--format",
-        "json",
-        "--pid",
-        &pid,
-        "-d",
-        SAFETY_DURATION,
-        "usdt:*:tracer:gc__begin",
-        "usdt:*:tracer:gc__end",
-    ]);
+    let attach = Running::start(
+        TracerRun::attach()
+            .pid(server.pid)
+            .duration(SAFETY_DURATION)
+            .json()
+            .out(&out)
+            .args(["--latency", PAIR]),
+    );
+    let count = Running::start(
+        TracerRun::trace()
+            .arg("--count")
+            .json()
+            .pid(server.pid)
+            .duration(SAFETY_DURATION)
+            .args(["usdt:*:tracer:gc__begin", "usdt:*:tracer:gc__end"]),
+    );
     // bpftrace, by path, sees the children fire while the tracers are attached.
     let bpftrace = server_bpftrace(&program);
     server.release();
@@ -1048,19 +1007,14 @@ fn attach_then_start(
         server
     });
     let out = dir.join("attach");
-    let mut args = vec!["attach"];
-    args.extend_from_slice(select);
-    args.extend_from_slice(&[
-        "-d",
-        SAFETY_DURATION,
-        "--format",
-        "json",
-        "-o",
-        out.to_str().unwrap(),
-        "--latency",
-        PAIR,
-    ]);
-    let tracer = Running::start(&args);
+    let tracer = Running::start(
+        TracerRun::attach()
+            .args(select)
+            .duration(SAFETY_DURATION)
+            .json()
+            .out(&out)
+            .args(["--latency", PAIR]),
+    );
     let server = start_server(program.to_str().unwrap(), &server_args(3, 4, 2, 2, 200));
     place(server.pid);
     wait_until_traced(server.pid, &tracer);
@@ -1296,33 +1250,27 @@ fn postgresql_backends_forked_after_attach_are_traced_like_bpftrace_and_pgbench_
     let background = children_of(postmaster);
     let dir = cluster.dir.join("attach");
     std::fs::create_dir(&dir).unwrap();
-    let pm = postmaster.to_string();
-    let tracer = Running::start(&[
-        "attach",
-        "--pid",
-        &pm,
-        "--children",
-        "-d",
-        SAFETY_DURATION,
-        "--format",
-        "json",
-        "-o",
-        dir.to_str().unwrap(),
-        "--latency",
-        "postgresql:transaction__start,postgresql:transaction__commit",
-    ]);
-    let count = Running::start(&[
-        "trace",
-        "--count",
-        "--format",
-        "json",
-        "--pid",
-        &pm,
-        "--children",
-        "-d",
-        SAFETY_DURATION,
-        "usdt:*:postgresql:transaction__start",
-    ]);
+    let tracer = Running::start(
+        TracerRun::attach()
+            .pid(postmaster)
+            .arg("--children")
+            .duration(SAFETY_DURATION)
+            .json()
+            .out(&dir)
+            .args([
+                "--latency",
+                "postgresql:transaction__start,postgresql:transaction__commit",
+            ]),
+    );
+    let count = Running::start(
+        TracerRun::trace()
+            .arg("--count")
+            .json()
+            .pid(postmaster)
+            .arg("--children")
+            .duration(SAFETY_DURATION)
+            .arg("usdt:*:postgresql:transaction__start"),
+    );
     // bpftrace over the binary, counting only this cluster's processes (the postmaster's
     // children: every backend is one); `@all` counts every postgres on the machine.
     let script = format!(
@@ -1477,7 +1425,6 @@ fn postgresql_query_texts_are_what_psql_sent_and_what_bpftrace_reads() {
     require_privileged();
     let cluster = PgCluster::start("services-pg-str");
     let postmaster = cluster.postmaster();
-    let pm = postmaster.to_string();
     // Each shorter than bpftrace's 63 bytes but the last, which both cut.
     let long = format!("SELECT '{}' AS long_text", "x".repeat(80));
     let queries = [
@@ -1488,19 +1435,18 @@ fn postgresql_query_texts_are_what_psql_sent_and_what_bpftrace_reads() {
         "SELECT 'naïve' AS \"quoted\"",
         &long,
     ];
-    let tracer = Running::start(&[
-        "trace",
-        "--format",
-        "json",
-        "--pid",
-        &pm,
-        "--children",
-        "-d",
-        SAFETY_DURATION,
-        "--str",
-        "query__start:arg0",
-        "usdt:*:postgresql:query__start",
-    ]);
+    let tracer = Running::start(
+        TracerRun::trace()
+            .json()
+            .pid(postmaster)
+            .arg("--children")
+            .duration(SAFETY_DURATION)
+            .args([
+                "--str",
+                "query__start:arg0",
+                "usdt:*:postgresql:query__start",
+            ]),
+    );
     // Only this cluster's backends: the postmaster's children.
     let script = format!(
         "BEGIN {{ printf(\"Tracing\\n\"); }}

@@ -148,8 +148,7 @@ fn the_text_report_names_the_task_that_blocked_its_thread() {
     require_privileged();
     let dir = out_dir("tasks-text");
     let target = Target::start(TASKS_DEMO, &["--rounds", "10"]);
-    let pid = target.pid.to_string();
-    let tracer = Tracer::start(&["attach", "--pid", &pid, "-o", dir.to_str().unwrap()]);
+    let tracer = TracerRun::attach().pid(target.pid).out(&dir).start();
     target.release();
     let _ = target.finish();
     let (ok, out, err) = tracer.finish();

@@ -185,17 +185,8 @@ fn tokio_tasks_are_named_by_spawn_location_with_their_blocking_stack() {
     require_privileged();
     let binary = build_tokio_dtrace_target();
     let target = StdinTarget::start(&mut std::process::Command::new(&binary));
-    let pid = target.pid.to_string();
     let dir = out_dir("tokio-dtrace");
-    let tracer = Tracer::start(&[
-        "attach",
-        "--pid",
-        &pid,
-        "--format",
-        "json",
-        "-o",
-        dir.to_str().unwrap(),
-    ]);
+    let tracer = TracerRun::attach().pid(target.pid).json().out(&dir).start();
     let out = target.release_and_finish();
     let (ok, report, err) = tracer.finish();
     assert!(ok, "{err}");

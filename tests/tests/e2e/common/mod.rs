@@ -4,11 +4,13 @@
 mod bpftrace;
 mod http;
 mod opens;
+mod run;
 
 pub use bpftrace::{Bpftrace, BpftraceMaps};
 pub use http::{http_get, metrics_addr};
 pub use opens::OpenWatch;
 pub use privileged_test::privileged_test;
+pub use run::{Finished, TracerRun};
 
 use std::{
     cell::RefCell,
@@ -18,7 +20,7 @@ use std::{
     path::{Path, PathBuf},
     process::{Child, ChildStderr, ChildStdout, Command, Stdio},
     sync::{
-        Arc,
+        Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard,
         atomic::{AtomicBool, Ordering},
     },
     time::Duration,
@@ -27,13 +29,31 @@ use std::{
 /// Fails the test unless it can load eBPF (root; the tracer also accepts
 /// CAP_BPF+CAP_PERFMON, but the tests drop to those from root).
 ///
-/// Every test that calls this is a `#[privileged_test]`, ignored with the reason, so a plain `cargo test` shows
-/// it as ignored rather than passed; `cargo xtask test` runs them with `--include-ignored`.
-/// A test asked to run without the privilege fails: it never reports a pass it did not
-/// earn, under CI=true or not.
+/// Every test that calls this is a `#[privileged_test]`, ignored with the reason, so a
+/// plain `cargo test` shows it as ignored rather than passed; `cargo xtask test` runs them
+/// with `--include-ignored`. A test asked to run without the privilege fails: it never
+/// reports a pass it did not earn, under CI=true or not.
 ///
-/// It also sets a watchdog on the test (see [`watch_this_test`]).
+/// The test then runs side by side with others (see [`require_privileged_alone`]), under
+/// a watchdog (see [`watch_this_test`]).
 pub fn require_privileged() {
+    require_root();
+    begin_test(|| Turn::SideBySide {
+        _guard: lock_or_poisoned(SIDE_BY_SIDE.read()),
+    });
+}
+
+/// [`require_privileged`] for a test that measures how the tracer holds up over time
+/// while a workload runs (its memory, its maps): it waits until the tests running finish
+/// and runs alone, so what they load the machine with does not read as growth.
+pub fn require_privileged_alone() {
+    require_root();
+    begin_test(|| Turn::Alone {
+        _guard: lock_or_poisoned(SIDE_BY_SIDE.write()),
+    });
+}
+
+fn require_root() {
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
     assert!(
@@ -41,19 +61,39 @@ pub fn require_privileged() {
         "not root: loading eBPF programs needs root (run `cargo xtask test` as root, or \
          leave out --include-ignored to skip the privileged tests)"
     );
-    watch_this_test();
+}
+
+/// Taken for reading by every privileged test, for writing by one that runs alone.
+static SIDE_BY_SIDE: RwLock<()> = RwLock::new(());
+
+/// A test's place among the others, held until its thread ends.
+enum Turn {
+    SideBySide {
+        _guard: RwLockReadGuard<'static, ()>,
+    },
+    Alone {
+        _guard: RwLockWriteGuard<'static, ()>,
+    },
+}
+
+/// A failed test that held the lock says nothing about the next one.
+fn lock_or_poisoned<G>(locked: Result<G, PoisonError<G>>) -> G {
+    locked.unwrap_or_else(PoisonError::into_inner)
 }
 
 /// No end-to-end test takes a minute and a half here; one that runs for this long waits
 /// for something that will not come.
 const HUNG_AFTER: Duration = Duration::from_secs(240);
 
-/// Set when the test's thread ends (its thread-local is dropped).
-struct TestDone(Arc<AtomicBool>);
+/// Set when the test's thread ends (its thread-local is dropped); its turn ends then too.
+struct TestDone {
+    done: Arc<AtomicBool>,
+    _turn: Turn,
+}
 
 impl Drop for TestDone {
     fn drop(&mut self) {
-        self.0.store(true, Ordering::Relaxed);
+        self.done.store(true, Ordering::Relaxed);
     }
 }
 
@@ -61,17 +101,32 @@ thread_local! {
     static THIS_TEST: RefCell<Option<TestDone>> = const { RefCell::new(None) };
 }
 
+/// Takes the test's turn and starts its watchdog, once per test: a helper that asks
+/// again changes nothing (taking the lock twice on one thread could wait forever).
+fn begin_test(turn: impl FnOnce() -> Turn) {
+    if THIS_TEST.with(|test| test.borrow().is_some()) {
+        return;
+    }
+    let turn = turn();
+    let done = Arc::new(AtomicBool::new(false));
+    THIS_TEST.with(|test| {
+        *test.borrow_mut() = Some(TestDone {
+            done: done.clone(),
+            _turn: turn,
+        });
+    });
+    watch_this_test(done);
+}
+
 /// Turns a hung test into a failed one: past [`HUNG_AFTER`], the processes the test binary
 /// started are listed with where they wait, then killed, so that the test's reads end and
 /// it fails with its own message; if even that does not end it, the binary aborts. A hang
 /// would otherwise hold the whole CI run until its time limit, saying nothing.
-fn watch_this_test() {
-    let done = Arc::new(AtomicBool::new(false));
+fn watch_this_test(done: Arc<AtomicBool>) {
     let name = std::thread::current()
         .name()
         .unwrap_or("a test")
         .to_string();
-    THIS_TEST.with(|test| *test.borrow_mut() = Some(TestDone(done.clone())));
     std::thread::spawn(move || {
         let started = std::time::Instant::now();
         let wait_until = |limit: Duration| {
@@ -245,22 +300,22 @@ pub struct Tracer {
 }
 
 impl Tracer {
-    /// Starts `tracer ARGS` and returns once it printed that it attached.
-    // The child is waited for by `finish`, or by the early-exit path below.
-    #[allow(clippy::zombie_processes)]
+    /// Starts `tracer ARGS` and returns once it printed that it attached: the command
+    /// line as a user types it ([`TracerRun`] builds one up).
     pub fn start(args: &[&str]) -> Tracer {
-        Tracer::start_binary(&tracer_bin(), args)
+        TracerRun::new(args[0]).args(&args[1..]).start()
     }
 
-    /// [`Tracer::start`] of the tracer binary at `binary`.
+    /// Spawns `command` (described as `described` in failures) and reads its standard
+    /// error up to the line that says it attached.
+    // The child is waited for by `finish`, or by the early-exit path below.
     #[allow(clippy::zombie_processes)]
-    pub fn start_binary(binary: &Path, args: &[&str]) -> Tracer {
-        let mut child = Command::new(binary)
-            .args(args)
+    fn spawn(mut command: Command, described: String) -> Tracer {
+        let mut child = command
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .expect("cannot start tracer");
+            .unwrap_or_else(|e| panic!("cannot start {described}: {e}"));
         let mut stderr = BufReader::new(child.stderr.take().unwrap());
         let mut early_stderr = String::new();
         loop {
@@ -268,7 +323,7 @@ impl Tracer {
             if stderr.read_line(&mut line).unwrap_or(0) == 0 {
                 let out = child.wait_with_output().unwrap();
                 panic!(
-                    "tracer exited before attaching ({}): {early_stderr}{}",
+                    "{described} exited before attaching ({}): {early_stderr}{}",
                     out.status,
                     String::from_utf8_lossy(&out.stdout)
                 );
@@ -345,12 +400,10 @@ impl Drop for Tracer {
     }
 }
 
-/// Runs the tracer to completion with no target interaction.
-pub fn run_tracer(args: &[&str]) -> std::process::Output {
-    Command::new(tracer_bin())
-        .args(args)
-        .output()
-        .expect("cannot run tracer")
+/// Runs `tracer ARGS` to its end, whatever its exit: the command line as a user types it
+/// ([`TracerRun`] builds one up).
+pub fn run_tracer(args: &[&str]) -> Finished {
+    TracerRun::new(args[0]).args(&args[1..]).output()
 }
 
 /// A fresh empty directory for a test's output files.
@@ -444,7 +497,7 @@ impl ProbeSites {
     pub fn listed_from(pid: u32, listed: &str) -> Self {
         let exe = format!("/proc/{pid}/exe");
         let out = run_tracer(&["list", "-v", listed]);
-        let listing = String::from_utf8_lossy(&out.stdout);
+        let listing = out.stdout.as_str();
         assert!(out.status.success(), "{out:?}");
         let file = std::fs::read(&exe).unwrap();
         let maps = exe_mappings(pid);
@@ -573,29 +626,15 @@ pub struct AttachRun {
     pub stderr: String,
 }
 
-/// Starts `tracer attach --pid PID --format json`, its files in `out`.
-pub fn start_attach_json(pid: u32, out: &Path) -> Tracer {
-    start_attach_json_with(pid, out, &[])
-}
-
-/// [`start_attach_json`] with more arguments.
-pub fn start_attach_json_with(pid: u32, out: &Path, extra: &[&str]) -> Tracer {
-    let pid = pid.to_string();
-    let mut args = vec!["attach", "--pid", &pid, "--format", "json", "-o"];
-    args.push(out.to_str().unwrap());
-    args.extend_from_slice(extra);
-    Tracer::start(&args)
-}
-
 /// Starts `program TARGET_ARGS`, attaches `tracer attach --pid PID --format json -o DIR
 /// EXTRA` (DIR a fresh `out_dir(name)`), releases the target and waits for both.
 pub fn attach_json(program: &str, target_args: &[&str], name: &str, extra: &[&str]) -> AttachRun {
-    attach_json_of(&tracer_bin(), program, target_args, name, extra)
+    attach_json_by(TracerRun::attach(), program, target_args, name, extra)
 }
 
-/// [`attach_json`] with the tracer binary at `tracer`.
-pub fn attach_json_of(
-    tracer: &Path,
+/// [`attach_json`] with `attach`, the tracer's command so far (another binary, say).
+pub fn attach_json_by(
+    attach: TracerRun,
     program: &str,
     target_args: &[&str],
     name: &str,
@@ -603,11 +642,7 @@ pub fn attach_json_of(
 ) -> AttachRun {
     let dir = out_dir(name);
     let target = Target::start(program, target_args);
-    let pid = target.pid.to_string();
-    let mut args = vec!["attach", "--pid", &pid, "--format", "json", "-o"];
-    args.push(dir.to_str().unwrap());
-    args.extend_from_slice(extra);
-    let tracer = Tracer::start_binary(tracer, &args);
+    let tracer = attach.pid(target.pid).json().out(&dir).args(extra).start();
     target.release();
     let truth = target.finish();
     let (ok, out, stderr) = tracer.finish();
@@ -698,14 +733,10 @@ pub struct TraceRun {
 /// Runs `tracer trace --format json ARGS` to its end (give `-- CMD` or `--duration`) and
 /// parses what it printed; fails the test when the tracer fails.
 pub fn trace_json(args: &[&str]) -> TraceRun {
-    let mut all = vec!["trace", "--format", "json"];
-    all.extend_from_slice(args);
-    let out = run_tracer(&all);
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(out.status.success(), "tracer {all:?} failed: {stderr}");
+    let finished = TracerRun::trace().json().args(args).run();
     TraceRun {
-        printed: parse_trace_json(&String::from_utf8_lossy(&out.stdout)),
-        stderr,
+        printed: finished.trace(),
+        stderr: finished.stderr,
     }
 }
 

@@ -206,26 +206,30 @@ fn stacks_shows_what_a_running_thread_runs() {
         .parse()
         .unwrap();
     std::io::Write::write_all(&mut stdin, b"go\n").unwrap();
-    // Long enough for hoSpin to be compiled.
-    std::thread::sleep(std::time::Duration::from_secs(2));
-    let out = run_tracer(&["stacks", "--pid", &pid.to_string(), "--format", "json"]);
+    // hoSpin is named once the JIT compiled it, which takes longer on a loaded machine.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let spinning = loop {
+        std::thread::sleep(std::time::Duration::from_secs(2));
+        let dump = TracerRun::new("stacks").pid(pid).json().run().report();
+        let spinning = dump["threads"].as_array().unwrap().iter().find(|t| {
+            t["user_stack"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|f| f.as_str().unwrap_or_default().contains("HoHot.hoSpin"))
+        });
+        if let Some(spinning) = spinning {
+            break Ok(spinning.clone());
+        }
+        if std::time::Instant::now() > deadline {
+            break Err(dump);
+        }
+    };
     let _ = child.kill();
     let _ = child.wait();
     let _ = std::fs::remove_file(format!("/tmp/perf-{pid}.map"));
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let dump: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let spinning = dump["threads"].as_array().unwrap().iter().find(|t| {
-        t["user_stack"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|f| f.as_str().unwrap_or_default().contains("HoHot.hoSpin"))
-    });
-    let spinning = spinning.unwrap_or_else(|| panic!("no thread in hoSpin\n{dump:#}"));
+    let spinning =
+        spinning.unwrap_or_else(|dump| panic!("no thread in hoSpin after 30 s\n{dump:#}"));
     assert!(
         ["running", "runnable"].contains(&spinning["state"].as_str().unwrap()),
         "{spinning:#}"
@@ -302,8 +306,7 @@ fn code_registered_with_the_gdb_jit_interface_is_named() {
 /// Profiles `target` (its files in `dir`) from its release to its exit, which it says
 /// with `spun`, and checks that at least 80% of its on-CPU time names `function`.
 fn assert_named_on_cpu(target: StdinTarget, dir: &Path, function: &str) {
-    let pid = target.pid.to_string();
-    let tracer = Tracer::start(&["profile", "--pid", &pid, "-o", dir.to_str().unwrap()]);
+    let tracer = TracerRun::profile().pid(target.pid).out(dir).start();
     let rest = target.release_and_finish();
     assert!(rest.contains("spun"), "{rest}");
     let (ok, _out, err) = tracer.finish();

@@ -223,12 +223,8 @@ fn stacks_match_python(python: &Path) {
     ]);
     drop(child.stdin.take());
     let _ = child.wait();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let dump: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(out.status.success(), "{}", out.stderr.as_str());
+    let dump: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
     for (tid, expected) in &own {
         let thread = dump["threads"]
             .as_array()
@@ -377,13 +373,7 @@ fn a_target_that_starts_python_later_is_named_in_python() {
         .spawn()
         .unwrap();
     let pid = shell.id();
-    let tracer = Tracer::start(&[
-        "profile",
-        "--pid",
-        &pid.to_string(),
-        "-o",
-        dir.to_str().unwrap(),
-    ]);
+    let tracer = TracerRun::profile().pid(pid).out(&dir).start();
     std::io::Write::write_all(&mut shell.stdin.take().unwrap(), b"go\n").unwrap();
     let mut stdout = BufReader::new(shell.stdout.take().unwrap());
     let mut ready = String::new();
@@ -453,8 +443,7 @@ fn python_in_its_own_mount_namespace_is_named_in_python() {
     let maps = std::fs::read_to_string(format!("/proc/{}/maps", target.pid)).unwrap();
     assert!(maps.contains("/opt/py/lib/libpython3.12"), "{maps}");
     let dir = out_dir("python-container");
-    let pid = target.pid.to_string();
-    let tracer = Tracer::start(&["profile", "--pid", &pid, "-o", dir.to_str().unwrap()]);
+    let tracer = TracerRun::profile().pid(target.pid).out(&dir).start();
     target.release();
     let _ = target.finish();
     let (ok, out, err) = tracer.finish();
@@ -478,11 +467,13 @@ fn gc_probe_hits_sit_under_the_python_line_that_triggered_them() {
     require_privileged();
     let python = interpreter(None);
     let target = Target::start(python.to_str().unwrap(), &[SCRIPT, "--gc"]);
-    let pid = target.pid.to_string();
     let probe = format!("usdt:{}:python:gc__start", python.display());
-    let tracer = Tracer::start(&[
-        "trace", "--pid", &pid, "--stack", "--unwind", "dwarf", "--format", "json", &probe,
-    ]);
+    let tracer = TracerRun::trace()
+        .pid(target.pid)
+        .args(["--stack", "--unwind", "dwarf"])
+        .json()
+        .arg(&probe)
+        .start();
     target.release();
     let truth = target.finish();
     let (ok, out, err) = tracer.finish();
@@ -571,15 +562,11 @@ fn python_workers_that_exit_leave_no_descriptor_open() {
     let python = interpreter(Some("3.12.1"));
     let dir = out_dir("python-fork-many");
     let mut target = Target::start(python.to_str().unwrap(), &[SCRIPT, "--fork-many"]);
-    let pid = target.pid.to_string();
-    let tracer = Tracer::start(&[
-        "profile",
-        "--pid",
-        &pid,
-        "--children",
-        "-o",
-        dir.to_str().unwrap(),
-    ]);
+    let tracer = TracerRun::profile()
+        .pid(target.pid)
+        .arg("--children")
+        .out(&dir)
+        .start();
     target.release();
     assert_eq!(target.read_line(), "workers done");
     // A few of the tracer's observe periods after the last worker exited.

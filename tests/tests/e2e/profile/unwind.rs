@@ -90,18 +90,11 @@ fn profile_view(binary: &Path, method: &str, workload: &str, view: &str) -> (Str
     let name = binary.file_name().unwrap().to_str().unwrap();
     let dir = out_dir(&format!("unwind-{name}-{method}-{workload}"));
     let target = Target::start(binary.to_str().unwrap(), &["1500", workload]);
-    let pid = target.pid.to_string();
-    let tracer = Tracer::start(&[
-        "profile",
-        "--pid",
-        &pid,
-        "--frequency",
-        "499",
-        "--unwind",
-        method,
-        "-o",
-        dir.to_str().unwrap(),
-    ]);
+    let tracer = TracerRun::profile()
+        .pid(target.pid)
+        .args(["--frequency", "499", "--unwind", method])
+        .out(&dir)
+        .start();
     target.release();
     target.finish();
     let (ok, out, err) = tracer.finish();

@@ -243,8 +243,7 @@ fn unnamed_jit_code_comes_with_a_hint_to_name_it() {
     let target = Target::start(jit_demo, &["--ms", "1500"]);
     let map = format!("/tmp/perf-{}.map", target.pid);
     std::fs::remove_file(&map).unwrap();
-    let pid = target.pid.to_string();
-    let tracer = Tracer::start(&["profile", "--pid", &pid, "-o", dir.to_str().unwrap()]);
+    let tracer = TracerRun::profile().pid(target.pid).out(&dir).start();
     target.release();
     target.finish();
     let (ok, out, err) = tracer.finish();
@@ -331,15 +330,11 @@ fn threads_blocked_since_before_the_start_are_accounted_under_their_stacks() {
     let target = Target::start(WALLCLOCK_DEMO, &["--ms", "4000"]);
     target.release();
     std::thread::sleep(std::time::Duration::from_millis(300));
-    let pid = target.pid.to_string();
-    let tracer = Tracer::start(&[
-        "profile",
-        "--pid",
-        &pid,
-        "--per-thread",
-        "-o",
-        dir.to_str().unwrap(),
-    ]);
+    let tracer = TracerRun::profile()
+        .pid(target.pid)
+        .arg("--per-thread")
+        .out(&dir)
+        .start();
     let truth = target.finish();
     let (ok, out, err) = tracer.finish();
     assert!(ok, "tracer failed: {err}");
@@ -386,7 +381,7 @@ fn system_wide_names_each_process() {
     let dir = out_dir("profile-all");
     let target = Target::start(WALLCLOCK_DEMO, &["--ms", "1500"]);
     let demo = format!("wallclock-demo [{}];", target.pid);
-    let tracer = Tracer::start(&["profile", "--duration", "1s", "-o", dir.to_str().unwrap()]);
+    let tracer = TracerRun::profile().duration("1s").out(&dir).start();
     target.release();
     let (ok, out, err) = tracer.finish();
     target.finish();
@@ -473,7 +468,7 @@ fn pprof_totals(profile: &[u8]) -> (u64, u64, Vec<String>) {
 fn bad_arguments_are_clear_errors() {
     let out = run_tracer(&["profile", "--frequency", "0"]);
     assert_eq!(out.status.code(), Some(1));
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = out.stderr.as_str();
     assert!(err.contains("invalid --frequency 0"), "{err}");
 }
 
@@ -482,7 +477,7 @@ fn a_missing_process_is_a_clear_error() {
     require_privileged();
     let out = run_tracer(&["profile", "--pid", "4194304"]);
     assert_eq!(out.status.code(), Some(1));
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = out.stderr.as_str();
     assert!(err.contains("no such process: 4194304"), "{err}");
     assert!(!err.contains("panicked"), "{err}");
 }
@@ -560,8 +555,7 @@ fn one_letter_c_functions_keep_their_names() {
     );
     let target = StdinTarget::start(std::process::Command::new(&bin).arg("1000"));
     let dir = out_dir("profile-oneletter");
-    let pid = target.pid.to_string();
-    let tracer = Tracer::start(&["profile", "--pid", &pid, "-o", dir.to_str().unwrap()]);
+    let tracer = TracerRun::profile().pid(target.pid).out(&dir).start();
     let rest = target.release_and_finish();
     assert!(rest.contains("spun"), "{rest}");
     let (ok, _out, err) = tracer.finish();
@@ -656,16 +650,11 @@ fn profile_many_threads_in_64k(
             sleep_ms,
         ],
     );
-    let pid = target.pid.to_string();
-    let tracer = Tracer::start(&[
-        "profile",
-        "--pid",
-        &pid,
-        "--unwind-buffer",
-        "64K",
-        "-o",
-        dir.to_str().unwrap(),
-    ]);
+    let tracer = TracerRun::profile()
+        .pid(target.pid)
+        .args(["--unwind-buffer", "64K"])
+        .out(&dir)
+        .start();
     target.release();
     target.finish();
     let (ok, out, err) = tracer.finish();

@@ -13,8 +13,8 @@ use std::{
 };
 
 use crate::common::{
-    Tracer, executable_copy_as, http_get, metrics_addr, out_dir, privileged_test,
-    require_privileged,
+    TracerRun, executable_copy_as, http_get, metrics_addr, out_dir, privileged_test,
+    require_privileged_alone,
 };
 use serde_json::Value;
 
@@ -101,7 +101,7 @@ struct Sample {
 
 #[privileged_test]
 fn memory_and_maps_stay_flat_while_processes_come_and_go() {
-    require_privileged();
+    require_privileged_alone();
     let seconds: u64 = std::env::var("TRACER_SOAK_SECONDS")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -110,23 +110,22 @@ fn memory_and_maps_stay_flat_while_processes_come_and_go() {
     let server = executable_copy_as(FORKING_SERVER, &dir, "churner");
     let profiles = dir.join("profiles");
     let keep = KEEP_EXITED.to_string();
-    let tracer = Tracer::start(&[
-        "attach",
-        "--comm",
-        "churner",
-        "--metrics",
-        "127.0.0.1:0",
-        "--profile-every",
-        "10s",
-        "--keep",
-        "3",
-        "--keep-exited",
-        &keep,
-        "--format",
-        "json",
-        "-o",
-        profiles.to_str().unwrap(),
-    ]);
+    let tracer = TracerRun::attach()
+        .args([
+            "--comm",
+            "churner",
+            "--metrics",
+            "127.0.0.1:0",
+            "--profile-every",
+            "10s",
+            "--keep",
+            "3",
+            "--keep-exited",
+            &keep,
+        ])
+        .json()
+        .out(&profiles)
+        .start();
     let addr = metrics_addr(&tracer);
     let pid = tracer.pid();
 

@@ -378,17 +378,12 @@ fn a_target_that_exits_mid_trace_still_gets_its_report() {
     require_privileged();
     let attach = |name: &str, target: &Target| {
         let dir = out_dir(name);
-        let tracer = Tracer::start(&[
-            "attach",
-            "--pid",
-            &target.pid.to_string(),
-            "--duration",
-            "60s",
-            "--format",
-            "json",
-            "-o",
-            dir.to_str().unwrap(),
-        ]);
+        let tracer = TracerRun::attach()
+            .pid(target.pid)
+            .duration("60s")
+            .json()
+            .out(&dir)
+            .start();
         (tracer, dir)
     };
     let check_files = |dir: &Path| {
@@ -450,15 +445,12 @@ fn a_target_that_exits_mid_trace_still_gets_its_report() {
     // `trace --count` of a storm killed half way: the counts so far, in probe order (each
     // of the 2 workers may be inside one task when killed).
     let target = Target::start(EVENT_STORM, &["--tasks", "100000", "--rate", "20000"]);
-    let tracer = Tracer::start(&[
-        "trace",
-        "--count",
-        "--format",
-        "json",
-        "--pid",
-        &target.pid.to_string(),
-        TASK_SPEC,
-    ]);
+    let tracer = TracerRun::trace()
+        .arg("--count")
+        .json()
+        .pid(target.pid)
+        .args([TASK_SPEC])
+        .start();
     target.release();
     thread::sleep(Duration::from_millis(500));
     send(target.pid, libc::SIGKILL);
@@ -747,16 +739,12 @@ fn a_thousand_threads_are_each_profiled() {
             "100",
         ],
     );
-    let tracer = Tracer::start(&[
-        "attach",
-        "--pid",
-        &target.pid.to_string(),
-        "--per-thread",
-        "--format",
-        "json",
-        "-o",
-        dir.to_str().unwrap(),
-    ]);
+    let tracer = TracerRun::attach()
+        .pid(target.pid)
+        .args(["--per-thread"])
+        .json()
+        .out(&dir)
+        .start();
     target.release();
     let truth = target.finish();
     let (ok, out, err) = tracer.finish();
@@ -818,8 +806,8 @@ fn a_hundred_thousand_tasks_are_counted_exactly() {
         "--tasks",
         "100000",
     ]);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stdout = out.stdout.as_str();
+    let stderr = out.stderr.as_str();
     assert!(out.status.success(), "{stderr}");
     assert!(stderr.contains("command exited with 0"), "{stderr}");
     // The command shares stdout with the tracer: its ground truth is there too.
@@ -829,7 +817,7 @@ fn a_hundred_thousand_tasks_are_counted_exactly() {
         .find(|v| v.get("fired").is_some())
         .unwrap_or_else(|| panic!("{stdout}"));
     assert_eq!(truth["tasks"], 100_000);
-    assert_every_task_probe(&counts(&stdout), 100_000, "trace --count");
+    assert_every_task_probe(&counts(stdout), 100_000, "trace --count");
 }
 
 /// A command that outlives the trace (`-d`) is ended with it, as bpftrace's `-c` does:
@@ -852,7 +840,7 @@ fn a_command_that_outlives_the_trace_is_terminated_with_it() {
         "100000000",
     ]);
     let took = started.elapsed();
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = out.stderr.as_str();
     assert!(out.status.success(), "{stderr}");
     assert!(
         stderr.contains("duration elapsed")
@@ -981,9 +969,12 @@ fn a_hundred_thousand_events_a_second_for_a_minute_are_all_accounted_for() {
         &["--tasks", &TASKS.to_string(), "--rate", &RATE.to_string()],
     );
     let pid = target.pid.to_string();
-    let counter = Tracer::start(&[
-        "trace", "--count", "--format", "json", "--pid", &pid, TASK_SPEC,
-    ]);
+    let counter = TracerRun::trace()
+        .arg("--count")
+        .json()
+        .pid(target.pid)
+        .arg(TASK_SPEC)
+        .start();
 
     let stream = LiveTracer::start(
         &["trace", "--format", "json", "--pid", &pid, TASK_SPEC],
@@ -1048,14 +1039,11 @@ fn a_reused_pid_is_not_traced() {
     // probe sites (a breakpoint there would fire) during the whole window.
     let target = Target::start(USDT_ARGS, &["--loops", "3"]);
     let pid = target.pid;
-    let tracer = Tracer::start(&[
-        "trace",
-        "--format",
-        "json",
-        "--pid",
-        &pid.to_string(),
-        "usdt:*:tracer_test:*",
-    ]);
+    let tracer = TracerRun::trace()
+        .json()
+        .pid(pid)
+        .args(["usdt:*:tracer_test:*"])
+        .start();
     send(tracer.pid(), libc::SIGSTOP);
     target.release();
     let truth = target.finish();
@@ -1084,7 +1072,7 @@ fn a_reused_pid_is_not_traced() {
     let target = Target::start(GC_DEMO, &["--gcs", "3", "--interval-ms", "10"]);
     let pid = target.pid;
     let dir = out_dir("reuse-attach");
-    let tracer = start_attach_json(pid, &dir);
+    let tracer = TracerRun::attach().pid(pid).json().out(&dir).start();
     send(tracer.pid(), libc::SIGSTOP);
     target.release();
     let truth = target.finish();
@@ -1110,7 +1098,7 @@ fn off_cpu_time_of_a_process_reusing_the_pid_is_not_attributed_to_the_target() {
     let target = Target::start(GC_DEMO, &["--gcs", "3", "--interval-ms", "10"]);
     let pid = target.pid;
     let dir = out_dir("reuse-offcpu");
-    let tracer = start_attach_json(pid, &dir);
+    let tracer = TracerRun::attach().pid(pid).json().out(&dir).start();
     let attached = Instant::now();
     send(tracer.pid(), libc::SIGSTOP);
     target.release();
@@ -1514,7 +1502,7 @@ fn an_unusable_output_directory_is_refused_before_attaching() {
         for command in ["attach", "profile"] {
             let started = Instant::now();
             let run = run_tracer(&[command, "--pid", &pid, "-d", "30s", "-o", bad]);
-            let err = String::from_utf8_lossy(&run.stderr);
+            let err = run.stderr.as_str();
             assert_eq!(run.status.code(), Some(1), "{command} -o {bad}: {err}");
             assert!(
                 err.starts_with(&format!(
@@ -1560,15 +1548,7 @@ fn a_full_disk_at_the_end_still_gets_the_report_and_no_empty_files() {
     std::fs::remove_file(dir.join("page")).unwrap();
 
     let target = Target::start(GC_DEMO, &["--gcs", "30", "--interval-ms", "20"]);
-    let tracer = Tracer::start(&[
-        "attach",
-        "--pid",
-        &target.pid.to_string(),
-        "--format",
-        "json",
-        "-o",
-        dir.to_str().unwrap(),
-    ]);
+    let tracer = TracerRun::attach().pid(target.pid).json().out(&dir).start();
     target.release();
     target.finish();
     let (ok, out, err) = tracer.finish();
@@ -1691,7 +1671,7 @@ fn assert_repaired_by_a_start(
         &target.pid.to_string(),
         "usdt:*:many:p0",
     ]);
-    let stderr = String::from_utf8_lossy(&next.stderr);
+    let stderr = next.stderr.as_str();
     assert!(next.status.success(), "{case}: the next tracer: {stderr}");
     if left && says_so {
         assert!(
@@ -1979,7 +1959,9 @@ fn ctrl_c_is_quick_whatever_the_number_of_probed_files() {
         let maps = std::fs::read_to_string(format!("/proc/{}/maps", target.pid)).unwrap();
         let mem = std::fs::File::open(format!("/proc/{}/mem", target.pid)).unwrap();
         let listing = run_tracer(&["list", "-v", copies[0].to_str().unwrap()]);
-        let offsets: Vec<u64> = String::from_utf8_lossy(&listing.stdout)
+        let offsets: Vec<u64> = listing
+            .stdout
+            .as_str()
             .lines()
             .filter_map(|l| l.split("file offset 0x").nth(1))
             .map(|rest| {

@@ -55,7 +55,7 @@ fn public_bins() -> &'static PublicBins {
 /// Runs the tracer as an unprivileged user: as root, as `nobody`; otherwise as ourselves.
 fn run_unprivileged(args: &[&str]) -> Output {
     if !is_root() {
-        return run_tracer(args);
+        return Command::new(tracer_bin()).args(args).output().unwrap();
     }
     Command::new("setpriv")
         .args(NOBODY)
@@ -494,9 +494,11 @@ fn the_keeper_is_named_and_inherits_no_descriptor() {
         assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
         (fds[0], fds[1])
     };
-    let pid = target.pid.to_string();
     let probe = format!("usdt:{GC_DEMO}:tracer:gc__begin");
-    let tracer = Tracer::start(&["trace", "--pid", &pid, "--count", &probe]);
+    let tracer = TracerRun::trace()
+        .pid(target.pid)
+        .args(["--count", &probe])
+        .start();
     let keeper = std::fs::read_dir("/proc")
         .unwrap()
         .flatten()

@@ -33,12 +33,8 @@ fn entries_and_returns_are_counted_as_the_program_and_bpftrace_count_them() {
         "40",
         "6",
     ]);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = out.stdout.as_str();
+    assert!(out.status.success(), "{stdout}{}", out.stderr.as_str());
     let truth: serde_json::Value = stdout
         .lines()
         .find_map(|l| {
@@ -49,7 +45,7 @@ fn entries_and_returns_are_counted_as_the_program_and_bpftrace_count_them() {
         .unwrap_or_else(|| panic!("no ground truth in {stdout}"));
     let calls = truth["calls"].as_u64().unwrap();
     assert_eq!(calls, 40 * 6);
-    let counts = trace_counts(&stdout);
+    let counts = trace_counts(stdout);
     assert_eq!(counts["uprobe:descend"], calls, "{stdout}");
     assert_eq!(counts["uretprobe:descend"], calls, "{stdout}");
 
@@ -111,7 +107,9 @@ fn arguments_and_return_values_are_the_registers_of_the_call() {
         "5",
         "1",
     ]);
-    let retvals: Vec<u64> = String::from_utf8_lossy(&stdout.stdout)
+    let retvals: Vec<u64> = stdout
+        .stdout
+        .as_str()
         .lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
         .filter_map(|v| v.get("retval").and_then(serde_json::Value::as_u64))
@@ -128,7 +126,6 @@ fn a_recursive_function_is_timed_per_call_from_its_entry_to_its_return() {
     let bin = functions_target("functions-latency");
     let dir = out_dir("functions-latency");
     let target = Target::start(&bin, &["30", "5"]);
-    let pid = target.pid.to_string();
     let latency = format!("uprobe:{bin}:descend,uretprobe:{bin}:descend");
     // bpftrace keyed the same way: the stack pointer at the entry is the one at the
     // return less the return address popped.
@@ -145,17 +142,12 @@ fn a_recursive_function_is_timed_per_call_from_its_entry_to_its_return() {
             ),
         ],
     );
-    let tracer = Tracer::start(&[
-        "attach",
-        "--pid",
-        &pid,
-        "--format",
-        "json",
-        "-o",
-        dir.to_str().unwrap(),
-        "--latency",
-        &latency,
-    ]);
+    let tracer = TracerRun::attach()
+        .pid(target.pid)
+        .json()
+        .out(&dir)
+        .args(["--latency", &latency])
+        .start();
     target.release();
     let truth = target.finish();
     let (ok, out, err) = tracer.finish();
@@ -186,7 +178,7 @@ fn a_recursive_function_is_timed_per_call_from_its_entry_to_its_return() {
 fn functions_are_listed_as_bpftrace_lists_them() {
     let bin = functions_target("functions-list");
     let out = run_tracer(&["list", &format!("uprobe:{bin}:*e*")]);
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = out.stdout.as_str();
     assert!(out.status.success(), "{text}");
     let listed: Vec<&str> = text.lines().collect();
     assert!(
@@ -202,7 +194,7 @@ fn functions_are_listed_as_bpftrace_lists_them() {
         "{text}"
     );
     let verbose = run_tracer(&["list", "-v", &format!("uprobe:{bin}:combine")]);
-    let verbose = String::from_utf8_lossy(&verbose.stdout);
+    let verbose = verbose.stdout.as_str();
     assert!(verbose.contains("function combine at 0x"), "{verbose}");
 
     // bpftrace lists the same functions of the program's own code.
@@ -215,7 +207,9 @@ fn functions_are_listed_as_bpftrace_lists_them() {
         .map(str::to_string)
         .collect();
     let ours_out = run_tracer(&["list", &format!("uprobe:{bin}:*")]);
-    let ours: std::collections::BTreeSet<String> = String::from_utf8_lossy(&ours_out.stdout)
+    let ours: std::collections::BTreeSet<String> = ours_out
+        .stdout
+        .as_str()
         .lines()
         .map(str::to_string)
         .collect();
@@ -236,7 +230,7 @@ fn probes_that_would_harm_the_target_are_refused() {
     let bin = functions_target("functions-refused");
     // An offset inside the first instruction (`endbr64` or `push`, more than a byte).
     let out = run_tracer(&["list", &format!("uprobe:{bin}:combine+1")]);
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = out.stderr.as_str();
     assert!(!out.status.success());
     assert!(err.contains("inside an instruction"), "{err}");
     let out = run_tracer(&[
@@ -249,26 +243,24 @@ fn probes_that_would_harm_the_target_are_refused() {
     ]);
     assert!(!out.status.success());
     assert!(
-        String::from_utf8_lossy(&out.stderr).contains("a return probe goes on a function"),
+        out.stderr
+            .as_str()
+            .contains("a return probe goes on a function"),
         "{}",
-        String::from_utf8_lossy(&out.stderr)
+        out.stderr.as_str()
     );
     // A Go program (by its `.go.buildinfo` section): no return probe, ever.
     let go = compile_target("gcc", "src/functions/go_like.c", "functions-go-like", &[]);
     let go = go.to_str().unwrap();
     let out = run_tracer(&["list", &format!("uretprobe:{go}:main")]);
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = out.stderr.as_str();
     assert!(!out.status.success());
     assert!(
         err.contains("is a Go program") && err.contains("uprobe:"),
         "{err}"
     );
     let out = run_tracer(&["list", &format!("uprobe:{go}:main")]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "{}", out.stderr.as_str());
 }
 
 /// A program started with its standard output read line by line.
@@ -327,16 +319,7 @@ fn attach_to_workload(
     name: &str,
 ) -> (serde_json::Value, serde_json::Value, String) {
     let dir = out_dir(name);
-    let pid = target.pid.to_string();
-    let tracer = Tracer::start(&[
-        "attach",
-        "--pid",
-        &pid,
-        "--format",
-        "json",
-        "-o",
-        dir.to_str().unwrap(),
-    ]);
+    let tracer = TracerRun::attach().pid(target.pid).json().out(&dir).start();
     target.signal(libc::SIGUSR1);
     let truth = target.json();
     // SAFETY: as above, the tracer's pid.
@@ -607,19 +590,15 @@ fn functions_of_a_stripped_program_are_found_in_its_separate_debug_file() {
     run("objcopy", &[link.as_ref(), bin.as_os_str()]);
     let probe = format!("uprobe:{}:descend", bin.display());
     let out = run_tracer(&["list", &probe]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), probe);
+    assert!(out.status.success(), "{}", out.stderr.as_str());
+    assert_eq!(out.stdout.as_str().trim(), probe);
     // Without the debug file, the static function is nowhere.
     std::fs::remove_file(&debug).unwrap();
     let out = run_tracer(&["list", &probe]);
     assert!(!out.status.success());
     assert!(
-        String::from_utf8_lossy(&out.stderr).contains("no probes match"),
+        out.stderr.as_str().contains("no probes match"),
         "{}",
-        String::from_utf8_lossy(&out.stderr)
+        out.stderr.as_str()
     );
 }

@@ -60,20 +60,13 @@ fn counts_hits_per_stack_into_a_flame_graph() {
     let bin = c_target("hitstacks-count");
     let out = out_dir("hit-stacks-count");
     let probe = format!("usdt:{}:hitstacks:hit", bin.display());
-    let tracer = Tracer::start(&[
-        "trace",
-        "--count",
-        "--stack",
-        "-o",
-        out.to_str().unwrap(),
-        &probe,
-        "--",
-        bin.to_str().unwrap(),
-        "30",
-        "70",
-    ]);
-    let (ok, stdout, stderr) = tracer.finish();
-    assert!(ok, "{stderr}\n{stdout}");
+    let stdout = TracerRun::trace()
+        .args(["--count", "--stack"])
+        .out(&out)
+        .arg(&probe)
+        .command(&bin, ["30", "70"])
+        .run()
+        .stdout;
     let folded = std::fs::read_to_string(out.join("hits.folded")).unwrap();
     let svg = std::fs::read_to_string(out.join("hits.svg")).unwrap();
     assert!(svg.contains("path_a") && svg.contains("path_b"), "{svg}");
@@ -144,31 +137,14 @@ fn agrees_with_bpftrace_ustack_counts() {
 
     let out = out_dir("hit-stacks-bpftrace");
     let probe = format!("usdt:{}:hitstacks:hit", bin.display());
-    let run = run_tracer(&[
-        "trace",
-        "--count",
-        "--stack",
-        "--format",
-        "json",
-        "-o",
-        out.to_str().unwrap(),
-        &probe,
-        "--",
-        bin.to_str().unwrap(),
-        "30",
-        "70",
-    ]);
-    let stdout = String::from_utf8_lossy(&run.stdout);
-    assert!(
-        run.status.success(),
-        "{}",
-        String::from_utf8_lossy(&run.stderr)
-    );
-    let summary: serde_json::Value = stdout
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .find(|v: &serde_json::Value| v.get("stacks").is_some())
-        .unwrap_or_else(|| panic!("no stacks in {stdout}"));
+    let run = TracerRun::trace()
+        .args(["--count", "--stack"])
+        .json()
+        .out(&out)
+        .arg(&probe)
+        .command(&bin, ["30", "70"])
+        .run();
+    let summary = run.json_line_with("stacks");
     let mut ours: Vec<(u64, String)> = summary["stacks"]
         .as_array()
         .unwrap()
@@ -209,13 +185,12 @@ fn prints_each_hits_demangled_stack() {
     require_privileged();
     let bin = cpp_target();
     let probe = format!("usdt:{}:hitstacks:record", bin.display());
-    let run = run_tracer(&["trace", "--stack", &probe, "--", bin.to_str().unwrap(), "3"]);
-    let stdout = String::from_utf8_lossy(&run.stdout);
-    assert!(
-        run.status.success(),
-        "{}",
-        String::from_utf8_lossy(&run.stderr)
-    );
+    let stdout = TracerRun::trace()
+        .arg("--stack")
+        .arg(&probe)
+        .command(&bin, ["3"])
+        .run()
+        .stdout;
     let events: Vec<&str> = stdout
         .split('\n')
         .filter(|l| l.contains("hitstacks:record"))
@@ -239,23 +214,14 @@ fn prints_each_hits_demangled_stack() {
         "no problems: {frames:?}"
     );
 
-    let run = run_tracer(&[
-        "trace",
-        "--stack",
-        "--format",
-        "json",
-        &probe,
-        "--",
-        bin.to_str().unwrap(),
-        "2",
-    ]);
-    let stdout = String::from_utf8_lossy(&run.stdout);
-    let events: Vec<serde_json::Value> = stdout
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .filter(|v: &serde_json::Value| v.get("probe").is_some())
-        .collect();
-    assert_eq!(events.len(), 2, "{stdout}");
+    let run = TracerRun::trace()
+        .arg("--stack")
+        .json()
+        .arg(&probe)
+        .command(&bin, ["2"])
+        .run();
+    let events = hit_events(&run);
+    assert_eq!(events.len(), 2, "{}", run.stdout);
     for event in &events {
         let stack = event["stack"].as_array().unwrap();
         assert_eq!(
@@ -281,23 +247,14 @@ fn says_when_a_stack_is_incomplete() {
         &["-fomit-frame-pointer"],
     );
     let probe = format!("usdt:{}:hitstacks:hit", bin.display());
-    let run = run_tracer(&[
-        "trace",
-        "--stack",
-        "--format",
-        "json",
-        &probe,
-        "--",
-        bin.to_str().unwrap(),
-        "2",
-        "2",
-    ]);
-    let stdout = String::from_utf8_lossy(&run.stdout);
-    let events: Vec<serde_json::Value> = stdout
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .filter(|v: &serde_json::Value| v.get("probe").is_some())
-        .collect();
+    let run = TracerRun::trace()
+        .arg("--stack")
+        .json()
+        .arg(&probe)
+        .command(&bin, ["2", "2"])
+        .run();
+    let stdout = &run.stdout;
+    let events = hit_events(&run);
     assert_eq!(events.len(), 4, "{stdout}");
     for event in &events {
         let stack = event["stack"].as_array().unwrap();
@@ -348,26 +305,13 @@ fn dwarf_unwinding_gives_whole_stacks_without_frame_pointers() {
     );
     let out = out_dir("hit-stacks-dwarf");
     let probe = format!("usdt:{}:hitstacks:hit", bin.display());
-    let run = run_tracer(&[
-        "trace",
-        "--count",
-        "--stack",
-        "--unwind",
-        "dwarf",
-        "-o",
-        out.to_str().unwrap(),
-        &probe,
-        "--",
-        bin.to_str().unwrap(),
-        "30",
-        "70",
-    ]);
-    let stdout = String::from_utf8_lossy(&run.stdout);
-    assert!(
-        run.status.success(),
-        "{}",
-        String::from_utf8_lossy(&run.stderr)
-    );
+    let stdout = TracerRun::trace()
+        .args(["--count", "--stack", "--unwind", "dwarf"])
+        .out(&out)
+        .arg(&probe)
+        .command(&bin, ["30", "70"])
+        .run()
+        .stdout;
     let folded = std::fs::read_to_string(out.join("hits.folded")).unwrap();
     let lines = folded_lines(&folded);
     assert_eq!(lines.len(), 2, "{folded}");
@@ -385,26 +329,14 @@ fn dwarf_unwinding_gives_whole_stacks_without_frame_pointers() {
     }
     assert!(stdout.contains("]: 100\n"), "{stdout}");
 
-    let run = run_tracer(&[
-        "trace",
-        "--stack",
-        "--unwind",
-        "dwarf",
-        "--format",
-        "json",
-        &probe,
-        "--",
-        bin.to_str().unwrap(),
-        "1",
-        "1",
-    ]);
-    let stdout = String::from_utf8_lossy(&run.stdout);
-    let events: Vec<serde_json::Value> = stdout
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .filter(|v: &serde_json::Value| v.get("probe").is_some())
-        .collect();
-    assert_eq!(events.len(), 2, "{stdout}");
+    let run = TracerRun::trace()
+        .args(["--stack", "--unwind", "dwarf"])
+        .json()
+        .arg(&probe)
+        .command(&bin, ["1", "1"])
+        .run();
+    let events = hit_events(&run);
+    assert_eq!(events.len(), 2, "{}", run.stdout);
     for event in &events {
         let names: Vec<&str> = event["stack"]
             .as_array()
@@ -426,30 +358,17 @@ fn dwarf_unwinding_gives_whole_stacks_without_frame_pointers() {
 #[privileged_test]
 fn counts_a_rust_runtimes_gc_starts_by_stack() {
     require_privileged();
-    let gc_demo = env!("CARGO_BIN_EXE_gc-demo");
     let out = out_dir("hit-stacks-gc");
-    let probe = format!("usdt:{gc_demo}:tracer:gc__begin");
-    let run = run_tracer(&[
-        "trace",
-        "--count",
-        "--stack",
-        "-o",
-        out.to_str().unwrap(),
-        &probe,
-        "--",
-        gc_demo,
-        "--gcs",
-        "5",
-        "--pause-ms",
-        "2",
-        "--interval-ms",
-        "2",
-    ]);
-    assert!(
-        run.status.success(),
-        "{}",
-        String::from_utf8_lossy(&run.stderr)
-    );
+    let probe = format!("usdt:{GC_DEMO}:tracer:gc__begin");
+    TracerRun::trace()
+        .args(["--count", "--stack"])
+        .out(&out)
+        .arg(&probe)
+        .command(
+            GC_DEMO,
+            ["--gcs", "5", "--pause-ms", "2", "--interval-ms", "2"],
+        )
+        .run();
     let folded = std::fs::read_to_string(out.join("hits.folded")).unwrap();
     let lines = folded_lines(&folded);
     assert_eq!(lines.values().sum::<u64>(), 5, "{folded}");
@@ -468,4 +387,13 @@ fn counts_a_rust_runtimes_gc_starts_by_stack() {
             "generic Rust functions demangled: {frames:?}"
         );
     }
+}
+
+/// The hit events (JSON lines with a `probe`) that `trace --stack --format json` printed.
+fn hit_events(run: &Finished) -> Vec<serde_json::Value> {
+    run.stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .filter(|v: &serde_json::Value| v.get("probe").is_some())
+        .collect()
 }

@@ -99,7 +99,7 @@ fn read_line(reader: &mut impl BufRead) -> String {
 fn breakpoints_in(pid: u32, file: &Path) -> (usize, usize) {
     let out = run_tracer(&["list", "-v", file.to_str().unwrap()]);
     assert!(out.status.success(), "{out:?}");
-    let listing = String::from_utf8_lossy(&out.stdout);
+    let listing = out.stdout.as_str();
     let offsets: Vec<u64> = listing
         .lines()
         .filter(|l| l.trim_start().starts_with("site "))
@@ -166,20 +166,17 @@ fn stacks_are_taken_at_the_sites_of_a_library_dlopened_after_attaching() {
     require_privileged();
     let (exe, _) = built();
     let mut target = Late::start(exe, N);
-    let pid = target.pid.to_string();
-    let tracer = Tracer::start(&[
-        "trace",
-        "--format",
-        "json",
-        "--stack",
-        // The library and executable are built without frame pointers.
-        "--unwind",
-        "dwarf",
-        "--hold-at-dlopen",
-        "--pid",
-        &pid,
-        "usdt:*:tracetest:latelib",
-    ]);
+    let tracer = TracerRun::trace()
+        .json()
+        .args([
+            "--stack", // The library and executable are built without frame pointers.
+            "--unwind",
+            "dwarf",
+            "--hold-at-dlopen",
+        ])
+        .pid(target.pid)
+        .arg("usdt:*:tracetest:latelib")
+        .start();
     // dlopen and N hits (the guarded probe, not traced, keeps its semaphore down).
     assert_eq!(target.step(), "raised=0");
     // SAFETY: kill has no memory preconditions; the tracer is our child.
@@ -216,15 +213,16 @@ fn attach_measures_a_latency_of_a_library_dlopened_after_attaching() {
     let (exe, lib) = built();
     let mut target = Late::start(exe, N);
     let dir = out_dir("later-attach");
-    let attach = start_attach_json_with(
-        target.pid,
-        &dir,
-        &[
+    let attach = TracerRun::attach()
+        .pid(target.pid)
+        .json()
+        .out(&dir)
+        .args([
             "--hold-at-dlopen",
             "--latency",
             "tracetest:latelib,tracetest:guarded",
-        ],
-    );
+        ])
+        .start();
     assert!(
         attach
             .early_stderr
@@ -264,17 +262,13 @@ fn a_library_dlopened_after_attaching_is_traced_from_its_first_hit() {
     require_privileged();
     let (exe, lib) = built();
     let mut target = Late::start(exe, N);
-    let pid = target.pid.to_string();
-    let tracer = Tracer::start(&[
-        "trace",
-        "--count",
-        "--format",
-        "json",
-        "--hold-at-dlopen",
-        "--pid",
-        &pid,
-        "usdt:*:tracetest:*",
-    ]);
+    let tracer = TracerRun::trace()
+        .arg("--count")
+        .json()
+        .arg("--hold-at-dlopen")
+        .pid(target.pid)
+        .arg("usdt:*:tracetest:*")
+        .start();
     // dlopen, then at once N hits of each library probe: the semaphore was up for all.
     assert_eq!(target.step(), format!("raised={N}"));
     let (set, mapped) = breakpoints_in(target.pid, lib);
@@ -345,15 +339,11 @@ fn a_library_dlopened_by_a_set_of_processes_is_traced_once_mapped() {
     std::fs::copy(built().1.as_path(), lib).unwrap();
     let mut target = Late::start_with(&traced, lib, N);
     let mut bystander = Late::start_with(&other, lib, N);
-    let tracer = Tracer::start(&[
-        "trace",
-        "--count",
-        "--format",
-        "json",
-        "--comm",
-        "late-set",
-        "usdt:*:tracetest:*",
-    ]);
+    let tracer = TracerRun::trace()
+        .arg("--count")
+        .json()
+        .args(["--comm", "late-set", "usdt:*:tracetest:*"])
+        .start();
     let loader = ld_so_of(bystander.pid);
     let opens = OpenWatch::start(tracer.pid(), &dir.join("tracer.strace"));
     // Ten periods of a look at every member's maps, had there been one.
@@ -553,13 +543,11 @@ fn every_process_is_traced_without_a_pid_those_started_later_too() {
     std::fs::copy(exe, &first).unwrap();
     std::fs::copy(exe, &second).unwrap();
     let mut running = Late::start(&first, N);
-    let tracer = Tracer::start(&[
-        "trace",
-        "--count",
-        "--format",
-        "json",
-        "usdt:*:tracetest:testprobe",
-    ]);
+    let tracer = TracerRun::trace()
+        .arg("--count")
+        .json()
+        .arg("usdt:*:tracetest:testprobe")
+        .start();
     let started = Instant::now();
     let mut later = Late::start(&second, N + 2);
     while breakpoints_in(later.pid, &second).0 == 0 {
@@ -609,14 +597,15 @@ fn a_tracer_killed_while_a_target_is_held_at_dlopen_leaves_it_running() {
     let (exe, lib) = built();
     let target = Late::start(exe, N);
     let pid = target.pid;
-    let tracer = Tracer::start(&[
-        "trace",
-        "--count",
-        "--hold-at-dlopen",
-        "--pid",
-        &pid.to_string(),
-        "usdt:*:tracetest:*",
-    ]);
+    let tracer = TracerRun::trace()
+        .args([
+            "--count",
+            "--hold-at-dlopen",
+            "--pid",
+            &pid.to_string(),
+            "usdt:*:tracetest:*",
+        ])
+        .start();
     let keeper = tracer_keeper_of(tracer.pid());
     // SAFETY: kill has no memory preconditions; the tracer is our child.
     unsafe { libc::kill(tracer.pid() as i32, libc::SIGSTOP) };
@@ -685,18 +674,13 @@ fn function_probes_in_a_library_dlopened_after_attaching_count_its_first_call() 
     require_privileged();
     let (exe, lib) = built();
     let mut target = Late::start(exe, N);
-    let pid = target.pid.to_string();
-    let tracer = Tracer::start(&[
-        "trace",
-        "--count",
-        "--format",
-        "json",
-        "--hold-at-dlopen",
-        "--pid",
-        &pid,
-        "uprobe:liblate.so:fire",
-        "uretprobe:liblate.so:fire",
-    ]);
+    let tracer = TracerRun::trace()
+        .arg("--count")
+        .json()
+        .arg("--hold-at-dlopen")
+        .pid(target.pid)
+        .args(["uprobe:liblate.so:fire", "uretprobe:liblate.so:fire"])
+        .start();
     // dlopen, then at once one call of fire; then another.
     assert_eq!(target.step(), "raised=0");
     assert_eq!(target.step(), "raised=0");
@@ -802,17 +786,18 @@ fn a_ptraced_target_held_at_dlopen_is_continued() {
             .recv_timeout(Duration::from_secs(10))
             .expect("the target went on within 10 s")
     };
-    let pid = next_line().strip_prefix("ready pid=").unwrap().to_string();
-    let tracer = Tracer::start(&[
-        "trace",
-        "--count",
-        "--format",
-        "json",
-        "--hold-at-dlopen",
-        "--pid",
-        &pid,
-        "usdt:*:tracetest:*",
-    ]);
+    let pid: u32 = next_line()
+        .strip_prefix("ready pid=")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let tracer = TracerRun::trace()
+        .arg("--count")
+        .json()
+        .arg("--hold-at-dlopen")
+        .pid(pid)
+        .arg("usdt:*:tracetest:*")
+        .start();
     // dlopen, held and continued, then N hits with the semaphore up for all.
     stdin.write_all(b"go\n").unwrap();
     assert_eq!(next_line(), format!("raised={N}"));

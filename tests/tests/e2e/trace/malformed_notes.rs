@@ -302,7 +302,7 @@ fn run_case(case: &Case, layout: &Layout) {
     ];
     for args in runs {
         let out = run_tracer(args);
-        let stderr = String::from_utf8_lossy(&out.stderr);
+        let stderr = out.stderr.as_str();
         assert_eq!(
             out.status.code(),
             Some(1),
@@ -498,7 +498,7 @@ fn a_library_with_malformed_notes_is_reported_as_malformed_with_pid() {
             "usdt:*:tracer_test:*".to_string(),
         ] {
             let out = run_tracer(&["trace", "--pid", &pid, &spec, "--duration", "1s"]);
-            let stderr = String::from_utf8_lossy(&out.stderr);
+            let stderr = out.stderr.as_str();
             assert_eq!(out.status.code(), Some(1), "{name} {spec}: {stderr}");
             assert!(
                 stderr.contains("malformed note in ")

@@ -65,11 +65,11 @@ fn every_argument_form_decodes_from_the_first_instruction() {
         "--loops",
         "2",
     ]);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stdout = out.stdout.as_str();
+    let stderr = out.stderr.as_str();
     assert!(out.status.success(), "{stderr}");
     assert!(stderr.contains("none lost"), "{stderr}");
-    let events = parse_events(&stdout);
+    let events = parse_events(stdout);
     let expected = expected_args();
     assert_eq!(events.len(), 2 * expected.len(), "{stdout}");
     // Each round fires the probes in the documented order.
@@ -150,7 +150,7 @@ fn a_process_started_after_the_tracer_is_traced_by_path() {
     let program = executable_copy(USDT_ARGS, &out_dir("by-path"));
     let program = program.to_str().unwrap();
     let spec = format!("usdt:{program}:tracer_test:guarded");
-    let tracer = Tracer::start(&["trace", "--format", "json", &spec, "--duration", "3s"]);
+    let tracer = TracerRun::trace().json().arg(&spec).duration("3s").start();
     let target = Target::start(program, &["--loops", "3"]);
     let pid = target.pid;
     target.release();
@@ -175,15 +175,11 @@ fn bpftrace_and_tracer_agree_on_the_same_process() {
     require_privileged();
     let target = Target::start(USDT_ARGS, &["--loops", "3"]);
     let pid = target.pid.to_string();
-    let tracer = Tracer::start(&[
-        "trace",
-        "--format",
-        "json",
-        "--pid",
-        &pid,
-        "usdt:*:tracer_test:regs",
-        "usdt:*:tracer_test:mem",
-    ]);
+    let tracer = TracerRun::trace()
+        .json()
+        .pid(target.pid)
+        .args(["usdt:*:tracer_test:regs", "usdt:*:tracer_test:mem"])
+        .start();
     // bpftrace reads at most six arguments on x86-64; these probes have six and five.
     // BEGIN runs once every probe is attached, so its line says bpftrace is ready.
     let script = format!(
@@ -240,16 +236,11 @@ fn cpython_gc_probes_are_counted_exactly() {
         print('{\"collections\": 7}', flush=True)\n\
         os._exit(0)\n";
     let target = Target::start(python, &["-c", script]);
-    let pid = target.pid.to_string();
-    let tracer = Tracer::start(&[
-        "trace",
-        "--format",
-        "json",
-        "--pid",
-        &pid,
-        "usdt:*:python:gc__start",
-        "usdt:*:python:gc__done",
-    ]);
+    let tracer = TracerRun::trace()
+        .json()
+        .pid(target.pid)
+        .args(["usdt:*:python:gc__start", "usdt:*:python:gc__done"])
+        .start();
     target.release();
     target.finish();
     let (ok, out, err) = tracer.finish();
@@ -295,17 +286,14 @@ fn a_target_in_another_mount_namespace_is_found_through_proc_root() {
     );
     let list = run_tracer(&["list", "--pid", &pid.to_string(), "tracer_test:consts"]);
     assert_eq!(
-        String::from_utf8_lossy(&list.stdout).trim(),
+        list.stdout.as_str().trim(),
         format!("usdt:{inner}/usdt-args:tracer_test:consts")
     );
-    let tracer = Tracer::start(&[
-        "trace",
-        "--format",
-        "json",
-        "--pid",
-        &pid.to_string(),
-        "usdt:*:tracer_test:consts",
-    ]);
+    let tracer = TracerRun::trace()
+        .json()
+        .pid(pid)
+        .args(["usdt:*:tracer_test:consts"])
+        .start();
     // SAFETY: kill has no memory preconditions.
     unsafe { libc::kill(pid as i32, libc::SIGUSR1) };
     let _ = child.wait();
@@ -321,7 +309,7 @@ fn a_target_in_another_mount_namespace_is_found_through_proc_root() {
 fn list_shows_probes_sites_and_specs() {
     let out = run_tracer(&["list", USDT_ARGS]);
     assert!(out.status.success());
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = out.stdout.as_str();
     let names: Vec<&str> = text
         .lines()
         .map(|l| l.rsplit(':').next().unwrap())
@@ -332,14 +320,14 @@ fn list_shows_probes_sites_and_specs() {
         assert!(names.contains(&probe), "{probe} missing from {text}");
     }
     let verbose = run_tracer(&["list", "-v", &format!("usdt:{USDT_ARGS}:tracer_test:multi")]);
-    let text = String::from_utf8_lossy(&verbose.stdout);
+    let text = verbose.stdout.as_str();
     assert_eq!(text.matches("  site ").count(), 3, "{text}");
     let guarded = run_tracer(&[
         "list",
         "-v",
         &format!("usdt:{USDT_ARGS}:tracer_test:guard*"),
     ]);
-    assert!(String::from_utf8_lossy(&guarded.stdout).contains("semaphore 0x"));
+    assert!(guarded.stdout.as_str().contains("semaphore 0x"));
 }
 
 #[test]
@@ -365,7 +353,7 @@ fn bad_input_gets_a_clear_error() {
     ]);
     for (message, args) in cases {
         let out = run_tracer(&args.iter().map(String::as_str).collect::<Vec<_>>());
-        let err = String::from_utf8_lossy(&out.stderr);
+        let err = out.stderr.as_str();
         assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
         assert!(err.contains(message), "{args:?}: {err}");
         assert!(!err.contains("panicked"), "{err}");
@@ -376,7 +364,7 @@ fn bad_input_gets_a_clear_error() {
 fn bad_trace_targets_get_a_clear_error() {
     require_privileged();
     let out = run_tracer(&["trace", "--pid", "4194304", "usdt:*:p:n"]);
-    assert!(String::from_utf8_lossy(&out.stderr).contains("no such process: 4194304"));
+    assert!(out.stderr.as_str().contains("no such process: 4194304"));
     let out = run_tracer(&[
         "trace",
         &format!("usdt:{USDT_ARGS}:tracer_test:nope"),
@@ -384,7 +372,7 @@ fn bad_trace_targets_get_a_clear_error() {
         USDT_ARGS,
     ]);
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("no probes match"));
+    assert!(out.stderr.as_str().contains("no probes match"));
 }
 
 #[privileged_test]
@@ -401,12 +389,8 @@ fn count_mode_counts_every_hit_in_the_kernel() {
         "--loops",
         "250",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", out.stderr.as_str());
+    let stdout = out.stdout.as_str();
     let counts: serde_json::Value = stdout
         .lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
@@ -434,10 +418,12 @@ fn several_pids_count_each_of_theirs_and_no_other() {
         .collect();
     let [first, second] = [targets[0].pid.to_string(), targets[1].pid.to_string()];
     let probe = "usdt:*:tracer_test:noargs";
-    let tracer = Tracer::start(&[
-        "trace", "--count", "--format", "json", "--pid", &first, "--pid", &second, probe, "-d",
-        "60s",
-    ]);
+    let tracer = TracerRun::trace()
+        .arg("--count")
+        .json()
+        .args(["--pid", &first, "--pid", &second, probe])
+        .duration("60s")
+        .start();
     for target in &targets {
         target.release();
     }

@@ -190,12 +190,8 @@ fn text_output_shows_an_unavailable_argument_as_a_question_mark() {
     let bin = build("-O2", "-no-pie");
     let bin = bin.to_str().unwrap();
     let out = run_tracer(&["trace", &format!("usdt:{bin}:tt:handwritten"), "--", bin]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", out.stderr.as_str());
+    let stdout = out.stdout.as_str();
     let line = stdout
         .lines()
         .find(|l| l.contains(":tt:handwritten "))
@@ -214,7 +210,7 @@ fn list_shows_globals_from_the_probe_and_why_an_argument_is_unavailable() {
         "-v",
         &format!("usdt:{}:tt:handwritten", bin.display()),
     ]);
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = out.stdout.as_str();
     assert!(out.status.success(), "{text}");
     assert!(text.contains(": s8 *(pc+0x"), "{text}");
     assert!(
@@ -240,9 +236,11 @@ fn bpf_debug_names_the_probe_whose_argument_read_failed() {
         }
         args.extend([probes.as_str(), "--", bin, "20"]);
         let out = run_tracer(&args);
-        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        let err = out.stderr.clone();
         assert!(out.status.success(), "{err}");
-        let hits = String::from_utf8_lossy(&out.stdout)
+        let hits = out
+            .stdout
+            .as_str()
             .lines()
             .filter(|l| l.contains(":diag:"))
             .count();

@@ -17,7 +17,7 @@ fn nop5_target(name: &str) -> String {
 /// The site's note address and the file offset tracer attaches at, from `list -v`.
 fn listed_site(bin: &str) -> (u64, u64, String) {
     let out = run_tracer(&["list", "-v", &format!("usdt:{bin}:opt:fired")]);
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let text = out.stdout.clone();
     assert!(out.status.success(), "{text}");
     let line = text
         .lines()
@@ -84,14 +84,7 @@ fn every_hit_at_an_optimized_site_is_counted_decoded_and_the_code_restored() {
     let before = site_code(pid, pc);
     assert_eq!(before, [0x90, 0x0f, 0x1f, 0x44, 0x00, 0x00]);
     let probe = format!("usdt:{bin}:opt:fired");
-    let tracer = Tracer::start(&[
-        "trace",
-        "--format",
-        "json",
-        "--pid",
-        &pid.to_string(),
-        &probe,
-    ]);
+    let tracer = TracerRun::trace().json().pid(pid).args([&probe]).start();
     target.release();
     // The target fired every hit and waits: its truth, then the tracer stops.
     let truth: serde_json::Value = serde_json::from_str(&target.read_line()).unwrap();
@@ -138,12 +131,8 @@ fn bpftrace_counts_the_same_hits_at_the_nop() {
     let bin = nop5_target("nop5-bpftrace");
     let probe = format!("usdt:{bin}:opt:fired");
     let ours = run_tracer(&["trace", "--count", &probe, "--", &bin, "3000"]);
-    let text = String::from_utf8_lossy(&ours.stdout);
-    assert!(
-        ours.status.success(),
-        "{}",
-        String::from_utf8_lossy(&ours.stderr)
-    );
+    let text = ours.stdout.as_str();
+    assert!(ours.status.success(), "{}", ours.stderr.as_str());
     assert!(text.contains(&format!("@[{probe}]: 3000")), "{text}");
     let script = format!("{probe} {{ @hits = count(); }}");
     let theirs = std::process::Command::new("bpftrace")

@@ -18,11 +18,7 @@ fn trace(bin: &str, args: &[&str]) -> (bool, String, String) {
     all.extend_from_slice(args);
     all.extend_from_slice(&[&probes, "--", bin]);
     let out = run_tracer(&all);
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    (out.status.success(), out.stdout.clone(), out.stderr.clone())
 }
 
 const STRINGS: &[&str] = &[
@@ -190,8 +186,8 @@ fn concurrent_hits_each_carry_their_own_string() {
         "--",
         bin,
     ]);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stdout = out.stdout.as_str();
+    let stderr = out.stderr.as_str();
     let mut shown = 0;
     for line in stdout.lines() {
         let event: serde_json::Value =
