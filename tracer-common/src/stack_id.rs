@@ -56,7 +56,7 @@ pub const KERNEL_STACK_UNREADABLE: i32 = i32::MIN + 4;
 pub const KERNEL_STACK_MISSED: i32 = i32::MIN + 5;
 
 /// What a raw stack id stands for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum StackId {
     /// An id in `STACKS`.
     StackMap(i32),

@@ -181,8 +181,8 @@ fn kernel_address_pool(rng: &mut Rng, count: usize) -> Result<Vec<u64>> {
 struct Stacks(HashMap<i32, Vec<u64>>);
 
 impl StackSource for Stacks {
-    fn stack(&self, id: i32) -> Vec<u64> {
-        self.0.get(&id).cloned().unwrap_or_default()
+    fn stack(&self, id: tracer_common::StackId) -> Vec<u64> {
+        self.0.get(&id.raw()).cloned().unwrap_or_default()
     }
 }
 

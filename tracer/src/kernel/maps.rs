@@ -395,12 +395,12 @@ impl Loader {
     }
 
     /// The instruction pointers of stack `id`, innermost first; empty when `id` is an error.
-    pub(crate) fn stack(&self, id: i32) -> Result<Vec<u64>> {
-        match StackId::decode(id) {
-            StackId::StackMap(_) => {}
-            StackId::SwitchIn(_) => return self.switch_in_stack(id),
+    pub(crate) fn stack(&self, id: StackId) -> Result<Vec<u64>> {
+        let id = match id {
+            StackId::StackMap(id) => id,
+            StackId::SwitchIn(id) => return self.switch_in_stack(id),
             _ => return Ok(Vec::new()),
-        }
+        };
         let name = map_names::STACKS;
         let map = self.maps.get(name).ok_or(LoaderError::Missing(name))?;
         let stacks =

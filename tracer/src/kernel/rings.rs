@@ -4,7 +4,7 @@
 use std::os::fd::{AsRawFd, RawFd};
 
 use aya::maps::{HashMap, MapData, RingBuf};
-use tracer_common::SnapshotCheck;
+use tracer_common::{SnapshotCheck, StackId};
 
 use super::{LoaderError, Result};
 
@@ -73,25 +73,25 @@ pub(crate) struct SnapshotChecks(pub(super) HashMap<MapData, i32, SnapshotCheck>
 
 impl SnapshotChecks {
     /// Takes snapshots `ids` out: the kernel does not reuse them.
-    pub(crate) fn remove(&mut self, ids: &std::collections::HashSet<i32>) {
+    pub(crate) fn remove(&mut self, ids: &std::collections::HashSet<StackId>) {
         for id in ids {
-            let _ = self.0.remove(id);
+            let _ = self.0.remove(&id.raw());
         }
     }
 
     /// Publishes the check of each snapshot of `checks` (by snapshot id): in one call
     /// where the kernel can, else one by one.
-    pub(crate) fn publish(&mut self, checks: &[(i32, SnapshotCheck)]) -> Result<()> {
+    pub(crate) fn publish(&mut self, checks: &[(StackId, SnapshotCheck)]) -> Result<()> {
         use aya::maps::IterableMap as _;
         use std::os::fd::AsFd as _;
-        let ids: Vec<i32> = checks.iter().map(|(id, _)| *id).collect();
+        let ids: Vec<i32> = checks.iter().map(|(id, _)| id.raw()).collect();
         let values: Vec<SnapshotCheck> = checks.iter().map(|(_, check)| *check).collect();
         if super::sys::hash_update(self.0.map().fd().as_fd(), &ids, &values).is_ok() {
             return Ok(());
         }
         for (id, check) in checks {
             self.0
-                .insert(id, check, 0)
+                .insert(&id.raw(), check, 0)
                 .map_err(|source| LoaderError::Map {
                     name: tracer_common::map_names::SNAPSHOT_CHECKS,
                     source,

@@ -74,8 +74,9 @@ impl Unwinding {
                     .map(|p| p as &mut dyn StackMerger),
                 None => None,
             };
-            if let Some(check) = unwinder.add(&snapshot, maps, merger) {
-                unwound.push((snapshot.snapshot_id as i32, check));
+            let check = unwinder.add(&snapshot, maps, merger);
+            if let (Some(id), Some(check)) = (snapshot.snapshot, check) {
+                unwound.push((id, check));
             }
         });
         let now = Instant::now();

@@ -410,10 +410,10 @@ impl WallClockSampler {
         let mut oncpu = oncpu_in_kernel.clone();
         let unwound = match self.unwinding.as_mut() {
             Some(unwinding) => {
-                let snapshot_ids: HashSet<i32> = offcpu
+                let snapshot_ids: HashSet<StackId> = offcpu
                     .iter()
-                    .filter(|(key, _)| matches!(key.user, StackId::Snapshot(_)))
-                    .map(|(key, _)| key.user.raw())
+                    .map(|(key, _)| key.user)
+                    .filter(|user| matches!(user, StackId::Snapshot(_)))
                     .collect();
                 let taken = unwinding.unwinder.take_processes(tgids, &snapshot_ids);
                 // A thread that takes a retired one's id must not reuse its snapshots.
@@ -784,16 +784,16 @@ pub(crate) fn register_python_processes(
 /// bytes /proc gives, kernel stacks as /proc names them.
 #[derive(Debug, Default)]
 struct Seeds {
-    user: HashMap<i32, UnwoundStack>,
-    kernel: HashMap<i32, Vec<String>>,
+    user: HashMap<StackId, UnwoundStack>,
+    kernel: HashMap<StackId, Vec<String>>,
     /// Ids given out so far (from [`FIRST_SEEDED_ID`]).
     issued: i32,
 }
 
 impl Seeds {
-    fn next_id(&mut self) -> i32 {
+    fn next_id(&mut self) -> StackId {
         self.issued += 1;
-        FIRST_SEEDED_ID + self.issued - 1
+        StackId::decode(FIRST_SEEDED_ID + self.issued - 1)
     }
 
     /// `pending` with the kernel stack of each thread still blocked where the kernel was
@@ -816,7 +816,7 @@ impl Seeds {
                 let id = self.next_id();
                 let named = names.iter().map(|n| format!("{n}{KERNEL_SUFFIX}"));
                 self.kernel.insert(id, named.collect());
-                id
+                id.raw()
             };
         }
         pending
@@ -853,12 +853,14 @@ impl Seeds {
         let id_for = |stacks: &mut Self, user: Option<UnwoundStack>, kernel: Vec<String>| {
             let mut ids = [NO_STACK, NO_STACK];
             if let Some(user) = user.filter(|u| !u.addrs.is_empty()) {
-                ids[0] = stacks.next_id();
-                stacks.user.insert(ids[0], user);
+                let id = stacks.next_id();
+                stacks.user.insert(id, user);
+                ids[0] = id.raw();
             }
             if !kernel.is_empty() {
-                ids[1] = stacks.next_id();
-                stacks.kernel.insert(ids[1], kernel);
+                let id = stacks.next_id();
+                stacks.kernel.insert(id, kernel);
+                ids[1] = id.raw();
             }
             ids
         };
@@ -917,21 +919,21 @@ struct WithSeeds<'a, S> {
 }
 
 impl<S: StackSource> StackSource for WithSeeds<'_, S> {
-    fn stack(&self, id: i32) -> Vec<u64> {
+    fn stack(&self, id: StackId) -> Vec<u64> {
         match self.seeds.user.get(&id) {
             Some(stack) => stack.addrs.clone(),
             None => self.inner.stack(id),
         }
     }
 
-    fn user_frames_by_frame_pointer(&self, id: i32) -> Vec<bool> {
+    fn user_frames_by_frame_pointer(&self, id: StackId) -> Vec<bool> {
         match self.seeds.user.get(&id) {
             Some(stack) => stack.by_frame_pointer.clone(),
             None => self.inner.user_frames_by_frame_pointer(id),
         }
     }
 
-    fn named(&self, id: i32) -> Option<Vec<String>> {
+    fn named(&self, id: StackId) -> Option<Vec<String>> {
         match self.seeds.kernel.get(&id) {
             Some(names) => Some(names.clone()),
             None => self.inner.named(id),

@@ -6,7 +6,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use tracer_common::{TaskId, TaskKey, TaskName, TaskState, TaskTotal, task_phase};
+use tracer_common::{StackId, TaskId, TaskKey, TaskName, TaskState, TaskTotal, task_phase};
 
 use crate::{
     profile::wallclock::{TASK_PARKED_FRAME, TaskWallTime},
@@ -195,14 +195,17 @@ pub(crate) fn build_profile(
     processes: &Processes,
 ) -> TaskProfile {
     let mut summaries: HashMap<(u32, u64), TaskSummary> = HashMap::new();
-    let mut parked_ids: HashMap<u32, Vec<i32>> = HashMap::new();
+    let mut parked_ids: HashMap<u32, Vec<StackId>> = HashMap::new();
     for (key, _) in times
         .iter()
         .filter(|(key, _)| key.phase != task_phase::RUNNING)
     {
-        parked_ids.entry(key.tgid).or_default().push(key.stack_id);
+        parked_ids
+            .entry(key.tgid)
+            .or_default()
+            .push(StackId::decode(key.stack_id));
     }
-    let mut stack_names: HashMap<(u32, i32), Vec<String>> = HashMap::new();
+    let mut stack_names: HashMap<(u32, StackId), Vec<String>> = HashMap::new();
     for (tgid, ids) in parked_ids {
         let maps = processes.get(tgid).and_then(|p| p.maps.as_ref());
         let named = user_stack_frames(ids, stacks, symbolizer, maps, str::to_string);
@@ -241,7 +244,11 @@ pub(crate) fn build_profile(
             process_frame(processes, key.tgid, root),
             summary.name.clone(),
         ];
-        frames.extend(stack_names[&(key.tgid, key.stack_id)].iter().cloned());
+        frames.extend(
+            stack_names[&(key.tgid, StackId::decode(key.stack_id))]
+                .iter()
+                .cloned(),
+        );
         frames.push(TASK_PARKED_FRAME.to_string());
         view.add(
             frames,
@@ -273,7 +280,7 @@ mod tests {
 
     struct NoStacks;
     impl StackSource for NoStacks {
-        fn stack(&self, _: i32) -> Vec<u64> {
+        fn stack(&self, _: StackId) -> Vec<u64> {
             Vec::new()
         }
     }

@@ -206,18 +206,18 @@ impl StackProfile {
 
 /// Raw stacks as the kernel stored them: instruction pointers, innermost first.
 pub trait StackSource {
-    fn stack(&self, id: i32) -> Vec<u64>;
+    fn stack(&self, id: StackId) -> Vec<u64>;
 
     /// For user stack `id`, whether each frame was found by following frame pointers,
     /// when the profile tells unwinding methods apart (DWARF unwinding); empty otherwise.
-    fn user_frames_by_frame_pointer(&self, _id: i32) -> Vec<bool> {
+    fn user_frames_by_frame_pointer(&self, _id: StackId) -> Vec<bool> {
         Vec::new()
     }
 
     /// Stack `id` already named, innermost first, where its frames come as names rather
     /// than addresses (the kernel stacks /proc gives of threads blocked since before
     /// tracing started); `None` for stacks named from their addresses.
-    fn named(&self, _id: i32) -> Option<Vec<String>> {
+    fn named(&self, _id: StackId) -> Option<Vec<String>> {
         None
     }
 }
@@ -226,14 +226,14 @@ pub trait StackSource {
 /// naming thread and then named from here without reading the kernel's map again.
 pub(crate) struct PrefetchedStacks<'s, S> {
     inner: &'s S,
-    addrs: HashMap<i32, Vec<u64>>,
+    addrs: HashMap<StackId, Vec<u64>>,
 }
 
 impl<'s, S: StackSource> PrefetchedStacks<'s, S> {
-    pub(crate) fn new(inner: &'s S, ids: impl IntoIterator<Item = i32>) -> Self {
+    pub(crate) fn new(inner: &'s S, ids: impl IntoIterator<Item = StackId>) -> Self {
         let addrs = ids
             .into_iter()
-            .filter(|&id| StackId::decode(id).has_frames() && inner.named(id).is_none())
+            .filter(|&id| id.has_frames() && inner.named(id).is_none())
             .map(|id| (id, inner.stack(id)))
             .collect();
         Self { inner, addrs }
@@ -246,24 +246,24 @@ impl<'s, S: StackSource> PrefetchedStacks<'s, S> {
 }
 
 impl<S: StackSource> StackSource for PrefetchedStacks<'_, S> {
-    fn stack(&self, id: i32) -> Vec<u64> {
+    fn stack(&self, id: StackId) -> Vec<u64> {
         match self.addrs.get(&id) {
             Some(addrs) => addrs.clone(),
             None => self.inner.stack(id),
         }
     }
 
-    fn user_frames_by_frame_pointer(&self, id: i32) -> Vec<bool> {
+    fn user_frames_by_frame_pointer(&self, id: StackId) -> Vec<bool> {
         self.inner.user_frames_by_frame_pointer(id)
     }
 
-    fn named(&self, id: i32) -> Option<Vec<String>> {
+    fn named(&self, id: StackId) -> Option<Vec<String>> {
         self.inner.named(id)
     }
 }
 
 impl StackSource for Loader {
-    fn stack(&self, id: i32) -> Vec<u64> {
+    fn stack(&self, id: StackId) -> Vec<u64> {
         Loader::stack(self, id).unwrap_or_default()
     }
 }
@@ -303,12 +303,12 @@ pub(crate) fn parse_process_frame(frame: &str) -> Option<(&str, u32)> {
 /// (with or without the frame-pointer suffix) is made into frames once: stacks repeat
 /// the same addresses over and over.
 pub(crate) fn user_stack_frames<T: Clone>(
-    ids: impl IntoIterator<Item = i32>,
+    ids: impl IntoIterator<Item = StackId>,
     stacks: &impl StackSource,
     symbolizer: &mut StackSymbolizer,
     maps: Option<&ProcessMaps>,
     frame: impl FnMut(&str) -> T,
-) -> HashMap<i32, Vec<T>> {
+) -> HashMap<StackId, Vec<T>> {
     stack_frames(
         ids,
         stacks,
@@ -350,11 +350,11 @@ pub(crate) fn user_stack_frames<T: Clone>(
 /// Frames of each distinct kernel stack in `ids`, root first, marked as kernel frames,
 /// without the tracer's own BPF frames, each made by `frame` from its name.
 pub(crate) fn kernel_stack_frames<T>(
-    ids: impl IntoIterator<Item = i32>,
+    ids: impl IntoIterator<Item = StackId>,
     stacks: &impl StackSource,
     symbolizer: &mut StackSymbolizer,
     frame: impl FnMut(&str) -> T,
-) -> HashMap<i32, Vec<T>> {
+) -> HashMap<StackId, Vec<T>> {
     stack_frames(
         ids,
         stacks,
@@ -397,13 +397,13 @@ fn without_bpf_frames<S: AsRef<str>>(mut names: Vec<S>) -> Vec<S> {
 /// the frames of all the recorded ones at once (given their ids and addresses, and
 /// `frame`), innermost first as they were recorded.
 fn stack_frames<T>(
-    ids: impl IntoIterator<Item = i32>,
+    ids: impl IntoIterator<Item = StackId>,
     stacks: &impl StackSource,
     missing: &str,
     mut frame: impl FnMut(&str) -> T,
-    symbolize: impl FnOnce(&[i32], &[&[u64]], &mut dyn FnMut(&str) -> T) -> Vec<Vec<T>>,
-) -> HashMap<i32, Vec<T>> {
-    let mut ids: Vec<i32> = ids.into_iter().collect();
+    symbolize: impl FnOnce(&[StackId], &[&[u64]], &mut dyn FnMut(&str) -> T) -> Vec<Vec<T>>,
+) -> HashMap<StackId, Vec<T>> {
+    let mut ids: Vec<StackId> = ids.into_iter().collect();
     ids.sort_unstable();
     ids.dedup();
     let mut frames = HashMap::with_capacity_and_hasher(ids.len(), Default::default());
@@ -413,7 +413,7 @@ fn stack_frames<T>(
             frames.insert(id, names.iter().rev().map(|name| frame(name)).collect());
             continue;
         }
-        let addrs = match StackId::decode(id).has_frames() {
+        let addrs = match id.has_frames() {
             true => stacks.stack(id),
             false => Vec::new(),
         };
@@ -423,7 +423,7 @@ fn stack_frames<T>(
             recorded.push((id, addrs));
         }
     }
-    let ids: Vec<i32> = recorded.iter().map(|(id, _)| *id).collect();
+    let ids: Vec<StackId> = recorded.iter().map(|(id, _)| *id).collect();
     let addrs: Vec<&[u64]> = recorded.iter().map(|(_, addrs)| addrs.as_slice()).collect();
     for (id, mut made) in ids.iter().zip(symbolize(&ids, &addrs, &mut frame)) {
         made.reverse();
@@ -544,23 +544,22 @@ fn stack_error(kind: &str, id: StackId) -> String {
 }
 
 /// Names the stacks of one hit of process `maps` (`None`: it exited before its mappings
-/// were read): `user_id` and `kernel_id` as the kernel gave them (ids in `STACKS` or
-/// negative errnos, `tracer_common::STACK_NOT_TAKEN` when not asked for). A kernel
+/// were read): `user` and `kernel` as the kernel gave them (stacks in `STACKS`, lost
+/// ones, [`StackId::NotTaken`] when not asked for). A kernel
 /// stack that is not there is not a problem: USDT probes fire in user mode. `short_why`
 /// says why a user stack that ends before a thread's start likely does (how it was
 /// walked).
 pub(crate) fn hit_stack(
-    user_id: i32,
-    kernel_id: i32,
+    user: StackId,
+    kernel: StackId,
     stacks: &(impl StackSource + ?Sized),
     symbolizer: &mut StackSymbolizer,
     maps: Option<&ProcessMaps>,
     short_why: &str,
 ) -> HitStack {
     let mut hit = HitStack::default();
-    let kernel = StackId::decode(kernel_id);
     if kernel.has_frames() {
-        let addrs = stacks.stack(kernel_id);
+        let addrs = stacks.stack(kernel);
         let frames = symbolizer.kernel_stacks(&[&addrs]).remove(0);
         let names: Vec<&str> = frames.iter().map(|f| f.name.as_str()).collect();
         let ours = names.len() - without_bpf_frames(names).len();
@@ -569,7 +568,7 @@ pub(crate) fn hit_stack(
     } else if !matches!(kernel, StackId::None | StackId::NotTaken) {
         hit.problems.push(stack_error("kernel", kernel));
     }
-    match StackId::decode(user_id) {
+    match user {
         StackId::NotTaken => return hit,
         user if !user.has_frames() => {
             hit.problems.push(stack_error("user", user));
@@ -577,19 +576,19 @@ pub(crate) fn hit_stack(
         }
         _ => {}
     }
-    let addrs = stacks.stack(user_id);
+    let addrs = stacks.stack(user);
     if addrs.is_empty() {
         hit.problems
             .push("user stack missing from the stack map".to_string());
         return hit;
     }
-    let user = if let Some(maps) = maps {
+    let user_lines = if let Some(maps) = maps {
         let frames = symbolizer.user_stacks(maps, &[&addrs]).remove(0);
         lines(
             frames,
             false,
             false,
-            &stacks.user_frames_by_frame_pointer(user_id),
+            &stacks.user_frames_by_frame_pointer(user),
         )
     } else {
         hit.problems.push(
@@ -608,7 +607,7 @@ pub(crate) fn hit_stack(
             })
             .collect()
     };
-    let reaches_root = user
+    let reaches_root = user_lines
         .last()
         .is_some_and(|f| THREAD_ROOTS.contains(&f.name.as_str()));
     if maps.is_some() && !reaches_root {
@@ -623,11 +622,11 @@ pub(crate) fn hit_stack(
                 format!(
                     "user stack incomplete: it stops at {} rather than at a thread's start \
                  ({short_why})",
-                    user.last().map_or(UNKNOWN, |f| f.name.as_str())
+                    user_lines.last().map_or(UNKNOWN, |f| f.name.as_str())
                 )
             });
     }
-    hit.frames.extend(user);
+    hit.frames.extend(user_lines);
     hit
 }
 
@@ -688,8 +687,8 @@ mod tests {
     struct FakeStacks(Vec<Vec<u64>>);
 
     impl StackSource for FakeStacks {
-        fn stack(&self, id: i32) -> Vec<u64> {
-            self.0.get(id as usize).cloned().unwrap_or_default()
+        fn stack(&self, id: StackId) -> Vec<u64> {
+            self.0.get(id.raw() as usize).cloned().unwrap_or_default()
         }
     }
 
@@ -700,26 +699,26 @@ mod tests {
     fn hit_stacks_say_what_is_missing() {
         let stacks = FakeStacks(vec![vec![0x1000, 0x2000, 0]]);
         let mut symbolizer = StackSymbolizer::new();
-        let no_stack = tracer_common::NO_STACK;
-        let not_taken = tracer_common::STACK_NOT_TAKEN;
+        let no_stack = StackId::None;
+        let not_taken = StackId::NotTaken;
         let mut hit =
             |user, kernel, maps| hit_stack(user, kernel, &stacks, &mut symbolizer, maps, "why");
         assert_eq!(hit(not_taken, not_taken, None), HitStack::default());
         assert_eq!(hit(no_stack, no_stack, None).problems, ["no user stack"]);
         assert_eq!(
-            hit(-libc::EEXIST, no_stack, None).problems,
+            hit(StackId::Lost(libc::EEXIST), no_stack, None).problems,
             ["user stack not recorded: the stack map had a hash collision"]
         );
         assert_eq!(
-            hit(not_taken, -libc::ENOMEM, None).problems,
+            hit(not_taken, StackId::Lost(libc::ENOMEM), None).problems,
             ["kernel stack not recorded: the stack map is full"]
         );
         assert_eq!(
-            hit(5, no_stack, None).problems,
+            hit(StackId::StackMap(5), no_stack, None).problems,
             ["user stack missing from the stack map"]
         );
         // The process is gone: its addresses, unnamed, and why.
-        let gone = hit(0, no_stack, None);
+        let gone = hit(StackId::StackMap(0), no_stack, None);
         let names: Vec<&str> = gone.frames.iter().map(|f| f.name.as_str()).collect();
         assert_eq!(names, ["0x1000", "0x2000"]);
         assert_eq!(

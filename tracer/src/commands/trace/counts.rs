@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
 use anyhow::Result;
+use tracer_common::StackId;
 
 use super::hit_stacks::{FrameJson, StackNamer, stack_json, stack_text};
 use crate::{
@@ -141,7 +142,11 @@ pub(super) fn kernel_stack_counts(
 ) -> Result<Vec<((u32, HitStack), u64)>> {
     let mut counts = Vec::new();
     for (key, count) in loader.hit_stacks()? {
-        let stack = namer.name(loader, key.tgid, key.user_stack_id, key.kernel_stack_id);
+        let (user, kernel) = (
+            StackId::decode(key.user_stack_id),
+            StackId::decode(key.kernel_stack_id),
+        );
+        let stack = namer.name(loader, key.tgid, user, kernel);
         counts.push(((key.probe_id, stack), count));
     }
     Ok(counts)

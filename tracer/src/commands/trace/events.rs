@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use tracer_common::{UsdtArg, UsdtEvent, UsdtStrHeader};
+use tracer_common::{StackId, UsdtArg, UsdtEvent, UsdtStrHeader};
 
 use super::hit_stacks::{FrameJson, StackNamer, stack_json, stack_text};
 use crate::{
@@ -172,8 +172,8 @@ impl EventPrinter {
                 namer.name(
                     stacks,
                     event.pid,
-                    event.user_stack_id,
-                    event.kernel_stack_id,
+                    StackId::decode(event.user_stack_id),
+                    StackId::decode(event.kernel_stack_id),
                 )
             });
             if self.counting {

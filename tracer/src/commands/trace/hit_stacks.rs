@@ -59,34 +59,34 @@ pub(super) struct StackNamer {
     pub(super) symbolizer: StackSymbolizer,
     /// `None`: could not be read (the process exited).
     pub(super) maps: HashMap<u32, Option<ProcessMaps>>,
-    pub(super) named: HashMap<(u32, i32, i32), HitStack>,
+    pub(super) named: HashMap<(u32, StackId, StackId), HitStack>,
     /// `--unwind dwarf`: the snapshot ring, and the stacks unwound from it by snapshot
     /// id until their events take them.
     pub(super) snapshots: Option<RecordRing>,
     pub(super) unwinder: DwarfUnwinder,
     /// The CPython interpreters whose frames snapshots carry.
     pub(super) interpreters: Interpreters,
-    pub(super) unwound: HashMap<i32, (UnwoundStack, UnwindEnd)>,
+    pub(super) unwound: HashMap<StackId, (UnwoundStack, UnwindEnd)>,
     /// Unwound stacks named, by process, addresses and kernel stack: hits repeat stacks.
-    pub(super) named_unwound: HashMap<(u32, UnwoundStack, i32), HitStack>,
+    pub(super) named_unwound: HashMap<(u32, UnwoundStack, StackId), HitStack>,
 }
 
 /// One unwound user stack as a stack source, for [`naming::hit_stack`].
 pub(super) struct OneStack<'a> {
-    pub(super) id: i32,
+    pub(super) id: StackId,
     pub(super) unwound: &'a UnwoundStack,
     pub(super) others: &'a dyn StackSource,
 }
 
 impl StackSource for OneStack<'_> {
-    fn stack(&self, id: i32) -> Vec<u64> {
+    fn stack(&self, id: StackId) -> Vec<u64> {
         match id == self.id {
             true => self.unwound.addrs.clone(),
             false => self.others.stack(id),
         }
     }
 
-    fn user_frames_by_frame_pointer(&self, id: i32) -> Vec<bool> {
+    fn user_frames_by_frame_pointer(&self, id: StackId) -> Vec<bool> {
         match id == self.id {
             true => self.unwound.by_frame_pointer.clone(),
             false => Vec::new(),
@@ -147,7 +147,10 @@ impl StackNamer {
                     UnwindEnd::Complete,
                 ),
             };
-            self.unwound.insert(snapshot.snapshot_id as i32, unwound);
+            // Every snapshot a hit sends has an id: its event names it.
+            if let Some(id) = snapshot.snapshot {
+                self.unwound.insert(id, unwound);
+            }
         });
         self.snapshots = Some(ring);
     }
@@ -157,30 +160,30 @@ impl StackNamer {
         &mut self,
         stacks: &dyn StackSource,
         tgid: u32,
-        user_id: i32,
-        kernel_id: i32,
+        user: StackId,
+        kernel: StackId,
     ) -> HitStack {
-        if let StackId::Snapshot(_) = StackId::decode(user_id) {
-            return self.name_unwound(stacks, tgid, user_id, kernel_id);
+        if let StackId::Snapshot(_) = user {
+            return self.name_unwound(stacks, tgid, user, kernel);
         }
-        if let Some(stack) = self.named.get(&(tgid, user_id, kernel_id)) {
+        if let Some(stack) = self.named.get(&(tgid, user, kernel)) {
             return stack.clone();
         }
         self.observe(tgid);
         let mut stack = naming::hit_stack(
-            user_id,
-            kernel_id,
+            user,
+            kernel,
             stacks,
             &mut self.symbolizer,
             self.maps.get(&tgid).and_then(Option::as_ref),
             "a caller without frame pointers?",
         );
-        if self.snapshots.is_some() && StackId::decode(user_id).has_frames() {
+        if self.snapshots.is_some() && user.has_frames() {
             stack
                 .problems
                 .push("walked by frame pointers: the snapshot ring buffer was full".into());
         }
-        self.named.insert((tgid, user_id, kernel_id), stack.clone());
+        self.named.insert((tgid, user, kernel), stack.clone());
         stack
     }
 
@@ -190,22 +193,21 @@ impl StackNamer {
         &mut self,
         stacks: &dyn StackSource,
         tgid: u32,
-        id: i32,
-        kernel_id: i32,
+        id: StackId,
+        kernel: StackId,
     ) -> HitStack {
         if !self.unwound.contains_key(&id) {
             // Sent after the ring was last drained, before its event was read.
             self.unwind_snapshots();
         }
         let Some((unwound, end)) = self.unwound.remove(&id) else {
-            let not_taken = tracer_common::STACK_NOT_TAKEN;
-            let mut stack = self.name(stacks, tgid, not_taken, kernel_id);
+            let mut stack = self.name(stacks, tgid, StackId::NotTaken, kernel);
             stack
                 .problems
                 .push("user stack snapshot lost before it was unwound".into());
             return stack;
         };
-        let key = (tgid, unwound, kernel_id);
+        let key = (tgid, unwound, kernel);
         if let Some(stack) = self.named_unwound.get(&key) {
             return stack.clone();
         }
@@ -217,7 +219,7 @@ impl StackNamer {
         self.observe(tgid);
         let mut stack = naming::hit_stack(
             id,
-            kernel_id,
+            kernel,
             &one,
             &mut self.symbolizer,
             self.maps.get(&tgid).and_then(Option::as_ref),

@@ -321,8 +321,8 @@ mod tests {
     struct Stacks(HashMap<i32, Vec<u64>>);
 
     impl StackSource for Stacks {
-        fn stack(&self, id: i32) -> Vec<u64> {
-            self.0.get(&id).cloned().unwrap_or_default()
+        fn stack(&self, id: StackId) -> Vec<u64> {
+            self.0.get(&id.raw()).cloned().unwrap_or_default()
         }
     }
 

@@ -28,8 +28,8 @@ use crate::{
 pub(super) struct Namer {
     per_thread: bool,
     pub(super) table: FrameTable,
-    user: foldhash::HashMap<(u32, i32), Vec<u32>>,
-    kernel: foldhash::HashMap<i32, Vec<u32>>,
+    user: foldhash::HashMap<(u32, StackId), Vec<u32>>,
+    kernel: foldhash::HashMap<StackId, Vec<u32>>,
     /// The root frame of each process, and with `per_thread` the frame of each thread.
     process_frames: foldhash::HashMap<u32, u32>,
     thread_frames: foldhash::HashMap<u32, u32>,
@@ -55,15 +55,14 @@ impl Namer {
         per_thread: bool,
         group_by: GroupBy,
     ) -> Self {
-        let mut user_ids: BTreeMap<u32, Vec<i32>> = BTreeMap::new();
+        let mut user_ids: BTreeMap<u32, Vec<StackId>> = BTreeMap::new();
         for key in keys.iter().filter(|k| names_frames(k.user)) {
-            user_ids.entry(key.tgid).or_default().push(key.user.raw());
+            user_ids.entry(key.tgid).or_default().push(key.user);
         }
-        let kernel_ids: Vec<i32> = keys
+        let kernel_ids: Vec<StackId> = keys
             .iter()
             .map(|k| k.kernel)
             .filter(|&id| names_frames(id))
-            .map(StackId::raw)
             .collect::<BTreeSet<_>>()
             .into_iter()
             .collect();
@@ -148,7 +147,7 @@ impl Namer {
                 return;
             }
             id if names_frames(id) => {
-                frames.extend_from_slice(&self.user[&(key.tgid, id.raw())]);
+                frames.extend_from_slice(&self.user[&(key.tgid, id)]);
             }
             _ => {}
         }
@@ -157,7 +156,7 @@ impl Namer {
             StackId::Unreadable => frames.push(self.unreadable),
             StackId::Missed => frames.push(self.missed),
             id if !names_frames(id) => {}
-            id => frames.extend_from_slice(&self.kernel[&id.raw()]),
+            id => frames.extend_from_slice(&self.kernel[&id]),
         }
     }
 

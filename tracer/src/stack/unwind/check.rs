@@ -89,7 +89,7 @@ pub(super) fn snapshot_check(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tracer_common::NO_STACK;
+    use tracer_common::StackId;
 
     /// The kernel checks the words the frames depended on: return addresses, saved frame
     /// pointers later reads were based on, and the last word read; a saved register no
@@ -103,8 +103,8 @@ mod tests {
             ip: 0x1000,
             sp,
             bp: sp + 0x100,
-            kernel_stack_id: NO_STACK,
-            snapshot_id: 5,
+            kernel_stack: StackId::None,
+            snapshot: Some(StackId::decode(tracer_common::FIRST_SNAPSHOT_ID + 5)),
             task: 0,
             python: None,
             stack: &[],

@@ -4,7 +4,7 @@
 
 use std::mem::offset_of;
 
-use tracer_common::{UNWIND_STACK_BYTES, UnwindSample, python::PythonStack};
+use tracer_common::{StackId, UNWIND_STACK_BYTES, UnwindSample, python::PythonStack};
 
 /// Byte offsets of the fields of [`tracer_common::UnwindSample`].
 const TGID_AT: usize = offset_of!(UnwindSample, tgid);
@@ -27,11 +27,10 @@ pub(crate) struct Snapshot<'a> {
     pub ip: u64,
     pub sp: u64,
     pub bp: u64,
-    /// Id of the kernel stack in the stack map; [`NO_STACK`](tracer_common::NO_STACK) for a
-    /// sample in user mode.
-    pub kernel_stack_id: i32,
-    /// 0 for an on-CPU sample; the off-CPU snapshot's id otherwise.
-    pub snapshot_id: u32,
+    /// The kernel stack in the stack map; [`StackId::None`] for a sample in user mode.
+    pub kernel_stack: StackId,
+    /// The off-CPU snapshot's id; `None` for an on-CPU sample.
+    pub snapshot: Option<StackId>,
     /// For an on-CPU sample, the runtime task the thread ran (0: none known).
     pub task: u64,
     /// The thread's Python frames, when its process is a CPython interpreter the kernel
@@ -53,8 +52,12 @@ impl<'a> Snapshot<'a> {
             ip: u64_at(IP_AT)?,
             sp: u64_at(SP_AT)?,
             bp: u64_at(BP_AT)?,
-            kernel_stack_id: u32_at(KERNEL_STACK_AT)? as i32,
-            snapshot_id: u32_at(SNAPSHOT_ID_AT)?,
+            kernel_stack: StackId::decode(u32_at(KERNEL_STACK_AT)? as i32),
+            // The kernel numbers snapshots from FIRST_SNAPSHOT_ID; 0 marks a sample.
+            snapshot: match u32_at(SNAPSHOT_ID_AT)? {
+                0 => None,
+                id => Some(StackId::decode(id as i32)),
+            },
             task: u64_at(TASK_AT)?,
             python: python_frames(record.get(PYTHON_AT..STACK_AT)?),
             stack: record.get(STACK_AT..STACK_AT + stack_len)?,
@@ -77,7 +80,6 @@ fn python_frames(bytes: &[u8]) -> Option<Box<PythonStack>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tracer_common::NO_STACK;
 
     #[test]
     fn snapshot_fields_are_where_the_kernel_puts_them() {
@@ -110,8 +112,8 @@ mod tests {
         record[KERNEL_STACK_AT..KERNEL_STACK_AT + 4].copy_from_slice(&(-14i32).to_ne_bytes());
         let snapshot = Snapshot::parse(&record).unwrap();
         assert_eq!((snapshot.tgid, snapshot.tid, snapshot.ip), (7, 8, 0x1000));
-        assert_eq!(snapshot.kernel_stack_id, NO_STACK);
-        assert_eq!(snapshot.snapshot_id, 0);
+        assert_eq!(snapshot.kernel_stack, StackId::None);
+        assert_eq!(snapshot.snapshot, None);
         assert_eq!(snapshot.stack.len(), 16);
         // A stack length beyond the record is refused.
         record[STACK_LEN_AT..STACK_LEN_AT + 4].copy_from_slice(&17u32.to_ne_bytes());

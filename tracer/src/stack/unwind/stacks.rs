@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use tracer_common::python::PythonStack;
+use tracer_common::{StackId, python::PythonStack};
 
 use crate::stack::naming::StackSource;
 
@@ -29,7 +29,7 @@ pub(super) fn truncated_token() -> u64 {
 }
 
 /// Unwound user stacks by their ids.
-pub(crate) type UnwoundStacks = HashMap<i32, UnwoundStack>;
+pub(crate) type UnwoundStacks = HashMap<StackId, UnwoundStack>;
 
 /// What puts a runtime's own frames into an unwound native stack (the Python frames a
 /// snapshot carries, in place of the interpreter's frames).
@@ -87,14 +87,14 @@ pub(crate) struct WithUnwound<'a, S> {
 }
 
 impl<S: StackSource> StackSource for WithUnwound<'_, S> {
-    fn stack(&self, id: i32) -> Vec<u64> {
+    fn stack(&self, id: StackId) -> Vec<u64> {
         match self.unwound.get(&id) {
             Some(stack) => stack.addrs.clone(),
             None => self.kernel.stack(id),
         }
     }
 
-    fn user_frames_by_frame_pointer(&self, id: i32) -> Vec<bool> {
+    fn user_frames_by_frame_pointer(&self, id: StackId) -> Vec<bool> {
         if let Some(stack) = self.unwound.get(&id) {
             stack.by_frame_pointer.clone()
         } else {
@@ -103,7 +103,7 @@ impl<S: StackSource> StackSource for WithUnwound<'_, S> {
         }
     }
 
-    fn named(&self, id: i32) -> Option<Vec<String>> {
+    fn named(&self, id: StackId) -> Option<Vec<String>> {
         self.kernel.named(id)
     }
 }

@@ -7,9 +7,7 @@ use std::sync::Arc;
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
 use framehop::{Module, Unwinder as _};
 use std::cell::RefCell;
-use tracer_common::{
-    MAX_STACK_DEPTH, NO_STACK, SnapshotCheck, StackId, StackKey, stack_id::UNWOUND_IDS,
-};
+use tracer_common::{MAX_STACK_DEPTH, SnapshotCheck, StackId, StackKey, stack_id::UNWOUND_IDS};
 
 use super::check::{NEVER_REUSE, StackRead, THROUGH_SIGNAL_FRAME, snapshot_check};
 use super::snapshot::Snapshot;
@@ -35,7 +33,7 @@ const SIGFRAME_RIP: u64 = 8 + 40 + 128;
 const MAX_SIGNAL_FRAMES: usize = 4;
 
 /// What on-CPU samples are counted by: (tgid, tid, kernel stack id, user stack, task).
-pub(crate) type SampleKey = (u32, u32, i32, UnwoundStack, u64);
+pub(crate) type SampleKey = (u32, u32, StackId, UnwoundStack, u64);
 
 /// Unwinds snapshots and counts the stacks they give.
 #[derive(Default)]
@@ -88,7 +86,7 @@ impl DwarfUnwinder {
             }
         };
         // The reuse check is of the native frames: the kernel compares Python frames itself.
-        let native_addrs = (snapshot.snapshot_id != 0).then(|| native.addrs.clone());
+        let native_addrs = snapshot.snapshot.map(|_| native.addrs.clone());
         let mut stack = match (merger, &snapshot.python) {
             (Some(merger), Some(python)) => merger.merge_python(native, python),
             _ => native,
@@ -101,24 +99,24 @@ impl DwarfUnwinder {
         self.stats.frame_pointer_frames +=
             stack.by_frame_pointer.iter().filter(|&&fp| fp).count() as u64;
         self.stats.max_depth = self.stats.max_depth.max(stack.addrs.len() as u64);
-        if snapshot.snapshot_id != 0 {
+        if let Some(id) = snapshot.snapshot {
             self.stats.offcpu_snapshots += 1;
             // Without mappings nothing was read: the snapshot is not to be reused.
             let check = match (maps, &native_addrs) {
                 (Some(_), Some(native)) => snapshot_check(snapshot, &reads, native),
                 _ => NEVER_REUSE,
             };
-            self.snapshots.insert(snapshot.snapshot_id as i32, stack);
+            self.snapshots.insert(id, stack);
             return Some(check);
         }
         self.stats.samples += 1;
-        self.stats.in_kernel += u64::from(snapshot.kernel_stack_id != NO_STACK);
+        self.stats.in_kernel += u64::from(snapshot.kernel_stack != StackId::None);
         *self
             .samples
             .entry((
                 snapshot.tgid,
                 snapshot.tid,
-                snapshot.kernel_stack_id,
+                snapshot.kernel_stack,
                 stack,
                 snapshot.task,
             ))
@@ -144,16 +142,17 @@ impl DwarfUnwinder {
                 break;
             };
             seen.insert(key.clone(), count);
-            let (tgid, tid, kernel_stack_id, stack, _) = key;
+            let (tgid, tid, kernel, stack, _) = key;
+            let user = StackId::decode(id);
             let key = StackKey {
                 tgid: *tgid,
                 tid: *tid,
-                user: StackId::decode(id),
-                kernel: StackId::decode(*kernel_stack_id),
+                user,
+                kernel: *kernel,
                 state: 0,
             };
             oncpu.push((key, count - before));
-            stacks.insert(id, stack.clone());
+            stacks.insert(user, stack.clone());
         }
         (oncpu, stacks)
     }
@@ -164,7 +163,7 @@ impl DwarfUnwinder {
     pub(crate) fn take_processes(
         &mut self,
         tgids: &HashSet<u32>,
-        snapshot_ids: &HashSet<i32>,
+        snapshot_ids: &HashSet<StackId>,
     ) -> UnwoundSamples {
         let mut taken = UnwoundSamples {
             oncpu: Vec::new(),
@@ -181,21 +180,8 @@ impl DwarfUnwinder {
                 .into_iter()
                 .partition(|(key, _)| tgids.contains(&key.0));
         self.samples = kept;
-        for (next_id, ((tgid, tid, kernel_stack_id, stack, task), samples)) in
-            (UNWOUND_IDS).zip(gone)
-        {
-            let key = StackKey {
-                tgid,
-                tid,
-                user: StackId::decode(next_id),
-                kernel: StackId::decode(kernel_stack_id),
-                state: 0,
-            };
-            taken.oncpu.push((key, samples));
-            if task != 0 {
-                taken.task_oncpu.push((task, key, samples));
-            }
-            taken.stacks.insert(next_id, stack);
+        for (id, (sample, samples)) in UNWOUND_IDS.zip(gone) {
+            taken.add(id, sample, samples);
         }
         self.processes.retain(|tgid, _| !tgids.contains(tgid));
         self.drop_unused_objects();
@@ -460,21 +446,8 @@ impl DwarfUnwinder {
             task_oncpu: Vec::new(),
             stacks: self.snapshots,
         };
-        for (next_id, ((tgid, tid, kernel_stack_id, stack, task), samples)) in
-            (UNWOUND_IDS).zip(self.samples)
-        {
-            let key = StackKey {
-                tgid,
-                tid,
-                user: StackId::decode(next_id),
-                kernel: StackId::decode(kernel_stack_id),
-                state: 0,
-            };
-            unwound.oncpu.push((key, samples));
-            if task != 0 {
-                unwound.task_oncpu.push((task, key, samples));
-            }
-            unwound.stacks.insert(next_id, stack);
+        for (id, (sample, samples)) in UNWOUND_IDS.zip(self.samples) {
+            unwound.add(id, sample, samples);
         }
         unwound
     }
@@ -488,6 +461,25 @@ pub(crate) struct UnwoundSamples {
     pub task_oncpu: Vec<(u64, StackKey, u64)>,
     /// Every unwound stack by id.
     pub stacks: UnwoundStacks,
+}
+
+impl UnwoundSamples {
+    /// Adds `samples` of `sample`, its stack numbered `id` (in [`UNWOUND_IDS`]).
+    fn add(&mut self, id: i32, sample: SampleKey, samples: u64) {
+        let (tgid, tid, kernel, stack, task) = sample;
+        let key = StackKey {
+            tgid,
+            tid,
+            user: StackId::decode(id),
+            kernel,
+            state: 0,
+        };
+        self.oncpu.push((key, samples));
+        if task != 0 {
+            self.task_oncpu.push((task, key, samples));
+        }
+        self.stacks.insert(key.user, stack);
+    }
 }
 
 #[cfg(test)]
@@ -508,8 +500,8 @@ mod tests {
             ip,
             sp,
             bp,
-            kernel_stack_id: NO_STACK,
-            snapshot_id: 0,
+            kernel_stack: StackId::None,
+            snapshot: None,
             task: 0,
             python: None,
             stack: &stack,
@@ -540,8 +532,8 @@ mod tests {
                 ip,
                 sp,
                 bp,
-                kernel_stack_id: NO_STACK,
-                snapshot_id: 0,
+                kernel_stack: StackId::None,
+                snapshot: None,
                 task: 0,
                 python: None,
                 stack: &stack,
