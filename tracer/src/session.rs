@@ -17,7 +17,7 @@ use anyhow::Result;
 use tokio::runtime::Runtime;
 
 use crate::{
-    kernel::{Launch, LaunchNeeds, Loader, LoaderError, Settings, keeper},
+    kernel::{Launch, LaunchNeeds, Loader, LoaderError, MapsPending, Settings, keeper},
     system::stop::{self, ProcessWatch, StopReason, StopSignals},
     target::{self, TargetTracker},
 };
@@ -53,7 +53,10 @@ impl Session {
     }
 
     /// Loads the programs with `settings`, taking what [`Session::start`] started.
-    pub(crate) fn load(self, settings: &Settings) -> Result<(Attaching, Loader), LoaderError> {
+    pub(crate) fn load(
+        self,
+        settings: &Settings,
+    ) -> Result<(Attaching, Loader<MapsPending>), LoaderError> {
         let loader = self.launch.load(settings)?;
         Ok((Attaching { ends: self.ends }, loader))
     }

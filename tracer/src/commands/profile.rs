@@ -81,6 +81,7 @@ pub(crate) fn run(config: ProfileConfig) -> Result<()> {
             log::warn!("cannot watch for code mapped later ({e}): maps are read every second");
         }
     }
+    let mut loader = loader.maps_ready()?;
     let mut sampler =
         WallClockSampler::attach(&mut loader, targets.as_ref(), sampling, &processes)?;
     let _diagnostics = loader.start_diagnostics(&[]);

@@ -5,7 +5,7 @@
 use std::{io, path::Path, thread::JoinHandle};
 
 use super::{
-    Loader, Result, Settings,
+    Loader, MapsPending, Result, Settings,
     btf::{Btf, BtfError},
     keeper::LinkKeeper,
     load::{
@@ -49,7 +49,7 @@ impl Launch {
     pub(crate) fn start(needs: LaunchNeeds) -> Self {
         let mut launch = Self::default();
         if needs.usdt_sites {
-            launch.warm_up = Some(Loader::warm_up_uprobes());
+            launch.warm_up = Some(Loader::<MapsPending>::warm_up_uprobes());
             launch.keeper = Some(std::thread::spawn(LinkKeeper::spawn));
         }
         launch.object = Some(std::thread::spawn(|| aya_obj::Object::parse(EBPF_OBJECT)));
@@ -71,7 +71,7 @@ impl Launch {
 
     /// Loads the eBPF object with `settings`, taking what was started (see
     /// [`Loader::load`]).
-    pub(crate) fn load(self, settings: &Settings) -> Result<Loader> {
+    pub(crate) fn load(self, settings: &Settings) -> Result<Loader<MapsPending>> {
         Loader::load_launched(settings, self)
     }
 }

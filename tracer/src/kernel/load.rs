@@ -5,6 +5,7 @@
 
 use std::{
     collections::HashMap as StdHashMap,
+    marker::PhantomData,
     os::fd::{AsFd as _, BorrowedFd},
     path::Path,
     thread::JoinHandle,
@@ -16,8 +17,8 @@ use tracer_common::{
 };
 
 use super::{
-    FileId, KernelTargets, Loader, LoaderError, MIN_RING_BUFFER_BYTES, MapSizes, Result, Settings,
-    TIMELINE_RING_BYTES,
+    FileId, KernelTargets, Loader, LoaderError, MIN_RING_BUFFER_BYTES, MapSizes, MapsPending,
+    MapsReady, Result, Settings, TIMELINE_RING_BYTES,
     btf::{self, Btf},
     diagnostics, keeper,
     launch::{KernelBtfReading, Launch, joined},
@@ -128,11 +129,44 @@ struct KernelOffsets {
     pid_numbers: [Vec<u32>; 5],
 }
 
-impl Loader {
+impl Loader<MapsPending> {
     /// Loads the eBPF object with `settings`, with no head start (see [`Launch`]).
     /// Programs are verified when first attached.
     pub(crate) fn load(settings: &Settings) -> Result<Self> {
         Launch::default().load(settings)
+    }
+
+    /// Waits for the maps still being created: from here on every map is there.
+    pub(crate) fn maps_ready(mut self) -> Result<Loader<MapsReady>> {
+        self.finish_maps()?;
+        let Loader {
+            maps,
+            programs,
+            sched_switch_btf_id,
+            iter_task_btf_id,
+            keeper,
+            warm_up,
+            sites_in_one_process,
+            sites_in_any_process,
+            usdt_sites_attached,
+            target_tracking,
+            mapping_watch,
+            maps_state: PhantomData,
+        } = self;
+        Ok(Loader {
+            maps,
+            programs,
+            sched_switch_btf_id,
+            iter_task_btf_id,
+            keeper,
+            warm_up,
+            sites_in_one_process,
+            sites_in_any_process,
+            usdt_sites_attached,
+            target_tracking,
+            mapping_watch,
+            maps_state: PhantomData,
+        })
     }
 
     /// [`Loader::load`], taking what `launch` started.
@@ -175,6 +209,7 @@ impl Loader {
             usdt_sites_attached: 0,
             target_tracking: Vec::new(),
             mapping_watch: Vec::new(),
+            maps_state: PhantomData,
         };
         loader.watch_control()?;
         if let Some(targets) = inputs.targets.filter(|t| t.single.is_none()) {
@@ -182,7 +217,9 @@ impl Loader {
         }
         Ok(loader)
     }
+}
 
+impl<Maps> Loader<Maps> {
     /// Hands the `CONTROL` map to the keeper, when there is one.
     fn watch_control(&mut self) -> Result<()> {
         // However the tracer ends, the keeper switches the programs off before it

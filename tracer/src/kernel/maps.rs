@@ -29,7 +29,7 @@ pub(crate) struct LatencyData {
     pub stats: LatencyStats,
 }
 
-impl Loader {
+impl<Maps> Loader<Maps> {
     /// A handle on the set of target processes, to add to it and read it while the
     /// programs run (a set of processes: see [`KernelTargets`](super::KernelTargets)).
     pub(crate) fn targets_map(&self) -> Result<TargetsMap> {
@@ -65,61 +65,18 @@ impl Loader {
 
     /// Takes the timeline's ring buffer ([`tracer_common::TimelineEvent`]).
     pub(crate) fn take_timeline(&mut self) -> Result<RecordRing> {
-        self.finish_maps()?;
         self.take_ring(map_names::TIMELINE)
     }
 
     /// Takes the ring buffer that tells of processes newly recorded in `HELD` (see
     /// [`Loader::held`]): readable when there is one to look at.
     pub(crate) fn take_held_notices(&mut self) -> Result<RecordRing> {
-        self.finish_maps()?;
         self.take_ring(map_names::HELD_NOTICES)
-    }
-
-    /// Takes the ring buffer of user stack snapshots ([`tracer_common::UnwindSample`]).
-    pub(crate) fn take_unwind_samples(&mut self) -> Result<RecordRing> {
-        self.finish_maps()?;
-        self.take_ring(map_names::UNWIND_SAMPLES)
-    }
-
-    /// Takes the map through which user space tells the kernel how to check that an
-    /// off-CPU snapshot can be reused ([`tracer_common::SnapshotCheck`] by snapshot id).
-    pub(crate) fn take_snapshot_checks(&mut self) -> Result<SnapshotChecks> {
-        self.finish_maps()?;
-        let name = map_names::SNAPSHOT_CHECKS;
-        let map = self.maps.remove(name).ok_or(LoaderError::Missing(name))?;
-        HashMap::try_from(map)
-            .map(SnapshotChecks)
-            .map_err(|source| LoaderError::Map { name, source })
-    }
-
-    /// Marks threads as off CPU since `start.ts_ns`, for those already blocked when
-    /// profiling starts; a thread's next switch out replaces its mark (so marking a thread
-    /// that is running is harmless), and its next switch in accounts the time since.
-    /// Entries the kernel already recorded are kept.
-    pub(crate) fn seed_offcpu_starts(&mut self, starts: &[(u32, OffCpuStart)]) -> Result<()> {
-        self.finish_maps()?;
-        const BPF_NOEXIST: u64 = 1;
-        let name = map_names::OFFCPU_STARTS;
-        let map = self.maps.get_mut(name).ok_or(LoaderError::Missing(name))?;
-        let mut map: HashMap<&mut MapData, u32, OffCpuStart> =
-            HashMap::try_from(map).map_err(|source| LoaderError::Map { name, source })?;
-        for (tid, start) in starts {
-            match map.insert(tid, start, BPF_NOEXIST) {
-                Ok(()) => {}
-                // Already recorded by the kernel, which knows better.
-                Err(aya::maps::MapError::SyscallError(e))
-                    if e.io_error.raw_os_error() == Some(libc::EEXIST) => {}
-                Err(source) => return Err(LoaderError::Map { name, source }),
-            }
-        }
-        Ok(())
     }
 
     /// Tells the programs that process `tgid` runs a CPython interpreter laid out as
     /// `process` says: its snapshots carry its threads' Python frames from now on.
     pub(crate) fn add_python_process(&mut self, tgid: u32, process: &PythonProcess) -> Result<()> {
-        self.finish_maps()?;
         let name = map_names::PYTHON_PROCESSES;
         let map = self.maps.get_mut(name).ok_or(LoaderError::Missing(name))?;
         let mut map: HashMap<&mut MapData, u32, PythonProcess> =
@@ -127,12 +84,6 @@ impl Loader {
         map.insert(&tgid, process, 0)
             .map_err(|source| LoaderError::Map { name, source })?;
         self.set_control(control::PYTHON, 1)
-    }
-
-    /// On-CPU sample counts per thread and stacks.
-    pub(crate) fn oncpu_samples(&self) -> Result<Vec<(StackKey, u64)>> {
-        let samples: Vec<(OnCpuKey, u64)> = self.entries(map_names::ONCPU_SAMPLES)?;
-        Ok(samples.into_iter().map(|(k, n)| (k.into(), n)).collect())
     }
 
     fn array<T: aya::Pod>(&self, name: &'static str) -> Result<Array<&MapData, T>> {
@@ -237,18 +188,6 @@ impl Loader {
         Ok(())
     }
 
-    /// Deletes off-CPU totals `keys` (read and kept elsewhere).
-    pub(crate) fn remove_offcpu_totals(&mut self, keys: &[StackKey]) -> Result<()> {
-        let keys = keys.iter().map(|&k| OffCpuKey::from(k));
-        self.remove_keys::<OffCpuKey, OffCpuTotal>(map_names::OFFCPU_TIME, keys)
-    }
-
-    /// Deletes on-CPU sample counts `keys` (read and kept elsewhere).
-    pub(crate) fn remove_oncpu_samples(&mut self, keys: &[StackKey]) -> Result<()> {
-        let keys = keys.iter().map(|&k| OnCpuKey::from(k));
-        self.remove_keys::<OnCpuKey, u64>(map_names::ONCPU_SAMPLES, keys)
-    }
-
     /// Deletes the per-process latency totals `keys` (read and kept elsewhere).
     pub(crate) fn remove_latency_by_process(&mut self, keys: &[LatencyProcessKey]) -> Result<()> {
         let name = map_names::LATENCY_BY_PROCESS;
@@ -259,33 +198,6 @@ impl Loader {
             let _ = map.remove(key);
         }
         Ok(())
-    }
-
-    /// Deletes what processes `tgids` and their threads `tids` left that nothing reads:
-    /// their tasks' states, their Python interpreters, and the latencies their threads
-    /// began before `before_ns` and never ended (a thread whose id was reused since
-    /// began its own later).
-    pub(crate) fn forget_processes(
-        &mut self,
-        tgids: &std::collections::HashSet<u32>,
-        tids: &std::collections::HashSet<u32>,
-        before_ns: u64,
-    ) -> Result<()> {
-        let states: Vec<TaskId> = self
-            .task_states()?
-            .into_iter()
-            .map(|(id, _)| id)
-            .filter(|id| tgids.contains(&id.tgid))
-            .collect();
-        self.remove_keys::<TaskId, TaskState>(map_names::TASK_STATES, states)?;
-        let starts: Vec<LatencyStartKey> = self
-            .entries::<LatencyStartKey, LatencyStart>(map_names::LATENCY_STARTS)?
-            .into_iter()
-            .filter(|(key, start)| tids.contains(&key.tid) && start.start_ns < before_ns)
-            .map(|(key, _)| key)
-            .collect();
-        self.remove_keys::<LatencyStartKey, LatencyStart>(map_names::LATENCY_STARTS, starts)?;
-        self.remove_keys::<u32, PythonProcess>(map_names::PYTHON_PROCESSES, tgids.iter().copied())
     }
 
     /// The totals of every latency per process: `(tgid, latency_id)` and the stats,
@@ -360,6 +272,103 @@ impl Loader {
         Ok(out)
     }
 
+    /// Takes the event ring buffer (for `tracer trace`).
+    pub(crate) fn take_events(&mut self) -> Result<RecordRing> {
+        self.take_ring(map_names::USDT_EVENTS)
+    }
+
+    fn take_ring(&mut self, name: &'static str) -> Result<RecordRing> {
+        let map = self.maps.remove(name).ok_or(LoaderError::Missing(name))?;
+        RingBuf::try_from(map)
+            .map(RecordRing)
+            .map_err(|source| LoaderError::Map { name, source })
+    }
+}
+
+/// What reads or takes the maps created on a thread of their own (`DEFERRED_MAPS`).
+impl Loader {
+    /// Takes the ring buffer of user stack snapshots ([`tracer_common::UnwindSample`]).
+    pub(crate) fn take_unwind_samples(&mut self) -> Result<RecordRing> {
+        self.take_ring(map_names::UNWIND_SAMPLES)
+    }
+
+    /// Takes the map through which user space tells the kernel how to check that an
+    /// off-CPU snapshot can be reused ([`tracer_common::SnapshotCheck`] by snapshot id).
+    pub(crate) fn take_snapshot_checks(&mut self) -> Result<SnapshotChecks> {
+        let name = map_names::SNAPSHOT_CHECKS;
+        let map = self.maps.remove(name).ok_or(LoaderError::Missing(name))?;
+        HashMap::try_from(map)
+            .map(SnapshotChecks)
+            .map_err(|source| LoaderError::Map { name, source })
+    }
+
+    /// Marks threads as off CPU since `start.ts_ns`, for those already blocked when
+    /// profiling starts; a thread's next switch out replaces its mark (so marking a thread
+    /// that is running is harmless), and its next switch in accounts the time since.
+    /// Entries the kernel already recorded are kept.
+    pub(crate) fn seed_offcpu_starts(&mut self, starts: &[(u32, OffCpuStart)]) -> Result<()> {
+        const BPF_NOEXIST: u64 = 1;
+        let name = map_names::OFFCPU_STARTS;
+        let map = self.maps.get_mut(name).ok_or(LoaderError::Missing(name))?;
+        let mut map: HashMap<&mut MapData, u32, OffCpuStart> =
+            HashMap::try_from(map).map_err(|source| LoaderError::Map { name, source })?;
+        for (tid, start) in starts {
+            match map.insert(tid, start, BPF_NOEXIST) {
+                Ok(()) => {}
+                // Already recorded by the kernel, which knows better.
+                Err(aya::maps::MapError::SyscallError(e))
+                    if e.io_error.raw_os_error() == Some(libc::EEXIST) => {}
+                Err(source) => return Err(LoaderError::Map { name, source }),
+            }
+        }
+        Ok(())
+    }
+
+    /// On-CPU sample counts per thread and stacks.
+    pub(crate) fn oncpu_samples(&self) -> Result<Vec<(StackKey, u64)>> {
+        let samples: Vec<(OnCpuKey, u64)> = self.entries(map_names::ONCPU_SAMPLES)?;
+        Ok(samples.into_iter().map(|(k, n)| (k.into(), n)).collect())
+    }
+
+    /// Deletes off-CPU totals `keys` (read and kept elsewhere).
+    pub(crate) fn remove_offcpu_totals(&mut self, keys: &[StackKey]) -> Result<()> {
+        let keys = keys.iter().map(|&k| OffCpuKey::from(k));
+        self.remove_keys::<OffCpuKey, OffCpuTotal>(map_names::OFFCPU_TIME, keys)
+    }
+
+    /// Deletes on-CPU sample counts `keys` (read and kept elsewhere).
+    pub(crate) fn remove_oncpu_samples(&mut self, keys: &[StackKey]) -> Result<()> {
+        let keys = keys.iter().map(|&k| OnCpuKey::from(k));
+        self.remove_keys::<OnCpuKey, u64>(map_names::ONCPU_SAMPLES, keys)
+    }
+
+    /// Deletes what processes `tgids` and their threads `tids` left that nothing reads:
+    /// their tasks' states, their Python interpreters, and the latencies their threads
+    /// began before `before_ns` and never ended (a thread whose id was reused since
+    /// began its own later).
+    pub(crate) fn forget_processes(
+        &mut self,
+        tgids: &std::collections::HashSet<u32>,
+        tids: &std::collections::HashSet<u32>,
+        before_ns: u64,
+    ) -> Result<()> {
+        let states: Vec<TaskId> = self
+            .task_states()?
+            .into_iter()
+            .map(|(id, _)| id)
+            .filter(|id| tgids.contains(&id.tgid))
+            .collect();
+        self.remove_keys::<TaskId, TaskState>(map_names::TASK_STATES, states)?;
+        let starts: Vec<LatencyStartKey> = self
+            .entries::<LatencyStartKey, LatencyStart>(map_names::LATENCY_STARTS)?
+            .into_iter()
+            .filter(|(key, start)| tids.contains(&key.tid) && start.start_ns < before_ns)
+            .map(|(key, _)| key)
+            .collect();
+        self.remove_keys::<LatencyStartKey, LatencyStart>(map_names::LATENCY_STARTS, starts)?;
+        self.remove_keys::<u32, PythonProcess>(map_names::PYTHON_PROCESSES, tgids.iter().copied())
+    }
+
     /// Off-CPU time accumulated per thread and stacks.
     pub(crate) fn offcpu_totals(&self) -> Result<Vec<(StackKey, OffCpuTotal)>> {
         let totals: Vec<(OffCpuKey, OffCpuTotal)> = self.entries(map_names::OFFCPU_TIME)?;
@@ -420,17 +429,5 @@ impl Loader {
             Err(aya::maps::MapError::KeyNotFound) => Ok(Vec::new()),
             Err(source) => Err(LoaderError::Map { name, source }),
         }
-    }
-
-    /// Takes the event ring buffer (for `tracer trace`).
-    pub(crate) fn take_events(&mut self) -> Result<RecordRing> {
-        self.take_ring(map_names::USDT_EVENTS)
-    }
-
-    fn take_ring(&mut self, name: &'static str) -> Result<RecordRing> {
-        let map = self.maps.remove(name).ok_or(LoaderError::Missing(name))?;
-        RingBuf::try_from(map)
-            .map(RecordRing)
-            .map_err(|source| LoaderError::Map { name, source })
     }
 }

@@ -20,7 +20,7 @@ mod tracefs;
 mod usdt;
 mod warm_up;
 
-use std::{collections::HashMap as StdHashMap, path::PathBuf, time::Duration};
+use std::{collections::HashMap as StdHashMap, marker::PhantomData, path::PathBuf, time::Duration};
 
 use aya::maps::Map;
 use thiserror::Error;
@@ -28,6 +28,7 @@ use tracer_common::map_names;
 
 pub(crate) use diagnostics::{DiagnosticsReader, enable as enable_bpf_diagnostics};
 pub(crate) use launch::{Launch, LaunchNeeds};
+
 pub(crate) use programs::{Attachment, UserStacks};
 pub(crate) use rings::{RecordRing, RingWakeups, SnapshotChecks};
 pub(crate) use targets::{COMM_LEN, FileId, KernelTargets, Member, TargetsMap};
@@ -322,8 +323,12 @@ fn process_start_ticks(pid: u32) -> Result<u64> {
         .ok_or_else(|| LoaderError::KernelFeature(format!("no start time in {path}: {stat:?}")))
 }
 
-/// The loaded programs and their maps.
-pub(crate) struct Loader {
+/// The loaded programs and their maps. `Maps` says whether the maps the kernel
+/// allocates whole (`DEFERRED_MAPS`) may still be being created on a thread of their own
+/// ([`MapsPending`], as [`Loader::load`] returns it: programs can be attached already) or
+/// are all there ([`MapsReady`], from [`Loader::maps_ready`]). Only a loader with every
+/// map reads the maps or takes them.
+pub(crate) struct Loader<Maps = MapsReady> {
     maps: StdHashMap<String, Map>,
     programs: object::Programs,
     /// The kernel's BTF type id of `btf_trace_sched_switch` (off-CPU runs only).
@@ -348,7 +353,14 @@ pub(crate) struct Loader {
     /// The programs that tell of traced processes mapping code or starting programs
     /// ([`Loader::watch_code_mappings`]).
     mapping_watch: Vec<Attachment>,
+    maps_state: PhantomData<Maps>,
 }
+
+/// A [`Loader`] whose deferred maps may still be being created.
+pub(crate) struct MapsPending;
+
+/// A [`Loader`] with every map created.
+pub(crate) struct MapsReady;
 
 #[cfg(test)]
 mod tests {

@@ -48,7 +48,7 @@ pub(crate) enum UserStacks {
     PythonSnapshots,
 }
 
-impl Loader {
+impl<Maps> Loader<Maps> {
     /// Stops adding the processes that fork from targets or start the `--exe` file.
     pub(crate) fn detach_targets(&mut self) {
         self.target_tracking.clear();

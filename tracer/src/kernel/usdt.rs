@@ -33,7 +33,7 @@ pub(crate) struct UsdtAttachment {
 /// How long a detach waits for the sites to have their instructions back.
 const RESTORE_TIMEOUT: Duration = Duration::from_secs(2);
 
-impl Loader {
+impl<Maps> Loader<Maps> {
     /// Describes what a USDT site at BPF cookie `cookie` does when hit.
     fn set_usdt_site(&mut self, cookie: u32, site: &UsdtSite) -> Result<()> {
         let name = map_names::USDT_SPECS;

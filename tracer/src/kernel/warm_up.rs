@@ -7,7 +7,7 @@ use std::{os::fd::OwnedFd, path::PathBuf};
 
 use super::{Loader, keeper, sys};
 
-impl Loader {
+impl<Maps> Loader<Maps> {
     /// Registers a uprobe on a thread of its own, before the programs are loaded: the
     /// first uprobe registered waits for an RCU grace period, and uprobes registered
     /// within a grace period of another do not, so [`Loader::attach_usdt_sites`] finds that

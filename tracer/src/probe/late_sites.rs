@@ -175,9 +175,9 @@ impl LateSites {
     /// loader's `_dl_debug_state` (the loaders of `exes`, see [`hold_at_dlopen`]) when it
     /// is to be held there or no event tells. `members`: the processes searched at the
     /// start.
-    pub(crate) fn watch(
+    pub(crate) fn watch<Maps>(
         &mut self,
-        loader: &mut Loader,
+        loader: &mut Loader<Maps>,
         exes: Vec<(PathBuf, PathBuf)>,
         members: &[u32],
     ) -> Result<()> {
@@ -404,7 +404,7 @@ fn wait_until_stopped(pid: u32, deadline: Instant) -> bool {
 }
 
 /// Tells the kernel to go on stopping the process at `dlopen` for [`HOLD_AHEAD_S`].
-fn keep_holding(loader: &mut Loader) {
+fn keep_holding<Maps>(loader: &mut Loader<Maps>) {
     let now_s = crate::system::stop::monotonic_ns() / 1_000_000_000;
     if let Err(e) = loader.hold_until((now_s + HOLD_AHEAD_S) as u32) {
         log::warn!("cannot keep holding the process at dlopen: {e:#}");
@@ -416,8 +416,8 @@ fn keep_holding(loader: &mut Loader) {
 /// its code runs before: the loaders of `exes`, each an executable and the root its
 /// loader's path is under. A set of processes gets no such uprobe: it would land in every
 /// process on the machine that runs the same loader.
-fn hold_at_dlopen(
-    loader: &mut Loader,
+fn hold_at_dlopen<Maps>(
+    loader: &mut Loader<Maps>,
     exes: Vec<(PathBuf, PathBuf)>,
     single: Option<u32>,
     hold: bool,

@@ -330,9 +330,9 @@ impl TargetTracker {
     /// and the kernel following forks and executions (from [`Loader::load`]) added.
     ///
     /// [`Loader::load`]: crate::kernel::Loader::load
-    pub(crate) fn for_set(
+    pub(crate) fn for_set<Maps>(
         spec: &TargetSpec,
-        loader: &crate::kernel::Loader,
+        loader: &crate::kernel::Loader<Maps>,
     ) -> anyhow::Result<Option<Self>> {
         if spec.is_everything() || spec.single_pid().is_some() {
             return Ok(None);

@@ -270,6 +270,7 @@ impl Run {
         if later.sees_mappings() {
             processes.maps_told_by_kernel();
         }
+        let mut loader = loader.maps_ready().map_err(|e| on_target(e.into()))?;
         let sampler = WallClockSampler::attach(&mut loader, Some(&targets), sampling, &processes)
             .map_err(on_target)?;
         let probe_names: Vec<String> = plan

@@ -108,6 +108,8 @@ pub(crate) fn run(config: TraceConfig) -> Result<()> {
     loader
         .attach_usdt_sites(&plan.usdt_sites())
         .map_err(|e| on_target(e.into()))?;
+    // The maps a trace without stacks does not use were created with one entry each.
+    let mut loader = loader.maps_ready().map_err(|e| on_target(e.into()))?;
     let probe_names: Vec<String> = plan
         .probes
         .iter()
