@@ -273,11 +273,7 @@ impl Run {
         let mut loader = loader.maps_ready().map_err(|e| on_target(e.into()))?;
         let sampler = WallClockSampler::attach(&mut loader, Some(&targets), sampling, &processes)
             .map_err(on_target)?;
-        let probe_names: Vec<String> = plan
-            .probes
-            .iter()
-            .map(super::super::probe::plan::ProbeInfo::specifier)
-            .collect();
+        let probe_names = plan.specifiers();
         let diagnostics = loader.start_diagnostics(&probe_names);
         let run = Run {
             loader,

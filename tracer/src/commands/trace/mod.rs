@@ -110,11 +110,7 @@ pub(crate) fn run(config: TraceConfig) -> Result<()> {
         .map_err(|e| on_target(e.into()))?;
     // The maps a trace without stacks does not use were created with one entry each.
     let mut loader = loader.maps_ready().map_err(|e| on_target(e.into()))?;
-    let probe_names: Vec<String> = plan
-        .probes
-        .iter()
-        .map(super::super::probe::plan::ProbeInfo::specifier)
-        .collect();
+    let probe_names = plan.specifiers();
     let _diagnostics = loader.start_diagnostics(&probe_names);
     let events = loader.take_events()?;
     let snapshots = match dwarf {
@@ -576,12 +572,7 @@ impl Pumped<'_> {
             self.plan,
             self.format,
         );
-        printer.names = self
-            .plan
-            .probes
-            .iter()
-            .map(super::super::probe::plan::ProbeInfo::specifier)
-            .collect();
+        printer.names = self.plan.specifiers();
         printer.kinds = self.plan.probes.iter().map(|p| p.kind).collect();
         printer.types = probe_arg_types(self.plan);
     }

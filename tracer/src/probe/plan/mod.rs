@@ -161,6 +161,11 @@ impl ProbePlan {
         }
     }
 
+    /// Each probe's whole specifier, in probe id order.
+    pub(crate) fn specifiers(&self) -> Vec<String> {
+        self.probes.iter().map(ProbeInfo::specifier).collect()
+    }
+
     /// Every site with its BPF cookie, as `Loader::attach_usdt_sites` takes them.
     pub(crate) fn usdt_sites(&self) -> Vec<(u32, &UsdtSite, &UsdtAttachment)> {
         self.usdt_sites_in(0..self.sites.len())
