@@ -139,32 +139,19 @@ impl Loader<MapsPending> {
     /// Waits for the maps still being created: from here on every map is there.
     pub(crate) fn maps_ready(mut self) -> Result<Loader<MapsReady>> {
         self.finish_maps()?;
-        let Loader {
-            maps,
-            programs,
-            sched_switch_btf_id,
-            iter_task_btf_id,
-            keeper,
-            warm_up,
-            sites_in_one_process,
-            sites_in_any_process,
-            usdt_sites_attached,
-            target_tracking,
-            mapping_watch,
-            maps_state: PhantomData,
-        } = self;
+        // Every field but the marker moves over: the loader has no Drop of its own.
         Ok(Loader {
-            maps,
-            programs,
-            sched_switch_btf_id,
-            iter_task_btf_id,
-            keeper,
-            warm_up,
-            sites_in_one_process,
-            sites_in_any_process,
-            usdt_sites_attached,
-            target_tracking,
-            mapping_watch,
+            maps: self.maps,
+            programs: self.programs,
+            sched_switch_btf_id: self.sched_switch_btf_id,
+            iter_task_btf_id: self.iter_task_btf_id,
+            keeper: self.keeper,
+            warm_up: self.warm_up,
+            sites_in_one_process: self.sites_in_one_process,
+            sites_in_any_process: self.sites_in_any_process,
+            usdt_sites_attached: self.usdt_sites_attached,
+            target_tracking: self.target_tracking,
+            mapping_watch: self.mapping_watch,
             maps_state: PhantomData,
         })
     }
