@@ -43,9 +43,14 @@ pub fn require_privileged() {
     });
 }
 
-/// [`require_privileged`] for a test that measures how the tracer holds up over time
-/// while a workload runs (its memory, its maps): it waits until the tests running finish
-/// and runs alone, so what they load the machine with does not read as growth.
+/// [`require_privileged`] for a test whose measure the other tests' load would skew: it
+/// waits until the tests running finish and runs alone.
+///
+/// Two kinds of test need this. One measures how the tracer holds up over time (its
+/// memory, its maps), where load would read as growth. The other compares a span the
+/// tracer times with the runtime's own clock, which leaves out the span's edges. On a
+/// busy CPU the collecting thread is often preempted at those edges, and that wait lands
+/// only in the tracer's span.
 pub fn require_privileged_alone() {
     require_root();
     begin_test(|| Turn::Alone {

@@ -366,7 +366,7 @@ fn pyenv_pythons() -> Vec<std::path::PathBuf> {
 
 #[privileged_test]
 fn cpython_without_usdt_probes_has_its_collections_counted_by_generation() {
-    require_privileged();
+    require_privileged_alone();
     let pythons = pyenv_pythons();
     if pythons.is_empty() {
         assert!(
@@ -426,7 +426,7 @@ fn a_python_with_usdt_probes_is_measured_by_them_alone() {
 
 #[privileged_test]
 fn node_collections_are_counted_minor_and_major_as_perf_hooks_counts_them() {
-    require_privileged();
+    require_privileged_alone();
     let script = workspace_dir().join("tests/src/functions/gc_workload.js");
     let mut target = LineTarget::start("node", &[script.to_str().unwrap(), "2"]);
     let (report, truth) = attach_to_workload_by_functions(&mut target, "functions-node");
@@ -456,7 +456,7 @@ fn julia_venv_python() -> std::path::PathBuf {
 
 #[privileged_test]
 fn python_calling_julia_has_each_runtimes_collections_apart() {
-    require_privileged();
+    require_privileged_alone();
     let python = julia_venv_python();
     assert!(
         python.exists(),
