@@ -377,6 +377,8 @@ mod tests {
     use clap::CommandFactory as _;
     use std::path::Path;
 
+    use crate::output::markdown::slug;
+
     /// The words of a shell command line: single and double quotes group, as a shell's.
     fn shell_words(line: &str) -> Vec<String> {
         let (mut words, mut word, mut quote, mut any) = (Vec::new(), String::new(), None, false);
@@ -566,22 +568,6 @@ mod tests {
             }
         }
         links
-    }
-
-    /// GitHub's anchor for a heading: lowercase, spaces to '-', punctuation dropped
-    /// but '-' and '_'.
-    fn slug(heading: &str) -> String {
-        heading
-            .trim()
-            .to_lowercase()
-            .chars()
-            .filter_map(|c| match c {
-                ' ' => Some('-'),
-                '-' | '_' => Some(c),
-                c if c.is_alphanumeric() => Some(c),
-                _ => None,
-            })
-            .collect()
     }
 
     /// The anchors of a markdown text's headings, as GitHub makes them (a repeated one

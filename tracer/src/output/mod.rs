@@ -5,5 +5,7 @@
 pub(crate) mod endpoint;
 #[cfg(test)]
 mod golden;
+#[cfg(test)]
+pub(crate) mod markdown;
 pub(crate) mod render;
 pub(crate) mod report;

@@ -55,23 +55,37 @@ pub(crate) fn summary_line(hist: &LatencyHistogram) -> String {
 /// The histogram's statistics and its power-of-two buckets in nanoseconds, for
 /// machine-readable output. Unknown statistics (of an empty histogram) are `None`.
 #[derive(Debug, serde::Serialize)]
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 pub(crate) struct HistogramSummary {
+    /// How many.
     pub count: u64,
+    /// Their total.
     pub total_ns: u64,
+    /// The shortest, exact; null when there are none.
     pub min_ns: Option<u64>,
+    /// The mean, exact; null when there are none.
     pub mean_ns: Option<u64>,
+    /// The longest, exact; null when there are none.
     pub max_ns: Option<u64>,
+    /// The median, within one 12.5% bucket; null when there are none.
     pub p50_ns: Option<u64>,
+    /// The 90th percentile, within one 12.5% bucket; null when there are none.
     pub p90_ns: Option<u64>,
+    /// The 99th percentile, within one 12.5% bucket; null when there are none.
     pub p99_ns: Option<u64>,
+    /// bpftrace's power-of-two buckets, from the first that holds a value to the last.
     pub buckets: Vec<BucketSummary>,
 }
 
-/// One power-of-two bucket: the values from `min_ns` to `max_ns`, and how many.
+/// One power-of-two bucket.
 #[derive(Debug, serde::Serialize)]
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 pub(crate) struct BucketSummary {
+    /// The least value it holds.
     pub min_ns: u64,
+    /// The greatest value it holds.
     pub max_ns: u64,
+    /// How many values it holds.
     pub count: u64,
 }
 

@@ -1,7 +1,8 @@
 //! The report of `tracer attach` as one JSON document with every figure.
 //! [`AttachJson`] is the document's shape, one typed struct per block, borrowed from
-//! the report; `docs/json.md` describes each field. The document's keys come out in name
-//! order, as serde_json's maps keep them.
+//! the report. The keys come out in name order, as serde_json's maps keep them.
+//! The fields' doc comments are written for users: `docs/json.md` is generated from
+//! them (see `docs`).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -16,224 +17,403 @@ use crate::{
 
 use super::types::{AttachReport, LatencyReport, ProcessLatency, TaskReport};
 
-/// The whole document.
+#[cfg(test)]
+mod docs;
+
+/// One document on standard output, its keys in name order; times are nanoseconds.
 #[derive(Serialize)]
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 struct AttachJson<'a> {
+    /// The target's PID; for a set of targets, the first one's.
     pid: u32,
+    /// The target's program name; for a set, what the set is.
     process: &'a str,
+    /// Every process traced: the targets at the start and those that joined; of the
+    /// processes that exited, the last `--keep-exited`.
     processes: Vec<ProcessJson<'a>>,
+    /// The other exited processes, counted by program name ([Running for
+    /// weeks](metrics.md#running-for-weeks-processes-that-come-and-go---keep-exited-n)).
     processes_folded: &'a BTreeMap<String, u64>,
-    /// Why tracing stopped, as the text report says it.
+    /// Why tracing stopped, as the text report says it: `duration elapsed`,
+    /// `interrupted (SIGINT)`, `terminated (SIGTERM)`, `target exited`, `the link keeper
+    /// was killed`.
     stopped_by: String,
+    /// How long it was traced.
     duration_ns: u64,
+    /// Each attached probe.
     probes: Vec<ProbeJson>,
-    /// Each latency under its key (see [`AttachReport::latency_key`]).
+    /// One per latency, under its name: `gc_pause`, `gc_stop_the_world`, `gc_mark`,
+    /// `gc_sweep`, `BEGIN_to_END` from `--latency`, or a function's name for its entry to
+    /// its return. The name is `NAME:RUNTIME` when two runtimes of the target have one so
+    /// named.
     latencies: BTreeMap<String, LatencyJson<'a>>,
-    /// The GC of the runtime with the most collections.
+    /// One runtime's collections: the one with the most, when a process hosts two; null
+    /// without GC probes.
     gc: Option<GcJson<'a>>,
+    /// The same for each runtime the target hosts.
     gc_by_runtime: Vec<GcJson<'a>>,
+    /// Time blocked off the CPU.
     offcpu: OffCpuJson<'a>,
+    /// Time sampled on the CPU.
     oncpu: OnCpuJson<'a>,
+    /// Wall time, on and off the CPU.
     wallclock: WallClockJson<'a>,
+    /// Each thread's wall time.
     threads: Vec<ThreadJson<'a>>,
+    /// With `--unwind dwarf` (the default): what was unwound; null with `--unwind fp`.
     unwind: Option<UnwindJson>,
+    /// With task probes: each task's wall time; null otherwise.
     tasks: Option<TasksJson<'a>>,
+    /// With `--timeline`: what was written; null otherwise.
     timeline: Option<TimelineJson<'a>>,
+    /// What the kernel side could not record.
     lost: LostJson,
 }
 
+/// A process traced.
 #[derive(Serialize)]
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 struct ProcessJson<'a> {
+    /// Its PID, as the tracer sees it.
     pid: u32,
+    /// Its program name.
     name: &'a str,
+    /// Its PID in its own PID namespace when that is below the tracer's (a container's);
+    /// else null.
     namespace_pid: Option<u32>,
 }
 
+/// An attached probe.
 #[derive(Serialize)]
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 struct ProbeJson {
     /// `usdt:PATH:PROVIDER:NAME`.
     probe: String,
+    /// The addresses it is attached at.
     sites: usize,
+    /// How many times it fired.
     hits: u64,
+    /// When it first fired, on CLOCK_MONOTONIC (bpftrace's `nsecs` clock); null if never.
     first_hit_monotonic_ns: Option<u64>,
 }
 
 /// A latency: its histogram's summary, where it comes from, its classes and processes.
 #[derive(Serialize)]
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 struct LatencyJson<'a> {
     #[serde(flatten)]
     summary: HistogramSummary,
+    /// The probe it starts at.
     begin: String,
+    /// The probe it ends at.
     end: String,
+    /// The runtime it belongs to, or null.
     runtime: Option<&'static str>,
+    /// How it is measured: `usdt`, or `function probes` for a build without USDT probes.
     mechanism: &'static str,
+    /// As in `gc`.
     classes: Option<ClassesJson<'a>>,
+    /// The probes of a `--latency` pair that no target ever had; the latency is then
+    /// listed with a count of 0.
     never_found: &'a [String],
+    /// Each process's share.
     per_process: Vec<ProcessLatencyJson<'a>>,
 }
 
-/// A latency split by class: what the classes are (`by`), and each class's totals.
+/// A latency split by class: what the classes are, and each class's totals under its
+/// label.
 #[derive(Serialize)]
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 struct ClassesJson<'a> {
+    /// What the classes are: `generation` for CPython, `collector` for V8 (`minor`,
+    /// `major`), `collection` for Julia, `phase` for Go.
     by: &'static str,
     #[serde(flatten)]
     classes: BTreeMap<&'a str, ClassJson>,
 }
 
+/// One class's totals.
 #[derive(Serialize)]
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 struct ClassJson {
+    /// How many.
     count: u64,
+    /// Their total.
     total_ns: u64,
+    /// The longest.
     max_ns: u64,
 }
 
+/// One process's share of a latency.
 #[derive(Serialize)]
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 struct ProcessLatencyJson<'a> {
+    /// The process's PID.
     pid: u32,
+    /// Its program name.
     name: &'a str,
+    /// How many.
     count: u64,
+    /// Their total.
     total_ns: u64,
+    /// The shortest.
     min_ns: u64,
+    /// The longest.
     max_ns: u64,
 }
 
 /// One runtime's GC pauses.
 #[derive(Serialize)]
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 struct GcJson<'a> {
+    /// The runtime, or null for probes of no known runtime.
     runtime: Option<&'static str>,
+    /// How its pauses are measured: `usdt`, or `function probes` for a build without USDT
+    /// probes.
     mechanism: &'static str,
+    /// How many collections.
     count: u64,
+    /// Their total pause.
     total_pause_ns: u64,
     /// Paused time over traced time.
     wall_share: f64,
+    /// The pauses by class, for a runtime that tells them apart; else null.
     classes: Option<ClassesJson<'a>>,
 }
 
+/// Time blocked off the CPU.
 #[derive(Serialize)]
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 struct OffCpuJson<'a> {
+    /// Time blocked.
     total_ns: u64,
+    /// How many times a thread blocked.
     intervals: u64,
+    /// Distinct stacks it blocked in.
     stacks: usize,
+    /// Blocked intervals whose stack could not be taken.
     missing_stacks: u64,
+    /// Time preempted, waiting for a CPU; not in `total_ns`.
     runnable_ns: u64,
+    /// How many times a thread was preempted.
     runnable_intervals: u64,
+    /// The folded stacks' file; null when not written.
     folded: Option<&'a Path>,
+    /// The flamegraph's file; null when not written.
     svg: Option<&'a Path>,
 }
 
+/// Time sampled on the CPU.
 #[derive(Serialize)]
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 struct OnCpuJson<'a> {
+    /// How many samples.
     samples: u64,
+    /// Time on the CPU the samples stand for.
     total_ns: u64,
+    /// The folded stacks' file; null when not written.
     folded: Option<&'a Path>,
+    /// The flamegraph's file; null when not written.
     svg: Option<&'a Path>,
 }
 
+/// Wall time, on and off the CPU.
 #[derive(Serialize)]
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 struct WallClockJson<'a> {
+    /// Wall time on the CPU, blocked and runnable.
     total_ns: u64,
+    /// How many threads.
     threads: usize,
+    /// The folded stacks' file; null when not written.
     folded: Option<&'a Path>,
+    /// The flamegraph's file; null when not written.
     svg: Option<&'a Path>,
+    /// The pprof profile's file; null when not written.
     pprof: Option<&'a Path>,
+    /// The speedscope profile's file; null when not written.
     speedscope: Option<&'a Path>,
+    /// Wall time in stacks with an unnamed frame.
     unnamed_ns: u64,
+    /// Wall time in stacks cut short.
     truncated_ns: u64,
+    /// How to get names for the runtime at hand when more than a tenth of the wall time
+    /// is unnamed; else null.
     unnamed_hint: Option<&'a str>,
 }
 
+/// A thread's wall time.
 #[derive(Serialize)]
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 struct ThreadJson<'a> {
+    /// The thread's ID.
     tid: u32,
+    /// Its process's PID.
     pid: u32,
+    /// Its name (`comm`) as last seen; null when it was never seen.
     name: Option<&'a str>,
+    /// Time on the CPU.
     oncpu_ns: u64,
+    /// Time blocked.
     blocked_ns: u64,
+    /// Time preempted, waiting for a CPU.
     runnable_ns: u64,
+    /// For a thread that ran Python code, its time in Python's terms; else null.
     python: Option<PythonJson>,
 }
 
 /// A Python thread's wall time in Python's terms.
 #[derive(Serialize)]
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 struct PythonJson {
+    /// Running Python code, holding the GIL.
     running_ns: u64,
+    /// Waiting for the GIL.
     gil_ns: u64,
+    /// Collecting garbage.
     gc_ns: u64,
+    /// Blocked.
     blocked_ns: u64,
+    /// Preempted, waiting for a CPU.
     runnable_ns: u64,
 }
 
+/// What the DWARF unwinder did.
 #[derive(Serialize)]
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 struct UnwindJson {
+    /// `dwarf`.
     method: &'static str,
+    /// On-CPU samples unwound.
     samples: u64,
+    /// Off-CPU stacks unwound.
     offcpu_snapshots: u64,
+    /// Frames found.
     frames: u64,
+    /// Of those, frames found by frame pointers.
     frame_pointer_frames: u64,
+    /// The deepest stack.
     max_depth: u64,
 }
 
+/// The tasks of a runtime's task probes.
 #[derive(Serialize)]
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 struct TasksJson<'a> {
+    /// How many tasks.
     count: usize,
+    /// The folded stacks' file; null when not written.
     folded: Option<&'a Path>,
+    /// The flamegraph's file; null when not written.
     svg: Option<&'a Path>,
+    /// Each task, the longest parked first.
     list: Vec<TaskJson<'a>>,
 }
 
+/// A task's wall time.
 #[derive(Serialize)]
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 struct TaskJson<'a> {
+    /// The task's ID, in decimal.
     task: u64,
+    /// Its process's PID.
     pid: u32,
+    /// Its frame in `tasks.svg`.
     name: &'a str,
+    /// What the runtime called it, or null.
     given_name: Option<&'a str>,
+    /// Time from each run to the next pause.
     running_ns: u64,
+    /// The part of `running_ns` on the CPU.
     oncpu_ns: u64,
+    /// On-CPU samples.
     oncpu_samples: u64,
+    /// The part of `running_ns` that blocked its thread.
     blocked_ns: u64,
+    /// How many times it blocked its thread.
     blocked_intervals: u64,
+    /// The part of `running_ns` preempted, waiting for a CPU.
     runnable_ns: u64,
+    /// Time parked.
     parked_ns: u64,
+    /// How many runs.
     runs: u64,
+    /// How many parks.
     parks: u64,
+    /// The longest run (for tokio: its longest poll).
     longest_run_ns: u64,
+    /// The longest park.
     longest_park_ns: u64,
+    /// Where it blocked its thread longest, or null.
     longest_block: Option<LongestBlockJson<'a>>,
 }
 
-/// Where a task blocked its thread longest: the stack, root first, and for how long.
+/// Where a task blocked its thread longest.
 #[derive(Serialize)]
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 struct LongestBlockJson<'a> {
+    /// The stack, root first.
     stack: &'a [String],
+    /// For how long.
     ns: u64,
 }
 
+/// The timeline file.
 #[derive(Serialize)]
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 struct TimelineJson<'a> {
+    /// Its path.
     path: &'a Path,
+    /// Intervals written.
     intervals: usize,
+    /// Intervals lost to a full ring buffer.
     lost: u64,
 }
 
 /// Everything the eBPF side could not record.
 #[derive(Serialize)]
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 struct LostJson {
+    /// Events lost.
     events_lost: u64,
+    /// Entries a full map could not take.
     map_full: u64,
+    /// Stacks that could not be stored: `stack_collisions` and `stack_map_full`.
     stack_errors: u64,
+    /// Stacks whose slot in the stack map, chosen by their hash, held another stack;
+    /// `--stack-map-size` makes them rarer.
     stack_collisions: u64,
+    /// Stacks the full stack map could not take; `--stack-map-size` makes them rarer.
     stack_map_full: u64,
+    /// End probes without their begin on that thread.
     unmatched_ends: u64,
+    /// Probe arguments that could not be read.
     arg_read_errors: u64,
+    /// Each program the kernel skipped.
     program_misses: Vec<ProgramMissesJson>,
+    /// Off-CPU intervals whose end the scheduler tracepoint did not show, closed at the
+    /// thread's next switch out or its death from the CPU time it had had since. They
+    /// are under their user stack and the kernel frame `[kernel stack missed]_[k]`: where
+    /// the thread blocked in the kernel is no longer on its stack by then. bpftrace's
+    /// `sched_switch` misses the same returns.
     switch_ins_recovered: u64,
+    /// Stacks walked with frame pointers because the stack-copy ring was full
+    /// (`--unwind-buffer`).
     unwind_ring_full: u64,
+    /// Off-CPU stacks that took the snapshot their thread had just sent from the same
+    /// place (instruction, stack and frame pointers), before user space had unwound it,
+    /// because the stack-copy ring was half full. They are reused, not lost: the same
+    /// frames, but for a caller chain that differs at the same stack depth.
     snapshots_reused_unchecked: u64,
 }
 
+/// A program the kernel skipped.
 #[derive(Serialize)]
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 struct ProgramMissesJson {
+    /// The eBPF program.
     program: &'static str,
+    /// Runs the kernel skipped because the program was already running on that CPU.
     runs: u64,
 }
 
@@ -485,63 +665,5 @@ impl AttachReport {
             unwind_ring_full: l.unwind_ring_full,
             snapshots_reused_unchecked: l.snapshots_reused_unchecked,
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::collections::BTreeSet;
-
-    use serde_json::Value;
-
-    /// Keys whose children are named by the data (latency names, program names, class
-    /// labels), not by the document's shape.
-    const NAMED_BY_DATA: [&str; 3] = ["latencies", "processes_folded", "classes"];
-
-    fn keys(value: &Value, into: &mut BTreeSet<String>) {
-        match value {
-            Value::Object(map) => {
-                for (key, child) in map {
-                    into.insert(key.clone());
-                    if NAMED_BY_DATA.contains(&key.as_str()) {
-                        for grandchild in child.as_object().into_iter().flat_map(|m| m.values()) {
-                            keys(grandchild, into);
-                        }
-                    } else {
-                        keys(child, into);
-                    }
-                }
-            }
-            Value::Array(items) => items.iter().for_each(|item| keys(item, into)),
-            _ => {}
-        }
-    }
-
-    /// Every key of the attach report (its golden file holds every block) is described in
-    /// `docs/json.md`.
-    #[test]
-    fn every_key_of_the_document_is_documented() {
-        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-        let golden = std::fs::read_to_string(root.join("tests/data/attach-report.json")).unwrap();
-        let docs = std::fs::read_to_string(root.join("../docs/json.md")).unwrap();
-        let attach = docs
-            .split("## `tracer trace --format json`")
-            .next()
-            .unwrap();
-        let mut all = BTreeSet::new();
-        keys(&serde_json::from_str(&golden).unwrap(), &mut all);
-        let undocumented: Vec<&String> = all
-            .iter()
-            .filter(|key| {
-                // As `key`, an array as `key[]`, a map of named entries as `key.NAME`.
-                !["`", "[]`", "."]
-                    .iter()
-                    .any(|end| attach.contains(&format!("`{key}{end}")))
-            })
-            .collect();
-        assert!(
-            undocumented.is_empty(),
-            "docs/json.md does not describe {undocumented:?}"
-        );
     }
 }
